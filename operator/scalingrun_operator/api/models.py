@@ -1,0 +1,416 @@
+"""The ScalingRun API (`scalingrun.dev/v1alpha1`): the single source of truth.
+
+The CRD in manifests/ and in the chart is generated from these models (`scalingrun crd`);
+field descriptions become `kubectl explain` text. Only pydantic here: no kopf, no TensorFlow.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from enum import Enum
+from typing import Annotated, Literal, Optional
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+GROUP = "scalingrun.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ScalingRun"
+PLURAL = "scalingruns"
+SINGULAR = "scalingrun"
+SHORT_NAMES = ["srun"]
+
+DEFAULT_TRAINER_IMAGE = "ghcr.io/scalingrun/trainer:0.1.0"
+
+# s3:// (any S3-compatible store), file:// or an absolute local path.
+DATA_URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|file:///.*|/.*)$"
+WEIGHTS_PATTERN = r"^(imagenet|none|s3://.+|gs://.+|https?://.+|file:///.+|/.+)$"
+# Kubernetes resource quantity, e.g. 500m, 4, 16Gi.
+QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+
+# Users write `cpu: 4` or `memory: 16Gi`; kept as a string, declared int-or-string in the CRD.
+Quantity = Annotated[
+    str,
+    BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
+    Field(pattern=QUANTITY_PATTERN),
+    WithJsonSchema(
+        {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}], "pattern": QUANTITY_PATTERN}
+    ),
+]
+
+
+class _Model(BaseModel):
+    """camelCase on the wire, unknown fields rejected (a typo must not silently become a default)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", use_enum_values=True
+    )
+
+
+# --- spec -----------------------------------------------------------------------------------------
+
+
+class Storage(_Model):
+    """Object storage used by the dataset, checkpoints and model. Credentials come only from a Secret."""
+
+    endpoint: Optional[str] = Field(
+        None,
+        description="Endpoint URL of an S3-compatible store (e.g. http://minio.storage:9000). "
+        "Omit for AWS S3.",
+        pattern=r"^https?://[^\s/]+(/.*)?$",
+    )
+    region: str = Field("us-east-1", description="Region of the bucket.", min_length=1)
+    credentials_secret: Optional[str] = Field(
+        None,
+        description="Name of a Secret in the run's namespace holding the access key and secret key. "
+        "Required when any URI is s3://. Keys are never accepted inline.",
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        max_length=253,
+    )
+    access_key_id_key: str = Field(
+        "AWS_ACCESS_KEY_ID", description="Key in the Secret holding the access key id.", min_length=1
+    )
+    secret_access_key_key: str = Field(
+        "AWS_SECRET_ACCESS_KEY",
+        description="Key in the Secret holding the secret access key.",
+        min_length=1,
+    )
+
+
+class Resources(_Model):
+    """CPU and memory for each pod; requests equal limits so the pod is Guaranteed."""
+
+    cpu: Optional[Quantity] = Field(None, description="CPU cores, e.g. 4 or 3500m.")
+    memory: Optional[Quantity] = Field(None, description="Memory, e.g. 16Gi.")
+
+
+class Preprocessing(_Model):
+    """The preprocessing Job that turns the JPEG tree into Parquet shards."""
+
+    parallelism: int = Field(
+        4,
+        ge=1,
+        le=256,
+        description="Number of shards processed in parallel (an Indexed Job with this many "
+        "completions); each shard handles a deterministic share of the files.",
+    )
+    max_bad_fraction: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="Fail when more than this fraction of the source files cannot be decoded; "
+        "below it, bad files are skipped and counted.",
+    )
+    backoff_limit: int = Field(2, ge=0, le=20, description="Retries per shard before the Job fails.")
+    resources: Resources = Field(
+        default_factory=lambda: Resources(cpu=1, memory="2Gi"),
+        description="Resources of each preprocessing pod.",
+    )
+
+
+class Dataset(_Model):
+    """Where the raw images are, where the Parquet goes, and how it is split."""
+
+    source: str = Field(
+        ...,
+        description="URI of a JPEG tree with one folder per class (s3://bucket/prefix or an "
+        "absolute local path). Classes are the sorted folder names.",
+        pattern=DATA_URI_PATTERN,
+    )
+    output: str = Field(
+        ...,
+        description="URI where the labelled Parquet shards (train/ and validation/) are written.",
+        pattern=DATA_URI_PATTERN,
+    )
+    image_size: int = Field(
+        299,
+        ge=32,
+        le=1024,
+        description="Side of the square images: resized with aspect kept, padded to a square.",
+    )
+    validation_fraction: float = Field(
+        0.1, gt=0, lt=1, description="Fraction of the images held out for validation."
+    )
+    sample_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Deterministic fraction of the source to use; start small, then grow.",
+    )
+    seed: int = Field(42, ge=0, description="Seed of the per-file split and sample.")
+    preprocessing: Preprocessing = Field(
+        default_factory=Preprocessing, description="The preprocessing Job."
+    )
+
+
+class BaseNetwork(str, Enum):
+    efficientnet_lite0 = "efficientnet_lite0"
+    mobilenet_v2 = "mobilenet_v2"
+    xception = "xception"
+
+
+class Model(_Model):
+    """Transfer learning: a pretrained base network plus a small softmax head."""
+
+    base: BaseNetwork = Field(
+        BaseNetwork.efficientnet_lite0, description="Pretrained base network (include_top=False)."
+    )
+    weights: str = Field(
+        "imagenet",
+        description="imagenet, none (random init), or the URI of a weights file.",
+        pattern=WEIGHTS_PATTERN,
+    )
+    trainable_base: bool = Field(
+        False, description="Fine-tune the base too; by default it is frozen and only the head trains."
+    )
+    dropout: float = Field(0.2, ge=0, lt=1, description="Dropout before the softmax head.")
+    num_classes: Optional[int] = Field(
+        None, ge=2, le=100000, description="Number of classes; inferred from the dataset when omitted."
+    )
+
+
+class Optimizer(str, Enum):
+    nadam = "nadam"
+    adam = "adam"
+    sgd = "sgd"
+
+
+class LearningRateScaling(str, Enum):
+    linear = "linear"
+    sqrt = "sqrt"
+    none = "none"
+
+
+class Monitor(str, Enum):
+    val_loss = "val_loss"
+    val_accuracy = "val_accuracy"
+    loss = "loss"
+    accuracy = "accuracy"
+
+
+class EarlyStopping(_Model):
+    """Stop when the monitored metric stops improving; all ranks stop on the same epoch."""
+
+    enabled: bool = Field(True, description="Use early stopping.")
+    monitor: Monitor = Field(Monitor.val_loss, description="Metric to watch (averaged across workers).")
+    patience: int = Field(3, ge=0, le=1000, description="Epochs without improvement before stopping.")
+    min_delta: float = Field(0.0, ge=0, description="Smallest change that counts as an improvement.")
+    restore_best_weights: bool = Field(
+        True, description="Keep the weights of the best epoch, not the last one."
+    )
+    stopping_threshold: Optional[float] = Field(
+        None, description="Stop as soon as the monitored metric reaches this value."
+    )
+
+
+class Checkpoint(_Model):
+    """Checkpoints, progress and the final model, written by rank 0 only."""
+
+    location: Optional[str] = Field(
+        None,
+        description="URI for checkpoints, progress and the final model. "
+        "Default: <dataset.output>/runs/<run name>.",
+        pattern=DATA_URI_PATTERN,
+    )
+    every_epochs: int = Field(1, ge=1, le=1000, description="Write a checkpoint every N epochs.")
+
+
+class Training(_Model):
+    """Horovod data-parallel training. The learning rate is scaled with the number of processes."""
+
+    optimizer: Optimizer = Field(Optimizer.nadam, description="Optimizer, wrapped by Horovod.")
+    batch_size_per_worker: int = Field(
+        32, ge=1, le=65536, description="Batch size of each Horovod process; effective = x processes."
+    )
+    base_learning_rate: float = Field(
+        0.001, gt=0, le=10, description="Learning rate for one process, before scaling."
+    )
+    learning_rate_scaling: LearningRateScaling = Field(
+        LearningRateScaling.linear,
+        description="How the learning rate grows with the number of processes N: x N (linear), "
+        "x sqrt(N) (sqrt) or unchanged (none).",
+    )
+    max_epochs: int = Field(20, ge=1, le=10000, description="Upper bound on epochs.")
+    early_stopping: EarlyStopping = Field(default_factory=EarlyStopping, description="Early stopping.")
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Checkpoint location and frequency.")
+    resume: bool = Field(True, description="Continue from the latest checkpoint of this run when one exists.")
+
+
+class TolerationOperator(str, Enum):
+    exists = "Exists"
+    equal = "Equal"
+
+
+class TaintEffect(str, Enum):
+    no_schedule = "NoSchedule"
+    prefer_no_schedule = "PreferNoSchedule"
+    no_execute = "NoExecute"
+
+
+class Toleration(_Model):
+    """A pod toleration, as in the Pod API."""
+
+    key: Optional[str] = Field(None, description="Taint key; empty with Exists matches all taints.")
+    operator: TolerationOperator = Field(TolerationOperator.equal, description="Exists or Equal.")
+    value: Optional[str] = Field(None, description="Taint value for Equal.")
+    effect: Optional[TaintEffect] = Field(None, description="Taint effect to match; empty matches all.")
+    toleration_seconds: Optional[int] = Field(None, ge=0, description="For NoExecute: how long to stay bound.")
+
+
+class Workers(_Model):
+    """The MPIJob workers: one Horovod process per GPU (slotsPerWorker = gpusPerWorker)."""
+
+    replicas: int = Field(1, ge=1, le=1024, description="Number of worker pods (usually nodes).")
+    gpus_per_worker: int = Field(
+        1, ge=0, le=16, description="GPUs per worker, = Horovod slots per worker; 0 trains on CPU (1 slot)."
+    )
+    cpu: Optional[Quantity] = Field(None, description="CPU per worker, e.g. 8.")
+    memory: Optional[Quantity] = Field(None, description="Memory per worker, e.g. 32Gi.")
+    image: str = Field(DEFAULT_TRAINER_IMAGE, description="Trainer image (launcher and workers).", min_length=1)
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the workers must have.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations of the workers.")
+    priority_class_name: Optional[str] = Field(None, description="PriorityClass of the workers.")
+
+
+class CleanPodPolicy(str, Enum):
+    none = "None"
+    running = "Running"
+    all = "All"
+
+
+class SchedulingPolicy(_Model):
+    """Gang scheduling, passed through to Volcano or scheduler-plugins."""
+
+    min_available: Optional[int] = Field(None, ge=1, description="Pods that must be schedulable together.")
+    queue: Optional[str] = Field(None, description="Volcano queue.")
+    priority_class: Optional[str] = Field(None, description="PriorityClass of the gang.")
+    schedule_timeout_seconds: Optional[int] = Field(None, ge=1, description="Gang scheduling timeout.")
+
+
+class RunPolicy(_Model):
+    """How the MPIJob runs and is cleaned up."""
+
+    backoff_limit: int = Field(3, ge=0, le=100, description="Launcher retries before the run fails.")
+    active_deadline_seconds: Optional[int] = Field(
+        None, ge=1, description="Fail the training after this many seconds."
+    )
+    ttl_seconds_after_finished: Optional[int] = Field(
+        None, ge=0, description="Delete the MPIJob this long after it finishes."
+    )
+    clean_pod_policy: CleanPodPolicy = Field(
+        CleanPodPolicy.running,
+        description="Pods to delete when the launcher ends; Running frees the workers' GPUs.",
+    )
+    suspend: bool = Field(False, description="Suspend the training; resuming continues from the checkpoint.")
+    scheduling_policy: Optional[SchedulingPolicy] = Field(
+        None, description="Gang scheduling; when set, the launcher is created at once (no WaitForWorkersReady)."
+    )
+    kueue_queue_name: Optional[str] = Field(
+        None, description="Kueue LocalQueue; sets the kueue.x-k8s.io/queue-name label."
+    )
+
+
+class Tracking(_Model):
+    """Optional experiment tracking."""
+
+    mlflow_tracking_uri: Optional[str] = Field(None, description="MLflow tracking server URI.", pattern=r"^(https?|file)://.+$")
+    experiment_name: Optional[str] = Field(None, description="MLflow experiment; default: the run name.")
+
+
+class ScalingRunSpec(_Model):
+    """What to preprocess, which model to train, and on how many workers."""
+
+    storage: Storage = Field(default_factory=Storage, description="Object storage and its credentials.")
+    dataset: Dataset = Field(..., description="Source images, Parquet output and split.")
+    model: Model = Field(default_factory=Model, description="Base network and head.")
+    training: Training = Field(default_factory=Training, description="Optimizer, batch, learning rate, epochs.")
+    workers: Workers = Field(default_factory=Workers, description="MPIJob workers.")
+    run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Retries, deadlines, cleanup, scheduling.")
+    tracking: Optional[Tracking] = Field(None, description="Experiment tracking (MLflow).")
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+
+class Phase(str, Enum):
+    pending = "Pending"
+    preprocessing = "Preprocessing"
+    training = "Training"
+    succeeded = "Succeeded"
+    failed = "Failed"
+    suspended = "Suspended"
+
+
+class Condition(_Model):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(..., description="e.g. Ready, Preprocessed, Trained, Failed, Suspended.")
+    status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
+    reason: Optional[str] = Field(None, description="CamelCase reason, e.g. PreprocessingFailed.")
+    message: Optional[str] = Field(None, description="What happened and what to do about it.")
+    last_transition_time: Optional[str] = Field(None, description="When the status last changed (RFC 3339).")
+    observed_generation: Optional[int] = Field(None, description="Generation the condition was set for.")
+
+
+class PreprocessingStatus(_Model):
+    """Facts about the preprocessing step."""
+
+    job_name: Optional[str] = Field(None, description="Name of the preprocessing Job.")
+    reused: Optional[bool] = Field(None, description="True when a dataset with the same fingerprint existed.")
+    fingerprint: Optional[str] = Field(None, description="Fingerprint of inputs and parameters.")
+    images_written: Optional[int] = Field(None, description="Images written to Parquet.")
+    images_skipped: Optional[int] = Field(None, description="Undecodable files skipped.")
+    shards: Optional[int] = Field(None, description="Number of preprocessing shards.")
+    classes: Optional[int] = Field(None, description="Number of classes found.")
+
+
+class TrainingStatus(_Model):
+    """Progress of the training, mirrored from the trainer's progress document."""
+
+    mpi_job_name: Optional[str] = Field(None, description="Name of the MPIJob.")
+    processes: Optional[int] = Field(None, description="Horovod processes (replicas x slots).")
+    epoch: Optional[int] = Field(None, description="Last finished epoch (1-based).")
+    max_epochs: Optional[int] = Field(None, description="Epoch limit.")
+    best_epoch: Optional[int] = Field(None, description="Epoch with the best monitored metric.")
+    metrics: dict[str, float] = Field(default_factory=dict, description="Metrics of the last epoch.")
+    best_metrics: dict[str, float] = Field(default_factory=dict, description="Metrics of the best epoch.")
+    images_per_second: Optional[float] = Field(None, description="Training throughput, all processes.")
+    learning_rate: Optional[float] = Field(None, description="Scaled learning rate in use.")
+    effective_batch_size: Optional[int] = Field(None, description="Batch size across all processes.")
+
+
+class ScalingRunStatus(_Model):
+    """Observed state, written by the operator (or by `scalingrun run --local`)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    phase: Optional[Phase] = Field(None, description="Pending, Preprocessing, Training, Succeeded, Failed or Suspended.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions with reasons.")
+    observed_generation: Optional[int] = Field(None, description="Spec generation last acted upon.")
+    preprocessing: Optional[PreprocessingStatus] = Field(None, description="Preprocessing facts.")
+    training: Optional[TrainingStatus] = Field(None, description="Training facts.")
+    model_uri: Optional[str] = Field(None, description="Where the final model was saved.")
+    start_time: Optional[dt.datetime] = Field(None, description="When the run started.")
+    completion_time: Optional[dt.datetime] = Field(None, description="When the run finished.")
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metadata we read; the rest is kept as is."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(..., min_length=1, max_length=40, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    namespace: Optional[str] = None
+
+
+class ScalingRun(BaseModel):
+    """A ScalingRun resource: preprocessing Job, then a Horovod MPIJob, with status."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    api_version: Literal["scalingrun.dev/v1alpha1"] = Field(..., alias="apiVersion")
+    kind: Literal["ScalingRun"]
+    metadata: ObjectMeta
+    spec: ScalingRunSpec
+    status: Optional[ScalingRunStatus] = None

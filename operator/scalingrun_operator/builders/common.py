@@ -1,0 +1,94 @@
+"""Names, labels and pod pieces shared by the child builders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api.models import ScalingRun
+
+CONFIG_MOUNT_DIR = "/etc/scalingrun"
+CONFIG_FILE = f"{CONFIG_MOUNT_DIR}/config.json"
+RUN_LABEL = "scalingrun.dev/run"
+NON_ROOT_UID = 1000
+
+
+def config_map_name(run: ScalingRun) -> str:
+    return f"{run.metadata.name}-config"
+
+
+def preprocess_job_name(run: ScalingRun) -> str:
+    return f"{run.metadata.name}-preprocess"
+
+
+def mpijob_name(run: ScalingRun) -> str:
+    return f"{run.metadata.name}-train"
+
+
+def labels(run: ScalingRun, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "scalingrun",
+        "app.kubernetes.io/instance": run.metadata.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": "scalingrun-operator",
+        RUN_LABEL: run.metadata.name,
+    }
+
+
+def metadata(run: ScalingRun, name: str, namespace: str, component: str) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": labels(run, component)}
+
+
+def storage_env(run: ScalingRun) -> list[dict[str, Any]]:
+    """Object-store settings; the keys only as Secret references, never as values."""
+    storage = run.spec.storage
+    env: list[dict[str, Any]] = [{"name": "AWS_DEFAULT_REGION", "value": storage.region}]
+    if storage.endpoint:
+        env.append({"name": "AWS_ENDPOINT_URL", "value": storage.endpoint})
+    if storage.credentials_secret:
+        for var, key in (
+            ("AWS_ACCESS_KEY_ID", storage.access_key_id_key),
+            ("AWS_SECRET_ACCESS_KEY", storage.secret_access_key_key),
+        ):
+            env.append(
+                {
+                    "name": var,
+                    "valueFrom": {"secretKeyRef": {"name": storage.credentials_secret, "key": key}},
+                }
+            )
+    return env
+
+
+def pod_security_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": NON_ROOT_UID,
+        "runAsGroup": NON_ROOT_UID,
+        "fsGroup": NON_ROOT_UID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def container_security_context() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+
+
+def config_volume(run: ScalingRun) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The rendered trainer config, mounted read-only: (volume, volumeMount)."""
+    return (
+        {"name": "config", "configMap": {"name": config_map_name(run)}},
+        {"name": "config", "mountPath": CONFIG_MOUNT_DIR, "readOnly": True},
+    )
+
+
+def resources(cpu: str | None, memory: str | None, gpus: int = 0) -> dict[str, Any]:
+    """Requests equal limits (Guaranteed QoS); GPUs only as limits, as the device plugin expects."""
+    amounts = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
+    limits = dict(amounts)
+    if gpus:
+        limits["nvidia.com/gpu"] = gpus
+    out: dict[str, Any] = {}
+    if amounts:
+        out["requests"] = amounts
+    if limits:
+        out["limits"] = limits
+    return out

@@ -1,0 +1,136 @@
+"""The training MPIJob (kubeflow.org/v2beta1): a launcher running mpirun and N sshd workers."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any
+
+from ..api.models import ScalingRun
+from .common import (
+    CONFIG_FILE,
+    config_volume,
+    container_security_context,
+    metadata,
+    mpijob_name,
+    pod_security_context,
+    resources,
+    storage_env,
+)
+from .config import slots_per_worker, total_processes
+
+MPI_USER_HOME = "/home/mpiuser"
+HOSTFILE = "/etc/mpi/hostfile"
+# The trainer image configures a non-root sshd on this port (see Dockerfile.trainer).
+WORKER_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{MPI_USER_HOME}/.sshd_config"]
+DNS_WAIT_SECONDS = 300
+FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                 "PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
+
+
+def launcher_script(run: ScalingRun) -> str:
+    """Waits until every worker resolves in DNS (mpi-operator #481), then starts Horovod via mpirun."""
+    mpirun = [
+        "mpirun", "-np", str(total_processes(run)), "--hostfile", HOSTFILE,
+        "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
+    ]
+    for var in FORWARDED_ENV:
+        mpirun += ["-x", var]
+    mpirun += ["scalingrun-trainer", "train", "--config", CONFIG_FILE]
+    return "\n".join([
+        "set -eu",
+        f"deadline=$(( $(date +%s) + {DNS_WAIT_SECONDS} ))",
+        f"for host in $(cut -d' ' -f1 {HOSTFILE}); do",
+        '  until getent hosts "$host" >/dev/null; do',
+        '    if [ "$(date +%s)" -gt "$deadline" ]; then echo "worker $host not resolvable" >&2; exit 1; fi',
+        "    sleep 2",
+        "  done",
+        "done",
+        "exec " + shlex.join(mpirun),
+    ])
+
+
+def _pod_template(run: ScalingRun, labels: dict[str, str], container: dict[str, Any],
+                  volumes: list[dict[str, Any]], workers: bool) -> dict[str, Any]:
+    w = run.spec.workers
+    pod: dict[str, Any] = {
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if workers:
+        if w.node_selector:
+            pod["nodeSelector"] = dict(w.node_selector)
+        if w.tolerations:
+            pod["tolerations"] = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in w.tolerations]
+        if w.priority_class_name:
+            pod["priorityClassName"] = w.priority_class_name
+    return {"metadata": {"labels": dict(labels)}, "spec": pod}
+
+
+def _run_policy(run: ScalingRun) -> dict[str, Any]:
+    policy = run.spec.run_policy
+    out: dict[str, Any] = {
+        "cleanPodPolicy": policy.clean_pod_policy,
+        "backoffLimit": policy.backoff_limit,
+        "suspend": policy.suspend,
+    }
+    if policy.active_deadline_seconds is not None:
+        out["activeDeadlineSeconds"] = policy.active_deadline_seconds
+    if policy.ttl_seconds_after_finished is not None:
+        out["ttlSecondsAfterFinished"] = policy.ttl_seconds_after_finished
+    if policy.scheduling_policy is not None:
+        out["schedulingPolicy"] = policy.scheduling_policy.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return out
+
+
+def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
+    w = run.spec.workers
+    meta = metadata(run, mpijob_name(run), namespace, "training")
+    if run.spec.run_policy.kueue_queue_name:
+        meta["labels"]["kueue.x-k8s.io/queue-name"] = run.spec.run_policy.kueue_queue_name
+    volume, mount = config_volume(run)
+    launcher = {
+        "name": "launcher",
+        "image": w.image,
+        "command": ["/bin/sh", "-c", launcher_script(run)],
+        "env": storage_env(run),
+        "resources": resources("1", "2Gi"),
+        "securityContext": container_security_context(),
+        "volumeMounts": [mount],
+    }
+    worker = {
+        "name": "worker",
+        "image": w.image,
+        "command": WORKER_COMMAND,
+        "env": storage_env(run),
+        "resources": resources(w.cpu, w.memory, w.gpus_per_worker),
+        "securityContext": container_security_context(),
+        "volumeMounts": [mount],
+    }
+    return {
+        "apiVersion": "kubeflow.org/v2beta1",
+        "kind": "MPIJob",
+        "metadata": meta,
+        "spec": {
+            "slotsPerWorker": slots_per_worker(run),
+            "mpiImplementation": "OpenMPI",
+            "sshAuthMountPath": f"{MPI_USER_HOME}/.ssh",
+            # Gang schedulers start all pods together; waiting for workers would deadlock (mpi-operator #608).
+            "launcherCreationPolicy": (
+                "AtStartup" if run.spec.run_policy.scheduling_policy else "WaitForWorkersReady"
+            ),
+            "runPolicy": _run_policy(run),
+            "mpiReplicaSpecs": {
+                "Launcher": {
+                    "replicas": 1,
+                    "restartPolicy": "OnFailure",
+                    "template": _pod_template(run, meta["labels"], launcher, [volume], workers=False),
+                },
+                "Worker": {
+                    "replicas": w.replicas,
+                    "restartPolicy": "Never",
+                    "template": _pod_template(run, meta["labels"], worker, [volume], workers=True),
+                },
+            },
+        },
+    }

@@ -1,0 +1,55 @@
+"""The preprocessing Job: an Indexed Job, one completion per shard of the source files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..api.models import ScalingRun
+from .common import (
+    CONFIG_FILE,
+    config_volume,
+    container_security_context,
+    metadata,
+    pod_security_context,
+    preprocess_job_name,
+    resources,
+    storage_env,
+)
+
+
+def build_preprocess_job(run: ScalingRun, namespace: str) -> dict[str, Any]:
+    pre = run.spec.dataset.preprocessing
+    shards = pre.parallelism
+    volume, mount = config_volume(run)
+    meta = metadata(run, preprocess_job_name(run), namespace, "preprocess")
+    container = {
+        "name": "preprocess",
+        "image": run.spec.workers.image,
+        # The shard index comes from JOB_COMPLETION_INDEX, set by the Indexed Job.
+        "command": ["scalingrun-trainer", "preprocess", "--config", CONFIG_FILE, "--shard-count", str(shards)],
+        "env": storage_env(run),
+        "resources": resources(pre.resources.cpu, pre.resources.memory),
+        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
+        "volumeMounts": [mount, {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": meta,
+        "spec": {
+            "completionMode": "Indexed",
+            "completions": shards,
+            "parallelism": shards,
+            # Kubernetes < 1.28 has no per-index limit: allow the per-shard retries for every shard.
+            "backoffLimit": pre.backoff_limit * shards,
+            "template": {
+                "metadata": {"labels": dict(meta["labels"])},
+                "spec": {
+                    "restartPolicy": "Never",
+                    "securityContext": pod_security_context(),
+                    "containers": [container],
+                    "volumes": [volume, {"name": "tmp", "emptyDir": {}}],
+                },
+            },
+        },
+    }

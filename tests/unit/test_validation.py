@@ -1,0 +1,162 @@
+"""`scalingrun validate` rules: every bad input is rejected with a message naming the field."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from scalingrun_operator.api.models import ScalingRun
+from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
+from scalingrun_operator.cli import main
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+MINIMAL = {
+    "apiVersion": "scalingrun.dev/v1alpha1",
+    "kind": "ScalingRun",
+    "metadata": {"name": "demo"},
+    "spec": {
+        "storage": {"credentialsSecret": "s3-creds"},
+        "dataset": {"source": "s3://bucket/raw", "output": "s3://bucket/parquet"},
+    },
+}
+
+
+def with_value(path: str, value) -> dict:
+    """MINIMAL with the dotted path set to value (a value of ... deletes the key)."""
+    doc = copy.deepcopy(MINIMAL)
+    *parents, last = path.split(".")
+    node = doc
+    for key in parents:
+        node = node.setdefault(key, {})
+    if value is ...:
+        node.pop(last, None)
+    else:
+        node[last] = value
+    return doc
+
+
+def test_minimal_run_gets_documented_defaults():
+    run = parse_scalingrun(MINIMAL)
+    assert run.spec.dataset.image_size == 299
+    assert run.spec.dataset.validation_fraction == 0.1
+    assert run.spec.dataset.sample_fraction == 1.0
+    assert run.spec.dataset.seed == 42
+    assert run.spec.model.base == "efficientnet_lite0"
+    assert run.spec.model.trainable_base is False
+    assert run.spec.training.learning_rate_scaling == "linear"
+    assert run.spec.training.early_stopping.restore_best_weights is True
+    assert run.spec.run_policy.clean_pod_policy == "Running"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_valid(example):
+    for doc in yaml.safe_load_all(example.read_text()):
+        assert isinstance(parse_scalingrun(doc), ScalingRun)
+
+
+BAD_INPUTS = [
+    # (dotted path set, value, field named in the message, words in the message)
+    ("spec.training.batchSizePerWorker", 0, "spec.training.batchSizePerWorker", "greater than or equal to 1"),
+    ("spec.training.batchSizePerWorker", -8, "spec.training.batchSizePerWorker", "greater than or equal to 1"),
+    ("spec.training.batchSizePerWorker", "big", "spec.training.batchSizePerWorker", "valid integer"),
+    ("spec.training.baseLearningRate", 0, "spec.training.baseLearningRate", "greater than 0"),
+    ("spec.training.optimizer", "adagrad", "spec.training.optimizer", "'nadam', 'adam' or 'sgd'"),
+    ("spec.training.learningRateScaling", "cubic", "spec.training.learningRateScaling", "linear"),
+    ("spec.training.maxEpochs", 0, "spec.training.maxEpochs", "greater than or equal to 1"),
+    ("spec.training.earlyStopping.patience", -1, "spec.training.earlyStopping.patience", "greater than or equal to 0"),
+    ("spec.training.earlyStopping.monitor", "f1", "spec.training.earlyStopping.monitor", "val_loss"),
+    ("spec.training.earlyStopping.minDelta", -0.1, "spec.training.earlyStopping.minDelta", "greater than or equal to 0"),
+    ("spec.training.checkpoint.everyEpochs", 0, "spec.training.checkpoint.everyEpochs", "greater than or equal to 1"),
+    ("spec.training.checkpoint.location", "ftp://x/y", "spec.training.checkpoint.location", "match pattern"),
+    ("spec.training.resume", "maybe", "spec.training.resume", "valid boolean"),
+    ("spec.dataset.validationFraction", 0, "spec.dataset.validationFraction", "greater than 0"),
+    ("spec.dataset.validationFraction", 1, "spec.dataset.validationFraction", "less than 1"),
+    ("spec.dataset.validationFraction", 1.5, "spec.dataset.validationFraction", "less than 1"),
+    ("spec.dataset.sampleFraction", 0, "spec.dataset.sampleFraction", "greater than 0"),
+    ("spec.dataset.sampleFraction", 1.01, "spec.dataset.sampleFraction", "less than or equal to 1"),
+    ("spec.dataset.imageSize", 16, "spec.dataset.imageSize", "greater than or equal to 32"),
+    ("spec.dataset.imageSize", 5000, "spec.dataset.imageSize", "less than or equal to 1024"),
+    ("spec.dataset.seed", -1, "spec.dataset.seed", "greater than or equal to 0"),
+    ("spec.dataset.source", "bucket/raw", "spec.dataset.source", "match pattern"),
+    ("spec.dataset.source", ..., "spec.dataset.source", "required field is missing"),
+    ("spec.dataset.output", "http://x/y", "spec.dataset.output", "match pattern"),
+    ("spec.dataset.preprocessing.parallelism", 0, "spec.dataset.preprocessing.parallelism", "greater than or equal to 1"),
+    ("spec.dataset.preprocessing.maxBadFraction", 2, "spec.dataset.preprocessing.maxBadFraction", "less than or equal to 1"),
+    ("spec.dataset.preprocessing.resources.memory", "lots", "spec.dataset.preprocessing.resources.memory", "match pattern"),
+    ("spec.model.base", "resnet9000", "spec.model.base", "efficientnet_lite0"),
+    ("spec.model.weights", "imagenet21k", "spec.model.weights", "match pattern"),
+    ("spec.model.dropout", 1.0, "spec.model.dropout", "less than 1"),
+    ("spec.model.numClasses", 1, "spec.model.numClasses", "greater than or equal to 2"),
+    ("spec.workers.replicas", 0, "spec.workers.replicas", "greater than or equal to 1"),
+    ("spec.workers.gpusPerWorker", -1, "spec.workers.gpusPerWorker", "greater than or equal to 0"),
+    ("spec.workers.cpu", "four", "spec.workers.cpu", "match pattern"),
+    ("spec.workers.nodeSelector", {"gpu": 1}, "spec.workers.nodeSelector.gpu", "valid string"),
+    ("spec.workers.tolerations", [{"effect": "Sometimes"}], "spec.workers.tolerations[0].effect", "NoSchedule"),
+    ("spec.runPolicy.cleanPodPolicy", "Some", "spec.runPolicy.cleanPodPolicy", "'None', 'Running' or 'All'"),
+    ("spec.runPolicy.backoffLimit", -1, "spec.runPolicy.backoffLimit", "greater than or equal to 0"),
+    ("spec.runPolicy.activeDeadlineSeconds", 0, "spec.runPolicy.activeDeadlineSeconds", "greater than or equal to 1"),
+    ("spec.runPolicy.schedulingPolicy", {"minAvailable": 0}, "spec.runPolicy.schedulingPolicy.minAvailable", "greater than or equal to 1"),
+    ("spec.storage.endpoint", "minio:9000", "spec.storage.endpoint", "match pattern"),
+    ("spec.storage.credentialsSecret", "Bad_Name", "spec.storage.credentialsSecret", "match pattern"),
+    ("spec.storage.accessKey", "AKIA...", "spec.storage.accessKey", "unknown field"),
+    ("spec.training.batchsize", 64, "spec.training.batchsize", "unknown field"),
+    ("spec.tracking", {"mlflowTrackingUri": "mlflow:5000"}, "spec.tracking.mlflowTrackingUri", "match pattern"),
+    ("metadata.name", "Bad_Name", "metadata.name", "match pattern"),
+    ("metadata.name", "x" * 41, "metadata.name", "at most 40 characters"),
+    ("apiVersion", "scalingrun.dev/v2", "apiVersion", "scalingrun.dev/v1alpha1"),
+    ("kind", "Run", "kind", "ScalingRun"),
+    ("spec.dataset", ..., "spec.dataset", "required field is missing"),
+    # cross-field rules the CRD schema cannot express
+    ("spec.storage.credentialsSecret", ..., "spec.storage.credentialsSecret", "s3:// is used by spec.dataset.source"),
+    ("spec.dataset.output", "s3://bucket/raw/parquet", "spec.dataset.output", "must not be inside spec.dataset.source"),
+    ("spec.runPolicy.schedulingPolicy", {"minAvailable": 5}, "spec.runPolicy.schedulingPolicy.minAvailable", "must be <= 2"),
+    ("spec.training.earlyStopping", {"monitor": "val_accuracy", "stoppingThreshold": 80},
+     "spec.training.earlyStopping.stoppingThreshold", "must be in (0, 1]"),
+]
+
+
+@pytest.mark.parametrize("path,value,field,words", BAD_INPUTS, ids=[f"{b[0]}={b[1]!r}"[:60] for b in BAD_INPUTS])
+def test_bad_input_names_the_field(path, value, field, words):
+    with pytest.raises(InvalidScalingRun) as caught:
+        parse_scalingrun(with_value(path, value))
+    messages = [str(e) for e in caught.value.errors]
+    assert any(m.startswith(f"{field}: ") and words in m for m in messages), messages
+
+
+def test_every_bad_field_is_reported_at_once():
+    doc = with_value("spec.training.batchSizePerWorker", 0)
+    doc["spec"]["workers"] = {"replicas": 0}
+    with pytest.raises(InvalidScalingRun) as caught:
+        parse_scalingrun(doc)
+    paths = {e.path for e in caught.value.errors}
+    assert {"spec.training.batchSizePerWorker", "spec.workers.replicas"} <= paths
+
+
+def test_local_paths_need_no_credentials():
+    doc = with_value("spec.storage", {})
+    doc["spec"]["dataset"] = {"source": "/data/raw", "output": "file:///data/parquet"}
+    assert parse_scalingrun(doc).spec.storage.credentials_secret is None
+
+
+def test_cli_validate_exit_codes(tmp_path, capsys):
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(MINIMAL))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(with_value("spec.training.batchSizePerWorker", 0)))
+    assert main(["validate", "-f", str(good)]) == 0
+    assert "is valid" in capsys.readouterr().out
+    assert main(["validate", "-f", str(good), "-f", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "spec.training.batchSizePerWorker" in err and "demo is invalid" in err
+
+
+def test_cli_validate_unreadable_file(tmp_path, capsys):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed")
+    assert main(["validate", "-f", str(broken)]) == 1
+    assert "cannot read" in capsys.readouterr().err
+    assert main(["validate", "-f", str(tmp_path / "missing.yaml")]) == 1

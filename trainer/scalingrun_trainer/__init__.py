@@ -1,0 +1,1 @@
+"""scalingrun trainer: preprocessing and Horovod training (no kopf here)."""
