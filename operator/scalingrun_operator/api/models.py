@@ -44,7 +44,11 @@ class _Model(BaseModel):
     """camelCase on the wire, unknown fields rejected (a typo must not silently become a default)."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="forbid", use_enum_values=True
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+        validate_default=True,  # enum defaults become plain strings too
     )
 
 

@@ -1,0 +1,116 @@
+"""The generated CRD on a real kube-apiserver: defaults, admission errors with field paths, columns."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from scalingrun_operator.api import models
+
+pytestmark = pytest.mark.k8s
+
+ROOT = Path(__file__).resolve().parents[2]
+MINIMAL = {
+    "apiVersion": models.API_VERSION,
+    "kind": models.KIND,
+    "metadata": {"name": "minimal"},
+    "spec": {
+        "storage": {"credentialsSecret": "s3-creds"},
+        "dataset": {"source": "s3://bucket/raw", "output": "s3://bucket/parquet"},
+    },
+}
+
+
+def create(api_client, namespace, body, dry_run=False):
+    api = client.CustomObjectsApi(api_client)
+    return api.create_namespaced_custom_object(
+        models.GROUP, models.VERSION, namespace, models.PLURAL, body, dry_run="All" if dry_run else None)
+
+
+def test_apiserver_applies_defaults(api_client, scalingrun_crd, namespace):
+    created = create(api_client, namespace, MINIMAL)
+    spec = created["spec"]
+    assert spec["dataset"]["imageSize"] == 299
+    assert spec["dataset"]["validationFraction"] == 0.1
+    assert spec["dataset"]["preprocessing"]["parallelism"] == 4
+    assert spec["training"]["batchSizePerWorker"] == 32
+    assert spec["training"]["earlyStopping"]["restoreBestWeights"] is True
+    assert spec["training"]["learningRateScaling"] == "linear"
+    assert spec["workers"]["replicas"] == 1
+    assert spec["runPolicy"]["cleanPodPolicy"] == "Running"
+    assert "tracking" not in spec
+
+
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+def test_examples_are_admitted(api_client, scalingrun_crd, namespace, example):
+    body = yaml.safe_load(example.read_text())
+    assert create(api_client, namespace, body, dry_run=True)["metadata"]["name"] == body["metadata"]["name"]
+
+
+REJECTED = [
+    (("training", "batchSizePerWorker"), 0, "spec.training.batchSizePerWorker"),
+    (("training", "optimizer"), "adagrad", "spec.training.optimizer"),
+    (("training", "learningRateScaling"), "cubic", "spec.training.learningRateScaling"),
+    (("dataset", "validationFraction"), 1.0, "spec.dataset.validationFraction"),
+    (("dataset", "validationFraction"), 0, "spec.dataset.validationFraction"),
+    (("dataset", "sampleFraction"), 1.5, "spec.dataset.sampleFraction"),
+    (("dataset", "imageSize"), 8, "spec.dataset.imageSize"),
+    (("dataset", "source"), "bucket/raw", "spec.dataset.source"),
+    (("model", "base"), "resnet9000", "spec.model.base"),
+    (("model", "weights"), "imagenet21k", "spec.model.weights"),
+    (("workers", "replicas"), 0, "spec.workers.replicas"),
+    (("workers", "gpusPerWorker"), "two", "spec.workers.gpusPerWorker"),
+    (("workers", "memory"), "lots", "spec.workers.memory"),
+    (("runPolicy", "cleanPodPolicy"), "Sometimes", "spec.runPolicy.cleanPodPolicy"),
+    (("storage", "credentialsSecret"), "Bad_Name", "spec.storage.credentialsSecret"),
+]
+
+
+@pytest.mark.parametrize("path,value,field", REJECTED, ids=[f"{'.'.join(r[0])}={r[1]!r}" for r in REJECTED])
+def test_invalid_objects_are_rejected_at_admission_with_field_path(api_client, scalingrun_crd, namespace,
+                                                                    path, value, field):
+    body = copy.deepcopy(MINIMAL)
+    body["spec"].setdefault(path[0], {})[path[1]] = value
+    with pytest.raises(ApiException) as caught:
+        create(api_client, namespace, body)
+    assert caught.value.status == 422
+    assert field in caught.value.body
+
+
+def test_missing_dataset_is_rejected(api_client, scalingrun_crd, namespace):
+    body = copy.deepcopy(MINIMAL)
+    del body["spec"]["dataset"]
+    with pytest.raises(ApiException) as caught:
+        create(api_client, namespace, body)
+    assert caught.value.status == 422 and "spec.dataset" in caught.value.body
+
+
+def test_kubectl_get_shows_printer_columns(api_client, scalingrun_crd, namespace, kubectl):
+    create(api_client, namespace, MINIMAL)
+    api = client.CustomObjectsApi(api_client)
+    api.patch_namespaced_custom_object_status(
+        models.GROUP, models.VERSION, namespace, models.PLURAL, "minimal",
+        {"status": {"phase": "Training", "training": {"epoch": 3, "metrics": {"val_accuracy": 0.875}}}})
+    out = subprocess.run([*kubectl, "get", "srun", "-n", namespace], capture_output=True, text=True, check=True).stdout
+    header, row = out.splitlines()[:2]
+    assert header.split() == ["NAME", "PHASE", "WORKERS", "EPOCH", "VAL-ACCURACY", "AGE"]
+    assert row.split()[:5] == ["minimal", "Training", "1", "3", "0.875"]
+
+
+def test_kubectl_explain_describes_training(scalingrun_crd, kubectl):
+    # The apiserver publishes a new CRD's OpenAPI a few seconds after it is established.
+    deadline = time.monotonic() + 60
+    while True:
+        out = subprocess.run([*kubectl, "explain", "scalingrun.spec.training"], capture_output=True, text=True)
+        if out.returncode == 0 or time.monotonic() > deadline:
+            break
+        time.sleep(1)
+    assert out.returncode == 0, out.stderr
+    assert "batchSizePerWorker" in out.stdout and "learning rate" in out.stdout.lower()

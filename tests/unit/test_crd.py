@@ -1,0 +1,77 @@
+"""The checked-in CRD is generated from the models, and is a structural schema."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from scalingrun_operator.api.crd import build_crd, render_chart_crd_template, render_crd_yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+MANIFEST = ROOT / "manifests/crd/scalingrun.dev_scalingruns.yaml"
+CHART_TEMPLATE = ROOT / "charts/scalingrun/templates/crd.yaml"
+REGENERATE = "out of date: run scripts/generate.sh"
+
+
+def test_checked_in_crd_matches_the_models():
+    assert MANIFEST.read_text() == render_crd_yaml(), f"{MANIFEST} {REGENERATE}"
+    assert CHART_TEMPLATE.read_text() == render_chart_crd_template(), f"{CHART_TEMPLATE} {REGENERATE}"
+
+
+def _walk(schema, path="spec"):
+    yield path, schema
+    for name, prop in schema.get("properties", {}).items():
+        yield from _walk(prop, f"{path}.{name}")
+    if isinstance(schema.get("additionalProperties"), dict):
+        yield from _walk(schema["additionalProperties"], f"{path}.*")
+    if "items" in schema:
+        yield from _walk(schema["items"], f"{path}[]")
+
+
+def test_schema_is_structural():
+    root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in _walk(root):
+        assert not {"$ref", "$defs", "title", "const", "anyOf", "oneOf"} & set(node), path
+        assert node.get("type") != "null", path
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        for bound in ("exclusiveMinimum", "exclusiveMaximum"):
+            assert bound not in node or isinstance(node[bound], bool), path
+
+
+def test_schema_has_defaults_enums_bounds_and_descriptions():
+    spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    training = spec["properties"]["training"]
+    assert training["default"] == {}
+    assert training["properties"]["batchSizePerWorker"]["minimum"] == 1
+    assert training["properties"]["learningRateScaling"]["enum"] == ["linear", "sqrt", "none"]
+    assert training["properties"]["earlyStopping"]["properties"]["restoreBestWeights"]["default"] is True
+    dataset = spec["properties"]["dataset"]
+    assert dataset["required"] == ["source", "output"]
+    vf = dataset["properties"]["validationFraction"]
+    assert (vf["minimum"], vf["exclusiveMinimum"], vf["maximum"], vf["exclusiveMaximum"]) == (0, True, 1, True)
+    assert spec["properties"]["model"]["properties"]["base"]["enum"] == ["efficientnet_lite0", "mobilenet_v2", "xception"]
+    assert spec["properties"]["workers"]["properties"]["cpu"]["x-kubernetes-int-or-string"] is True
+    # optional objects without defaults must not be defaulted into existence
+    assert "default" not in spec["properties"]["tracking"]
+    for path, node in _walk(spec):
+        if path.endswith(".*"):  # map values (nodeSelector) are described by their map
+            continue
+        assert node.get("description"), f"{path} has no description for kubectl explain"
+
+
+def test_printer_columns_and_names():
+    crd = build_crd()
+    version = crd["spec"]["versions"][0]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
+        "Phase", "Workers", "Epoch", "Val-Accuracy", "Age"]
+    assert version["subresources"] == {"status": {}}
+    assert crd["spec"]["names"]["shortNames"] == ["srun"]
+    assert crd["metadata"]["name"] == "scalingruns.scalingrun.dev"
+
+
+def test_chart_template_is_the_same_crd():
+    text = CHART_TEMPLATE.read_text()
+    plain = "\n".join(line for line in text.splitlines() if "{{" not in line and "helm.sh" not in line
+                      and line.strip() != "annotations:")
+    assert yaml.safe_load(plain) == build_crd()

@@ -1,0 +1,42 @@
+"""Import boundaries: the operator never needs TensorFlow, the trainer never needs kopf."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+IMPORT_ALL = """
+import importlib, pkgutil, sys
+for blocked in {blocked!r}:
+    sys.modules[blocked] = None  # any import of it raises ImportError
+package = importlib.import_module({package!r})
+for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+    importlib.import_module(module.name)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize(
+    "package,blocked",
+    [
+        ("scalingrun_operator", ["tensorflow", "horovod", "petastorm", "pyarrow", "mpi4py"]),
+        ("scalingrun_trainer", ["kopf", "kubernetes"]),
+    ],
+)
+def test_package_imports_without_the_other_side(package, blocked):
+    code = IMPORT_ALL.format(package=package, blocked=blocked)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_stdlib_operator_is_not_shadowed():
+    """Run from the repository root, where a folder named operator/ sits on sys.path[0]."""
+    code = "import operator, sysconfig; print(operator.__file__); print(sysconfig.get_paths()['stdlib'])"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stderr
+    module_file, stdlib = result.stdout.split()
+    assert module_file.startswith(stdlib)

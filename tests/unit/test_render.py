@@ -1,0 +1,133 @@
+"""`scalingrun render`: the objects the operator creates, checked against the real API schemas."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.builders import build_children
+from scalingrun_operator.builders.config import build_trainer_config
+from scalingrun_operator.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+MPIJOB_CRD = ROOT.parent / "shared/crds/kubeflow.org_mpijobs.yaml"
+# 1.20 silently drops completionMode: check against a release that has it.
+K8S_SCHEMA_VERSION = "1.30.0"
+
+
+def load(example: Path):
+    return parse_scalingrun(yaml.safe_load(example.read_text()))
+
+
+@pytest.fixture(scope="module")
+def mpijob_schema():
+    if not MPIJOB_CRD.exists():
+        pytest.skip(f"{MPIJOB_CRD} not found")
+    crd = yaml.safe_load(MPIJOB_CRD.read_text())
+    return next(v for v in crd["spec"]["versions"] if v["name"] == "v2beta1")["schema"]["openAPIV3Schema"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_rendered_objects_pass_schema_validation(example, mpijob_schema):
+    objects = build_children(load(example), namespace="ml")
+    assert [o["kind"] for o in objects] == ["ConfigMap", "Job", "MPIJob"]
+    for obj in objects[:2]:
+        kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
+    jsonschema.validate(objects[2], mpijob_schema)
+
+
+def test_children_have_deterministic_names_and_labels():
+    run = load(ROOT / "examples/06-8-single-gpu-nodes.yaml")
+    first = build_children(run, "ml")
+    assert first == build_children(run, "ml")
+    assert [o["metadata"]["name"] for o in first] == [
+        "flowers-8nodes-config", "flowers-8nodes-preprocess", "flowers-8nodes-train"]
+    for obj in first:
+        assert obj["metadata"]["namespace"] == "ml"
+        assert obj["metadata"]["labels"]["scalingrun.dev/run"] == "flowers-8nodes"
+        assert obj["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "scalingrun-operator"
+
+
+def test_mpijob_maps_workers_and_run_policy():
+    run = load(ROOT / "examples/06-8-single-gpu-nodes.yaml")
+    mpijob = build_children(run, "ml")[2]["spec"]
+    assert mpijob["slotsPerWorker"] == 1
+    assert mpijob["mpiReplicaSpecs"]["Worker"]["replicas"] == 8
+    worker = mpijob["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert worker["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert mpijob["runPolicy"] == {
+        "cleanPodPolicy": "Running", "backoffLimit": 2, "suspend": False, "activeDeadlineSeconds": 86400,
+        "ttlSecondsAfterFinished": 3600, "schedulingPolicy": {"minAvailable": 9, "queue": "training"}}
+    # gang scheduling must not wait for workers (mpi-operator #608)
+    assert mpijob["launcherCreationPolicy"] == "AtStartup"
+    launcher = mpijob["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
+    script = launcher["command"][-1]
+    assert "getent hosts" in script and "mpirun -np 8 " in script
+
+
+def test_single_node_waits_for_workers_and_counts_gpu_slots():
+    run = load(ROOT / "examples/05-4gpus-one-node.yaml")
+    mpijob = build_children(run, "ml")[2]["spec"]
+    assert mpijob["launcherCreationPolicy"] == "WaitForWorkersReady"
+    assert mpijob["slotsPerWorker"] == 4
+    assert "mpirun -np 4 " in mpijob["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert build_trainer_config(run)["processes"] == 4
+
+
+def test_preprocess_job_is_indexed_and_non_root():
+    run = load(ROOT / "examples/04-full-data-petastorm.yaml")
+    job = build_children(run, "ml")[1]["spec"]
+    assert job["completionMode"] == "Indexed"
+    assert job["completions"] == job["parallelism"] == 16
+    pod = job["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    container = pod["containers"][0]
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+
+
+def test_credentials_only_as_secret_references():
+    run = load(ROOT / "examples/01-sample-1gpu.yaml")
+    for obj in build_children(run, "ml"):
+        text = json.dumps(obj)
+        assert "s3-credentials" not in text or obj["kind"] != "ConfigMap"
+    config_map = build_children(run, "ml")[0]
+    assert "s3-credentials" not in config_map["data"]["config.json"]
+    job_env = build_children(run, "ml")[1]["spec"]["template"]["spec"]["containers"][0]["env"]
+    secret_vars = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in job_env if "valueFrom" in e}
+    assert secret_vars == {
+        "AWS_ACCESS_KEY_ID": {"name": "s3-credentials", "key": "AWS_ACCESS_KEY_ID"},
+        "AWS_SECRET_ACCESS_KEY": {"name": "s3-credentials", "key": "AWS_SECRET_ACCESS_KEY"},
+    }
+
+
+def test_trainer_config_resolves_run_location():
+    run = load(ROOT / "examples/02-early-stopping.yaml")
+    config = build_trainer_config(run)
+    assert config["runLocation"] == "s3://datasets/flowers/parquet-sample/runs/flowers-early-stopping"
+    assert config["training"]["earlyStopping"]["patience"] == 3
+    assert "workers" not in config and "credentialsSecret" not in config["storage"]
+
+
+def test_cli_render_prints_multi_document_yaml(capsys):
+    assert main(["render", "-f", str(ROOT / "examples/quickstart.yaml"), "-n", "team-a"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Job", "MPIJob"]
+    assert {d["metadata"]["namespace"] for d in docs} == {"team-a"}
+
+
+def test_cli_render_rejects_invalid_run(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    doc = yaml.safe_load((ROOT / "examples/quickstart.yaml").read_text())
+    doc["spec"]["workers"]["replicas"] = 0
+    bad.write_text(yaml.safe_dump(doc))
+    assert main(["render", "-f", str(bad)]) == 1
+    assert "spec.workers.replicas" in capsys.readouterr().err
