@@ -1,0 +1,100 @@
+"""`scalingrun-trainer`: what the preprocessing Job and the MPIJob containers run.
+
+Human progress goes to stderr; the last stdout line is a JSON summary for the operator.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Optional
+
+
+def _load_config(path: Optional[str]) -> dict[str, Any]:
+    if not path:
+        return {}
+    with (sys.stdin if path == "-" else open(path)) as f:
+        return json.load(f)
+
+
+def _preprocess_params(args: argparse.Namespace):
+    from .preprocess import Params
+
+    config = _load_config(args.config)
+    dataset = config.get("dataset", {})
+    storage = config.get("storage", {})
+
+    def pick(flag, *keys, default=None):
+        if flag is not None:
+            return flag
+        node: Any = dataset
+        for key in keys:
+            node = node.get(key) if isinstance(node, dict) else None
+        return default if node is None else node
+
+    source, output = pick(args.source, "source"), pick(args.output, "output")
+    if not source or not output:
+        raise SystemExit("scalingrun-trainer preprocess: --source and --output (or --config) are required")
+    return Params(
+        source=source,
+        output=output,
+        image_size=pick(args.image_size, "imageSize", default=299),
+        validation_fraction=pick(args.validation_fraction, "validationFraction", default=0.1),
+        sample_fraction=pick(args.sample_fraction, "sampleFraction", default=1.0),
+        seed=pick(args.seed, "seed", default=42),
+        max_bad_fraction=pick(args.max_bad_fraction, "preprocessing", "maxBadFraction", default=0.05),
+        max_readers=args.max_readers or config.get("processes") or 1,
+        endpoint=args.endpoint or storage.get("endpoint"),
+        region=args.region or storage.get("region"),
+    )
+
+
+def _cmd_preprocess(args: argparse.Namespace) -> int:
+    from .preprocess import PreprocessError, process_shard
+
+    params = _preprocess_params(args)
+    index = args.shard_index
+    if index is None:
+        index = int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
+    try:
+        summary = process_shard(params, index, args.shard_count, workers=args.workers)
+    except PreprocessError as exc:
+        print(f"preprocess failed: {exc}", file=sys.stderr)
+        print(json.dumps({"event": "preprocess", "shard": index, "error": str(exc)}))
+        return exc.exit_code
+    print(json.dumps(summary))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="scalingrun-trainer", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    pre = sub.add_parser("preprocess", help="JPEG tree -> labelled Parquet shards (one shard per call)")
+    pre.add_argument("--config", help="trainer config rendered by the operator (JSON file or -)")
+    pre.add_argument("--source", help="s3://bucket/prefix or a local folder: SOURCE/<class>/<image>")
+    pre.add_argument("--output", help="where train/ and validation/ Parquet go")
+    pre.add_argument("--image-size", type=int)
+    pre.add_argument("--validation-fraction", type=float)
+    pre.add_argument("--sample-fraction", type=float)
+    pre.add_argument("--seed", type=int)
+    pre.add_argument("--max-bad-fraction", type=float)
+    pre.add_argument("--max-readers", type=int, help="Horovod processes that will read it (row groups >= 2x)")
+    pre.add_argument("--shard-index", type=int, help="default: $JOB_COMPLETION_INDEX, else 0")
+    pre.add_argument("--shard-count", type=int, default=1)
+    pre.add_argument("--workers", type=int, help="decoding processes (default: one per core)")
+    pre.add_argument("--endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
+    pre.add_argument("--region")
+    pre.set_defaults(func=_cmd_preprocess)
+    return parser
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

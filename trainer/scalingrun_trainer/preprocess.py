@@ -1,0 +1,415 @@
+"""Preprocessing: a JPEG tree (one folder per class) -> labelled Parquet shards with a seeded split.
+
+Every decision about a file (in the sample? train or validation? which shard?) is a hash of its
+path and the seed, so the result is the same whatever the number of shards. Shard i of n writes only
+its own Parquet files, under a temporary name first, then a shard manifest; whichever shard finds
+all n manifests writes the dataset manifest `_manifest.json` (atomically) and removes files that an
+earlier run with other parameters left behind. A rerun with the same fingerprint does nothing; a
+crashed shard can be rerun alone.
+
+Layout under OUTPUT:
+  train/part-SSSSS-of-NNNNN-<fp>.parquet, validation/...   columns image (binary, S x S x 3 uint8,
+                                                           row-major), label (int32), path (string)
+  _classes.json      class names, index = label
+  _manifest.json     counts, parameters, fingerprint, file lists
+  _shards/           one manifest per finished shard
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import multiprocessing
+import os
+import posixpath
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterator, Optional
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+
+from .images import BadImage, scale_image
+from .storage import Location, open_location
+
+SPLITS = ("train", "validation")
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
+# 256 rows of 299 x 299 x 3 are about 70 MB: small enough to stream, large enough to read fast.
+MAX_ROWS_PER_GROUP = 256
+SCHEMA = pa.schema([("image", pa.binary()), ("label", pa.int32()), ("path", pa.string())])
+FORMAT_VERSION = 1
+
+
+class PreprocessError(RuntimeError):
+    """A failure the user must act on; the message says what and how."""
+
+    exit_code = 1
+
+
+class SourceError(PreprocessError):
+    exit_code = 4
+
+
+class TooManyBadFiles(PreprocessError):
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class Params:
+    source: str
+    output: str
+    image_size: int = 299
+    validation_fraction: float = 0.1
+    sample_fraction: float = 1.0
+    seed: int = 42
+    max_bad_fraction: float = 0.05
+    # Horovod processes that will read the dataset: each split gets >= 2 row groups per process.
+    max_readers: int = 1
+    endpoint: Optional[str] = None
+    region: Optional[str] = None
+
+    def dataset_parameters(self) -> dict:
+        """What determines the content of the dataset (not where it is read from or by how many)."""
+        return {
+            "formatVersion": FORMAT_VERSION,
+            "imageSize": self.image_size,
+            "validationFraction": self.validation_fraction,
+            "sampleFraction": self.sample_fraction,
+            "seed": self.seed,
+            "minRowGroupsPerSplit": 2 * self.max_readers,
+        }
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    path: str  # relative to the source: <class>/<...>/<file>
+    size: int
+    label: int
+
+
+@dataclass
+class Assignment:
+    split: str
+    shard: int
+
+
+def assign(path: str, seed: int, sample_fraction: float, validation_fraction: float,
+           shard_count: int) -> Optional[Assignment]:
+    """Deterministic per-file decisions from a hash of (seed, path); None = not in the sample."""
+    digest = hashlib.sha256(f"{seed}\0{path}".encode()).digest()
+    unit = lambda chunk: int.from_bytes(chunk, "big") / 2**64  # noqa: E731
+    if unit(digest[0:8]) >= sample_fraction:
+        return None
+    split = "validation" if unit(digest[8:16]) < validation_fraction else "train"
+    return Assignment(split, int.from_bytes(digest[16:24], "big") % shard_count)
+
+
+def list_source(source: Location) -> tuple[list[str], list[SourceFile]]:
+    """Classes (sorted folder names) and every image file under them."""
+    info = source.fs.get_file_info(source.path)
+    if info.type != pafs.FileType.Directory:
+        raise SourceError(f"source {source.uri} does not exist or is not a folder")
+    entries = source.fs.get_file_info(pafs.FileSelector(source.path, recursive=True))
+    prefix = source.path.rstrip("/") + "/"
+    classes = sorted(
+        e.path[len(prefix):] for e in entries
+        if e.type == pafs.FileType.Directory and "/" not in e.path[len(prefix):]
+        and not e.base_name.startswith((".", "_"))
+    )
+    label_of = {name: index for index, name in enumerate(classes)}
+    files = []
+    for e in entries:
+        relative = e.path[len(prefix):]
+        top = relative.split("/", 1)[0]
+        if e.type != pafs.FileType.File or top not in label_of or "/" not in relative:
+            continue
+        if e.base_name.startswith((".", "_")):
+            continue
+        files.append(SourceFile(relative, e.size, label_of[top]))
+    files.sort(key=lambda f: f.path)
+    if not classes or not files:
+        raise SourceError(f"source {source.uri} has no class folders with files (expected SOURCE/<class>/<image>)")
+    return classes, files
+
+
+def fingerprint(params: Params, classes: list[str], files: list[SourceFile]) -> str:
+    digest = hashlib.sha256()
+    digest.update(json.dumps(params.dataset_parameters(), sort_keys=True).encode())
+    digest.update(json.dumps(classes).encode())
+    for f in files:
+        digest.update(f"{f.path}\0{f.size}\n".encode())
+    return digest.hexdigest()[:24]
+
+
+def rows_per_group(expected_rows: int, shard_count: int, min_groups_per_split: int) -> int:
+    """Rows per row group so that the split has >= min_groups_per_split groups across all shards."""
+    groups_per_shard = max(1, math.ceil(min_groups_per_split / shard_count))
+    return max(1, min(MAX_ROWS_PER_GROUP, expected_rows // groups_per_shard or 1))
+
+
+# --- decoding in worker processes ------------------------------------------------------------------
+
+_worker_source: Optional[Location] = None
+
+
+def _init_worker(source_uri: str, endpoint: Optional[str], region: Optional[str]) -> None:
+    global _worker_source
+    _worker_source = open_location(source_uri, endpoint, region)
+
+
+def _decode(task: tuple[str, int]) -> tuple[str, Optional[bytes], Optional[str]]:
+    path, side = task
+    try:
+        data = _worker_source.join(path).read_bytes()
+        return path, scale_image(data, side), None
+    except BadImage as exc:
+        return path, None, str(exc)
+    except OSError as exc:  # unreadable object: count it as bad, like an undecodable one
+        return path, None, f"read failed: {exc}"
+
+
+def _decoded(files: list[SourceFile], params: Params, workers: int) -> Iterator[tuple[str, Optional[bytes], Optional[str]]]:
+    tasks = [(f.path, params.image_size) for f in files]
+    init = (params.source, params.endpoint, params.region)
+    if workers <= 1:
+        _init_worker(*init)
+        yield from map(_decode, tasks)
+        return
+    # spawn, not fork: the parent's S3 client threads must not be forked.
+    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, init) as pool:
+        yield from pool.imap(_decode, tasks, chunksize=8)
+
+
+# --- one shard -------------------------------------------------------------------------------------
+
+
+@dataclass
+class ShardResult:
+    shard: int
+    shards: int
+    fingerprint: str
+    written: dict = field(default_factory=lambda: {s: 0 for s in SPLITS})
+    skipped: int = 0
+    skipped_files: list = field(default_factory=list)
+    files: dict = field(default_factory=lambda: {s: [] for s in SPLITS})
+    seconds: float = 0.0
+
+
+class _SplitWriter:
+    """Streams rows into one Parquet file under a temporary name; commit() moves it into place."""
+
+    def __init__(self, target: Location, rows_per_group: int):
+        self.target = target
+        self.tmp = target.fs, posixpath.join(posixpath.dirname(target.path), "_tmp-" + posixpath.basename(target.path))
+        self.rows_per_group = rows_per_group
+        self.buffer: list[tuple[bytes, int, str]] = []
+        self.writer: Optional[pq.ParquetWriter] = None
+        self.stream = None
+        self.rows = 0
+
+    def add(self, image: bytes, label: int, path: str) -> None:
+        self.buffer.append((image, label, path))
+        if len(self.buffer) >= self.rows_per_group:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self.buffer:
+            return
+        if self.writer is None:
+            fs, tmp = self.tmp
+            fs.create_dir(posixpath.dirname(tmp), recursive=True)
+            self.stream = fs.open_output_stream(tmp)
+            self.writer = pq.ParquetWriter(self.stream, SCHEMA, compression="snappy")
+        images, labels, paths = zip(*self.buffer)
+        table = pa.table([pa.array(images, pa.binary()), pa.array(labels, pa.int32()), pa.array(paths)], schema=SCHEMA)
+        self.writer.write_table(table, row_group_size=len(self.buffer))
+        self.rows += len(self.buffer)
+        self.buffer = []
+
+    def commit(self) -> Optional[str]:
+        self._flush()
+        if self.writer is None:
+            return None
+        self.writer.close()
+        self.stream.close()
+        fs, tmp = self.tmp
+        fs.move(tmp, self.target.path)
+        return posixpath.basename(self.target.path)
+
+    def abort(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.stream.close()
+            fs, tmp = self.tmp
+            fs.delete_file(tmp)
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def process_shard(params: Params, shard_index: int, shard_count: int, workers: Optional[int] = None) -> dict:
+    """Runs shard `shard_index` of `shard_count`; returns the JSON summary (also for a no-op rerun)."""
+    if not 0 <= shard_index < shard_count:
+        raise PreprocessError(f"shard index {shard_index} is outside 0..{shard_count - 1}")
+    started = time.monotonic()
+    source = open_location(params.source, params.endpoint, params.region)
+    output = open_location(params.output, params.endpoint, params.region)
+    classes, files = list_source(source)
+    fp = fingerprint(params, classes, files)
+
+    manifest = _read_json(output.join("_manifest.json"))
+    if manifest and manifest.get("fingerprint") == fp:
+        return {**_summary_from_manifest(manifest), "shard": shard_index, "shards": shard_count, "reused": True}
+
+    shard_manifest_at = output.join("_shards", f"shard-{shard_index:05d}-of-{shard_count:05d}.json")
+    done = _read_json(shard_manifest_at)
+    if done and done.get("fingerprint") == fp:
+        result = done
+        _progress(f"shard {shard_index}/{shard_count}: already done for fingerprint {fp}")
+    else:
+        result = asdict(_write_shard(params, source, output, classes, files, fp, shard_index, shard_count, workers))
+        shard_manifest_at.write_bytes_atomic(json.dumps(result, indent=1).encode())
+    result["seconds"] = round(time.monotonic() - started, 3)
+    final = finalize(params, output, classes, files, fp, shard_count)
+    return {
+        "event": "preprocess",
+        "shard": shard_index,
+        "shards": shard_count,
+        "fingerprint": fp,
+        "reused": False,
+        "written": result["written"],
+        "skipped": result["skipped"],
+        "skippedFiles": result["skipped_files"][:20],
+        "seconds": result["seconds"],
+        "imagesPerSecond": round(sum(result["written"].values()) / max(result["seconds"], 1e-9), 1),
+        "complete": final is not None,
+        **({"dataset": _summary_from_manifest(final)} if final else {}),
+    }
+
+
+def _write_shard(params: Params, source: Location, output: Location, classes: list[str],
+                 files: list[SourceFile], fp: str, shard_index: int, shard_count: int,
+                 workers: Optional[int]) -> ShardResult:
+    mine: dict[str, list[SourceFile]] = {s: [] for s in SPLITS}
+    for f in files:
+        a = assign(f.path, params.seed, params.sample_fraction, params.validation_fraction, shard_count)
+        if a is not None and a.shard == shard_index:
+            mine[a.split].append(f)
+    result = ShardResult(shard_index, shard_count, fp)
+    name = f"part-{shard_index:05d}-of-{shard_count:05d}-{fp[:12]}.parquet"
+    writers = {
+        split: _SplitWriter(
+            output.join(split, name),
+            rows_per_group(len(mine[split]), shard_count, 2 * params.max_readers),
+        )
+        for split in SPLITS
+    }
+    ordered = [(split, f) for split in SPLITS for f in mine[split]]
+    total = len(ordered)
+    workers = workers or os.cpu_count() or 1
+    _progress(f"shard {shard_index}/{shard_count}: {total} of {len(files)} files, {len(classes)} classes, "
+              f"{workers} processes")
+    started = last_report = time.monotonic()
+    try:
+        for done, ((split, f), (path, image, error)) in enumerate(
+            zip(ordered, _decoded([f for _, f in ordered], params, workers)), start=1
+        ):
+            assert path == f.path
+            if image is None:
+                result.skipped += 1
+                result.skipped_files.append({"path": path, "reason": error})
+            else:
+                writers[split].add(image, f.label, path)
+                result.written[split] += 1
+            now = time.monotonic()
+            if now - last_report >= 2 or done == total:
+                last_report = now
+                _progress(f"shard {shard_index}/{shard_count}: {done}/{total} images "
+                          f"({done / max(now - started, 1e-9):.0f} img/s), {result.skipped} skipped")
+        if total and result.skipped / total > params.max_bad_fraction:
+            raise TooManyBadFiles(
+                f"{result.skipped} of {total} files in shard {shard_index} could not be decoded "
+                f"(more than maxBadFraction={params.max_bad_fraction}); first: "
+                + "; ".join(f"{s['path']}: {s['reason']}" for s in result.skipped_files[:3])
+            )
+        for split, writer in writers.items():
+            committed = writer.commit()
+            if committed:
+                result.files[split].append(f"{split}/{committed}")
+    except BaseException:
+        for writer in writers.values():
+            writer.abort()
+        raise
+    return result
+
+
+def finalize(params: Params, output: Location, classes: list[str], files: list[SourceFile], fp: str,
+             shard_count: int) -> Optional[dict]:
+    """Writes _manifest.json once every shard has finished; returns it, or None while shards remain."""
+    shards = []
+    for index in range(shard_count):
+        done = _read_json(output.join("_shards", f"shard-{index:05d}-of-{shard_count:05d}.json"))
+        if not done or done.get("fingerprint") != fp:
+            return None
+        shards.append(done)
+    manifest = {
+        "fingerprint": fp,
+        "parameters": params.dataset_parameters(),
+        "source": params.source,
+        "classes": classes,
+        "sourceFiles": len(files),
+        "shards": shard_count,
+        "written": {s: sum(d["written"][s] for d in shards) for s in SPLITS},
+        "skipped": sum(d["skipped"] for d in shards),
+        "skippedFiles": [x for d in shards for x in d["skipped_files"]][:100],
+        "files": {s: sorted(x for d in shards for x in d["files"][s]) for s in SPLITS},
+    }
+    output.join("_classes.json").write_bytes_atomic(json.dumps(classes).encode())
+    output.join("_manifest.json").write_bytes_atomic(json.dumps(manifest, indent=1).encode())
+    _remove_stale(output, manifest)
+    return manifest
+
+
+def _remove_stale(output: Location, manifest: dict) -> None:
+    """Deletes Parquet files and shard manifests that are not part of this dataset."""
+    keep = {posixpath.join(output.path, f) for s in SPLITS for f in manifest["files"][s]}
+    for folder in (*SPLITS, "_shards"):
+        for info in _listing(output.join(folder)):
+            if folder == "_shards":
+                stale = f"-of-{manifest['shards']:05d}.json" not in info.base_name
+            else:
+                stale = info.path not in keep and not info.base_name.startswith("_tmp-")
+            if stale:
+                output.fs.delete_file(info.path)
+
+
+def _listing(location: Location) -> list[pafs.FileInfo]:
+    if not location.exists():
+        return []
+    return [i for i in location.fs.get_file_info(pafs.FileSelector(location.path)) if i.type == pafs.FileType.File]
+
+
+def _read_json(location: Location) -> Optional[dict]:
+    try:
+        return json.loads(location.read_bytes())
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if "NoSuchKey" in str(exc) or "not found" in str(exc).lower() or "Path does not exist" in str(exc):
+            return None
+        raise
+
+
+def _summary_from_manifest(manifest: dict) -> dict:
+    return {
+        "event": "preprocess",
+        "fingerprint": manifest["fingerprint"],
+        "classes": len(manifest["classes"]),
+        "written": manifest["written"],
+        "skipped": manifest["skipped"],
+        "complete": True,
+    }
