@@ -124,3 +124,22 @@ def namespace(api_client, request):
     core.create_namespace({"metadata": {"name": name}})
     yield name
     core.delete_namespace(name)
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real SeaweedFS S3 server on 127.0.0.1 with credentials enforced."""
+    import secrets
+
+    from scalingrun_operator.local.s3server import S3Server, weed_binary
+
+    try:
+        weed_binary()
+    except RuntimeError as exc:
+        require(False, str(exc))
+    server = S3Server(tmp_path_factory.mktemp("seaweedfs"), "test-" + secrets.token_hex(6), secrets.token_hex(20))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

