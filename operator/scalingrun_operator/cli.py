@@ -68,6 +68,32 @@ def _cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .local.runner import LocalRun, LocalRunError
+
+    if not args.local:
+        print("scalingrun run: only --local is supported; in a cluster, kubectl apply -f the file", file=sys.stderr)
+        return 2
+    docs = list(_documents(args.filename))
+    if len(docs) != 1:
+        print(f"{args.filename}: expected one ScalingRun, found {len(docs)}", file=sys.stderr)
+        return 2
+    try:
+        run = parse_scalingrun(docs[0])
+    except InvalidScalingRun as exc:
+        for error in exc.errors:
+            print(f"{args.filename}: {error}", file=sys.stderr)
+        return 1
+    workdir = Path(args.workdir or Path(".scalingrun/runs") / run.metadata.name)
+    try:
+        code = LocalRun(run, workdir, np_override=args.np).start(stop_after=args.stop_after)
+    except LocalRunError as exc:
+        print(f"scalingrun run: {exc}", file=sys.stderr)
+        return 2
+    print(f"status: {workdir / 'status.json'}", file=sys.stderr)
+    return code
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalingrun", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -82,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     render.add_argument("-f", "--filename", required=True, help="file or -")
     render.add_argument("-n", "--namespace", help="namespace (default: the object's, else default)")
     render.set_defaults(func=_cmd_render)
+
+    run = sub.add_parser("run", help="run a ScalingRun on this machine (--local), without Kubernetes")
+    run.add_argument("--local", action="store_true", required=True, help="preprocess, then horovodrun here")
+    run.add_argument("-f", "--filename", required=True, help="file or -")
+    run.add_argument("--np", type=int, help="Horovod processes (default: workers.replicas x slots)")
+    run.add_argument("--workdir", help="where config and status go (default .scalingrun/runs/NAME)")
+    run.add_argument("--stop-after", choices=["preprocessing", "training"], default="training")
+    run.set_defaults(func=_cmd_run)
     return parser
 
 

@@ -22,6 +22,7 @@ from typing import Optional
 
 def _port_free(port: int) -> bool:
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will; TIME_WAIT is free
         try:
             s.bind(("127.0.0.1", port))
         except OSError:

@@ -1,0 +1,110 @@
+"""The quick start: a local S3 server, Fashion-MNIST as a JPEG tree in a bucket, then
+`scalingrun run --local` of examples/quickstart.yaml. Data stays under .scalingrun/quickstart, so a
+second run reuses the uploaded images and the preprocessed dataset (same fingerprint).
+
+Needs the full stack (scripts/setup.sh); imports of the trainer side stay inside functions so that
+the operator package keeps importing without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import yaml
+
+from ..api.validation import parse_scalingrun
+from .runner import LocalRun
+from .s3server import S3Server
+
+UPLOAD_MARKER = "_uploaded.json"
+
+
+def _credentials(state: Path) -> tuple[str, str]:
+    """Random keys made once per machine and kept 0600, so that the stored data stays readable."""
+    path = state / "credentials.json"
+    if not path.exists():
+        state.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(json.dumps({"accessKey": "quickstart-" + secrets.token_hex(4),
+                                    "secretKey": secrets.token_hex(20)}))
+    keys = json.loads(path.read_text())
+    return keys["accessKey"], keys["secretKey"]
+
+
+def upload_fashion_mnist(server: S3Server, source_uri: str, per_class: int) -> int:
+    """Fashion-MNIST training images as JPEGs under SOURCE/<class>/; skipped when already there."""
+    from pyarrow import fs as pafs
+
+    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+
+    s3 = pafs.S3FileSystem(access_key=server.access_key, secret_key=server.secret_key,
+                           endpoint_override=f"127.0.0.1:{server.s3_port}", scheme="http", region="us-east-1")
+    prefix = source_uri[len("s3://"):].rstrip("/")
+    marker = f"{prefix}/{UPLOAD_MARKER}"
+    if s3.get_file_info(marker).type == pafs.FileType.File:
+        done = json.loads(s3.open_input_stream(marker).read())
+        if done.get("perClass") == per_class:
+            return 0
+    server.create_bucket(prefix.split("/", 1)[0])
+
+    def put(item: tuple[str, bytes]) -> None:
+        with s3.open_output_stream(f"{prefix}/{item[0]}") as stream:
+            stream.write(item[1])
+
+    with ThreadPoolExecutor(8) as pool:
+        count = sum(1 for _ in pool.map(put, fashion_mnist_jpegs(per_class, split="train")))
+    with s3.open_output_stream(marker) as stream:
+        stream.write(json.dumps({"perClass": per_class, "files": count}).encode())
+    return count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scalingrun-quickstart", description=__doc__)
+    parser.add_argument("-f", "--filename", default="examples/quickstart.yaml")
+    parser.add_argument("--state", default=".scalingrun/quickstart", help="S3 data and run documents")
+    parser.add_argument("--per-class", type=int, default=500, help="Fashion-MNIST images per class")
+    parser.add_argument("--stop-after", choices=["preprocessing", "training"], default="training")
+    parser.add_argument("--np", type=int, help="Horovod processes (default from the spec)")
+    args = parser.parse_args(argv)
+
+    run = parse_scalingrun(yaml.safe_load(Path(args.filename).read_text()))
+    state = Path(args.state).resolve()
+    access_key, secret_key = _credentials(state)
+    server = S3Server(state / "seaweedfs", access_key, secret_key)
+    wanted_port = int(run.spec.storage.endpoint.rsplit(":", 1)[1]) if run.spec.storage.endpoint else None
+    started = time.monotonic()
+    server.start(preferred_s3_port=wanted_port)
+    try:
+        run.spec.storage.endpoint = server.endpoint  # the port may differ when 8333 is taken
+        print(f"S3 server (SeaweedFS) on {server.endpoint}, data in {state / 'seaweedfs'}", file=sys.stderr)
+        uploaded = upload_fashion_mnist(server, run.spec.dataset.source, args.per_class)
+        print(f"dataset: {uploaded or 'already'} Fashion-MNIST JPEGs in {run.spec.dataset.source}", file=sys.stderr)
+        os.environ.update(server.env())
+        local = LocalRun(run, state / "runs" / run.metadata.name, np_override=args.np)
+        code = local.start(stop_after=args.stop_after)
+    finally:
+        server.stop()
+    status = local.status
+    pre = status.preprocessing
+    print("\n== quick start summary ==")
+    print(f"phase: {status.phase}")
+    if pre:
+        print(f"preprocessing: {pre.images_written} images written, {pre.images_skipped} skipped, "
+              f"{pre.classes} classes, fingerprint {pre.fingerprint}{' (reused)' if pre.reused else ''}")
+    for condition in status.conditions:
+        print(f"  {condition.type}={condition.status} {condition.reason}: {condition.message}")
+    print(f"Parquet dataset: {run.spec.dataset.output} (SeaweedFS data in {state / 'seaweedfs'})")
+    print(f"status document: {local.status_path}")
+    print(f"total time: {time.monotonic() - started:.1f} s")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

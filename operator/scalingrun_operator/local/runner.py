@@ -1,0 +1,164 @@
+"""`scalingrun run --local`: the same ScalingRun on one machine, without Kubernetes.
+
+Preprocessing runs as `parallelism` shard processes (what the Indexed Job runs, one pod per shard);
+training runs `horovodrun -np N scalingrun-trainer train` (what the MPIJob launcher runs). Status is
+written to a local document in the same shape as the ScalingRun's status. Credentials come from the
+environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), the local stand-in for the Secret.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from ..api.models import Condition, Phase, PreprocessingStatus, ScalingRun, ScalingRunStatus
+from ..builders.config import build_trainer_config, total_processes
+
+
+class LocalRunError(RuntimeError):
+    """Why a local run cannot start; the message says what to do."""
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+
+
+@dataclass
+class LocalRun:
+    run: ScalingRun
+    workdir: Path
+    np_override: Optional[int] = None
+    log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+    status: ScalingRunStatus = field(default_factory=ScalingRunStatus)
+
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "config.json"
+
+    @property
+    def status_path(self) -> Path:
+        return self.workdir / "status.json"
+
+    def _set(self, phase: Phase, condition: Optional[Condition] = None) -> None:
+        self.status.phase = phase.value
+        if condition is not None:
+            condition.last_transition_time = _now().isoformat()
+            self.status.conditions = [c for c in self.status.conditions if c.type != condition.type] + [condition]
+        self.write_status()
+
+    def write_status(self) -> None:
+        tmp = self.status_path.with_suffix(".tmp")
+        tmp.write_text(self.status.model_dump_json(by_alias=True, exclude_none=True, indent=2))
+        tmp.replace(self.status_path)
+
+    def check_credentials(self) -> None:
+        spec = self.run.spec
+        uses_s3 = any(u and u.startswith("s3://") for u in (spec.dataset.source, spec.dataset.output))
+        if uses_s3 and not (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")):
+            raise LocalRunError(
+                f"this run reads s3:// with the keys of Secret {spec.storage.credentials_secret!r}: locally, "
+                "export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY instead"
+            )
+
+    def start(self, stop_after: str = "training") -> int:
+        self.check_credentials()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        config = build_trainer_config(self.run)
+        if self.np_override:
+            config["processes"] = self.np_override
+        self.config_path.write_text(json.dumps(config, indent=2))
+        self.status.start_time = _now()
+        self._set(Phase.pending)
+        if not self.preprocess():
+            return 1
+        if stop_after == "preprocessing":
+            self.log("stopping after preprocessing (--stop-after preprocessing)")
+            return 0
+        return 0 if self.train() else 1
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        storage = self.run.spec.storage
+        env["AWS_DEFAULT_REGION"] = storage.region
+        if storage.endpoint:
+            env["AWS_ENDPOINT_URL"] = storage.endpoint
+        return env
+
+    def preprocess(self) -> bool:
+        shards = self.run.spec.dataset.preprocessing.parallelism
+        workers = max(1, (os.cpu_count() or 1) // shards)
+        self._set(Phase.preprocessing, Condition(type="Preprocessed", status="Unknown", reason="Running",
+                                                 message=f"{shards} shard processes"))
+        started = time.monotonic()
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "scalingrun_trainer.cli", "preprocess", "--config", str(self.config_path),
+                 "--shard-count", str(shards), "--shard-index", str(index), "--workers", str(workers)],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self._env(),
+            )
+            for index in range(shards)
+        ]
+        relays = [threading.Thread(target=self._relay, args=(p.stderr,), daemon=True) for p in procs]
+        for t in relays:
+            t.start()
+        summaries = []
+        for index, proc in enumerate(procs):
+            out = proc.stdout.read()
+            proc.wait()
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            summaries.append((proc.returncode, json.loads(lines[-1]) if lines else {"error": "no summary"}))
+        for t in relays:
+            t.join()
+        failed = [(i, s) for i, (code, s) in enumerate(summaries) if code != 0]
+        if failed:
+            message = f"{len(failed)} of {shards} shards failed; first: shard {failed[0][0]}: " \
+                      f"{failed[0][1].get('error', 'see the log')}"
+            self._set(Phase.failed, Condition(type="Failed", status="True", reason="PreprocessingFailed",
+                                              message=message))
+            self.log(f"preprocessing failed: {message}")
+            return False
+        dataset = next((s.get("dataset") or s for _, s in summaries if s.get("complete")), None)
+        if dataset is None:
+            self._set(Phase.failed, Condition(type="Failed", status="True", reason="PreprocessingIncomplete",
+                                              message="all shards finished but no dataset manifest was written"))
+            return False
+        reused = all(s.get("reused") for _, s in summaries)
+        self.status.preprocessing = PreprocessingStatus(
+            reused=reused, fingerprint=dataset["fingerprint"], shards=shards, classes=dataset.get("classes"),
+            images_written=sum(dataset["written"].values()), images_skipped=dataset["skipped"],
+        )
+        seconds = time.monotonic() - started
+        reason = "DatasetReused" if reused else "Preprocessed"
+        message = (f"{sum(dataset['written'].values())} images written ({dataset['written']['train']} train, "
+                   f"{dataset['written']['validation']} validation), {dataset['skipped']} skipped, "
+                   f"{seconds:.1f} s" + (" (same fingerprint: reused)" if reused else ""))
+        self._set(Phase.preprocessing, Condition(type="Preprocessed", status="True", reason=reason, message=message))
+        self.log(f"preprocessing done: {message}")
+        return True
+
+    def train(self) -> bool:
+        processes = self.np_override or total_processes(self.run)
+        command = ["horovodrun", "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
+                   sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config", str(self.config_path)]
+        self._set(Phase.training, Condition(type="Trained", status="Unknown", reason="Running",
+                                            message=" ".join(command[:4])))
+        result = subprocess.run(command, env=self._env())
+        if result.returncode != 0:
+            self._set(Phase.failed, Condition(type="Failed", status="True", reason="TrainingFailed",
+                                              message=f"horovodrun exited {result.returncode}"))
+            return False
+        self.status.completion_time = _now()
+        self._set(Phase.succeeded, Condition(type="Trained", status="True", reason="Trained", message="done"))
+        return True
+
+    def _relay(self, stream) -> None:
+        for line in stream:
+            self.log("  " + line.rstrip())
