@@ -68,6 +68,12 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_train(args: argparse.Namespace) -> int:
+    from .train import train
+
+    return train(_load_config(args.config))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalingrun-trainer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
     pre.add_argument("--region")
     pre.set_defaults(func=_cmd_preprocess)
+
+    tr = sub.add_parser("train", help="Horovod training; run under horovodrun or mpirun, one process per GPU")
+    tr.add_argument("--config", required=True, help="trainer config rendered by the operator (JSON file or -)")
+    tr.set_defaults(func=_cmd_train)
     return parser
 
 

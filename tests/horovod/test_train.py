@@ -1,0 +1,160 @@
+"""The trainer under real `horovodrun -np 2` on CPU, reading Parquet from a real S3 server."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from pyarrow import fs as pafs
+
+from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.builders.config import build_trainer_config
+from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+from tests.horovod.test_stack import horovodrun
+
+pytestmark = [pytest.mark.horovod, pytest.mark.s3]
+BUCKET = "train"
+SIZE = 32
+
+
+def s3(server) -> pafs.S3FileSystem:
+    return pafs.S3FileSystem(access_key=server.access_key, secret_key=server.secret_key,
+                             endpoint_override=server.endpoint.split("//")[1], scheme="http", region="us-east-1")
+
+
+@pytest.fixture(scope="module")
+def dataset(s3_server) -> str:
+    """Fashion-MNIST, 24 images per class, preprocessed for 2 readers."""
+    s3_server.create_bucket(BUCKET)
+    fs = s3(s3_server)
+    for relative, data in fashion_mnist_jpegs(24):
+        with fs.open_output_stream(f"{BUCKET}/jpeg/{relative}") as stream:
+            stream.write(data)
+    output = f"s3://{BUCKET}/parquet"
+    result = subprocess.run(
+        [sys.executable, "-m", "scalingrun_trainer.cli", "preprocess", "--source", f"s3://{BUCKET}/jpeg",
+         "--output", output, "--image-size", str(SIZE), "--max-readers", "2", "--validation-fraction", "0.2"],
+        capture_output=True, text=True, env={**os.environ, **s3_server.env()}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return output
+
+
+def write_config(tmp_path: Path, server, dataset: str, run_location: str, **training) -> Path:
+    spec = {
+        "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "hvd-test"},
+        "spec": {
+            "storage": {"endpoint": server.endpoint, "credentialsSecret": "unused-locally"},
+            "dataset": {"source": f"s3://{BUCKET}/jpeg", "output": dataset, "imageSize": SIZE},
+            "model": {"base": "mobilenet_v2", "weights": "none", "dropout": 0.1},
+            "training": {"batchSizePerWorker": 16, "maxEpochs": 2, "checkpoint": {"location": run_location},
+                         **training},
+            "workers": {"replicas": 2, "gpusPerWorker": 0},
+        },
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(build_trainer_config(parse_scalingrun(spec))))
+    return path
+
+
+def train_command(config: Path) -> list[str]:
+    return [horovodrun(), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+            "scalingrun_trainer.cli", "train", "--config", str(config)]
+
+
+def run_training(server, config: Path, timeout: int = 400) -> subprocess.CompletedProcess:
+    return subprocess.run(train_command(config), capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **server.env(), "TF_CPP_MIN_LOG_LEVEL": "2"})
+
+
+def read_json(server, uri: str) -> dict:
+    return json.loads(s3(server).open_input_stream(uri[len("s3://"):]).read())
+
+
+def test_two_ranks_train_report_checkpoint_and_save(s3_server, dataset, tmp_path):
+    run = f"s3://{BUCKET}/runs/basic"
+    result = run_training(s3_server, write_config(tmp_path, s3_server, dataset, run, maxEpochs=2))
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # Only rank 0 reports; the effective values are logged at start.
+    assert "[0]<stdout>:scalingrun-trainer: 2 processes x batch 16 = effective batch 32; learning rate 0.002" in result.stdout
+    assert not re.search(r"\[1\]<stdout>:epoch", result.stdout)
+    progress = read_json(s3_server, f"{run}/progress.json")
+    assert progress["state"] == "succeeded" and progress["processes"] == 2
+    assert progress["effectiveBatchSize"] == 32 and progress["learningRate"] == pytest.approx(0.002)
+    assert [h["epoch"] for h in progress["history"]] == list(range(1, progress["epoch"] + 1))
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(progress["metrics"])
+    assert progress["imagesPerSecond"] > 0 and progress["bestEpoch"] in range(1, progress["epoch"] + 1)
+    assert progress["modelUri"] == f"{run}/model/model.keras"
+    state = read_json(s3_server, f"{run}/checkpoints/state.json")
+    assert state["epoch"] == progress["epoch"]
+    assert s3(s3_server).get_file_info(f"{BUCKET}/runs/basic/model/model.keras").size > 100_000
+
+
+def test_early_stopping_stops_both_ranks_on_the_same_epoch(s3_server, dataset, tmp_path):
+    run = f"s3://{BUCKET}/runs/early"
+    # An unreachable minDelta: no epoch after the first counts as an improvement.
+    config = write_config(tmp_path, s3_server, dataset, run, maxEpochs=8,
+                          earlyStopping={"monitor": "val_loss", "patience": 1, "minDelta": 100.0})
+    result = run_training(s3_server, config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    progress = read_json(s3_server, f"{run}/progress.json")
+    assert progress["epoch"] == 2 and progress["bestEpoch"] == 1
+    assert progress["bestMetrics"]["val_loss"] == pytest.approx(progress["history"][0]["val_loss"], rel=1e-4)
+    assert "Epoch 2: early stopping" in result.stdout
+
+
+def test_resume_continues_after_a_kill(s3_server, dataset, tmp_path):
+    run = f"s3://{BUCKET}/runs/resume"
+    config = write_config(tmp_path, s3_server, dataset, run, maxEpochs=5, earlyStopping={"enabled": False})
+    env = {**os.environ, **s3_server.env(), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    first = subprocess.Popen(train_command(config), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=env, start_new_session=True)
+    deadline = time.monotonic() + 300
+    fs = s3(s3_server)
+    try:
+        while time.monotonic() < deadline and first.poll() is None:
+            info = fs.get_file_info(f"{BUCKET}/runs/resume/checkpoints/state.json")
+            if info.type == pafs.FileType.File and read_json(s3_server, f"{run}/checkpoints/state.json")["epoch"] >= 2:
+                break
+            time.sleep(0.5)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    saved = read_json(s3_server, f"{run}/checkpoints/state.json")["epoch"]
+    assert 2 <= saved < 5, "the first run should have been killed mid-training"
+    result = run_training(s3_server, config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"resuming after epoch {saved}" in result.stdout
+    progress = read_json(s3_server, f"{run}/progress.json")
+    assert [h["epoch"] for h in progress["history"]] == [1, 2, 3, 4, 5]
+    assert progress["epoch"] == 5 and progress["state"] == "succeeded"
+
+
+@pytest.mark.parametrize("case", ["missing-dataset", "class-mismatch", "unreadable-weights"])
+def test_clear_errors_on_every_rank(s3_server, dataset, tmp_path, case):
+    run = f"s3://{BUCKET}/runs/error-{case}"
+    config_path = write_config(tmp_path, s3_server, dataset, run)
+    config = json.loads(config_path.read_text())
+    if case == "missing-dataset":
+        config["dataset"]["output"] = f"s3://{BUCKET}/no-such-dataset"
+        expected = "no dataset manifest at s3://train/no-such-dataset/_manifest.json"
+    elif case == "class-mismatch":
+        config["model"]["numClasses"] = 3
+        expected = "model.numClasses is 3 but the dataset has 10 classes"
+    else:
+        weights = tmp_path / "broken.h5"
+        weights.write_bytes(b"not weights")
+        config["model"]["weights"] = str(weights)
+        expected = "cannot load mobilenet_v2 weights"
+    config_path.write_text(json.dumps(config))
+    result = run_training(s3_server, config_path, timeout=300)
+    assert result.returncode != 0
+    for rank in (0, 1):
+        assert re.search(rf"\[{rank}\]<stderr>:scalingrun-trainer train \(rank {rank}/2\): error: .*{re.escape(expected)}",
+                         result.stderr + result.stdout), result.stderr[-2000:]

@@ -1,0 +1,45 @@
+"""How batch size, learning rate and steps follow from the number of Horovod processes. Pure."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+RULES = ("linear", "sqrt", "none")
+
+
+def scaled_learning_rate(base: float, rule: str, processes: int) -> float:
+    """linear: x N (Goyal et al.), sqrt: x sqrt(N) (for large batches / adaptive optimizers), none."""
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1, got {processes}")
+    factors = {"linear": processes, "sqrt": math.sqrt(processes), "none": 1}
+    if rule not in factors:
+        raise ValueError(f"unknown learning-rate scaling {rule!r}; expected one of {', '.join(RULES)}")
+    return base * factors[rule]
+
+
+@dataclass(frozen=True)
+class ScaledRun:
+    processes: int
+    batch_size_per_worker: int
+    effective_batch_size: int
+    learning_rate: float
+    steps_per_epoch: int
+
+    def describe(self) -> str:
+        return (f"{self.processes} processes x batch {self.batch_size_per_worker} = effective batch "
+                f"{self.effective_batch_size}; learning rate {self.learning_rate:g}; "
+                f"{self.steps_per_epoch} steps per epoch")
+
+
+def scale_run(train_rows: int, batch_size_per_worker: int, base_learning_rate: float, rule: str,
+              processes: int) -> ScaledRun:
+    """Every process takes steps_per_epoch batches, so one epoch sees about all training rows once."""
+    effective = batch_size_per_worker * processes
+    if train_rows < effective:
+        raise ValueError(
+            f"{train_rows} training rows are fewer than one effective batch ({processes} processes x "
+            f"{batch_size_per_worker}): lower batchSizePerWorker or use more data"
+        )
+    return ScaledRun(processes, batch_size_per_worker, effective,
+                     scaled_learning_rate(base_learning_rate, rule, processes), train_rows // effective)

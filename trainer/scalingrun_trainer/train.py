@@ -1,0 +1,170 @@
+"""Horovod data-parallel transfer learning, launched by horovodrun or mpirun (one process per GPU).
+
+Order of the callbacks matters: broadcast rank 0's initial variables, average the metrics across
+ranks, and only then early stopping, so that every rank stops on the same epoch. Only rank 0 logs,
+checkpoints and reports.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+from .data import DatasetError, check_shardable, make_dataset, open_dataset
+from .models import ModelError, build_model, local_weights
+from .scaling import scale_run
+from .storage import open_location
+
+
+class TrainingError(RuntimeError):
+    """A configuration or data problem; every rank exits with its one-line cause."""
+
+
+def _optimizer(name: str, learning_rate: float):
+    import tensorflow as tf
+
+    # Legacy Keras optimizers: the ones Horovod 0.28's DistributedOptimizer wraps reliably on TF 2.15.
+    optimizers = {
+        "nadam": lambda: tf.keras.optimizers.legacy.Nadam(learning_rate),
+        "adam": lambda: tf.keras.optimizers.legacy.Adam(learning_rate),
+        "sgd": lambda: tf.keras.optimizers.legacy.SGD(learning_rate, momentum=0.9),
+    }
+    if name not in optimizers:
+        raise TrainingError(f"unknown optimizer {name!r}")
+    return optimizers[name]()
+
+
+def _pin_gpu(local_rank: int) -> None:
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
+
+
+def train(config: dict[str, Any]) -> int:
+    import horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    _pin_gpu(hvd.local_rank())
+    rank, size = hvd.rank(), hvd.size()
+    context: dict[str, Any] = {}  # _train leaves rank 0's ProgressWriter here, to report a failure
+    try:
+        return _train(config, hvd, rank, size, context)
+    except (TrainingError, DatasetError, ModelError, ValueError, OSError) as exc:
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        print(f"scalingrun-trainer train (rank {rank}/{size}): error: {message}", file=sys.stderr, flush=True)
+        if context.get("progress") is not None:
+            context["progress"].finish("failed", error=message)
+        return 2
+
+
+def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str, Any]) -> int:
+    import tensorflow as tf
+
+    from .callbacks import Checkpointer, EpochReporter, ResumableEarlyStopping, load_resume_state, restore
+    from .progress import ProgressWriter
+
+    log = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
+    storage = config.get("storage") or {}
+    endpoint, region = storage.get("endpoint"), storage.get("region")
+    spec_data, spec_model, spec_train = config["dataset"], config["model"], config["training"]
+    run_root = open_location(config["runLocation"], endpoint, region)
+    seed = int(spec_data.get("seed", 42))
+    tf.keras.utils.set_random_seed(seed)  # same initial head on every rank; rank 0's is broadcast anyway
+
+    dataset = open_dataset(spec_data["output"], endpoint, region)
+    check_shardable(dataset, size)
+    classes = len(dataset.classes)
+    if spec_model.get("numClasses") and spec_model["numClasses"] != classes:
+        raise TrainingError(f"model.numClasses is {spec_model['numClasses']} but the dataset has {classes} "
+                            f"classes ({', '.join(dataset.classes[:5])}...): remove numClasses or fix the data")
+    scaled = scale_run(dataset.rows["train"], spec_train["batchSizePerWorker"], spec_train["baseLearningRate"],
+                       spec_train["learningRateScaling"], size)
+    log(f"scalingrun-trainer: {scaled.describe()}; {dataset.rows['train']} train / "
+        f"{dataset.rows['validation']} validation rows, {classes} classes")
+
+    weights = local_weights(spec_model.get("weights", "imagenet"), endpoint, region)
+    model, preprocess = build_model(spec_model["base"], dataset.image_size, classes, weights,
+                                    spec_model.get("dropout", 0.0), spec_model.get("trainableBase", False))
+    optimizer = hvd.DistributedOptimizer(_optimizer(spec_train["optimizer"], scaled.learning_rate))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+
+    checkpoints = run_root.join("checkpoints")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    state = load_resume_state(checkpoints) if spec_train.get("resume", True) else None
+    initial_epoch = int(state["epoch"]) if state else 0
+    # Every rank reads the same checkpoint, so that all create the same optimizer variables (a rank-0-only
+    # restore leaves the ranks with different variable sets and the first broadcast waits forever);
+    # rank 0's values are then broadcast as on a fresh start.
+    best_weights = restore(checkpoints, state, checkpoint) if state else None
+
+    stopping = spec_train.get("earlyStopping") or {}
+    early_stopping = None
+    if stopping.get("enabled", True):
+        early_stopping = ResumableEarlyStopping(
+            monitor=stopping.get("monitor", "val_loss"), patience=stopping.get("patience", 3),
+            min_delta=stopping.get("minDelta", 0.0), restore_best_weights=stopping.get("restoreBestWeights", True),
+            stopping_threshold=stopping.get("stoppingThreshold"), verbose=1 if rank == 0 else 0,
+        )
+        if state and state.get("earlyStopping"):
+            early_stopping.resume_from(state["earlyStopping"], best_weights)
+
+    max_epochs = int(spec_train["maxEpochs"])
+    callbacks: list = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+    if early_stopping is not None:
+        callbacks.append(early_stopping)
+    progress = None
+    if rank == 0:
+        progress = ProgressWriter(run_root.join("progress.json"), max_epochs=max_epochs, processes=size,
+                                  learning_rate=scaled.learning_rate, effective_batch_size=scaled.effective_batch_size,
+                                  history=state.get("history") if state else None)
+        context["progress"] = progress
+        progress.start()
+        monitor = stopping.get("monitor", "val_loss")
+        reporter = EpochReporter(progress, scaled.steps_per_epoch * scaled.effective_batch_size, monitor,
+                                 early_stopping, log=log)
+        if state:
+            reporter.resume(state.get("history", []), ((state.get("earlyStopping") or {}).get("bestEpoch")))
+        every = int((spec_train.get("checkpoint") or {}).get("everyEpochs", 1))
+        callbacks += [reporter, Checkpointer(checkpoints, checkpoint, every, early_stopping, reporter)]
+        if initial_epoch:
+            log(f"resuming after epoch {initial_epoch} from {checkpoints.uri}")
+
+    train_data, train_reader = make_dataset(dataset, "train", rank=rank, size=size,
+                                            batch_size=scaled.batch_size_per_worker, seed=seed, preprocess=preprocess)
+    val_data, val_reader = make_dataset(dataset, "validation", rank=rank, size=size,
+                                        batch_size=scaled.batch_size_per_worker, seed=seed, preprocess=preprocess)
+    started = time.monotonic()
+    try:
+        if initial_epoch < max_epochs:
+            model.fit(train_data, steps_per_epoch=scaled.steps_per_epoch, epochs=max_epochs,
+                      initial_epoch=initial_epoch, validation_data=val_data, callbacks=callbacks,
+                      verbose=0)  # rank 0's EpochReporter prints one line per epoch
+    finally:
+        for reader in (train_reader, val_reader):
+            reader.stop()
+            reader.join()
+
+    if rank == 0:
+        model_uri = _save_model(model, run_root.join("model"))
+        progress.finish("succeeded", model_uri=model_uri)
+        document = progress.document
+        log(f"done in {time.monotonic() - started:.0f} s: best epoch {document['bestEpoch']} "
+            f"{document['bestMetrics']}; model {model_uri}")
+    return 0
+
+
+def _save_model(model, target) -> str:
+    """Keras native format, written locally then copied (object stores have no local paths)."""
+    workdir = tempfile.mkdtemp(prefix="model-")
+    path = os.path.join(workdir, "model.keras")
+    model.save(path)
+    with open(path, "rb") as f:
+        target.join("model.keras").write_bytes_atomic(f.read())
+    return target.join("model.keras").uri
