@@ -94,6 +94,44 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
+def _read_document(uri: str, endpoint: str | None = None, region: str | None = None) -> dict:
+    """A JSON document from a local path, or from a URI through the trainer's storage layer."""
+    import json
+
+    if "://" not in uri or uri.startswith("file://"):
+        return json.loads(Path(uri.removeprefix("file://")).read_text())
+    try:
+        from scalingrun_trainer.storage import open_location
+    except ImportError:
+        raise SystemExit("reading object storage needs the trainer extra (scripts/setup.sh installs it)") from None
+    return json.loads(open_location(uri, endpoint, region).read_bytes())
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from .builders.config import run_location
+    from .report import render_report
+
+    if bool(args.filename) == bool(args.progress):
+        print("scalingrun report: give either -f RUN.yaml or --progress PATH_OR_URI", file=sys.stderr)
+        return 2
+    if args.filename:
+        run = parse_scalingrun(next(_documents(args.filename)))
+        name, storage = run.metadata.name, run.spec.storage
+        progress = _read_document(f"{run_location(run)}/progress.json", storage.endpoint, storage.region)
+    else:
+        name = args.name
+        progress = _read_document(args.progress)
+    png, md = render_report(progress, name, Path(args.output))
+    print(f"report: {png} and {md}")
+    return 0
+
+
+def _cmd_operator(args: argparse.Namespace) -> int:
+    from .main import run as run_operator  # imports kopf: only for this subcommand
+
+    return run_operator(args.operator_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalingrun", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -116,10 +154,25 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workdir", help="where config and status go (default .scalingrun/runs/NAME)")
     run.add_argument("--stop-after", choices=["preprocessing", "training"], default="training")
     run.set_defaults(func=_cmd_run)
+
+    report = sub.add_parser("report", help="draw a run's training curves (PNG + Markdown) from its progress")
+    report.add_argument("-f", "--filename", help="the ScalingRun; reads progress.json from its run location")
+    report.add_argument("--progress", help="or a progress.json path or URI")
+    report.add_argument("--name", default="run", help="run name for the titles (with --progress)")
+    report.add_argument("-o", "--output", default=".", help="folder for the report files")
+    report.set_defaults(func=_cmd_report)
+
+    operator = sub.add_parser("operator", help="run the Kubernetes operator (same as scalingrun-operator)",
+                              add_help=False)
+    operator.add_argument("operator_args", nargs=argparse.REMAINDER, help="scalingrun-operator flags")
+    operator.set_defaults(func=_cmd_operator)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["operator"]:  # its flags (and --help) belong to scalingrun-operator
+        return _cmd_operator(argparse.Namespace(operator_args=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.func(args)
 

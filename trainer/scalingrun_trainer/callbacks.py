@@ -118,19 +118,37 @@ class Checkpointer(tf.keras.callbacks.Callback):
     state, under `<runLocation>/checkpoints/`. state.json is written last: it is the commit point."""
 
     def __init__(self, root: Location, checkpoint: tf.train.Checkpoint, every_epochs: int,
-                 early_stopping: Optional[ResumableEarlyStopping], reporter: EpochReporter):
+                 early_stopping: Optional[ResumableEarlyStopping], reporter: EpochReporter,
+                 trained_on: dict[str, Any]):
         super().__init__()
         self.root = root
         self.checkpoint = checkpoint
         self.every_epochs = every_epochs
         self.early_stopping = early_stopping
         self.reporter = reporter
+        self.trained_on = trained_on  # a checkpoint is resumed only by a run with the same data and model
+        self._state: Optional[dict] = None
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.every_epochs == 0 or self.model.stop_training:
             self.save(epoch + 1)
 
-    def save(self, epoch: int) -> None:
+    def on_train_end(self, logs=None):
+        # Marks the run finished, so that a rerun of the same run does not train again.
+        if self._state and self._state["epoch"] == self._epoch + 1:
+            self._write_state({**self._state, "finished": True})
+        else:
+            self.save(self._epoch + 1, finished=True)
+
+    def _write_state(self, state: dict) -> None:
+        self.root.join("state.json").write_bytes_atomic(json.dumps(state).encode())
+        self._state = state
+
+    def save(self, epoch: int, finished: bool = False) -> None:
         workdir = tempfile.mkdtemp(prefix="ckpt-")
         try:
             prefix = self.checkpoint.write(os.path.join(workdir, "ckpt"))
@@ -148,8 +166,9 @@ class Checkpointer(tf.keras.callbacks.Callback):
                 "epoch": epoch, "checkpoint": tag, "prefix": os.path.basename(prefix),
                 "earlyStopping": self.early_stopping.state() if self.early_stopping else None,
                 "bestWeights": best is not None, "history": self.reporter.progress.document["history"],
+                "finished": finished, "trainedOn": self.trained_on,
             }
-            self.root.join("state.json").write_bytes_atomic(json.dumps(state).encode())
+            self._write_state(state)
             self._remove_older(tag)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -32,6 +32,7 @@ class Dataset:
     files: dict[str, list[str]]
     row_groups: dict[str, int]
     image_size: int
+    fingerprint: str
     endpoint: Optional[str] = None
 
     def urls(self, split: str) -> list[str]:
@@ -52,7 +53,8 @@ def open_dataset(uri: str, endpoint: Optional[str] = None, region: Optional[str]
                            "run the preprocessing first") from None
     row_groups = {split: sum(_row_groups(root.join(name)) for name in manifest["files"][split]) for split in SPLITS}
     return Dataset(uri=uri, classes=manifest["classes"], rows=manifest["written"], files=manifest["files"],
-                   row_groups=row_groups, image_size=manifest["parameters"]["imageSize"], endpoint=endpoint)
+                   row_groups=row_groups, image_size=manifest["parameters"]["imageSize"],
+                   fingerprint=manifest["fingerprint"], endpoint=endpoint)
 
 
 def _row_groups(location: Location) -> int:

@@ -89,16 +89,27 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
     log(f"scalingrun-trainer: {scaled.describe()}; {dataset.rows['train']} train / "
         f"{dataset.rows['validation']} validation rows, {classes} classes")
 
+    checkpoints = run_root.join("checkpoints")
+    state = load_resume_state(checkpoints) if spec_train.get("resume", True) else None
+    trained_on = {"dataset": dataset.fingerprint, "base": spec_model["base"], "classes": classes}
+    if state and state.get("trainedOn") != trained_on:
+        log(f"the checkpoint in {checkpoints.uri} is for another dataset or model ({state.get('trainedOn')}): "
+            "starting from scratch")
+        state = None
+    initial_epoch = int(state["epoch"]) if state else 0
+    max_epochs = int(spec_train["maxEpochs"])
+    if state and state.get("finished"):
+        log(f"run already finished after epoch {initial_epoch} (see {run_root.uri}/progress.json): "
+            "nothing to train; use a new run name to train again")
+        return 0
+
     weights = local_weights(spec_model.get("weights", "imagenet"), endpoint, region)
     model, preprocess = build_model(spec_model["base"], dataset.image_size, classes, weights,
                                     spec_model.get("dropout", 0.0), spec_model.get("trainableBase", False))
     optimizer = hvd.DistributedOptimizer(_optimizer(spec_train["optimizer"], scaled.learning_rate))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
-    checkpoints = run_root.join("checkpoints")
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    state = load_resume_state(checkpoints) if spec_train.get("resume", True) else None
-    initial_epoch = int(state["epoch"]) if state else 0
     # Every rank reads the same checkpoint, so that all create the same optimizer variables (a rank-0-only
     # restore leaves the ranks with different variable sets and the first broadcast waits forever);
     # rank 0's values are then broadcast as on a fresh start.
@@ -115,7 +126,6 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
         if state and state.get("earlyStopping"):
             early_stopping.resume_from(state["earlyStopping"], best_weights)
 
-    max_epochs = int(spec_train["maxEpochs"])
     callbacks: list = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
     if early_stopping is not None:
         callbacks.append(early_stopping)
@@ -132,7 +142,7 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
         if state:
             reporter.resume(state.get("history", []), ((state.get("earlyStopping") or {}).get("bestEpoch")))
         every = int((spec_train.get("checkpoint") or {}).get("everyEpochs", 1))
-        callbacks += [reporter, Checkpointer(checkpoints, checkpoint, every, early_stopping, reporter)]
+        callbacks += [reporter, Checkpointer(checkpoints, checkpoint, every, early_stopping, reporter, trained_on)]
         if initial_epoch:
             log(f"resuming after epoch {initial_epoch} from {checkpoints.uri}")
 

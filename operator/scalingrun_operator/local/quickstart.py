@@ -65,11 +65,35 @@ def upload_fashion_mnist(server: S3Server, source_uri: str, per_class: int) -> i
     return count
 
 
+def print_summary(local: LocalRun, run, state: Path, report, total_seconds: float) -> None:
+    status, pre, progress = local.status, local.status.preprocessing, local.progress or {}
+    print("\n== quick start summary ==")
+    print(f"phase: {status.phase}")
+    if pre:
+        print(f"preprocessing: {pre.images_written} images written, {pre.images_skipped} skipped, {pre.classes} "
+              f"classes, {local.seconds.get('preprocessing', 0):.0f} s{' (dataset reused)' if pre.reused else ''}")
+    if progress.get("history"):
+        best = progress.get("bestMetrics") or {}
+        print(f"training: {progress['epoch']} of {progress['maxEpochs']} epochs, best epoch {progress['bestEpoch']}, "
+              f"val_accuracy {best.get('val_accuracy', float('nan')):.4f}, {progress['processes']} processes, "
+              f"{progress.get('imagesPerSecond')} img/s (last epoch), {local.seconds.get('training', 0):.0f} s")
+    for condition in status.conditions:
+        if condition.status != "True" or condition.type == "Failed":
+            print(f"  {condition.type}={condition.status} {condition.reason}: {condition.message}")
+    print(f"Parquet dataset: {run.spec.dataset.output} (SeaweedFS data in {state / 'seaweedfs'})")
+    if progress.get("modelUri"):
+        print(f"model: {progress['modelUri']}")
+    if report:
+        print(f"report: {report[0]} and {report[1]}")
+    print(f"status document: {local.status_path}")
+    print(f"total time: {total_seconds:.0f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scalingrun-quickstart", description=__doc__)
     parser.add_argument("-f", "--filename", default="examples/quickstart.yaml")
     parser.add_argument("--state", default=".scalingrun/quickstart", help="S3 data and run documents")
-    parser.add_argument("--per-class", type=int, default=500, help="Fashion-MNIST images per class")
+    parser.add_argument("--per-class", type=int, default=1000, help="Fashion-MNIST images per class")
     parser.add_argument("--stop-after", choices=["preprocessing", "training"], default="training")
     parser.add_argument("--np", type=int, help="Horovod processes (default from the spec)")
     args = parser.parse_args(argv)
@@ -91,18 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         code = local.start(stop_after=args.stop_after)
     finally:
         server.stop()
-    status = local.status
-    pre = status.preprocessing
-    print("\n== quick start summary ==")
-    print(f"phase: {status.phase}")
-    if pre:
-        print(f"preprocessing: {pre.images_written} images written, {pre.images_skipped} skipped, "
-              f"{pre.classes} classes, fingerprint {pre.fingerprint}{' (reused)' if pre.reused else ''}")
-    for condition in status.conditions:
-        print(f"  {condition.type}={condition.status} {condition.reason}: {condition.message}")
-    print(f"Parquet dataset: {run.spec.dataset.output} (SeaweedFS data in {state / 'seaweedfs'})")
-    print(f"status document: {local.status_path}")
-    print(f"total time: {time.monotonic() - started:.1f} s")
+    report = None
+    if local.progress and local.progress.get("history"):
+        from ..report import render_report
+
+        report = render_report(local.progress, run.metadata.name, state / "reports")
+    print_summary(local, run, state, report, time.monotonic() - started)
     return code
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -19,8 +20,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..api.models import Condition, Phase, PreprocessingStatus, ScalingRun, ScalingRunStatus
-from ..builders.config import build_trainer_config, total_processes
+from ..api.models import Condition, Phase, PreprocessingStatus, ScalingRun, ScalingRunStatus, TrainingStatus
+from ..builders.config import build_trainer_config, run_location, total_processes
+
+
+def _horovodrun() -> str:
+    """The venv's horovodrun even when the venv is not activated."""
+    beside = Path(sys.executable).with_name("horovodrun")
+    found = str(beside) if beside.exists() else shutil.which("horovodrun")
+    if not found:
+        raise LocalRunError("horovodrun not found: run scripts/setup.sh (it builds Horovod)")
+    return found
+
+
+def training_status(progress: dict) -> TrainingStatus:
+    """status.training from the trainer's progress document."""
+    return TrainingStatus(
+        epoch=progress.get("epoch"), max_epochs=progress.get("maxEpochs"), best_epoch=progress.get("bestEpoch"),
+        metrics=progress.get("metrics") or {}, best_metrics=progress.get("bestMetrics") or {},
+        images_per_second=progress.get("imagesPerSecond"), learning_rate=progress.get("learningRate"),
+        effective_batch_size=progress.get("effectiveBatchSize"), processes=progress.get("processes"),
+    )
 
 
 class LocalRunError(RuntimeError):
@@ -38,6 +58,8 @@ class LocalRun:
     np_override: Optional[int] = None
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
     status: ScalingRunStatus = field(default_factory=ScalingRunStatus)
+    progress: Optional[dict] = None
+    seconds: dict[str, float] = field(default_factory=dict)  # wall time per phase
 
     @property
     def config_path(self) -> Path:
@@ -135,7 +157,7 @@ class LocalRun:
             reused=reused, fingerprint=dataset["fingerprint"], shards=shards, classes=dataset.get("classes"),
             images_written=sum(dataset["written"].values()), images_skipped=dataset["skipped"],
         )
-        seconds = time.monotonic() - started
+        seconds = self.seconds["preprocessing"] = time.monotonic() - started
         reason = "DatasetReused" if reused else "Preprocessed"
         message = (f"{sum(dataset['written'].values())} images written ({dataset['written']['train']} train, "
                    f"{dataset['written']['validation']} validation), {dataset['skipped']} skipped, "
@@ -146,18 +168,38 @@ class LocalRun:
 
     def train(self) -> bool:
         processes = self.np_override or total_processes(self.run)
-        command = ["horovodrun", "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
+        command = [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
                    sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config", str(self.config_path)]
         self._set(Phase.training, Condition(type="Trained", status="Unknown", reason="Running",
                                             message=" ".join(command[:4])))
+        started = time.monotonic()
         result = subprocess.run(command, env=self._env())
-        if result.returncode != 0:
-            self._set(Phase.failed, Condition(type="Failed", status="True", reason="TrainingFailed",
-                                              message=f"horovodrun exited {result.returncode}"))
-            return False
+        self.seconds["training"] = time.monotonic() - started
+        self.progress = self._read_progress()
+        if self.progress:
+            self.status.training = training_status(self.progress)
+            self.status.model_uri = self.progress.get("modelUri")
         self.status.completion_time = _now()
-        self._set(Phase.succeeded, Condition(type="Trained", status="True", reason="Trained", message="done"))
+        if result.returncode != 0:
+            cause = (self.progress or {}).get("error") or f"horovodrun exited {result.returncode}"
+            self._set(Phase.failed, Condition(type="Failed", status="True", reason="TrainingFailed", message=cause))
+            return False
+        document = self.progress or {}
+        message = (f"{document.get('epoch')} epochs in {time.monotonic() - started:.0f} s, best epoch "
+                   f"{document.get('bestEpoch')}: val_accuracy {document.get('bestMetrics', {}).get('val_accuracy')}")
+        self._set(Phase.succeeded, Condition(type="Trained", status="True", reason="Trained", message=message))
         return True
+
+    def _read_progress(self) -> Optional[dict]:
+        """The trainer's progress document (local mode has the trainer stack, so its storage is used)."""
+        from scalingrun_trainer.storage import open_location
+
+        storage = self.run.spec.storage
+        location = open_location(run_location(self.run), storage.endpoint, storage.region).join("progress.json")
+        try:
+            return json.loads(location.read_bytes())
+        except OSError:
+            return None
 
     def _relay(self, stream) -> None:
         for line in stream:
