@@ -8,5 +8,4 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
-# Training (horovodrun -np 2 of the trainer) is not in the trainer package yet: stop after preprocessing.
-exec "$ROOT/.venv/bin/python" -m scalingrun_operator.local.quickstart --stop-after preprocessing "$@"
+exec "$ROOT/.venv/bin/python" -m scalingrun_operator.local.quickstart "$@"

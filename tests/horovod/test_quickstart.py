@@ -1,0 +1,57 @@
+"""A reduced quick start, end to end: SeaweedFS, JPEG upload, preprocessing, horovodrun -np 2, report."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from PIL import Image
+
+pytestmark = [pytest.mark.horovod, pytest.mark.s3]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_reduced_quickstart_end_to_end_and_rerun(tmp_path):
+    spec = yaml.safe_load((ROOT / "examples/quickstart.yaml").read_text())
+    spec["spec"]["dataset"]["imageSize"] = 32
+    spec["spec"]["training"]["maxEpochs"] = 2
+    spec["spec"]["training"]["batchSizePerWorker"] = 16
+    spec["spec"]["model"]["base"] = "mobilenet_v2"
+    spec["spec"]["model"]["weights"] = "none"
+    run_file = tmp_path / "quickstart-small.yaml"
+    run_file.write_text(yaml.safe_dump(spec))
+    state = tmp_path / "state"
+    command = [sys.executable, "-m", "scalingrun_operator.local.quickstart", "-f", str(run_file),
+               "--state", str(state), "--per-class", "20"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    out = first.stdout
+    assert "phase: Succeeded" in out
+    assert re.search(r"preprocessing: 200 images written, 0 skipped, 10 classes", out), out
+    training = re.search(r"training: (\d) of 2 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes", out)
+    assert training, out
+    assert 1 <= int(training.group(2)) <= int(training.group(1)) and 0 <= float(training.group(3)) <= 1
+    png = state / "reports" / "quickstart-report.png"
+    with Image.open(png) as image:
+        image.verify()
+        assert image.format == "PNG" and image.size[0] > 600
+    assert "| 1 |" in (state / "reports" / "quickstart-report.md").read_text()
+    status = json.loads((state / "runs/quickstart/status.json").read_text())
+    assert status["phase"] == "Succeeded" and status["training"]["processes"] == 2
+    assert status["modelUri"].endswith("/runs/quickstart/model/model.keras")
+
+    second = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "already Fashion-MNIST JPEGs" in second.stderr
+    assert "(dataset reused)" in second.stdout and "nothing to train" in second.stdout
+    assert "phase: Succeeded" in second.stdout
+    # the processes it started are gone (SeaweedFS included)
+    assert str(state) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
