@@ -4,7 +4,11 @@
 #   petastorm without its declared deps, Horovod 0.28.1 built from source with TF + Gloo + MPI
 #   (the wheel is cached, so a second setup does not rebuild it), and this project in editable mode.
 # A second run with unchanged inputs returns in about a second.
-# Env: SCALINGRUN_VENV (default .venv), SCALINGRUN_CACHE (default ~/.cache/scalingrun), PYTHON (python3).
+# Env: SCALINGRUN_VENV (default .venv), SCALINGRUN_CACHE (default ~/.cache/scalingrun), PYTHON (python3),
+#   SCALINGRUN_PROFILE: full (default: everything, for development and tests), operator or trainer
+#     (the images: requirements/operator.txt or trainer.txt, subsets of lock.txt),
+#   SCALINGRUN_GPU=1: TensorFlow's GPU wheel (same version) and Horovod built with NCCL,
+#   SCALINGRUN_EDITABLE=0: install the project itself non-editable (images).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,14 +17,22 @@ CACHE="${SCALINGRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scalingrun}"
 PYTHON="${PYTHON:-python3}"
 HOROVOD_VERSION=0.28.1
 PETASTORM_VERSION=0.13.1
+PROFILE="${SCALINGRUN_PROFILE:-full}"
+GPU="${SCALINGRUN_GPU:-0}"
 TF_VERSION="$(sed -n 's/^tensorflow-cpu==//p' "$ROOT/requirements/lock.txt")"
-APT_PACKAGES=(openmpi-bin libopenmpi-dev dataset-fashion-mnist)
+case "$PROFILE" in
+  full) LOCK="$ROOT/requirements/lock.txt"; APT_PACKAGES=(openmpi-bin libopenmpi-dev dataset-fashion-mnist) ;;
+  trainer) LOCK="$ROOT/requirements/trainer.txt"; APT_PACKAGES=(openmpi-bin libopenmpi-dev) ;;
+  operator) LOCK="$ROOT/requirements/operator.txt"; APT_PACKAGES=() ;;
+  *) echo "SCALINGRUN_PROFILE must be full, operator or trainer" >&2; exit 2 ;;
+esac
 
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 install_system_packages() {
   local missing=()
-  for p in "${APT_PACKAGES[@]}"; do
+  for p in "${APT_PACKAGES[@]:-}"; do
+    [[ -n "$p" ]] || continue
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
   ((${#missing[@]})) || return 0
@@ -32,16 +44,18 @@ install_system_packages() {
 
 # Inputs whose change must trigger a reinstall; their hash is stamped into the venv.
 stack_fingerprint() {
-  cat "$ROOT/requirements/lock.txt" "$ROOT/pyproject.toml" "${BASH_SOURCE[0]}" | sha256sum | cut -c1-16
+  { cat "$LOCK" "$ROOT/pyproject.toml" "${BASH_SOURCE[0]}"; echo "$PROFILE $GPU"; } | sha256sum | cut -c1-16
 }
 
 horovod_wheel() {
-  local dir="$CACHE/wheels/horovod-$HOROVOD_VERSION-tf$TF_VERSION-cpu-py$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')"
+  local flavour=cpu gpu_ops=()
+  if [[ "$GPU" == 1 ]]; then flavour=gpu; gpu_ops=(HOROVOD_GPU_OPERATIONS=NCCL); fi
+  local dir="$CACHE/wheels/horovod-$HOROVOD_VERSION-tf$TF_VERSION-$flavour-py$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')"
   if ! ls "$dir"/horovod-*.whl >/dev/null 2>&1; then
     log "building Horovod $HOROVOD_VERSION against TF $TF_VERSION (about 7 minutes, once)"
     mkdir -p "$dir.tmp"
     # --no-build-isolation: cmake must see the installed TensorFlow.
-    HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
+    env "${gpu_ops[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
       HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
       "$VENV/bin/pip" wheel -q --no-build-isolation --no-deps -w "$dir.tmp" "horovod==$HOROVOD_VERSION" >&2
     rm -rf "$dir" && mv "$dir.tmp" "$dir"
@@ -58,11 +72,19 @@ main() {
   fi
   [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "pip==25.3" "setuptools==80.9.0" "wheel==0.45.1"
-  log "installing requirements/lock.txt"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r "$ROOT/requirements/lock.txt"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "petastorm==$PETASTORM_VERSION"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "$(horovod_wheel)"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT"
+  log "installing ${LOCK#"$ROOT/"}"
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r "$LOCK"
+  if [[ "$PROFILE" != operator ]]; then
+    if [[ "$GPU" == 1 ]]; then
+      # Same version and dependencies as tensorflow-cpu; the GPU wheel uses the image's CUDA 12.2 / cuDNN 8.9.
+      "$VENV/bin/pip" uninstall -q -y tensorflow-cpu
+      "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "tensorflow==$TF_VERSION"
+    fi
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "petastorm==$PETASTORM_VERSION"
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "$(horovod_wheel)"
+  fi
+  local editable=(-e); [[ "${SCALINGRUN_EDITABLE:-1}" == 1 ]] || editable=()
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation "${editable[@]}" "$ROOT"
   echo "$want" > "$VENV/.scalingrun-stack"
   log "stack ready in $VENV"
 }

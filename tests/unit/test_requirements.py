@@ -1,0 +1,41 @@
+"""The images' requirement subsets are exact slices of the lock and keep each side free of the other."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def pins(path: Path) -> dict[str, str]:
+    lines = [line for line in path.read_text().splitlines() if line and not line.startswith("#")]
+    return {re.sub(r"[-_.]+", "-", line.split("==")[0]).lower(): line.split("==")[1] for line in lines}
+
+
+def roots(variable: str) -> list[str]:
+    text = (ROOT / "scripts/lock.sh").read_text()
+    return shlex.split(re.search(rf'{variable}="([^"]*)"', text).group(1))
+
+
+@pytest.mark.parametrize("name,variable", [("operator", "OPERATOR_ROOTS"), ("trainer", "TRAINER_ROOTS")])
+def test_subset_is_current_and_pinned_as_in_the_lock(tmp_path, name, variable):
+    out = tmp_path / f"{name}.txt"
+    subprocess.run([sys.executable, str(ROOT / "scripts/lock_subset.py"), str(out), *roots(variable)], check=True,
+                   capture_output=True)
+    assert out.read_text() == (ROOT / f"requirements/{name}.txt").read_text(), "run scripts/lock.sh"
+    lock = pins(ROOT / "requirements/lock.txt")
+    assert all(lock[package] == version for package, version in pins(out).items())
+
+
+def test_sides_stay_apart():
+    operator, trainer = pins(ROOT / "requirements/operator.txt"), pins(ROOT / "requirements/trainer.txt")
+    assert not {"tensorflow-cpu", "pyarrow", "petastorm", "mpi4py", "numpy"} & set(operator)
+    assert not {"kopf", "kubernetes"} & set(trainer)
+    assert {"kopf", "kubernetes", "botocore"} <= set(operator)
+    assert {"tensorflow-cpu", "pyarrow", "s3fs", "mpi4py"} <= set(trainer)
