@@ -93,7 +93,10 @@ def test_two_ranks_train_report_checkpoint_and_save(s3_server, dataset, tmp_path
     assert progress["modelUri"] == f"{run}/model/model.keras"
     state = read_json(s3_server, f"{run}/checkpoints/state.json")
     assert state["epoch"] == progress["epoch"]
-    assert s3(s3_server).get_file_info(f"{BUCKET}/runs/basic/model/model.keras").size > 100_000
+    fs = s3(s3_server)
+    assert fs.get_file_info(f"{BUCKET}/runs/basic/model/model.keras").size > 100_000
+    events = fs.get_file_info(pafs.FileSelector(f"{BUCKET}/runs/basic/tensorboard", recursive=True))
+    assert any("tfevents" in i.base_name for i in events)  # TensorBoard logs, from rank 0 only
 
 
 def test_early_stopping_stops_both_ranks_on_the_same_epoch(s3_server, dataset, tmp_path):

@@ -8,6 +8,7 @@ checkpoints and reports.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -142,7 +143,9 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
         if state:
             reporter.resume(state.get("history", []), ((state.get("earlyStopping") or {}).get("bestEpoch")))
         every = int((spec_train.get("checkpoint") or {}).get("everyEpochs", 1))
-        callbacks += [reporter, Checkpointer(checkpoints, checkpoint, every, early_stopping, reporter, trained_on)]
+        tensorboard_dir = tempfile.mkdtemp(prefix="tensorboard-")
+        callbacks += [reporter, Checkpointer(checkpoints, checkpoint, every, early_stopping, reporter, trained_on),
+                      tf.keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch", profile_batch=0)]
         if initial_epoch:
             log(f"resuming after epoch {initial_epoch} from {checkpoints.uri}")
 
@@ -162,6 +165,7 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
             reader.join()
 
     if rank == 0:
+        _upload_tree(tensorboard_dir, run_root.join("tensorboard"))
         model_uri = _save_model(model, run_root.join("model"))
         progress.finish("succeeded", model_uri=model_uri)
         document = progress.document
@@ -170,11 +174,24 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
     return 0
 
 
+def _upload_tree(local_dir: str, target) -> None:
+    """Copies a local folder (TensorBoard event files) to the run location, then removes it."""
+    for folder, _, names in os.walk(local_dir):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                target.join(*os.path.relpath(path, local_dir).split(os.sep)).write_bytes_atomic(f.read())
+    shutil.rmtree(local_dir, ignore_errors=True)
+
+
 def _save_model(model, target) -> str:
     """Keras native format, written locally then copied (object stores have no local paths)."""
     workdir = tempfile.mkdtemp(prefix="model-")
-    path = os.path.join(workdir, "model.keras")
-    model.save(path)
-    with open(path, "rb") as f:
-        target.join("model.keras").write_bytes_atomic(f.read())
+    try:
+        path = os.path.join(workdir, "model.keras")
+        model.save(path)
+        with open(path, "rb") as f:
+            target.join("model.keras").write_bytes_atomic(f.read())
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     return target.join("model.keras").uri
