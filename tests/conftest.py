@@ -143,3 +143,31 @@ def s3_server(tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def mpijob_crd(api_client):
+    """The kubeflow MPIJob v2beta1 CRD (mpi-operator v0.8.2), created through the API: it is too large
+    for client-side apply. Only the CRD: the mpi-operator itself does not run, tests play its part."""
+    import time
+
+    import yaml
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    path = Path(os.environ.get("SCALINGRUN_MPIJOB_CRD", ROOT.parent / "shared/crds/kubeflow.org_mpijobs.yaml"))
+    require(path.exists(), f"MPIJob CRD {path} not found (set SCALINGRUN_MPIJOB_CRD)")
+    crd = yaml.safe_load(path.read_text())
+    ext = client.ApiextensionsV1Api(api_client)
+    try:
+        ext.create_custom_resource_definition(crd)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = ext.read_custom_resource_definition(crd["metadata"]["name"]).status
+        if any(c.type == "Established" and c.status == "True" for c in (status.conditions or [])):
+            return crd
+        time.sleep(0.2)
+    pytest.fail("MPIJob CRD not established within 30 s")

@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 from ..api.models import Condition, Phase, PreprocessingStatus, ScalingRun, ScalingRunStatus, TrainingStatus
 from ..builders.config import build_trainer_config, run_location, total_processes
+from ..handlers.training import training_status
 
 
 def _horovodrun() -> str:
@@ -31,16 +32,6 @@ def _horovodrun() -> str:
     if not found:
         raise LocalRunError("horovodrun not found: run scripts/setup.sh (it builds Horovod)")
     return found
-
-
-def training_status(progress: dict) -> TrainingStatus:
-    """status.training from the trainer's progress document."""
-    return TrainingStatus(
-        epoch=progress.get("epoch"), max_epochs=progress.get("maxEpochs"), best_epoch=progress.get("bestEpoch"),
-        metrics=progress.get("metrics") or {}, best_metrics=progress.get("bestMetrics") or {},
-        images_per_second=progress.get("imagesPerSecond"), learning_rate=progress.get("learningRate"),
-        effective_batch_size=progress.get("effectiveBatchSize"), processes=progress.get("processes"),
-    )
 
 
 class LocalRunError(RuntimeError):
@@ -177,7 +168,7 @@ class LocalRun:
         self.seconds["training"] = time.monotonic() - started
         self.progress = self._read_progress()
         if self.progress:
-            self.status.training = training_status(self.progress)
+            self.status.training = TrainingStatus.model_validate(training_status(self.progress))
             self.status.model_uri = self.progress.get("modelUri")
         self.status.completion_time = _now()
         if result.returncode != 0:

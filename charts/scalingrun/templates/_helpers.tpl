@@ -1,0 +1,62 @@
+{{- define "scalingrun.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "scalingrun.fullname" -}}
+{{- if contains .Chart.Name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{- define "scalingrun.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "scalingrun.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "scalingrun.labels" -}}
+{{ include "scalingrun.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{- define "scalingrun.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "scalingrun.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* What the operator does, and nothing more: kept in one place for the ClusterRole and the Roles. */}}
+{{- define "scalingrun.operatorRules" -}}
+- apiGroups: ["scalingrun.dev"]
+  resources: ["scalingruns"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["scalingrun.dev"]
+  resources: ["scalingruns/status"]
+  verbs: ["get", "patch"]
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["get", "create", "patch"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: ["kubeflow.org"]
+  resources: ["mpijobs"]
+  verbs: ["get", "list", "watch", "create", "patch"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["get"]
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create"]
+{{- if .Values.peering.name }}
+- apiGroups: ["kopf.dev"]
+  resources: ["kopfpeerings"]
+  verbs: ["get", "list", "watch", "patch"]
+{{- end }}
+{{- end }}

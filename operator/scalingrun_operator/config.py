@@ -1,0 +1,98 @@
+"""Operator settings: one typed object, read once from SCALINGRUN_* environment variables.
+
+Crate-style: every field is documented with `#:`, has a safe default, and `load()` fails fast with
+the variable's name when a value cannot be parsed (a typo in a Deployment must not start an
+operator with surprising settings).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+PREFIX = "SCALINGRUN_"
+
+
+class ConfigError(ValueError):
+    """A SCALINGRUN_* variable has a value that cannot be used."""
+
+
+@dataclass(frozen=True)
+class Config:
+    #: Seconds between polls of a run's children and its progress document (kopf timer interval).
+    poll_interval_seconds: float = 15.0
+    #: How long a finished Job or MPIJob may wait for its manifest / final progress document to
+    #: appear in storage before the run is judged on what is there.
+    completion_grace_seconds: float = 120.0
+    #: Connect/read timeout of one object-storage request.
+    storage_timeout_seconds: float = 10.0
+    #: Port of the Prometheus /metrics endpoint; 0 turns it off.
+    metrics_port: int = 9090
+    #: kopf liveness endpoint (served by kopf, answered by the on.probe handlers); empty turns it off.
+    liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
+    #: Namespaces (or kopf globs) to watch; empty means the whole cluster.
+    namespaces: tuple[str, ...] = ()
+    #: Name of the KopfPeering object shared by the replicas; empty means standalone (one replica).
+    peering: str = "scalingrun"
+    #: Priority among peers: the highest acts, the others pause (equal priorities all pause).
+    priority: int = 0
+    #: Seconds a peer counts as alive after its last keep-alive: how soon a standby takes over.
+    peering_lifetime_seconds: int = 60
+    #: Log format: json (structured, one object per line) or plain.
+    log_format: str = "json"
+    #: Log DEBUG lines too.
+    debug: bool = False
+    #: Worker threads for the synchronous handlers (Kubernetes and storage calls block).
+    max_workers: int = 8
+    #: Component name on Events and in `managed-by` labels.
+    component: str = "scalingrun-operator"
+
+
+def _parse(name: str, raw: str, kind: type, default: object) -> object:
+    try:
+        if kind is bool:
+            lowered = raw.strip().lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError(raw)
+        if kind is tuple:
+            return tuple(p.strip() for p in raw.split(",") if p.strip())
+        if kind is int:
+            return int(raw)
+        if kind is float:
+            value = float(raw)
+            if value < 0:
+                raise ValueError(raw)
+            return value
+        return raw
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__} (default {default!r})") from None
+
+
+_KINDS = {"poll_interval_seconds": float, "completion_grace_seconds": float, "storage_timeout_seconds": float,
+          "metrics_port": int, "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
+          "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str}
+
+
+def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Config:
+    """Config from the environment (SCALINGRUN_POLL_INTERVAL_SECONDS, ...), then explicit overrides."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    defaults = Config()
+    for name, kind in _KINDS.items():
+        var = PREFIX + name.upper()
+        if var in environ:
+            values[name] = _parse(var, environ[var], kind, getattr(defaults, name))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    config = dataclasses.replace(defaults, **values)
+    if config.log_format not in ("json", "plain"):
+        raise ConfigError(f"{PREFIX}LOG_FORMAT must be json or plain, not {config.log_format!r}")
+    if config.poll_interval_seconds < 0.5:
+        raise ConfigError(f"{PREFIX}POLL_INTERVAL_SECONDS must be >= 0.5, not {config.poll_interval_seconds}")
+    if not 0 <= config.metrics_port <= 65535:
+        raise ConfigError(f"{PREFIX}METRICS_PORT must be a port number, not {config.metrics_port}")
+    return config

@@ -1,0 +1,326 @@
+"""One reconcile of one ScalingRun: read what exists, decide with the pure helpers, act, write status.
+
+Level-triggered on purpose: every trigger (create, resume, spec change, timer, a child's event)
+runs the same function, which looks at the run, its children and the two storage documents as they
+are now. An operator killed at any point therefore converges on restart: children are created only
+if absent (409 -> adopt), the phase is derived from what the children report, and status is written
+with the resourceVersion it was computed from (a conflict re-reads and recomputes).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from kubernetes.client.rest import ApiException
+
+from .. import metrics
+from ..api.models import API_VERSION, KIND, Phase, ScalingRun
+from ..api.validation import InvalidScalingRun, parse_scalingrun
+from ..builders import build_config_map, build_mpijob, build_preprocess_job
+from ..builders.common import mpijob_name, preprocess_job_name
+from ..config import Config
+from ..k8s import Kube
+from ..status import (
+    DATASET_REUSED, FAILED, INVALID_SPEC, MPIJOB_FAILED, PREPROCESSED, PREPROCESSING_FAILED, SPEC_CHANGE_IGNORED,
+    STORAGE_READABLE, SUSPENDED, TRAINED, Event, StatusUpdate, get_condition, is_terminal, may_revalidate, parse_time,
+)
+from ..storage import StorageError, StorageTarget, list_names, read_json, uses_s3
+from . import dataset, spec as pinning, training
+
+log = logging.getLogger(__name__)
+
+_locks_guard = threading.Lock()
+_locks: dict[tuple[str, str], threading.Lock] = {}
+
+
+def _lock(namespace: str, name: str) -> threading.Lock:
+    """Serialises reconciles of one run inside this process (handlers, timer and child events overlap)."""
+    with _locks_guard:
+        return _locks.setdefault((namespace, name), threading.Lock())
+
+
+def forget(namespace: str, name: str) -> None:
+    with _locks_guard:
+        _locks.pop((namespace, name), None)
+
+
+@dataclass
+class Reconciler:
+    kube: Kube
+    config: Config
+
+    def __call__(self, namespace: str, name: str) -> Optional[str]:
+        """Reconciles one run; returns its phase (None when it is gone)."""
+        with _lock(namespace, name):
+            for attempt in range(4):
+                body = self.kube.get_run(namespace, name)
+                if body is None or body["metadata"].get("deletionTimestamp"):
+                    return None
+                try:
+                    return _Pass(self, body).run()
+                except ApiException as exc:
+                    if exc.status == 409 and attempt < 3:
+                        log.debug("%s/%s changed while reconciling; again", namespace, name)
+                        continue
+                    if exc.status == 403 and "being terminated" in str(exc.body):
+                        return None  # the namespace is going away, and the run with it
+                    raise
+        return None
+
+
+class _Pass:
+    """The state of one reconcile pass (one fresh read of the run)."""
+
+    def __init__(self, reconciler: Reconciler, body: dict[str, Any]):
+        self.kube = reconciler.kube
+        self.config = reconciler.config
+        self.body = body
+        meta = body["metadata"]
+        self.namespace, self.name = meta["namespace"], meta["name"]
+        self.resource_version = meta.get("resourceVersion")
+        self.update = StatusUpdate(body.get("status") or {}, meta.get("generation"))
+        self._target: Optional[StorageTarget] = None
+
+    # --- entry ---------------------------------------------------------------------------------
+
+    def run(self) -> Optional[str]:
+        status = self.body.get("status") or {}
+        generation = self.body["metadata"].get("generation")
+        if is_terminal(status):
+            if not may_revalidate(status, generation):
+                return status.get("phase")
+            self._restart_after_invalid_spec()
+        annotations = self.body["metadata"].get("annotations") or {}
+        pinned = annotations.get(pinning.PINNED_ANNOTATION)
+        run = self._parse(pinning.effective_spec(self.body["spec"], pinned))
+        if run is None:
+            return self._write()
+        if self.update.phase is None:
+            self.update.set_phase(Phase.pending.value, "accepted")
+        if pinned is None:
+            self._pin()
+        else:
+            self._record_ignored_changes(pinned)
+        if not self._condition_true(PREPROCESSED):
+            self._preprocess(run)
+        if self._condition_true(PREPROCESSED) and not is_terminal(self.update.desired):
+            self._train(run)
+        return self._write()
+
+    def _parse(self, spec_doc: dict[str, Any]) -> Optional[ScalingRun]:
+        document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": self.body["metadata"], "spec": spec_doc}
+        try:
+            return parse_scalingrun(document)
+        except InvalidScalingRun as exc:
+            message = "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the run is retried on edit)."
+            self.update.fail(INVALID_SPEC, message)
+            return None
+
+    def _restart_after_invalid_spec(self) -> None:
+        desired = self.update.desired
+        desired["conditions"] = [c for c in desired["conditions"] if c.get("type") != FAILED]
+        desired.pop("completionTime", None)
+        self.update.set_phase(Phase.pending.value, "spec edited after InvalidSpec; validating again")
+
+    def _pin(self) -> None:
+        patched = self.kube.patch_run_annotations(
+            self.namespace, self.name, {pinning.PINNED_ANNOTATION: pinning.pin(self.body["spec"])},
+            resource_version=self.resource_version)
+        self.resource_version = patched["metadata"]["resourceVersion"]
+
+    def _record_ignored_changes(self, pinned: str) -> None:
+        changed = pinning.ignored_changes(self.body["spec"], pinned)
+        existing = get_condition(self.update.desired["conditions"], SPEC_CHANGE_IGNORED)
+        if changed:
+            message = pinning.ignored_message(changed)
+            if not existing or existing.get("status") != "True" or existing.get("message") != message:
+                self.update.warn("SpecChangeIgnored", message)
+            self.update.condition(SPEC_CHANGE_IGNORED, "True", "ImmutableFieldChanged", message)
+        elif existing and existing.get("status") == "True":
+            self.update.condition(SPEC_CHANGE_IGNORED, "False", "SpecMatches",
+                                  "the spec matches the one the run started with")
+
+    def _condition_true(self, type_: str) -> bool:
+        condition = get_condition(self.update.desired["conditions"], type_)
+        return bool(condition and condition.get("status") == "True")
+
+    # --- storage -------------------------------------------------------------------------------
+
+    def _storage(self, run: ScalingRun) -> StorageTarget:
+        if self._target is None:
+            s = run.spec.storage
+            credentials = None
+            if s.credentials_secret and uses_s3(run.spec.dataset.output, run.spec.training.checkpoint.location):
+                credentials = self.kube.read_credentials(self.namespace, s.credentials_secret,
+                                                         s.access_key_id_key, s.secret_access_key_key)
+            self._target = StorageTarget(s.endpoint, s.region, credentials, self.config.storage_timeout_seconds)
+        return self._target
+
+    def _read(self, run: ScalingRun, uri: str) -> tuple[bool, Optional[dict[str, Any]]]:
+        """(readable, document). An unreadable store is a condition and a Warning, not a crash."""
+        try:
+            document = read_json(uri, self._storage(run))
+        except StorageError as exc:
+            existing = get_condition(self.update.desired["conditions"], STORAGE_READABLE)
+            if not existing or existing.get("status") != "False":
+                self.update.warn("StorageUnreadable", str(exc))
+            self.update.condition(STORAGE_READABLE, "False", "StorageError",
+                                  f"{exc}; retrying every {self.config.poll_interval_seconds:g} s")
+            return False, None
+        existing = get_condition(self.update.desired["conditions"], STORAGE_READABLE)
+        if existing and existing.get("status") != "True":
+            self.update.condition(STORAGE_READABLE, "True", "Readable", f"read {uri}")
+        return True, document
+
+    # --- children ------------------------------------------------------------------------------
+
+    def _ensure(self, obj: dict[str, Any]) -> dict[str, Any]:
+        child, created = self.kube.ensure_child(obj, owner=self.body, observe=metrics.observe_child_created)
+        if created:
+            born = parse_time(self.body["metadata"].get("creationTimestamp"))
+            if born:
+                seconds = max(0.0, (self.update.moment - born).total_seconds())
+                metrics.RUN_TO_CHILD_SECONDS.labels(kind=obj["kind"]).observe(seconds)
+            log.info("created %s %s/%s", obj["kind"], self.namespace, obj["metadata"]["name"])
+        return child
+
+    # --- preprocessing -------------------------------------------------------------------------
+
+    def _preprocess(self, run: ScalingRun) -> None:
+        job_name = preprocess_job_name(run)
+        job = self.kube.get_child("Job", self.namespace, job_name)
+        if job is None:
+            readable, manifest = self._read(run, dataset.manifest_uri(run))
+            if not readable:
+                return
+            if dataset.dataset_present(run, manifest):
+                self.update.desired["preprocessing"] = dataset.preprocessing_status(manifest, None, reused=True)
+                self.update.condition(PREPROCESSED, "True", DATASET_REUSED,
+                                      dataset.preprocessed_message(run, manifest, reused=True))
+                return
+            self._ensure(build_config_map(run, self.namespace))
+            job = self._ensure(build_preprocess_job(run, self.namespace))
+            note = dataset.mismatch(run, manifest)
+            if note:
+                self.update.events.append(_normal("PreprocessingAgain", f"{dataset.manifest_uri(run)}: {note}"))
+        state = dataset.job_state(job)
+        self.update.desired["preprocessing"] = {
+            **(self.update.desired.get("preprocessing") or {}), "jobName": job_name, "reused": False,
+            "shards": run.spec.dataset.preprocessing.parallelism}
+        if state.state == "Running":
+            self.update.condition(PREPROCESSED, "Unknown", "Running", dataset.job_progress_message(job_name, state))
+            self.update.set_phase(Phase.preprocessing.value, f"Job {job_name}")
+        elif state.state == "Failed":
+            self._preprocessing_failed(run, job_name, state)
+        else:
+            self._preprocessing_complete(run, job_name, state)
+
+    def _preprocessing_complete(self, run: ScalingRun, job_name: str, state: dataset.JobState) -> None:
+        readable, manifest = self._read(run, dataset.manifest_uri(run))
+        if not readable:
+            return
+        if dataset.dataset_present(run, manifest):
+            self.update.desired["preprocessing"] = dataset.preprocessing_status(manifest, job_name, reused=False)
+            self.update.condition(PREPROCESSED, "True", "Preprocessed",
+                                  f"Job {job_name}: " + dataset.preprocessed_message(run, manifest, reused=False))
+            return
+        if self._within_grace(state.finished_at):
+            self.update.condition(PREPROCESSED, "Unknown", "WaitingForManifest",
+                                  f"Job {job_name} completed; waiting for {dataset.manifest_uri(run)}")
+            self.update.set_phase(Phase.preprocessing.value)
+            return
+        found = dataset.mismatch(run, manifest) or "there is none"
+        message = (f"Job {job_name} completed but {dataset.manifest_uri(run)} does not describe this run's dataset "
+                   f"({found}); check that nothing else writes to spec.dataset.output")
+        self.update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
+        self.update.fail(PREPROCESSING_FAILED, message)
+
+    def _preprocessing_failed(self, run: ScalingRun, job_name: str, state: dataset.JobState) -> None:
+        try:
+            names: Optional[list[str]] = list_names(dataset.shards_uri(run), self._storage(run))
+        except StorageError as exc:
+            log.warning("cannot list shard manifests of %s/%s: %s", self.namespace, self.name, exc)
+            names = None
+        done = dataset.shard_progress(names, run.spec.dataset.preprocessing.parallelism)
+        message = dataset.preprocessing_failure_message(run, self.namespace, job_name, state, done)
+        self.update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
+        self.update.fail(PREPROCESSING_FAILED, message)
+
+    # --- training ------------------------------------------------------------------------------
+
+    def _train(self, run: ScalingRun) -> None:
+        name = mpijob_name(run)
+        mpijob = self.kube.get_child("MPIJob", self.namespace, name)
+        if mpijob is None:
+            self._ensure(build_config_map(run, self.namespace))
+            mpijob = self._ensure(build_mpijob(run, self.namespace))
+        state = training.mpijob_state(mpijob)
+        wanted_suspend = run.spec.run_policy.suspend
+        patch = training.suspend_patch(wanted_suspend, state)
+        if patch:
+            self.kube.patch_mpijob(self.namespace, name, patch)
+            self.update.events.append(_normal("Suspending" if wanted_suspend else "Resuming",
+                                              f"MPIJob {name}: spec.runPolicy.suspend={str(wanted_suspend).lower()}"))
+        _, progress = self._read(run, training.progress_uri(run))
+        current = self.update.desired.get("training") or {}
+        self.update.desired["training"] = {**current, **training.base_training_status(run, name),
+                                           **training.training_status(progress)}
+        uri = training.model_uri(progress)
+        if uri:
+            self.update.desired["modelUri"] = uri
+        if state.state == "Succeeded":
+            if (progress or {}).get("state") != "succeeded" and self._within_grace(state.finished_at):
+                self.update.condition(TRAINED, "Unknown", "WaitingForProgress",
+                                      f"MPIJob {name} succeeded; waiting for the final {training.progress_uri(run)}")
+                self.update.set_phase(Phase.training.value)
+                return
+            message = training.succeeded_message(name, progress)
+            self.update.condition(TRAINED, "True", "Succeeded", message)
+            self.update.set_phase(Phase.succeeded.value, message)
+        elif state.state == "Failed":
+            message = training.mpijob_failure_message(self.namespace, name, state, progress)
+            self.update.condition(TRAINED, "False", MPIJOB_FAILED, message)
+            self.update.fail(MPIJOB_FAILED, message)
+        elif wanted_suspend:
+            self.update.condition(SUSPENDED, "True", "Suspended",
+                                  f"MPIJob {name} is suspended (spec.runPolicy.suspend); set it to false to resume "
+                                  "from the last checkpoint")
+            self.update.condition(TRAINED, "Unknown", "Suspended", training.running_message(name, progress))
+            self.update.set_phase(Phase.suspended.value, "spec.runPolicy.suspend is true")
+        else:
+            if self._condition_true(SUSPENDED):
+                self.update.condition(SUSPENDED, "False", "Resumed", f"MPIJob {name} resumed")
+            self.update.condition(TRAINED, "Unknown", "Running", training.running_message(name, progress))
+            self.update.set_phase(Phase.training.value, f"MPIJob {name}")
+
+    def _within_grace(self, finished_at) -> bool:
+        if finished_at is None:
+            return False
+        return (self.update.moment - finished_at).total_seconds() < self.config.completion_grace_seconds
+
+    # --- output --------------------------------------------------------------------------------
+
+    def _write(self) -> Optional[str]:
+        patch = self.update.patch()
+        if patch:
+            self.kube.patch_run_status(self.namespace, self.name, patch, resource_version=self.resource_version)
+        for event in self.update.events:
+            self.kube.post_event(self.body, event.type, event.reason, event.message)
+            log.info("%s/%s: %s %s", self.namespace, self.name, event.reason, event.message)
+        return self.update.phase
+
+
+def _normal(reason: str, message: str) -> Event:
+    return Event("Normal", reason, message)
+
+
+def owner_of(body: dict[str, Any]) -> Optional[str]:
+    """The ScalingRun that controls a child (by owner reference; the run label as a fallback)."""
+    for ref in body.get("metadata", {}).get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion", "").startswith("scalingrun.dev/") and ref.get("controller"):
+            return ref.get("name")
+    return None
+

@@ -1,0 +1,155 @@
+"""Training decisions, pure: the MPIJob's state, status.training from the trainer's progress document.
+
+Contract with the trainer (scalingrun_trainer.progress): rank 0 writes `<runLocation>/progress.json`
+{"state", "epoch", "maxEpochs", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond",
+"elapsedSeconds", "learningRate", "effectiveBatchSize", "processes", "modelUri", "error"}.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from ..api.models import ScalingRun
+from ..builders.config import run_location, total_processes
+from ..status import parse_time
+from ..storage import join
+
+# progress.json key -> status.training key, with the type the status schema wants.
+_MIRRORED = {
+    "epoch": ("epoch", int),
+    "maxEpochs": ("maxEpochs", int),
+    "bestEpoch": ("bestEpoch", int),
+    "imagesPerSecond": ("imagesPerSecond", float),
+    "learningRate": ("learningRate", float),
+    "effectiveBatchSize": ("effectiveBatchSize", int),
+    "processes": ("processes", int),
+}
+
+
+def progress_uri(run: ScalingRun) -> str:
+    return join(run_location(run), "progress.json")
+
+
+def _number(value: Any, kind: type) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return kind(value)
+
+
+def _metrics(value: Any) -> dict[str, float]:
+    if not isinstance(value, dict):
+        return {}
+    out = {}
+    for key, number in value.items():
+        number = _number(number, float)
+        if number is not None:
+            out[str(key)] = number
+    return out
+
+
+def base_training_status(run: ScalingRun, mpijob_name: str) -> dict[str, Any]:
+    """What is known before the trainer reports anything."""
+    return {"mpiJobName": mpijob_name, "processes": total_processes(run),
+            "maxEpochs": run.spec.training.max_epochs}
+
+
+def training_status(progress: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """status.training fields mirrored from a progress document; junk values are left out, not guessed."""
+    if not progress:
+        return {}
+    out: dict[str, Any] = {}
+    for source, (target, kind) in _MIRRORED.items():
+        value = _number(progress.get(source), kind)
+        if value is not None:
+            out[target] = value
+    for source in ("metrics", "bestMetrics"):
+        if isinstance(progress.get(source), dict):
+            out[source] = _metrics(progress[source])
+    return out
+
+
+def model_uri(progress: Optional[dict[str, Any]]) -> Optional[str]:
+    value = (progress or {}).get("modelUri")
+    return value if isinstance(value, str) and value else None
+
+
+@dataclass(frozen=True)
+class MPIJobState:
+    state: str  # Pending, Created, Running, Restarting, Suspended, Succeeded or Failed
+    reason: str = ""
+    message: str = ""
+    suspended: bool = False  # spec.runPolicy.suspend as the MPIJob has it
+    finished_at: Optional[dt.datetime] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("Succeeded", "Failed")
+
+
+_ORDER = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")
+
+
+def mpijob_state(mpijob: dict[str, Any]) -> MPIJobState:
+    """The MPIJob's state from its conditions (set by the mpi-operator); a finished state wins."""
+    status = mpijob.get("status") or {}
+    suspended = bool(((mpijob.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+    true = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    for kind in _ORDER:
+        if kind in true:
+            condition = true[kind]
+            finished = None
+            if kind in ("Failed", "Succeeded"):
+                finished = parse_time(status.get("completionTime")) or parse_time(condition.get("lastTransitionTime"))
+            return MPIJobState(kind, condition.get("reason") or "", condition.get("message") or "", suspended,
+                               finished)
+    return MPIJobState("Pending", suspended=suspended)
+
+
+def suspend_patch(desired: bool, state: MPIJobState) -> Optional[dict[str, Any]]:
+    """The patch that makes the MPIJob's suspend match the run's, if one is needed."""
+    if state.finished or state.suspended == desired:
+        return None
+    return {"spec": {"runPolicy": {"suspend": desired}}}
+
+
+def _epochs(progress: Optional[dict[str, Any]]) -> str:
+    if not progress or _number(progress.get("epoch"), int) is None:
+        return "no epoch finished"
+    text = f"epoch {int(progress['epoch'])}"
+    if _number(progress.get("maxEpochs"), int):
+        text += f" of {int(progress['maxEpochs'])}"
+    return text
+
+
+def running_message(name: str, progress: Optional[dict[str, Any]]) -> str:
+    text = f"MPIJob {name}: {_epochs(progress)}"
+    metrics = _metrics((progress or {}).get("metrics"))
+    if "val_accuracy" in metrics:
+        text += f", val_accuracy {metrics['val_accuracy']:.4f}"
+    return text
+
+
+def succeeded_message(name: str, progress: Optional[dict[str, Any]]) -> str:
+    text = f"MPIJob {name} succeeded after {_epochs(progress)}"
+    best = _metrics((progress or {}).get("bestMetrics"))
+    if best:
+        text += "; best " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(best.items()))
+    uri = model_uri(progress)
+    return text + (f"; model at {uri}" if uri else "")
+
+
+def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progress: Optional[dict[str, Any]]) -> str:
+    cause = ": ".join(p for p in (state.reason, state.message) if p) or "no reason given"
+    parts = [f"MPIJob {name} failed ({cause})", f"{_epochs(progress)}"]
+    error = (progress or {}).get("error")
+    if isinstance(error, str) and error:
+        parts.append(f"trainer reported: {error[:500]}")
+    parts.append(f"see the launcher's log (kubectl logs -n {namespace} -l training.kubeflow.org/job-name={name},"
+                 "training.kubeflow.org/job-role=launcher --tail=50); recreating the run under the same name "
+                 "resumes from its last checkpoint when spec.training.resume is true")
+    return "; ".join(parts)

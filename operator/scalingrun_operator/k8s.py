@@ -1,0 +1,210 @@
+"""Kubernetes API calls of the operator, tolerant of the races an operator lives with.
+
+Children are created if absent; a 409 means the object is already there (created by an earlier
+incarnation of this operator, or by a peer): it is read and adopted, never duplicated. Objects are
+plain dicts as the builders return them (raw JSON in and out, no client models in between).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import socket
+import time
+from typing import Any, Callable, Optional
+
+import kopf
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from .api import models
+from .storage import Credentials, StorageError
+
+log = logging.getLogger(__name__)
+
+MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
+
+
+class ForeignObject(kopf.TemporaryError):
+    """A child's name is taken by an object another ScalingRun (e.g. a deleted one) owns."""
+
+
+def _raw(response: Any) -> dict[str, Any]:
+    return json.loads(response.data)
+
+
+def _absent_is_none(call: Callable[[], Any]) -> Optional[dict[str, Any]]:
+    try:
+        return _raw(call())
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+class Kube:
+    """The calls the operator makes; one instance per process, shared by handler threads."""
+
+    def __init__(self, api_client: client.ApiClient, component: str = "scalingrun-operator"):
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.component = component
+        self.instance = socket.gethostname()
+
+    # --- the ScalingRun ------------------------------------------------------------------------
+
+    def get_run(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        return _absent_is_none(lambda: self.custom.get_namespaced_custom_object(
+            models.GROUP, models.VERSION, namespace, models.PLURAL, name, _preload_content=False))
+
+    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any],
+                         resource_version: Optional[str] = None) -> dict[str, Any]:
+        """Merge-patches status; with `resource_version` it fails with 409 if the object moved on."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return _raw(self.custom.patch_namespaced_custom_object_status(
+            models.GROUP, models.VERSION, namespace, models.PLURAL, name, body, _preload_content=False))
+
+    def patch_run_annotations(self, namespace: str, name: str, annotations: dict[str, Optional[str]],
+                              resource_version: Optional[str] = None) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"annotations": annotations}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        return _raw(self.custom.patch_namespaced_custom_object(
+            models.GROUP, models.VERSION, namespace, models.PLURAL, name, {"metadata": metadata},
+            _preload_content=False))
+
+    # --- children ------------------------------------------------------------------------------
+
+    def get_child(self, kind: str, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        if kind == "ConfigMap":
+            return _absent_is_none(lambda: self.core.read_namespaced_config_map(name, namespace, _preload_content=False))
+        if kind == "Job":
+            return _absent_is_none(lambda: self.batch.read_namespaced_job(name, namespace, _preload_content=False))
+        if kind == "MPIJob":
+            return _absent_is_none(lambda: self.custom.get_namespaced_custom_object(
+                MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, name, _preload_content=False))
+        raise ValueError(f"unknown child kind {kind}")
+
+    def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        namespace = obj["metadata"]["namespace"]
+        kind = obj["kind"]
+        if kind == "ConfigMap":
+            return _raw(self.core.create_namespaced_config_map(namespace, obj, _preload_content=False))
+        if kind == "Job":
+            return _raw(self.batch.create_namespaced_job(namespace, obj, _preload_content=False))
+        if kind == "MPIJob":
+            return _raw(self.custom.create_namespaced_custom_object(
+                MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, obj, _preload_content=False))
+        raise ValueError(f"unknown child kind {kind}")
+
+    def _patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        if kind == "ConfigMap":
+            return _raw(self.core.patch_namespaced_config_map(name, namespace, patch, _preload_content=False))
+        if kind == "Job":
+            return _raw(self.batch.patch_namespaced_job(name, namespace, patch, _preload_content=False))
+        if kind == "MPIJob":
+            return _raw(self.custom.patch_namespaced_custom_object(
+                MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, name, patch, _preload_content=False))
+        raise ValueError(f"unknown child kind {kind}")
+
+    def patch_mpijob(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        return self._patch("MPIJob", namespace, name, patch)
+
+    def ensure_child(self, obj: dict[str, Any], owner: dict[str, Any],
+                     observe: Optional[Callable[[str, float], None]] = None) -> tuple[dict[str, Any], bool]:
+        """Creates `obj` owned by `owner` unless it exists; returns (object, created).
+
+        An existing object without a controller is adopted; one controlled by another owner (a
+        ScalingRun of the same name that was deleted and whose children GC has not removed yet) is
+        waited for, never taken over.
+        """
+        kopf.adopt(obj, owner=owner)
+        kind, meta = obj["kind"], obj["metadata"]
+        started = time.monotonic()
+        try:
+            created = self._create(obj)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        else:
+            if observe:
+                observe(kind, time.monotonic() - started)
+            return created, True
+        existing = self.get_child(kind, meta["namespace"], meta["name"])
+        if existing is None:  # deleted between our create and read: try again on the next pass
+            raise kopf.TemporaryError(f"{kind} {meta['name']} vanished while being adopted", delay=2)
+        owner_uid = owner["metadata"]["uid"]
+        controllers = [r for r in existing["metadata"].get("ownerReferences") or [] if r.get("controller")]
+        if any(r.get("uid") == owner_uid for r in controllers):
+            return existing, False
+        if controllers:
+            raise ForeignObject(
+                f"{kind} {meta['name']} belongs to {controllers[0].get('kind')} {controllers[0].get('name')} "
+                f"(uid {controllers[0].get('uid')}); waiting for it to be deleted", delay=10)
+        refs = (existing["metadata"].get("ownerReferences") or []) + obj["metadata"]["ownerReferences"]
+        adopted = self._patch(kind, meta["namespace"], meta["name"], {
+            "metadata": {"ownerReferences": refs, "resourceVersion": existing["metadata"]["resourceVersion"]}})
+        log.info("adopted existing %s %s/%s", kind, meta["namespace"], meta["name"])
+        return adopted, False
+
+    # --- credentials ---------------------------------------------------------------------------
+
+    def read_credentials(self, namespace: str, secret: str, id_key: str, secret_key: str) -> Credentials:
+        """The storage keys from the run's Secret; errors name the Secret and key, never a value."""
+        try:
+            obj = self.core.read_namespaced_secret(secret, namespace, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise StorageError(f"Secret {namespace}/{secret} (spec.storage.credentialsSecret) not found") from None
+            if exc.status == 403:
+                raise StorageError(f"the operator may not read Secret {namespace}/{secret}: check its RBAC") from None
+            raise
+        data = _raw(obj).get("data") or {}
+        values = []
+        for key in (id_key, secret_key):
+            if key not in data:
+                raise StorageError(f"Secret {namespace}/{secret} has no key {key!r}")
+            values.append(base64.b64decode(data[key]).decode().strip())
+        return Credentials(values[0], values[1])
+
+    # --- events --------------------------------------------------------------------------------
+
+    def post_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on `obj`; failures are logged, never raised (an Event is best effort)."""
+        meta = obj["metadata"]
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta["name"],
+                "namespace": meta["namespace"], "uid": meta.get("uid"),
+            },
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": self.component},
+            "reportingComponent": self.component, "reportingInstance": self.instance[:128],
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False)
+        except ApiException as exc:
+            log.warning("cannot post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], exc.reason)
+
+
+def new_api_client() -> client.ApiClient:
+    """In a pod: the service account; elsewhere: KUBECONFIG / ~/.kube/config."""
+    from kubernetes import config as kube_config
+
+    configuration = client.Configuration()
+    try:
+        kube_config.load_incluster_config(client_configuration=configuration)
+    except kube_config.ConfigException:
+        kube_config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = 32  # handler threads share it
+    return client.ApiClient(configuration)

@@ -1,0 +1,171 @@
+"""The operator's kopf wiring: startup settings and thin handlers that all run one reconcile.
+
+Every trigger (create, resume after a restart, spec change, a timer, an event of a child Job or
+MPIJob) calls the same level-triggered reconcile (handlers/reconcile.py), so what a handler saw
+last does not matter: the reconcile reads the world again. kopf keeps its own bookkeeping in
+annotations under scalingrun.dev/, because the status schema is structural and would prune
+status.kopf. Run it with `scalingrun-operator` (or `scalingrun operator`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+from typing import Any, Optional
+
+import kopf
+
+from . import metrics
+from .api.models import GROUP, PLURAL, VERSION
+from .config import Config, ConfigError, load
+from .handlers.reconcile import Reconciler, forget, owner_of
+from .k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, Kube, new_api_client
+from .status import TERMINAL
+
+log = logging.getLogger(__name__)
+
+# Read at import: the timer's interval is an argument of its decorator.
+CONFIG: Config = load()
+ANNOTATION_PREFIX = "scalingrun.dev"
+MANAGED = {"app.kubernetes.io/managed-by": "scalingrun-operator"}
+
+_reconcile: dict[str, Reconciler] = {}
+
+
+def _run(namespace: str, name: str, handler: str) -> None:
+    try:
+        _reconcile["run"](namespace, name)
+    except Exception:
+        metrics.RECONCILE_ERRORS.labels(handler=handler).inc()
+        raise
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"  # unused: deletion is left to GC
+    settings.posting.enabled = False  # our Events are written by Kube.post_event, one per phase change
+    settings.execution.max_workers = CONFIG.max_workers
+    settings.peering.lifetime = CONFIG.peering_lifetime_seconds
+    settings.watching.server_timeout = 300  # re-list now and then: no watch lives forever
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    _reconcile["run"] = Reconciler(Kube(new_api_client(), CONFIG.component), CONFIG)
+    metrics.serve(CONFIG.metrics_port)
+
+
+@kopf.on.probe(id="runs")
+def runs_probe(**_: Any) -> int:
+    """Liveness: kopf answers on its endpoint while its loop is alive; this adds the runs tracked."""
+    return metrics.tracked_runs()
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+def run_created(namespace: str, name: str, **_: Any) -> None:
+    _run(namespace, name, "create")
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def spec_changed(namespace: str, name: str, **_: Any) -> None:
+    _run(namespace, name, "update")
+
+
+def _active(status: dict[str, Any], **_: Any) -> bool:
+    return status.get("phase") not in TERMINAL
+
+
+@kopf.timer(GROUP, VERSION, PLURAL, interval=CONFIG.poll_interval_seconds, when=_active)
+def poll(namespace: str, name: str, **_: Any) -> None:
+    """Catches what no event announces: the trainer's progress document, a manifest appearing."""
+    _run(namespace, name, "timer")
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def track(type: Optional[str], uid: str, namespace: str, name: str, status: dict[str, Any], **_: Any) -> None:
+    deleted = type == "DELETED"
+    metrics.observe_run(uid, status.get("phase"), deleted=deleted)
+    if deleted:
+        forget(namespace, name)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
+@kopf.on.event(MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL, labels=MANAGED)
+def child_changed(type: Optional[str], body: kopf.Body, namespace: str, **_: Any) -> None:
+    """A child's status moved (Job complete, MPIJob failed): reconcile its run now, not at the next poll."""
+    owner = owner_of(dict(body))
+    if owner and type != "DELETED":
+        _run(namespace, owner, "child")
+
+
+# --- entry point ----------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scalingrun-operator",
+        description="Run the ScalingRun operator. Settings come from SCALINGRUN_* variables; flags override.")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("-n", "--namespace", action="append", dest="namespaces",
+                       help="namespace (or glob) to watch; repeatable (default SCALINGRUN_NAMESPACES)")
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch the whole cluster")
+    peers = parser.add_mutually_exclusive_group()
+    peers.add_argument("--standalone", action="store_true", help="no peering: only for a single replica")
+    peers.add_argument("--peering", help="KopfPeering name shared by the replicas (default SCALINGRUN_PEERING)")
+    parser.add_argument("--priority", type=int, help="priority among peers (highest acts)")
+    parser.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz; '' for none")
+    parser.add_argument("--metrics-port", type=int, help="Prometheus port; 0 for none")
+    parser.add_argument("--log-format", choices=["json", "plain"])
+    parser.add_argument("--debug", action="store_true", default=None)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace, base: Config) -> Config:
+    config = dataclasses.replace(
+        base,
+        **{k: v for k, v in {
+            "namespaces": tuple(args.namespaces) if args.namespaces else None,
+            "peering": "" if args.standalone else args.peering,
+            "priority": args.priority,
+            "liveness_endpoint": args.liveness,
+            "metrics_port": args.metrics_port,
+            "log_format": args.log_format,
+            "debug": args.debug,
+        }.items() if v is not None})
+    if args.all_namespaces:
+        config = dataclasses.replace(config, namespaces=())
+    return config
+
+
+def run(argv: Optional[list[str]] = None) -> int:
+    """Console entry point: parse flags, configure logging, hand over to kopf until stopped."""
+    global CONFIG
+    args = build_parser().parse_args(argv)
+    try:
+        CONFIG = settings_from_args(args, CONFIG)
+    except (ConfigError, TypeError) as exc:
+        print(f"scalingrun-operator: {exc}", file=sys.stderr)
+        return 2
+    kopf.configure(debug=CONFIG.debug, verbose=CONFIG.debug,
+                   log_format=kopf.LogFormat.JSON if CONFIG.log_format == "json" else kopf.LogFormat.FULL)
+    if not CONFIG.debug:
+        # "Timer 'poll' succeeded" per run per interval and every probe request drown what matters.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+        logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    kopf.run(
+        clusterwide=not CONFIG.namespaces,
+        namespaces=CONFIG.namespaces,
+        standalone=not CONFIG.peering,
+        peering_name=CONFIG.peering or None,
+        priority=CONFIG.priority,
+        liveness_endpoint=CONFIG.liveness_endpoint or None,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

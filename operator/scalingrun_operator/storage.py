@@ -1,0 +1,170 @@
+"""The operator's only object-storage client: small JSON documents and key listings.
+
+The operator reads two documents (the dataset manifest and the trainer's progress) and, to explain a
+failed preprocessing, lists shard manifests. botocore does that without TensorFlow or pyarrow in the
+operator image. s3:// URIs use the run's endpoint, region and the keys from the run's Secret
+(read through the Kubernetes API by the caller); absolute paths and file:// URIs read the
+filesystem. Keys are passed straight to botocore: never logged, never stored in status or events.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+from urllib.parse import urlparse
+
+
+class StorageError(RuntimeError):
+    """Storage could not be read; the message names the URI and the cause, never a key."""
+
+
+@dataclass(frozen=True)
+class Credentials:
+    access_key: str
+    secret_key: str
+
+    def __repr__(self) -> str:  # never print the keys, even in a traceback's locals
+        return "Credentials(***)"
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(f"{self.access_key}\0{self.secret_key}".encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class StorageTarget:
+    """Where and how to reach a run's objects."""
+
+    endpoint: Optional[str]
+    region: str
+    credentials: Optional[Credentials]
+    timeout: float = 10.0
+
+
+def join(uri: str, *parts: str) -> str:
+    return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def _split_s3(uri: str) -> tuple[str, str]:
+    parsed = urlparse(uri)
+    return parsed.netloc, parsed.path.lstrip("/")
+
+
+def _local_path(uri: str) -> Path:
+    return Path(urlparse(uri).path if uri.startswith("file://") else uri)
+
+
+_session_lock = threading.Lock()
+_session: Any = None
+_clients: "OrderedDict[tuple, Any]" = OrderedDict()
+_MAX_CLIENTS = 32  # one per distinct endpoint/region/key set; a client holds a connection pool
+
+
+def _client(target: StorageTarget) -> Any:
+    """A cached botocore S3 client (creating one costs tens of milliseconds and a few MB)."""
+    global _session
+    import botocore.session
+    from botocore.config import Config
+
+    key = (target.endpoint, target.region, target.credentials.fingerprint() if target.credentials else None,
+           target.timeout)
+    with _session_lock:
+        if key in _clients:
+            _clients.move_to_end(key)
+            return _clients[key]
+        if _session is None:
+            _session = botocore.session.get_session()
+        config = Config(
+            connect_timeout=target.timeout, read_timeout=target.timeout,
+            retries={"max_attempts": 2, "mode": "standard"},
+            # S3-compatible stores behind a plain host:port (MinIO, SeaweedFS) need path-style URLs.
+            s3={"addressing_style": "path" if target.endpoint else "auto"},
+        )
+        kwargs: dict[str, Any] = {"region_name": target.region, "config": config}
+        if target.endpoint:
+            kwargs["endpoint_url"] = target.endpoint
+        if target.credentials:
+            kwargs["aws_access_key_id"] = target.credentials.access_key
+            kwargs["aws_secret_access_key"] = target.credentials.secret_key
+        client = _session.create_client("s3", **kwargs)
+        _clients[key] = client
+        while len(_clients) > _MAX_CLIENTS:
+            _clients.popitem(last=False)
+        return client
+
+
+def _describe(exc: Exception) -> str:
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, ClientError):
+        error = exc.response.get("Error", {})
+        return f"{error.get('Code', 'error')}: {error.get('Message', '')}".strip()
+    return f"{type(exc).__name__}: {exc}"
+
+
+def read_bytes(uri: str, target: StorageTarget) -> Optional[bytes]:
+    """The object's bytes, or None when it does not exist."""
+    if uri.startswith("s3://"):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, key = _split_s3(uri)
+        try:
+            response = _client(target).get_object(Bucket=bucket, Key=key)
+            return response["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise StorageError(f"cannot read {uri}: {_describe(exc)}") from None
+        except BotoCoreError as exc:
+            raise StorageError(f"cannot read {uri}: {_describe(exc)}") from None
+    path = _local_path(uri)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from None
+
+
+def read_json(uri: str, target: StorageTarget) -> Optional[dict[str, Any]]:
+    """A JSON object document, or None when absent. A document that is not a JSON object is an error."""
+    data = read_bytes(uri, target)
+    if data is None:
+        return None
+    try:
+        document = json.loads(data)
+    except ValueError as exc:
+        raise StorageError(f"{uri} is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise StorageError(f"{uri} is not a JSON object")
+    return document
+
+
+def list_names(uri: str, target: StorageTarget, limit: int = 10000) -> list[str]:
+    """Names of the objects directly under the folder `uri` (non-recursive for local paths)."""
+    if uri.startswith("s3://"):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        bucket, prefix = _split_s3(uri)
+        prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+        names: list[str] = []
+        try:
+            for page in _client(target).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                names += [item["Key"][len(prefix):] for item in page.get("Contents", [])]
+                if len(names) >= limit:
+                    break
+        except (ClientError, BotoCoreError) as exc:
+            raise StorageError(f"cannot list {uri}: {_describe(exc)}") from None
+        return sorted(n for n in names if n and "/" not in n)[:limit]
+    path = _local_path(uri)
+    if not path.is_dir():
+        return []
+    return sorted(p.name for p in path.iterdir() if p.is_file())[:limit]
+
+
+def uses_s3(*uris: Optional[str]) -> bool:
+    return any(u and u.startswith("s3://") for u in uris)

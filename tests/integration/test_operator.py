@@ -1,0 +1,746 @@
+"""The operator against a real kube-apiserver (+ GC) and a real S3 server (SeaweedFS).
+
+The operator runs as a subprocess (`scalingrun operator`), as it would in its pod. Neither the
+kubelet nor the mpi-operator runs here, so the tests play their parts: they run the preprocessing
+Job's command for each index on this machine (or write the manifest it would write), patch the Job's
+and the MPIJob's status, and write the trainer's progress document into the bucket. Storage keys
+reach the operator only through the run's Secret: its environment has no AWS_* variables.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from scalingrun_operator.api import models
+from scalingrun_operator.builders.common import RUN_LABEL
+
+pytestmark = pytest.mark.k8s
+
+BUCKET = "scalingrun-operator"
+SECRET = "s3-creds"
+SERVED = "sro"  # namespaces sro-* are served by the module's operator
+OWN = "srk"  # namespaces srk-* by an operator a test starts and kills itself
+PEERED = "srp"  # namespaces srp-* by two peered replicas
+TIMEOUT = 90  # generous: the machine is small and shared
+
+
+# --- helpers ----------------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Operator:
+    """`scalingrun operator` in a subprocess, with its log kept for failure messages."""
+
+    def __init__(self, kubeconfig: str, log_path: Path, namespaces: list[str], *extra: str,
+                 env: Optional[dict[str, str]] = None):
+        self.kubeconfig, self.log_path, self.namespaces, self.extra = kubeconfig, log_path, namespaces, extra
+        self.env = env or {}
+        self.liveness_port = _free_port()
+        self.metrics_port = _free_port()
+        self.process: Optional[subprocess.Popen] = None
+
+    def start(self) -> "Operator":
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        env.update(KUBECONFIG=self.kubeconfig, SCALINGRUN_POLL_INTERVAL_SECONDS="1",
+                   SCALINGRUN_COMPLETION_GRACE_SECONDS="5", PYTHONUNBUFFERED="1", **self.env)
+        args = [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--log-format", "plain",
+                "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
+                "--metrics-port", str(self.metrics_port), *self.extra]
+        for namespace in self.namespaces:
+            args += ["--namespace", namespace]
+        log = open(self.log_path, "ab")
+        self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        wait_for(lambda: self.healthy(), what="operator liveness endpoint", operator=self)
+        return self
+
+    def healthy(self) -> bool:
+        assert self.process and self.process.poll() is None, f"operator exited:\n{self.log_tail()}"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.liveness_port}/healthz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return r.read().decode()
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, no last patches, as when a node dies."""
+        assert self.process
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self, lines: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = TIMEOUT, operator: Optional[Operator] = None,
+             interval: float = 0.3, describe: Optional[Callable[[], Any]] = None) -> Any:
+    """Polls until `check()` is truthy; fails with the last value (or `describe()`) and the operator's log."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(interval)
+    tail = operator.log_tail() if operator else ""
+    if describe:
+        last = describe()
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}; last: {last!r}\n--- operator log ---\n{tail}")
+
+
+class Cluster:
+    """Typed shortcuts over the API for one namespace."""
+
+    def __init__(self, api_client, namespace: str):
+        self.ns = namespace
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    def create_run(self, body: dict) -> dict:
+        return self.custom.create_namespaced_custom_object(models.GROUP, models.VERSION, self.ns, models.PLURAL, body)
+
+    def run(self, name: str) -> dict:
+        return self.custom.get_namespaced_custom_object(models.GROUP, models.VERSION, self.ns, models.PLURAL, name)
+
+    def patch_run(self, name: str, patch: dict) -> dict:
+        return self.custom.patch_namespaced_custom_object(models.GROUP, models.VERSION, self.ns, models.PLURAL,
+                                                          name, patch)
+
+    def delete_run(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(models.GROUP, models.VERSION, self.ns, models.PLURAL, name)
+
+    def status(self, name: str) -> dict:
+        return self.run(name).get("status") or {}
+
+    def condition(self, name: str, type_: str) -> dict:
+        return next((c for c in self.status(name).get("conditions") or [] if c["type"] == type_), {})
+
+    def phase_is(self, name: str, phase: str) -> Callable[[], Any]:
+        return lambda: self.status(name).get("phase") == phase and self.status(name)
+
+    def job(self, name: str) -> Optional[dict]:
+        try:
+            return self.batch.api_client.sanitize_for_serialization(self.batch.read_namespaced_job(name, self.ns))
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def mpijob(self, name: str) -> Optional[dict]:
+        try:
+            return self.custom.get_namespaced_custom_object("kubeflow.org", "v2beta1", self.ns, "mpijobs", name)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def children(self, run: str) -> dict[str, list[str]]:
+        """Names of every object labelled as a child of `run`, by kind."""
+        selector = f"{RUN_LABEL}={run}"
+        return {
+            "ConfigMap": [o.metadata.name for o in self.core.list_namespaced_config_map(
+                self.ns, label_selector=selector).items],
+            "Job": [o.metadata.name for o in self.batch.list_namespaced_job(self.ns, label_selector=selector).items],
+            "MPIJob": [o["metadata"]["name"] for o in self.custom.list_namespaced_custom_object(
+                "kubeflow.org", "v2beta1", self.ns, "mpijobs", label_selector=selector)["items"]],
+        }
+
+    def complete_job(self, name: str, succeeded: int) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.batch.patch_namespaced_job_status(name, self.ns, {"status": {
+            "startTime": now, "completionTime": now, "succeeded": succeeded,
+            "conditions": [{"type": "Complete", "status": "True", "lastProbeTime": now, "lastTransitionTime": now}]}})
+
+    def fail_job(self, name: str, succeeded: int, failed: int, reason: str, message: str) -> None:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.batch.patch_namespaced_job_status(name, self.ns, {"status": {
+            "startTime": now, "succeeded": succeeded, "failed": failed,
+            "conditions": [{"type": "Failed", "status": "True", "reason": reason, "message": message,
+                            "lastProbeTime": now, "lastTransitionTime": now}]}})
+
+    def set_mpijob_condition(self, name: str, type_: str, reason: str, message: str) -> None:
+        """What the mpi-operator would write: Created, Running, then Succeeded or Failed."""
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        conditions = [{"type": "Created", "status": "True", "reason": "MPIJobCreated", "message": "created",
+                       "lastTransitionTime": now, "lastUpdateTime": now}]
+        if type_ != "Created":
+            conditions.append({"type": "Running", "status": "True" if type_ == "Running" else "False",
+                               "reason": "MPIJobRunning", "message": "running",
+                               "lastTransitionTime": now, "lastUpdateTime": now})
+        if type_ in ("Succeeded", "Failed"):
+            conditions.append({"type": type_, "status": "True", "reason": reason, "message": message,
+                               "lastTransitionTime": now, "lastUpdateTime": now})
+        status: dict[str, Any] = {"conditions": conditions, "startTime": now}
+        if type_ in ("Succeeded", "Failed"):
+            status["completionTime"] = now
+        self.custom.patch_namespaced_custom_object_status("kubeflow.org", "v2beta1", self.ns, "mpijobs", name,
+                                                          {"status": status})
+
+    def events(self, name: str) -> list[tuple[str, str, str]]:
+        items = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
+        items.sort(key=lambda e: int(e.metadata.resource_version))  # timestamps have 1 s resolution
+        return [(e.type, e.reason, e.message) for e in items]
+
+    def wait_events(self, name: str, check: Callable[[list], Any], operator: Operator) -> None:
+        """Events are posted just after the status they report: poll for them too."""
+        events: list = []
+
+        def seen() -> bool:
+            events[:] = self.events(name)
+            return bool(check(events))
+
+        wait_for(seen, what=f"events of {name}", timeout=30, operator=operator, describe=lambda: events)
+
+
+class Bucket:
+    """The tests' own S3 client (botocore, like the operator's), to write what Jobs and trainers write."""
+
+    def __init__(self, server):
+        import botocore.session
+        from botocore.config import Config
+
+        self.client = botocore.session.get_session().create_client(
+            "s3", endpoint_url=server.endpoint, region_name="us-east-1", aws_access_key_id=server.access_key,
+            aws_secret_access_key=server.secret_key, config=Config(s3={"addressing_style": "path"}))
+
+    @staticmethod
+    def _split(uri: str) -> tuple[str, str]:
+        bucket, _, key = uri[len("s3://"):].partition("/")
+        return bucket, key
+
+    def put(self, uri: str, data: bytes) -> None:
+        bucket, key = self._split(uri)
+        self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def put_json(self, uri: str, document: dict) -> None:
+        self.put(uri, json.dumps(document).encode())
+
+    def get_json(self, uri: str) -> dict:
+        bucket, key = self._split(uri)
+        return json.loads(self.client.get_object(Bucket=bucket, Key=key)["Body"].read())
+
+
+def new_run(namespace: str, name: str, server, **sections: dict) -> dict:
+    prefix = f"s3://{BUCKET}/{namespace}"
+    spec: dict[str, Any] = {
+        "storage": {"endpoint": server.endpoint, "credentialsSecret": SECRET},
+        "dataset": {"source": f"{prefix}/raw", "output": f"{prefix}/{name}/data", "imageSize": 32,
+                    "preprocessing": {"parallelism": 2}},
+        "training": {"maxEpochs": 5},
+        "workers": {"replicas": 2, "gpusPerWorker": 0},
+    }
+    for section, values in sections.items():
+        spec.setdefault(section, {}).update(values)
+    return {"apiVersion": models.API_VERSION, "kind": models.KIND, "metadata": {"name": name}, "spec": spec}
+
+
+def manifest_for(run: dict, fingerprint: str = "f" * 16, train: int = 40, validation: int = 5,
+                 skipped: int = 1) -> dict:
+    """The manifest the preprocessing would write for `run` (as admitted, defaults filled in),
+    with its parameters from the trainer's own Params: the two packages must agree."""
+    from scalingrun_trainer.preprocess import Params
+
+    d, w = run["spec"]["dataset"], run["spec"]["workers"]
+    params = Params(source=d["source"], output=d["output"], image_size=d["imageSize"],
+                    validation_fraction=d["validationFraction"], sample_fraction=d["sampleFraction"],
+                    seed=d["seed"], max_readers=w["replicas"] * max(w["gpusPerWorker"], 1))
+    return {"fingerprint": fingerprint, "parameters": params.dataset_parameters(), "source": d["source"],
+            "classes": ["a", "b", "c"], "sourceFiles": train + validation + skipped, "shards": 2,
+            "written": {"train": train, "validation": validation}, "skipped": skipped,
+            "skippedFiles": [{"path": "a/broken.jpg", "reason": "cannot identify image file"}][:skipped],
+            "files": {"train": ["train/part-00000-of-00002.parquet"],
+                      "validation": ["validation/part-00000-of-00002.parquet"]}}
+
+
+def progress_uri(run: dict) -> str:
+    return f"{run['spec']['dataset']['output']}/runs/{run['metadata']['name']}/progress.json"
+
+
+def progress(state: str, epoch: int, **extra: Any) -> dict:
+    return {"state": state, "epoch": epoch, "maxEpochs": 5,
+            "metrics": {"loss": 0.5, "accuracy": 0.8, "val_loss": 0.6, "val_accuracy": 0.8125},
+            "bestEpoch": epoch, "bestMetrics": {"val_loss": 0.6, "val_accuracy": 0.8125},
+            "imagesPerSecond": 123.4, "elapsedSeconds": 10.0, "learningRate": 0.002, "effectiveBatchSize": 64,
+            "processes": 2, "modelUri": None, "error": None, **extra}
+
+
+def reach_training(cluster: Cluster, bucket: Bucket, name: str, operator: Operator) -> dict:
+    """Drives a created run through preprocessing (manifest + Job Complete) to Training."""
+    run = cluster.run(name)
+    job = wait_for(lambda: cluster.job(f"{name}-preprocess"), what="the preprocessing Job", operator=operator)
+    bucket.put_json(f"{run['spec']['dataset']['output']}/_manifest.json", manifest_for(run))
+    cluster.complete_job(job["metadata"]["name"], succeeded=2)
+    return wait_for(cluster.phase_is(name, "Training"), what=f"{name} Training", operator=operator)
+
+
+# --- fixtures --------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bucket(s3_server) -> Bucket:
+    b = Bucket(s3_server)
+    try:
+        b.client.create_bucket(Bucket=BUCKET)
+    except b.client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    return b
+
+
+@pytest.fixture(scope="module")
+def operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
+    """One operator for the module, serving the sro-* namespaces (and only those)."""
+    op = Operator(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", [f"{SERVED}-*"], "--standalone")
+    op.start()
+    yield op
+    op.stop()
+
+
+def _namespace(api_client, s3_server, request, prefix: str) -> str:
+    core = client.CoreV1Api(api_client)
+    slug = "".join(ch for ch in request.node.name.lower().replace("_", "-") if ch.isalnum() or ch == "-")
+    name = f"{prefix}-{slug.removeprefix('test-')[:30].strip('-')}-{uuid.uuid4().hex[:5]}"
+    core.create_namespace({"metadata": {"name": name}})
+    core.create_namespaced_secret(name, {"metadata": {"name": SECRET}, "stringData": {
+        "AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}})
+    return name
+
+
+@pytest.fixture
+def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cluster:
+    name = _namespace(api_client, s3_server, request, SERVED)
+    yield Cluster(api_client, name)
+    client.CoreV1Api(api_client).delete_namespace(name)
+
+
+@pytest.fixture
+def peered_cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cluster:
+    name = _namespace(api_client, s3_server, request, PEERED)
+    yield Cluster(api_client, name)
+    client.CoreV1Api(api_client).delete_namespace(name)
+
+
+@pytest.fixture(scope="module")
+def kopf_peering_crd(api_client):
+    """kopf's KopfPeering CRD (kopf.dev/v1): peers write their keep-alives into its status."""
+    ext = client.ApiextensionsV1Api(api_client)
+    crd = {
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "kopfpeerings.kopf.dev"},
+        "spec": {"scope": "Namespaced", "group": "kopf.dev",
+                 "names": {"kind": "KopfPeering", "plural": "kopfpeerings", "singular": "kopfpeering"},
+                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                     "type": "object", "properties": {
+                         "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}}}]},
+    }
+    try:
+        ext.create_custom_resource_definition(crd)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in (
+        ext.read_custom_resource_definition("kopfpeerings.kopf.dev").status.conditions or [])),
+        what="KopfPeering CRD established", timeout=30)
+    return crd
+
+
+@pytest.fixture
+def own_cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cluster:
+    name = _namespace(api_client, s3_server, request, OWN)
+    yield Cluster(api_client, name)
+    client.CoreV1Api(api_client).delete_namespace(name)
+
+
+# --- tests -----------------------------------------------------------------------------------------
+
+
+def _run_kubelets_part(job: dict, config_map: dict, secret: dict[str, str], workdir: Path) -> None:
+    """Runs every index of the Indexed Job as the kubelet would: the container's command with its env
+    (values and secretKeyRefs resolved) and the ConfigMap mounted, here as a file."""
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    config_path = workdir / "config.json"
+    config_path.write_text(config_map["data"]["config.json"])
+    command = [str(config_path) if part == "/etc/scalingrun/config.json" else part for part in container["command"]]
+    assert command[0] == "scalingrun-trainer"
+    command = [sys.executable, "-m", "scalingrun_trainer.cli", *command[1:], "--workers", "1"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    for var in container["env"]:
+        env[var["name"]] = var["value"] if "value" in var else secret[var["valueFrom"]["secretKeyRef"]["key"]]
+    procs = [subprocess.Popen(command, env={**env, "JOB_COMPLETION_INDEX": str(index)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+             for index in range(job["spec"]["completions"])]
+    for proc in procs:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+
+
+def test_happy_path_status_children_progress_and_events(cluster, operator, bucket, s3_server, kubectl, tmp_path):
+    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+
+    body = new_run(cluster.ns, "happy", s3_server)
+    for relative, data in fashion_mnist_jpegs(3):
+        bucket.put(f"{body['spec']['dataset']['source']}/{relative}", data)
+    created = cluster.create_run(body)
+    uid = created["metadata"]["uid"]
+
+    # Pending -> Preprocessing: ConfigMap and Job, owned by the run.
+    wait_for(cluster.phase_is("happy", "Preprocessing"), what="Preprocessing", operator=operator)
+    job = cluster.job("happy-preprocess")
+    config_map = cluster.core.api_client.sanitize_for_serialization(
+        cluster.core.read_namespaced_config_map("happy-config", cluster.ns))
+    for obj in (job, config_map):
+        refs = obj["metadata"]["ownerReferences"]
+        assert [(r["kind"], r["name"], r["uid"], r["controller"]) for r in refs] == [("ScalingRun", "happy", uid, True)]
+    assert cluster.mpijob("happy-train") is None, "no training before the dataset exists"
+
+    # Play the kubelet: the real preprocessing runs the Job's command per index, then the Job completes.
+    _run_kubelets_part(job, config_map, {"AWS_ACCESS_KEY_ID": s3_server.access_key,
+                                         "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}, tmp_path)
+    manifest = bucket.get_json(f"{body['spec']['dataset']['output']}/_manifest.json")
+    cluster.complete_job("happy-preprocess", succeeded=2)
+
+    status = wait_for(cluster.phase_is("happy", "Training"), what="Training", operator=operator)
+    assert status["preprocessing"] == {
+        "jobName": "happy-preprocess", "reused": False, "fingerprint": manifest["fingerprint"],
+        "imagesWritten": manifest["written"]["train"] + manifest["written"]["validation"],
+        "imagesSkipped": 0, "shards": 2, "classes": 10}
+    assert status["preprocessing"]["imagesWritten"] == 30
+    assert cluster.condition("happy", "Preprocessed")["reason"] == "Preprocessed"
+    mpijob = cluster.mpijob("happy-train")
+    assert mpijob["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert status["training"]["mpiJobName"] == "happy-train" and status["training"]["processes"] == 2
+
+    # The trainer reports epoch 2: status and `kubectl get srun` show it.
+    cluster.set_mpijob_condition("happy-train", "Running", "", "")
+    bucket.put_json(progress_uri(created), progress("running", 2))
+    training = wait_for(lambda: (cluster.status("happy").get("training") or {}).get("epoch") == 2
+                        and cluster.status("happy")["training"], what="epoch 2 in status", operator=operator)
+    assert training["metrics"]["val_accuracy"] == 0.8125 and training["imagesPerSecond"] == 123.4
+    assert training["learningRate"] == 0.002 and training["effectiveBatchSize"] == 64
+    assert training["bestEpoch"] == 2 and training["maxEpochs"] == 5
+    row = subprocess.run([*kubectl, "get", "srun", "happy", "-n", cluster.ns, "--no-headers"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert row[:5] == ["happy", "Training", "2", "2", "0.8125"]
+
+    # The trainer finishes, the launcher exits 0.
+    model = f"{body['spec']['dataset']['output']}/runs/happy/model"
+    bucket.put_json(progress_uri(created), progress("succeeded", 4, modelUri=model))
+    cluster.set_mpijob_condition("happy-train", "Succeeded", "MPIJobSucceeded", "MPIJob succeeded")
+    status = wait_for(cluster.phase_is("happy", "Succeeded"), what="Succeeded", operator=operator)
+    assert status["modelUri"] == model and status["completionTime"] and status["startTime"]
+    assert status["training"]["epoch"] == 4
+    assert status["observedGeneration"] == created["metadata"]["generation"]
+    assert cluster.condition("happy", "Trained")["status"] == "True"
+    cluster.wait_events("happy", lambda ev: [r for _, r, _ in ev] == [
+        "Pending", "Preprocessing", "Training", "Succeeded"], operator)
+    assert all(t == "Normal" for t, _, _ in cluster.events("happy"))
+    assert {k: len(v) for k, v in cluster.children("happy").items()} == {"ConfigMap": 1, "Job": 1, "MPIJob": 1}
+
+
+def test_existing_dataset_is_reused_without_a_job(cluster, operator, bucket, s3_server):
+    body = new_run(cluster.ns, "reuse", s3_server)
+    # Admit with dry-run to get the defaulted spec, then publish its dataset before the run exists.
+    admitted = cluster.custom.create_namespaced_custom_object(models.GROUP, models.VERSION, cluster.ns,
+                                                              models.PLURAL, body, dry_run="All")
+    bucket.put_json(f"{body['spec']['dataset']['output']}/_manifest.json", manifest_for(admitted, "reusedfp"))
+    cluster.create_run(body)
+    status = wait_for(cluster.phase_is("reuse", "Training"), what="Training", operator=operator)
+    condition = cluster.condition("reuse", "Preprocessed")
+    assert condition["status"] == "True" and condition["reason"] == "DatasetReused"
+    assert "no preprocessing Job" in condition["message"]
+    assert status["preprocessing"]["reused"] is True and status["preprocessing"]["fingerprint"] == "reusedfp"
+    assert status["preprocessing"]["imagesWritten"] == 45 and status["preprocessing"]["imagesSkipped"] == 1
+    assert cluster.children("reuse") == {"ConfigMap": ["reuse-config"], "Job": [], "MPIJob": ["reuse-train"]}
+    cluster.wait_events("reuse", lambda ev: [r for _, r, _ in ev] == ["Pending", "Training"], operator)
+
+
+def test_other_parameters_mean_preprocessing_again(cluster, operator, bucket, s3_server):
+    body = new_run(cluster.ns, "stale", s3_server)
+    admitted = cluster.custom.create_namespaced_custom_object(models.GROUP, models.VERSION, cluster.ns,
+                                                              models.PLURAL, body, dry_run="All")
+    old = manifest_for(admitted)
+    old["parameters"]["imageSize"] = 64
+    bucket.put_json(f"{body['spec']['dataset']['output']}/_manifest.json", old)
+    cluster.create_run(body)
+    wait_for(cluster.phase_is("stale", "Preprocessing"), what="Preprocessing", operator=operator)
+    assert cluster.job("stale-preprocess") is not None
+    cluster.wait_events("stale", lambda ev: any(r == "PreprocessingAgain" and "imageSize 64 -> 32" in m
+                                                for _, r, m in ev), operator)
+
+
+def test_preprocessing_failure_says_what_and_where(cluster, operator, bucket, s3_server):
+    body = new_run(cluster.ns, "badprep", s3_server)
+    cluster.create_run(body)
+    wait_for(lambda: cluster.job("badprep-preprocess"), what="the Job", operator=operator)
+    # Shard 0 finished (its shard manifest exists), shard 1 kept failing.
+    bucket.put_json(f"{body['spec']['dataset']['output']}/_shards/shard-00000-of-00002.json", {"fingerprint": "x"})
+    cluster.fail_job("badprep-preprocess", succeeded=1, failed=4, reason="BackoffLimitExceeded",
+                     message="Job has reached the specified backoff limit")
+    status = wait_for(cluster.phase_is("badprep", "Failed"), what="Failed", operator=operator)
+    failed = cluster.condition("badprep", "Failed")
+    assert failed["reason"] == "PreprocessingFailed"
+    for part in ("BackoffLimitExceeded: Job has reached the specified backoff limit",
+                 "1 of 2 shards succeeded, 4 pod failures", "1 of 2 shard manifests written",
+                 f"kubectl logs -n {cluster.ns} -l job-name=badprep-preprocess"):
+        assert part in failed["message"]
+    assert cluster.condition("badprep", "Preprocessed")["status"] == "False"
+    assert status["completionTime"]
+    assert cluster.mpijob("badprep-train") is None
+    cluster.wait_events("badprep", lambda ev: ("Warning", "Failed") in [(t, r) for t, r, _ in ev], operator)
+
+
+def test_mpijob_failure_carries_the_launchers_message(cluster, operator, bucket, s3_server):
+    cluster.create_run(new_run(cluster.ns, "badtrain", s3_server))
+    run = cluster.run("badtrain")
+    reach_training(cluster, bucket, "badtrain", operator)
+    bucket.put_json(progress_uri(run), progress("failed", 3, error="ResourceExhausted: OOM when allocating"))
+    cluster.set_mpijob_condition("badtrain-train", "Failed", "MPIJobFailed", "launcher exited 1")
+    wait_for(cluster.phase_is("badtrain", "Failed"), what="Failed", operator=operator)
+    failed = cluster.condition("badtrain", "Failed")
+    assert failed["reason"] == "MPIJobFailed"
+    assert "MPIJobFailed: launcher exited 1" in failed["message"]
+    assert "epoch 3 of 5" in failed["message"] and "OOM when allocating" in failed["message"]
+    assert cluster.condition("badtrain", "Trained")["reason"] == "MPIJobFailed"
+    cluster.wait_events("badtrain", lambda ev: ev and ev[-1][:2] == ("Warning", "Failed")
+                        and "launcher exited 1" in ev[-1][2], operator)
+
+
+def test_invalid_spec_fails_the_run_not_the_operator(cluster, operator, bucket, s3_server):
+    no_secret = new_run(cluster.ns, "nosecret", s3_server)
+    del no_secret["spec"]["storage"]["credentialsSecret"]
+    long_name = new_run(cluster.ns, "a-name-that-is-far-too-long-for-a-scalingrun", s3_server)
+    for body in (no_secret, long_name):
+        cluster.create_run(body)  # both pass the CRD schema
+    cluster.create_run(new_run(cluster.ns, "fine", s3_server))
+
+    wait_for(cluster.phase_is("nosecret", "Failed"), what="nosecret Failed", operator=operator)
+    failed = cluster.condition("nosecret", "Failed")
+    assert failed["reason"] == "InvalidSpec" and "spec.storage.credentialsSecret" in failed["message"]
+    wait_for(cluster.phase_is(long_name["metadata"]["name"], "Failed"), what="long name Failed", operator=operator)
+    failed = cluster.condition(long_name["metadata"]["name"], "Failed")
+    assert failed["reason"] == "InvalidSpec" and "metadata.name" in failed["message"]
+    cluster.wait_events("nosecret", lambda ev: ("Warning", "Failed") in [(t, r) for t, r, _ in ev], operator)
+
+    # The operator keeps serving: the valid run beside them proceeds, and no child exists for the bad ones.
+    wait_for(cluster.phase_is("fine", "Preprocessing"), what="fine Preprocessing", operator=operator)
+    for name in ("nosecret", long_name["metadata"]["name"]):
+        assert cluster.children(name) == {"ConfigMap": [], "Job": [], "MPIJob": []}
+    assert operator.process.poll() is None
+
+    # Fixing the spec gets the run another look.
+    cluster.patch_run("nosecret", {"spec": {"storage": {"credentialsSecret": SECRET}}})
+    wait_for(cluster.phase_is("nosecret", "Preprocessing"), what="nosecret Preprocessing after the fix",
+             operator=operator)
+    assert not cluster.condition("nosecret", "Failed")
+
+
+def test_deleting_the_run_deletes_its_children(cluster, operator, bucket, s3_server):
+    cluster.create_run(new_run(cluster.ns, "gone", s3_server))
+    reach_training(cluster, bucket, "gone", operator)
+    assert {k: len(v) for k, v in cluster.children("gone").items()} == {"ConfigMap": 1, "Job": 1, "MPIJob": 1}
+    cluster.delete_run("gone")
+    wait_for(lambda: cluster.children("gone") == {"ConfigMap": [], "Job": [], "MPIJob": []},
+             what="garbage collection of the children", operator=operator)
+
+
+def test_suspend_and_resume(cluster, operator, bucket, s3_server):
+    cluster.create_run(new_run(cluster.ns, "pause", s3_server))
+    reach_training(cluster, bucket, "pause", operator)
+    assert cluster.mpijob("pause-train")["spec"]["runPolicy"]["suspend"] is False
+
+    cluster.patch_run("pause", {"spec": {"runPolicy": {"suspend": True}}})
+    wait_for(cluster.phase_is("pause", "Suspended"), what="Suspended", operator=operator)
+    assert cluster.mpijob("pause-train")["spec"]["runPolicy"]["suspend"] is True
+    assert cluster.condition("pause", "Suspended")["status"] == "True"
+    assert not cluster.condition("pause", "SpecChangeIgnored"), "suspend is a live field"
+
+    cluster.patch_run("pause", {"spec": {"runPolicy": {"suspend": False}}})
+    wait_for(cluster.phase_is("pause", "Training"), what="Training again", operator=operator)
+    assert cluster.mpijob("pause-train")["spec"]["runPolicy"]["suspend"] is False
+    assert cluster.condition("pause", "Suspended")["reason"] == "Resumed"
+    cluster.wait_events("pause", lambda ev: [r for _, r, _ in ev if r in ("Suspended", "Training")] == [
+        "Training", "Suspended", "Training"], operator)
+
+
+def test_immutable_changes_mid_run_are_recorded_not_applied(cluster, operator, bucket, s3_server):
+    cluster.create_run(new_run(cluster.ns, "fixed", s3_server))
+    wait_for(cluster.phase_is("fixed", "Preprocessing"), what="Preprocessing", operator=operator)
+    original = cluster.run("fixed")
+    cluster.patch_run("fixed", {"spec": {"workers": {"replicas": 3}, "dataset": {"imageSize": 48}}})
+    condition = wait_for(lambda: cluster.condition("fixed", "SpecChangeIgnored"), what="SpecChangeIgnored",
+                         operator=operator)
+    assert condition["status"] == "True"
+    assert "spec.dataset.imageSize" in condition["message"] and "spec.workers.replicas" in condition["message"]
+    cluster.wait_events("fixed", lambda ev: any(t == "Warning" and r == "SpecChangeIgnored" for t, r, _ in ev),
+                        operator)
+
+    # The dataset is judged, and the MPIJob built, with the spec the run started with.
+    bucket.put_json(f"{original['spec']['dataset']['output']}/_manifest.json", manifest_for(original))
+    cluster.complete_job("fixed-preprocess", succeeded=2)
+    wait_for(cluster.phase_is("fixed", "Training"), what="Training", operator=operator)
+    mpijob = cluster.mpijob("fixed-train")
+    assert mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert cluster.status("fixed")["training"]["processes"] == 2
+
+    # Changing it back clears the condition.
+    cluster.patch_run("fixed", {"spec": {"workers": {"replicas": 2}, "dataset": {"imageSize": 32}}})
+    wait_for(lambda: cluster.condition("fixed", "SpecChangeIgnored").get("status") == "False",
+             what="SpecChangeIgnored False", operator=operator)
+
+
+def test_operator_killed_in_every_phase_converges_without_duplicates(own_cluster, kubeconfig, bucket, s3_server,
+                                                                       tmp_path):
+    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.builders import build_config_map
+
+    cluster = own_cluster
+    op = Operator(kubeconfig, tmp_path / "operator.log", [f"{OWN}-*"], "--standalone")
+    try:
+        # Pending: a ConfigMap of the run's name is there already, without an owner (say, left by a
+        # manual `scalingrun render | kubectl apply`): it is adopted, not duplicated.
+        created = cluster.create_run(new_run(cluster.ns, "phoenix", s3_server))
+        config_map = build_config_map(parse_scalingrun({k: created[k] for k in ("apiVersion", "kind", "metadata",
+                                                                               "spec")}), cluster.ns)
+        cluster.core.create_namespaced_config_map(cluster.ns, config_map)
+        op.start()
+        wait_for(cluster.phase_is("phoenix", "Preprocessing"), what="Preprocessing", operator=op)
+
+        # Preprocessing: killed; the Job finishes meanwhile.
+        op.kill()
+        bucket.put_json(f"{created['spec']['dataset']['output']}/_manifest.json", manifest_for(created))
+        cluster.complete_job("phoenix-preprocess", succeeded=2)
+        op.start()
+        wait_for(cluster.phase_is("phoenix", "Training"), what="Training after restart", operator=op)
+        bucket.put_json(progress_uri(created), progress("running", 1))
+        wait_for(lambda: (cluster.status("phoenix").get("training") or {}).get("epoch") == 1,
+                 what="epoch 1", operator=op)
+
+        # Training: killed; the trainer finishes meanwhile.
+        op.kill()
+        bucket.put_json(progress_uri(created), progress("succeeded", 3, modelUri="s3://x/model"))
+        cluster.set_mpijob_condition("phoenix-train", "Succeeded", "MPIJobSucceeded", "done")
+        op.start()
+        status = wait_for(cluster.phase_is("phoenix", "Succeeded"), what="Succeeded after restart", operator=op)
+        assert status["training"]["epoch"] == 3 and status["modelUri"] == "s3://x/model"
+        assert cluster.children("phoenix") == {"ConfigMap": ["phoenix-config"], "Job": ["phoenix-preprocess"],
+                                               "MPIJob": ["phoenix-train"]}
+        uid = created["metadata"]["uid"]
+        cm = cluster.core.read_namespaced_config_map("phoenix-config", cluster.ns)
+        assert [r.uid for r in cm.metadata.owner_references] == [uid]
+        cluster.wait_events("phoenix", lambda ev: [r for _, r, _ in ev] == [
+            "Pending", "Preprocessing", "Training", "Succeeded"], op)
+    finally:
+        op.stop()
+
+
+def test_liveness_and_metrics(cluster, operator, bucket, s3_server):
+    cluster.create_run(new_run(cluster.ns, "counted", s3_server))
+    wait_for(lambda: cluster.job("counted-preprocess"), what="the Job", operator=operator)
+    assert operator.healthy()
+
+    def preprocessing_runs() -> float:
+        lines = [line for line in operator.metrics().splitlines()
+                 if line.startswith('scalingrun_runs{phase="Preprocessing"}')]
+        return float(lines[0].split()[-1]) if lines else 0.0
+
+    wait_for(lambda: preprocessing_runs() >= 1, what="the runs gauge to count the Preprocessing run",
+             operator=operator)
+    text = operator.metrics()
+    assert 'scalingrun_child_create_seconds_count{kind="Job"}' in text
+    assert "scalingrun_reconcile_errors_total" in text
+
+
+def test_two_peered_replicas_only_one_acts_and_the_other_takes_over(peered_cluster, kubeconfig, kopf_peering_crd,
+                                                                     bucket, s3_server, tmp_path):
+    cluster = peered_cluster
+    cluster.custom.create_namespaced_custom_object("kopf.dev", "v1", cluster.ns, "kopfpeerings", {
+        "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "scalingrun"}})
+    env = {"SCALINGRUN_PEERING_LIFETIME_SECONDS": "8"}
+    active = Operator(kubeconfig, tmp_path / "active.log", [f"{PEERED}-*"], "--peering", "scalingrun",
+                      "--priority", "100", env=env)
+    standby = Operator(kubeconfig, tmp_path / "standby.log", [f"{PEERED}-*"], "--peering", "scalingrun",
+                       "--priority", "50", env=env)
+    try:
+        active.start()
+        standby.start()
+        # Both replicas announce themselves in the peering object; the lower priority stays paused.
+        wait_for(lambda: len(cluster.custom.get_namespaced_custom_object(
+            "kopf.dev", "v1", cluster.ns, "kopfpeerings", "scalingrun").get("status") or {}) == 2,
+            what="two peers in the KopfPeering", operator=standby)
+        cluster.create_run(new_run(cluster.ns, "duo", s3_server))
+        wait_for(cluster.phase_is("duo", "Preprocessing"), what="Preprocessing", operator=active)
+        assert "created Job" in active.log_tail(400) and "created" not in standby.log_tail(400)
+        assert cluster.children("duo")["Job"] == ["duo-preprocess"]
+
+        # The active replica dies; once its keep-alive expires the standby carries the run on.
+        active.kill()
+        run = cluster.run("duo")
+        bucket.put_json(f"{run['spec']['dataset']['output']}/_manifest.json", manifest_for(run))
+        cluster.complete_job("duo-preprocess", succeeded=2)
+        wait_for(cluster.phase_is("duo", "Training"), what="Training by the standby", operator=standby)
+        assert "created MPIJob" in standby.log_tail(400)
+        assert cluster.children("duo") == {"ConfigMap": ["duo-config"], "Job": ["duo-preprocess"],
+                                           "MPIJob": ["duo-train"]}
+    finally:
+        active.stop()
+        standby.stop()
+
+
+def test_unreadable_storage_is_a_condition_until_fixed_and_keys_never_leak(cluster, operator, bucket, s3_server,
+                                                                          api_client):
+    body = new_run(cluster.ns, "nokeys", s3_server)
+    body["spec"]["storage"]["credentialsSecret"] = "missing-creds"
+    cluster.create_run(body)
+    condition = wait_for(lambda: cluster.condition("nokeys", "StorageReadable"), what="StorageReadable",
+                         operator=operator)
+    assert condition["status"] == "False"
+    assert f"Secret {cluster.ns}/missing-creds (spec.storage.credentialsSecret) not found" in condition["message"]
+    assert cluster.status("nokeys")["phase"] == "Pending"
+    assert cluster.children("nokeys")["Job"] == []
+    cluster.wait_events("nokeys", lambda ev: ("Warning", "StorageUnreadable") in [(t, r) for t, r, _ in ev],
+                        operator)
+
+    # Creating the Secret is enough: the next poll reads the store and starts preprocessing.
+    cluster.core.create_namespaced_secret(cluster.ns, {"metadata": {"name": "missing-creds"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}})
+    wait_for(cluster.phase_is("nokeys", "Preprocessing"), what="Preprocessing once the Secret exists",
+             operator=operator)
+    assert cluster.condition("nokeys", "StorageReadable")["status"] == "True"
+
+    # The keys appear nowhere the operator writes: status, events, its log.
+    written = json.dumps(cluster.run("nokeys")) + json.dumps(cluster.events("nokeys")) + operator.log_tail(100000)
+    assert s3_server.secret_key not in written and s3_server.access_key not in written

@@ -1,0 +1,237 @@
+"""The operator's pure decisions: conditions and phases, pinned spec, dataset reuse, Job/MPIJob states,
+progress mirroring, and the messages a user reads. No cluster, no storage."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+
+import pytest
+
+from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.handlers import dataset, spec as pinning, training
+from scalingrun_operator.status import StatusUpdate, may_revalidate, set_condition
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
+T1 = T0 + dt.timedelta(minutes=5)
+
+DOC = {
+    "apiVersion": "scalingrun.dev/v1alpha1",
+    "kind": "ScalingRun",
+    "metadata": {"name": "demo", "namespace": "ml"},
+    "spec": {
+        "storage": {"credentialsSecret": "creds"},
+        "dataset": {"source": "s3://data/raw", "output": "s3://data/parquet", "imageSize": 96,
+                    "validationFraction": 0.2, "sampleFraction": 0.5, "seed": 7,
+                    "preprocessing": {"parallelism": 4}},
+        "workers": {"replicas": 3, "gpusPerWorker": 2},
+    },
+}
+
+
+def make_run(**dataset_overrides):
+    doc = copy.deepcopy(DOC)
+    doc["spec"]["dataset"].update(dataset_overrides)
+    return parse_scalingrun(doc)
+
+
+# --- conditions and phases ---------------------------------------------------------------------------
+
+
+def test_condition_keeps_transition_time_and_position_while_status_is_unchanged():
+    conditions = set_condition([], "Preprocessed", "Unknown", "Running", "0 of 4", 1, T0)
+    conditions = set_condition(conditions, "Trained", "Unknown", "Waiting", "", 1, T0)
+    again = set_condition(conditions, "Preprocessed", "Unknown", "Running", "2 of 4", 1, T1)
+    assert [c["type"] for c in again] == ["Preprocessed", "Trained"]
+    assert again[0]["lastTransitionTime"] == "2026-01-01T12:00:00Z" and again[0]["message"] == "2 of 4"
+    done = set_condition(again, "Preprocessed", "True", "Preprocessed", "ok", 2, T1)
+    assert done[0]["lastTransitionTime"] == "2026-01-01T12:05:00Z" and done[0]["observedGeneration"] == 2
+
+
+def test_unchanged_status_gives_no_patch():
+    update = StatusUpdate({}, generation=1, moment=T0)
+    update.set_phase("Pending")
+    update.condition("Preprocessed", "Unknown", "Running", "x")
+    written = update.patch()
+    again = StatusUpdate(written, generation=1, moment=T1)
+    again.set_phase("Pending")
+    again.condition("Preprocessed", "Unknown", "Running", "x")
+    assert again.patch() is None and again.events == []
+
+
+def test_each_phase_change_is_one_event_and_failure_is_a_warning():
+    update = StatusUpdate({}, generation=3, moment=T0)
+    update.set_phase("Pending")
+    update.set_phase("Pending")
+    update.set_phase("Preprocessing", "Job demo-preprocess")
+    update.fail("PreprocessingFailed", "2 of 4 shards failed")
+    assert [(e.type, e.reason) for e in update.events] == [
+        ("Normal", "Pending"), ("Normal", "Preprocessing"), ("Warning", "Failed")]
+    assert update.events[-1].message == "Preprocessing -> Failed: PreprocessingFailed: 2 of 4 shards failed"
+    patch = update.patch()
+    assert patch["phase"] == "Failed" and patch["completionTime"] == "2026-01-01T12:00:00Z"
+    assert patch["observedGeneration"] == 3
+    failed = [c for c in patch["conditions"] if c["type"] == "Failed"][0]
+    assert (failed["status"], failed["reason"]) == ("True", "PreprocessingFailed")
+
+
+def test_only_an_invalid_spec_failure_is_looked_at_again_and_only_after_an_edit():
+    invalid = {"phase": "Failed", "observedGeneration": 1,
+               "conditions": [{"type": "Failed", "status": "True", "reason": "InvalidSpec"}]}
+    assert not may_revalidate(invalid, 1)
+    assert may_revalidate(invalid, 2)
+    training_failed = copy.deepcopy(invalid)
+    training_failed["conditions"][0]["reason"] = "MPIJobFailed"
+    assert not may_revalidate(training_failed, 2)
+
+
+# --- pinned spec -------------------------------------------------------------------------------------
+
+
+def test_pinned_spec_ignores_changes_but_not_suspend():
+    started = {"dataset": {"source": "s3://a/raw", "imageSize": 96}, "workers": {"replicas": 2},
+               "runPolicy": {"suspend": False, "backoffLimit": 3}}
+    pinned = pinning.pin(started)
+    edited = copy.deepcopy(started)
+    edited["workers"]["replicas"] = 4
+    edited["dataset"]["imageSize"] = 128
+    edited["runPolicy"]["suspend"] = True
+    effective = pinning.effective_spec(edited, pinned)
+    assert effective["workers"]["replicas"] == 2 and effective["dataset"]["imageSize"] == 96
+    assert effective["runPolicy"] == {"suspend": True, "backoffLimit": 3}
+    assert pinning.ignored_changes(edited, pinned) == ["spec.dataset.imageSize", "spec.workers.replicas"]
+    only_suspend = copy.deepcopy(started)
+    only_suspend["runPolicy"]["suspend"] = True
+    assert pinning.ignored_changes(only_suspend, pinned) == []
+    assert "spec.workers.replicas" in pinning.ignored_message(["spec.workers.replicas"])
+
+
+def test_without_a_pin_the_current_spec_is_used():
+    spec = {"workers": {"replicas": 2}}
+    assert pinning.effective_spec(spec, None) == spec
+    assert pinning.effective_spec(spec, "not json") == spec
+    assert pinning.ignored_changes(spec, None) == []
+
+
+# --- dataset -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overrides,workers", [
+    ({}, (3, 2)),
+    ({"imageSize": 299, "validationFraction": 0.1, "sampleFraction": 1.0, "seed": 42}, (1, 0)),
+    ({"imageSize": 32, "validationFraction": 0.05, "sampleFraction": 0.01, "seed": 0}, (8, 1)),
+])
+def test_dataset_parameters_equal_the_trainers(overrides, workers):
+    """The reuse check compares with what the trainer's preprocessing writes: the two must agree."""
+    from scalingrun_trainer.preprocess import Params
+
+    doc = copy.deepcopy(DOC)
+    doc["spec"]["dataset"].update(overrides)
+    doc["spec"]["workers"].update(replicas=workers[0], gpusPerWorker=workers[1])
+    run = parse_scalingrun(doc)
+    d = run.spec.dataset
+    params = Params(source=d.source, output=d.output, image_size=d.image_size,
+                    validation_fraction=d.validation_fraction, sample_fraction=d.sample_fraction, seed=d.seed,
+                    max_readers=workers[0] * max(workers[1], 1))
+    assert dataset.dataset_parameters(run) == params.dataset_parameters()
+
+
+def manifest(run, **changes):
+    out = {"fingerprint": "abc", "parameters": dataset.dataset_parameters(run), "source": run.spec.dataset.source,
+           "classes": ["cat", "dog"], "shards": 4, "written": {"train": 90, "validation": 10}, "skipped": 3}
+    out.update(changes)
+    return out
+
+
+def test_dataset_present_needs_same_source_and_parameters():
+    run = make_run()
+    assert dataset.dataset_present(run, manifest(run))
+    assert not dataset.dataset_present(run, None)
+    assert not dataset.dataset_present(run, manifest(run, source="s3://data/other"))
+    other = dataset.dataset_parameters(make_run(imageSize=128))
+    assert not dataset.dataset_present(run, manifest(run, parameters=other))
+    assert "imageSize 128 -> 96" in dataset.mismatch(run, manifest(run, parameters=other))
+    assert "s3://data/other" in dataset.mismatch(run, manifest(run, source="s3://data/other"))
+    assert dataset.mismatch(run, manifest(run)) == ""
+
+
+def test_preprocessing_status_from_manifest():
+    run = make_run()
+    assert dataset.preprocessing_status(manifest(run), "demo-preprocess", reused=False) == {
+        "jobName": "demo-preprocess", "reused": False, "fingerprint": "abc", "imagesWritten": 100,
+        "imagesSkipped": 3, "shards": 4, "classes": 2}
+    assert "jobName" not in dataset.preprocessing_status(manifest(run), None, reused=True)
+
+
+def test_job_state_from_conditions():
+    assert dataset.job_state({"spec": {"completions": 4}, "status": {"succeeded": 1}}) == dataset.JobState(
+        "Running", succeeded=1, completions=4)
+    failed = dataset.job_state({"spec": {"completions": 4}, "status": {"succeeded": 3, "failed": 9, "conditions": [
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "limit",
+         "lastTransitionTime": "2026-01-01T12:00:00Z"}]}})
+    assert (failed.state, failed.reason, failed.failed, failed.finished_at) == ("Failed", "BackoffLimitExceeded", 9, T0)
+    complete = dataset.job_state({"status": {"completionTime": "2026-01-01T12:05:00Z", "conditions": [
+        {"type": "Complete", "status": "True"}]}})
+    assert complete.state == "Complete" and complete.finished_at == T1
+
+
+def test_preprocessing_failure_message_is_actionable():
+    run = make_run()
+    state = dataset.JobState("Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit",
+                             succeeded=3, failed=9, completions=4)
+    done = dataset.shard_progress(["shard-00000-of-00004.json", "shard-00001-of-00004.json",
+                                   "shard-00002-of-00004.json", "shard-00000-of-00002.json"], 4)
+    assert done == 3
+    message = dataset.preprocessing_failure_message(run, "ml", "demo-preprocess", state, done)
+    assert "Job demo-preprocess failed (BackoffLimitExceeded: Job has reached the specified backoff limit)" in message
+    assert "3 of 4 shards succeeded, 9 pod failures" in message
+    assert "3 of 4 shard manifests written under s3://data/parquet/_shards" in message
+    assert "kubectl logs -n ml -l job-name=demo-preprocess" in message
+    assert "shard manifests" not in dataset.preprocessing_failure_message(run, "ml", "j", state, None)
+
+
+# --- training ----------------------------------------------------------------------------------------
+
+
+def test_mpijob_state_finished_condition_wins():
+    def mpijob(*conditions, suspend=False):
+        return {"spec": {"runPolicy": {"suspend": suspend}}, "status": {"conditions": [
+            {"type": t, "status": s, "reason": r, "message": m} for t, s, r, m in conditions]}}
+
+    assert training.mpijob_state({}).state == "Pending"
+    assert training.mpijob_state(mpijob(("Created", "True", "", ""), ("Running", "True", "", ""))).state == "Running"
+    failed = training.mpijob_state(mpijob(("Running", "False", "", ""), ("Failed", "True", "MPIJobFailed", "exit 1")))
+    assert (failed.state, failed.reason, failed.message, failed.finished) == ("Failed", "MPIJobFailed", "exit 1", True)
+    suspended = training.mpijob_state(mpijob(("Created", "True", "", ""), suspend=True))
+    assert suspended.suspended and training.suspend_patch(True, suspended) is None
+    assert training.suspend_patch(False, suspended) == {"spec": {"runPolicy": {"suspend": False}}}
+    assert training.suspend_patch(True, failed) is None, "a finished MPIJob is left alone"
+
+
+def test_training_status_mirrors_progress_and_drops_junk():
+    progress = {"state": "running", "epoch": 2, "maxEpochs": 10, "metrics": {"loss": 0.4, "val_accuracy": 0.9,
+                                                                         "note": "text"},
+                "bestEpoch": None, "bestMetrics": {"val_accuracy": 0.9}, "imagesPerSecond": 512.5,
+                "elapsedSeconds": 60.0, "learningRate": float("nan"), "effectiveBatchSize": 256, "processes": 8,
+                "modelUri": None, "error": None}
+    assert training.training_status(progress) == {
+        "epoch": 2, "maxEpochs": 10, "imagesPerSecond": 512.5, "effectiveBatchSize": 256, "processes": 8,
+        "metrics": {"loss": 0.4, "val_accuracy": 0.9}, "bestMetrics": {"val_accuracy": 0.9}}
+    assert training.training_status(None) == {}
+    assert training.model_uri({"modelUri": "s3://m/model"}) == "s3://m/model"
+    assert training.model_uri({"modelUri": None}) is None
+
+
+def test_progress_uri_follows_run_location():
+    run = make_run()
+    assert training.progress_uri(run) == "s3://data/parquet/runs/demo/progress.json"
+
+
+def test_mpijob_failure_message_has_cause_progress_and_next_step():
+    state = training.MPIJobState("Failed", "MPIJobFailed", "launcher exited 1")
+    message = training.mpijob_failure_message("ml", "demo-train", state, {
+        "epoch": 3, "maxEpochs": 10, "error": "ResourceExhausted: OOM"})
+    assert "MPIJob demo-train failed (MPIJobFailed: launcher exited 1)" in message
+    assert "epoch 3 of 10" in message and "ResourceExhausted: OOM" in message
+    assert "kubectl logs -n ml" in message
+    assert "no epoch finished" in training.mpijob_failure_message("ml", "x", state, None)
