@@ -1,0 +1,162 @@
+"""Deploying on a real API server: `kubectl apply -k` of manifests/, the chart's RBAC checked with
+`kubectl auth can-i` as its ServiceAccount, and the operator running with only that ServiceAccount."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests.conftest import require
+
+pytestmark = pytest.mark.k8s
+ROOT = Path(__file__).resolve().parents[2]
+SYSTEM = "scalingrun-system"
+SERVICE_ACCOUNT = f"system:serviceaccount:{SYSTEM}:scalingrun"
+
+# What the operator does (see charts/scalingrun/templates/_helpers.tpl) ...
+ALLOWED = [
+    ("get", "scalingruns.scalingrun.dev"), ("watch", "scalingruns.scalingrun.dev"),
+    ("patch", "scalingruns.scalingrun.dev"), ("patch", "scalingruns.scalingrun.dev", "status"),
+    ("create", "configmaps"), ("create", "jobs.batch"), ("watch", "jobs.batch"), ("create", "mpijobs.kubeflow.org"),
+    ("patch", "mpijobs.kubeflow.org"), ("get", "secrets"), ("create", "events"),
+    ("patch", "clusterkopfpeerings.kopf.dev"), ("list", "namespaces"),
+    ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+]
+# ... and what it must not be able to do.
+DENIED = [
+    ("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("delete", "secrets"), ("create", "pods"),
+    ("delete", "jobs.batch"), ("delete", "mpijobs.kubeflow.org"), ("delete", "scalingruns.scalingrun.dev"),
+    ("create", "scalingruns.scalingrun.dev"), ("update", "configmaps"), ("create", "deployments.apps"),
+    ("create", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
+    ("create", "pods/exec"), ("patch", "nodes"),
+]
+
+
+@pytest.fixture(scope="module")
+def tools_kubectl(kubeconfig) -> list[str]:
+    result = subprocess.run(["bash", str(ROOT / "scripts/tools.sh")], capture_output=True, text=True)
+    require(result.returncode == 0, f"kubectl 1.33 not available: {result.stderr[-500:]}")
+    return [str(Path(result.stdout.strip()) / "kubectl"), "--kubeconfig", kubeconfig]
+
+
+@pytest.fixture(scope="module")
+def installed(tools_kubectl, mpijob_crd, scalingrun_crd):
+    """manifests/crd, then manifests/base, the way the README says."""
+    for folder in ("manifests/crd", "manifests/base"):
+        result = subprocess.run([*tools_kubectl, "apply", "-k", str(ROOT / folder)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+    return tools_kubectl
+
+
+def can_i(kubectl: list[str], verb: str, resource: str, subresource: str | None = None,
+          namespace: str = "default") -> bool:
+    args = [*kubectl, "auth", "can-i", verb, resource, "--as", SERVICE_ACCOUNT, "-n", namespace]
+    if subresource:
+        args += ["--subresource", subresource]
+    return subprocess.run(args, capture_output=True, text=True).stdout.strip() == "yes"
+
+
+def test_apply_k_installs_the_operator_and_accepts_example_runs(installed, api_client, namespace):
+    apps = client.AppsV1Api(api_client)
+    deployment = apps.read_namespaced_deployment("scalingrun", SYSTEM)
+    assert deployment.spec.template.spec.service_account_name == "scalingrun"
+    custom = client.CustomObjectsApi(api_client)
+    assert custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", "scalingrun")
+    for example in sorted((ROOT / "examples").glob("*.yaml")):
+        result = subprocess.run([*installed, "create", "-n", namespace, "-f", str(example)], capture_output=True,
+                                text=True)
+        assert result.returncode == 0, result.stderr
+    names = subprocess.run([*installed, "get", "srun", "-n", namespace, "-o", "name"], capture_output=True,
+                           text=True).stdout.split()
+    assert len(names) == len(list((ROOT / "examples").glob("*.yaml")))
+
+
+@pytest.mark.parametrize("check", ALLOWED, ids=lambda c: " ".join(c))
+def test_service_account_may_do_what_the_operator_does(installed, check):
+    assert can_i(installed, *check)
+
+
+@pytest.mark.parametrize("check", DENIED, ids=lambda c: " ".join(c))
+def test_service_account_may_do_nothing_more(installed, check):
+    assert not can_i(installed, *check)
+
+
+def test_users_get_edit_and_view_through_aggregation(installed, api_client):
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    edit = rbac.read_cluster_role("scalingrun-edit")
+    assert edit.metadata.labels["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    view = rbac.read_cluster_role("scalingrun-view")
+    assert set(view.rules[0].verbs) == {"get", "list", "watch"}
+
+
+def _service_account_kubeconfig(api_client, admin_kubeconfig: str, path: Path) -> Path:
+    core = client.CoreV1Api(api_client)
+    deadline = time.monotonic() + 60
+    token = None
+    while token is None and time.monotonic() < deadline:
+        account = core.read_namespaced_service_account("scalingrun", SYSTEM)
+        for ref in account.secrets or []:
+            secret = core.read_namespaced_secret(ref.name, SYSTEM)
+            if secret.type == "kubernetes.io/service-account-token" and (secret.data or {}).get("token"):
+                token = base64.b64decode(secret.data["token"]).decode()
+        if token is None:
+            time.sleep(0.5)
+    assert token, "the token controller did not issue a token for the chart's ServiceAccount"
+    admin = yaml.safe_load(Path(admin_kubeconfig).read_text())
+    admin["users"] = [{"name": "scalingrun", "user": {"token": token}}]
+    admin["contexts"] = [{"name": "sa", "context": {"cluster": admin["clusters"][0]["name"], "user": "scalingrun"}}]
+    admin["current-context"] = "sa"
+    path.write_text(yaml.safe_dump(admin))
+    return path
+
+
+def test_operator_works_with_only_the_chart_service_account(installed, api_client, kubeconfig, namespace, tmp_path):
+    sa_kubeconfig = _service_account_kubeconfig(api_client, kubeconfig, tmp_path / "sa.kubeconfig")
+    log = open(tmp_path / "operator.log", "w")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    operator = subprocess.Popen(
+        [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--all-namespaces", "--peering", "scalingrun",
+         "--liveness", "", "--metrics-port", "0", "--log-format", "plain"],
+        stdout=log, stderr=subprocess.STDOUT, env={**env, "KUBECONFIG": str(sa_kubeconfig),
+                                                   "SCALINGRUN_POLL_INTERVAL_SECONDS": "2"},
+        start_new_session=True)
+    custom = client.CustomObjectsApi(api_client)
+    try:
+        run = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "rbac-check"},
+               "spec": {"dataset": {"source": str(tmp_path / "jpeg"), "output": str(tmp_path / "parquet")}}}
+        custom.create_namespaced_custom_object("scalingrun.dev", "v1alpha1", namespace, "scalingruns", run)
+        batch = client.BatchV1Api(api_client)
+        deadline = time.monotonic() + 120
+        phase = None
+        while time.monotonic() < deadline:
+            status = custom.get_namespaced_custom_object("scalingrun.dev", "v1alpha1", namespace, "scalingruns",
+                                                         "rbac-check").get("status") or {}
+            phase = status.get("phase")
+            jobs = batch.list_namespaced_job(namespace).items
+            if phase == "Preprocessing" and jobs:
+                break
+            assert operator.poll() is None, (tmp_path / "operator.log").read_text()[-3000:]
+            time.sleep(1)
+        assert phase == "Preprocessing", (tmp_path / "operator.log").read_text()[-3000:]
+        assert [j.metadata.name for j in jobs] == ["rbac-check-preprocess"]
+        assert client.CoreV1Api(api_client).read_namespaced_config_map("rbac-check-config", namespace)
+        text = (tmp_path / "operator.log").read_text()
+        # An RBAC denial names the user; other 403s (e.g. a namespace being deleted) do not.
+        assert f'forbidden: User "{SERVICE_ACCOUNT}"' not in text, text[-3000:]
+    finally:
+        os.killpg(operator.pid, signal.SIGTERM)
+        try:
+            operator.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(operator.pid, signal.SIGKILL)
+            operator.wait()
+        log.close()
