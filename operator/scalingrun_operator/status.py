@@ -21,6 +21,10 @@ PREPROCESSED = "Preprocessed"
 TRAINED = "Trained"
 SUSPENDED = "Suspended"
 FAILED = "Failed"
+# kstatus (Flux, kubectl wait) conventions: Ready says whether the run is done and good, Stalled that
+# it will not get there by itself.
+READY = "Ready"
+STALLED = "Stalled"
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 STORAGE_READABLE = "StorageReadable"
 
@@ -116,6 +120,10 @@ class StatusUpdate:
             self.desired.setdefault("completionTime", rfc3339(self.moment))
         if phase != Phase.pending.value:
             self.desired.setdefault("startTime", rfc3339(self.moment))
+        self.condition(READY, "True" if phase == Phase.succeeded.value else "False", phase,
+                       message or f"phase {phase}")
+        if phase == Phase.failed.value:
+            self.condition(STALLED, "True", phase, message or "the run failed")
         kind, reason = _PHASE_EVENTS[phase]
         text = f"{previous or 'New'} -> {phase}" + (f": {message}" if message else "")
         self.events.append(Event(kind, reason, text))

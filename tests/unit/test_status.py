@@ -235,3 +235,20 @@ def test_mpijob_failure_message_has_cause_progress_and_next_step():
     assert "epoch 3 of 10" in message and "ResourceExhausted: OOM" in message
     assert "kubectl logs -n ml" in message
     assert "no epoch finished" in training.mpijob_failure_message("ml", "x", state, None)
+
+
+def test_ready_and_stalled_follow_the_phase_for_kstatus():
+    from scalingrun_operator.status import StatusUpdate, get_condition
+
+    update = StatusUpdate({}, generation=1)
+    update.set_phase("Training", "MPIJob x")
+    assert get_condition(update.desired["conditions"], "Ready")["status"] == "False"
+    update.set_phase("Succeeded", "done")
+    ready = get_condition(update.desired["conditions"], "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "Succeeded")
+    assert get_condition(update.desired["conditions"], "Stalled") is None
+    failed = StatusUpdate({}, generation=1)
+    failed.fail("MPIJobFailed", "launcher exited 1")
+    assert get_condition(failed.desired["conditions"], "Ready")["status"] == "False"
+    stalled = get_condition(failed.desired["conditions"], "Stalled")
+    assert stalled["status"] == "True" and "launcher exited 1" in stalled["message"]

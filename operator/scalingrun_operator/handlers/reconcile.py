@@ -205,7 +205,11 @@ class _Pass:
             job = self._ensure(build_preprocess_job(run, self.namespace))
             note = dataset.mismatch(run, manifest)
             if note:
-                self.update.events.append(_normal("PreprocessingAgain", f"{dataset.manifest_uri(run)}: {note}"))
+                # Posted now, not with the status patch: if that patch conflicts, the retry finds the Job
+                # already there and would never say why it was created.
+                message = f"{dataset.manifest_uri(run)}: {note}"
+                self.kube.post_event(self.body, "Normal", "PreprocessingAgain", message)
+                log.info("%s/%s: PreprocessingAgain %s", self.namespace, self.name, message)
         state = dataset.job_state(job)
         self.update.desired["preprocessing"] = {
             **(self.update.desired.get("preprocessing") or {}), "jobName": job_name, "reused": False,
@@ -262,8 +266,9 @@ class _Pass:
         patch = training.suspend_patch(wanted_suspend, state)
         if patch:
             self.kube.patch_mpijob(self.namespace, name, patch)
-            self.update.events.append(_normal("Suspending" if wanted_suspend else "Resuming",
-                                              f"MPIJob {name}: spec.runPolicy.suspend={str(wanted_suspend).lower()}"))
+            # Posted with the change itself (a conflicting status patch must not lose it; see above).
+            self.kube.post_event(self.body, "Normal", "Suspending" if wanted_suspend else "Resuming",
+                                 f"MPIJob {name}: spec.runPolicy.suspend={str(wanted_suspend).lower()}")
         _, progress = self._read(run, training.progress_uri(run))
         current = self.update.desired.get("training") or {}
         self.update.desired["training"] = {**current, **training.base_training_status(run, name),
