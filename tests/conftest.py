@@ -82,33 +82,39 @@ def api_client(kubeconfig):
     return config.new_client_from_config(config_file=kubeconfig)
 
 
-@pytest.fixture(scope="session")
-def scalingrun_crd(api_client):
-    """The generated CRD, installed once per session and established."""
+def install_crd(api_client, crd: dict, *, replace: bool = False) -> dict:
+    """Creates a CRD (or, with replace, updates an existing one) and waits until it is established."""
     import time
 
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    from scalingrun_operator.api.crd import build_crd
-
     ext = client.ApiextensionsV1Api(api_client)
-    crd = build_crd()
+    name = crd["metadata"]["name"]
     try:
         ext.create_custom_resource_definition(crd)
     except ApiException as exc:
         if exc.status != 409:
             raise
-        existing = ext.read_custom_resource_definition(crd["metadata"]["name"])
-        crd["metadata"]["resourceVersion"] = existing.metadata.resource_version
-        ext.replace_custom_resource_definition(crd["metadata"]["name"], crd)
+        if replace:
+            crd = {**crd, "metadata": {**crd["metadata"],
+                                       "resourceVersion": ext.read_custom_resource_definition(name).metadata.resource_version}}
+            ext.replace_custom_resource_definition(name, crd)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        status = ext.read_custom_resource_definition(crd["metadata"]["name"]).status
+        status = ext.read_custom_resource_definition(name).status
         if any(c.type == "Established" and c.status == "True" for c in (status.conditions or [])):
             return crd
         time.sleep(0.2)
-    pytest.fail("ScalingRun CRD not established within 30 s")
+    pytest.fail(f"CRD {name} not established within 30 s")
+
+
+@pytest.fixture(scope="session")
+def scalingrun_crd(api_client):
+    """The generated CRD, installed once per session (replacing an older one) and established."""
+    from scalingrun_operator.api.crd import build_crd
+
+    return install_crd(api_client, build_crd(), replace=True)
 
 
 @pytest.fixture
@@ -149,25 +155,17 @@ def s3_server(tmp_path_factory):
 def mpijob_crd(api_client):
     """The kubeflow MPIJob v2beta1 CRD (mpi-operator v0.8.2), created through the API: it is too large
     for client-side apply. Only the CRD: the mpi-operator itself does not run, tests play its part."""
-    import time
-
     import yaml
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
 
     path = Path(os.environ.get("SCALINGRUN_MPIJOB_CRD", ROOT.parent / "shared/crds/kubeflow.org_mpijobs.yaml"))
     require(path.exists(), f"MPIJob CRD {path} not found (set SCALINGRUN_MPIJOB_CRD)")
-    crd = yaml.safe_load(path.read_text())
-    ext = client.ApiextensionsV1Api(api_client)
-    try:
-        ext.create_custom_resource_definition(crd)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        status = ext.read_custom_resource_definition(crd["metadata"]["name"]).status
-        if any(c.type == "Established" and c.status == "True" for c in (status.conditions or [])):
-            return crd
-        time.sleep(0.2)
-    pytest.fail("MPIJob CRD not established within 30 s")
+    return install_crd(api_client, yaml.safe_load(path.read_text()))
+
+
+@pytest.fixture(scope="session")
+def kopf_peering_crds(api_client) -> list[dict]:
+    """kopf's peering CRDs as the chart and manifests/crd ship them."""
+    import yaml
+
+    documents = yaml.safe_load_all((ROOT / "manifests/crd/kopf.dev_peerings.yaml").read_text())
+    return [install_crd(api_client, crd) for crd in documents if crd]

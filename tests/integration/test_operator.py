@@ -353,30 +353,6 @@ def peered_cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -
     client.CoreV1Api(api_client).delete_namespace(name)
 
 
-@pytest.fixture(scope="module")
-def kopf_peering_crd(api_client):
-    """kopf's KopfPeering CRD (kopf.dev/v1): peers write their keep-alives into its status."""
-    ext = client.ApiextensionsV1Api(api_client)
-    crd = {
-        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-        "metadata": {"name": "kopfpeerings.kopf.dev"},
-        "spec": {"scope": "Namespaced", "group": "kopf.dev",
-                 "names": {"kind": "KopfPeering", "plural": "kopfpeerings", "singular": "kopfpeering"},
-                 "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                     "type": "object", "properties": {
-                         "status": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}}}]},
-    }
-    try:
-        ext.create_custom_resource_definition(crd)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-    wait_for(lambda: any(c.type == "Established" and c.status == "True" for c in (
-        ext.read_custom_resource_definition("kopfpeerings.kopf.dev").status.conditions or [])),
-        what="KopfPeering CRD established", timeout=30)
-    return crd
-
-
 @pytest.fixture
 def own_cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cluster:
     name = _namespace(api_client, s3_server, request, OWN)
@@ -684,7 +660,7 @@ def test_liveness_and_metrics(cluster, operator, bucket, s3_server):
     assert "scalingrun_reconcile_errors_total" in text
 
 
-def test_two_peered_replicas_only_one_acts_and_the_other_takes_over(peered_cluster, kubeconfig, kopf_peering_crd,
+def test_two_peered_replicas_only_one_acts_and_the_other_takes_over(peered_cluster, kubeconfig, kopf_peering_crds,
                                                                      bucket, s3_server, tmp_path):
     cluster = peered_cluster
     cluster.custom.create_namespaced_custom_object("kopf.dev", "v1", cluster.ns, "kopfpeerings", {

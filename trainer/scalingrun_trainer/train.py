@@ -12,7 +12,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any
 
 from .data import DatasetError, check_shardable, make_dataset, open_dataset
 from .models import ModelError, build_model, local_weights

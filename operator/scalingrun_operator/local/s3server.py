@@ -7,7 +7,6 @@ can run at once. The credentials file is written 0600 and never printed.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 import subprocess
