@@ -89,6 +89,10 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
                        spec_train["learningRateScaling"], size)
     log(f"scalingrun-trainer: {scaled.describe()}; {dataset.rows['train']} train / "
         f"{dataset.rows['validation']} validation rows, {classes} classes")
+    if (config.get("tracking") or {}).get("mlflowTrackingUri"):
+        # Not silently: the spec accepts tracking, this trainer does not send to MLflow yet.
+        log("warning: spec.tracking (MLflow) is not supported by this trainer version; metrics are in "
+            f"{run_root.uri}/progress.json and TensorBoard logs in {run_root.uri}/tensorboard")
 
     checkpoints = run_root.join("checkpoints")
     state = load_resume_state(checkpoints) if spec_train.get("resume", True) else None
