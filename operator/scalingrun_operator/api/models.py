@@ -331,7 +331,9 @@ class ScalingRunSpec(_Model):
     training: Training = Field(default_factory=Training, description="Optimizer, batch, learning rate, epochs.")
     workers: Workers = Field(default_factory=Workers, description="MPIJob workers.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Retries, deadlines, cleanup, scheduling.")
-    tracking: Optional[Tracking] = Field(None, description="Experiment tracking (MLflow).")
+    tracking: Optional[Tracking] = Field(
+        None, description="Experiment tracking (MLflow). Accepted; the trainer does not send to MLflow yet (it says so)."
+    )
 
 
 # --- status ---------------------------------------------------------------------------------------
