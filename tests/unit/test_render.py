@@ -14,6 +14,7 @@ from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders import build_children
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_operator.cli import main
+from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -28,8 +29,7 @@ def load(example: Path):
 
 @pytest.fixture(scope="module")
 def mpijob_schema():
-    if not MPIJOB_CRD.exists():
-        pytest.skip(f"{MPIJOB_CRD} not found")
+    require(MPIJOB_CRD.exists(), f"{MPIJOB_CRD} not found")
     crd = yaml.safe_load(MPIJOB_CRD.read_text())
     return next(v for v in crd["spec"]["versions"] if v["name"] == "v2beta1")["schema"]["openAPIV3Schema"]
 
