@@ -614,6 +614,9 @@ def test_operator_killed_in_every_phase_converges_without_duplicates(own_cluster
         cluster.core.create_namespaced_config_map(cluster.ns, config_map)
         op.start()
         wait_for(cluster.phase_is("phoenix", "Preprocessing"), what="Preprocessing", operator=op)
+        # Events follow the status patch they report; they are best effort: a kill between the two loses
+        # that one Event (never duplicates it). Wait for it, so that the list below is exact.
+        cluster.wait_events("phoenix", lambda ev: "Preprocessing" in [r for _, r, _ in ev], op)
 
         # Preprocessing: killed; the Job finishes meanwhile.
         op.kill()

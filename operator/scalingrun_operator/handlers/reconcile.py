@@ -309,6 +309,8 @@ class _Pass:
     # --- output --------------------------------------------------------------------------------
 
     def _write(self) -> Optional[str]:
+        # Events after the status they report: at most once. A restart between the two loses that Event
+        # (the status, the source of truth, is kept); posting first would duplicate it on a retry.
         patch = self.update.patch()
         if patch:
             self.kube.patch_run_status(self.namespace, self.name, patch, resource_version=self.resource_version)
