@@ -25,8 +25,7 @@ SIZE = 32
 
 
 def s3(server) -> pafs.S3FileSystem:
-    return pafs.S3FileSystem(access_key=server.access_key, secret_key=server.secret_key,
-                             endpoint_override=server.endpoint.split("//")[1], scheme="http", region="us-east-1")
+    return server.filesystem()
 
 
 @pytest.fixture(scope="module")

@@ -26,8 +26,7 @@ ODD_BUT_GOOD = {"dress/cmyk.jpg", "dress/grey.jpg", "shirt/alpha.png", "sandal/a
 
 
 def s3fs(server) -> pafs.S3FileSystem:
-    return pafs.S3FileSystem(access_key=server.access_key, secret_key=server.secret_key,
-                             endpoint_override=server.endpoint.split("//")[1], scheme="http", region="us-east-1")
+    return server.filesystem()
 
 
 def encode(image: Image.Image, fmt: str) -> bytes:

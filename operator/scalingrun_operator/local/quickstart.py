@@ -44,8 +44,7 @@ def upload_fashion_mnist(server: S3Server, source_uri: str, per_class: int) -> i
 
     from scalingrun_trainer.sample_data import fashion_mnist_jpegs
 
-    s3 = pafs.S3FileSystem(access_key=server.access_key, secret_key=server.secret_key,
-                           endpoint_override=f"127.0.0.1:{server.s3_port}", scheme="http", region="us-east-1")
+    s3 = server.filesystem()
     prefix = source_uri[len("s3://"):].rstrip("/")
     marker = f"{prefix}/{UPLOAD_MARKER}"
     if s3.get_file_info(marker).type == pafs.FileType.File:

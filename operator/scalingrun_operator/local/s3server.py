@@ -112,10 +112,13 @@ class S3Server:
             "AWS_DEFAULT_REGION": "us-east-1",
         }
 
-    def create_bucket(self, bucket: str) -> None:
+    def filesystem(self, allow_bucket_creation: bool = False):
+        """A pyarrow S3 filesystem on this server (local runs and tests have the trainer stack)."""
         from pyarrow import fs as pafs
 
-        s3 = pafs.S3FileSystem(access_key=self.access_key, secret_key=self.secret_key,
-                               endpoint_override=f"127.0.0.1:{self.s3_port}", scheme="http",
-                               region="us-east-1", allow_bucket_creation=True)
-        s3.create_dir(bucket)
+        return pafs.S3FileSystem(access_key=self.access_key, secret_key=self.secret_key,
+                                 endpoint_override=f"127.0.0.1:{self.s3_port}", scheme="http",
+                                 region="us-east-1", allow_bucket_creation=allow_bucket_creation)
+
+    def create_bucket(self, bucket: str) -> None:
+        self.filesystem(allow_bucket_creation=True).create_dir(bucket)
