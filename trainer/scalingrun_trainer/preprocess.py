@@ -26,6 +26,7 @@ import os
 import posixpath
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Iterator, Optional
 
@@ -204,7 +205,9 @@ class _SplitWriter:
 
     def __init__(self, target: Location, rows_per_group: int):
         self.target = target
-        self.tmp = target.fs, posixpath.join(posixpath.dirname(target.path), "_tmp-" + posixpath.basename(target.path))
+        # A unique temporary name: a retried shard pod may overlap with one the Job thinks is gone.
+        tmp_name = f"_tmp-{uuid.uuid4().hex[:12]}-{posixpath.basename(target.path)}"
+        self.tmp = target.fs, posixpath.join(posixpath.dirname(target.path), tmp_name)
         self.rows_per_group = rows_per_group
         self.buffer: list[tuple[bytes, int, str]] = []
         self.writer: Optional[pq.ParquetWriter] = None
