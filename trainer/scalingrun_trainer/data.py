@@ -15,9 +15,8 @@ from typing import Callable, Optional
 
 import pyarrow.parquet as pq
 
+from .preprocess import SPLITS
 from .storage import Location, open_location
-
-SPLITS = ("train", "validation")
 
 
 class DatasetError(RuntimeError):

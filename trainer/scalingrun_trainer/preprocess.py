@@ -38,7 +38,6 @@ from .images import BadImage, scale_image
 from .storage import Location, open_location
 
 SPLITS = ("train", "validation")
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp"}
 # 256 rows of 299 x 299 x 3 are about 70 MB: small enough to stream, large enough to read fast.
 MAX_ROWS_PER_GROUP = 256
 SCHEMA = pa.schema([("image", pa.binary()), ("label", pa.int32()), ("path", pa.string())])
