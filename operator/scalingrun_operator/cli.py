@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Any, Iterator
@@ -94,22 +95,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return code
 
 
-def _read_document(uri: str, endpoint: str | None = None, region: str | None = None) -> dict:
-    """A JSON document from a local path, or from a URI through the trainer's storage layer."""
-    import json
-
-    if "://" not in uri or uri.startswith("file://"):
-        return json.loads(Path(uri.removeprefix("file://")).read_text())
-    try:
-        from scalingrun_trainer.storage import open_location
-    except ImportError:
-        raise SystemExit("reading object storage needs the trainer extra (scripts/setup.sh installs it)") from None
-    return json.loads(open_location(uri, endpoint, region).read_bytes())
-
-
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .builders.config import run_location
+    from .handlers.training import progress_uri
     from .report import render_report
+    from .storage import StorageError, StorageTarget, read_json
 
     if bool(args.filename) == bool(args.progress):
         print("scalingrun report: give either -f RUN.yaml or --progress PATH_OR_URI", file=sys.stderr)
@@ -117,10 +106,20 @@ def _cmd_report(args: argparse.Namespace) -> int:
     if args.filename:
         run = parse_scalingrun(next(_documents(args.filename)))
         name, storage = run.metadata.name, run.spec.storage
-        progress = _read_document(f"{run_location(run)}/progress.json", storage.endpoint, storage.region)
+        uri, target = progress_uri(run), StorageTarget(storage.endpoint, storage.region, None)
     else:
-        name = args.name
-        progress = _read_document(args.progress)
+        # Keys (and an endpoint) from the environment, as for any S3 client.
+        name, uri = args.name, args.progress
+        target = StorageTarget(os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                               None)
+    try:
+        progress = read_json(uri, target)
+    except StorageError as exc:
+        print(f"scalingrun report: {exc}", file=sys.stderr)
+        return 1
+    if progress is None:
+        print(f"scalingrun report: no progress document at {uri}", file=sys.stderr)
+        return 1
     png, md = render_report(progress, name, Path(args.output))
     print(f"report: {png} and {md}")
     return 0

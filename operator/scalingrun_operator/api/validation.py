@@ -56,7 +56,8 @@ def _pydantic_errors(exc: pydantic.ValidationError) -> list[FieldError]:
     return errors
 
 
-def _uses_s3(run: ScalingRun) -> list[str]:
+def s3_fields(run: ScalingRun) -> list[str]:
+    """Paths of the spec fields whose URI is s3:// (they need the credentials Secret)."""
     spec = run.spec
     uris = {
         "spec.dataset.source": spec.dataset.source,
@@ -71,12 +72,12 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
     """Cross-field rules that the CRD schema cannot express."""
     spec = run.spec
     errors: list[FieldError] = []
-    s3_fields = _uses_s3(run)
-    if s3_fields and not spec.storage.credentials_secret:
+    uses_s3 = s3_fields(run)
+    if uses_s3 and not spec.storage.credentials_secret:
         errors.append(
             FieldError(
                 "spec.storage.credentialsSecret",
-                f"required because s3:// is used by {', '.join(s3_fields)}: name a Secret holding "
+                f"required because s3:// is used by {', '.join(uses_s3)}: name a Secret holding "
                 f"{spec.storage.access_key_id_key} and {spec.storage.secret_access_key_key}",
             )
         )

@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ..api.models import Condition, Phase, PreprocessingStatus, ScalingRun, ScalingRunStatus, TrainingStatus
-from ..builders.config import build_trainer_config, run_location, total_processes
-from ..handlers.training import training_status
+from ..api.validation import s3_fields
+from ..builders.common import storage_env
+from ..builders.config import build_trainer_config, total_processes
+from ..handlers.training import progress_uri, training_status
+from ..storage import StorageError, StorageTarget, read_json
 
 
 def _horovodrun() -> str:
@@ -74,8 +77,7 @@ class LocalRun:
 
     def check_credentials(self) -> None:
         spec = self.run.spec
-        uses_s3 = any(u and u.startswith("s3://") for u in (spec.dataset.source, spec.dataset.output))
-        if uses_s3 and not (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")):
+        if s3_fields(self.run) and not (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")):
             raise LocalRunError(
                 f"this run reads s3:// with the keys of Secret {spec.storage.credentials_secret!r}: locally, "
                 "export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY instead"
@@ -98,12 +100,8 @@ class LocalRun:
         return 0 if self.train() else 1
 
     def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        storage = self.run.spec.storage
-        env["AWS_DEFAULT_REGION"] = storage.region
-        if storage.endpoint:
-            env["AWS_ENDPOINT_URL"] = storage.endpoint
-        return env
+        """The pods' storage settings; the keys come from this environment instead of the Secret."""
+        return {**os.environ, **{e["name"]: e["value"] for e in storage_env(self.run) if "value" in e}}
 
     def preprocess(self) -> bool:
         shards = self.run.spec.dataset.preprocessing.parallelism
@@ -123,7 +121,7 @@ class LocalRun:
         for t in relays:
             t.start()
         summaries = []
-        for index, proc in enumerate(procs):
+        for proc in procs:
             out = proc.stdout.read()
             proc.wait()
             lines = [line for line in out.splitlines() if line.startswith("{")]
@@ -182,14 +180,11 @@ class LocalRun:
         return True
 
     def _read_progress(self) -> Optional[dict]:
-        """The trainer's progress document (local mode has the trainer stack, so its storage is used)."""
-        from scalingrun_trainer.storage import open_location
-
+        """The trainer's progress document, read like the operator reads it (keys from the environment)."""
         storage = self.run.spec.storage
-        location = open_location(run_location(self.run), storage.endpoint, storage.region).join("progress.json")
         try:
-            return json.loads(location.read_bytes())
-        except OSError:
+            return read_json(progress_uri(self.run), StorageTarget(storage.endpoint, storage.region, None))
+        except StorageError:
             return None
 
     def _relay(self, stream) -> None:

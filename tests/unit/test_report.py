@@ -1,0 +1,38 @@
+"""`scalingrun report`: curves and a Markdown page from a progress document."""
+
+from __future__ import annotations
+
+import json
+
+from PIL import Image
+
+from scalingrun_operator.cli import main
+
+PROGRESS = {
+    "state": "succeeded", "epoch": 3, "maxEpochs": 5, "bestEpoch": 2, "processes": 2, "effectiveBatchSize": 64,
+    "learningRate": 0.002, "elapsedSeconds": 12.5, "modelUri": "s3://b/run/model/model.keras",
+    "bestMetrics": {"loss": 0.5, "accuracy": 0.8, "val_loss": 0.6, "val_accuracy": 0.78},
+    "history": [
+        {"epoch": 1, "loss": 0.9, "accuracy": 0.6, "val_loss": 0.8, "val_accuracy": 0.7, "imagesPerSecond": 100.0},
+        {"epoch": 2, "loss": 0.5, "accuracy": 0.8, "val_loss": 0.6, "val_accuracy": 0.78, "imagesPerSecond": 300.0},
+        {"epoch": 3, "loss": 0.4, "accuracy": 0.85, "val_loss": 0.7, "val_accuracy": 0.76, "imagesPerSecond": 310.0},
+    ],
+}
+
+
+def test_report_from_a_progress_file(tmp_path, capsys):
+    path = tmp_path / "progress.json"
+    path.write_text(json.dumps(PROGRESS))
+    assert main(["report", "--progress", str(path), "--name", "demo", "-o", str(tmp_path / "out")]) == 0
+    assert "demo-report.png" in capsys.readouterr().out
+    with Image.open(tmp_path / "out/demo-report.png") as image:
+        image.verify()
+    page = (tmp_path / "out/demo-report.md").read_text()
+    assert "after 3 of 5 epochs (early stopping)" in page and "validation accuracy **0.7800**" in page
+    assert "| 2 | 0.5000 | 0.8000 | 0.6000 | 0.7800 | 300 **best** |" in page
+
+
+def test_report_says_when_there_is_no_progress(tmp_path, capsys):
+    assert main(["report", "--progress", str(tmp_path / "missing.json")]) == 1
+    assert "no progress document" in capsys.readouterr().err
+    assert main(["report"]) == 2
