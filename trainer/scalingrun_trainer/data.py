@@ -3,6 +3,7 @@
 Training readers loop forever (`num_epochs=None`, Keras counts `steps_per_epoch`): a Petastorm bug
 drops rows from shuffled finite readers. Row groups are shuffled with a shared seed before sharding,
 so every rank gets a disjoint, random share. Validation is read completely, unshuffled, once per epoch.
+Batches stay uint8: the model's first layer applies the base's normalisation (see models.build_model).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import posixpath
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Optional
 
 import pyarrow.parquet as pq
 
@@ -79,8 +80,8 @@ def _storage_options(dataset: Dataset) -> Optional[dict]:
 
 
 def make_dataset(dataset: Dataset, split: str, *, rank: int, size: int, batch_size: int, seed: int,
-                 preprocess: Callable, shuffle_buffer: int = 256, reader_threads: int = 4):
-    """(tf.data.Dataset, reader): batches of (preprocessed float images, int labels) for this rank."""
+                 shuffle_buffer: int = 256, reader_threads: int = 4):
+    """(tf.data.Dataset, reader): batches of (uint8 images, int labels) for this rank."""
     import tensorflow as tf
     from petastorm import make_batch_reader
     from petastorm.tf_utils import make_petastorm_dataset
@@ -103,14 +104,8 @@ def make_dataset(dataset: Dataset, split: str, *, rank: int, size: int, batch_si
         pixels = tf.io.decode_raw(rows.image, tf.uint8)
         return tf.reshape(pixels, (-1, side, side, 3)), tf.cast(rows.label, tf.int32)
 
-    def to_float(images, labels):
-        return preprocess(tf.cast(images, tf.float32)), labels
-
     data = make_petastorm_dataset(reader).map(decode, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
     if training:
         # Row groups arrive shuffled; this mixes rows across them. uint8 keeps the buffer 4x smaller.
         data = data.shuffle(shuffle_buffer, seed=seed + rank)
-    data = data.batch(batch_size, drop_remainder=training)
-    # Conversion and preprocessing per batch, after shuffling: less memory traffic than per row.
-    data = data.map(to_float, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE)
-    return data, reader
+    return data.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE), reader

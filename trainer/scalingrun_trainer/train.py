@@ -96,7 +96,8 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
 
     checkpoints = run_root.join("checkpoints")
     state = load_resume_state(checkpoints) if spec_train.get("resume", True) else None
-    trained_on = {"dataset": dataset.fingerprint, "base": spec_model["base"], "classes": classes}
+    # "input": checkpoints of models that took float input (before uint8 + in-model normalisation) are not resumed.
+    trained_on = {"dataset": dataset.fingerprint, "base": spec_model["base"], "classes": classes, "input": "uint8"}
     if state and state.get("trainedOn") != trained_on:
         log(f"the checkpoint in {checkpoints.uri} is for another dataset or model ({state.get('trainedOn')}): "
             "starting from scratch")
@@ -109,7 +110,7 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
         return 0
 
     weights = local_weights(spec_model.get("weights", "imagenet"), endpoint, region)
-    model, preprocess = build_model(spec_model["base"], dataset.image_size, classes, weights,
+    model = build_model(spec_model["base"], dataset.image_size, classes, weights,
                                     spec_model.get("dropout", 0.0), spec_model.get("trainableBase", False))
     optimizer = hvd.DistributedOptimizer(_optimizer(spec_train["optimizer"], scaled.learning_rate))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
@@ -154,9 +155,9 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
             log(f"resuming after epoch {initial_epoch} from {checkpoints.uri}")
 
     train_data, train_reader = make_dataset(dataset, "train", rank=rank, size=size,
-                                            batch_size=scaled.batch_size_per_worker, seed=seed, preprocess=preprocess)
+                                            batch_size=scaled.batch_size_per_worker, seed=seed)
     val_data, val_reader = make_dataset(dataset, "validation", rank=rank, size=size,
-                                        batch_size=scaled.batch_size_per_worker, seed=seed, preprocess=preprocess)
+                                        batch_size=scaled.batch_size_per_worker, seed=seed)
     started = time.monotonic()
     try:
         if initial_epoch < max_epochs:
