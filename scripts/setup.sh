@@ -9,6 +9,8 @@
 #     (the images: requirements/operator.txt or trainer.txt, subsets of lock.txt),
 #   SCALINGRUN_GPU=1: TensorFlow's GPU wheel (same version) and Horovod built with NCCL,
 #   SCALINGRUN_EDITABLE=0: install the project itself non-editable (images).
+# The full profile also installs the MLflow tracking server the tests run, in its own venv
+# (SCALINGRUN_MLFLOW_VENV, default .venv-mlflow) from requirements/mlflow-server.txt.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -63,8 +65,21 @@ horovod_wheel() {
   ls "$dir"/horovod-*.whl
 }
 
+# A separate venv: the server's closure (Flask, SQLAlchemy, scikit-learn...) never meets the training stack.
+install_mlflow_server() {
+  local venv="${SCALINGRUN_MLFLOW_VENV:-$ROOT/.venv-mlflow}" lock="$ROOT/requirements/mlflow-server.txt" want
+  want="$(sha256sum "$lock" | cut -c1-16)"
+  [[ -f "$venv/.scalingrun-stack" && "$(cat "$venv/.scalingrun-stack")" == "$want" ]] && return 0
+  log "installing the MLflow tracking server for the tests into ${venv#"$ROOT/"}"
+  [[ -x "$venv/bin/python" ]] || "$PYTHON" -m venv "$venv"
+  "$venv/bin/pip" install -q --disable-pip-version-check "pip==25.3" "setuptools==80.9.0" "wheel==0.45.1"
+  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$lock"
+  echo "$want" > "$venv/.scalingrun-stack"
+}
+
 main() {
   install_system_packages
+  [[ "$PROFILE" != full ]] || install_mlflow_server
   local want; want="$(stack_fingerprint)"
   if [[ -f "$VENV/.scalingrun-stack" && "$(cat "$VENV/.scalingrun-stack")" == "$want" ]]; then
     log "stack up to date in $VENV"

@@ -1,4 +1,4 @@
-"""Session fixtures for the real parts: a Kubernetes API server, and (later) SeaweedFS.
+"""Session fixtures for the real parts: a Kubernetes API server, SeaweedFS, an MLflow tracking server.
 
 Tests that need a part missing here are skipped on a developer machine, but with CI=true a missing
 part fails the test: CI must run them all.
@@ -169,3 +169,72 @@ def kopf_peering_crds(api_client) -> list[dict]:
 
     documents = yaml.safe_load_all((ROOT / "manifests/crd/kopf.dev_peerings.yaml").read_text())
     return [install_crd(api_client, crd) for crd in documents if crd]
+
+
+class MlflowServer:
+    """A real MLflow tracking server (mlflow[auth] from its own venv) on 127.0.0.1, basic auth enforced."""
+
+    def __init__(self, folder: Path, binary: Path, username: str, password: str):
+        self.folder, self.binary = folder, binary
+        self.username, self.password = username, password
+        self.uri = f"http://127.0.0.1:{_free_port()}"
+        self.process: "subprocess.Popen | None" = None
+
+    def env(self) -> dict[str, str]:
+        """The variables the trainer reads (in a cluster they come from spec.tracking.credentialsSecret)."""
+        return {"MLFLOW_TRACKING_USERNAME": self.username, "MLFLOW_TRACKING_PASSWORD": self.password}
+
+    def start(self, timeout: float = 120) -> None:
+        import time
+        import urllib.request
+
+        config = self.folder / "auth.ini"
+        config.write_text(
+            "[mlflow]\ndefault_permission = READ\n"
+            f"database_uri = sqlite:///{self.folder}/auth.sqlite\n"
+            f"admin_username = {self.username}\nadmin_password = {self.password}\n"
+            "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+        env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_DISABLE_TELEMETRY": "true",
+               "DO_NOT_TRACK": "true", "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex()}
+        port = self.uri.rsplit(":", 1)[1]
+        self.process = subprocess.Popen(
+            [str(self.binary), "server", "--app-name", "basic-auth", "--host", "127.0.0.1", "--port", port,
+             "--workers", "1", "--backend-store-uri", f"sqlite:///{self.folder}/mlflow.sqlite",
+             "--artifacts-destination", str(self.folder / "artifacts")],
+            stdout=open(self.folder / "server.log", "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.5)
+        log = (self.folder / "server.log").read_text(errors="replace")[-3000:]
+        self.stop()
+        pytest.fail(f"the MLflow server did not start within {timeout:.0f} s:\n{log}", pytrace=False)
+
+    def stop(self) -> None:
+        import signal
+
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    import secrets
+
+    venv = Path(os.environ.get("SCALINGRUN_MLFLOW_VENV", ROOT / ".venv-mlflow"))
+    binary = venv / "bin" / "mlflow"
+    require(binary.exists(), f"{binary} not found: scripts/setup.sh installs the MLflow server for the tests")
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow"), binary, "trainer", secrets.token_hex(16))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
