@@ -17,6 +17,7 @@ from pyarrow import fs as pafs
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+from scalingrun_trainer.tracking import MlflowClient
 from tests.horovod.test_stack import horovodrun
 
 pytestmark = [pytest.mark.horovod, pytest.mark.s3]
@@ -45,7 +46,8 @@ def dataset(s3_server) -> str:
     return output
 
 
-def write_config(tmp_path: Path, server, dataset: str, run_location: str, **training) -> Path:
+def write_config(tmp_path: Path, server, dataset: str, run_location: str, tracking: dict | None = None,
+                 **training) -> Path:
     spec = {
         "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "hvd-test"},
         "spec": {
@@ -55,6 +57,7 @@ def write_config(tmp_path: Path, server, dataset: str, run_location: str, **trai
             "training": {"batchSizePerWorker": 16, "maxEpochs": 2, "checkpoint": {"location": run_location},
                          **training},
             "workers": {"replicas": 2, "gpusPerWorker": 0},
+            **({"tracking": tracking} if tracking else {}),
         },
     }
     path = tmp_path / "config.json"
@@ -67,9 +70,9 @@ def train_command(config: Path) -> list[str]:
             "scalingrun_trainer.cli", "train", "--config", str(config)]
 
 
-def run_training(server, config: Path, timeout: int = 400) -> subprocess.CompletedProcess:
+def run_training(server, config: Path, timeout: int = 400, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(train_command(config), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **server.env(), "TF_CPP_MIN_LOG_LEVEL": "2"})
+                          env={**os.environ, **server.env(), "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
 
 
 def read_json(server, uri: str) -> dict:
@@ -111,10 +114,12 @@ def test_early_stopping_stops_both_ranks_on_the_same_epoch(s3_server, dataset, t
     assert "Epoch 2: early stopping" in result.stdout
 
 
-def test_resume_continues_after_a_kill(s3_server, dataset, tmp_path):
+@pytest.mark.mlflow
+def test_resume_continues_after_a_kill_in_the_same_mlflow_run(s3_server, mlflow_server, dataset, tmp_path):
     run = f"s3://{BUCKET}/runs/resume"
-    config = write_config(tmp_path, s3_server, dataset, run, maxEpochs=5, earlyStopping={"enabled": False})
-    env = {**os.environ, **s3_server.env(), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    tracking = {"mlflowTrackingUri": mlflow_server.uri, "experimentName": "hvd-resume"}
+    config = write_config(tmp_path, s3_server, dataset, run, tracking, maxEpochs=5, earlyStopping={"enabled": False})
+    env = {**os.environ, **s3_server.env(), **mlflow_server.env(), "TF_CPP_MIN_LOG_LEVEL": "2"}
     first = subprocess.Popen(train_command(config), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              env=env, start_new_session=True)
     deadline = time.monotonic() + 300
@@ -130,20 +135,43 @@ def test_resume_continues_after_a_kill(s3_server, dataset, tmp_path):
         first.wait()
     saved = read_json(s3_server, f"{run}/checkpoints/state.json")["epoch"]
     assert 2 <= saved < 5, "the first run should have been killed mid-training"
-    result = run_training(s3_server, config)
+    result = run_training(s3_server, config, env=mlflow_server.env())
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"resuming after epoch {saved}" in result.stdout
     progress = read_json(s3_server, f"{run}/progress.json")
     assert [h["epoch"] for h in progress["history"]] == [1, 2, 3, 4, 5]
     assert progress["epoch"] == 5 and progress["state"] == "succeeded"
 
+    # MLflow: one run, from rank 0 only, continued after the kill, with the scaled values as params.
+    client = MlflowClient(mlflow_server.uri, username=mlflow_server.username, password=mlflow_server.password)
+    experiment = client.experiment_id("hvd-resume")
+    runs = client.call("POST", "runs/search", {"experiment_ids": [experiment]})["runs"]
+    assert [r["info"]["run_id"] for r in runs] == [progress["mlflowRunId"]]
+    info, data = runs[0]["info"], runs[0]["data"]
+    assert info["status"] == "FINISHED" and info["run_name"] == "hvd-test"
+    params = {p["key"]: p["value"] for p in data["params"]}
+    assert params["processes"] == "2" and params["effectiveBatchSize"] == "32" and float(params["learningRate"]) == 0.002
+    history = client.call("GET", "metrics/get-history", {"run_id": info["run_id"], "metric_key": "val_loss"})["metrics"]
+    steps = sorted(m["step"] for m in history)
+    assert set(steps) == {1, 2, 3, 4, 5} and len(steps) <= 6  # an epoch logged just before the kill may repeat
+    by_epoch = {h["epoch"]: h["val_loss"] for h in progress["history"]}
+    assert all(m["value"] == pytest.approx(by_epoch[m["step"]], rel=1e-4) for m in history if m["step"] > saved)
+    assert {t["key"]: t["value"] for t in data["tags"]}["scalingrun.dev/model-uri"] == f"{run}/model/model.keras"
 
-@pytest.mark.parametrize("case", ["missing-dataset", "class-mismatch", "unreadable-weights"])
-def test_clear_errors_on_every_rank(s3_server, dataset, tmp_path, case):
+
+@pytest.mark.parametrize("case", ["missing-dataset", "class-mismatch", "unreadable-weights",
+                                  pytest.param("mlflow-credentials", marks=pytest.mark.mlflow)])
+def test_clear_errors_on_every_rank(s3_server, dataset, tmp_path, case, request):
     run = f"s3://{BUCKET}/runs/error-{case}"
     config_path = write_config(tmp_path, s3_server, dataset, run)
     config = json.loads(config_path.read_text())
-    if case == "missing-dataset":
+    env = {}
+    if case == "mlflow-credentials":
+        mlflow = request.getfixturevalue("mlflow_server")
+        config["tracking"] = {"mlflowTrackingUri": mlflow.uri}
+        env = {**mlflow.env(), "MLFLOW_TRACKING_PASSWORD": "wrong"}
+        expected = f"MLflow at {mlflow.uri} answered 401"
+    elif case == "missing-dataset":
         config["dataset"]["output"] = f"s3://{BUCKET}/no-such-dataset"
         expected = "no dataset manifest at s3://train/no-such-dataset/_manifest.json"
     elif case == "class-mismatch":
@@ -155,7 +183,7 @@ def test_clear_errors_on_every_rank(s3_server, dataset, tmp_path, case):
         config["model"]["weights"] = str(weights)
         expected = "cannot load mobilenet_v2 weights"
     config_path.write_text(json.dumps(config))
-    result = run_training(s3_server, config_path, timeout=300)
+    result = run_training(s3_server, config_path, timeout=300, env=env)
     assert result.returncode != 0
     for rank in (0, 1):
         assert re.search(rf"\[{rank}\]<stderr>:scalingrun-trainer train \(rank {rank}/2\): error: .*{re.escape(expected)}",

@@ -4,6 +4,7 @@ command-line flags."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +77,31 @@ def test_operator_flags_override_environment():
     assert settings.namespaces == ("a", "b-*") and settings.peering == "prod"
     with pytest.raises(SystemExit):
         main.build_parser().parse_args(["-A", "-n", "x"])
+
+
+@pytest.mark.parametrize("exported, error", [
+    ({}, "export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"),
+    ({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b"}, "export MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME"),
+    ({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "MLFLOW_TRACKING_USERNAME": "u"}, "export MLFLOW_TRACKING_TOKEN"),
+    ({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "MLFLOW_TRACKING_TOKEN": "t"}, None),
+    ({"AWS_ACCESS_KEY_ID": "a", "AWS_SECRET_ACCESS_KEY": "b", "MLFLOW_TRACKING_USERNAME": "u",
+      "MLFLOW_TRACKING_PASSWORD": "p"}, None),
+])
+def test_local_run_needs_exported_credentials_for_each_secret_it_names(monkeypatch, tmp_path, exported, error):
+    import yaml
+
+    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.local.runner import LocalRun, LocalRunError
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME",
+                "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(var, raising=False)
+    for var, value in exported.items():
+        monkeypatch.setenv(var, value)
+    example = Path(__file__).resolve().parents[2] / "examples/06-8-single-gpu-nodes.yaml"
+    run = LocalRun(parse_scalingrun(yaml.safe_load(example.read_text())), tmp_path)
+    if error is None:
+        run.check_credentials()
+    else:
+        with pytest.raises(LocalRunError, match=error):
+            run.check_credentials()

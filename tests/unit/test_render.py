@@ -109,6 +109,26 @@ def test_credentials_only_as_secret_references():
     }
 
 
+def test_mlflow_credentials_only_as_optional_secret_references_forwarded_to_every_rank():
+    run = load(ROOT / "examples/06-8-single-gpu-nodes.yaml")
+    config_map, _, mpijob = build_children(run, "ml")
+    config = json.loads(config_map["data"]["config.json"])
+    assert config["tracking"] == {"mlflowTrackingUri": "http://mlflow.mlops:5000", "experimentName": "flowers"}
+    assert "mlflow-credentials" not in config_map["data"]["config.json"]
+    specs = mpijob["spec"]["mpiReplicaSpecs"]
+    for role in ("Launcher", "Worker"):
+        env = specs[role]["template"]["spec"]["containers"][0]["env"]
+        refs = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in env if e["name"].startswith("MLFLOW_")}
+        assert refs == {var: {"name": "mlflow-credentials", "key": var, "optional": True}
+                        for var in ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")}
+    # Rank 0 runs on a worker, started by the launcher's mpirun: the variables must travel with -x.
+    script = specs["Launcher"]["template"]["spec"]["containers"][0]["command"][-1]
+    for var in ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        assert f"-x {var}" in script
+    untracked = build_children(load(ROOT / "examples/05-4gpus-one-node.yaml"), "ml")[2]
+    assert "MLFLOW_" not in json.dumps(untracked)
+
+
 def test_trainer_config_resolves_run_location():
     run = load(ROOT / "examples/02-early-stopping.yaml")
     config = build_trainer_config(run)

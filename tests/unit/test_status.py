@@ -218,6 +218,8 @@ def test_training_status_mirrors_progress_and_drops_junk():
         "epoch": 2, "maxEpochs": 10, "imagesPerSecond": 512.5, "effectiveBatchSize": 256, "processes": 8,
         "metrics": {"loss": 0.4, "val_accuracy": 0.9}, "bestMetrics": {"val_accuracy": 0.9}}
     assert training.training_status(None) == {}
+    assert training.training_status({**progress, "mlflowRunId": "4f1c"})["mlflowRunId"] == "4f1c"
+    assert "mlflowRunId" not in training.training_status({**progress, "mlflowRunId": 7})
     assert training.model_uri({"modelUri": "s3://m/model"}) == "s3://m/model"
     assert training.model_uri({"modelUri": None}) is None
 

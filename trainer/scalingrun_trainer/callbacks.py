@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from .progress import ProgressWriter
 from .storage import Location
+from .tracking import RunTracker
 
 
 class ResumableEarlyStopping(tf.keras.callbacks.EarlyStopping):
@@ -65,9 +66,10 @@ class EpochReporter(tf.keras.callbacks.Callback):
     """Measures training throughput (validation excluded) and writes the progress document."""
 
     def __init__(self, progress: ProgressWriter, images_per_epoch: int, monitor: str,
-                 early_stopping: Optional[ResumableEarlyStopping], log=print):
+                 early_stopping: Optional[ResumableEarlyStopping], log=print, tracker: Optional[RunTracker] = None):
         super().__init__()
         self.progress = progress
+        self.tracker = tracker
         self.images_per_epoch = images_per_epoch
         self.monitor = monitor
         self.early_stopping = early_stopping
@@ -101,6 +103,8 @@ class EpochReporter(tf.keras.callbacks.Callback):
         elif self.best[0] is None or _better(self.monitor, metrics.get(self.monitor), self.best[1].get(self.monitor)):
             self.best = (epoch + 1, metrics)
         self.progress.epoch(epoch + 1, metrics, rate, self.best[0], self.best[1])
+        if self.tracker is not None:
+            self.tracker.epoch(epoch + 1, metrics, rate)
         shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
         self.log(f"epoch {epoch + 1}/{self.progress.document['maxEpochs']}: {shown} ({rate:.0f} img/s)")
 
@@ -119,14 +123,16 @@ class Checkpointer(tf.keras.callbacks.Callback):
 
     def __init__(self, root: Location, checkpoint: tf.train.Checkpoint, every_epochs: int,
                  early_stopping: Optional[ResumableEarlyStopping], reporter: EpochReporter,
-                 trained_on: dict[str, Any]):
+                 resume_facts: dict[str, Any]):
         super().__init__()
         self.root = root
         self.checkpoint = checkpoint
         self.every_epochs = every_epochs
         self.early_stopping = early_stopping
         self.reporter = reporter
-        self.trained_on = trained_on  # a checkpoint is resumed only by a run with the same data and model
+        # trainedOn: a checkpoint is resumed only by a run with the same data and model; mlflowRunId: the
+        # MLflow run a resumed training continues.
+        self.resume_facts = resume_facts
         self._state: Optional[dict] = None
         self._epoch = 0
 
@@ -166,7 +172,7 @@ class Checkpointer(tf.keras.callbacks.Callback):
                 "epoch": epoch, "checkpoint": tag, "prefix": os.path.basename(prefix),
                 "earlyStopping": self.early_stopping.state() if self.early_stopping else None,
                 "bestWeights": best is not None, "history": self.reporter.progress.document["history"],
-                "finished": finished, "trainedOn": self.trained_on,
+                "finished": finished, **self.resume_facts,
             }
             self._write_state(state)
             self._remove_older(tag)

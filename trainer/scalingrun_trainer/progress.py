@@ -2,7 +2,7 @@
 
 Written atomically after every epoch and at the end: {"state": running|succeeded|failed, "epoch",
 "maxEpochs", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond", "elapsedSeconds", "learningRate",
-"effectiveBatchSize", "processes", "modelUri", "error", "history"}.
+"effectiveBatchSize", "processes", "modelUri", "error", "mlflowRunId", "history"}.
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from .storage import Location
 
 class ProgressWriter:
     def __init__(self, location: Location, *, max_epochs: int, processes: int, learning_rate: float,
-                 effective_batch_size: int, history: Optional[list[dict]] = None):
+                 effective_batch_size: int, history: Optional[list[dict]] = None, mlflow_run_id: Optional[str] = None):
         self.location = location
         self.started = time.monotonic()
         self.document: dict[str, Any] = {
             "state": "running", "epoch": 0, "maxEpochs": max_epochs, "metrics": {}, "bestEpoch": None,
             "bestMetrics": {}, "imagesPerSecond": None, "elapsedSeconds": 0.0, "learningRate": learning_rate,
             "effectiveBatchSize": effective_batch_size, "processes": processes, "modelUri": None, "error": None,
-            "history": list(history or []),
+            "mlflowRunId": mlflow_run_id, "history": list(history or []),
         }
 
     def _write(self) -> None:

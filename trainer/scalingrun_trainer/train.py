@@ -12,12 +12,13 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, Optional
 
 from .data import DatasetError, check_shardable, make_dataset, open_dataset
 from .models import ModelError, build_model, local_weights
 from .scaling import scale_run
 from .storage import open_location
+from .tracking import MlflowClient, RunTracker, TrackingError
 
 
 class TrainingError(RuntimeError):
@@ -54,14 +55,16 @@ def train(config: dict[str, Any]) -> int:
     hvd.init()
     _pin_gpu(hvd.local_rank())
     rank, size = hvd.rank(), hvd.size()
-    context: dict[str, Any] = {}  # _train leaves rank 0's ProgressWriter here, to report a failure
+    context: dict[str, Any] = {}  # _train leaves rank 0's ProgressWriter and RunTracker here, to report a failure
     try:
         return _train(config, hvd, rank, size, context)
-    except (TrainingError, DatasetError, ModelError, ValueError, OSError) as exc:
+    except (TrainingError, DatasetError, ModelError, TrackingError, ValueError, OSError) as exc:
         message = f"{type(exc).__name__}: {exc}".splitlines()[0]
         print(f"scalingrun-trainer train (rank {rank}/{size}): error: {message}", file=sys.stderr, flush=True)
         if context.get("progress") is not None:
             context["progress"].finish("failed", error=message)
+        if context.get("tracker") is not None:
+            context["tracker"].finish("FAILED", error=message)
         return 2
 
 
@@ -89,10 +92,6 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
                        spec_train["learningRateScaling"], size)
     log(f"scalingrun-trainer: {scaled.describe()}; {dataset.rows['train']} train / "
         f"{dataset.rows['validation']} validation rows, {classes} classes")
-    if (config.get("tracking") or {}).get("mlflowTrackingUri"):
-        # Not silently: the spec accepts tracking, this trainer does not send to MLflow yet.
-        log("warning: spec.tracking (MLflow) is not supported by this trainer version; metrics are in "
-            f"{run_root.uri}/progress.json and TensorBoard logs in {run_root.uri}/tensorboard")
 
     checkpoints = run_root.join("checkpoints")
     state = load_resume_state(checkpoints) if spec_train.get("resume", True) else None
@@ -109,6 +108,9 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
             "nothing to train; use a new run name to train again")
         return 0
 
+    tracker = _start_tracking(config, rank, run_root.uri, _run_params(config, dataset, scaled, size),
+                              (state or {}).get("mlflowRunId"), log)
+    context["tracker"] = tracker
     weights = local_weights(spec_model.get("weights", "imagenet"), endpoint, region)
     model = build_model(spec_model["base"], dataset.image_size, classes, weights,
                                     spec_model.get("dropout", 0.0), spec_model.get("trainableBase", False))
@@ -139,17 +141,19 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
     if rank == 0:
         progress = ProgressWriter(run_root.join("progress.json"), max_epochs=max_epochs, processes=size,
                                   learning_rate=scaled.learning_rate, effective_batch_size=scaled.effective_batch_size,
-                                  history=state.get("history") if state else None)
+                                  history=state.get("history") if state else None,
+                                  mlflow_run_id=tracker.run_id if tracker else None)
         context["progress"] = progress
         progress.start()
         monitor = stopping.get("monitor", "val_loss")
         reporter = EpochReporter(progress, scaled.steps_per_epoch * scaled.effective_batch_size, monitor,
-                                 early_stopping, log=log)
+                                 early_stopping, log=log, tracker=tracker)
         if state:
             reporter.resume(state.get("history", []), ((state.get("earlyStopping") or {}).get("bestEpoch")))
         every = int((spec_train.get("checkpoint") or {}).get("everyEpochs", 1))
         tensorboard_dir = tempfile.mkdtemp(prefix="tensorboard-")
-        callbacks += [reporter, Checkpointer(checkpoints, checkpoint, every, early_stopping, reporter, trained_on),
+        resume_facts = {"trainedOn": trained_on, "mlflowRunId": tracker.run_id if tracker else None}
+        callbacks += [reporter, Checkpointer(checkpoints, checkpoint, every, early_stopping, reporter, resume_facts),
                       tf.keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch", profile_batch=0)]
         if initial_epoch:
             log(f"resuming after epoch {initial_epoch} from {checkpoints.uri}")
@@ -174,9 +178,56 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
         model_uri = _save_model(model, run_root.join("model"))
         progress.finish("succeeded", model_uri=model_uri)
         document = progress.document
+        if tracker is not None:
+            tracker.finish("FINISHED", best_epoch=document["bestEpoch"], best_metrics=document["bestMetrics"],
+                           model_uri=model_uri)
         log(f"done in {time.monotonic() - started:.0f} s: best epoch {document['bestEpoch']} "
             f"{document['bestMetrics']}; model {model_uri}")
     return 0
+
+
+def _run_params(config: dict[str, Any], dataset, scaled, size: int) -> dict[str, Any]:
+    """What an MLflow user compares runs by: the spec's choices and the values scaling derived."""
+    model, training = config["model"], config["training"]
+    stopping = training.get("earlyStopping") or {}
+    return {
+        "base": model["base"], "weights": model.get("weights", "imagenet"), "dropout": model.get("dropout", 0.0),
+        "trainableBase": model.get("trainableBase", False), "imageSize": dataset.image_size,
+        "classes": len(dataset.classes), "dataset": dataset.uri, "datasetFingerprint": dataset.fingerprint,
+        "trainRows": dataset.rows["train"], "validationRows": dataset.rows["validation"],
+        "processes": size, "batchSizePerWorker": scaled.batch_size_per_worker,
+        "effectiveBatchSize": scaled.effective_batch_size, "baseLearningRate": training["baseLearningRate"],
+        "learningRateScaling": training["learningRateScaling"], "learningRate": scaled.learning_rate,
+        "stepsPerEpoch": scaled.steps_per_epoch, "optimizer": training["optimizer"],
+        "maxEpochs": training["maxEpochs"], "earlyStopping": stopping.get("enabled", True),
+        "earlyStoppingMonitor": stopping.get("monitor", "val_loss"), "earlyStoppingPatience": stopping.get("patience", 3),
+    }
+
+
+def _start_tracking(config: dict[str, Any], rank: int, run_location: str, params: dict[str, Any],
+                    resume_run_id: Optional[str], log) -> Optional[RunTracker]:
+    """Rank 0 opens (or, on resume, reopens) the MLflow run; a failure stops every rank with its cause."""
+    import horovod.tensorflow as hvd_tf
+
+    tracking = config.get("tracking") or {}
+    uri = tracking.get("mlflowTrackingUri")
+    if not uri:
+        return None
+    tracker, error = None, None
+    if rank == 0:
+        tracker = RunTracker(MlflowClient.from_env(uri), warn=log)
+        try:
+            experiment = tracking.get("experimentName") or config["run"]
+            tracker.start(experiment=experiment, run_name=config["run"], run_location=run_location, params=params,
+                          resume_run_id=resume_run_id)
+            log(f"MLflow: run {tracker.run_id} in experiment {experiment!r} at {uri}")
+        except TrackingError as exc:
+            error = str(exc)
+            tracker.finish("FAILED", error=error)  # a run created before the failure is not left RUNNING
+    error = hvd_tf.broadcast_object(error, root_rank=0, name="mlflow_start")
+    if error:
+        raise TrackingError(f"{error}: check spec.tracking and its credentialsSecret")
+    return tracker
 
 
 def _upload_tree(local_dir: str, target) -> None:

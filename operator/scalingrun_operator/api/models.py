@@ -316,10 +316,21 @@ class RunPolicy(_Model):
 
 
 class Tracking(_Model):
-    """Optional experiment tracking."""
+    """MLflow experiment tracking: rank 0 logs parameters, per-epoch metrics, the best epoch and the model URI."""
 
-    mlflow_tracking_uri: Optional[str] = Field(None, description="MLflow tracking server URI.", pattern=r"^(https?|file)://.+$")
-    experiment_name: Optional[str] = Field(None, description="MLflow experiment; default: the run name.")
+    mlflow_tracking_uri: str = Field(
+        ..., description="MLflow tracking server URL, e.g. http://mlflow.mlops:5000.", pattern=r"^https?://[^\s/]+(/.*)?$"
+    )
+    experiment_name: Optional[str] = Field(
+        None, description="MLflow experiment (created when missing); default: the run name.", min_length=1, max_length=500
+    )
+    credentials_secret: Optional[str] = Field(
+        None,
+        description="Name of a Secret in the run's namespace with MLflow's own variables as keys: "
+        "MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD.",
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        max_length=253,
+    )
 
 
 class ScalingRunSpec(_Model):
@@ -331,9 +342,7 @@ class ScalingRunSpec(_Model):
     training: Training = Field(default_factory=Training, description="Optimizer, batch, learning rate, epochs.")
     workers: Workers = Field(default_factory=Workers, description="MPIJob workers.")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Retries, deadlines, cleanup, scheduling.")
-    tracking: Optional[Tracking] = Field(
-        None, description="Experiment tracking (MLflow). Accepted; the trainer does not send to MLflow yet (it says so)."
-    )
+    tracking: Optional[Tracking] = Field(None, description="Experiment tracking (MLflow).")
 
 
 # --- status ---------------------------------------------------------------------------------------
@@ -384,6 +393,7 @@ class TrainingStatus(_Model):
     images_per_second: Optional[float] = Field(None, description="Training throughput, all processes.")
     learning_rate: Optional[float] = Field(None, description="Scaled learning rate in use.")
     effective_batch_size: Optional[int] = Field(None, description="Batch size across all processes.")
+    mlflow_run_id: Optional[str] = Field(None, description="MLflow run the trainer logs to, when tracking is set.")
 
 
 class ScalingRunStatus(_Model):

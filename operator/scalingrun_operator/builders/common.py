@@ -58,6 +58,21 @@ def storage_env(run: ScalingRun) -> list[dict[str, Any]]:
     return env
 
 
+# MLflow's own variable names, used as the Secret's keys too; a Secret may hold a token or a user and password.
+MLFLOW_CREDENTIAL_VARS = ("MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
+
+
+def tracking_env(run: ScalingRun) -> list[dict[str, Any]]:
+    """MLflow credentials as optional Secret references (only the keys the Secret has are set)."""
+    tracking = run.spec.tracking
+    if tracking is None or not tracking.credentials_secret:
+        return []
+    return [
+        {"name": var, "valueFrom": {"secretKeyRef": {"name": tracking.credentials_secret, "key": var, "optional": True}}}
+        for var in MLFLOW_CREDENTIAL_VARS
+    ]
+
+
 def pod_security_context() -> dict[str, Any]:
     return {
         "runAsNonRoot": True,

@@ -28,6 +28,8 @@ def run_location(run: ScalingRun) -> str:
 def build_trainer_config(run: ScalingRun) -> dict[str, Any]:
     spec = run.spec.model_dump(mode="json", by_alias=True, exclude={"workers", "run_policy"})
     spec["storage"] = {k: spec["storage"][k] for k in ("endpoint", "region")}  # no Secret names
+    if spec.get("tracking"):
+        spec["tracking"] = {k: v for k, v in spec["tracking"].items() if k != "credentialsSecret"}
     return {
         "run": run.metadata.name,
         "processes": total_processes(run),

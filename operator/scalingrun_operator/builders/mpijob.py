@@ -8,6 +8,7 @@ from typing import Any
 from ..api.models import ScalingRun
 from .common import (
     CONFIG_FILE,
+    MLFLOW_CREDENTIAL_VARS,
     config_volume,
     container_security_context,
     metadata,
@@ -15,6 +16,7 @@ from .common import (
     pod_security_context,
     resources,
     storage_env,
+    tracking_env,
 )
 from .config import slots_per_worker, total_processes
 
@@ -33,7 +35,8 @@ def launcher_script(run: ScalingRun) -> str:
         "mpirun", "-np", str(total_processes(run)), "--hostfile", HOSTFILE,
         "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
     ]
-    for var in FORWARDED_ENV:
+    forwarded = FORWARDED_ENV + (MLFLOW_CREDENTIAL_VARS if tracking_env(run) else ())
+    for var in forwarded:
         mpirun += ["-x", var]
     mpirun += ["scalingrun-trainer", "train", "--config", CONFIG_FILE]
     return "\n".join([
@@ -93,7 +96,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "name": "launcher",
         "image": w.image,
         "command": ["/bin/sh", "-c", launcher_script(run)],
-        "env": storage_env(run),
+        "env": storage_env(run) + tracking_env(run),
         "resources": resources("1", "2Gi"),
         "securityContext": container_security_context(),
         "volumeMounts": [mount],
@@ -102,7 +105,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "name": "worker",
         "image": w.image,
         "command": WORKER_COMMAND,
-        "env": storage_env(run),
+        "env": storage_env(run) + tracking_env(run),
         "resources": resources(w.cpu, w.memory, w.gpus_per_worker),
         "securityContext": container_security_context(),
         "volumeMounts": [mount],

@@ -2,7 +2,7 @@
 
 Contract with the trainer (scalingrun_trainer.progress): rank 0 writes `<runLocation>/progress.json`
 {"state", "epoch", "maxEpochs", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond",
-"elapsedSeconds", "learningRate", "effectiveBatchSize", "processes", "modelUri", "error"}.
+"elapsedSeconds", "learningRate", "effectiveBatchSize", "processes", "modelUri", "error", "mlflowRunId"}.
 """
 
 from __future__ import annotations
@@ -70,6 +70,9 @@ def training_status(progress: Optional[dict[str, Any]]) -> dict[str, Any]:
     for source in ("metrics", "bestMetrics"):
         if isinstance(progress.get(source), dict):
             out[source] = _metrics(progress[source])
+    run_id = progress.get("mlflowRunId")
+    if isinstance(run_id, str) and run_id:
+        out["mlflowRunId"] = run_id
     return out
 
 

@@ -82,6 +82,15 @@ class LocalRun:
                 f"this run reads s3:// with the keys of Secret {spec.storage.credentials_secret!r}: locally, "
                 "export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY instead"
             )
+        tracking = spec.tracking
+        env = os.environ
+        has_mlflow_credentials = env.get("MLFLOW_TRACKING_TOKEN") or (
+            env.get("MLFLOW_TRACKING_USERNAME") and env.get("MLFLOW_TRACKING_PASSWORD"))
+        if tracking and tracking.credentials_secret and not has_mlflow_credentials:
+            raise LocalRunError(
+                f"this run logs to MLflow with the credentials of Secret {tracking.credentials_secret!r}: locally, "
+                "export MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, instead"
+            )
 
     def start(self, stop_after: str = "training") -> int:
         self.check_credentials()
