@@ -21,7 +21,7 @@ import urllib.parse
 import urllib.request
 from typing import Any, Callable, Optional
 
-# Tags that find a run again: MLflow's run name, and where its checkpoints are.
+# Tags the MLflow run with where its checkpoints and progress document are, to find one from the other.
 RUN_LOCATION_TAG = "scalingrun.dev/run-location"
 RETRYABLE_STATUS = {429, 500, 502, 503, 504}
 

@@ -113,7 +113,7 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
     context["tracker"] = tracker
     weights = local_weights(spec_model.get("weights", "imagenet"), endpoint, region)
     model = build_model(spec_model["base"], dataset.image_size, classes, weights,
-                                    spec_model.get("dropout", 0.0), spec_model.get("trainableBase", False))
+                        spec_model.get("dropout", 0.0), spec_model.get("trainableBase", False))
     optimizer = hvd.DistributedOptimizer(_optimizer(spec_train["optimizer"], scaled.learning_rate))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 

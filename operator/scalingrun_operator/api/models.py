@@ -26,6 +26,7 @@ DEFAULT_TRAINER_IMAGE = "ghcr.io/scalingrun/trainer:0.1.0"
 # s3:// (any S3-compatible store), file:// or an absolute local path.
 DATA_URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|file:///.*|/.*)$"
 WEIGHTS_PATTERN = r"^(imagenet|none|s3://.+|gs://.+|https?://.+|file:///.+|/.+)$"
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # a DNS subdomain, as Secret names are
 # Kubernetes resource quantity, e.g. 500m, 4, 16Gi.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 
@@ -69,7 +70,7 @@ class Storage(_Model):
         None,
         description="Name of a Secret in the run's namespace holding the access key and secret key. "
         "Required when any URI is s3://. Keys are never accepted inline.",
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        pattern=SECRET_NAME_PATTERN,
         max_length=253,
     )
     access_key_id_key: str = Field(
@@ -328,7 +329,7 @@ class Tracking(_Model):
         None,
         description="Name of a Secret in the run's namespace with MLflow's own variables as keys: "
         "MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD.",
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        pattern=SECRET_NAME_PATTERN,
         max_length=253,
     )
 
