@@ -20,6 +20,7 @@ PYTHON="${PYTHON:-python3}"
 HOROVOD_VERSION=0.28.1
 PETASTORM_VERSION=0.13.1
 PROFILE="${SCALINGRUN_PROFILE:-full}"
+PIP_BOOTSTRAP=("pip==25.3" "setuptools==80.9.0" "wheel==0.45.1")  # the same in every venv this script makes
 GPU="${SCALINGRUN_GPU:-0}"
 TF_VERSION="$(sed -n 's/^tensorflow-cpu==//p' "$ROOT/requirements/lock.txt")"
 case "$PROFILE" in
@@ -72,7 +73,7 @@ install_mlflow_server() {
   [[ -f "$venv/.scalingrun-stack" && "$(cat "$venv/.scalingrun-stack")" == "$want" ]] && return 0
   log "installing the MLflow tracking server for the tests into ${venv#"$ROOT/"}"
   [[ -x "$venv/bin/python" ]] || "$PYTHON" -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check "pip==25.3" "setuptools==80.9.0" "wheel==0.45.1"
+  "$venv/bin/pip" install -q --disable-pip-version-check "${PIP_BOOTSTRAP[@]}"
   "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$lock"
   echo "$want" > "$venv/.scalingrun-stack"
 }
@@ -86,7 +87,7 @@ main() {
     return 0
   fi
   [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "pip==25.3" "setuptools==80.9.0" "wheel==0.45.1"
+  "$VENV/bin/pip" install -q --disable-pip-version-check "${PIP_BOOTSTRAP[@]}"
   log "installing ${LOCK#"$ROOT/"}"
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r "$LOCK"
   if [[ "$PROFILE" != operator ]]; then

@@ -27,6 +27,7 @@ DEFAULT_TRAINER_IMAGE = "ghcr.io/scalingrun/trainer:0.1.0"
 DATA_URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|file:///.*|/.*)$"
 WEIGHTS_PATTERN = r"^(imagenet|none|s3://.+|gs://.+|https?://.+|file:///.+|/.+)$"
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # a DNS subdomain, as Secret names are
+HTTP_URL_PATTERN = r"^https?://[^\s/]+(/.*)?$"
 # Kubernetes resource quantity, e.g. 500m, 4, 16Gi.
 QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 
@@ -53,6 +54,11 @@ class _Model(BaseModel):
     )
 
 
+def _secret_name_field(description: str):
+    """An optional reference to a Secret in the run's namespace, by name: never the values themselves."""
+    return Field(None, description=description, pattern=SECRET_NAME_PATTERN, max_length=253)
+
+
 # --- spec -----------------------------------------------------------------------------------------
 
 
@@ -63,15 +69,12 @@ class Storage(_Model):
         None,
         description="Endpoint URL of an S3-compatible store (e.g. http://minio.storage:9000). "
         "Omit for AWS S3.",
-        pattern=r"^https?://[^\s/]+(/.*)?$",
+        pattern=HTTP_URL_PATTERN,
     )
     region: str = Field("us-east-1", description="Region of the bucket.", min_length=1)
-    credentials_secret: Optional[str] = Field(
-        None,
-        description="Name of a Secret in the run's namespace holding the access key and secret key. "
-        "Required when any URI is s3://. Keys are never accepted inline.",
-        pattern=SECRET_NAME_PATTERN,
-        max_length=253,
+    credentials_secret: Optional[str] = _secret_name_field(
+        "Name of a Secret in the run's namespace holding the access key and secret key. "
+        "Required when any URI is s3://. Keys are never accepted inline."
     )
     access_key_id_key: str = Field(
         "AWS_ACCESS_KEY_ID", description="Key in the Secret holding the access key id.", min_length=1
@@ -320,17 +323,14 @@ class Tracking(_Model):
     """MLflow experiment tracking: rank 0 logs parameters, per-epoch metrics, the best epoch and the model URI."""
 
     mlflow_tracking_uri: str = Field(
-        ..., description="MLflow tracking server URL, e.g. http://mlflow.mlops:5000.", pattern=r"^https?://[^\s/]+(/.*)?$"
+        ..., description="MLflow tracking server URL, e.g. http://mlflow.mlops:5000.", pattern=HTTP_URL_PATTERN
     )
     experiment_name: Optional[str] = Field(
         None, description="MLflow experiment (created when missing); default: the run name.", min_length=1, max_length=500
     )
-    credentials_secret: Optional[str] = Field(
-        None,
-        description="Name of a Secret in the run's namespace with MLflow's own variables as keys: "
-        "MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD.",
-        pattern=SECRET_NAME_PATTERN,
-        max_length=253,
+    credentials_secret: Optional[str] = _secret_name_field(
+        "Name of a Secret in the run's namespace with MLflow's own variables as keys: "
+        "MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD."
     )
 
 

@@ -8,7 +8,6 @@ from typing import Any
 from ..api.models import ScalingRun
 from .common import (
     CONFIG_FILE,
-    MLFLOW_CREDENTIAL_VARS,
     config_volume,
     container_security_context,
     metadata,
@@ -35,8 +34,8 @@ def launcher_script(run: ScalingRun) -> str:
         "mpirun", "-np", str(total_processes(run)), "--hostfile", HOSTFILE,
         "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
     ]
-    forwarded = FORWARDED_ENV + (MLFLOW_CREDENTIAL_VARS if tracking_env(run) else ())
-    for var in forwarded:
+    # Rank 0 runs on a worker, started through mpirun: the MLflow credentials must travel with it too.
+    for var in FORWARDED_ENV + tuple(e["name"] for e in tracking_env(run)):
         mpirun += ["-x", var]
     mpirun += ["scalingrun-trainer", "train", "--config", CONFIG_FILE]
     return "\n".join([
