@@ -3,6 +3,12 @@
 Crate-style: every field is documented with `#:`, has a safe default, and `load()` fails fast with
 the variable's name when a value cannot be parsed (a typo in a Deployment must not start an
 operator with surprising settings).
+
+No variable name may be one that Kubernetes' service links can produce: for every Service in the
+pod's namespace the kubelet injects `<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT[_<PORTNAME>]`,
+`<NAME>_PORT` and `<NAME>_PORT_<N>_<PROTO>[_PROTO|_PORT|_ADDR]`, so a Service `scalingrun-metrics`
+would set `SCALINGRUN_METRICS_PORT=tcp://10.0.0.241:9090`. Hence `SCALINGRUN_METRICS_PORT_NUMBER`;
+tests/unit/test_operator_parts.py checks every name against those patterns.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ class Config:
     #: Connect/read timeout of one object-storage request.
     storage_timeout_seconds: float = 10.0
     #: Port of the Prometheus /metrics endpoint; 0 turns it off.
-    metrics_port: int = 9090
+    metrics_port_number: int = 9090
     #: kopf liveness endpoint (served by kopf, answered by the on.probe handlers); empty turns it off.
     liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
     #: Namespaces (or kopf globs) to watch; empty means the whole cluster.
@@ -74,8 +80,13 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
 
 
 _KINDS = {"poll_interval_seconds": float, "completion_grace_seconds": float, "storage_timeout_seconds": float,
-          "metrics_port": int, "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
+          "metrics_port_number": int, "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str}
+
+
+def variable_names() -> list[str]:
+    """Every environment variable the configuration reads."""
+    return [PREFIX + name.upper() for name in _KINDS]
 
 
 def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Config:
@@ -83,8 +94,7 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
     environ = os.environ if environ is None else environ
     values: dict[str, object] = {}
     defaults = Config()
-    for name, kind in _KINDS.items():
-        var = PREFIX + name.upper()
+    for (name, kind), var in zip(_KINDS.items(), variable_names()):
         if var in environ:
             values[name] = _parse(var, environ[var], kind, getattr(defaults, name))
     values.update({k: v for k, v in overrides.items() if v is not None})
@@ -93,6 +103,6 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
         raise ConfigError(f"{PREFIX}LOG_FORMAT must be json or plain, not {config.log_format!r}")
     if config.poll_interval_seconds < 0.5:
         raise ConfigError(f"{PREFIX}POLL_INTERVAL_SECONDS must be >= 0.5, not {config.poll_interval_seconds}")
-    if not 0 <= config.metrics_port <= 65535:
-        raise ConfigError(f"{PREFIX}METRICS_PORT must be a port number, not {config.metrics_port}")
+    if not 0 <= config.metrics_port_number <= 65535:
+        raise ConfigError(f"{PREFIX}METRICS_PORT_NUMBER must be a port number, not {config.metrics_port_number}")
     return config

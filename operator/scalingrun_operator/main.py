@@ -22,12 +22,18 @@ from .api.models import GROUP, PLURAL, VERSION
 from .config import Config, ConfigError, load
 from .handlers.reconcile import Reconciler, forget, owner_of
 from .k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, Kube, new_api_client
+from .peering import PeeringError, ensure_peering
 from .status import TERMINAL
 
 log = logging.getLogger(__name__)
 
-# Read at import: the timer's interval is an argument of its decorator.
-CONFIG: Config = load()
+# Read at import: the timer's interval is an argument of its decorator. A bad value is reported by
+# run() (or the startup handler) with the variable's name, not as an import traceback.
+try:
+    CONFIG: Config = load()
+    _CONFIG_ERROR: Optional[ConfigError] = None
+except ConfigError as _error:
+    CONFIG, _CONFIG_ERROR = Config(), _error
 ANNOTATION_PREFIX = "scalingrun.dev"
 MANAGED = {"app.kubernetes.io/managed-by": "scalingrun-operator"}
 
@@ -44,6 +50,8 @@ def _run(namespace: str, name: str, handler: str) -> None:
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    if _CONFIG_ERROR is not None:
+        raise kopf.PermanentError(str(_CONFIG_ERROR))
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
@@ -55,7 +63,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     _reconcile["run"] = Reconciler(Kube(new_api_client(), CONFIG.component), CONFIG)
-    metrics.serve(CONFIG.metrics_port)
+    metrics.serve(CONFIG.metrics_port_number)
 
 
 @kopf.on.probe(id="runs")
@@ -132,7 +140,7 @@ def settings_from_args(args: argparse.Namespace, base: Config) -> Config:
             "peering": "" if args.standalone else args.peering,
             "priority": args.priority,
             "liveness_endpoint": args.liveness,
-            "metrics_port": args.metrics_port,
+            "metrics_port_number": args.metrics_port,
             "log_format": args.log_format,
             "debug": args.debug,
         }.items() if v is not None})
@@ -145,6 +153,9 @@ def run(argv: Optional[list[str]] = None) -> int:
     """Console entry point: parse flags, configure logging, hand over to kopf until stopped."""
     global CONFIG
     args = build_parser().parse_args(argv)
+    if _CONFIG_ERROR is not None:
+        print(f"scalingrun-operator: {_CONFIG_ERROR}", file=sys.stderr)
+        return 2
     try:
         CONFIG = settings_from_args(args, CONFIG)
     except (ConfigError, TypeError) as exc:
@@ -156,6 +167,13 @@ def run(argv: Optional[list[str]] = None) -> int:
         # "Timer 'poll' succeeded" per run per interval and every probe request drown what matters.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if CONFIG.peering:
+        # kopf pauses silently while its peering object is missing: create it, or stop and say why.
+        try:
+            ensure_peering(new_api_client(), CONFIG.peering, CONFIG.namespaces)
+        except PeeringError as exc:
+            log.error("scalingrun-operator cannot start: %s", exc)
+            return 1
     kopf.run(
         clusterwide=not CONFIG.namespaces,
         namespaces=CONFIG.namespaces,

@@ -68,6 +68,8 @@ def test_operator_pod_is_locked_down(helm):
     deployment = next(o for o in render(helm) if o["kind"] == "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
+    # No Service of the namespace may inject <SERVICE>_PORT=tcp://... variables into the operator.
+    assert pod["enableServiceLinks"] is False
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
@@ -84,7 +86,9 @@ def test_namespaced_install_uses_roles_only(helm):
     assert bindings == ["t-scalingrun-crd-watch"]  # only CRD list/watch is cluster-wide
     roles = [o for o in objects if o["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team-a", "ml-team-b"]
-    assert sorted(o["metadata"]["namespace"] for o in objects if o["kind"] == "KopfPeering") == ["ml-team-a", "ml-team-b"]
+    for role in roles:  # the operator creates its KopfPeering in each namespace it serves
+        peering = next(r for r in role["rules"] if r["resources"] == ["kopfpeerings"])
+        assert set(peering["verbs"]) == {"get", "list", "watch", "patch", "create"}
     args = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=ml-team-a" in args and "--all-namespaces" not in args
 
@@ -96,7 +100,56 @@ def test_crd_kept_on_uninstall_and_optional(helm):
     assert not [o for o in render(helm, CHART / "ci/standalone-values.yaml") if o["kind"] == "CustomResourceDefinition"]
 
 
+@pytest.mark.parametrize("values", VALUES, ids=lambda v: v.name if v else "default")
+def test_every_port_names_its_protocol(helm, values):
+    """Server-side apply (helm 4's default) on 1.20 refuses a port list entry without its key `protocol`."""
+    for obj in render(helm, values):
+        if obj["kind"] == "Service":
+            ports = obj["spec"]["ports"]
+        elif obj["kind"] == "Deployment":
+            ports = [p for c in obj["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])]
+        else:
+            continue
+        assert ports and all(p.get("protocol") == "TCP" for p in ports), (obj["kind"], ports)
+
+
+@pytest.mark.parametrize("values", VALUES, ids=lambda v: v.name if v else "default")
+def test_no_hooks_and_no_peering_objects(helm, values):
+    """kopf pauses silently without its peering object, and a hook does not run while `helm install --wait`
+    waits: the operator creates the object itself at start."""
+    for obj in render(helm, values):
+        assert obj["kind"] not in ("ClusterKopfPeering", "KopfPeering")
+        assert not [a for a in obj["metadata"].get("annotations") or {} if a.startswith("helm.sh/hook")], obj["kind"]
+
+
+def test_operator_may_create_its_peering_object_and_read_pods(helm):
+    role = next(o for o in render(helm) if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "t-scalingrun-operator")
+    verbs = {resource: set(rule["verbs"]) for rule in role["rules"] for resource in rule["resources"]}
+    assert verbs["clusterkopfpeerings"] == {"get", "list", "watch", "patch", "create"}
+    assert "kopfpeerings" not in verbs  # cluster-wide, kopf uses only the ClusterKopfPeering
+    assert verbs["pods"] == {"get", "list", "watch"}
+
+
+@pytest.mark.parametrize("release", ["scalingrun", "other", "ml-ops"])
+def test_names_follow_the_release(helm, release):
+    """Every reference between the chart's objects resolves under any release name."""
+    objects = render(helm, None, release=release)
+    names = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    account = next(o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount")
+    assert account == (release if "scalingrun" in release else f"{release}-scalingrun")
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    service = next(o for o in objects if o["kind"] == "Service")
+    assert service["spec"]["selector"] == selector
+    for binding in (o for o in objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        assert (binding["roleRef"]["kind"], binding["roleRef"]["name"]) in names
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "scalingrun-system"}]
+
+
 @pytest.mark.parametrize("bad", [["--set", "replicaCount=2", "--set", "peering.name="],
+                                 ["--set", "replicaCount=2"],
                                  ["--set", "unknownKey=1"], ["--set", "operator.logFormat=xml"]])
 def test_bad_values_are_refused(helm, bad):
     result = subprocess.run([helm, "template", "t", str(CHART), *bad], capture_output=True, text=True)

@@ -52,6 +52,11 @@ def test_schema_has_defaults_enums_bounds_and_descriptions():
     assert (vf["minimum"], vf["exclusiveMinimum"], vf["maximum"], vf["exclusiveMaximum"]) == (0, True, 1, True)
     assert spec["properties"]["model"]["properties"]["base"]["enum"] == ["efficientnet_lite0", "mobilenet_v2", "xception"]
     assert spec["properties"]["workers"]["properties"]["cpu"]["x-kubernetes-int-or-string"] is True
+    launcher = spec["properties"]["launcher"]
+    assert launcher["default"] == {} and launcher["properties"]["resources"]["default"] == {}
+    launcher_resources = launcher["properties"]["resources"]["properties"]
+    assert (launcher_resources["cpu"]["default"], launcher_resources["memory"]["default"]) == ("100m", "256Mi")
+    assert launcher_resources["cpu"]["x-kubernetes-int-or-string"] is True
     # optional objects without defaults must not be defaulted into existence
     assert "default" not in spec["properties"]["tracking"]
     for path, node in _walk(spec):

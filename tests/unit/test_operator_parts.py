@@ -1,9 +1,14 @@
-"""Operator parts without a cluster: typed config from the environment, local storage reads, metrics,
-command-line flags."""
+"""Operator parts without a cluster: typed config from the environment (and what it must ignore), local
+storage reads, metrics, command-line flags, the peering rules."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +17,9 @@ from scalingrun_operator import config, metrics, storage
 
 
 def test_config_reads_prefixed_environment():
-    loaded = config.load({"SCALINGRUN_POLL_INTERVAL_SECONDS": "2.5", "SCALINGRUN_METRICS_PORT": "0",
+    loaded = config.load({"SCALINGRUN_POLL_INTERVAL_SECONDS": "2.5", "SCALINGRUN_METRICS_PORT_NUMBER": "0",
                           "SCALINGRUN_NAMESPACES": "ml, team-*", "SCALINGRUN_DEBUG": "yes", "OTHER": "x"})
-    assert loaded.poll_interval_seconds == 2.5 and loaded.metrics_port == 0 and loaded.debug is True
+    assert loaded.poll_interval_seconds == 2.5 and loaded.metrics_port_number == 0 and loaded.debug is True
     assert loaded.namespaces == ("ml", "team-*")
     assert config.load({}) == config.Config()
 
@@ -22,13 +27,75 @@ def test_config_reads_prefixed_environment():
 @pytest.mark.parametrize("env,message", [
     ({"SCALINGRUN_POLL_INTERVAL_SECONDS": "soon"}, "SCALINGRUN_POLL_INTERVAL_SECONDS='soon'"),
     ({"SCALINGRUN_POLL_INTERVAL_SECONDS": "0.1"}, ">= 0.5"),
-    ({"SCALINGRUN_METRICS_PORT": "70000"}, "port number"),
+    ({"SCALINGRUN_METRICS_PORT_NUMBER": "70000"}, "port number"),
     ({"SCALINGRUN_LOG_FORMAT": "xml"}, "json or plain"),
     ({"SCALINGRUN_DEBUG": "maybe"}, "SCALINGRUN_DEBUG"),
 ])
 def test_config_fails_fast_naming_the_variable(env, message):
     with pytest.raises(config.ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):
         config.load(env)
+
+
+# What the kubelet injects for every Service in the pod's namespace (service links, pkg/kubelet/envvars):
+# <NAME>_SERVICE_HOST, <NAME>_SERVICE_PORT, <NAME>_SERVICE_PORT_<PORT NAME>, <NAME>_PORT,
+# <NAME>_PORT_<N>_<PROTO> and that with _PROTO, _PORT or _ADDR. <NAME> is any Service name, upper-cased.
+SERVICE_LINK = re.compile(
+    r"^[A-Z][A-Z0-9_]*_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT|PORT_[0-9]+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?)$")
+
+
+def service_link_variables(service: str, ports: list[tuple[str, int]]) -> list[str]:
+    """The variable names a Service with these (name, port) pairs puts into every pod of its namespace."""
+    name = service.upper().replace("-", "_")
+    names = [f"{name}_SERVICE_HOST", f"{name}_SERVICE_PORT", f"{name}_PORT"]
+    for port_name, port in ports:
+        names.append(f"{name}_SERVICE_PORT_{port_name.upper().replace('-', '_')}")
+        names += [f"{name}_PORT_{port}_TCP{suffix}" for suffix in ("", "_PROTO", "_PORT", "_ADDR")]
+    return names
+
+
+def test_the_service_link_pattern_matches_what_the_chart_service_injects():
+    # The pattern must catch the variable that crash-looped the operator, or the next test proves nothing.
+    injected = service_link_variables("scalingrun-metrics", [("metrics", 9090)])
+    assert "SCALINGRUN_METRICS_PORT" in injected
+    assert all(SERVICE_LINK.match(var) for var in injected), injected
+
+
+def test_no_config_variable_is_a_name_a_service_link_can_produce():
+    names = config.variable_names()
+    assert "SCALINGRUN_METRICS_PORT_NUMBER" in names and len(names) == len(dataclasses.fields(config.Config))
+    assert [var for var in names if SERVICE_LINK.match(var)] == []
+
+
+def test_config_ignores_injected_service_links():
+    injected = {var: "tcp://10.0.0.241:9090" for service in ("scalingrun-metrics", "scalingrun-operator", "scalingrun")
+                for var in service_link_variables(service, [("metrics", 9090), ("health", 8080)])}
+    injected.update({var: "10.0.0.241" for var in injected if var.endswith(("_HOST", "_ADDR"))})
+    assert config.load(injected) == config.Config()
+
+
+def test_operator_exits_naming_a_bad_variable_instead_of_a_traceback():
+    env = {**os.environ, "SCALINGRUN_POLL_INTERVAL_SECONDS": "soon"}
+    result = subprocess.run([sys.executable, "-m", "scalingrun_operator.cli", "operator", "--standalone"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "SCALINGRUN_POLL_INTERVAL_SECONDS='soon' is not a valid float" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("namespace, pattern", [("ml", False), ("team-a", False), ("team-*", True),
+                                                ("!kube-system", True), ("a,b", True), ("ml-?", True)])
+def test_namespace_patterns_are_told_from_names(namespace, pattern):
+    from scalingrun_operator.peering import is_pattern
+
+    assert is_pattern(namespace) is pattern
+
+
+def test_peering_refuses_namespace_patterns_before_any_call():
+    from scalingrun_operator.peering import PeeringError, ensure_peering
+
+    # No API client: the refusal must come before the first request.
+    with pytest.raises(PeeringError, match=r"namespace patterns \(team-\*\).*--standalone"):
+        ensure_peering(None, "scalingrun", ["ml", "team-*"])
 
 
 def test_local_storage_reads_json_and_lists(tmp_path):
@@ -71,7 +138,7 @@ def test_operator_flags_override_environment():
     base = config.load({"SCALINGRUN_NAMESPACES": "ml"})
     args = main.build_parser().parse_args(["--all-namespaces", "--standalone", "--metrics-port", "0"])
     settings = main.settings_from_args(args, base)
-    assert settings.namespaces == () and settings.peering == "" and settings.metrics_port == 0
+    assert settings.namespaces == () and settings.peering == "" and settings.metrics_port_number == 0
     args = main.build_parser().parse_args(["-n", "a", "-n", "b-*", "--peering", "prod"])
     settings = main.settings_from_args(args, base)
     assert settings.namespaces == ("a", "b-*") and settings.peering == "prod"

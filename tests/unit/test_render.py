@@ -70,7 +70,7 @@ def test_mpijob_maps_workers_and_run_policy():
     assert mpijob["launcherCreationPolicy"] == "AtStartup"
     launcher = mpijob["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     script = launcher["command"][-1]
-    assert "getent hosts" in script and "mpirun -np 8 " in script
+    assert "mpirun -np 8 " in script  # how the launcher waits for workers: tests of launcher_script
 
 
 def test_single_node_waits_for_workers_and_counts_gpu_slots():
@@ -92,6 +92,33 @@ def test_preprocess_job_is_indexed_and_non_root():
     container = pod["containers"][0]
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+
+
+def _pod_specs(objects: list[dict]) -> dict[str, dict]:
+    job, mpijob = objects[1], objects[2]
+    specs = {"preprocess": job["spec"]["template"]["spec"]}
+    for role, replica in mpijob["spec"]["mpiReplicaSpecs"].items():
+        specs[role] = replica["template"]["spec"]
+    return specs
+
+
+def test_launcher_requests_are_small_by_default_and_settable():
+    default = _pod_specs(build_children(load(ROOT / "examples/quickstart.yaml"), "ml"))["Launcher"]
+    small = {"cpu": "100m", "memory": "256Mi"}
+    assert default["containers"][0]["resources"] == {"requests": small, "limits": small}
+    # 06 sets only the CPU; the memory keeps its default.
+    settable = _pod_specs(build_children(load(ROOT / "examples/06-8-single-gpu-nodes.yaml"), "ml"))["Launcher"]
+    chosen = {"cpu": "250m", "memory": "256Mi"}
+    assert settable["containers"][0]["resources"] == {"requests": chosen, "limits": chosen}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_no_pod_gets_a_service_account_token(example):
+    """None of them calls the Kubernetes API: a mounted token would only be something to steal."""
+    specs = _pod_specs(build_children(load(example), "ml"))
+    assert sorted(specs) == ["Launcher", "Worker", "preprocess"]
+    for role, pod in specs.items():
+        assert pod["automountServiceAccountToken"] is False, role
 
 
 def test_credentials_only_as_secret_references():

@@ -50,6 +50,13 @@ def test_minimal_run_gets_documented_defaults():
     assert run.spec.training.learning_rate_scaling == "linear"
     assert run.spec.training.early_stopping.restore_best_weights is True
     assert run.spec.run_policy.clean_pod_policy == "Running"
+    # The launcher only runs mpirun: small enough to fit beside 2 workers on a 2-core node.
+    assert (run.spec.launcher.resources.cpu, run.spec.launcher.resources.memory) == ("100m", "256Mi")
+
+
+def test_launcher_resources_default_field_by_field():
+    resources = parse_scalingrun(with_value("spec.launcher", {"resources": {"cpu": 1}})).spec.launcher.resources
+    assert (resources.cpu, resources.memory) == ("1", "256Mi")
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
@@ -94,6 +101,8 @@ BAD_INPUTS = [
     ("spec.workers.replicas", 0, "spec.workers.replicas", "greater than or equal to 1"),
     ("spec.workers.gpusPerWorker", -1, "spec.workers.gpusPerWorker", "greater than or equal to 0"),
     ("spec.workers.cpu", "four", "spec.workers.cpu", "match pattern"),
+    ("spec.launcher.resources", {"cpu": "lots"}, "spec.launcher.resources.cpu", "match pattern"),
+    ("spec.launcher.resources", {"gpu": 1}, "spec.launcher.resources.gpu", "unknown field"),
     ("spec.workers.nodeSelector", {"gpu": 1}, "spec.workers.nodeSelector.gpu", "valid string"),
     ("spec.workers.tolerations", [{"effect": "Sometimes"}], "spec.workers.tolerations[0].effect", "NoSchedule"),
     ("spec.runPolicy.cleanPodPolicy", "Some", "spec.runPolicy.cleanPodPolicy", "'None', 'Running' or 'All'"),

@@ -54,9 +54,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: ["", "events.k8s.io"]
   resources: ["events"]
   verbs: ["create"]
-{{- if .Values.peering.name }}
-- apiGroups: ["kopf.dev"]
-  resources: ["kopfpeerings"]
-  verbs: ["get", "list", "watch", "patch"]
+# Pods of its children, read only: to tell why a run is stuck (image pull, scheduling, a lost worker).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "watch"]
 {{- end }}
+
+{{/* The peering objects: kopf watches and patches them; the operator creates its own when missing. */}}
+{{- define "scalingrun.peeringVerbs" -}}
+["get", "list", "watch", "patch", "create"]
 {{- end }}

@@ -281,6 +281,23 @@ class Workers(_Model):
     priority_class_name: Optional[str] = Field(None, description="PriorityClass of the workers.")
 
 
+class LauncherResources(Resources):
+    """CPU and memory of the launcher pod; requests equal limits. Each field has its own default."""
+
+    cpu: Optional[Quantity] = Field("100m", description="CPU of the launcher, e.g. 100m or 1.")
+    memory: Optional[Quantity] = Field("256Mi", description="Memory of the launcher, e.g. 256Mi.")
+
+
+class Launcher(_Model):
+    """The MPIJob launcher: it only runs mpirun (rank 0 trains on a worker), so it needs little."""
+
+    resources: LauncherResources = Field(
+        default_factory=LauncherResources,
+        description="Resources of the launcher pod. Default cpu 100m, memory 256Mi: enough for mpirun, "
+        "and small enough to fit beside the workers on a small node. Requests equal limits.",
+    )
+
+
 class CleanPodPolicy(str, Enum):
     none = "None"
     running = "Running"
@@ -342,6 +359,7 @@ class ScalingRunSpec(_Model):
     model: Model = Field(default_factory=Model, description="Base network and head.")
     training: Training = Field(default_factory=Training, description="Optimizer, batch, learning rate, epochs.")
     workers: Workers = Field(default_factory=Workers, description="MPIJob workers.")
+    launcher: Launcher = Field(default_factory=Launcher, description="MPIJob launcher (runs mpirun).")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Retries, deadlines, cleanup, scheduling.")
     tracking: Optional[Tracking] = Field(None, description="Experiment tracking (MLflow).")
 

@@ -55,6 +55,8 @@ def _pod_template(run: ScalingRun, labels: dict[str, str], container: dict[str, 
                   volumes: list[dict[str, Any]], workers: bool) -> dict[str, Any]:
     w = run.spec.workers
     pod: dict[str, Any] = {
+        # Neither mpirun (over ssh, not kubectl exec) nor the trainer calls the Kubernetes API.
+        "automountServiceAccountToken": False,
         "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": volumes,
@@ -96,7 +98,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "image": w.image,
         "command": ["/bin/sh", "-c", launcher_script(run)],
         "env": storage_env(run) + tracking_env(run),
-        "resources": resources("1", "2Gi"),
+        "resources": resources(run.spec.launcher.resources.cpu, run.spec.launcher.resources.memory),
         "securityContext": container_security_context(),
         "volumeMounts": [mount],
     }

@@ -46,6 +46,7 @@ def build_preprocess_job(run: ScalingRun, namespace: str) -> dict[str, Any]:
                 "metadata": {"labels": dict(meta["labels"])},
                 "spec": {
                     "restartPolicy": "Never",
+                    "automountServiceAccountToken": False,  # it reads storage, never the Kubernetes API
                     "securityContext": pod_security_context(),
                     "containers": [container],
                     "volumes": [volume, {"name": "tmp", "emptyDir": {}}],
