@@ -45,7 +45,14 @@ def test_apiserver_applies_defaults(api_client, scalingrun_crd, namespace):
     assert spec["training"]["learningRateScaling"] == "linear"
     assert spec["workers"]["replicas"] == 1
     assert spec["runPolicy"]["cleanPodPolicy"] == "Running"
+    assert spec["launcher"] == {"resources": {"cpu": "100m", "memory": "256Mi"}}
     assert "tracking" not in spec
+
+
+def test_apiserver_defaults_launcher_resources_field_by_field(api_client, scalingrun_crd, namespace):
+    body = copy.deepcopy(MINIMAL)
+    body["spec"]["launcher"] = {"resources": {"cpu": 1}}
+    assert create(api_client, namespace, body)["spec"]["launcher"]["resources"] == {"cpu": 1, "memory": "256Mi"}
 
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
@@ -68,6 +75,7 @@ REJECTED = [
     (("workers", "replicas"), 0, "spec.workers.replicas"),
     (("workers", "gpusPerWorker"), "two", "spec.workers.gpusPerWorker"),
     (("workers", "memory"), "lots", "spec.workers.memory"),
+    (("launcher", "resources"), {"cpu": "lots"}, "spec.launcher.resources.cpu"),
     (("runPolicy", "cleanPodPolicy"), "Sometimes", "spec.runPolicy.cleanPodPolicy"),
     (("storage", "credentialsSecret"), "Bad_Name", "spec.storage.credentialsSecret"),
 ]
@@ -114,3 +122,6 @@ def test_kubectl_explain_describes_training(scalingrun_crd, kubectl):
         time.sleep(1)
     assert out.returncode == 0, out.stderr
     assert "batchSizePerWorker" in out.stdout and "learning rate" in out.stdout.lower()
+    out = subprocess.run([*kubectl, "explain", "scalingrun.spec.launcher.resources"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "Default cpu 100m, memory 256Mi" in " ".join(out.stdout.split())

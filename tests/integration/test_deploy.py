@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from tests.conftest import require
 
@@ -30,15 +31,28 @@ ALLOWED = [
     ("patch", "mpijobs.kubeflow.org"), ("get", "secrets"), ("create", "events"),
     ("patch", "clusterkopfpeerings.kopf.dev"), ("list", "namespaces"),
     ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+    # it creates its peering object when missing (kopf would pause without it) ...
+    ("create", "clusterkopfpeerings.kopf.dev"), ("get", "clusterkopfpeerings.kopf.dev"),
+    # ... and reads its children's pods to report why a run is stuck
+    ("get", "pods"), ("list", "pods"), ("watch", "pods"),
 ]
-# ... and what it must not be able to do.
+# ... and what it must not be able to do (a subresource as its own item: `pods/log` would mean the pod "log").
 DENIED = [
     ("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("delete", "secrets"), ("create", "pods"),
     ("delete", "jobs.batch"), ("delete", "mpijobs.kubeflow.org"), ("delete", "scalingruns.scalingrun.dev"),
     ("create", "scalingruns.scalingrun.dev"), ("update", "configmaps"), ("create", "deployments.apps"),
     ("create", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
-    ("create", "pods/exec"), ("patch", "nodes"),
+    ("create", "pods", "exec"), ("get", "pods", "log"), ("patch", "nodes"), ("delete", "pods"), ("patch", "pods"),
+    ("delete", "clusterkopfpeerings.kopf.dev"), ("create", "kopfpeerings.kopf.dev"),
 ]
+# Service links that Services named like the chart's (or a user's) put into every pod of the namespace: the
+# chart's pod turns them off, and the operator's own variables are names no Service link can produce.
+SERVICE_LINKS = {
+    "SCALINGRUN_METRICS_PORT": "tcp://10.0.0.241:9090", "SCALINGRUN_METRICS_PORT_9090_TCP_PORT": "9090",
+    "SCALINGRUN_METRICS_SERVICE_PORT": "9090", "SCALINGRUN_METRICS_SERVICE_HOST": "10.0.0.241",
+    "SCALINGRUN_OPERATOR_PORT": "tcp://10.0.0.242:8080", "SCALINGRUN_OPERATOR_SERVICE_PORT_HEALTH": "8080",
+    "SCALINGRUN_PORT": "tcp://10.0.0.243:80",
+}
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +83,7 @@ def test_apply_k_installs_the_operator_and_accepts_example_runs(installed, api_c
     apps = client.AppsV1Api(api_client)
     deployment = apps.read_namespaced_deployment("scalingrun", SYSTEM)
     assert deployment.spec.template.spec.service_account_name == "scalingrun"
-    custom = client.CustomObjectsApi(api_client)
-    assert custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", "scalingrun")
+    assert deployment.spec.template.spec.enable_service_links is False
     for example in sorted((ROOT / "examples").glob("*.yaml")):
         result = subprocess.run([*installed, "create", "-n", namespace, "-f", str(example)], capture_output=True,
                                 text=True)
@@ -119,17 +132,27 @@ def _service_account_kubeconfig(api_client, admin_kubeconfig: str, path: Path) -
     return path
 
 
+def _delete_cluster_peering(custom: client.CustomObjectsApi, name: str) -> None:
+    try:
+        custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name)
+    except ApiException as exc:
+        assert exc.status == 404, exc
+
+
 def test_operator_works_with_only_the_chart_service_account(installed, api_client, kubeconfig, namespace, tmp_path):
+    """As the chart runs it: its ServiceAccount, peering on, no peering object yet (kopf alone would pause
+    silently), and service-link variables in the environment (as with enableServiceLinks on)."""
     sa_kubeconfig = _service_account_kubeconfig(api_client, kubeconfig, tmp_path / "sa.kubeconfig")
+    custom = client.CustomObjectsApi(api_client)
+    _delete_cluster_peering(custom, "scalingrun")
     log = open(tmp_path / "operator.log", "w")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     operator = subprocess.Popen(
         [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--all-namespaces", "--peering", "scalingrun",
          "--liveness", "", "--metrics-port", "0", "--log-format", "plain"],
-        stdout=log, stderr=subprocess.STDOUT, env={**env, "KUBECONFIG": str(sa_kubeconfig),
+        stdout=log, stderr=subprocess.STDOUT, env={**env, **SERVICE_LINKS, "KUBECONFIG": str(sa_kubeconfig),
                                                    "SCALINGRUN_POLL_INTERVAL_SECONDS": "2"},
         start_new_session=True)
-    custom = client.CustomObjectsApi(api_client)
     try:
         run = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "rbac-check"},
                "spec": {"dataset": {"source": str(tmp_path / "jpeg"), "output": str(tmp_path / "parquet")}}}
@@ -152,6 +175,9 @@ def test_operator_works_with_only_the_chart_service_account(installed, api_clien
         text = (tmp_path / "operator.log").read_text()
         # An RBAC denial names the user; other 403s (e.g. a namespace being deleted) do not.
         assert f'forbidden: User "{SERVICE_ACCOUNT}"' not in text, text[-3000:]
+        peering = custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", "scalingrun")
+        assert peering["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "scalingrun-operator"
+        assert "created ClusterKopfPeering scalingrun" in text
     finally:
         os.killpg(operator.pid, signal.SIGTERM)
         try:
@@ -160,3 +186,13 @@ def test_operator_works_with_only_the_chart_service_account(installed, api_clien
             os.killpg(operator.pid, signal.SIGKILL)
             operator.wait()
         log.close()
+
+
+def test_operator_that_cannot_create_its_peering_object_exits_saying_why(installed, kubeconfig, tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    result = subprocess.run(
+        [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--namespace", "no-such-namespace-x1",
+         "--peering", "scalingrun", "--liveness", "", "--metrics-port", "0", "--log-format", "plain"],
+        env={**env, "KUBECONFIG": kubeconfig}, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "KopfPeering scalingrun in namespace no-such-namespace-x1: the namespace does not exist" in result.stderr
