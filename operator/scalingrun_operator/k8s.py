@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 import socket
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -19,11 +21,15 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from .api import models
+from .builders.common import RUN_LABEL
 from .storage import Credentials, StorageError
 
 log = logging.getLogger(__name__)
 
 MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
+# Indexed Jobs: alpha (off by default) in 1.21, on by default from 1.22. Older servers drop
+# completionMode without a word, and every pod then sees no completion index.
+INDEXED_JOBS_SINCE = (1, 22)
 
 
 class ForeignObject(kopf.TemporaryError):
@@ -53,6 +59,41 @@ class Kube:
         self.custom = client.CustomObjectsApi(api_client)
         self.component = component
         self.instance = socket.gethostname()
+        self._version: Optional[tuple[int, int, str]] = None
+        self._version_lock = threading.Lock()
+        self._pods_forbidden_logged = False
+
+    # --- the server ----------------------------------------------------------------------------
+
+    def server_version(self) -> tuple[int, int, str]:
+        """(major, minor, gitVersion) of the API server, asked once per process."""
+        with self._version_lock:
+            if self._version is None:
+                info = _raw(client.VersionApi(self.api_client).get_code(_preload_content=False))
+                self._version = parse_version(info)
+            return self._version
+
+    def supports_indexed_jobs(self) -> bool:
+        major, minor, _ = self.server_version()
+        return (major, minor) >= INDEXED_JOBS_SINCE
+
+    # --- pods ----------------------------------------------------------------------------------
+
+    def list_pods(self, namespace: str, run_name: str) -> list[dict[str, Any]]:
+        """The pods labelled as the run's (preprocessing, launcher, workers); [] when the operator may not list
+        pods (RBAC of an older chart): diagnosis is then missing, not the reconcile."""
+        try:
+            response = self.core.list_namespaced_pod(namespace, label_selector=f"{RUN_LABEL}={run_name}",
+                                                     _preload_content=False)
+        except ApiException as exc:
+            if exc.status != 403:
+                raise
+            if not self._pods_forbidden_logged:
+                log.warning("the operator may not list pods (%s): no pod diagnosis or restart counts; "
+                            "grant get/list/watch on pods", exc.reason)
+                self._pods_forbidden_logged = True
+            return []
+        return _raw(response).get("items") or []
 
     # --- the ScalingRun ------------------------------------------------------------------------
 
@@ -195,6 +236,16 @@ class Kube:
             self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False)
         except ApiException as exc:
             log.warning("cannot post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], exc.reason)
+
+
+def parse_version(info: dict[str, Any]) -> tuple[int, int, str]:
+    """(major, minor, gitVersion) from /version; minor may read '20+' (vendor builds). Unknown: (0, 0)."""
+    git = str(info.get("gitVersion") or "")
+    numbers = [re.match(r"\d+", str(info.get(k) or "")) for k in ("major", "minor")]
+    if all(numbers):
+        return int(numbers[0].group()), int(numbers[1].group()), git
+    found = re.match(r"v?(\d+)\.(\d+)", git)
+    return (int(found.group(1)), int(found.group(2)), git) if found else (0, 0, git)
 
 
 def new_api_client() -> client.ApiClient:

@@ -20,7 +20,8 @@ import kopf
 from . import metrics
 from .api.models import GROUP, PLURAL, VERSION
 from .config import Config, ConfigError, load
-from .handlers.reconcile import Reconciler, forget, owner_of
+from .builders.common import RUN_LABEL
+from .handlers.reconcile import Reconciler, forget, owner_of, pod_event_matters
 from .k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, Kube, new_api_client
 from .peering import PeeringError, ensure_peering
 from .status import TERMINAL
@@ -108,6 +109,14 @@ def child_changed(type: Optional[str], body: kopf.Body, namespace: str, **_: Any
     owner = owner_of(dict(body))
     if owner and type != "DELETED":
         _run(namespace, owner, "child")
+
+
+@kopf.on.event("v1", "pods", labels=MANAGED)
+def pod_changed(type: Optional[str], body: kopf.Body, namespace: str, labels: kopf.Labels, **_: Any) -> None:
+    """A run's pod cannot pull its image, cannot be scheduled, restarted or is gone: say so in seconds."""
+    run = labels.get(RUN_LABEL)
+    if run and pod_event_matters(type, dict(body)):
+        _run(namespace, run, "pod")
 
 
 # --- entry point ----------------------------------------------------------------------------------

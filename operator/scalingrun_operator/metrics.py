@@ -26,6 +26,10 @@ RUN_TO_CHILD_SECONDS = Histogram(
     "Seconds from a ScalingRun's creation to the creation of its child, by kind (1 s timestamp resolution).",
     ["kind"], buckets=(0.5, 1, 2, 5, 10, 30, 60, 300, 1800, 7200), registry=REGISTRY)
 
+EVENTS = Counter("scalingrun_events_total",
+                 "Events posted on ScalingRuns, by type and reason (e.g. ImagePullFailed, WorkerPodLost).",
+                 ["type", "reason"], registry=REGISTRY)
+
 _lock = threading.Lock()
 _phases: dict[str, str] = {}
 

@@ -27,6 +27,7 @@ READY = "Ready"
 STALLED = "Stalled"
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 STORAGE_READABLE = "StorageReadable"
+PODS_HEALTHY = "PodsHealthy"  # False while a pod of the run cannot run (image pull, scheduling, OOM, ...)
 
 # Reasons a user sees (and tests assert).
 INVALID_SPEC = "InvalidSpec"

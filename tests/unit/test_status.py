@@ -254,3 +254,71 @@ def test_ready_and_stalled_follow_the_phase_for_kstatus():
     assert get_condition(failed.desired["conditions"], "Ready")["status"] == "False"
     stalled = get_condition(failed.desired["conditions"], "Stalled")
     assert stalled["status"] == "True" and "launcher exited 1" in stalled["message"]
+
+
+# --- resumed attempts --------------------------------------------------------------------------------
+
+
+def test_the_epoch_never_goes_back_while_the_mpijob_is_the_same():
+    shown = {"mpiJobName": "demo-train", "epoch": 4, "metrics": {"val_accuracy": 0.8}, "bestEpoch": 4,
+             "bestMetrics": {"val_accuracy": 0.8}, "imagesPerSecond": 100.0, "restarts": 1}
+    base = {"mpiJobName": "demo-train", "processes": 6, "maxEpochs": 10}
+    # An old trainer's resumed attempt starts its document at 0 with no metrics: status keeps epoch 4.
+    fresh = training.training_status({"epoch": 0, "metrics": {}, "learningRate": 0.006, "processes": 6})
+    merged = training.merge_training_status(shown, base, fresh, same_mpijob=True)
+    assert (merged["epoch"], merged["metrics"], merged["bestEpoch"]) == (4, {"val_accuracy": 0.8}, 4)
+    assert merged["learningRate"] == 0.006 and merged["restarts"] == 1
+    # The resumed attempt reports where it resumed, then moves on.
+    resumed = training.training_status({"epoch": 4, "resumedFromEpoch": 4, "metrics": {"val_accuracy": 0.8}})
+    assert training.merge_training_status(shown, base, resumed, True)["resumedFromEpoch"] == 4
+    later = training.training_status({"epoch": 5, "metrics": {"val_accuracy": 0.85}, "resumedFromEpoch": 4})
+    merged = training.merge_training_status(shown, base, later, True)
+    assert (merged["epoch"], merged["metrics"]) == (5, {"val_accuracy": 0.85})
+    # A new MPIJob (the old one deleted and recreated) starts from what its trainer says, counters too.
+    merged = training.merge_training_status(shown, base, fresh, same_mpijob=False)
+    assert merged["epoch"] == 0 and "restarts" not in merged and "bestEpoch" not in merged
+
+
+# --- preprocessing without Indexed Jobs ---------------------------------------------------------------
+
+
+def test_a_server_without_indexed_jobs_gets_one_pod_for_every_shard():
+    from scalingrun_operator.builders import build_preprocess_job
+
+    run = make_run()  # parallelism 4
+    indexed = build_preprocess_job(run, "ml")
+    assert indexed["spec"]["completionMode"] == "Indexed" and indexed["spec"]["completions"] == 4
+    assert "--all-shards" not in indexed["spec"]["template"]["spec"]["containers"][0]["command"]
+    in_turn = build_preprocess_job(run, "ml", indexed=False)
+    assert "completionMode" not in in_turn["spec"]
+    assert (in_turn["spec"]["completions"], in_turn["spec"]["parallelism"]) == (1, 1)
+    command = in_turn["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[-3:] == ["--shard-count", "4", "--all-shards"]
+    assert dataset.runs_shards_in_turn(in_turn, 4) and not dataset.runs_shards_in_turn(indexed, 4)
+    assert not dataset.lacks_completion_index(in_turn, 4) and not dataset.lacks_completion_index(indexed, 4)
+    # What a 1.20 server stores when asked for an Indexed Job: the mode silently dropped.
+    dropped = copy.deepcopy(indexed)
+    del dropped["spec"]["completionMode"]
+    assert dataset.lacks_completion_index(dropped, 4)
+    assert not dataset.lacks_completion_index(build_preprocess_job(make_run(preprocessing={"parallelism": 1}),
+                                                                   "ml"), 1)
+    state = dataset.job_state(in_turn)
+    assert dataset.job_progress_message("demo-preprocess", state, 4) == (
+        "Job demo-preprocess: one pod runs the 4 shards in turn")
+    note = dataset.in_turn_note(4, "v1.20.2")
+    assert "this server (v1.20.2) has no Indexed Jobs" in note and "4 shards" in note and "one pod" in note
+    message = dataset.no_completion_index_message("demo-preprocess", 4, "v1.20.2")
+    assert "every pod would process shard 0" in message and "recreate the run" in message
+
+
+@pytest.mark.parametrize("info,expected", [
+    ({"major": "1", "minor": "20", "gitVersion": "v1.20.2"}, (1, 20, "v1.20.2")),
+    ({"major": "1", "minor": "27+", "gitVersion": "v1.27.3-eks-a5565ad"}, (1, 27, "v1.27.3-eks-a5565ad")),
+    ({"major": "", "minor": "", "gitVersion": "v1.31.0"}, (1, 31, "v1.31.0")),
+    ({"gitVersion": "v0.0.0-master+$Format:%H$"}, (0, 0, "v0.0.0-master+$Format:%H$")),
+])
+def test_server_version_parsing(info, expected):
+    from scalingrun_operator.k8s import INDEXED_JOBS_SINCE, parse_version
+
+    assert parse_version(info) == expected
+    assert ((1, 20) >= INDEXED_JOBS_SINCE, (1, 22) >= INDEXED_JOBS_SINCE) == (False, True)

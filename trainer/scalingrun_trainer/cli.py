@@ -55,16 +55,23 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     from .preprocess import PreprocessError, process_shard
 
     params = _preprocess_params(args)
-    index = args.shard_index
-    if index is None:
-        index = int(os.environ.get("JOB_COMPLETION_INDEX", "0"))
-    try:
-        summary = process_shard(params, index, args.shard_count, workers=args.workers)
-    except PreprocessError as exc:
-        print(f"preprocess failed: {exc}", file=sys.stderr)
-        print(json.dumps({"event": "preprocess", "shard": index, "error": str(exc)}))
-        return exc.exit_code
-    print(json.dumps(summary))
+    if args.all_shards:
+        if args.shard_index is not None:
+            raise SystemExit("scalingrun-trainer preprocess: --all-shards and --shard-index exclude each other")
+        # A Job without completion indexes (Kubernetes < 1.22): this one process does every shard, in order;
+        # shards already done are skipped, so a retried pod continues where the last one stopped.
+        indexes = list(range(args.shard_count))
+    else:
+        index = args.shard_index
+        indexes = [int(os.environ.get("JOB_COMPLETION_INDEX", "0")) if index is None else index]
+    for index in indexes:
+        try:
+            summary = process_shard(params, index, args.shard_count, workers=args.workers)
+        except PreprocessError as exc:
+            print(f"preprocess failed: {exc}", file=sys.stderr)
+            print(json.dumps({"event": "preprocess", "shard": index, "error": str(exc)}))
+            return exc.exit_code
+        print(json.dumps(summary))
     return 0
 
 
@@ -78,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalingrun-trainer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    pre = sub.add_parser("preprocess", help="JPEG tree -> labelled Parquet shards (one shard per call)")
+    pre = sub.add_parser("preprocess",
+                         help="JPEG tree -> labelled Parquet shards (one shard per call, or --all-shards)")
     pre.add_argument("--config", help="trainer config rendered by the operator (JSON file or -)")
     pre.add_argument("--source", help="s3://bucket/prefix or a local folder: SOURCE/<class>/<image>")
     pre.add_argument("--output", help="where train/ and validation/ Parquet go")
@@ -90,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--max-readers", type=int, help="Horovod processes that will read it (row groups >= 2x)")
     pre.add_argument("--shard-index", type=int, help="default: $JOB_COMPLETION_INDEX, else 0")
     pre.add_argument("--shard-count", type=int, default=1)
+    pre.add_argument("--all-shards", action="store_true",
+                     help="process every shard in turn (for Jobs without a completion index)")
     pre.add_argument("--workers", type=int, help="decoding processes (default: one per core)")
     pre.add_argument("--endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
     pre.add_argument("--region")

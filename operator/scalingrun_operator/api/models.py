@@ -399,6 +399,16 @@ class PreprocessingStatus(_Model):
     classes: Optional[int] = Field(None, description="Number of classes found.")
 
 
+class TrainingPod(_Model):
+    """A launcher or worker pod as the operator last saw it: what interruptions are counted against."""
+
+    name: str = Field(..., description="Pod name.")
+    uid: str = Field(..., description="Pod UID: a new pod under the same name is a replacement.")
+    role: Literal["launcher", "worker"] = Field(..., description="launcher or worker.")
+    restarts: int = Field(0, description="Container restarts of this pod already counted.")
+    lost: bool = Field(False, description="True once the pod's loss (failed, evicted, deleted) was counted.")
+
+
 class TrainingStatus(_Model):
     """Progress of the training, mirrored from the trainer's progress document."""
 
@@ -413,6 +423,18 @@ class TrainingStatus(_Model):
     learning_rate: Optional[float] = Field(None, description="Scaled learning rate in use.")
     effective_batch_size: Optional[int] = Field(None, description="Batch size across all processes.")
     mlflow_run_id: Optional[str] = Field(None, description="MLflow run the trainer logs to, when tracking is set.")
+    resumed_from_epoch: Optional[int] = Field(
+        None, description="Epoch the current attempt resumed from (its last checkpoint); none for a fresh start.")
+    restarts: Optional[int] = Field(
+        None, description="Interruptions of the training: worker pods lost plus launcher restarts. Each has an "
+        "Event naming the pod and the reason.")
+    worker_pods_lost: Optional[int] = Field(None, description="Worker pods deleted, evicted or failed.")
+    launcher_restarts: Optional[int] = Field(None, description="Launcher restarts (container or new pod).")
+    mpi_job_uid: Optional[str] = Field(
+        None, description="UID of the MPIJob these figures belong to; a new MPIJob starts them again.")
+    pods: list[TrainingPod] = Field(
+        default_factory=list, description="Launcher and worker pods as last seen, so that a restarted operator "
+        "neither counts an interruption twice nor misses one.")
 
 
 class ScalingRunStatus(_Model):
@@ -421,6 +443,9 @@ class ScalingRunStatus(_Model):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
 
     phase: Optional[Phase] = Field(None, description="Pending, Preprocessing, Training, Succeeded, Failed or Suspended.")
+    message: Optional[str] = Field(
+        None, description="What the run is doing now, or what holds it up (e.g. an image that cannot be pulled, "
+        "pods that cannot be scheduled) and what to do about it.")
     conditions: list[Condition] = Field(default_factory=list, description="Conditions with reasons.")
     observed_generation: Optional[int] = Field(None, description="Spec generation last acted upon.")
     preprocessing: Optional[PreprocessingStatus] = Field(None, description="Preprocessing facts.")

@@ -17,7 +17,8 @@ from .common import (
 )
 
 
-def build_preprocess_job(run: ScalingRun, namespace: str) -> dict[str, Any]:
+def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) -> dict[str, Any]:
+    """`indexed=False` is for servers without Indexed Jobs (< 1.22): one pod runs every shard in turn."""
     pre = run.spec.dataset.preprocessing
     shards = pre.parallelism
     volume, mount = config_volume(run)
@@ -25,8 +26,10 @@ def build_preprocess_job(run: ScalingRun, namespace: str) -> dict[str, Any]:
     container = {
         "name": "preprocess",
         "image": run.spec.workers.image,
-        # The shard index comes from JOB_COMPLETION_INDEX, set by the Indexed Job.
-        "command": ["scalingrun-trainer", "preprocess", "--config", CONFIG_FILE, "--shard-count", str(shards)],
+        # The shard index comes from JOB_COMPLETION_INDEX, set by the Indexed Job; --all-shards runs every
+        # shard in turn instead.
+        "command": ["scalingrun-trainer", "preprocess", "--config", CONFIG_FILE, "--shard-count", str(shards),
+                    *([] if indexed else ["--all-shards"])],
         "env": storage_env(run),
         "resources": resources(pre.resources.cpu, pre.resources.memory),
         "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
@@ -37,9 +40,8 @@ def build_preprocess_job(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "kind": "Job",
         "metadata": meta,
         "spec": {
-            "completionMode": "Indexed",
-            "completions": shards,
-            "parallelism": shards,
+            **({"completionMode": "Indexed", "completions": shards, "parallelism": shards} if indexed
+               else {"completions": 1, "parallelism": 1}),
             # Kubernetes < 1.28 has no per-index limit: allow the per-shard retries for every shard.
             "backoffLimit": pre.backoff_limit * shards,
             "template": {

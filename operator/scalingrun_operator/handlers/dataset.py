@@ -123,9 +123,38 @@ def job_state(job: dict[str, Any]) -> JobState:
     return JobState("Running", **counts)
 
 
-def job_progress_message(name: str, state: JobState) -> str:
-    text = f"Job {name}: {state.succeeded} of {state.completions} shards done"
+def job_progress_message(name: str, state: JobState, shards: Optional[int] = None) -> str:
+    if shards and shards > 1 and state.completions == 1:
+        text = f"Job {name}: one pod runs the {shards} shards in turn"
+    else:
+        text = f"Job {name}: {state.succeeded} of {state.completions} shards done"
     return text + (f", {state.failed} pod failures so far" if state.failed else "")
+
+
+def runs_shards_in_turn(job: dict[str, Any], shards: int) -> bool:
+    """The Job was built for a server without Indexed Jobs: one completion does every shard."""
+    spec = job.get("spec") or {}
+    return shards > 1 and int(spec.get("completions") or 1) == 1
+
+
+def lacks_completion_index(job: dict[str, Any], shards: int) -> bool:
+    """Several completions but no Indexed mode: the server dropped completionMode (Kubernetes < 1.22 or the
+    IndexedJob feature off), so every pod would process shard 0 and the others never."""
+    spec = job.get("spec") or {}
+    return shards > 1 and int(spec.get("completions") or 1) > 1 and spec.get("completionMode") != "Indexed"
+
+
+def in_turn_note(shards: int, server_version: str) -> str:
+    return (f"this server ({server_version or 'version unknown'}) has no Indexed Jobs (they need Kubernetes "
+            f"1.22+), so the {shards} shards of spec.dataset.preprocessing.parallelism run one after another "
+            "in one pod")
+
+
+def no_completion_index_message(name: str, shards: int, server_version: str) -> str:
+    return (f"Job {name} has {shards} completions but no completion index: this server "
+            f"({server_version or 'version unknown'}) dropped completionMode: Indexed, so every pod would "
+            "process shard 0 and the dataset would never be complete; recreate the run: on a server without "
+            "Indexed Jobs this operator renders one pod that runs every shard in turn")
 
 
 def shard_progress(shard_names: Optional[list[str]], shards: int) -> Optional[int]:

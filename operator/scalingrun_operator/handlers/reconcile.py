@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -24,11 +25,12 @@ from ..builders.common import mpijob_name, preprocess_job_name
 from ..config import Config
 from ..k8s import Kube
 from ..status import (
-    DATASET_REUSED, FAILED, INVALID_SPEC, MPIJOB_FAILED, PREPROCESSED, PREPROCESSING_FAILED, SPEC_CHANGE_IGNORED,
-    STORAGE_READABLE, SUSPENDED, TRAINED, Event, StatusUpdate, get_condition, is_terminal, may_revalidate, parse_time,
+    DATASET_REUSED, FAILED, INVALID_SPEC, MPIJOB_FAILED, PODS_HEALTHY, PREPROCESSED, PREPROCESSING_FAILED, READY,
+    SPEC_CHANGE_IGNORED, STORAGE_READABLE, SUSPENDED, TRAINED, Event, StatusUpdate, get_condition, is_terminal,
+    may_revalidate, parse_time,
 )
 from ..storage import StorageError, StorageTarget, list_names, read_json, uses_s3
-from . import dataset, spec as pinning, training
+from . import dataset, pods as pod_diagnosis, spec as pinning, training
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,42 @@ def _lock(namespace: str, name: str) -> threading.Lock:
 def forget(namespace: str, name: str) -> None:
     with _locks_guard:
         _locks.pop((namespace, name), None)
+
+
+# --- pod watch events ------------------------------------------------------------------------------
+
+_pods_guard = threading.Lock()
+_pod_signatures: dict[str, tuple] = {}
+_deleted_pods: "OrderedDict[str, str]" = OrderedDict()  # uid -> how the pod was when it was deleted
+_MAX_REMEMBERED = 5000
+
+
+def pod_event_matters(event_type: Optional[str], pod: dict[str, Any]) -> bool:
+    """Whether a pod's watch event changes anything a reconcile looks at (kubelets update pods often).
+
+    The initial listing only primes the memory: every run is reconciled on resume anyway.
+    """
+    uid = (pod.get("metadata") or {}).get("uid", "")
+    with _pods_guard:
+        if event_type == "DELETED":
+            _pod_signatures.pop(uid, None)
+            _deleted_pods[uid] = pod_diagnosis.last_words(pod)
+            while len(_deleted_pods) > _MAX_REMEMBERED:
+                _deleted_pods.popitem(last=False)
+            return True
+        if len(_pod_signatures) > _MAX_REMEMBERED:  # DELETED events missed across watch gaps: start over
+            _pod_signatures.clear()
+        known = _pod_signatures.get(uid)
+        signature = pod_diagnosis.signature(pod)
+        _pod_signatures[uid] = signature
+        if event_type is None:
+            return known is not None and known != signature
+        return known != signature
+
+
+def deleted_pod_hints() -> dict[str, str]:
+    with _pods_guard:
+        return dict(_deleted_pods)
 
 
 @dataclass
@@ -83,6 +121,8 @@ class _Pass:
         self.resource_version = meta.get("resourceVersion")
         self.update = StatusUpdate(body.get("status") or {}, meta.get("generation"))
         self._target: Optional[StorageTarget] = None
+        self._pods: Optional[list[dict[str, Any]]] = None
+        self._holdup = ""  # what a pod problem holds the run up with, for status.message
 
     # --- entry ---------------------------------------------------------------------------------
 
@@ -187,6 +227,40 @@ class _Pass:
             log.info("created %s %s/%s", obj["kind"], self.namespace, obj["metadata"]["name"])
         return child
 
+    # --- pods ----------------------------------------------------------------------------------
+
+    def _run_pods(self) -> list[dict[str, Any]]:
+        if self._pods is None:
+            self._pods = self.kube.list_pods(self.namespace, self.name)
+        return self._pods
+
+    def _check_pods(self, roles: tuple[str, ...], mpijob: Optional[str] = None) -> Optional[tuple[str, str]]:
+        """PodsHealthy from the pods of `roles`; returns the problem's (reason, message), if any.
+
+        A Warning Event goes out once per new cause (reason and pod), not on every kubelet retry.
+        """
+        problem, count = pod_diagnosis.diagnose(self.namespace, self._run_pods(), roles, mpijob)
+        existing = get_condition(self.update.desired["conditions"], PODS_HEALTHY)
+        if problem is None:
+            if existing and existing.get("status") == "False":
+                self.update.condition(PODS_HEALTHY, "True", "PodsRunning", "no pod of the run reports a problem")
+            return None
+        message = pod_diagnosis.problem_message(problem, count)
+        same_cause = (existing is not None and existing.get("status") == "False"
+                      and existing.get("reason") == problem.reason
+                      and str(existing.get("message") or "").startswith(f"pod {problem.pod} "))
+        if not same_cause:
+            self.update.warn(problem.reason, message)
+        self.update.condition(PODS_HEALTHY, "False", problem.reason, message)
+        self._holdup = f"{problem.reason}: {message}"
+        return problem.reason, message
+
+    def _pods_done(self) -> None:
+        """A run that succeeded has no pod problem left to report."""
+        existing = get_condition(self.update.desired["conditions"], PODS_HEALTHY)
+        if existing and existing.get("status") == "False":
+            self.update.condition(PODS_HEALTHY, "True", "Finished", "the run's pods have finished")
+
     # --- preprocessing -------------------------------------------------------------------------
 
     def _preprocess(self, run: ScalingRun) -> None:
@@ -202,7 +276,9 @@ class _Pass:
                                       dataset.preprocessed_message(run, manifest, reused=True))
                 return
             self._ensure(build_config_map(run, self.namespace))
-            job = self._ensure(build_preprocess_job(run, self.namespace))
+            shards = run.spec.dataset.preprocessing.parallelism
+            indexed = shards == 1 or self.kube.supports_indexed_jobs()
+            job = self._ensure(build_preprocess_job(run, self.namespace, indexed=indexed))
             note = dataset.mismatch(run, manifest)
             if note:
                 # Posted now, not with the status patch: if that patch conflicts, the retry finds the Job
@@ -211,12 +287,24 @@ class _Pass:
                 self.kube.post_event(self.body, "Normal", "PreprocessingAgain", message)
                 log.info("%s/%s: PreprocessingAgain %s", self.namespace, self.name, message)
         state = dataset.job_state(job)
+        shards = run.spec.dataset.preprocessing.parallelism
         self.update.desired["preprocessing"] = {
             **(self.update.desired.get("preprocessing") or {}), "jobName": job_name, "reused": False,
-            "shards": run.spec.dataset.preprocessing.parallelism}
-        if state.state == "Running":
-            self.update.condition(PREPROCESSED, "Unknown", "Running", dataset.job_progress_message(job_name, state))
-            self.update.set_phase(Phase.preprocessing.value, f"Job {job_name}")
+            "shards": shards}
+        if state.state == "Running" and dataset.lacks_completion_index(job, shards):
+            message = dataset.no_completion_index_message(job_name, shards, self.kube.server_version()[2])
+            self.update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
+            self.update.fail(PREPROCESSING_FAILED, message)
+        elif state.state == "Running":
+            progress, started = dataset.job_progress_message(job_name, state, shards), f"Job {job_name}"
+            if dataset.runs_shards_in_turn(job, shards):
+                # Said in the condition and in the phase's Event: the run is slower than its spec suggests.
+                note = dataset.in_turn_note(shards, self.kube.server_version()[2])
+                progress, started = f"{progress}; {note}", f"{started}; {note}"
+            holdup = self._check_pods((pod_diagnosis.PREPROCESS,))
+            self.update.condition(PREPROCESSED, "Unknown", holdup[0] if holdup else "Running",
+                                  f"{progress}; {holdup[1]}" if holdup else progress)
+            self.update.set_phase(Phase.preprocessing.value, started)
         elif state.state == "Failed":
             self._preprocessing_failed(run, job_name, state)
         else:
@@ -271,8 +359,14 @@ class _Pass:
                                  f"MPIJob {name}: spec.runPolicy.suspend={str(wanted_suspend).lower()}")
         _, progress = self._read(run, training.progress_uri(run))
         current = self.update.desired.get("training") or {}
-        self.update.desired["training"] = {**current, **training.base_training_status(run, name),
-                                           **training.training_status(progress)}
+        uid = mpijob["metadata"].get("uid")
+        same_mpijob = current.get("mpiJobUid") in (None, uid)
+        merged = training.merge_training_status(current, training.base_training_status(run, name),
+                                                training.training_status(progress), same_mpijob)
+        merged["mpiJobUid"] = uid
+        if not state.finished:
+            self._track_interruptions(merged, name, paused=wanted_suspend or state.suspended)
+        self.update.desired["training"] = merged
         uri = training.model_uri(progress)
         if uri:
             self.update.desired["modelUri"] = uri
@@ -284,6 +378,7 @@ class _Pass:
                 return
             message = training.succeeded_message(name, progress)
             self.update.condition(TRAINED, "True", "Succeeded", message)
+            self._pods_done()
             self.update.set_phase(Phase.succeeded.value, message)
         elif state.state == "Failed":
             message = training.mpijob_failure_message(self.namespace, name, state, progress)
@@ -298,8 +393,28 @@ class _Pass:
         else:
             if self._condition_true(SUSPENDED):
                 self.update.condition(SUSPENDED, "False", "Resumed", f"MPIJob {name} resumed")
-            self.update.condition(TRAINED, "Unknown", "Running", training.running_message(name, progress))
+            running = training.running_message(name, progress)
+            holdup = self._check_pods(pod_diagnosis.TRAINING_ROLES, name)
+            self.update.condition(TRAINED, "Unknown", holdup[0] if holdup else "Running",
+                                  f"{running}; {holdup[1]}" if holdup else running)
             self.update.set_phase(Phase.training.value, f"MPIJob {name}")
+
+    def _track_interruptions(self, training_status: dict[str, Any], mpijob: str, paused: bool) -> None:
+        """Counts worker pods lost and launcher restarts against the pods recorded in status (one Event each)."""
+        pods = self._run_pods()
+        if paused:  # suspending deletes the pods on purpose
+            training_status["pods"] = pod_diagnosis.baseline(pods, mpijob)
+            return
+        records, interruptions = pod_diagnosis.track_interruptions(
+            training_status.get("pods") or [], pods, mpijob, deleted_pod_hints())
+        training_status["pods"] = records
+        for key in ("restarts", "workerPodsLost", "launcherRestarts"):
+            training_status.setdefault(key, 0)
+        for interruption in interruptions:
+            key = "workerPodsLost" if interruption.role == pod_diagnosis.WORKER else "launcherRestarts"
+            training_status[key] += 1
+            training_status["restarts"] += 1
+            self.update.warn(interruption.reason, interruption.message)
 
     def _within_grace(self, finished_at) -> bool:
         if finished_at is None:
@@ -309,6 +424,10 @@ class _Pass:
     # --- output --------------------------------------------------------------------------------
 
     def _write(self) -> Optional[str]:
+        ready = get_condition(self.update.desired["conditions"], READY)
+        message = self._holdup or (ready or {}).get("message")
+        if message:
+            self.update.desired["message"] = message
         # Events after the status they report: at most once. A restart between the two loses that Event
         # (the status, the source of truth, is kept); posting first would duplicate it on a retry.
         patch = self.update.patch()
@@ -316,6 +435,7 @@ class _Pass:
             self.kube.patch_run_status(self.namespace, self.name, patch, resource_version=self.resource_version)
         for event in self.update.events:
             self.kube.post_event(self.body, event.type, event.reason, event.message)
+            metrics.EVENTS.labels(type=event.type, reason=event.reason).inc()
             log.info("%s/%s: %s %s", self.namespace, self.name, event.reason, event.message)
         return self.update.phase
 

@@ -2,7 +2,8 @@
 
 Contract with the trainer (scalingrun_trainer.progress): rank 0 writes `<runLocation>/progress.json`
 {"state", "epoch", "maxEpochs", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond",
-"elapsedSeconds", "learningRate", "effectiveBatchSize", "processes", "modelUri", "error", "mlflowRunId"}.
+"elapsedSeconds", "learningRate", "effectiveBatchSize", "processes", "modelUri", "error", "mlflowRunId",
+"resumedFromEpoch"}. A resumed attempt starts its document at the epoch it resumed from.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ _MIRRORED = {
     "learningRate": ("learningRate", float),
     "effectiveBatchSize": ("effectiveBatchSize", int),
     "processes": ("processes", int),
+    "resumedFromEpoch": ("resumedFromEpoch", int),
 }
+# What describes the last finished epoch: kept together, from one attempt.
+_EPOCH_KEYS = ("epoch", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond")
 
 
 def progress_uri(run: ScalingRun) -> str:
@@ -73,6 +77,23 @@ def training_status(progress: Optional[dict[str, Any]]) -> dict[str, Any]:
     run_id = progress.get("mlflowRunId")
     if isinstance(run_id, str) and run_id:
         out["mlflowRunId"] = run_id
+    return out
+
+
+def merge_training_status(previous: dict[str, Any], base: dict[str, Any], mirrored: dict[str, Any],
+                          same_mpijob: bool) -> dict[str, Any]:
+    """status.training for this pass: the epoch never goes back while the MPIJob is the same one.
+
+    A restarted launcher (a worker lost, say) starts a new attempt whose progress document may report an
+    earlier epoch, or none yet, until it passes the one already shown; until then the figures of the last
+    epoch shown are kept. A new MPIJob (deleted and recreated) starts from what its trainer reports.
+    """
+    out = {**(previous if same_mpijob else {}), **base}
+    shown = _number(out.get("epoch"), int)
+    reported = _number(mirrored.get("epoch"), int)
+    if same_mpijob and shown is not None and (reported is None or reported < shown):
+        mirrored = {k: v for k, v in mirrored.items() if k not in _EPOCH_KEYS}
+    out.update(mirrored)
     return out
 
 

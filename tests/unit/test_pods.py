@@ -1,0 +1,249 @@
+"""Pod diagnosis and restart counting, on pod documents as the kubelet and the scheduler write them."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+from scalingrun_operator.handlers import pods
+from scalingrun_operator.handlers.reconcile import deleted_pod_hints, pod_event_matters
+
+NS = "ml"
+MPIJOB = "demo-train"
+IMAGE = "registry.example/trainer:missing"
+
+
+def pod(name: str, role: str, uid: str = "", phase: str = "Running", containers=None, conditions=None,
+        created: str = "2026-01-01T12:00:00Z", **status) -> dict:
+    labels = {"scalingrun.dev/run": "demo", "app.kubernetes.io/managed-by": "scalingrun-operator",
+              "app.kubernetes.io/component": "preprocess" if role == "preprocess" else "training"}
+    if role in ("launcher", "worker"):
+        labels["training.kubeflow.org/job-role"] = role
+    container = {"preprocess": "preprocess", "launcher": "launcher", "worker": "worker"}[role]
+    return {
+        "metadata": {"name": name, "uid": uid or f"uid-{name}", "labels": labels, "creationTimestamp": created},
+        "spec": {"containers": [{"name": container, "image": IMAGE}]},
+        "status": {"phase": phase, "conditions": conditions or [],
+                   "containerStatuses": containers if containers is not None else [
+                       {"name": container, "restartCount": 0, "state": {"running": {}}}],
+                   **status},
+    }
+
+
+def waiting(name: str, reason: str, message: str = "", restarts: int = 0, last=None) -> list[dict]:
+    status = {"name": name, "restartCount": restarts, "image": IMAGE,
+              "state": {"waiting": {"reason": reason, **({"message": message} if message else {})}}}
+    if last:
+        status["lastState"] = {"terminated": last}
+    return [status]
+
+
+def unschedulable(message: str) -> list[dict]:
+    return [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]
+
+
+# --- diagnosis -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reason", ["ErrImagePull", "ImagePullBackOff", "InvalidImageName"])
+def test_image_pull_failure_names_pod_container_image_and_what_to_do(reason):
+    broken = pod("demo-preprocess-x7k2p", "preprocess", phase="Pending",
+                 containers=waiting("preprocess", reason, 'Back-off pulling image "registry.example/trainer:missing"'))
+    problem, count = pods.diagnose(NS, [broken], (pods.PREPROCESS,))
+    assert count == 1 and problem.reason == "ImagePullFailed"
+    for part in ("pod demo-preprocess-x7k2p container preprocess", f"image '{IMAGE}'", reason,
+                 "check spec.workers.image", "can pull it"):
+        assert part in problem.message
+
+
+def test_missing_secret_key_is_a_container_config_error_pointing_at_the_secret():
+    broken = pod("demo-train-worker-0", "worker", phase="Pending", containers=waiting(
+        "worker", "CreateContainerConfigError", "couldn't find key AWS_ACCESS_KEY_ID in Secret ml/creds"))
+    problem, _ = pods.diagnose(NS, [broken], pods.TRAINING_ROLES, MPIJOB)
+    assert problem.reason == "ContainerConfigError"
+    assert "couldn't find key AWS_ACCESS_KEY_ID in Secret ml/creds" in problem.message
+    assert "spec.storage.credentialsSecret" in problem.message
+
+
+@pytest.mark.parametrize("role,name,field", [
+    ("launcher", "demo-train-launcher-abcde", "spec.launcher.resources"),
+    ("worker", "demo-train-worker-1", "spec.workers.cpu/memory"),
+    ("preprocess", "demo-preprocess-q2w3e", "spec.dataset.preprocessing.resources"),
+])
+def test_unschedulable_quotes_the_scheduler_and_names_the_fields_of_that_pod(role, name, field):
+    pending = pod(name, role, phase="Pending", containers=[],
+                  conditions=unschedulable("0/1 nodes are available: 1 Insufficient cpu."))
+    problem, _ = pods.diagnose(NS, [pending], (role,), MPIJOB)
+    assert problem.reason == "Unschedulable" and problem.role == role
+    assert f"pod {name} cannot be scheduled: 0/1 nodes are available: 1 Insufficient cpu." in problem.message
+    assert field in problem.message and "add nodes" in problem.message
+
+
+def test_oom_crash_loop_and_eviction():
+    oom = pod("demo-train-worker-0", "worker", containers=waiting(
+        "worker", "CrashLoopBackOff", restarts=3, last={"exitCode": 137, "reason": "OOMKilled"}))
+    problem, _ = pods.diagnose(NS, [oom], pods.TRAINING_ROLES, MPIJOB)
+    assert problem.reason == "OOMKilled" and "exit code 137 (OOMKilled)" in problem.message
+    assert "spec.workers.memory" in problem.message
+
+    crash = pod("demo-train-launcher-a1b2c", "launcher", containers=waiting(
+        "launcher", "CrashLoopBackOff", restarts=4, last={"exitCode": 1, "reason": "Error"}))
+    problem, _ = pods.diagnose(NS, [crash], pods.TRAINING_ROLES, MPIJOB)
+    assert problem.reason == "CrashLoopBackOff"
+    assert "restarted 4 times, last exit code 1 (Error)" in problem.message
+    assert f"kubectl logs -n {NS} demo-train-launcher-a1b2c -c launcher --previous" in problem.message
+
+    evicted = pod("demo-preprocess-zzzzz", "preprocess", phase="Failed", containers=[], reason="Evicted",
+                  message="The node was low on resource: memory.")
+    problem, _ = pods.diagnose(NS, [evicted], (pods.PREPROCESS,))
+    assert problem.reason == "Evicted" and "The node was low on resource: memory." in problem.message
+
+
+def test_the_most_blocking_problem_wins_and_the_others_are_counted():
+    crash = pod("demo-train-worker-0", "worker", containers=waiting("worker", "CrashLoopBackOff", restarts=2))
+    pull = pod("demo-train-worker-1", "worker", phase="Pending", containers=waiting("worker", "ErrImagePull"))
+    problem, count = pods.diagnose(NS, [crash, pull], pods.TRAINING_ROLES, MPIJOB)
+    assert (problem.reason, problem.pod, count) == ("ImagePullFailed", "demo-train-worker-1", 2)
+    assert pods.problem_message(problem, count).endswith("(1 more pod with problems)")
+
+
+def test_healthy_pending_other_roles_and_replaced_failures_are_not_problems():
+    running = pod("demo-train-worker-0", "worker")
+    unscheduled_yet = pod("demo-train-worker-1", "worker", phase="Pending", containers=[])  # no scheduler verdict
+    preprocess_pull = pod("demo-preprocess-aaaaa", "preprocess", phase="Pending",
+                          containers=waiting("preprocess", "ErrImagePull"))
+    assert pods.diagnose(NS, [running, unscheduled_yet, preprocess_pull], pods.TRAINING_ROLES, MPIJOB) == (None, 0)
+    # A Job keeps its failed pods: an OOMKilled pod whose retry is running is history, not a current problem.
+    old = pod("demo-preprocess-old00", "preprocess", phase="Failed", created="2026-01-01T12:00:00Z",
+              containers=[{"name": "preprocess", "restartCount": 0,
+                           "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}])
+    retry = pod("demo-preprocess-new00", "preprocess", created="2026-01-01T12:01:00Z")
+    assert pods.diagnose(NS, [old, retry], (pods.PREPROCESS,)) == (None, 0)
+    assert pods.diagnose(NS, [old], (pods.PREPROCESS,))[0].reason == "OOMKilled"
+
+
+def test_roles_from_labels_or_from_the_names_the_mpi_operator_gives():
+    assert pods.pod_role(pod("x", "worker")) == "worker"
+    bare = pod("demo-train-launcher-k8s7x", "launcher")
+    del bare["metadata"]["labels"]["training.kubeflow.org/job-role"]
+    assert pods.pod_role(bare, MPIJOB) == "launcher"
+    bare["metadata"]["name"] = "demo-train-worker-12"
+    assert pods.pod_role(bare, MPIJOB) == "worker"
+    bare["metadata"]["name"] = "something-else"
+    assert pods.pod_role(bare, MPIJOB) == ""
+    v03 = pod("pi-worker-0", "worker")
+    del v03["metadata"]["labels"]["training.kubeflow.org/job-role"]
+    v03["metadata"]["labels"]["mpi-job-role"] = "worker"
+    assert pods.pod_role(v03) == "worker"
+
+
+# --- interruptions ---------------------------------------------------------------------------------
+
+
+def training_pods(launcher_restarts: int = 0, worker1_uid: str = "w1-a") -> list[dict]:
+    launcher = pod("demo-train-launcher-aaaaa", "launcher", containers=[
+        {"name": "launcher", "restartCount": launcher_restarts, "state": {"running": {}},
+         **({"lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}} if launcher_restarts else {})}])
+    return [launcher, pod("demo-train-worker-0", "worker", uid="w0-a"),
+            pod("demo-train-worker-1", "worker", uid=worker1_uid)]
+
+
+def test_first_sight_counts_nothing_and_looking_again_counts_nothing():
+    records, found = pods.track_interruptions([], training_pods(), MPIJOB)
+    assert found == [] and [r["name"] for r in records] == [
+        "demo-train-launcher-aaaaa", "demo-train-worker-0", "demo-train-worker-1"]
+    assert records[2] == {"name": "demo-train-worker-1", "uid": "w1-a", "role": "worker", "restarts": 0, "lost": False}
+    again, found = pods.track_interruptions(records, training_pods(), MPIJOB)
+    assert found == [] and again == records
+
+
+def test_a_deleted_worker_is_counted_once_with_its_last_state():
+    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
+    without = training_pods()[:2]
+    records, found = pods.track_interruptions(records, without, MPIJOB, hints={"w1-a": "it was Running"})
+    assert [(i.role, i.pod, i.reason) for i in found] == [("worker", "demo-train-worker-1", "WorkerPodLost")]
+    assert found[0].message.startswith("worker pod demo-train-worker-1 (uid w1-a) was deleted; it was Running;")
+    assert "the MPI operator recreates it and the launcher resumes from the last checkpoint" in found[0].message
+    # The MPI operator recreates it under the same name: a new pod, nothing more to count.
+    records, found = pods.track_interruptions(records, training_pods(worker1_uid="w1-b"), MPIJOB)
+    assert found == [] and records[2]["uid"] == "w1-b"
+
+
+def test_a_worker_replaced_while_nobody_watched_is_counted_as_replaced():
+    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
+    _, found = pods.track_interruptions(records, training_pods(worker1_uid="w1-b"), MPIJOB)
+    assert len(found) == 1 and "worker pod demo-train-worker-1 (uid w1-a) was replaced (new uid w1-b)" in found[0].message
+
+
+def test_a_terminating_or_evicted_worker_is_counted_when_seen_not_again_when_gone():
+    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
+    current = training_pods()
+    current[2]["metadata"]["deletionTimestamp"] = "2026-01-01T12:05:00Z"
+    records, found = pods.track_interruptions(records, current, MPIJOB)
+    assert len(found) == 1 and "is being deleted; it was Running" in found[0].message
+    records, found = pods.track_interruptions(records, current[:2], MPIJOB)
+    assert found == []
+
+    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
+    current = training_pods()
+    current[1]["status"].update(phase="Failed", reason="Evicted", message="The node was low on resource: memory.")
+    records, found = pods.track_interruptions(records, current, MPIJOB)
+    assert len(found) == 1 and "worker pod demo-train-worker-0 (uid w0-a) was evicted: The node" in found[0].message
+    _, found = pods.track_interruptions(records, current, MPIJOB)
+    assert found == []
+
+
+def test_launcher_restarts_are_counted_by_difference_with_the_exit_code():
+    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
+    records, found = pods.track_interruptions(records, training_pods(launcher_restarts=1), MPIJOB)
+    assert [(i.role, i.reason) for i in found] == [("launcher", "LauncherRestarted")]
+    assert "launcher pod demo-train-launcher-aaaaa restarted: container launcher exit code 1 (Error)" in found[0].message
+    assert records[0]["restarts"] == 1
+    # Two more while the operator was down: one interruption record, both restarts in its text.
+    records, found = pods.track_interruptions(records, training_pods(launcher_restarts=3), MPIJOB)
+    assert len(found) == 1 and "restarted 2 times" in found[0].message and records[0]["restarts"] == 3
+
+
+def test_a_new_launcher_pod_counts_the_old_one_lost():
+    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
+    current = training_pods()
+    current[0]["metadata"].update(name="demo-train-launcher-bbbbb", uid="l-b")
+    records, found = pods.track_interruptions(records, current, MPIJOB)
+    assert [(i.role, i.pod, i.reason) for i in found] == [("launcher", "demo-train-launcher-aaaaa", "LauncherRestarted")]
+    assert "its Job starts a new launcher pod" in found[0].message
+
+
+def test_workers_removed_after_the_launcher_succeeded_are_no_interruption():
+    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
+    done = training_pods()[:1]
+    done[0]["status"]["phase"] = "Succeeded"
+    _, found = pods.track_interruptions(records, done, MPIJOB)
+    assert found == []
+
+
+def test_baseline_while_suspended_counts_nothing_then_or_later():
+    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
+    paused = pods.baseline(training_pods(launcher_restarts=2)[:1], MPIJOB)
+    assert paused[0]["restarts"] == 2
+    _, found = pods.track_interruptions(paused, training_pods(launcher_restarts=2), MPIJOB)
+    assert found == []
+
+
+# --- watch events ----------------------------------------------------------------------------------
+
+
+def test_only_pod_events_that_change_something_reconcile():
+    first = pod("demo-train-worker-0", "worker", uid="evt-1")
+    assert pod_event_matters(None, first) is False  # the initial listing primes
+    assert pod_event_matters("MODIFIED", copy.deepcopy(first)) is False  # e.g. only resourceVersion moved
+    pulling = copy.deepcopy(first)
+    pulling["status"]["containerStatuses"] = waiting("worker", "ErrImagePull")
+    assert pod_event_matters("MODIFIED", pulling) is True
+    assert pod_event_matters("MODIFIED", pulling) is False
+    backoff = copy.deepcopy(first)
+    backoff["status"]["containerStatuses"] = waiting("worker", "ImagePullBackOff")
+    assert pod_event_matters("MODIFIED", backoff) is True
+    assert pod_event_matters("DELETED", backoff) is True
+    assert deleted_pod_hints()["evt-1"] == "it was Running"
+    assert pod_event_matters("ADDED", pod("demo-train-worker-0", "worker", uid="evt-2")) is True
