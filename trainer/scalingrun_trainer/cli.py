@@ -1,4 +1,4 @@
-"""`scalingrun-trainer`: what the preprocessing Job and the MPIJob containers run.
+"""`scalingrun-trainer`: what the preprocessing Job and the MPIJob containers run (preprocess, train, launch).
 
 Human progress goes to stderr; the last stdout line is a JSON summary for the operator.
 """
@@ -10,6 +10,8 @@ import json
 import os
 import sys
 from typing import Any, Optional
+
+from .launcher import DEFAULT_HOSTFILE, DEFAULT_SSH_PORT, DEFAULT_TIMEOUT_SECONDS, launch
 
 
 def _load_config(path: Optional[str]) -> dict[str, Any]:
@@ -81,6 +83,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return train(_load_config(args.config))
 
 
+def _cmd_launch(args: argparse.Namespace) -> int:
+    command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    return launch(command, hostfile=args.hostfile, port=args.ssh_port, timeout=args.timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalingrun-trainer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +115,15 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser("train", help="Horovod training; run under horovodrun or mpirun, one process per GPU")
     tr.add_argument("--config", required=True, help="trainer config rendered by the operator (JSON file or -)")
     tr.set_defaults(func=_cmd_train)
+
+    la = sub.add_parser("launch", help="MPIJob launcher: wait until every worker in the hostfile answers ssh, "
+                                       "then exec the command (mpirun ...)")
+    la.add_argument("--hostfile", default=DEFAULT_HOSTFILE, help=f"default: {DEFAULT_HOSTFILE}")
+    la.add_argument("--ssh-port", type=int, default=DEFAULT_SSH_PORT, help=f"default: {DEFAULT_SSH_PORT}")
+    la.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
+                    help=f"seconds to wait for all workers (default: {DEFAULT_TIMEOUT_SECONDS:.0f})")
+    la.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    la.set_defaults(func=_cmd_launch)
     return parser
 
 
