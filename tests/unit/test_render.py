@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import jsonschema
@@ -12,8 +13,11 @@ import yaml
 
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders import build_children
+from scalingrun_operator.builders.common import CONFIG_FILE
 from scalingrun_operator.builders.config import build_trainer_config
+from scalingrun_operator.builders.mpijob import HOSTFILE, SSH_PORT, WORKER_COMMAND, WORKER_WAIT_SECONDS
 from scalingrun_operator.cli import main
+from scalingrun_trainer.cli import build_parser
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,6 +75,24 @@ def test_mpijob_maps_workers_and_run_policy():
     launcher = mpijob["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     script = launcher["command"][-1]
     assert "mpirun -np 8 " in script  # how the launcher waits for workers: tests of launcher_script
+
+
+@pytest.mark.parametrize("example", ["05-4gpus-one-node.yaml", "06-8-single-gpu-nodes.yaml"])
+def test_launcher_waits_for_every_workers_sshd_then_execs_mpirun_whatever_the_creation_policy(example):
+    replicas = build_children(load(ROOT / "examples" / example), "ml")[2]["spec"]["mpiReplicaSpecs"]
+    launcher = replicas["Launcher"]["template"]["spec"]["containers"][0]
+    shell, flag, script = launcher["command"]
+    assert (shell, flag) == ("/bin/sh", "-c") and "args" not in launcher
+    exec_, *argv = shlex.split(script)
+    assert exec_ == "exec" and argv[:2] == ["scalingrun-trainer", "launch"]
+    # The rendered line is one the trainer's own CLI accepts, with mpirun as the command it execs.
+    args = build_parser().parse_args(argv[1:])
+    assert (args.hostfile, args.ssh_port, args.timeout) == (HOSTFILE, SSH_PORT, WORKER_WAIT_SECONDS)
+    assert args.command_line[0] == "--" and args.command_line[1:3] == ["mpirun", "-np"]
+    assert args.command_line[-4:] == ["scalingrun-trainer", "train", "--config", CONFIG_FILE]
+    # Workers: the image's entrypoint (host key) then sshd; a command keeps mpi-operator's default out.
+    worker = replicas["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["command"] == WORKER_COMMAND and "args" not in worker
 
 
 def test_single_node_waits_for_workers_and_counts_gpu_slots():

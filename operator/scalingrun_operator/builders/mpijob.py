@@ -21,15 +21,19 @@ from .config import slots_per_worker, total_processes
 
 MPI_USER_HOME = "/home/mpiuser"
 HOSTFILE = "/etc/mpi/hostfile"
-# The trainer image configures a non-root sshd on this port (see Dockerfile.trainer).
-WORKER_COMMAND = ["/usr/sbin/sshd", "-De", "-f", f"{MPI_USER_HOME}/.sshd_config"]
-DNS_WAIT_SECONDS = 300
+# The trainer image's non-root sshd listens here (Dockerfile.trainer, /etc/ssh/sshd_config).
+SSH_PORT = 2222
+# The image's entrypoint creates this pod's own ssh host key (none is baked in), then execs sshd. Rendering
+# a command keeps mpi-operator from substituting its default `sshd -De`, which would bypass the entrypoint.
+WORKER_COMMAND = ["/usr/local/bin/scalingrun-entrypoint", "/usr/sbin/sshd", "-De"]
+WORKER_WAIT_SECONDS = 300
 FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                  "PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 
 
 def launcher_script(run: ScalingRun) -> str:
-    """Waits until every worker resolves in DNS (mpi-operator #481), then starts Horovod via mpirun."""
+    """Waits until every worker in the hostfile answers ssh (`scalingrun-trainer launch`; upstream
+    mpi-operator #386, #482, #615), then execs Horovod via mpirun."""
     mpirun = [
         "mpirun", "-np", str(total_processes(run)), "--hostfile", HOSTFILE,
         "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
@@ -38,17 +42,9 @@ def launcher_script(run: ScalingRun) -> str:
     for var in FORWARDED_ENV + tuple(e["name"] for e in tracking_env(run)):
         mpirun += ["-x", var]
     mpirun += ["scalingrun-trainer", "train", "--config", CONFIG_FILE]
-    return "\n".join([
-        "set -eu",
-        f"deadline=$(( $(date +%s) + {DNS_WAIT_SECONDS} ))",
-        f"for host in $(cut -d' ' -f1 {HOSTFILE}); do",
-        '  until getent hosts "$host" >/dev/null; do',
-        '    if [ "$(date +%s)" -gt "$deadline" ]; then echo "worker $host not resolvable" >&2; exit 1; fi',
-        "    sleep 2",
-        "  done",
-        "done",
-        "exec " + shlex.join(mpirun),
-    ])
+    launch = ["scalingrun-trainer", "launch", "--hostfile", HOSTFILE, "--ssh-port", str(SSH_PORT),
+              "--timeout", str(WORKER_WAIT_SECONDS), "--"]
+    return "exec " + shlex.join(launch + mpirun)
 
 
 def _pod_template(run: ScalingRun, labels: dict[str, str], container: dict[str, Any],

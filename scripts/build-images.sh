@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# Builds the CPU trainer image and the operator image, then checks that they run as the MPIJob and the
+# chart expect (skip with --no-check). Progress, build times and sizes go to stderr; stdout is only the
+# machine-readable result, on its last lines:
+#   base=<base image used>
+#   trainer=scalingrun/trainer:<version>-cpu
+#   operator=scalingrun/operator:<version>
+# Env: SCALINGRUN_BASE_IMAGE (default: local/python:3.11-bookworm when present, as on machines without
+#   Docker Hub, else the Dockerfiles' python:3.11-slim-bookworm), SCALINGRUN_IMAGE_TAG (default: the
+#   project version), SCALINGRUN_CACHE (where setup.sh caches the Horovod wheel), DOCKER (default:
+#   /usr/bin/docker when present, the Debian client, else docker).
+# A Horovod wheel cached by scripts/setup.sh is handed to the build (build/wheels), so a build on a
+# machine that ran setup.sh does not compile Horovod again. The GPU trainer flavour: see Dockerfile.trainer.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+CHECK=1
+case "${1:-}" in
+  --no-check) CHECK=0 ;;
+  "") ;;
+  *) echo "usage: $0 [--no-check]" >&2; exit 2 ;;
+esac
+# BuildKit (built into Docker 20.10+, no frontend image to pull) skips the stages a build does not need.
+export DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-1}"
+if [[ -z "${DOCKER:-}" ]]; then DOCKER=docker; [[ -x /usr/bin/docker ]] && DOCKER=/usr/bin/docker; fi
+CACHE="${SCALINGRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scalingrun}"
+VERSION="${SCALINGRUN_IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)}"
+TRAINER="scalingrun/trainer:$VERSION-cpu"
+OPERATOR="scalingrun/operator:$VERSION"
+NODE_CLUSTER="$ROOT/../shared/node/cluster.sh"
+
+log() { printf '[build-images] %s\n' "$*" >&2; }
+fail() { log "FAILED: $*"; exit 1; }
+
+if ! "$DOCKER" info >/dev/null 2>&1; then
+  [[ -x "$NODE_CLUSTER" ]] || fail "no Docker daemon answers ($DOCKER info); start one"
+  log "starting dockerd ($NODE_CLUSTER docker-up)"
+  bash "$NODE_CLUSTER" docker-up >&2
+fi
+
+BASE="${SCALINGRUN_BASE_IMAGE:-}"
+if [[ -z "$BASE" ]] && "$DOCKER" image inspect local/python:3.11-bookworm >/dev/null 2>&1; then
+  BASE=local/python:3.11-bookworm
+fi
+base_args=()
+[[ -z "$BASE" ]] || base_args=(--build-arg "BASE_IMAGE=$BASE")
+
+# The CPU wheel only: its cache directory names the Horovod, TensorFlow and Python versions it was built for.
+rm -rf build/wheels && mkdir -p build/wheels
+for wheels in "$CACHE"/wheels/horovod-*-cpu-py311; do
+  if ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
+    cp -r "$wheels" build/wheels/ && log "using the cached Horovod wheel $(basename "$wheels")"
+  fi
+done
+
+build() {  # build NAME TAG DOCKERFILE
+  local started=$SECONDS size
+  log "building $2 from $3${BASE:+ (base $BASE)}"
+  "$DOCKER" build "${base_args[@]}" -f "$3" -t "$2" . >&2 || fail "docker build of $3"
+  size="$("$DOCKER" image inspect -f '{{.Size}}' "$2")"
+  log "$1: $2 built in $((SECONDS - started)) s, $((size / 1000000)) MB"
+}
+build trainer "$TRAINER" Dockerfile.trainer
+build operator "$OPERATOR" Dockerfile.operator
+
+# What the MPIJob and the chart rely on, checked in the images themselves.
+check() {  # check DESCRIPTION COMMAND...: the command must succeed
+  local what="$1"; shift
+  "$@" >/dev/null 2>&1 || fail "check: $what"
+}
+sshd_check() {
+  local worker address
+  worker="$("$DOCKER" run -d --rm --user 1000:1000 --cap-drop ALL --security-opt no-new-privileges "$TRAINER")"
+  address="$("$DOCKER" inspect -f '{{.NetworkSettings.IPAddress}}' "$worker")"
+  # The launcher's own wait, from a second container: sshd answers on port 2222 with no command given.
+  "$DOCKER" run --rm --entrypoint sh "$TRAINER" -c \
+    "echo '$address slots=1' > /tmp/hostfile && scalingrun-trainer launch --hostfile /tmp/hostfile --timeout 60 -- true" >&2 \
+    || { "$DOCKER" logs "$worker" >&2; "$DOCKER" rm -f "$worker" >/dev/null; fail "check: sshd as uid 1000 on port 2222"; }
+  "$DOCKER" exec "$worker" test -s /home/mpiuser/.sshd/ssh_host_ed25519_key \
+    || { "$DOCKER" rm -f "$worker" >/dev/null; fail "check: the entrypoint made no host key"; }
+  "$DOCKER" rm -f "$worker" >/dev/null
+}
+if [[ "$CHECK" == 1 ]]; then
+  log "checking the images"
+  check "scalingrun-trainer --help" "$DOCKER" run --rm "$TRAINER" scalingrun-trainer --help
+  check "the training stack imports" \
+    "$DOCKER" run --rm "$TRAINER" python -c 'import horovod.tensorflow.keras, petastorm, pyarrow'
+  check "mpirun --version" "$DOCKER" run --rm "$TRAINER" mpirun --version
+  check "uid 1000 and no compilers in the trainer" "$DOCKER" run --rm "$TRAINER" sh -c \
+    '[ "$(id -u)" = 1000 ] && ! command -v gcc && ! command -v g++ && ! command -v cc && ! command -v cmake'
+  # The entrypoint, which makes a host key, is bypassed here.
+  check "no ssh host key in the trainer image" "$DOCKER" run --rm --entrypoint sh "$TRAINER" -c \
+    '[ -z "$(find / -xdev -name "ssh_host_*" 2>/dev/null)" ]'
+  sshd_check
+  check "scalingrun-operator --help" "$DOCKER" run --rm "$OPERATOR" --help
+  check "uid 1000 and no TensorFlow in the operator" "$DOCKER" run --rm --entrypoint sh "$OPERATOR" -c \
+    '[ "$(id -u)" = 1000 ] && ! python -c "import tensorflow"'
+  log "checks passed"
+fi
+
+echo "base=$BASE"  # empty: the Dockerfiles' default
+echo "trainer=$TRAINER"
+echo "operator=$OPERATOR"
