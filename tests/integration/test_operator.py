@@ -61,7 +61,8 @@ class Operator:
     def start(self) -> "Operator":
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(KUBECONFIG=self.kubeconfig, SCALINGRUN_POLL_INTERVAL_SECONDS="1",
-                   SCALINGRUN_COMPLETION_GRACE_SECONDS="5", PYTHONUNBUFFERED="1", **self.env)
+                   SCALINGRUN_COMPLETION_GRACE_SECONDS="5", PYTHONUNBUFFERED="1")
+        env.update(self.env)
         args = [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--log-format", "plain",
                 "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
                 "--metrics-port", str(self.metrics_port), *self.extra]
@@ -209,6 +210,36 @@ class Cluster:
             status["completionTime"] = now
         self.custom.patch_namespaced_custom_object_status("kubeflow.org", "v2beta1", self.ns, "mpijobs", name,
                                                           {"status": status})
+
+    # --- pods: no kubelet or scheduler runs here, so the tests write what they would ---
+
+    def create_pod(self, name: str, labels: dict[str, str], container: str, image: str, timeout: float = 30) -> dict:
+        """A pod as its controller (Job controller, MPI operator) would create it from a template's labels."""
+        body = {"metadata": {"name": name, "labels": labels},
+                "spec": {"automountServiceAccountToken": False, "containers": [{"name": container, "image": image}]}}
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.core.api_client.sanitize_for_serialization(self.core.create_namespaced_pod(self.ns, body))
+            except ApiException as exc:
+                # The controller manager creates the namespace's default ServiceAccount a moment after it.
+                if exc.status == 403 and "serviceaccount" in str(exc.body).lower() and time.monotonic() < deadline:
+                    time.sleep(0.3)
+                    continue
+                raise
+
+    def set_pod_status(self, name: str, phase: str = "Pending", containers: Optional[list[dict]] = None,
+                       conditions: Optional[list[dict]] = None, **extra: Any) -> None:
+        """Replaces the pod's status, as the kubelet and the scheduler write it."""
+        pod = json.loads(self.core.read_namespaced_pod(name, self.ns, _preload_content=False).data)
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        pod["status"] = {"phase": phase, "conditions": [{"lastTransitionTime": now, **c} for c in conditions or []],
+                         "containerStatuses": [{"ready": False, "restartCount": 0, "image": "", "imageID": "", **c}
+                                               for c in containers or []], **extra}
+        self.core.replace_namespaced_pod_status(name, self.ns, pod)
+
+    def delete_pod(self, name: str) -> None:
+        self.core.delete_namespaced_pod(name, self.ns, grace_period_seconds=0)
 
     def events(self, name: str) -> list[tuple[str, str, str]]:
         items = self.core.list_namespaced_event(self.ns, field_selector=f"involvedObject.name={name}").items
@@ -489,9 +520,10 @@ def test_preprocessing_failure_says_what_and_where(cluster, operator, bucket, s3
     status = wait_for(cluster.phase_is("badprep", "Failed"), what="Failed", operator=operator)
     failed = cluster.condition("badprep", "Failed")
     assert failed["reason"] == "PreprocessingFailed"
+    in_turn = cluster.job("badprep-preprocess")["spec"]["completions"] == 1  # a server without Indexed Jobs
     for part in ("BackoffLimitExceeded: Job has reached the specified backoff limit",
-                 "1 of 2 shards succeeded, 4 pod failures", "1 of 2 shard manifests written",
-                 f"kubectl logs -n {cluster.ns} -l job-name=badprep-preprocess"):
+                 "its one pod ran the 2 shards in turn" if in_turn else "1 of 2 shards succeeded", "4 pod failures",
+                 "1 of 2 shard manifests written", f"kubectl logs -n {cluster.ns} -l job-name=badprep-preprocess"):
         assert part in failed["message"]
     assert cluster.condition("badprep", "Preprocessed")["status"] == "False"
     assert status["completionTime"]
@@ -669,9 +701,10 @@ def test_two_peered_replicas_only_one_acts_and_the_other_takes_over(peered_clust
     cluster.custom.create_namespaced_custom_object("kopf.dev", "v1", cluster.ns, "kopfpeerings", {
         "apiVersion": "kopf.dev/v1", "kind": "KopfPeering", "metadata": {"name": "scalingrun"}})
     env = {"SCALINGRUN_PEERING_LIFETIME_SECONDS": "8"}
-    active = Operator(kubeconfig, tmp_path / "active.log", [f"{PEERED}-*"], "--peering", "scalingrun",
+    # Named, not a pattern: a peering needs its KopfPeering in every namespace served.
+    active = Operator(kubeconfig, tmp_path / "active.log", [cluster.ns], "--peering", "scalingrun",
                       "--priority", "100", env=env)
-    standby = Operator(kubeconfig, tmp_path / "standby.log", [f"{PEERED}-*"], "--peering", "scalingrun",
+    standby = Operator(kubeconfig, tmp_path / "standby.log", [cluster.ns], "--peering", "scalingrun",
                        "--priority", "50", env=env)
     try:
         active.start()
@@ -723,3 +756,239 @@ def test_unreadable_storage_is_a_condition_until_fixed_and_keys_never_leak(clust
     # The keys appear nowhere the operator writes: status, events, its log.
     written = json.dumps(cluster.run("nokeys")) + json.dumps(cluster.events("nokeys")) + operator.log_tail(100000)
     assert s3_server.secret_key not in written and s3_server.access_key not in written
+
+
+# --- pods: root causes, restarts, preprocessing without Indexed Jobs -----------------------------------
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def preprocess_pod_labels(job: dict) -> dict[str, str]:
+    """What the Job controller puts on its pods: the template's labels and job-name."""
+    return {**job["spec"]["template"]["metadata"]["labels"], "job-name": job["metadata"]["name"]}
+
+
+def mpijob_pod_labels(mpijob: dict, role: str) -> dict[str, str]:
+    """What the MPI operator (v0.8) puts on its pods: the template's labels and its own."""
+    spec = mpijob["spec"]["mpiReplicaSpecs"]["Launcher" if role == "launcher" else "Worker"]
+    return {**spec["template"]["metadata"]["labels"], "training.kubeflow.org/job-name": mpijob["metadata"]["name"],
+            "training.kubeflow.org/job-role": role}
+
+
+def running(container: str, restarts: int = 0, last_exit: Optional[int] = None) -> list[dict]:
+    status: dict[str, Any] = {"name": container, "ready": True, "restartCount": restarts,
+                              "state": {"running": {"startedAt": _now()}}}
+    if last_exit is not None:
+        status["lastState"] = {"terminated": {"exitCode": last_exit, "reason": "Error", "startedAt": _now(),
+                                              "finishedAt": _now()}}
+    return [status]
+
+
+def waiting(container: str, reason: str, message: str) -> list[dict]:
+    return [{"name": container, "state": {"waiting": {"reason": reason, "message": message}}}]
+
+
+SCHEDULED = [{"type": "PodScheduled", "status": "True"}]
+
+
+def test_pod_problems_reach_status_within_seconds_through_the_pod_watch(own_cluster, kubeconfig, bucket, s3_server,
+                                                                         tmp_path):
+    cluster = own_cluster
+    image = "registry.invalid/scalingrun/trainer:missing"
+    # One poll every 5 minutes: what shows up within seconds came through the pod watch.
+    op = Operator(kubeconfig, tmp_path / "operator.log", [f"{OWN}-*"], "--standalone",
+                  env={"SCALINGRUN_POLL_INTERVAL_SECONDS": "300"})
+    try:
+        op.start()
+        created = cluster.create_run(new_run(cluster.ns, "stuck", s3_server, workers={"image": image}))
+        job = wait_for(lambda: cluster.job("stuck-preprocess"), what="the preprocessing Job", operator=op)
+        wait_for(cluster.phase_is("stuck", "Preprocessing"), what="Preprocessing", operator=op)
+
+        # The kubelet cannot pull the image.
+        pod = "stuck-preprocess-x7k2p"
+        cluster.create_pod(pod, preprocess_pod_labels(job), "preprocess", image)
+        cluster.set_pod_status(pod, containers=waiting(
+            "preprocess", "ErrImagePull", "rpc error: code = Unknown desc = Error response from daemon: pull access "
+            "denied for registry.invalid/scalingrun/trainer, repository does not exist"), conditions=SCHEDULED)
+        health = wait_for(lambda: cluster.condition("stuck", "PodsHealthy").get("status") == "False"
+                          and cluster.condition("stuck", "PodsHealthy"), what="PodsHealthy False", timeout=15,
+                          operator=op)
+        assert health["reason"] == "ImagePullFailed"
+        for part in (f"pod {pod} container preprocess", f"cannot pull image '{image}'", "ErrImagePull: rpc error",
+                     "check spec.workers.image"):
+            assert part in health["message"]
+        status = cluster.status("stuck")
+        assert status["phase"] == "Preprocessing", "the kubelet keeps retrying: not a terminal failure"
+        assert status["message"].startswith(f"ImagePullFailed: pod {pod} container preprocess cannot pull image")
+        preprocessed = cluster.condition("stuck", "Preprocessed")
+        assert preprocessed["reason"] == "ImagePullFailed" and image in preprocessed["message"]
+
+        # It backs off and retries: the status follows, the Warning is not repeated.
+        cluster.set_pod_status(pod, containers=waiting("preprocess", "ImagePullBackOff",
+                                                       f'Back-off pulling image "{image}"'), conditions=SCHEDULED)
+        wait_for(lambda: "ImagePullBackOff" in cluster.condition("stuck", "PodsHealthy").get("message", ""),
+                 what="ImagePullBackOff in PodsHealthy", timeout=15, operator=op)
+        cluster.wait_events("stuck", lambda ev: ("Warning", "ImagePullFailed") in [(t, r) for t, r, _ in ev], op)
+
+        # The image can be pulled after all (pushed, registry back): the pod runs, the condition clears.
+        cluster.set_pod_status(pod, phase="Running", containers=running("preprocess"), conditions=SCHEDULED)
+        wait_for(lambda: cluster.condition("stuck", "PodsHealthy").get("status") == "True", what="PodsHealthy True",
+                 timeout=15, operator=op)
+        assert cluster.condition("stuck", "Preprocessed")["reason"] == "Running"
+        assert "ImagePull" not in cluster.status("stuck")["message"]
+        pulls = [(t, m) for t, r, m in cluster.events("stuck") if r == "ImagePullFailed"]
+        assert len(pulls) == 1 and pulls[0][0] == "Warning" and pod in pulls[0][1] and image in pulls[0][1]
+
+        # Training: the launcher does not fit on any node.
+        bucket.put_json(f"{created['spec']['dataset']['output']}/_manifest.json", manifest_for(created))
+        cluster.complete_job("stuck-preprocess", succeeded=1)
+        wait_for(cluster.phase_is("stuck", "Training"), what="Training", operator=op)
+        launcher = "stuck-train-launcher-q8w7e"
+        cluster.create_pod(launcher, mpijob_pod_labels(cluster.mpijob("stuck-train"), "launcher"), "launcher", image)
+        cluster.set_pod_status(launcher, conditions=[{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/1 nodes are available: 1 Insufficient cpu."}])
+        health = wait_for(lambda: cluster.condition("stuck", "PodsHealthy").get("reason") == "Unschedulable"
+                          and cluster.condition("stuck", "PodsHealthy"), what="PodsHealthy Unschedulable",
+                          timeout=15, operator=op)
+        assert health["status"] == "False"
+        assert f"pod {launcher} cannot be scheduled: 0/1 nodes are available: 1 Insufficient cpu." in health["message"]
+        assert "spec.launcher.resources" in health["message"] and "add nodes" in health["message"]
+        trained = cluster.condition("stuck", "Trained")
+        assert trained["reason"] == "Unschedulable" and trained["message"].startswith("MPIJob stuck-train: no epoch")
+        assert cluster.status("stuck")["message"].startswith(f"Unschedulable: pod {launcher} cannot be scheduled")
+        cluster.wait_events("stuck", lambda ev: ("Warning", "Unschedulable") in [(t, r) for t, r, _ in ev], op)
+    finally:
+        op.stop()
+
+
+def test_restarts_are_counted_once_across_operator_restarts_and_the_epoch_never_goes_back(
+        own_cluster, kubeconfig, bucket, s3_server, tmp_path):
+    cluster = own_cluster
+    op = Operator(kubeconfig, tmp_path / "operator.log", [f"{OWN}-*"], "--standalone")
+
+    def training() -> dict:
+        return cluster.status("again").get("training") or {}
+
+    def counted(name: str) -> list[str]:
+        return [m for _, r, m in cluster.events("again") if r == name]
+
+    try:
+        op.start()
+        created = cluster.create_run(new_run(cluster.ns, "again", s3_server))
+        reach_training(cluster, bucket, "again", op)
+        mpijob = cluster.mpijob("again-train")
+        image = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"]
+        launcher, workers = "again-train-launcher-abcde", ["again-train-worker-0", "again-train-worker-1"]
+
+        def start_pod(name: str, role: str) -> None:
+            cluster.create_pod(name, mpijob_pod_labels(mpijob, role), role, image)
+            cluster.set_pod_status(name, phase="Running", containers=running(role), conditions=SCHEDULED)
+
+        for name in workers:
+            start_pod(name, "worker")
+        start_pod(launcher, "launcher")
+        cluster.set_mpijob_condition("again-train", "Running", "", "")
+        bucket.put_json(progress_uri(created), progress("running", 2))
+        status = wait_for(lambda: training().get("epoch") == 2 and len(training().get("pods") or []) == 3
+                          and training(), what="epoch 2 and three pods", operator=op)
+        assert (status["restarts"], status["workerPodsLost"], status["launcherRestarts"]) == (0, 0, 0)
+        assert status["mpiJobUid"] == mpijob["metadata"]["uid"]
+
+        # A worker pod is deleted.
+        cluster.delete_pod(workers[1])
+        status = wait_for(lambda: training().get("restarts") == 1 and training(), what="1 restart", operator=op)
+        assert (status["workerPodsLost"], status["launcherRestarts"]) == (1, 0)
+        cluster.wait_events("again", lambda ev: any(
+            r == "WorkerPodLost" and m.startswith(f"worker pod {workers[1]} (uid ") and "was deleted" in m
+            for _, r, m in ev), op)
+
+        # The MPI operator recreates it; the launcher's mpirun lost its ssh connection and restarts.
+        start_pod(workers[1], "worker")
+        cluster.set_pod_status(launcher, phase="Running", containers=running("launcher", restarts=1, last_exit=1),
+                               conditions=SCHEDULED)
+        status = wait_for(lambda: training().get("restarts") == 2 and training(), what="2 restarts", operator=op)
+        assert (status["workerPodsLost"], status["launcherRestarts"]) == (1, 1)
+        cluster.wait_events("again", lambda ev: any(
+            r == "LauncherRestarted" and f"launcher pod {launcher} restarted: container launcher exit code 1 (Error)"
+            in m for _, r, m in ev), op)
+
+        # The resumed attempt's first document, as an older trainer wrote it (epoch 0, no metrics): status
+        # keeps the epoch it showed; then the trainer says where it resumed.
+        bucket.put_json(progress_uri(created), {**progress("running", 0), "metrics": {}, "bestMetrics": {},
+                                                "bestEpoch": None, "learningRate": 0.004})
+        status = wait_for(lambda: training().get("learningRate") == 0.004 and training(),
+                          what="the resumed attempt's document read", operator=op)
+        assert status["epoch"] == 2 and status["metrics"]["val_accuracy"] == 0.8125 and status["bestEpoch"] == 2
+        bucket.put_json(progress_uri(created), progress("running", 2, resumedFromEpoch=2))
+        wait_for(lambda: training().get("resumedFromEpoch") == 2, what="resumedFromEpoch 2", operator=op)
+
+        # The operator is down while worker 0 is replaced: counted on its return, once.
+        op.kill()
+        old_uid = next(p["uid"] for p in training()["pods"] if p["name"] == workers[0])
+        cluster.delete_pod(workers[0])
+        start_pod(workers[0], "worker")
+        op.start()
+        status = wait_for(lambda: training().get("restarts") == 3 and training(), what="3 restarts", operator=op)
+        replaced = f"worker pod {workers[0]} (uid {old_uid}) was replaced"
+        cluster.wait_events("again", lambda ev: any(r == "WorkerPodLost" and replaced in m for _, r, m in ev), op)
+        bucket.put_json(progress_uri(created), progress("running", 3, resumedFromEpoch=2))
+        status = wait_for(lambda: training().get("epoch") == 3 and training(), what="epoch 3", operator=op)
+        assert (status["restarts"], status["workerPodsLost"], status["launcherRestarts"]) == (3, 2, 1)
+        assert (len(counted("WorkerPodLost")), len(counted("LauncherRestarted"))) == (2, 1)
+
+        # The training succeeds and the MPI operator removes the workers: that is no interruption.
+        done = {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": _now(), "finishedAt": _now()}}
+        cluster.set_pod_status(launcher, phase="Succeeded", conditions=SCHEDULED,
+                               containers=[{"name": "launcher", "restartCount": 1, "state": done}])
+        for name in workers:
+            cluster.delete_pod(name)
+        bucket.put_json(progress_uri(created), progress("succeeded", 4, modelUri="s3://x/model", resumedFromEpoch=2))
+        cluster.set_mpijob_condition("again-train", "Succeeded", "MPIJobSucceeded", "done")
+        status = wait_for(cluster.phase_is("again", "Succeeded"), what="Succeeded", operator=op)
+        assert status["training"]["restarts"] == 3 and status["training"]["epoch"] == 4
+        assert len(counted("WorkerPodLost")) == 2
+    finally:
+        op.stop()
+
+
+def test_parallel_preprocessing_without_indexed_jobs_runs_every_shard_in_one_pod(cluster, operator, bucket,
+                                                                                 s3_server, api_client):
+    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.builders import build_preprocess_job
+    from scalingrun_operator.k8s import INDEXED_JOBS_SINCE, parse_version
+
+    info = client.VersionApi(api_client).get_code()
+    version = parse_version({"major": info.major, "minor": info.minor, "gitVersion": info.git_version})
+    cluster.create_run(new_run(cluster.ns, "split", s3_server))  # parallelism 2
+    wait_for(cluster.phase_is("split", "Preprocessing"), what="Preprocessing", operator=operator)
+    job = cluster.job("split-preprocess")
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    condition = cluster.condition("split", "Preprocessed")
+    if version[:2] < INDEXED_JOBS_SINCE:
+        assert (job["spec"]["completions"], job["spec"]["parallelism"]) == (1, 1)
+        assert "completionMode" not in job["spec"] and command[-1] == "--all-shards"
+        note = f"this server ({version[2]}) has no Indexed Jobs"
+        assert note in condition["message"] and "the 2 shards" in condition["message"]
+        assert "one pod runs the 2 shards in turn" in condition["message"]
+        cluster.wait_events("split", lambda ev: any(r == "Preprocessing" and note in m for _, r, m in ev), operator)
+    else:
+        assert job["spec"]["completionMode"] == "Indexed" and job["spec"]["completions"] == 2
+        assert "--all-shards" not in command and "Indexed" not in condition["message"]
+
+    # A Job with several completions and no completion index (left by an older operator, or a server that
+    # dropped the mode) fails the run at once and says why, not minutes later with a misleading message.
+    body = new_run(cluster.ns, "legacy", s3_server)
+    admitted = cluster.custom.create_namespaced_custom_object(models.GROUP, models.VERSION, cluster.ns,
+                                                              models.PLURAL, body, dry_run="All")
+    legacy = build_preprocess_job(parse_scalingrun(admitted), cluster.ns)
+    del legacy["spec"]["completionMode"]
+    cluster.batch.create_namespaced_job(cluster.ns, legacy)
+    cluster.create_run(body)
+    wait_for(cluster.phase_is("legacy", "Failed"), what="legacy Failed", operator=operator)
+    failed = cluster.condition("legacy", "Failed")
+    assert failed["reason"] == "PreprocessingFailed"
+    assert "has 2 completions but no completion index" in failed["message"]
+    assert "every pod would process shard 0" in failed["message"] and "recreate the run" in failed["message"]

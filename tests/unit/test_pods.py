@@ -173,7 +173,8 @@ def test_a_deleted_worker_is_counted_once_with_its_last_state():
 def test_a_worker_replaced_while_nobody_watched_is_counted_as_replaced():
     records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
     _, found = pods.track_interruptions(records, training_pods(worker1_uid="w1-b"), MPIJOB)
-    assert len(found) == 1 and "worker pod demo-train-worker-1 (uid w1-a) was replaced (new uid w1-b)" in found[0].message
+    assert len(found) == 1
+    assert "worker pod demo-train-worker-1 (uid w1-a) was replaced (new uid w1-b)" in found[0].message
 
 
 def test_a_terminating_or_evicted_worker_is_counted_when_seen_not_again_when_gone():
@@ -198,7 +199,8 @@ def test_launcher_restarts_are_counted_by_difference_with_the_exit_code():
     records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
     records, found = pods.track_interruptions(records, training_pods(launcher_restarts=1), MPIJOB)
     assert [(i.role, i.reason) for i in found] == [("launcher", "LauncherRestarted")]
-    assert "launcher pod demo-train-launcher-aaaaa restarted: container launcher exit code 1 (Error)" in found[0].message
+    assert "launcher pod demo-train-launcher-aaaaa restarted: container launcher exit code 1 (Error)" in (
+        found[0].message)
     assert records[0]["restarts"] == 1
     # Two more while the operator was down: one interruption record, both restarts in its text.
     records, found = pods.track_interruptions(records, training_pods(launcher_restarts=3), MPIJOB)
@@ -210,7 +212,8 @@ def test_a_new_launcher_pod_counts_the_old_one_lost():
     current = training_pods()
     current[0]["metadata"].update(name="demo-train-launcher-bbbbb", uid="l-b")
     records, found = pods.track_interruptions(records, current, MPIJOB)
-    assert [(i.role, i.pod, i.reason) for i in found] == [("launcher", "demo-train-launcher-aaaaa", "LauncherRestarted")]
+    assert [(i.role, i.pod, i.reason) for i in found] == [
+        ("launcher", "demo-train-launcher-aaaaa", "LauncherRestarted")]
     assert "its Job starts a new launcher pod" in found[0].message
 
 

@@ -307,6 +307,10 @@ def test_a_server_without_indexed_jobs_gets_one_pod_for_every_shard():
         "Job demo-preprocess: one pod runs the 4 shards in turn")
     note = dataset.in_turn_note(4, "v1.20.2")
     assert "this server (v1.20.2) has no Indexed Jobs" in note and "4 shards" in note and "one pod" in note
+    failed = dataset.JobState("Failed", "BackoffLimitExceeded", "limit", failed=8, completions=1)
+    text = dataset.preprocessing_failure_message(run, "ml", "demo-preprocess", failed, 3)
+    assert "its one pod ran the 4 shards in turn" in text and "8 pod failures" in text and "of 1 shards" not in text
+    assert "3 of 4 shard manifests written" in text
     message = dataset.no_completion_index_message("demo-preprocess", 4, "v1.20.2")
     assert "every pod would process shard 0" in message and "recreate the run" in message
 

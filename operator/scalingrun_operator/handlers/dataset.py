@@ -170,8 +170,12 @@ def preprocessing_failure_message(run: ScalingRun, namespace: str, job_name: str
     """What failed, in numbers, and where to look next."""
     shards = run.spec.dataset.preprocessing.parallelism
     cause = ": ".join(p for p in (state.reason, state.message) if p) or "no reason given"
-    parts = [f"Job {job_name} failed ({cause})",
-             f"{state.succeeded} of {state.completions} shards succeeded, {state.failed} pod failures"]
+    parts = [f"Job {job_name} failed ({cause})"]
+    if shards > 1 and state.completions == 1:
+        parts.append(f"its one pod ran the {shards} shards in turn (this server has no Indexed Jobs), "
+                     f"{state.failed} pod failures")
+    else:
+        parts.append(f"{state.succeeded} of {state.completions} shards succeeded, {state.failed} pod failures")
     if shards_done is not None:
         parts.append(f"{shards_done} of {shards} shard manifests written under {shards_uri(run)}")
     if manifest_note:
