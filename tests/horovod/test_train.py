@@ -135,12 +135,27 @@ def test_resume_continues_after_a_kill_in_the_same_mlflow_run(s3_server, mlflow_
         first.wait()
     saved = read_json(s3_server, f"{run}/checkpoints/state.json")["epoch"]
     assert 2 <= saved < 5, "the first run should have been killed mid-training"
-    result = run_training(s3_server, config, env=mlflow_server.env())
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert f"resuming after epoch {saved}" in result.stdout
+    # The resumed attempt, watched: its first progress document (written before the first resumed epoch, which
+    # takes seconds) shows the epoch it resumed from, and the epoch never goes back.
+    out, err = tmp_path / "resumed.out", tmp_path / "resumed.err"
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        second = subprocess.Popen(train_command(config), stdout=stdout, stderr=stderr, text=True, env=env,
+                                  start_new_session=True)
+        epochs_seen, deadline = [], time.monotonic() + 400
+        while second.poll() is None:
+            if time.monotonic() > deadline:
+                os.killpg(second.pid, signal.SIGKILL)
+                pytest.fail("the resumed training did not finish within 400 s")
+            document = read_json(s3_server, f"{run}/progress.json")
+            if document.get("resumedFromEpoch") == saved and document["epoch"] not in epochs_seen:
+                epochs_seen.append(document["epoch"])
+            time.sleep(0.1)
+    assert second.returncode == 0, err.read_text()[-3000:]
+    assert f"resuming after epoch {saved}" in out.read_text()
+    assert epochs_seen[0] == saved and epochs_seen == sorted(epochs_seen), epochs_seen
     progress = read_json(s3_server, f"{run}/progress.json")
     assert [h["epoch"] for h in progress["history"]] == [1, 2, 3, 4, 5]
-    assert progress["epoch"] == 5 and progress["state"] == "succeeded"
+    assert progress["epoch"] == 5 and progress["state"] == "succeeded" and progress["resumedFromEpoch"] == saved
 
     # MLflow: one run, from rank 0 only, continued after the kill, with the scaled values as params.
     client = MlflowClient(mlflow_server.uri, username=mlflow_server.username, password=mlflow_server.password)

@@ -142,14 +142,15 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
         progress = ProgressWriter(run_root.join("progress.json"), max_epochs=max_epochs, processes=size,
                                   learning_rate=scaled.learning_rate, effective_batch_size=scaled.effective_batch_size,
                                   history=state.get("history") if state else None,
-                                  mlflow_run_id=tracker.run_id if tracker else None)
+                                  mlflow_run_id=tracker.run_id if tracker else None,
+                                  resumed_from_epoch=initial_epoch if state else None)
         context["progress"] = progress
-        progress.start()
         monitor = stopping.get("monitor", "val_loss")
         reporter = EpochReporter(progress, scaled.steps_per_epoch * scaled.effective_batch_size, monitor,
                                  early_stopping, log=log, tracker=tracker)
         if state:
             reporter.resume(state.get("history", []), ((state.get("earlyStopping") or {}).get("bestEpoch")))
+        progress.start(best_epoch=reporter.best[0])
         every = int((spec_train.get("checkpoint") or {}).get("everyEpochs", 1))
         tensorboard_dir = tempfile.mkdtemp(prefix="tensorboard-")
         resume_facts = {"trainedOn": trained_on, "mlflowRunId": tracker.run_id if tracker else None}
