@@ -45,7 +45,9 @@ fi
 base_args=()
 [[ -z "$BASE" ]] || base_args=(--build-arg "BASE_IMAGE=$BASE")
 
-# The CPU wheel only: its cache directory names the Horovod, TensorFlow and Python versions it was built for.
+# The CPU wheel only: its cache directory names the Horovod, TensorFlow and Python versions it was built for;
+# setup.sh in the image takes the one it would build. It links the host's Open MPI (libmpi.so.40): fine from a
+# Debian/Ubuntu host, and the trainer check below imports it.
 rm -rf build/wheels && mkdir -p build/wheels
 for wheels in "$CACHE"/wheels/horovod-*-cpu-py311; do
   if ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
