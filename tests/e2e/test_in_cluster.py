@@ -139,6 +139,15 @@ def test_a_run_trains_across_pods_and_survives_an_operator_restart(cluster):
         assert status["modelUri"].startswith(f"{output}/runs/{name}/") and status["modelUri"].endswith(".keras")
         log = launcher_log(cluster, name)
         assert "2 processes" in log, log[-3000:]
+        assert "workers answer ssh after" in log, "the launcher waited for every worker's sshd"
+        # None of the run's pods calls the API: none gets a service-account token.
+        for pod in cluster.run_pods(name):
+            mounts = [m.mount_path for c in pod.spec.containers for m in c.volume_mounts or []]
+            assert not any("serviceaccount" in m for m in mounts), (pod.metadata.name, mounts)
+        # The chart's RBAC was enough for everything the operator did.
+        operator_log = subprocess.run([*cluster.kubectl, "logs", "-n", SYSTEM_NAMESPACE, "-l", OPERATOR_PODS,
+                                       "--tail=-1"], capture_output=True, text=True, check=True).stdout
+        assert "forbidden" not in operator_log.lower(), operator_log[-3000:]
 
         table = subprocess.run([*cluster.kubectl, "get", "srun", name, "-n", cluster.namespace],
                                capture_output=True, text=True, check=True).stdout
