@@ -6,11 +6,13 @@ part fails the test: CI must run them all.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -33,26 +35,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="session")
-def kubeconfig(tmp_path_factory) -> str:
-    """A kubeconfig for a real API server: one started from KUBEBUILDER_ASSETS, else KUBECONFIG's."""
-    assets = os.environ.get("KUBEBUILDER_ASSETS")
-    if not assets:
-        require(bool(os.environ.get("KUBECONFIG")), "needs KUBEBUILDER_ASSETS or KUBECONFIG")
-        yield os.environ["KUBECONFIG"]
-        return
+@contextlib.contextmanager
+def api_server(state: Path, *, controllers: bool) -> Iterator[str]:
+    """A real etcd + kube-apiserver (+ kube-controller-manager) from KUBEBUILDER_ASSETS, stopped afterwards;
+    yields its kubeconfig path. The KCM's Job controller runs only with KCM_JOB_CONTROLLER=1 (tests that
+    patch Job status by hand need it off)."""
     script = Path(os.environ.get("SCALINGRUN_CLUSTER_SCRIPT", ROOT.parent / "shared/envtest/cluster.sh"))
     require(script.exists(), f"cluster script {script} not found (set SCALINGRUN_CLUSTER_SCRIPT)")
-    state = tmp_path_factory.mktemp("cluster")
-    etcd_port = _free_port()
     env = {
         **os.environ,
-        "K8S_BIN": assets,
+        "K8S_BIN": os.environ["KUBEBUILDER_ASSETS"],
         "STATE": str(state),
         "APISERVER_PORT": str(_free_port()),
-        "ETCD_PORT": str(etcd_port),
+        "ETCD_PORT": str(_free_port()),
         "KCM_PORT": str(_free_port()),
-        "WITH_KCM": "1",
+        "WITH_KCM": "1" if controllers else "0",
         "KCM_JOB_CONTROLLER": os.environ.get("KCM_JOB_CONTROLLER", "0"),
     }
     try:
@@ -64,6 +61,17 @@ def kubeconfig(tmp_path_factory) -> str:
         yield str(state / "kubeconfig")
     finally:
         subprocess.run(["bash", str(script), "stop"], env=env, check=False)
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(tmp_path_factory) -> str:
+    """A kubeconfig for a real API server: one started from KUBEBUILDER_ASSETS, else KUBECONFIG's."""
+    if not os.environ.get("KUBEBUILDER_ASSETS"):
+        require(bool(os.environ.get("KUBECONFIG")), "needs KUBEBUILDER_ASSETS or KUBECONFIG")
+        yield os.environ["KUBECONFIG"]
+        return
+    with api_server(tmp_path_factory.mktemp("cluster"), controllers=True) as path:
+        yield path
 
 
 @pytest.fixture(scope="session")

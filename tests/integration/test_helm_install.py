@@ -9,7 +9,6 @@ server has them, created without Helm's ownership), and a test must be able to r
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,17 +18,12 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from tests.conftest import ROOT, require
+from tests.conftest import ROOT, api_server, require
+from tests.e2e.environment import README_HELM_INSTALL
 
 pytestmark = pytest.mark.k8s
-README_INSTALL = "helm install scalingrun charts/scalingrun -n scalingrun-system --create-namespace"
+README_INSTALL = " ".join(README_HELM_INSTALL)  # the command tests/e2e runs on a real node
 CRDS = ["scalingruns.scalingrun.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -39,19 +33,8 @@ def own_cluster(tmp_path_factory) -> str:
     if not assets and os.environ.get("KUBECONFIG"):
         pytest.skip("needs a fresh API server (KUBEBUILDER_ASSETS); on a KUBECONFIG cluster tests/e2e installs the chart")
     require(bool(assets), "needs KUBEBUILDER_ASSETS")
-    script = Path(os.environ.get("SCALINGRUN_CLUSTER_SCRIPT", ROOT.parent / "shared/envtest/cluster.sh"))
-    require(script.exists(), f"cluster script {script} not found (set SCALINGRUN_CLUSTER_SCRIPT)")
-    state = tmp_path_factory.mktemp("helm-cluster")
-    env = {**os.environ, "K8S_BIN": assets, "STATE": str(state), "APISERVER_PORT": str(_free_port()),
-           "ETCD_PORT": str(_free_port()), "KCM_PORT": str(_free_port()), "WITH_KCM": "0"}
-    started = subprocess.run(["bash", str(script), "start"], env=env, capture_output=True, text=True)
-    if started.returncode != 0:
-        subprocess.run(["bash", str(script), "stop"], env=env)
-        pytest.fail(f"cannot start the API server:\n{started.stdout}\n{started.stderr}", pytrace=False)
-    try:
-        yield str(state / "kubeconfig")
-    finally:
-        subprocess.run(["bash", str(script), "stop"], env=env, check=False)
+    with api_server(tmp_path_factory.mktemp("helm-cluster"), controllers=False) as path:
+        yield path
 
 
 @pytest.fixture(scope="module")
