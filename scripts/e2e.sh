@@ -53,8 +53,8 @@ load_images() {
       minikube) minikube image load "$image" ;;
       *)
         if [[ -n "${SCALINGRUN_E2E_REGISTRY:-}" ]]; then
-          docker tag "$image" "$SCALINGRUN_E2E_REGISTRY/${image##*/}"
-          docker push "$SCALINGRUN_E2E_REGISTRY/${image##*/}"
+          "$DOCKER" tag "$image" "$SCALINGRUN_E2E_REGISTRY/${image##*/}"
+          "$DOCKER" push "$SCALINGRUN_E2E_REGISTRY/${image##*/}"
         fi ;;
     esac
   done
@@ -67,7 +67,7 @@ build_images() {
   SCALINGRUN_E2E_TRAINER_IMAGE="$(sed -n 's/^trainer=//p' <<<"$out")"
   local base; base="$(sed -n 's/^base=//p' <<<"$out")"
   SCALINGRUN_E2E_SEAWEEDFS_IMAGE="scalingrun-e2e/seaweedfs:4.48"
-  "${DOCKER:-docker}" build -q ${base:+--build-arg "BASE_IMAGE=$base"} -t "$SCALINGRUN_E2E_SEAWEEDFS_IMAGE" \
+  "$DOCKER" build -q ${base:+--build-arg "BASE_IMAGE=$base"} -t "$SCALINGRUN_E2E_SEAWEEDFS_IMAGE" \
     tests/e2e/seaweedfs >/dev/null
   if [[ -n "${SCALINGRUN_E2E_REGISTRY:-}" ]]; then
     load_images "$SCALINGRUN_E2E_OPERATOR_IMAGE" "$SCALINGRUN_E2E_TRAINER_IMAGE" "$SCALINGRUN_E2E_SEAWEEDFS_IMAGE"
@@ -97,7 +97,9 @@ if [[ "$MODE" == down ]]; then down; exit 0; fi
 t0=$SECONDS
 start_cluster
 export KUBECONFIG
-[[ -x /usr/bin/docker && -f "$STATE/node-cluster" ]] && export DOCKER=/usr/bin/docker  # the node's own engine
+# The same client as scripts/build-images.sh: Debian's, matching the node cluster's Docker 20.10, when present.
+if [[ -z "${DOCKER:-}" ]]; then DOCKER=docker; [[ -x /usr/bin/docker ]] && DOCKER=/usr/bin/docker; fi
+export DOCKER
 t_images=$SECONDS
 build_images
 log "images ready in $((SECONDS - t_images)) s"
