@@ -161,8 +161,11 @@ def install_mpi_operator(cluster: Cluster) -> None:
         if not settings.mpijob_crd.exists():
             raise SystemExit(f"MPIJob CRD {settings.mpijob_crd} not found: set SCALINGRUN_MPIJOB_CRD to "
                              "mpi-operator v0.8's kubeflow.org_mpijobs.yaml")
-        cluster.tool("kubectl", "create", "-f", str(settings.mpijob_crd))  # too large for client-side apply
-        cluster.tool("kubectl", "wait", "--for=condition=Established", "crd/mpijobs.kubeflow.org", "--timeout=60s")
+        # Created, not applied (too large for client-side apply); `kubectl wait` right after a create can
+        # fail on a CRD with no conditions yet, so wait for Established by polling.
+        from tests.conftest import install_crd
+
+        install_crd(cluster.api, yaml.safe_load(settings.mpijob_crd.read_text()))
     from tests.e2e.mpijob_controller import deploy
 
     cluster.ensure_namespace(STAND_IN_NAMESPACE)
