@@ -95,6 +95,8 @@ down() {
 if [[ "$MODE" == down ]]; then down; exit 0; fi
 
 t0=$SECONDS
+# Without --keep, whatever happens from here on (a failed install included) ends with everything taken down.
+[[ "$MODE" == keep ]] || trap down EXIT
 start_cluster
 export KUBECONFIG
 # The same client as scripts/build-images.sh: Debian's, matching the node cluster's Docker 20.10, when present.
@@ -111,9 +113,5 @@ status=0
 "$PY" -m pytest -m e2e tests/e2e -p no:cacheprovider "$@" || status=$?
 log "e2e finished in $((SECONDS - t0)) s (exit $status)"
 
-if [[ "$MODE" == keep ]]; then
-  printf '%s\n' "$exports"
-else
-  down
-fi
+[[ "$MODE" != keep ]] || printf '%s\n' "$exports"
 exit "$status"
