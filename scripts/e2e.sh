@@ -81,14 +81,11 @@ build_images() {
 }
 
 down() {
-  if [[ -z "${KUBECONFIG:-}" && -f "$STATE/node-cluster" ]]; then KUBECONFIG="$(cat "$STATE/node-cluster")"; fi
-  if [[ -n "${KUBECONFIG:-}" ]]; then
-    export KUBECONFIG
-    "$PY" -m tests.e2e.environment down || true
-  fi
-  if [[ -f "$STATE/node-cluster" ]]; then
+  if [[ -f "$STATE/node-cluster" ]]; then  # a node cluster this script started: stopping it removes it all
     bash "$NODE_DIR/cluster.sh" stop >&2
     rm -f "$STATE/node-cluster"
+  elif [[ -n "${KUBECONFIG:-}" ]]; then
+    "$PY" -m tests.e2e.environment down || true
   fi
 }
 
