@@ -85,6 +85,16 @@ def launcher_log(cluster, name: str) -> str:
     return result.stdout + result.stderr
 
 
+def wait_for_launcher_line(cluster, name: str, text: str, timeout: float) -> None:
+    """Waits for a line of rank 0's output: the launcher's log is live, status follows at the next poll."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if text in launcher_log(cluster, name):
+            return
+        time.sleep(1)
+    pytest.fail(f"{name}: no {text!r} in the launcher's log within {timeout:.0f} s:\n{launcher_log(cluster, name)[-3000:]}")
+
+
 def test_a_missing_trainer_image_is_named_within_60_seconds(cluster):
     name = _name("noimage")
     image = f"ghcr.io/scalingrun/does-not-exist:{uuid.uuid4().hex[:6]}"
@@ -125,8 +135,9 @@ def test_a_run_trains_across_pods_and_survives_an_operator_restart(cluster):
         run = cluster.wait(name, finished, timeout=600, what="Succeeded")
         print(f"apply -> Training {training_at:.0f} s, apply -> Succeeded {time.monotonic() - applied:.0f} s")
 
-        replaced = cluster.core().list_namespaced_pod(SYSTEM_NAMESPACE, label_selector=OPERATOR_PODS).items
-        assert [p.metadata.name for p in replaced] != [operator_pods[0].metadata.name]
+        replaced = [p for p in cluster.core().list_namespaced_pod(SYSTEM_NAMESPACE, label_selector=OPERATOR_PODS).items
+                    if p.metadata.deletion_timestamp is None]
+        assert len(replaced) == 1 and replaced[0].metadata.name != operator_pods[0].metadata.name
         assert children(cluster, name) == {"MPIJob": [f"{name}-train"], "Job": [f"{name}-preprocess"],
                                            "ConfigMap": [f"{name}-config"]}
         status = run["status"]
@@ -145,8 +156,7 @@ def test_a_run_trains_across_pods_and_survives_an_operator_restart(cluster):
             mounts = [m.mount_path for c in pod.spec.containers for m in c.volume_mounts or []]
             assert not any("serviceaccount" in m for m in mounts), (pod.metadata.name, mounts)
         # The chart's RBAC was enough for everything the operator did.
-        operator_log = subprocess.run([*cluster.kubectl, "logs", "-n", SYSTEM_NAMESPACE, "-l", OPERATOR_PODS,
-                                       "--tail=-1"], capture_output=True, text=True, check=True).stdout
+        operator_log = cluster.core().read_namespaced_pod_log(replaced[0].metadata.name, SYSTEM_NAMESPACE)
         assert "forbidden" not in operator_log.lower(), operator_log[-3000:]
 
         table = subprocess.run([*cluster.kubectl, "get", "srun", name, "-n", cluster.namespace],
@@ -159,7 +169,8 @@ def test_a_run_trains_across_pods_and_survives_an_operator_restart(cluster):
 
 def test_a_lost_worker_is_counted_and_the_run_resumes_from_its_checkpoint(cluster):
     name = _name("resume")
-    cluster.create_run(run_body(cluster, name, output=f"s3://scalingrun-e2e/runs/{name}/parquet", epochs=4,
+    epochs = 8  # several epochs after the first, so that the worker is lost mid-training
+    cluster.create_run(run_body(cluster, name, output=f"s3://scalingrun-e2e/runs/{name}/parquet", epochs=epochs,
                                 parallelism=2))
     epochs_seen: list[int] = []
 
@@ -169,15 +180,16 @@ def test_a_lost_worker_is_counted_and_the_run_resumes_from_its_checkpoint(cluste
             epochs_seen.append(epoch)
 
     try:
-        run = cluster.wait(name, lambda r: ((r.get("status") or {}).get("training") or {}).get("epoch", 0) >= 1,
-                           timeout=420, what="past epoch 1", each=record)
-        # Preprocessing with parallelism 2 covered every file, whatever the server's Job features.
-        assert run["status"]["preprocessing"]["imagesWritten"] == SOURCE_FILES - CORRUPT_FILES
+        cluster.wait(name, lambda r: phase(r) == "Training", timeout=300, what="training", each=record)
+        # Epoch 2's line: epoch 1's checkpoint is surely written, so there is one to resume from.
+        wait_for_launcher_line(cluster, name, f"epoch 2/{epochs}:", timeout=300)
         worker = f"{name}-train-worker-1"
         cluster.core().delete_namespaced_pod(worker, cluster.namespace)
         run = cluster.wait(name, finished, timeout=600, what="Succeeded after losing a worker", each=record)
+        # Preprocessing with parallelism 2 covered every file, whatever the server's Job features.
+        assert run["status"]["preprocessing"]["imagesWritten"] == SOURCE_FILES - CORRUPT_FILES
         assert epochs_seen == sorted(epochs_seen), f"status.training.epoch went backwards: {epochs_seen}"
-        assert run["status"]["training"]["epoch"] == 4
+        assert run["status"]["training"]["epoch"] == epochs
         assert run["status"]["training"].get("restarts", 0) >= 1, run["status"]["training"]
         messages = [e.message for e in cluster.events(name)]
         assert any(worker in m for m in messages), messages
