@@ -35,6 +35,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _api_server_ports() -> dict[str, str]:
+    """Distinct free ports for one API server, held together while chosen, with etcd's peer port free too
+    (cluster.sh puts it at ETCD_PORT + 1: a taken one failed etcd's start in a CI run)."""
+    while True:
+        with contextlib.ExitStack() as stack:
+            ports = []
+            for _ in range(3):
+                sock = stack.enter_context(socket.socket())
+                sock.bind(("127.0.0.1", 0))
+                ports.append(sock.getsockname()[1])
+            peer = stack.enter_context(socket.socket())
+            try:
+                peer.bind(("127.0.0.1", ports[1] + 1))
+            except OSError:
+                continue
+            return {"APISERVER_PORT": str(ports[0]), "ETCD_PORT": str(ports[1]), "KCM_PORT": str(ports[2])}
+
+
 @contextlib.contextmanager
 def api_server(state: Path, *, controllers: bool) -> Iterator[str]:
     """A real etcd + kube-apiserver (+ kube-controller-manager) from KUBEBUILDER_ASSETS, stopped afterwards;
@@ -46,9 +64,7 @@ def api_server(state: Path, *, controllers: bool) -> Iterator[str]:
         **os.environ,
         "K8S_BIN": os.environ["KUBEBUILDER_ASSETS"],
         "STATE": str(state),
-        "APISERVER_PORT": str(_free_port()),
-        "ETCD_PORT": str(_free_port()),
-        "KCM_PORT": str(_free_port()),
+        **_api_server_ports(),
         "WITH_KCM": "1" if controllers else "0",
         "KCM_JOB_CONTROLLER": os.environ.get("KCM_JOB_CONTROLLER", "0"),
     }
