@@ -1,0 +1,367 @@
+"""The operator's latency, scale and cost at rest, on a real kube-apiserver and a real S3 server.
+
+Starts its own etcd + kube-apiserver 1.20 (KUBEBUILDER_ASSETS, as the tests do; no controller manager, so
+only this script and the operator talk to it), SeaweedFS, and the operator as in its pod (`scalingrun
+operator`, production settings, watching every namespace). Nothing plays the kubelet or the
+mpi-operator: the script writes what they would (Job and MPIJob status, the manifest, progress.json).
+
+Measures, each against a baseline taken in the same run:
+- create -> Job and Job done -> MPIJob latency, p50/p95 over --runs runs, one at a time; the baseline is
+  the same watch seeing a ConfigMap the script creates itself (the API server's and the watch's floor);
+- --concurrent runs created at once: time until every one has its Job, peak RSS;
+- those runs all in Training with nothing changing: API requests per minute caused by the operator
+  (the API server's request counter, minus the rate measured before the operator started) and its CPU;
+- RSS after each of --cycles cycles of --cycle-runs runs (created, trained to Training, deleted).
+
+Run: KUBEBUILDER_ASSETS=... .venv/bin/python bench/operator.py [--runs 100] [--concurrent 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from kubernetes import client, config, watch  # noqa: E402
+
+from scalingrun_operator.api import models  # noqa: E402
+from scalingrun_operator.api.crd import build_crd  # noqa: E402
+from scalingrun_operator.local.s3server import S3Server  # noqa: E402
+from tests.conftest import api_server, install_crd  # noqa: E402
+from tests.integration.test_operator import (  # noqa: E402
+    BUCKET, SECRET, Bucket, Cluster, manifest_for, new_run, progress, progress_uri,
+)
+
+TARGETS = {"p50_ms": 100.0, "p95_ms": 250.0, "all_children_s": 15.0, "peak_rss_mib": 200.0,
+           "requests_per_min": 300.0, "cpu_millicores": 25.0, "rss_drift": 0.10}
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# --- the operator process -------------------------------------------------------------------------
+
+
+class OperatorProcess:
+    def __init__(self, kubeconfig: str, log_path: Path):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SCALINGRUN_"))}
+        env.update(KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--all-namespaces", "--standalone",
+             "--log-format", "plain", "--liveness", "", "--metrics-port", "0"],
+            stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.log_path = log_path
+        self.peak_rss = 0
+        self._sampling = True
+        threading.Thread(target=self._sample, daemon=True).start()
+
+    def _status(self) -> dict[str, str]:
+        text = Path(f"/proc/{self.process.pid}/status").read_text()
+        return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+    def rss_mib(self) -> float:
+        return int(self._status()["VmRSS"].split()[0]) / 1024
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+
+    def _sample(self) -> None:
+        while self._sampling and self.process.poll() is None:
+            with contextlib.suppress(OSError, KeyError):
+                self.peak_rss = max(self.peak_rss, self.rss_mib())
+            time.sleep(0.1)
+
+    def reset_peak(self) -> None:
+        self.peak_rss = self.rss_mib()
+
+    def check(self) -> None:
+        if self.process.poll() is not None:
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"the operator exited with {self.process.returncode}:\n{tail}")
+
+    def stop(self) -> None:
+        self._sampling = False
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+# --- watching children appear ---------------------------------------------------------------------
+
+
+class Arrivals:
+    """When each object of one kind was first seen by a watch, by name (monotonic seconds)."""
+
+    def __init__(self, list_fn: Callable[..., Any], *args: Any):
+        self.seen: dict[str, float] = {}
+        self.condition = threading.Condition()
+        self._watch = watch.Watch()
+        threading.Thread(target=self._run, args=(list_fn, args), daemon=True).start()
+
+    def _run(self, list_fn: Callable[..., Any], args: tuple) -> None:
+        with contextlib.suppress(Exception):  # the API server stops under a watch at the end
+            self._stream(list_fn, args)
+
+    def _stream(self, list_fn: Callable[..., Any], args: tuple) -> None:
+        for event in self._watch.stream(list_fn, *args):
+            obj = event["object"]
+            name = obj["metadata"]["name"] if isinstance(obj, dict) else obj.metadata.name
+            with self.condition:
+                self.seen.setdefault(name, time.monotonic())
+                self.condition.notify_all()
+
+    def wait(self, names: list[str], timeout: float) -> float:
+        deadline = time.monotonic() + timeout
+        with self.condition:
+            while not all(n in self.seen for n in names):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [n for n in names if n not in self.seen]
+                    raise TimeoutError(f"{len(missing)} of {len(names)} not seen within {timeout:.0f} s: {missing[:5]}")
+                self.condition.wait(left)
+            return max(self.seen[n] for n in names)
+
+    def stop(self) -> None:
+        self._watch.stop()
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+# --- the API server's own request counter ---------------------------------------------------------
+
+_REQUEST_LINE = re.compile(r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
+
+
+def resource_requests(api: client.ApiClient) -> float:
+    """Requests on resources the API server has answered so far (its /metrics; watches count on close)."""
+    text = api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False)[0].data.decode()
+    total = 0.0
+    for line in text.splitlines():
+        match = _REQUEST_LINE.match(line)
+        if match and not re.search(r'(^|,)resource=""', match["labels"]):
+            total += float(match["value"])
+    return total
+
+
+def requests_per_minute(api: client.ApiClient, seconds: float) -> float:
+    before = resource_requests(api)
+    time.sleep(seconds)
+    return (resource_requests(api) - before) * 60 / seconds
+
+
+# --- driving runs ---------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, api: client.ApiClient, s3: S3Server, bucket: Bucket):
+        self.api, self.s3, self.bucket = api, s3, bucket
+        self.core = client.CoreV1Api(api)
+        self.batch = client.BatchV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+
+    def namespace(self, name: str) -> Cluster:
+        self.core.create_namespace({"metadata": {"name": name}})
+        self.core.create_namespaced_secret(name, {"metadata": {"name": SECRET}, "stringData": {
+            "AWS_ACCESS_KEY_ID": self.s3.access_key, "AWS_SECRET_ACCESS_KEY": self.s3.secret_key}})
+        return Cluster(self.api, name)
+
+    def job_name(self, cluster: Cluster, run: str) -> str:
+        return f"{run}-preprocess"
+
+    def finish_preprocessing(self, cluster: Cluster, run: str) -> None:
+        """What the preprocessing pods would leave: the manifest, then a complete Job."""
+        admitted = cluster.run(run)
+        self.bucket.put_json(f"{admitted['spec']['dataset']['output']}/_manifest.json", manifest_for(admitted))
+        cluster.complete_job(self.job_name(cluster, run), succeeded=2)
+
+    def start_training(self, cluster: Cluster, run: str, epoch: int = 1) -> None:
+        cluster.set_mpijob_condition(f"{run}-train", "Running", "MPIJobRunning", "running")
+        self.bucket.put_json(progress_uri(cluster.run(run)), progress("running", epoch))
+
+
+def measure_latency(bench: Bench, operator: OperatorProcess, runs: int) -> dict[str, Any]:
+    cluster = bench.namespace("bench-latency")
+    jobs = Arrivals(bench.batch.list_namespaced_job, cluster.ns)
+    mpijobs = Arrivals(bench.custom.list_namespaced_custom_object, "kubeflow.org", "v2beta1", cluster.ns, "mpijobs")
+    maps = Arrivals(bench.core.list_namespaced_config_map, cluster.ns)
+    floor, to_job, to_mpijob = [], [], []
+    for index in range(runs):
+        operator.check()
+        name = f"floor-{index}"
+        start = time.monotonic()
+        cluster.core.create_namespaced_config_map(cluster.ns, {"metadata": {"name": name}})
+        floor.append(maps.wait([name], 30) - start)
+
+        run = f"lat-{index}"
+        start = time.monotonic()
+        cluster.create_run(new_run(cluster.ns, run, bench.s3))
+        to_job.append(jobs.wait([bench.job_name(cluster, run)], 60) - start)
+        bench.finish_preprocessing(cluster, run)
+        start = time.monotonic()
+        to_mpijob.append(mpijobs.wait([f"{run}-train"], 60) - start)
+    for arrivals in (jobs, mpijobs, maps):
+        arrivals.stop()
+    ms = lambda values, q: 1000 * percentile(values, q)  # noqa: E731
+    return {"floor_p50_ms": ms(floor, 0.5), "floor_p95_ms": ms(floor, 0.95),
+            "create_to_job_p50_ms": ms(to_job, 0.5), "create_to_job_p95_ms": ms(to_job, 0.95),
+            "job_done_to_mpijob_p50_ms": ms(to_mpijob, 0.5), "job_done_to_mpijob_p95_ms": ms(to_mpijob, 0.95)}
+
+
+def create_all(bench: Bench, cluster: Cluster, names: list[str]) -> None:
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda n: cluster.create_run(new_run(cluster.ns, n, bench.s3)), names))
+
+
+def drive_to_training(bench: Bench, cluster: Cluster, names: list[str], operator: OperatorProcess) -> None:
+    mpijobs = Arrivals(bench.custom.list_namespaced_custom_object, "kubeflow.org", "v2beta1", cluster.ns, "mpijobs")
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda n: bench.finish_preprocessing(cluster, n), names))
+    mpijobs.wait([f"{n}-train" for n in names], 300)
+    mpijobs.stop()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda n: bench.start_training(cluster, n), names))
+    deadline = time.monotonic() + 300
+    while True:
+        operator.check()
+        items = bench.custom.list_namespaced_custom_object(models.GROUP, models.VERSION, cluster.ns,
+                                                           models.PLURAL)["items"]
+        training = [i for i in items if (i.get("status") or {}).get("phase") == "Training"
+                    and (i["status"].get("training") or {}).get("epoch") == 1]
+        if len(training) >= len(names):
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(training)} of {len(names)} runs reached Training with epoch 1")
+        time.sleep(2)
+
+
+def measure_scale(bench: Bench, operator: OperatorProcess, count: int, rest_seconds: float,
+                  baseline_rpm: float) -> dict[str, Any]:
+    cluster = bench.namespace("bench-scale")
+    names = [f"scale-{i}" for i in range(count)]
+    jobs = Arrivals(bench.batch.list_namespaced_job, cluster.ns)
+    operator.reset_peak()
+    start = time.monotonic()
+    create_all(bench, cluster, names)
+    created = time.monotonic() - start
+    all_children = jobs.wait([bench.job_name(cluster, n) for n in names], 300) - start
+    jobs.stop()
+    peak_creating = operator.peak_rss
+    drive_to_training(bench, cluster, names, operator)
+    time.sleep(20)  # let the last status patches and Events settle
+    cpu_before, wall_before = operator.cpu_seconds(), time.monotonic()
+    rpm = requests_per_minute(bench.api, rest_seconds)
+    cpu = (operator.cpu_seconds() - cpu_before) / (time.monotonic() - wall_before)
+    return {"runs": count, "create_calls_s": created, "all_children_s": all_children,
+            "peak_rss_mib": max(peak_creating, operator.peak_rss), "rest_requests_per_min": rpm - baseline_rpm,
+            "baseline_requests_per_min": baseline_rpm, "rest_cpu_millicores": 1000 * cpu,
+            "rest_seconds": rest_seconds}
+
+
+def measure_drift(bench: Bench, operator: OperatorProcess, cycles: int, per_cycle: int) -> dict[str, Any]:
+    rss = []
+    for cycle in range(cycles):
+        cluster = bench.namespace(f"bench-cycle-{cycle}")
+        names = [f"cycle-{i}" for i in range(per_cycle)]
+        create_all(bench, cluster, names)
+        Arrivals(bench.batch.list_namespaced_job, cluster.ns).wait([bench.job_name(cluster, n) for n in names], 300)
+        drive_to_training(bench, cluster, names, operator)
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(cluster.delete_run, names))
+        # No controller manager here: the children go by hand, as GC would take them.
+        bench.batch.delete_collection_namespaced_job(cluster.ns)
+        bench.custom.delete_collection_namespaced_custom_object("kubeflow.org", "v2beta1", cluster.ns, "mpijobs")
+        bench.core.delete_collection_namespaced_config_map(cluster.ns)
+        time.sleep(10)
+        rss.append(operator.rss_mib())
+        print(f"  cycle {cycle + 1}/{cycles}: RSS {rss[-1]:.0f} MiB", flush=True)
+    return {"rss_mib": rss, "rss_drift": (rss[-1] - rss[0]) / rss[0]}
+
+
+@contextlib.contextmanager
+def environment(state: Path) -> Iterator[tuple[client.ApiClient, str, S3Server, Bucket]]:
+    with api_server(state / "cluster", controllers=False) as kubeconfig:
+        api = config.new_client_from_config(config_file=kubeconfig)
+        install_crd(api, build_crd())
+        import yaml
+
+        crd = ROOT.parent / "shared/crds/kubeflow.org_mpijobs.yaml"
+        install_crd(api, yaml.safe_load(Path(os.environ.get("SCALINGRUN_MPIJOB_CRD", crd)).read_text()))
+        s3 = S3Server(state / "seaweedfs", "bench-" + secrets.token_hex(4), secrets.token_hex(20)).start()
+        try:
+            s3.create_bucket(BUCKET)
+            yield api, kubeconfig, s3, Bucket(s3)
+        finally:
+            s3.stop()
+
+
+def verdict(value: float, target: float) -> str:
+    return f"{value / target:.2f}x target ({'met' if value <= target else 'MISSED'})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=100, help="runs for the latency percentiles")
+    parser.add_argument("--concurrent", type=int, default=300, help="runs created at once")
+    parser.add_argument("--rest-seconds", type=float, default=60, help="how long to count requests at rest")
+    parser.add_argument("--cycles", type=int, default=5)
+    parser.add_argument("--cycle-runs", type=int, default=100)
+    args = parser.parse_args()
+    if not os.environ.get("KUBEBUILDER_ASSETS"):
+        parser.error("set KUBEBUILDER_ASSETS (the envtest binaries: ../shared/envtest/build-assets.sh | tail -n1)")
+    with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp, environment(Path(tmp)) as (api, kubeconfig, s3, bucket):
+        bench = Bench(api, s3, bucket)
+        print(f"baseline: API requests at rest without the operator ({args.rest_seconds:.0f} s)...", flush=True)
+        baseline_rpm = requests_per_minute(api, args.rest_seconds)
+        operator = OperatorProcess(kubeconfig, Path(tmp) / "operator.log")
+        try:
+            time.sleep(3)
+            print(f"latency over {args.runs} runs...", flush=True)
+            latency = measure_latency(bench, operator, args.runs)
+            print(f"{args.concurrent} runs at once...", flush=True)
+            scale = measure_scale(bench, operator, args.concurrent, args.rest_seconds, baseline_rpm)
+            print(f"RSS over {args.cycles} cycles of {args.cycle_runs} runs...", flush=True)
+            drift = measure_drift(bench, operator, args.cycles, args.cycle_runs)
+        finally:
+            operator.stop()
+    print()
+    print("| measure | value | baseline | against target |")
+    print("|---|---|---|---|")
+    floor = f"{latency['floor_p50_ms']:.0f} / {latency['floor_p95_ms']:.0f} ms (watch floor)"
+    for key, label in (("create_to_job", "create -> Job"), ("job_done_to_mpijob", "Job done -> MPIJob")):
+        p50, p95 = latency[f"{key}_p50_ms"], latency[f"{key}_p95_ms"]
+        print(f"| {label}, p50 / p95 over {args.runs} runs | {p50:.0f} / {p95:.0f} ms | {floor} | "
+              f"p50 {verdict(p50, TARGETS['p50_ms'])}, p95 {verdict(p95, TARGETS['p95_ms'])} |")
+    print(f"| {scale['runs']} runs at once: all Jobs exist | {scale['all_children_s']:.1f} s | "
+          f"creates took {scale['create_calls_s']:.1f} s | {verdict(scale['all_children_s'], TARGETS['all_children_s'])} |")
+    print(f"| peak RSS | {scale['peak_rss_mib']:.0f} MiB | | {verdict(scale['peak_rss_mib'], TARGETS['peak_rss_mib'])} |")
+    print(f"| at rest, {scale['runs']} runs Training: API requests/min by the operator | "
+          f"{scale['rest_requests_per_min']:.0f} | {scale['baseline_requests_per_min']:.0f}/min without it | "
+          f"{verdict(max(scale['rest_requests_per_min'], 0), TARGETS['requests_per_min'])} |")
+    print(f"| at rest: operator CPU | {scale['rest_cpu_millicores']:.1f} m | | "
+          f"{verdict(scale['rest_cpu_millicores'], TARGETS['cpu_millicores'])} |")
+    rss = " -> ".join(f"{v:.0f}" for v in drift["rss_mib"])
+    print(f"| RSS over {args.cycles} cycles of {args.cycle_runs} runs | {rss} MiB ({100 * drift['rss_drift']:+.1f} %) | "
+          f"first cycle | {verdict(max(drift['rss_drift'], 0), TARGETS['rss_drift'])} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
