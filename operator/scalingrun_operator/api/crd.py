@@ -44,8 +44,8 @@ def _structural(schema: dict[str, Any]) -> dict[str, Any]:
         types = {b.get("type") for b in branches}
         if types == {"integer", "string"}:
             out["x-kubernetes-int-or-string"] = True
-            for b in branches:
-                out.update({k: v for k, v in b.items() if k not in ("type", "minimum")})
+            for b in branches:  # minimum applies to the integers only, pattern to the strings only
+                out.update({k: v for k, v in b.items() if k != "type"})
         elif len(branches) == 1:
             if out.get("default", ...) is None:
                 del out["default"]
@@ -93,8 +93,28 @@ def openapi_schema(model: type[models.BaseModel]) -> dict[str, Any]:
     return _structural(_resolve(raw, raw.get("$defs", {})))
 
 
+def _non_empty_strings(schema: dict[str, Any]) -> dict[str, Any]:
+    """minLength 1 on every string of the spec: 1.20 rejects an empty string anyway ("must be of type string:
+    null"), and so does `scalingrun validate`; said here, newer servers agree too."""
+    if schema.get("type") == "string" and "enum" not in schema:
+        schema.setdefault("minLength", 1)
+    for prop in schema.get("properties", {}).values():
+        _non_empty_strings(prop)
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            _non_empty_strings(schema[key])
+    return schema
+
+
+def metadata_schema() -> dict[str, Any]:
+    """Only metadata.name can be constrained in a CRD: the run's name limits as the models have them."""
+    name = models.ObjectMeta.model_json_schema()["properties"]["name"]
+    return {"type": "object", "properties": {"name": {
+        "type": "string", **{k: name[k] for k in ("minLength", "maxLength", "pattern") if k in name}}}}
+
+
 def build_crd() -> dict[str, Any]:
-    spec_schema = openapi_schema(models.ScalingRunSpec)
+    spec_schema = _non_empty_strings(openapi_schema(models.ScalingRunSpec))
     spec_schema["description"] = models.ScalingRunSpec.__doc__
     status_schema = openapi_schema(models.ScalingRunStatus)
     status_schema["description"] = models.ScalingRunStatus.__doc__
@@ -131,7 +151,7 @@ def build_crd() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                "metadata": metadata_schema(),
                                 "spec": spec_schema,
                                 "status": status_schema,
                             },

@@ -28,8 +28,9 @@ DATA_URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|file:///.*|/.*)$"
 WEIGHTS_PATTERN = r"^(imagenet|none|s3://.+|gs://.+|https?://.+|file:///.+|/.+)$"
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # a DNS subdomain, as Secret names are
 HTTP_URL_PATTERN = r"^https?://[^\s/]+(/.*)?$"
-# Kubernetes resource quantity, e.g. 500m, 4, 16Gi.
-QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+# A positive Kubernetes resource quantity, e.g. 500m, 4, 16Gi: some digit other than 0 (no zero CPU or memory).
+# No lookahead: the API server's regexps (RE2) and pydantic's (Rust) have none.
+QUANTITY_PATTERN = r"^([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 
 # Users write `cpu: 4` or `memory: 16Gi`; kept as a string, declared int-or-string in the CRD.
 Quantity = Annotated[
@@ -37,7 +38,7 @@ Quantity = Annotated[
     BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
     Field(pattern=QUANTITY_PATTERN),
     WithJsonSchema(
-        {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}], "pattern": QUANTITY_PATTERN}
+        {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string"}], "pattern": QUANTITY_PATTERN}
     ),
 ]
 

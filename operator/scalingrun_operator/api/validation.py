@@ -7,6 +7,7 @@ express (cross-field rules) run in `scalingrun validate` and in the operator, wh
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -115,15 +116,55 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
     return errors
 
 
-def parse_scalingrun(document: Any) -> ScalingRun:
-    """Parses and validates one ScalingRun document; raises InvalidScalingRun listing every bad field."""
+def _as_admitted(node: Any) -> Any:
+    """The document as the API server reads it: nulls pruned (nothing in the schema is nullable, so a null
+    field takes its default), and a whole float such as 2.0 is the JSON number 2, an integer."""
+    if isinstance(node, dict):
+        return {key: _as_admitted(value) for key, value in node.items() if value is not None}
+    if isinstance(node, list):
+        return [_as_admitted(value) for value in node]
+    if isinstance(node, float) and node.is_integer():
+        return int(node)
+    return node
+
+
+def _empty_strings(node: Any, path: str) -> Iterable[str]:
+    if node == "":
+        yield path
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from _empty_strings(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _empty_strings(value, f"{path}[{index}]")
+
+
+def parse_schema(document: Any) -> ScalingRun:
+    """The checks the CRD schema makes at admission (types, enums, bounds, patterns) plus unknown fields,
+    which the API server prunes instead; raises InvalidScalingRun listing every bad field."""
     if not isinstance(document, dict):
         raise InvalidScalingRun([FieldError("(document)", "must be a mapping (a ScalingRun object)")])
     # Kubernetes adds server-side metadata and status; only the spec is the user's input.
+    admitted = _as_admitted(document)
+    errors: list[FieldError] = []
     try:
-        run = ScalingRun.model_validate(document)
+        # Strict JSON, as the API server types it: no '4' for 4, no 'yes' for true, no 2.5 for an integer.
+        run = ScalingRun.model_validate_json(json.dumps(admitted, default=str), strict=True)
     except pydantic.ValidationError as exc:
-        raise InvalidScalingRun(_pydantic_errors(exc)) from None
+        errors = _pydantic_errors(exc)
+    # 1.20 refuses an empty string in any field ("must be of type string: null"); the CRD says minLength 1.
+    reported = {e.path for e in errors}
+    spec = admitted.get("spec")
+    errors += [FieldError(path, "must not be empty (got '')")
+               for path in (_empty_strings(spec, "spec") if isinstance(spec, dict) else ()) if path not in reported]
+    if errors:
+        raise InvalidScalingRun(errors)
+    return run
+
+
+def parse_scalingrun(document: Any) -> ScalingRun:
+    """Parses and validates one ScalingRun document; raises InvalidScalingRun listing every bad field."""
+    run = parse_schema(document)
     errors = semantic_errors(run)
     if errors:
         raise InvalidScalingRun(errors)
