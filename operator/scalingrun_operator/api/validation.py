@@ -1,13 +1,16 @@
 """Validation of ScalingRun documents, with one message per bad field.
 
-The CRD schema rejects what it can at admission; the rules here that a 1.20-era schema cannot
-express (cross-field rules) run in `scalingrun validate` and in the operator, where they become an
-`InvalidSpec` condition instead of a crash loop.
+The CRD schema rejects what it can at admission, and `parse_schema` accepts and rejects the same specs
+(tests/integration/test_validation_admission.py checks both on generated specs); unknown fields, which
+the API server prunes, are rejected here. The rules a 1.20-era schema cannot express (cross-field rules)
+run in `scalingrun validate` and in the operator, where they become an `InvalidSpec` condition instead
+of a crash loop.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -119,7 +122,7 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
 def _as_admitted(node: Any) -> Any:
     """The document as the API server reads it: nulls pruned (nothing in the schema is nullable, so a null
     field takes its default), and a whole float such as 2.0 is the JSON number 2, an integer."""
-    if isinstance(node, dict):
+    if isinstance(node, Mapping):
         return {key: _as_admitted(value) for key, value in node.items() if value is not None}
     if isinstance(node, list):
         return [_as_admitted(value) for value in node]
