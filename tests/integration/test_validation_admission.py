@@ -1,7 +1,8 @@
 """`scalingrun validate` equals admission (issue #15, item 2).
 
-Specs are generated from the models: every field of the ScalingRun (walked generically, so fields and
-sub-objects added later are covered too) gets valid values and invalid variants (wrong types, numeric
+Specs are generated from the models: every field of every resource (a model with apiVersion, kind,
+metadata and spec, whose CRD a build_*crd* function of api/crd.py makes), walked generically so that
+fields, sub-objects and resources added later are covered too, gets valid values and invalid variants (wrong types, numeric
 strings, 'yes'/'true' for booleans, fractions for integers, negatives, zero, out-of-bound numbers,
 too-long strings, values outside an enum, null). Each spec goes to `validate`'s parse and, as a dry-run
 create, to a real kube-apiserver with the generated CRD: both must accept it or both reject it, and
@@ -28,8 +29,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pydantic import BaseModel
 
+from scalingrun_operator.api import crd as crd_module
 from scalingrun_operator.api import models
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun, parse_schema
+from tests.conftest import install_crd
 
 pytestmark = pytest.mark.k8s
 
@@ -146,6 +149,10 @@ def _models_in(annotation: Any) -> list[type[BaseModel]]:
     return [kind for kind, _ in _branches(annotation, []) if _is_model(kind)]
 
 
+def _field_info(model: type[BaseModel], alias: str):
+    return next(info for name, info in model.model_fields.items() if (info.alias or name) == alias)
+
+
 def walk(model: type[BaseModel], path: tuple) -> Iterator[Field]:
     for name, info in model.model_fields.items():
         field_path = (*path, info.alias or name)
@@ -157,11 +164,6 @@ def walk(model: type[BaseModel], path: tuple) -> Iterator[Field]:
                 for item in typing.get_args(kind):
                     for sub in _models_in(item):
                         yield from walk(sub, (*field_path, 0))
-
-
-def all_fields() -> list[Field]:
-    name = models.ObjectMeta.model_fields["name"]
-    return [Field(("metadata", "name"), name.annotation, name.metadata), *walk(models.ScalingRunSpec, ("spec",))]
 
 
 def minimal(model: type[BaseModel]) -> dict[str, Any]:
@@ -184,74 +186,136 @@ def minimal(model: type[BaseModel]) -> dict[str, Any]:
     return body
 
 
-def document(field: Field, value: Any) -> dict[str, Any]:
-    """BASE with the field set to value; missing parents are created as their model's minimal object."""
-    doc = copy.deepcopy(BASE)
-    node: Any = doc
-    model: Any = None
-    for depth, part in enumerate(field.path[:-1]):
-        nxt = field.path[depth + 1]
-        if depth == 0:
-            model = models.ScalingRunSpec if part == "spec" else None
-            node = node[part]
-            continue
-        info = model.model_fields[next(n for n, i in model.model_fields.items() if (i.alias or n) == part)] \
-            if isinstance(part, str) else None
-        if isinstance(part, int):
-            while len(node) <= part:
-                node.append(minimal(model))
-            node = node[part]
-            continue
-        sub = _models_in(info.annotation)
-        if sub:
-            model = sub[0]
-        else:  # a list of models
-            model = next(m for kind, _ in _branches(info.annotation, []) for item in typing.get_args(kind)
-                         for m in _models_in(item))
-        if not isinstance(node.get(part), (dict, list)):
-            node[part] = [] if isinstance(nxt, int) else minimal(model)
-        node = node[part]
-    node[field.path[-1]] = value
-    return doc
+@dataclass
+class Resource:
+    """A resource of the API: a model with apiVersion, kind, metadata and spec, and the CRD crd.py builds."""
+
+    model: type[BaseModel]
+    crd: dict[str, Any]
+
+    @property
+    def spec_model(self) -> type[BaseModel]:
+        return _models_in(self.model.model_fields["spec"].annotation)[0]
+
+    @property
+    def kind(self) -> str:
+        return self.crd["spec"]["names"]["kind"]
+
+    def base(self) -> dict[str, Any]:
+        """A valid document: ScalingRun's passes the cross-field rules too; others are their minimal spec."""
+        if self.model is models.ScalingRun:
+            return copy.deepcopy(BASE)
+        group, version = self.crd["spec"]["group"], self.crd["spec"]["versions"][0]["name"]
+        return {"apiVersion": f"{group}/{version}", "kind": self.kind, "metadata": {"name": "generated"},
+                "spec": minimal(self.spec_model)}
+
+    def fields(self) -> list[Field]:
+        meta = _models_in(self.model.model_fields["metadata"].annotation)
+        names = [Field(("metadata", "name"), meta[0].model_fields["name"].annotation,
+                       meta[0].model_fields["name"].metadata)] if meta and "name" in meta[0].model_fields else []
+        return [*names, *walk(self.spec_model, ("spec",))]
+
+    def create(self, api: client.CustomObjectsApi, namespace: str, doc: dict[str, Any]) -> tuple[bool, Any]:
+        """A dry-run create: (admitted, the object or the API server's answer)."""
+        try:
+            created = api.create_namespaced_custom_object(
+                self.crd["spec"]["group"], self.crd["spec"]["versions"][0]["name"], namespace,
+                self.crd["spec"]["names"]["plural"], doc, dry_run="All")
+        except ApiException as exc:
+            assert exc.status in (400, 422), f"unexpected answer {exc.status}: {exc.body}"
+            return False, exc.body
+        return True, created
+
+    def validate(self, doc: dict[str, Any]) -> tuple[bool, list[str]]:
+        """(the schema part of validate accepts, the paths validate names). Cross-field rules are apart:
+        they are beyond what the schema can say."""
+        try:
+            parse_schema(doc, self.model)
+        except InvalidScalingRun as exc:
+            return False, [e.path for e in exc.errors]
+        if self.model is models.ScalingRun:
+            try:
+                parse_scalingrun(doc)
+            except InvalidScalingRun as exc:
+                return True, [e.path for e in exc.errors]
+        return True, []
+
+    def document(self, field: Field, value: Any) -> dict[str, Any]:
+        """The base document with the field set to value; missing parents are created as their minimal object."""
+        doc = self.base()
+        node: Any = doc
+        model: Any = None
+        for depth, part in enumerate(field.path[:-1]):
+            if depth == 0:
+                model, node = (self.spec_model if part == "spec" else None), node[part]
+            elif isinstance(part, int):
+                while len(node) <= part:
+                    node.append(minimal(model))
+                node = node[part]
+            else:
+                annotation = _field_info(model, part).annotation
+                model = (_models_in(annotation) or [m for kind, _ in _branches(annotation, [])
+                                                    for item in typing.get_args(kind) for m in _models_in(item)])[0]
+                if not isinstance(node.get(part), (dict, list)):
+                    node[part] = [] if isinstance(field.path[depth + 1], int) else minimal(model)
+                node = node[part]
+        node[field.path[-1]] = value
+        return doc
 
 
-def validate_outcome(doc: dict[str, Any]) -> tuple[bool, list[str]]:
-    """(schema accepts, paths validate names). Cross-field rules are apart: they are beyond the schema."""
-    try:
-        parse_schema(doc)
-    except InvalidScalingRun as exc:
-        return False, [e.path for e in exc.errors]
-    try:
-        parse_scalingrun(doc)
-    except InvalidScalingRun as exc:
-        return True, [e.path for e in exc.errors]
-    return True, []
+def _crds() -> list[dict[str, Any]]:
+    """Every CRD api/crd.py builds (build_crd, and any other build_*crd* function without arguments)."""
+    found: dict[str, dict[str, Any]] = {}
+    for name, function in vars(crd_module).items():
+        if name.startswith("build_") and "crd" in name and callable(function):
+            try:
+                built = function()
+            except TypeError:
+                continue
+            for item in built if isinstance(built, list) else [built]:
+                if isinstance(item, dict) and item.get("kind") == "CustomResourceDefinition":
+                    found[item["metadata"]["name"]] = item
+    return list(found.values())
 
 
-def admitted(api: client.CustomObjectsApi, namespace: str, doc: dict[str, Any]) -> tuple[bool, Any]:
-    try:
-        created = api.create_namespaced_custom_object(models.GROUP, models.VERSION, namespace, models.PLURAL,
-                                                      doc, dry_run="All")
-    except ApiException as exc:
-        assert exc.status in (400, 422), f"unexpected answer {exc.status}: {exc.body}"
-        return False, exc.body
-    return True, created
+def resources() -> list[Resource]:
+    crds = {c["spec"]["names"]["kind"]: c for c in _crds()}
+    out = []
+    for model in vars(models).values():
+        if _is_model(model) and {"api_version", "kind", "metadata", "spec"} <= set(model.model_fields):
+            kind = typing.get_args(model.model_fields["kind"].annotation)[0]
+            assert kind in crds, f"no CRD for {kind} among api/crd.py's build_*crd* functions"
+            out.append(Resource(model, crds[kind]))
+    assert models.ScalingRun in [r.model for r in out]
+    return out
 
 
-def test_validate_and_admission_accept_and_reject_the_same_generated_specs(api_client, scalingrun_crd, namespace):
-    api = client.CustomObjectsApi(api_client)
-    fields = all_fields()
-    assert {"spec.workers.cpu", "spec.workers.tolerations[0].effect", "spec.tracking.experimentName",
-            "metadata.name"} <= {f.dotted for f in fields}
+RESOURCES = resources()
+
+
+@pytest.fixture
+def installed(api_client, scalingrun_crd, request) -> Resource:
+    resource = request.param
+    install_crd(api_client, resource.crd, replace=True)
+    return resource
+
+
+@pytest.mark.parametrize("installed", RESOURCES, ids=lambda r: r.kind, indirect=True)
+def test_validate_and_admission_accept_and_reject_the_same_generated_specs(api_client, installed, namespace):
+    resource, api = installed, client.CustomObjectsApi(api_client)
+    fields = resource.fields()
+    if resource.model is models.ScalingRun:
+        assert {"spec.workers.cpu", "spec.workers.tolerations[0].effect", "spec.tracking.experimentName",
+                "metadata.name"} <= {f.dotted for f in fields}
     disagreements: list[str] = []
     unnamed: list[str] = []
     tried = accepted = 0
     for field in fields:
         outcomes = set()
         for value in value_candidates(field.annotation, field.metadata):
-            doc = document(field, value)
-            schema_ok, named = validate_outcome(doc)
-            server_ok, answer = admitted(api, namespace, doc)
+            doc = resource.document(field, value)
+            schema_ok, named = resource.validate(doc)
+            server_ok, answer = resource.create(api, namespace, doc)
             tried += 1
             accepted += server_ok
             outcomes.add(server_ok)
@@ -261,10 +325,10 @@ def test_validate_and_admission_accept_and_reject_the_same_generated_specs(api_c
                                      + ("" if server_ok else f" ({_reason(answer)})"))
             elif not schema_ok and not any(_names(p, field.dotted) for p in named):
                 unnamed.append(f"{field.dotted}={value!r}: validate names {named}")
-        if len(outcomes) < 2 and _models_in(field.annotation) == []:
+        if len(outcomes) < 2 and not _models_in(field.annotation):
             disagreements.append(f"{field.dotted}: the generated values were all "
                                  f"{'accepted' if True in outcomes else 'rejected'}; generate better ones")
-    print(f"{tried} generated specs over {len(fields)} fields, {accepted} admitted, "
+    print(f"{resource.kind}: {tried} generated specs over {len(fields)} fields, {accepted} admitted, "
           f"{len(disagreements)} disagreements")
     assert not disagreements, f"{len(disagreements)} of {tried} specs:\n" + "\n".join(disagreements)
     assert not unnamed, "\n".join(unnamed)
@@ -282,18 +346,19 @@ def _reason(body: Any) -> str:
         return str(body)[-160:]
 
 
-def test_unknown_fields_are_rejected_by_validate_and_pruned_by_the_api_server(api_client, scalingrun_crd, namespace):
+@pytest.mark.parametrize("installed", RESOURCES, ids=lambda r: r.kind, indirect=True)
+def test_unknown_fields_are_rejected_by_validate_and_pruned_by_the_api_server(api_client, installed, namespace):
     """1.20 cannot reject an unknown field (strict field validation came with 1.25+): it prunes it. validate
     rejects it, naming it, so that a typo does not silently become a default."""
-    api = client.CustomObjectsApi(api_client)
-    objects = [f for f in all_fields() if _models_in(f.annotation)]
+    resource, api = installed, client.CustomObjectsApi(api_client)
+    objects = [f for f in resource.fields() if _models_in(f.annotation)]
     assert objects
     for field in objects:
         sub = _models_in(field.annotation)[0]
-        doc = document(field, {**minimal(sub), "unknownField": 1})
-        _, named = validate_outcome(doc)
+        doc = resource.document(field, {**minimal(sub), "unknownField": 1})
+        _, named = resource.validate(doc)
         assert f"{field.dotted}.unknownField" in named, (field.dotted, named)
-        server_ok, created = admitted(api, namespace, doc)
+        server_ok, created = resource.create(api, namespace, doc)
         assert server_ok, (field.dotted, created)
         node = created
         for part in field.path:
@@ -303,7 +368,7 @@ def test_unknown_fields_are_rejected_by_validate_and_pruned_by_the_api_server(ap
 
 def test_cross_field_rules_are_validates_own(api_client, scalingrun_crd, namespace):
     """Rules between fields need CEL (1.25+): admission takes these specs, validate and the operator do not."""
-    api = client.CustomObjectsApi(api_client)
+    resource, api = next(r for r in RESOURCES if r.model is models.ScalingRun), client.CustomObjectsApi(api_client)
     cases = [
         (("spec", "storage", "credentialsSecret"), ..., "spec.storage.credentialsSecret"),
         (("spec", "dataset", "output"), "s3://bucket/raw/parquet", "spec.dataset.output"),
@@ -318,6 +383,6 @@ def test_cross_field_rules_are_validates_own(api_client, scalingrun_crd, namespa
             del node[path[-1]]
         else:
             node[path[-1]] = value
-        schema_ok, paths = validate_outcome(doc)
+        schema_ok, paths = resource.validate(doc)
         assert schema_ok and named in paths, (path, paths)
-        assert admitted(api, namespace, doc)[0], path
+        assert resource.create(api, namespace, doc)[0], path

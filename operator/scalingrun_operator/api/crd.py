@@ -7,6 +7,7 @@ pydantic emits JSON Schema 2020-12; a CRD needs a *structural* OpenAPI v3.0 sche
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -45,6 +46,10 @@ def _structural(schema: dict[str, Any]) -> dict[str, Any]:
         if types == {"integer", "string"}:
             out["x-kubernetes-int-or-string"] = True
             for b in branches:  # minimum applies to the integers only, pattern to the strings only
+                b = dict(b)
+                words = [b.pop("const")] if "const" in b else b.pop("enum", None)
+                if b.get("type") == "string" and words:  # an enum would refuse every integer
+                    b["pattern"] = "^(" + "|".join(re.escape(w) for w in words) + ")$"
                 out.update({k: v for k, v in b.items() if k != "type"})
         elif len(branches) == 1:
             if out.get("default", ...) is None:

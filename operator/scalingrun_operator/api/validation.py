@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, TypeVar
 
 import pydantic
 
 from .models import Monitor, ScalingRun
+
+Resource = TypeVar("Resource", bound=pydantic.BaseModel)
 
 
 @dataclass(frozen=True)
@@ -142,17 +144,18 @@ def _empty_strings(node: Any, path: str) -> Iterable[str]:
             yield from _empty_strings(value, f"{path}[{index}]")
 
 
-def parse_schema(document: Any) -> ScalingRun:
+def parse_schema(document: Any, resource: type[Resource] = ScalingRun) -> Resource:
     """The checks the CRD schema makes at admission (types, enums, bounds, patterns) plus unknown fields,
-    which the API server prunes instead; raises InvalidScalingRun listing every bad field."""
+    which the API server prunes instead; raises InvalidScalingRun listing every bad field. Any resource
+    model of the API (ScalingRun by default) with its CRD generated from it."""
     if not isinstance(document, dict):
-        raise InvalidScalingRun([FieldError("(document)", "must be a mapping (a ScalingRun object)")])
+        raise InvalidScalingRun([FieldError("(document)", f"must be a mapping (a {resource.__name__} object)")])
     # Kubernetes adds server-side metadata and status; only the spec is the user's input.
     admitted = _as_admitted(document)
     errors: list[FieldError] = []
     try:
         # Strict JSON, as the API server types it: no '4' for 4, no 'yes' for true, no 2.5 for an integer.
-        run = ScalingRun.model_validate_json(json.dumps(admitted, default=str), strict=True)
+        run = resource.model_validate_json(json.dumps(admitted, default=str), strict=True)
     except pydantic.ValidationError as exc:
         errors = _pydantic_errors(exc)
     # 1.20 refuses an empty string in any field ("must be of type string: null"); the CRD says minLength 1.
