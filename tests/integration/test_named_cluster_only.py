@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, TEST_KUBECONFIG_VARIABLE
+from tests.conftest import ROOT, TEST_KUBECONFIG_VARIABLE, require
 
 pytestmark = pytest.mark.k8s
 
@@ -80,8 +80,16 @@ def _untouched(listeners) -> None:
     assert [listener.connections for listener in listeners] == [0, 0], "a test connected to a cluster nobody named"
 
 
-def test_test_command_starts_its_own_api_server_despite_kubeconfig(ambient):
+def test_test_command_starts_its_own_api_server_despite_kubeconfig(ambient, tmp_path):
     env, listeners = ambient
+    # The envtest builder as test.sh finds it, handing over this session's binaries: test.sh must ask for
+    # them although KUBECONFIG is set.
+    assets = os.environ.get("KUBEBUILDER_ASSETS")
+    require(bool(assets), "needs KUBEBUILDER_ASSETS: the test command starts an API server from them")
+    builder = tmp_path / "build-assets.sh"
+    builder.write_text(f"#!/usr/bin/env bash\necho {assets}\n")
+    builder.chmod(0o755)
+    env["SCALINGRUN_ENVTEST_BUILDER"] = str(builder)
     result = subprocess.run(["bash", "scripts/test.sh", *SELECTION, "-p", "no:cacheprovider", "-q"],
                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
