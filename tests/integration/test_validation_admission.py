@@ -113,7 +113,7 @@ def value_candidates(annotation: Any, metadata: list) -> list[Any]:
             members = list(typing.get_args(kind))
             values += [*members, *[m.upper() for m in members if isinstance(m, str)], "not-a-member", 1, True]
         elif origin is dict:
-            values += [{}, {"k": "v"}, {"k": 1}, {"k": True}, {"k": None}, "k=v", ["k"]]
+            values += [{}, {"k": "v"}, {"k": ""}, {"k": 1}, {"k": True}, {"k": None}, "k=v", ["k"]]
         elif origin is list:
             values += [[], "x", 5, {"a": 1}, [5], ["x"]]
         elif _is_model(kind):
