@@ -131,7 +131,10 @@ BAD_INPUTS = [
     ("spec.workers.replicas", 2.5, "spec.workers.replicas", "valid integer"),
     ("spec.model.dropout", "0.5", "spec.model.dropout", "valid number"),
     ("spec.workers.image", 5, "spec.workers.image", "valid string"),
-    ("spec.workers.priorityClassName", "", "spec.workers.priorityClassName", "must not be empty"),
+    ("spec.workers.tolerations", [{"key": ""}], "spec.workers.tolerations[0].key", "must not be empty"),
+    # names that become Kubernetes names or label values
+    ("spec.workers.priorityClassName", "High_Priority", "spec.workers.priorityClassName", "match pattern"),
+    ("spec.runPolicy.kueueQueueName", "q" * 64, "spec.runPolicy.kueueQueueName", "at most 63 characters"),
     # quantities are positive
     ("spec.workers.cpu", 0, "spec.workers.cpu", "match pattern"),
     ("spec.workers.cpu", -2, "spec.workers.cpu", "match pattern"),
