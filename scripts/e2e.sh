@@ -3,10 +3,10 @@
 # README's helm command, SeaweedFS as a pod, an MPIJob controller, ScalingRuns trained over mpirun
 # between worker pods (tests/e2e, pytest marker e2e).
 #
-# Cluster: the one in KUBECONFIG (kind: images are loaded with `kind load docker-image`; minikube:
-# `minikube image load`; any other: SCALINGRUN_E2E_REGISTRY=<registry/prefix> to push them there).
-# With no KUBECONFIG and ../shared/node beside the checkout, that single-node cluster is built (cached)
-# and started.
+# Cluster: the one named by SCALINGRUN_TEST_KUBECONFIG=<path> (kind: images are loaded with `kind load
+# docker-image`; minikube: `minikube image load`; any other: SCALINGRUN_E2E_REGISTRY=<registry/prefix> to push
+# them there). Without it and with ../shared/node beside the checkout, that single-node cluster is built
+# (cached) and started. An ambient KUBECONFIG is never used.
 #
 # Usage: scripts/e2e.sh [--keep] [pytest args]   run the e2e, then take down what it set up
 #        scripts/e2e.sh --keep                     ... and leave the cluster, the operator, SeaweedFS and the
@@ -29,14 +29,16 @@ bash scripts/setup.sh
 SCALINGRUN_TOOLS="$(bash scripts/tools.sh)"
 export SCALINGRUN_TOOLS PATH="$SCALINGRUN_TOOLS:$PATH"
 unset KUBEBUILDER_ASSETS  # the tests' own API server must not stand in for the cluster
+unset KUBECONFIG  # only a cluster named for the tests: SCALINGRUN_TEST_KUBECONFIG, or the node cluster
 PY="$ROOT/.venv/bin/python"
 
 start_cluster() {
-  if [[ -n "${KUBECONFIG:-}" ]]; then
-    log "using the cluster in KUBECONFIG=$KUBECONFIG"
+  if [[ -n "${SCALINGRUN_TEST_KUBECONFIG:-}" ]]; then
+    KUBECONFIG="$SCALINGRUN_TEST_KUBECONFIG"
+    log "using the cluster SCALINGRUN_TEST_KUBECONFIG names: $KUBECONFIG"
     return
   fi
-  [[ -x "$NODE_DIR/cluster.sh" ]] || { echo "no KUBECONFIG and no node cluster at $NODE_DIR" >&2; exit 2; }
+  [[ -x "$NODE_DIR/cluster.sh" ]] || { echo "no SCALINGRUN_TEST_KUBECONFIG and no node cluster at $NODE_DIR" >&2; exit 2; }
   local t0=$SECONDS
   bash "$NODE_DIR/build.sh" >/dev/null
   eval "$(bash "$NODE_DIR/cluster.sh" start | tail -n1)"
@@ -84,8 +86,8 @@ down() {
   if [[ -f "$STATE/node-cluster" ]]; then  # a node cluster this script started: stopping it removes it all
     bash "$NODE_DIR/cluster.sh" stop >&2
     rm -f "$STATE/node-cluster"
-  elif [[ -n "${KUBECONFIG:-}" ]]; then
-    "$PY" -m tests.e2e.environment down || true
+  elif [[ -n "${SCALINGRUN_TEST_KUBECONFIG:-}" ]]; then
+    KUBECONFIG="$SCALINGRUN_TEST_KUBECONFIG" "$PY" -m tests.e2e.environment down || true
   fi
 }
 
@@ -96,6 +98,7 @@ t0=$SECONDS
 [[ "$MODE" == keep ]] || trap down EXIT
 start_cluster
 export KUBECONFIG
+export SCALINGRUN_TEST_KUBECONFIG="$KUBECONFIG"  # the name the tests take their cluster by
 # The same client as scripts/build-images.sh: Debian's, matching the node cluster's Docker 20.10, when present.
 if [[ -z "${DOCKER:-}" ]]; then DOCKER=docker; [[ -x /usr/bin/docker ]] && DOCKER=/usr/bin/docker; fi
 export DOCKER

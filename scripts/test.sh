@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The test command: installs the pinned stack (cached), provides a real Kubernetes API server, runs pytest,
 # then the end-to-end test in a real cluster (scripts/e2e.sh).
-# The API server comes from KUBECONFIG, or is started by the tests from KUBEBUILDER_ASSETS; when neither is
-# set and the workplace's envtest builder is beside the checkout (../shared/envtest), it is built (cached).
+# The tests start their own API server from KUBEBUILDER_ASSETS; when it is not set and the workplace's envtest
+# builder is beside the checkout (../shared/envtest), it is built (cached). An existing cluster is used only
+# when named for the tests: SCALINGRUN_TEST_KUBECONFIG=<path> (an ambient KUBECONFIG is never used).
 # With arguments, only pytest runs, with them: scripts/test.sh tests/unit -x
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,7 +11,8 @@ cd "$ROOT"
 bash scripts/setup.sh
 NODE_BUILDER="${SCALINGRUN_NODE_DIR:-$ROOT/../shared/node}/build.sh"
 ENVTEST_BUILDER="${SCALINGRUN_ENVTEST_BUILDER:-$ROOT/../shared/envtest/build-assets.sh}"
-if [[ -z "${KUBEBUILDER_ASSETS:-}" && -z "${KUBECONFIG:-}" && -x "$ENVTEST_BUILDER" ]]; then
+unset KUBECONFIG
+if [[ -z "${KUBEBUILDER_ASSETS:-}" && -z "${SCALINGRUN_TEST_KUBECONFIG:-}" && -x "$ENVTEST_BUILDER" ]]; then
   # The node cluster's build makes the same API server with the node's components too: it goes first,
   # or a cached API-server-only build would stand in its way.
   if [[ $# -eq 0 && -x "$NODE_BUILDER" ]]; then bash "$NODE_BUILDER" >/dev/null; fi

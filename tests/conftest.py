@@ -19,6 +19,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 IN_CI = os.environ.get("CI") == "true"
 
+# Tests reach only a cluster named for them: their own API server, or SCALINGRUN_TEST_KUBECONFIG (an explicit
+# opt-in, like envtest's USE_EXISTING_CLUSTER). An ambient KUBECONFIG, ~/.kube/config or in-cluster account
+# is never used: KUBECONFIG points at a file that does not exist, so kubectl, helm and the Python client
+# find no cluster unless a test hands one over. Set before anything imports kubernetes (it reads KUBECONFIG
+# once, at import).
+TEST_KUBECONFIG_VARIABLE = "SCALINGRUN_TEST_KUBECONFIG"
+NAMED_KUBECONFIG = os.environ.get(TEST_KUBECONFIG_VARIABLE) or None
+NO_CLUSTER = "/nonexistent/scalingrun-tests-name-their-cluster/kubeconfig"
+os.environ["KUBECONFIG"] = NO_CLUSTER
+for _variable in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"):
+    os.environ.pop(_variable, None)
+
 
 def require(condition: bool, reason: str) -> None:
     """Skip when a real part is missing, except in CI, where that is a failure."""
@@ -81,11 +93,15 @@ def api_server(state: Path, *, controllers: bool) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def kubeconfig(tmp_path_factory) -> str:
-    """A kubeconfig for a real API server: one started from KUBEBUILDER_ASSETS, else KUBECONFIG's."""
-    if not os.environ.get("KUBEBUILDER_ASSETS"):
-        require(bool(os.environ.get("KUBECONFIG")), "needs KUBEBUILDER_ASSETS or KUBECONFIG")
-        yield os.environ["KUBECONFIG"]
+    """A kubeconfig for a real API server: the cluster SCALINGRUN_TEST_KUBECONFIG names, else one started
+    from KUBEBUILDER_ASSETS. Never KUBECONFIG's."""
+    if NAMED_KUBECONFIG:
+        require(Path(NAMED_KUBECONFIG).is_file(), f"{TEST_KUBECONFIG_VARIABLE}={NAMED_KUBECONFIG} is not a file")
+        yield NAMED_KUBECONFIG
         return
+    require(bool(os.environ.get("KUBEBUILDER_ASSETS")),
+            f"needs KUBEBUILDER_ASSETS (an API server the tests start) or {TEST_KUBECONFIG_VARIABLE} (a cluster "
+            "named for the tests; KUBECONFIG is never used)")
     with api_server(tmp_path_factory.mktemp("cluster"), controllers=True) as path:
         yield path
 

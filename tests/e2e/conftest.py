@@ -12,9 +12,10 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from tests.conftest import require
+from tests.conftest import NAMED_KUBECONFIG, require
 
-E2E_VARIABLES = ("KUBECONFIG", "SCALINGRUN_E2E_NAMESPACE", "SCALINGRUN_E2E_S3_ENDPOINT", "SCALINGRUN_E2E_S3_SECRET",
+# The cluster comes as SCALINGRUN_TEST_KUBECONFIG (tests/conftest.py never lets KUBECONFIG through).
+E2E_VARIABLES = ("SCALINGRUN_TEST_KUBECONFIG", "SCALINGRUN_E2E_NAMESPACE", "SCALINGRUN_E2E_S3_ENDPOINT", "SCALINGRUN_E2E_S3_SECRET",
                  "SCALINGRUN_E2E_TRAINER_IMAGE", "SCALINGRUN_TOOLS")
 
 
@@ -95,7 +96,7 @@ def cluster() -> InCluster:
     from kubernetes import config
 
     tools = Path(os.environ["SCALINGRUN_TOOLS"])
-    kubeconfig = os.environ["KUBECONFIG"]
+    kubeconfig = NAMED_KUBECONFIG
     return InCluster(kubeconfig=kubeconfig, namespace=os.environ["SCALINGRUN_E2E_NAMESPACE"],
                      s3_endpoint=os.environ["SCALINGRUN_E2E_S3_ENDPOINT"],
                      s3_secret=os.environ["SCALINGRUN_E2E_S3_SECRET"],

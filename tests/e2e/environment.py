@@ -84,6 +84,7 @@ class Settings:
 
     def exports(self) -> list[str]:
         return [f"export KUBECONFIG={self.kubeconfig}",
+                f"export SCALINGRUN_TEST_KUBECONFIG={self.kubeconfig}",  # the tests take no other
                 f"export SCALINGRUN_E2E_NAMESPACE={self.namespace}",
                 f"export SCALINGRUN_E2E_S3_ENDPOINT={self.s3_endpoint}",
                 f"export SCALINGRUN_E2E_S3_SECRET={S3_SECRET}",

@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from tests.conftest import ROOT, api_server, require
+from tests.conftest import NAMED_KUBECONFIG, ROOT, api_server, require
 from tests.e2e.environment import README_HELM_INSTALL
 
 pytestmark = pytest.mark.k8s
@@ -30,8 +30,8 @@ CRDS = ["scalingruns.scalingrun.dev", "clusterkopfpeerings.kopf.dev", "kopfpeeri
 def own_cluster(tmp_path_factory) -> str:
     """A fresh API server (no controllers needed): its kubeconfig path."""
     assets = os.environ.get("KUBEBUILDER_ASSETS")
-    if not assets and os.environ.get("KUBECONFIG"):
-        pytest.skip("needs a fresh API server (KUBEBUILDER_ASSETS); on a KUBECONFIG cluster tests/e2e installs the chart")
+    if not assets and NAMED_KUBECONFIG:
+        pytest.skip("needs a fresh API server (KUBEBUILDER_ASSETS); on a named cluster tests/e2e installs the chart")
     require(bool(assets), "needs KUBEBUILDER_ASSETS")
     with api_server(tmp_path_factory.mktemp("helm-cluster"), controllers=False) as path:
         yield path

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
@@ -80,3 +81,14 @@ def test_chart_template_is_the_same_crd():
     plain = "\n".join(line for line in text.splitlines() if "{{" not in line and "helm.sh" not in line
                       and line.strip() != "annotations:")
     assert yaml.safe_load(plain) == build_crd()
+
+
+def test_quantities_positive_strings_non_empty_and_name_limited_at_admission():
+    root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    workers = root["properties"]["spec"]["properties"]["workers"]["properties"]
+    for quantity in (workers["cpu"], workers["memory"]):
+        assert quantity["x-kubernetes-int-or-string"] is True and quantity["minimum"] == 1
+        assert [bool(re.match(quantity["pattern"], q)) for q in ("500m", "0.5", "16Gi", "0", "0m", "0.0Gi", "-1")] \
+            == [True, True, True, False, False, False, False]
+    assert workers["image"]["minLength"] == 1 and workers["nodeSelector"]["additionalProperties"]["minLength"] == 1
+    assert root["properties"]["metadata"]["properties"]["name"]["maxLength"] == 40

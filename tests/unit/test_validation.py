@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalingrun_operator.api.models import ScalingRun
+from scalingrun_operator.api.models import DEFAULT_TRAINER_IMAGE, ScalingRun
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.cli import main
 
@@ -124,6 +124,23 @@ BAD_INPUTS = [
     ("apiVersion", "scalingrun.dev/v2", "apiVersion", "scalingrun.dev/v1alpha1"),
     ("kind", "Run", "kind", "ScalingRun"),
     ("spec.dataset", ..., "spec.dataset", "required field is missing"),
+    # strict types, as the API server has them: no coercion of strings, no fractions for integers
+    ("spec.model.trainableBase", "yes", "spec.model.trainableBase", "valid boolean"),
+    ("spec.training.resume", 1, "spec.training.resume", "valid boolean"),
+    ("spec.workers.replicas", "4", "spec.workers.replicas", "valid integer"),
+    ("spec.workers.replicas", 2.5, "spec.workers.replicas", "valid integer"),
+    ("spec.model.dropout", "0.5", "spec.model.dropout", "valid number"),
+    ("spec.workers.image", 5, "spec.workers.image", "valid string"),
+    ("spec.workers.tolerations", [{"key": ""}], "spec.workers.tolerations[0].key", "must not be empty"),
+    # names that become Kubernetes names or label values
+    ("spec.workers.priorityClassName", "High_Priority", "spec.workers.priorityClassName", "match pattern"),
+    ("spec.runPolicy.kueueQueueName", "q" * 64, "spec.runPolicy.kueueQueueName", "at most 63 characters"),
+    # quantities are positive
+    ("spec.workers.cpu", 0, "spec.workers.cpu", "match pattern"),
+    ("spec.workers.cpu", -2, "spec.workers.cpu", "match pattern"),
+    ("spec.workers.memory", "0Gi", "spec.workers.memory", "match pattern"),
+    ("spec.launcher.resources", {"cpu": "0m"}, "spec.launcher.resources.cpu", "match pattern"),
+    ("spec.workers.cpu", 0.5, "spec.workers.cpu", "valid string"),
     # cross-field rules the CRD schema cannot express
     ("spec.storage.credentialsSecret", ..., "spec.storage.credentialsSecret", "s3:// is used by spec.dataset.source"),
     ("spec.dataset.output", "s3://bucket/raw/parquet", "spec.dataset.output", "must not be inside spec.dataset.source"),
@@ -139,6 +156,16 @@ def test_bad_input_names_the_field(path, value, field, words):
         parse_scalingrun(with_value(path, value))
     messages = [str(e) for e in caught.value.errors]
     assert any(m.startswith(f"{field}: ") and words in m for m in messages), messages
+
+
+def test_values_read_as_the_api_server_reads_them():
+    """JSON has one number type: 2.0 is the integer 2 to the API server; a null field takes its default."""
+    doc = with_value("spec.workers", {"replicas": 2.0, "cpu": 4.0, "memory": "0.5Gi", "image": None})
+    doc["spec"]["model"] = {"dropout": 0, "trainableBase": None}
+    run = parse_scalingrun(doc)
+    assert (run.spec.workers.replicas, run.spec.workers.cpu, run.spec.workers.memory) == (2, "4", "0.5Gi")
+    assert run.spec.workers.image == DEFAULT_TRAINER_IMAGE and run.spec.model.trainable_base is False
+    assert run.spec.model.dropout == 0.0
 
 
 def test_every_bad_field_is_reported_at_once():

@@ -7,6 +7,7 @@ pydantic emits JSON Schema 2020-12; a CRD needs a *structural* OpenAPI v3.0 sche
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import yaml
@@ -44,8 +45,12 @@ def _structural(schema: dict[str, Any]) -> dict[str, Any]:
         types = {b.get("type") for b in branches}
         if types == {"integer", "string"}:
             out["x-kubernetes-int-or-string"] = True
-            for b in branches:
-                out.update({k: v for k, v in b.items() if k not in ("type", "minimum")})
+            for b in branches:  # minimum applies to the integers only, pattern to the strings only
+                b = dict(b)
+                words = [b.pop("const")] if "const" in b else b.pop("enum", None)
+                if b.get("type") == "string" and words:  # an enum would refuse every integer
+                    b["pattern"] = "^(" + "|".join(re.escape(w) for w in words) + ")$"
+                out.update({k: v for k, v in b.items() if k != "type"})
         elif len(branches) == 1:
             if out.get("default", ...) is None:
                 del out["default"]
@@ -93,8 +98,28 @@ def openapi_schema(model: type[models.BaseModel]) -> dict[str, Any]:
     return _structural(_resolve(raw, raw.get("$defs", {})))
 
 
+def _non_empty_strings(schema: dict[str, Any]) -> dict[str, Any]:
+    """minLength 1 on every string of the spec: 1.20 rejects an empty string anyway ("must be of type string:
+    null"), and so does `scalingrun validate`; said here, newer servers agree too."""
+    if schema.get("type") == "string" and "enum" not in schema:
+        schema.setdefault("minLength", 1)
+    for prop in schema.get("properties", {}).values():
+        _non_empty_strings(prop)
+    for key in ("items", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            _non_empty_strings(schema[key])
+    return schema
+
+
+def metadata_schema() -> dict[str, Any]:
+    """Only metadata.name can be constrained in a CRD: the run's name limits as the models have them."""
+    name = models.ObjectMeta.model_json_schema()["properties"]["name"]
+    return {"type": "object", "properties": {"name": {
+        "type": "string", **{k: name[k] for k in ("minLength", "maxLength", "pattern") if k in name}}}}
+
+
 def build_crd() -> dict[str, Any]:
-    spec_schema = openapi_schema(models.ScalingRunSpec)
+    spec_schema = _non_empty_strings(openapi_schema(models.ScalingRunSpec))
     spec_schema["description"] = models.ScalingRunSpec.__doc__
     status_schema = openapi_schema(models.ScalingRunStatus)
     status_schema["description"] = models.ScalingRunStatus.__doc__
@@ -131,7 +156,7 @@ def build_crd() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                "metadata": metadata_schema(),
                                 "spec": spec_schema,
                                 "status": status_schema,
                             },

@@ -28,8 +28,11 @@ DATA_URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|file:///.*|/.*)$"
 WEIGHTS_PATTERN = r"^(imagenet|none|s3://.+|gs://.+|https?://.+|file:///.+|/.+)$"
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # a DNS subdomain, as Secret names are
 HTTP_URL_PATTERN = r"^https?://[^\s/]+(/.*)?$"
-# Kubernetes resource quantity, e.g. 500m, 4, 16Gi.
-QUANTITY_PATTERN = r"^[0-9]+(\.[0-9]+)?(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+DNS_SUBDOMAIN_PATTERN = SECRET_NAME_PATTERN  # PriorityClass and Volcano queue names too
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"  # at most 63 characters
+# A positive Kubernetes resource quantity, e.g. 500m, 4, 16Gi: some digit other than 0 (no zero CPU or memory).
+# No lookahead: the API server's regexps (RE2) and pydantic's (Rust) have none.
+QUANTITY_PATTERN = r"^([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 
 # Users write `cpu: 4` or `memory: 16Gi`; kept as a string, declared int-or-string in the CRD.
 Quantity = Annotated[
@@ -37,7 +40,7 @@ Quantity = Annotated[
     BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
     Field(pattern=QUANTITY_PATTERN),
     WithJsonSchema(
-        {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}], "pattern": QUANTITY_PATTERN}
+        {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string"}], "pattern": QUANTITY_PATTERN}
     ),
 ]
 
@@ -261,7 +264,7 @@ class Toleration(_Model):
 
     key: Optional[str] = Field(None, description="Taint key; empty with Exists matches all taints.")
     operator: TolerationOperator = Field(TolerationOperator.equal, description="Exists or Equal.")
-    value: Optional[str] = Field(None, description="Taint value for Equal.")
+    value: Optional[str] = Field(None, description="Taint value for Equal.", pattern=LABEL_VALUE_PATTERN, max_length=63)
     effect: Optional[TaintEffect] = Field(None, description="Taint effect to match; empty matches all.")
     toleration_seconds: Optional[int] = Field(None, ge=0, description="For NoExecute: how long to stay bound.")
 
@@ -278,7 +281,8 @@ class Workers(_Model):
     image: str = Field(DEFAULT_TRAINER_IMAGE, description="Trainer image (launcher and workers).", min_length=1)
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the workers must have.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations of the workers.")
-    priority_class_name: Optional[str] = Field(None, description="PriorityClass of the workers.")
+    priority_class_name: Optional[str] = Field(
+        None, description="PriorityClass of the workers.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
 
 
 class LauncherResources(Resources):
@@ -308,8 +312,9 @@ class SchedulingPolicy(_Model):
     """Gang scheduling, passed through to Volcano or scheduler-plugins."""
 
     min_available: Optional[int] = Field(None, ge=1, description="Pods that must be schedulable together.")
-    queue: Optional[str] = Field(None, description="Volcano queue.")
-    priority_class: Optional[str] = Field(None, description="PriorityClass of the gang.")
+    queue: Optional[str] = Field(None, description="Volcano queue.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+    priority_class: Optional[str] = Field(
+        None, description="PriorityClass of the gang.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
     schedule_timeout_seconds: Optional[int] = Field(None, ge=1, description="Gang scheduling timeout.")
 
 
@@ -332,7 +337,8 @@ class RunPolicy(_Model):
         None, description="Gang scheduling; when set, the launcher is created at once (no WaitForWorkersReady)."
     )
     kueue_queue_name: Optional[str] = Field(
-        None, description="Kueue LocalQueue; sets the kueue.x-k8s.io/queue-name label."
+        None, description="Kueue LocalQueue; sets the kueue.x-k8s.io/queue-name label.", pattern=LABEL_VALUE_PATTERN,
+        max_length=63
     )
 
 

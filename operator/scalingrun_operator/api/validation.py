@@ -1,18 +1,24 @@
 """Validation of ScalingRun documents, with one message per bad field.
 
-The CRD schema rejects what it can at admission; the rules here that a 1.20-era schema cannot
-express (cross-field rules) run in `scalingrun validate` and in the operator, where they become an
-`InvalidSpec` condition instead of a crash loop.
+The CRD schema rejects what it can at admission, and `parse_schema` accepts and rejects the same specs
+(tests/integration/test_validation_admission.py checks both on generated specs); unknown fields, which
+the API server prunes, are rejected here. The rules a 1.20-era schema cannot express (cross-field rules)
+run in `scalingrun validate` and in the operator, where they become an `InvalidSpec` condition instead
+of a crash loop.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, TypeVar
 
 import pydantic
 
 from .models import Monitor, ScalingRun
+
+Resource = TypeVar("Resource", bound=pydantic.BaseModel)
 
 
 @dataclass(frozen=True)
@@ -115,15 +121,56 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
     return errors
 
 
+def _as_admitted(node: Any) -> Any:
+    """The document as the API server reads it: nulls pruned (nothing in the schema is nullable, so a null
+    field takes its default), and a whole float such as 2.0 is the JSON number 2, an integer."""
+    if isinstance(node, Mapping):
+        return {key: _as_admitted(value) for key, value in node.items() if value is not None}
+    if isinstance(node, list):
+        return [_as_admitted(value) for value in node]
+    if isinstance(node, float) and node.is_integer():
+        return int(node)
+    return node
+
+
+def _empty_strings(node: Any, path: str) -> Iterable[str]:
+    if node == "":
+        yield path
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield from _empty_strings(value, f"{path}.{key}")
+    elif isinstance(node, list):
+        for index, value in enumerate(node):
+            yield from _empty_strings(value, f"{path}[{index}]")
+
+
+def parse_schema(document: Any, resource: type[Resource] = ScalingRun) -> Resource:
+    """The checks the CRD schema makes at admission (types, enums, bounds, patterns) plus unknown fields,
+    which the API server prunes instead; raises InvalidScalingRun listing every bad field. Any resource
+    model of the API (ScalingRun by default) with its CRD generated from it."""
+    if not isinstance(document, dict):
+        raise InvalidScalingRun([FieldError("(document)", f"must be a mapping (a {resource.__name__} object)")])
+    # Kubernetes adds server-side metadata and status; only the spec is the user's input.
+    admitted = _as_admitted(document)
+    errors: list[FieldError] = []
+    try:
+        # Strict JSON, as the API server types it: no '4' for 4, no 'yes' for true, no 2.5 for an integer.
+        run = resource.model_validate_json(json.dumps(admitted, default=str), strict=True)
+    except pydantic.ValidationError as exc:
+        errors = _pydantic_errors(exc)
+    # 1.20 refuses an empty string in any field ("must be of type string: null"); the CRD says minLength 1.
+    reported = {e.path for e in errors}
+    spec = admitted.get("spec")
+    errors += [FieldError(path, "must not be empty (got '')")
+               for path in (_empty_strings(spec, "spec") if isinstance(spec, dict) else ()) if path not in reported]
+    if errors:
+        raise InvalidScalingRun(errors)
+    return run
+
+
 def parse_scalingrun(document: Any) -> ScalingRun:
     """Parses and validates one ScalingRun document; raises InvalidScalingRun listing every bad field."""
-    if not isinstance(document, dict):
-        raise InvalidScalingRun([FieldError("(document)", "must be a mapping (a ScalingRun object)")])
-    # Kubernetes adds server-side metadata and status; only the spec is the user's input.
-    try:
-        run = ScalingRun.model_validate(document)
-    except pydantic.ValidationError as exc:
-        raise InvalidScalingRun(_pydantic_errors(exc)) from None
+    run = parse_schema(document)
     errors = semantic_errors(run)
     if errors:
         raise InvalidScalingRun(errors)
