@@ -223,10 +223,11 @@ def test_the_failed_launcher_is_the_one_whose_log_is_read():
     retry = pod("demo-train-launcher-bbbbb", "launcher", phase="Running", created="2026-01-01T12:05:00Z")
     worker = pod("demo-train-worker-0", "worker")
     assert pods.failed_launcher([worker], MPIJOB) is None
-    assert pods.failed_launcher([worker, retry], MPIJOB) == ("demo-train-launcher-bbbbb", "launcher")
-    assert pods.failed_launcher([first, retry, worker], MPIJOB) == ("demo-train-launcher-aaaaa", "launcher")
+    assert pods.failed_launcher([worker, retry], MPIJOB) == ("demo-train-launcher-bbbbb", "launcher", "")
+    assert pods.failed_launcher([first, retry, worker], MPIJOB) == ("demo-train-launcher-aaaaa", "launcher", "")
     retry["status"]["phase"] = "Failed"
-    assert pods.failed_launcher([first, retry, worker], MPIJOB) == ("demo-train-launcher-bbbbb", "launcher")
+    retry["spec"]["nodeName"] = "node-1"
+    assert pods.failed_launcher([first, retry, worker], MPIJOB) == ("demo-train-launcher-bbbbb", "launcher", "node-1")
 
 
 def test_log_tail_keeps_the_last_lines_as_a_terminal_shows_them_and_bounds_them():

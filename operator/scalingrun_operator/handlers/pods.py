@@ -321,15 +321,17 @@ def _failed(pod: dict[str, Any]) -> bool:
     return False
 
 
-def failed_launcher(pods: list[dict[str, Any]], mpijob_name: str) -> Optional[tuple[str, str]]:
-    """(pod, container) whose log tells why the training failed: the newest launcher pod, a failed one
-    before one that did not fail (the launcher's Job may have started another after it)."""
+def failed_launcher(pods: list[dict[str, Any]], mpijob_name: str) -> Optional[tuple[str, str, str]]:
+    """(pod, container, node) whose log tells why the training failed: the newest launcher pod, a failed one
+    before one that did not fail (the launcher's Job may have started another after it). The node is ''
+    for a pod that never ran: it has no log (the API server answers an empty one)."""
     launchers = [p for p in pods if pod_role(p, mpijob_name) == LAUNCHER]
     if not launchers:
         return None
     pod = max(launchers, key=lambda p: (_failed(p), _meta(p).get("creationTimestamp") or "", pod_name(p)))
     names = [c.get("name", "") for c in (pod.get("spec") or {}).get("containers") or []]
-    return pod_name(pod), (LAUNCHER if LAUNCHER in names or not names else names[0])
+    return (pod_name(pod), LAUNCHER if LAUNCHER in names or not names else names[0],
+            str((pod.get("spec") or {}).get("nodeName") or ""))
 
 
 def log_tail(text: str, lines: int = LOG_LINES, max_chars: int = _LOG_CHARS) -> str:

@@ -416,7 +416,9 @@ class _Pass:
         found = pod_diagnosis.failed_launcher(self._run_pods(), mpijob)
         if found is None:
             return pod_diagnosis.LauncherLog("", "", "")
-        pod, container = found
+        pod, container, node = found
+        if not node:
+            return pod_diagnosis.LauncherLog(pod, container, "", "it never ran on a node, so it has no log")
         text, error = self.kube.read_pod_log_tail(self.namespace, pod, container, pod_diagnosis.LOG_LINES)
         return pod_diagnosis.LauncherLog(pod, container, pod_diagnosis.log_tail(text or ""), error)
 
