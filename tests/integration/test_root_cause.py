@@ -22,8 +22,8 @@ from scalingrun_operator.k8s import Kube
 from scalingrun_operator.status import parse_time
 
 from .test_operator import (
-    BUCKET, SCHEDULED, SECRET, Bucket, Cluster, Operator, manifest_for, mpijob_pod_labels, new_run, progress,
-    progress_uri, reach_training, running, wait_for, waiting,
+    BUCKET, SCHEDULED, SECRET, Bucket, Cluster, Operator, manifest_for, mpijob_pod_labels, new_run,
+    preprocess_pod_labels, progress, progress_uri, reach_training, running, wait_for, waiting,
 )
 
 pytestmark = pytest.mark.k8s
@@ -81,9 +81,12 @@ def create_training_pod(cluster: Cluster, mpijob: dict, role: str, name: str, no
     spec = mpijob["spec"]["mpiReplicaSpecs"]["Launcher" if role == "launcher" else "Worker"]
     template = spec["template"]["spec"]["containers"][0]
     container = {"name": template["name"], "image": IMAGE, "resources": template.get("resources") or {}}
-    body = {"metadata": {"name": name, "labels": mpijob_pod_labels(mpijob, role)},
-            "spec": {"automountServiceAccountToken": False, "containers": [container],
-                     **({"nodeName": node} if node else {})}}
+    return create_pod(cluster, {"metadata": {"name": name, "labels": mpijob_pod_labels(mpijob, role)},
+                                "spec": {"automountServiceAccountToken": False, "containers": [container],
+                                         **({"nodeName": node} if node else {})}})
+
+
+def create_pod(cluster: Cluster, body: dict) -> dict:
     deadline = time.monotonic() + 30
     while True:
         try:
@@ -170,12 +173,17 @@ def test_each_pod_cause_reaches_status_with_pod_container_and_what_to_do(cluster
 
 def test_a_failed_training_still_says_why_when_the_launchers_log_cannot_be_read(cluster, operator, bucket,
                                                                                   s3_server):
-    cluster.create_run(new_run(cluster.ns, "nolog", s3_server))
+    cluster.create_run(new_run(cluster.ns, "nolog", s3_server, workers={"memory": "2Gi"}))
     run = cluster.run("nolog")
     reach_training(cluster, bucket, "nolog", operator)
-    launcher = "nolog-train-launcher-p9x8z"
-    # It ran on a node that is gone now (no kubelet here either way).
-    create_training_pod(cluster, cluster.mpijob("nolog-train"), "launcher", launcher, node="node-gone")
+    mpijob = cluster.mpijob("nolog-train")
+    launcher, worker = "nolog-train-launcher-p9x8z", "nolog-train-worker-1"
+    # It ran on a node that is gone now (no kubelet here either way); a worker was killed for memory.
+    create_training_pod(cluster, mpijob, "launcher", launcher, node="node-gone")
+    create_training_pod(cluster, mpijob, "worker", worker, node="node-gone")
+    cluster.set_pod_status(worker, phase="Failed", containers=[{
+        "name": "worker", "restartCount": 0, "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}],
+        conditions=SCHEDULED)
     cluster.set_pod_status(launcher, phase="Failed", containers=[{
         "name": "launcher", "restartCount": 0,
         "state": {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": "2026-01-01T12:00:00Z",
@@ -186,12 +194,38 @@ def test_a_failed_training_still_says_why_when_the_launchers_log_cannot_be_read(
     failed = cluster.condition("nolog", "Failed")
     assert failed["reason"] == "MPIJobFailed"
     assert "MPIJobFailed: launcher exited 1" in failed["message"] and "ValueError: bad batch" in failed["message"]
+    # The root cause a pod left behind, with the limit and the field that sets it.
+    assert (f"; pod {worker} container worker was killed for using more memory than its limit of 2Gi (exit code "
+            "137 (OOMKilled)); raise spec.workers.memory") in failed["message"], failed["message"]
+    assert cluster.condition("nolog", "PodsHealthy")["reason"] == "OOMKilled"
     # This API server has no kubelet to ask: it answers with an error, which status reports.
     marker = f"; the log of launcher pod {launcher} container launcher could not be read (HTTP 4"
     assert marker in failed["message"], failed["message"]
     status = cluster.status("nolog")
     assert marker in status["message"] and "launcherLogTail" not in status["training"]
     assert "Traceback" not in operator.log_tail(200)
+
+
+def test_a_failed_preprocessing_names_the_pod_killed_for_memory(cluster, operator, s3_server):
+    cluster.create_run(new_run(cluster.ns, "smallprep", s3_server, dataset={"preprocessing": {
+        "parallelism": 1, "resources": {"cpu": "500m", "memory": "256Mi"}}}))
+    job = wait_for(lambda: cluster.job("smallprep-preprocess"), what="the preprocessing Job", operator=operator)
+    template = job["spec"]["template"]["spec"]["containers"][0]
+    pod = "smallprep-preprocess-h5g6f"
+    body = {"metadata": {"name": pod, "labels": preprocess_pod_labels(job)},
+            "spec": {"automountServiceAccountToken": False, "nodeName": "node-1", "containers": [
+                {"name": template["name"], "image": IMAGE, "resources": template["resources"]}]}}
+    create_pod(cluster, body)
+    cluster.set_pod_status(pod, phase="Failed", containers=[{
+        "name": template["name"], "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}],
+        conditions=SCHEDULED)
+    cluster.fail_job("smallprep-preprocess", succeeded=0, failed=1, reason="BackoffLimitExceeded",
+                     message="Job has reached the specified backoff limit")
+    wait_for(cluster.phase_is("smallprep", "Failed"), what="Failed", operator=operator)
+    message = cluster.condition("smallprep", "Failed")["message"]
+    assert message.startswith("Job smallprep-preprocess failed (BackoffLimitExceeded")
+    assert (f"; pod {pod} container {template['name']} was killed for using more memory than its limit of 256Mi "
+            "(exit code 137 (OOMKilled)); raise spec.dataset.preprocessing.resources.memory") in message, message
 
 
 def test_a_pod_stuck_pending_is_surfaced_within_60_s_without_any_pod_event(unserved, api_client, bucket,

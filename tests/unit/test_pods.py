@@ -264,6 +264,15 @@ def test_failure_message_ends_with_the_launchers_log_and_fits_in_a_condition():
     assert message.count("; last ") == 1 and f"last {len(kept)} lines of" in message and 1 <= len(kept) < 20
 
 
+def test_failure_message_names_what_a_pod_said_before_the_log():
+    from scalingrun_operator.handlers.training import mpijob_failure_message
+
+    cause = "pod demo-train-worker-1 container worker was killed for using more memory than its limit of 2Gi"
+    message = mpijob_failure_message(NS, MPIJOB, failed_state(), None, pods.LauncherLog("p", "launcher", "ORTE"),
+                                     cause)
+    assert message.endswith(f"; {cause}; last 1 line of launcher pod p container launcher:\nORTE")
+
+
 def test_failure_message_says_why_there_is_no_log():
     from scalingrun_operator.handlers.training import mpijob_failure_message
 

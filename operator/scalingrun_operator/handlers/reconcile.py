@@ -264,6 +264,16 @@ class _Pass:
         self._holdup = f"{problem.reason}: {message}"
         return problem.reason, message
 
+    def _pod_cause(self, roles: tuple[str, ...], mpijob: Optional[str] = None) -> str:
+        """What the pods of `roles` say went wrong (an OOMKilled worker, say), for a failure's message; the
+        PodsHealthy condition says it too. '' when no pod says anything."""
+        problem, count = pod_diagnosis.diagnose(self.namespace, self._run_pods(), roles, mpijob)
+        if problem is None:
+            return ""
+        message = pod_diagnosis.problem_message(problem, count)
+        self.update.condition(PODS_HEALTHY, "False", problem.reason, message)
+        return message
+
     def _pods_done(self) -> None:
         """A run that succeeded has no pod problem left to report."""
         existing = get_condition(self.update.desired["conditions"], PODS_HEALTHY)
@@ -347,6 +357,9 @@ class _Pass:
             names = None
         done = dataset.shard_progress(names, run.spec.dataset.preprocessing.parallelism)
         message = dataset.preprocessing_failure_message(run, self.namespace, job_name, state, done)
+        cause = self._pod_cause((pod_diagnosis.PREPROCESS,))
+        if cause:
+            message = f"{message}; {cause}"
         self.update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
         self.update.fail(PREPROCESSING_FAILED, message)
 
@@ -393,7 +406,8 @@ class _Pass:
             launcher_log = self._launcher_log(name)
             if launcher_log.tail:
                 merged["launcherLogTail"] = launcher_log.tail
-            message = training.mpijob_failure_message(self.namespace, name, state, progress, launcher_log)
+            message = training.mpijob_failure_message(self.namespace, name, state, progress, launcher_log,
+                                                       self._pod_cause(pod_diagnosis.TRAINING_ROLES, name))
             self.update.condition(TRAINED, "False", MPIJOB_FAILED, message)
             self.update.fail(MPIJOB_FAILED, message)
         elif wanted_suspend:

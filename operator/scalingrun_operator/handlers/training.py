@@ -191,9 +191,10 @@ def _launcher_log_text(log: Any, room: int) -> str:
 
 
 def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progress: Optional[dict[str, Any]],
-                           launcher_log: Any = None) -> str:
-    """Why the MPIJob failed: its condition, the epoch reached, the trainer's error and, with
-    `launcher_log` (a pods.LauncherLog), the end of the launcher's log, cut from the front to fit."""
+                           launcher_log: Any = None, pod_cause: str = "") -> str:
+    """Why the MPIJob failed: its condition, the epoch reached, the trainer's error, what a pod says (e.g. a
+    worker OOMKilled) and, with `launcher_log` (a pods.LauncherLog), the end of the launcher's log, cut
+    from the front to fit."""
     cause = ": ".join(p for p in (state.reason, state.message) if p)[:500] or "no reason given"
     parts = [f"MPIJob {name} failed ({cause})", f"{_epochs(progress)}"]
     error = (progress or {}).get("error")
@@ -202,6 +203,8 @@ def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progre
     parts.append(f"see the launcher's log (kubectl logs -n {namespace} -l training.kubeflow.org/job-name={name},"
                  "training.kubeflow.org/job-role=launcher --tail=50); recreating the run under the same name "
                  "resumes from its last checkpoint when spec.training.resume is true")
+    if pod_cause:
+        parts.append(pod_cause[:700])
     if launcher_log is not None:
         head = "; ".join(parts)
         parts.append(_launcher_log_text(launcher_log, _FAILURE_MESSAGE_CHARS - len(head) - 2))
