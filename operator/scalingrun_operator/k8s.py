@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Optional
 
 import kopf
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -94,6 +95,36 @@ class Kube:
                 self._pods_forbidden_logged = True
             return []
         return _raw(response).get("items") or []
+
+    def read_pod_log_tail(self, namespace: str, pod: str, container: str, lines: int = 20,
+                          max_bytes: int = 64 * 1024, timeout: float = 10.0) -> tuple[Optional[str], str]:
+        """(the last `lines` lines of a container's log, "") or (None, why it cannot be read).
+
+        Never raises: a log is an extra of a status that must be written anyway. At most `max_bytes`
+        are kept, from the end (a line may be megabytes long).
+        """
+        read = 0
+        try:
+            response = self.core.read_namespaced_pod_log(
+                pod, namespace, container=container, tail_lines=lines, _preload_content=False,
+                _request_timeout=timeout)
+            try:
+                kept = b""
+                for chunk in response.stream(16 * 1024):
+                    read += len(chunk)
+                    kept = (kept + chunk)[-max_bytes:]
+                    if read > 64 * max_bytes:  # a runaway stream: what is kept is enough
+                        break
+            finally:
+                response.release_conn()
+            return kept.decode("utf-8", errors="replace"), ""
+        except ApiException as exc:
+            why = f"HTTP {exc.status}: {_api_message(exc)}"
+            if exc.status == 403:
+                why += "; the operator needs get on pods/log"
+            return None, why
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return None, f"{type(exc).__name__}: {exc}"
 
     # --- the ScalingRun ------------------------------------------------------------------------
 
@@ -236,6 +267,15 @@ class Kube:
             self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False)
         except ApiException as exc:
             log.warning("cannot post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], exc.reason)
+
+
+def _api_message(exc: ApiException) -> str:
+    """The API server's own words from an error (its Status message), else the HTTP reason."""
+    try:
+        message = json.loads(exc.body or b"{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or exc.reason or "no message")[:300]
 
 
 def parse_version(info: dict[str, Any]) -> tuple[int, int, str]:

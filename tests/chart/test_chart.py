@@ -128,6 +128,7 @@ def test_operator_may_create_its_peering_object_and_read_pods(helm):
     assert verbs["clusterkopfpeerings"] == {"get", "list", "watch", "patch", "create"}
     assert "kopfpeerings" not in verbs  # cluster-wide, kopf uses only the ClusterKopfPeering
     assert verbs["pods"] == {"get", "list", "watch"}
+    assert verbs["pods/log"] == {"get"}  # the failed launcher's last lines, nothing more
 
 
 @pytest.mark.parametrize("release", ["scalingrun", "other", "ml-ops"])

@@ -35,6 +35,8 @@ ALLOWED = [
     ("create", "clusterkopfpeerings.kopf.dev"), ("get", "clusterkopfpeerings.kopf.dev"),
     # ... and reads its children's pods to report why a run is stuck
     ("get", "pods"), ("list", "pods"), ("watch", "pods"),
+    # ... and the failed launcher's last log lines for the Failed condition
+    ("get", "pods", "log"),
 ]
 # ... and what it must not be able to do (a subresource as its own item: `pods/log` would mean the pod "log").
 DENIED = [
@@ -42,7 +44,7 @@ DENIED = [
     ("delete", "jobs.batch"), ("delete", "mpijobs.kubeflow.org"), ("delete", "scalingruns.scalingrun.dev"),
     ("create", "scalingruns.scalingrun.dev"), ("update", "configmaps"), ("create", "deployments.apps"),
     ("create", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
-    ("create", "pods", "exec"), ("get", "pods", "log"), ("patch", "nodes"), ("delete", "pods"), ("patch", "pods"),
+    ("create", "pods", "exec"), ("create", "pods", "portforward"), ("patch", "nodes"), ("delete", "pods"), ("patch", "pods"),
     ("delete", "clusterkopfpeerings.kopf.dev"), ("create", "kopfpeerings.kopf.dev"),
 ]
 # Service links that Services named like the chart's (or a user's) put into every pod of the namespace: the

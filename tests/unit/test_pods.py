@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import datetime as dt
 
 import pytest
 
@@ -136,6 +137,166 @@ def test_roles_from_labels_or_from_the_names_the_mpi_operator_gives():
     del v03["metadata"]["labels"]["training.kubeflow.org/job-role"]
     v03["metadata"]["labels"]["mpi-job-role"] = "worker"
     assert pods.pod_role(v03) == "worker"
+
+
+def test_oom_names_the_containers_memory_limit_or_its_absence():
+    oom = pod("demo-train-worker-1", "worker", phase="Running", containers=[
+        {"name": "worker", "restartCount": 1, "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}])
+    oom["spec"]["containers"][0]["resources"] = {"limits": {"memory": "512Mi", "cpu": "1"}}
+    problem, _ = pods.diagnose(NS, [oom], pods.TRAINING_ROLES, MPIJOB)
+    assert problem.reason == "OOMKilled" and problem.container == "worker"
+    assert problem.message.startswith("pod demo-train-worker-1 container worker was killed for using more memory "
+                                      "than its limit of 512Mi (exit code 137 (OOMKilled)); raise spec.workers.memory")
+    del oom["spec"]["containers"][0]["resources"]
+    problem, _ = pods.diagnose(NS, [oom], pods.TRAINING_ROLES, MPIJOB)
+    assert "running out of memory (it has no memory limit: the node ran short)" in problem.message
+
+
+# --- pods stuck Pending ----------------------------------------------------------------------------
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.timezone.utc)
+
+
+def at(seconds: float) -> dt.datetime:
+    return T0 + dt.timedelta(seconds=seconds)
+
+
+def test_pending_too_long_and_when_to_look_again():
+    young = pod("demo-train-worker-0", "worker", phase="Pending", containers=[], created="2026-01-01T12:00:30Z")
+    old = pod("demo-train-launcher-aaaaa", "launcher", phase="Pending", containers=[], created="2026-01-01T12:00:00Z")
+    running = pod("demo-train-worker-1", "worker", created="2026-01-01T11:00:00Z")
+    going = pod("demo-train-worker-2", "worker", phase="Pending", containers=[], created="2026-01-01T11:00:00Z")
+    going["metadata"]["deletionTimestamp"] = "2026-01-01T12:00:40Z"
+    everything = [young, old, running, going]
+    assert pods.pending_too_long(everything, at(40)) == []
+    # The older one first reaches the threshold (45 s): look again then, one second late for whole-second stamps.
+    assert pods.next_pending_check(everything, at(40)) == 6.0
+    assert pods.pending_too_long(everything, at(46)) == [old]
+    assert pods.next_pending_check(everything, at(46)) == pytest.approx(45 - 16 + 1)
+    assert pods.pending_too_long(everything, at(80)) == [old, young]
+    assert pods.next_pending_check(everything, at(80)) is None
+    assert pods.next_pending_check([running], at(0)) is None
+    assert pods.pending_too_long(everything, at(20), threshold_s=10) == [old]
+
+
+def test_a_pod_pending_too_long_says_what_it_waits_for_and_the_message_does_not_change():
+    unplaced = pod("demo-train-launcher-aaaaa", "launcher", phase="Pending", containers=[])
+    assert pods.diagnose(NS, [unplaced], pods.TRAINING_ROLES, MPIJOB, now=at(44)) == (None, 0)
+    assert pods.diagnose(NS, [unplaced], pods.TRAINING_ROLES, MPIJOB) == (None, 0)  # without a clock: no verdict
+    problem, count = pods.diagnose(NS, [unplaced], pods.TRAINING_ROLES, MPIJOB, now=at(45))
+    assert (problem.reason, problem.pod, problem.role, count) == ("PodPending", "demo-train-launcher-aaaaa", "launcher", 1)
+    assert problem.message == (
+        "pod demo-train-launcher-aaaaa has been Pending since 2026-01-01T12:00:00Z (over 45 s): no scheduler has "
+        "placed it yet (spec.schedulerName default-scheduler); check that its scheduler runs and that a node matches "
+        "spec.launcher.resources (the spec is pinned when the run starts, so a changed spec needs a new ScalingRun): "
+        f"kubectl describe pod -n {NS} demo-train-launcher-aaaaa")
+    assert pods.diagnose(NS, [unplaced], pods.TRAINING_ROLES, MPIJOB, now=at(600))[0].message == problem.message
+
+    creating = pod("demo-preprocess-x1y2z", "preprocess", phase="Pending", conditions=[
+        {"type": "PodScheduled", "status": "True"}], containers=waiting("preprocess", "ContainerCreating"))
+    creating["spec"]["nodeName"] = "node-1"
+    problem, _ = pods.diagnose(NS, [creating], (pods.PREPROCESS,), now=at(50))
+    assert problem.reason == "PodPending" and problem.container == "preprocess"
+    assert ("Pending since 2026-01-01T12:00:00Z (over 45 s): on node node-1, container preprocess "
+            "ContainerCreating; its Events say what the kubelet waits for") in problem.message
+    assert f"kubectl describe pod -n {NS} demo-preprocess-x1y2z" in problem.message
+
+
+def test_a_specific_cause_wins_over_pending_too_long():
+    unplaced = pod("demo-train-worker-0", "worker", phase="Pending", containers=[])
+    pull = pod("demo-train-worker-1", "worker", phase="Pending", containers=waiting("worker", "ImagePullBackOff"))
+    problem, count = pods.diagnose(NS, [unplaced, pull], pods.TRAINING_ROLES, MPIJOB, now=at(300))
+    assert (problem.reason, problem.pod, count) == ("ImagePullFailed", "demo-train-worker-1", 2)
+    verdict = pod("demo-train-worker-2", "worker", phase="Pending", containers=[],
+                  conditions=unschedulable("0/3 nodes are available: 3 Insufficient memory."))
+    problem, count = pods.diagnose(NS, [verdict], pods.TRAINING_ROLES, MPIJOB, now=at(300))
+    assert (problem.reason, count) == ("Unschedulable", 1)
+
+
+# --- the failed launcher's log ---------------------------------------------------------------------
+
+
+def test_the_failed_launcher_is_the_one_whose_log_is_read():
+    first = pod("demo-train-launcher-aaaaa", "launcher", phase="Failed", created="2026-01-01T12:00:00Z",
+                containers=[{"name": "launcher", "restartCount": 0,
+                             "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}])
+    retry = pod("demo-train-launcher-bbbbb", "launcher", phase="Running", created="2026-01-01T12:05:00Z")
+    worker = pod("demo-train-worker-0", "worker")
+    assert pods.failed_launcher([worker], MPIJOB) is None
+    assert pods.failed_launcher([worker, retry], MPIJOB) == ("demo-train-launcher-bbbbb", "launcher", "")
+    assert pods.failed_launcher([first, retry, worker], MPIJOB) == ("demo-train-launcher-aaaaa", "launcher", "")
+    retry["status"]["phase"] = "Failed"
+    retry["spec"]["nodeName"] = "node-1"
+    assert pods.failed_launcher([first, retry, worker], MPIJOB) == ("demo-train-launcher-bbbbb", "launcher", "node-1")
+
+
+def test_log_tail_keeps_the_last_lines_as_a_terminal_shows_them_and_bounds_them():
+    log = "".join(f"line {i}\n" for i in range(1, 31)) + "Epoch 1/5\n 1/9 [==>...]\r 9/9 [=====] - loss: 0.5\n\n"
+    tail = pods.log_tail(log)
+    rows = tail.split("\n")
+    assert len(rows) == 20 and rows[0] == "line 13" and rows[-2:] == ["Epoch 1/5", " 9/9 [=====] - loss: 0.5"]
+    assert pods.log_tail("\x1b[31mTraceback\x1b[0m (most recent call last):\x07\r\n") == (
+        "Traceback (most recent call last):")
+    huge = pods.log_tail("x" * 10_000 + "\n" + "".join(f"{'y' * 390}{i}\n" for i in range(19)))
+    assert len(huge) <= 4000 and huge.endswith("y18") and "x" not in huge
+    assert len(pods.log_tail("z" * 10_000)) == 400 and pods.log_tail("") == ""
+
+
+def failed_state():
+    from scalingrun_operator.handlers.training import MPIJobState
+
+    return MPIJobState("Failed", "MPIJobFailed", "launcher exited 1")
+
+
+def test_failure_message_ends_with_the_launchers_log_and_fits_in_a_condition():
+    from scalingrun_operator.handlers.training import mpijob_failure_message
+
+    tail = "\n".join(f"rank 0: step {i}" for i in range(19)) + "\nRuntimeError: boom"
+    log = pods.LauncherLog("demo-train-launcher-aaaaa", "launcher", tail)
+    message = mpijob_failure_message(NS, MPIJOB, failed_state(), None, log)
+    assert message.startswith(f"MPIJob {MPIJOB} failed (MPIJobFailed: launcher exited 1); no epoch finished; ")
+    assert message.endswith("; last 20 lines of launcher pod demo-train-launcher-aaaaa container launcher:\n"
+                            + tail)
+    long = pods.LauncherLog("p", "launcher", pods.log_tail("".join(f"{i:03d} {'w' * 395}\n" for i in range(20))))
+    message = mpijob_failure_message(NS, MPIJOB, failed_state(), {"error": "e" * 600}, long)
+    assert len(message) <= 1900 and message.endswith("019 " + "w" * 395)
+    kept = message.split(" container launcher:\n")[1].split("\n")
+    assert message.count("; last ") == 1 and f"last {len(kept)} lines of" in message and 1 <= len(kept) < 20
+
+
+def test_failure_message_names_what_a_pod_said_before_the_log():
+    from scalingrun_operator.handlers.training import mpijob_failure_message
+
+    cause = "pod demo-train-worker-1 container worker was killed for using more memory than its limit of 2Gi"
+    message = mpijob_failure_message(NS, MPIJOB, failed_state(), None, pods.LauncherLog("p", "launcher", "ORTE"),
+                                     cause)
+    assert message.endswith(f"; {cause}; last 1 line of launcher pod p container launcher:\nORTE")
+
+
+def test_failure_message_says_why_there_is_no_log():
+    from scalingrun_operator.handlers.training import mpijob_failure_message
+
+    unreadable = pods.LauncherLog("demo-train-launcher-aaaaa", "launcher", "", "HTTP 403: forbidden")
+    assert mpijob_failure_message(NS, MPIJOB, failed_state(), None, unreadable).endswith(
+        "; the log of launcher pod demo-train-launcher-aaaaa container launcher could not be read (HTTP 403: forbidden)")
+    assert mpijob_failure_message(NS, MPIJOB, failed_state(), None, pods.LauncherLog("", "", "")).endswith(
+        "; no launcher pod is left to read its log from")
+    assert mpijob_failure_message(NS, MPIJOB, failed_state(), None, pods.LauncherLog("p", "launcher", "")).endswith(
+        "; launcher pod p container launcher logged nothing")
+    assert "launcher pod" not in mpijob_failure_message(NS, MPIJOB, failed_state(), None)
+
+
+def test_an_unreachable_api_server_is_a_reason_not_an_error():
+    from kubernetes import client
+
+    from scalingrun_operator.k8s import Kube
+
+    configuration = client.Configuration()
+    configuration.host = "http://127.0.0.1:9"  # discard port: nothing listens
+    configuration.retries = 0
+    text, why = Kube(client.ApiClient(configuration)).read_pod_log_tail(NS, "p", "launcher", timeout=2)
+    assert text is None and why.startswith(("MaxRetryError", "NewConnectionError", "ProtocolError")), why
+    assert "Connection refused" in why
 
 
 # --- interruptions ---------------------------------------------------------------------------------

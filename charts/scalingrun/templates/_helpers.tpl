@@ -58,6 +58,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
+# The failed launcher's last log lines, for the Failed condition.
+- apiGroups: [""]
+  resources: ["pods/log"]
+  verbs: ["get"]
 {{- end }}
 
 {{/* The peering objects: kopf watches and patches them; the operator creates its own when missing. */}}

@@ -429,6 +429,9 @@ class TrainingStatus(_Model):
     learning_rate: Optional[float] = Field(None, description="Scaled learning rate in use.")
     effective_batch_size: Optional[int] = Field(None, description="Batch size across all processes.")
     mlflow_run_id: Optional[str] = Field(None, description="MLflow run the trainer logs to, when tracking is set.")
+    launcher_log_tail: Optional[str] = Field(
+        None, description="When the MPIJob failed: the last 20 lines of the failed launcher's log (at most 4000 "
+        "characters, the end kept).")
     resumed_from_epoch: Optional[int] = Field(
         None, description="Epoch the current attempt resumed from (its last checkpoint); none for a fresh start.")
     restarts: Optional[int] = Field(

@@ -9,9 +9,12 @@ status, so that counting survives operator restarts.
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 from dataclasses import dataclass
 from typing import Any, Optional
+
+from ..status import parse_time
 
 PREPROCESS, LAUNCHER, WORKER = "preprocess", "launcher", "worker"
 TRAINING_ROLES = (LAUNCHER, WORKER)
@@ -27,7 +30,12 @@ UNSCHEDULABLE = "Unschedulable"
 OOM_KILLED = "OOMKilled"
 CRASH_LOOP = "CrashLoopBackOff"
 EVICTED = "Evicted"
-_PRIORITY = (IMAGE_PULL_FAILED, CONTAINER_CONFIG_ERROR, UNSCHEDULABLE, OOM_KILLED, CRASH_LOOP, EVICTED)
+PENDING = "PodPending"  # Pending past PENDING_AFTER_S with no other cause known: the least specific
+_PRIORITY = (IMAGE_PULL_FAILED, CONTAINER_CONFIG_ERROR, UNSCHEDULABLE, OOM_KILLED, CRASH_LOOP, EVICTED, PENDING)
+
+# A pod still Pending this long after its creation is reported: early enough that a look at
+# PENDING_AFTER_S (plus a reconcile) says so within a minute, late enough for a normal start.
+PENDING_AFTER_S = 45.0
 
 _PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
 _CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError"}
@@ -94,6 +102,14 @@ def _spec_image(pod: dict[str, Any], container: str) -> str:
     return ""
 
 
+def _memory_limit(pod: dict[str, Any], container: str) -> str:
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if c.get("name") == container:
+            return str(((c.get("resources") or {}).get("limits") or {}).get("memory") or "")
+    return ""
+
+
 def _exit(terminated: dict[str, Any]) -> str:
     """'exit code 137 (OOMKilled)' from a container's terminated state."""
     text = f"exit code {terminated.get('exitCode', '?')}"
@@ -145,10 +161,12 @@ def _problem(namespace: str, pod: dict[str, Any], role: str) -> Optional[PodProb
                               "the kubelet retries once they are fixed")
         if terminated.get("reason") == "OOMKilled" or (
                 waiting.get("reason") == "CrashLoopBackOff" and last.get("reason") == "OOMKilled"):
+            limit = _memory_limit(pod, cname)
+            what = (f"using more memory than its limit of {limit}" if limit
+                    else "running out of memory (it has no memory limit: the node ran short)")
             return PodProblem(OOM_KILLED, name, cname, role,
-                              f"{at} was killed for using more memory than its limit "
-                              f"({_exit(terminated or last)}); raise {_MEMORY_FIELDS.get(role, 'its memory')}"
-                              f" ({_RECREATE})")
+                              f"{at} was killed for {what} ({_exit(terminated or last)}); raise "
+                              f"{_MEMORY_FIELDS.get(role, 'its memory')} ({_RECREATE})")
         if waiting.get("reason") == "CrashLoopBackOff":
             return PodProblem(CRASH_LOOP, name, cname, role,
                               f"{at} keeps crashing (restarted {container.get('restartCount', 0)} times, last "
@@ -164,19 +182,91 @@ def _problem(namespace: str, pod: dict[str, Any], role: str) -> Optional[PodProb
     return None
 
 
+# --- pods stuck Pending --------------------------------------------------------------------------
+
+
+def _pending_age(pod: dict[str, Any], now: dt.datetime) -> Optional[float]:
+    """Seconds since a Pending pod was created; None for a pod that is not Pending (or going away)."""
+    if _meta(pod).get("deletionTimestamp") or (_status(pod).get("phase") or "Pending") != "Pending":
+        return None
+    created = parse_time(_meta(pod).get("creationTimestamp"))
+    return None if created is None else max(0.0, (now - created).total_seconds())
+
+
+def pending_too_long(pods: list[dict[str, Any]], now: dt.datetime,
+                     threshold_s: float = PENDING_AFTER_S) -> list[dict[str, Any]]:
+    """The pods Pending for `threshold_s` or longer since their creation, oldest first."""
+    old = [(age, pod_name(p), p) for p in pods
+           if (age := _pending_age(p, now)) is not None and age >= threshold_s]
+    return [p for _, _, p in sorted(old, key=lambda t: (-t[0], t[1]))]
+
+
+def next_pending_check(pods: list[dict[str, Any]], now: dt.datetime,
+                       threshold_s: float = PENDING_AFTER_S) -> Optional[float]:
+    """Seconds until the next Pending pod reaches `threshold_s`, or None when no pod will.
+
+    No watch event need come in that time (a pod waiting for a volume or a slow image pull changes
+    nothing the watch reports), so this is when to look again. One second more: creation times are
+    whole seconds.
+    """
+    ages = [age for p in pods if (age := _pending_age(p, now)) is not None and age < threshold_s]
+    return threshold_s - max(ages) + 1.0 if ages else None
+
+
+def _pending_problem(namespace: str, pod: dict[str, Any], role: str, threshold_s: float) -> PodProblem:
+    """What a Pending pod waits for, as far as the pod says. The message does not change while the pod
+    waits (no running age), so status is not rewritten on every look."""
+    name, status, spec = pod_name(pod), _status(pod), pod.get("spec") or {}
+    since = _meta(pod).get("creationTimestamp") or "its creation"
+    scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+    container = ""
+    if not spec.get("nodeName") and not (scheduled and scheduled.get("status") == "True"):
+        verdict = str((scheduled or {}).get("message") or "").strip()[:300]
+        waits = (f"no node was assigned ({verdict})" if verdict else
+                 f"no scheduler has placed it yet (spec.schedulerName {spec.get('schedulerName') or 'default-scheduler'})")
+        todo = (f"check that its scheduler runs and that a node matches {_RESOURCE_FIELDS.get(role, 'its requests')}"
+                f" ({_RECREATE})")
+    else:
+        waiting = [(c.get("name", ""), (c.get("state") or {}).get("waiting") or {}) for c in _container_statuses(pod)]
+        waiting = [(n, w) for n, w in waiting if w]
+        on = f"on node {spec['nodeName']}" if spec.get("nodeName") else "scheduled"
+        if waiting:
+            container = waiting[0][0]
+            reasons = ", ".join(f"container {n} {w.get('reason') or 'waiting'}"
+                                + (f" ({str(w['message']).strip()[:200]})" if w.get("message") else "")
+                                for n, w in waiting)
+            waits = f"{on}, {reasons}"
+        else:
+            waits = f"{on}, its containers have not started"
+        todo = ("its Events say what the kubelet waits for (a volume, a Secret or ConfigMap, a large image "
+                "still being pulled)")
+    return PodProblem(PENDING, name, container, role,
+                      f"pod {name} has been Pending since {since} (over {threshold_s:g} s): {waits}; {todo}: "
+                      f"kubectl describe pod -n {namespace} {name}")
+
+
 def _slot(pod: dict[str, Any], role: str) -> str:
     """Pods that replace one another: a worker by name, the launcher's pods together, a Job's pods together."""
     return pod_name(pod) if role == WORKER else role
 
 
+def pods_of(pods: list[dict[str, Any]], roles: tuple[str, ...],
+            mpijob_name: Optional[str] = None) -> list[tuple[dict[str, Any], str]]:
+    """(pod, role) for the pods of `roles` that are not going away."""
+    mine = [(p, pod_role(p, mpijob_name)) for p in pods if not _meta(p).get("deletionTimestamp")]
+    return [(p, role) for p, role in mine if role in roles]
+
+
 def diagnose(namespace: str, pods: list[dict[str, Any]], roles: tuple[str, ...],
-             mpijob_name: Optional[str] = None) -> tuple[Optional[PodProblem], int]:
+             mpijob_name: Optional[str] = None, now: Optional[dt.datetime] = None,
+             pending_after_s: float = PENDING_AFTER_S) -> tuple[Optional[PodProblem], int]:
     """The most blocking problem among the pods of `roles`, and how many pods have one.
 
     A finished pod counts only while nothing newer has taken its place (a Job keeps failed pods around).
+    With `now`, a pod Pending for `pending_after_s` with no more specific cause is a problem too.
     """
-    mine = [(p, pod_role(p, mpijob_name)) for p in pods if not _meta(p).get("deletionTimestamp")]
-    mine = [(p, role) for p, role in mine if role in roles]
+    mine = pods_of(pods, roles, mpijob_name)
+    stuck = {pod_name(p) for p in pending_too_long([p for p, _ in mine], now, pending_after_s)} if now else set()
     newest: dict[str, str] = {}
     for pod, role in mine:
         stamp = _meta(pod).get("creationTimestamp") or ""
@@ -186,6 +276,8 @@ def diagnose(namespace: str, pods: list[dict[str, Any]], roles: tuple[str, ...],
         if _terminal(pod) and (_meta(pod).get("creationTimestamp") or "") < newest[_slot(pod, role)]:
             continue
         problem = _problem(namespace, pod, role)
+        if problem is None and pod_name(pod) in stuck:
+            problem = _pending_problem(namespace, pod, role, pending_after_s)
         if problem:
             problems.append(problem)
     if not problems:
@@ -197,6 +289,65 @@ def diagnose(namespace: str, pods: list[dict[str, Any]], roles: tuple[str, ...],
 def problem_message(problem: PodProblem, count: int) -> str:
     more = count - 1
     return problem.message + (f" ({more} more pod{'s' if more > 1 else ''} with problems)" if more > 0 else "")
+
+
+# --- the failed launcher's log ---------------------------------------------------------------------
+
+LOG_LINES = 20  # lines of the failed launcher's log that status carries
+_LOG_LINE_CHARS = 400
+_LOG_CHARS = 4000  # status.training.launcherLogTail at most; the Failed message keeps what fits
+# Colour codes and control characters (a tab and newlines apart) say nothing in a status field.
+_NOISE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class LauncherLog:
+    """The end of a launcher's log, or why there is none."""
+
+    pod: str
+    container: str
+    tail: str  # bounded, see log_tail
+    error: str = ""  # why the log could not be read
+
+
+def _failed(pod: dict[str, Any]) -> bool:
+    if _status(pod).get("phase") == "Failed":
+        return True
+    for container in _container_statuses(pod):
+        for terminated in ((container.get("state") or {}).get("terminated"),
+                           (container.get("lastState") or {}).get("terminated")):
+            if terminated and terminated.get("exitCode", 0) != 0:
+                return True
+    return False
+
+
+def failed_launcher(pods: list[dict[str, Any]], mpijob_name: str) -> Optional[tuple[str, str, str]]:
+    """(pod, container, node) whose log tells why the training failed: the newest launcher pod, a failed one
+    before one that did not fail (the launcher's Job may have started another after it). The node is ''
+    for a pod that never ran: it has no log (the API server answers an empty one)."""
+    launchers = [p for p in pods if pod_role(p, mpijob_name) == LAUNCHER]
+    if not launchers:
+        return None
+    pod = max(launchers, key=lambda p: (_failed(p), _meta(p).get("creationTimestamp") or "", pod_name(p)))
+    names = [c.get("name", "") for c in (pod.get("spec") or {}).get("containers") or []]
+    return (pod_name(pod), LAUNCHER if LAUNCHER in names or not names else names[0],
+            str((pod.get("spec") or {}).get("nodeName") or ""))
+
+
+def log_tail(text: str, lines: int = LOG_LINES, max_chars: int = _LOG_CHARS) -> str:
+    """The last `lines` lines of a log as a terminal shows them (a carriage return redraws the line, as
+    Keras' progress bars do), without colour codes; each line and the whole bounded, the end kept."""
+    rows = []
+    for line in text.replace("\r\n", "\n").split("\n"):
+        line = _NOISE.sub("", line.rstrip("\r").split("\r")[-1]).rstrip()
+        rows.append(line if len(line) <= _LOG_LINE_CHARS else line[:_LOG_LINE_CHARS - 3] + "...")
+    while rows and not rows[-1]:
+        rows.pop()
+    tail = "\n".join(rows[-lines:]) if lines > 0 else ""
+    if len(tail) > max_chars:
+        tail = tail[-max_chars:]
+        tail = tail[tail.find("\n") + 1:] if "\n" in tail else tail
+    return tail
 
 
 # --- restarts of the training ----------------------------------------------------------------------

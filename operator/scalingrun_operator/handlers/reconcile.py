@@ -13,7 +13,7 @@ import logging
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from kubernetes.client.rest import ApiException
 
@@ -33,6 +33,10 @@ from ..storage import StorageError, StorageTarget, list_names, read_json, uses_s
 from . import dataset, pods as pod_diagnosis, spec as pinning, training
 
 log = logging.getLogger(__name__)
+
+# Looks at a run again in `delay` seconds: for what no watch event announces (a pod that stays Pending).
+# Set to the operator-wide watcher's schedule_recheck(namespace, name, delay_s); does nothing until then.
+recheck_later: Callable[[str, str, float], None] = lambda namespace, name, delay: None
 
 _locks_guard = threading.Lock()
 _locks: dict[tuple[str, str], threading.Lock] = {}
@@ -239,7 +243,12 @@ class _Pass:
 
         A Warning Event goes out once per new cause (reason and pod), not on every kubelet retry.
         """
-        problem, count = pod_diagnosis.diagnose(self.namespace, self._run_pods(), roles, mpijob)
+        problem, count = pod_diagnosis.diagnose(self.namespace, self._run_pods(), roles, mpijob,
+                                                now=self.update.moment)
+        pending = [p for p, _ in pod_diagnosis.pods_of(self._run_pods(), roles, mpijob)]
+        delay = pod_diagnosis.next_pending_check(pending, self.update.moment)
+        if delay is not None:  # a pod may stay Pending without a single watch event: look again then
+            recheck_later(self.namespace, self.name, delay)
         existing = get_condition(self.update.desired["conditions"], PODS_HEALTHY)
         if problem is None:
             if existing and existing.get("status") == "False":
@@ -254,6 +263,16 @@ class _Pass:
         self.update.condition(PODS_HEALTHY, "False", problem.reason, message)
         self._holdup = f"{problem.reason}: {message}"
         return problem.reason, message
+
+    def _pod_cause(self, roles: tuple[str, ...], mpijob: Optional[str] = None) -> str:
+        """What the pods of `roles` say went wrong (an OOMKilled worker, say), for a failure's message; the
+        PodsHealthy condition says it too. '' when no pod says anything."""
+        problem, count = pod_diagnosis.diagnose(self.namespace, self._run_pods(), roles, mpijob)
+        if problem is None:
+            return ""
+        message = pod_diagnosis.problem_message(problem, count)
+        self.update.condition(PODS_HEALTHY, "False", problem.reason, message)
+        return message
 
     def _pods_done(self) -> None:
         """A run that succeeded has no pod problem left to report."""
@@ -338,6 +357,9 @@ class _Pass:
             names = None
         done = dataset.shard_progress(names, run.spec.dataset.preprocessing.parallelism)
         message = dataset.preprocessing_failure_message(run, self.namespace, job_name, state, done)
+        cause = self._pod_cause((pod_diagnosis.PREPROCESS,))
+        if cause:
+            message = f"{message}; {cause}"
         self.update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
         self.update.fail(PREPROCESSING_FAILED, message)
 
@@ -381,7 +403,11 @@ class _Pass:
             self._pods_done()
             self.update.set_phase(Phase.succeeded.value, message)
         elif state.state == "Failed":
-            message = training.mpijob_failure_message(self.namespace, name, state, progress)
+            launcher_log = self._launcher_log(name)
+            if launcher_log.tail:
+                merged["launcherLogTail"] = launcher_log.tail
+            message = training.mpijob_failure_message(self.namespace, name, state, progress, launcher_log,
+                                                       self._pod_cause(pod_diagnosis.TRAINING_ROLES, name))
             self.update.condition(TRAINED, "False", MPIJOB_FAILED, message)
             self.update.fail(MPIJOB_FAILED, message)
         elif wanted_suspend:
@@ -398,6 +424,17 @@ class _Pass:
             self.update.condition(TRAINED, "Unknown", holdup[0] if holdup else "Running",
                                   f"{running}; {holdup[1]}" if holdup else running)
             self.update.set_phase(Phase.training.value, f"MPIJob {name}")
+
+    def _launcher_log(self, mpijob: str) -> pod_diagnosis.LauncherLog:
+        """The end of the failed launcher's log, or why it cannot be read (never an error)."""
+        found = pod_diagnosis.failed_launcher(self._run_pods(), mpijob)
+        if found is None:
+            return pod_diagnosis.LauncherLog("", "", "")
+        pod, container, node = found
+        if not node:
+            return pod_diagnosis.LauncherLog(pod, container, "", "it never ran on a node, so it has no log")
+        text, error = self.kube.read_pod_log_tail(self.namespace, pod, container, pod_diagnosis.LOG_LINES)
+        return pod_diagnosis.LauncherLog(pod, container, pod_diagnosis.log_tail(text or ""), error)
 
     def _track_interruptions(self, training_status: dict[str, Any], mpijob: str, paused: bool) -> None:
         """Counts worker pods lost and launcher restarts against the pods recorded in status (one Event each)."""

@@ -167,8 +167,35 @@ def succeeded_message(name: str, progress: Optional[dict[str, Any]]) -> str:
     return text + (f"; model at {uri}" if uri else "")
 
 
-def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progress: Optional[dict[str, Any]]) -> str:
-    cause = ": ".join(p for p in (state.reason, state.message) if p) or "no reason given"
+# Conditions keep 2000 characters (status.set_condition) and status.message adds the reason: the log's end
+# must fit in what is left, or the lines that matter most are the ones cut.
+_FAILURE_MESSAGE_CHARS = 1900
+
+
+def _launcher_log_text(log: Any, room: int) -> str:
+    """The launcher's log as the Failed message says it, in about `room` characters (whole lines from the
+    end); `log` is a pods.LauncherLog."""
+    if log.error:
+        where = f"launcher pod {log.pod} container {log.container}" if log.pod else "the launcher"
+        return f"the log of {where} could not be read ({log.error})"
+    if not log.pod:
+        return "no launcher pod is left to read its log from"
+    if not log.tail:
+        return f"launcher pod {log.pod} container {log.container} logged nothing"
+    header = f" of launcher pod {log.pod} container {log.container}:\n"
+    lines = log.tail.split("\n")
+    while len(lines) > 1 and len(header) + 20 + len("\n".join(lines)) > room:
+        lines.pop(0)
+    tail = "\n".join(lines)[-max(0, room - len(header) - 20):]
+    return f"last {len(lines)} line{'s' if len(lines) > 1 else ''}{header}{tail}"
+
+
+def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progress: Optional[dict[str, Any]],
+                           launcher_log: Any = None, pod_cause: str = "") -> str:
+    """Why the MPIJob failed: its condition, the epoch reached, the trainer's error, what a pod says (e.g. a
+    worker OOMKilled) and, with `launcher_log` (a pods.LauncherLog), the end of the launcher's log, cut
+    from the front to fit."""
+    cause = ": ".join(p for p in (state.reason, state.message) if p)[:500] or "no reason given"
     parts = [f"MPIJob {name} failed ({cause})", f"{_epochs(progress)}"]
     error = (progress or {}).get("error")
     if isinstance(error, str) and error:
@@ -176,4 +203,9 @@ def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progre
     parts.append(f"see the launcher's log (kubectl logs -n {namespace} -l training.kubeflow.org/job-name={name},"
                  "training.kubeflow.org/job-role=launcher --tail=50); recreating the run under the same name "
                  "resumes from its last checkpoint when spec.training.resume is true")
+    if pod_cause:
+        parts.append(pod_cause[:700])
+    if launcher_log is not None:
+        head = "; ".join(parts)
+        parts.append(_launcher_log_text(launcher_log, _FAILURE_MESSAGE_CHARS - len(head) - 2))
     return "; ".join(parts)
