@@ -34,6 +34,8 @@ class Config:
     completion_grace_seconds: float = 120.0
     #: Connect/read timeout of one object-storage request.
     storage_timeout_seconds: float = 10.0
+    #: 5xx answers and timeouts of object storage are retried (exponential backoff) until this deadline.
+    storage_deadline_seconds: float = 30.0
     #: Port of the Prometheus /metrics endpoint; 0 turns it off.
     metrics_port_number: int = 9090
     #: kopf liveness endpoint (served by kopf, answered by the on.probe handlers); empty turns it off.
@@ -97,7 +99,8 @@ _KINDS = {"poll_interval_seconds": float, "completion_grace_seconds": float, "st
           "metrics_port_number": int, "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str,
           "lease_name": str, "lease_namespace": str, "lease_holder": str, "lease_duration_seconds": float,
-          "lease_renew_seconds": float, "lease_renew_deadline_seconds": float, "lease_retry_seconds": float}
+          "lease_renew_seconds": float, "lease_renew_deadline_seconds": float, "lease_retry_seconds": float,
+          "storage_deadline_seconds": float}
 
 
 def variable_names() -> list[str]:
