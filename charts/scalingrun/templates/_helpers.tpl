@@ -59,8 +59,3 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   resources: ["pods"]
   verbs: ["get", "list", "watch"]
 {{- end }}
-
-{{/* The peering objects: kopf watches and patches them; the operator creates its own when missing. */}}
-{{- define "scalingrun.peeringVerbs" -}}
-["get", "list", "watch", "patch", "create"]
-{{- end }}
