@@ -122,3 +122,27 @@ def test_a_leader_whose_lease_is_taken_stops_at_once(ha_cluster, kubeconfig, tmp
         assert holder(cluster) == "intruder"
     finally:
         op.stop()
+
+
+def test_a_leader_stopped_gracefully_hands_the_lease_over_at_once(ha_cluster, kubeconfig, tmp_path):
+    """SIGTERM (a rollout, a drain): the leader gives the Lease back instead of letting it expire."""
+    cluster = ha_cluster
+    first, second = (replica(kubeconfig, tmp_path, cluster, name) for name in ("replica-a", "replica-b"))
+    try:
+        first.start()
+        wait_for(lambda: holder(cluster) == "replica-a", what="replica-a to hold the Lease", operator=first)
+        second.start()
+        time.sleep(3)  # the standby has looked at least once
+        assert holder(cluster) == "replica-a"
+        stopping = time.monotonic()
+        first.stop()
+        assert first.process and first.process.returncode == 0, first.log_tail()
+        assert "released Lease" in first.log_tail()
+        wait_for(lambda: holder(cluster) == "replica-b", what="replica-b to hold the Lease", timeout=10,
+                 interval=0.1, operator=second)
+        handover = time.monotonic() - stopping
+        print(f"handover after SIGTERM: {handover:.1f} s")
+        assert handover < 10
+    finally:
+        first.stop()
+        second.stop()
