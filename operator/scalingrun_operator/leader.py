@@ -80,7 +80,10 @@ class LeaderElector:
         self._observed: Optional[tuple[str, float]] = None  # (resourceVersion, monotonic time first seen)
         self._last_renewal = 0.0
         self._stop = threading.Event()
+        self._lost = threading.Lock()
         self._thread: Optional[threading.Thread] = None
+        # Bounds every API call, so that a standby or the renewer never hangs on a dead connection.
+        self._timeout = max(1.0, min(5.0, settings.renew_deadline - settings.renew_every))
 
     # --- one attempt --------------------------------------------------------------------------------
 
@@ -96,7 +99,7 @@ class LeaderElector:
         """One round: True while this process holds the Lease (just taken or renewed)."""
         s = self.settings
         try:
-            lease = self.api.read_namespaced_lease(s.name, s.namespace)
+            lease = self.api.read_namespaced_lease(s.name, s.namespace, _request_timeout=self._timeout)
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -104,7 +107,7 @@ class LeaderElector:
                                                                labels={"app.kubernetes.io/managed-by": "scalingrun-operator"}),
                                   spec=self._spec(True, None))
             try:
-                self.api.create_namespaced_lease(s.namespace, body)
+                self.api.create_namespaced_lease(s.namespace, body, _request_timeout=self._timeout)
             except ApiException as create_exc:
                 if create_exc.status == 409:  # another candidate created it first
                     return False
@@ -121,7 +124,7 @@ class LeaderElector:
                 return False  # held, and renewed within its duration as far as this clock saw
         lease.spec = self._spec(holder != s.identity, spec)
         try:  # replace carries metadata.resourceVersion: a concurrent writer makes this a 409
-            self.api.replace_namespaced_lease(s.name, s.namespace, lease)
+            self.api.replace_namespaced_lease(s.name, s.namespace, lease, _request_timeout=self._timeout)
         except ApiException as exc:
             if exc.status == 409:
                 return False
@@ -147,9 +150,23 @@ class LeaderElector:
             time.sleep(s.retry_every)
 
     def keep(self) -> None:
-        """Renews in a daemon thread; on loss calls `on_lost` (by default: exit the process at once)."""
+        """Renews in a daemon thread; on loss calls `on_lost` (by default: exit the process at once).
+
+        A watchdog thread enforces the renew deadline even while a renewal call hangs."""
         self._thread = threading.Thread(target=self._renew_loop, name="lease-renewal", daemon=True)
         self._thread.start()
+        threading.Thread(target=self._watchdog, name="lease-watchdog", daemon=True).start()
+
+    def _lose(self, reason: str) -> None:
+        if self._lost.acquire(blocking=False) and not self._stop.is_set():
+            self._stop.set()
+            self.on_lost(reason)
+
+    def _watchdog(self) -> None:
+        s = self.settings
+        while not self._stop.wait(0.25):
+            if time.monotonic() - self._last_renewal >= s.renew_deadline:
+                return self._lose(f"Lease {s.namespace}/{s.name} not renewed for {s.renew_deadline:g} s")
 
     def _renew_loop(self) -> None:
         s = self.settings
@@ -161,31 +178,31 @@ class LeaderElector:
                         break
                     holder = self._holder()
                     if holder and holder != s.identity:
-                        return self.on_lost(f"Lease {s.namespace}/{s.name} is now held by {holder}")
+                        return self._lose(f"Lease {s.namespace}/{s.name} is now held by {holder}")
                 except Exception as exc:
                     log.warning("cannot renew Lease %s/%s: %s", s.namespace, s.name, exc)
-                if self._stop.is_set():
-                    return
-                if time.monotonic() - self._last_renewal >= s.renew_deadline:
-                    return self.on_lost(f"Lease {s.namespace}/{s.name} not renewed for {s.renew_deadline:.0f} s")
-                time.sleep(min(1.0, s.retry_every))
+                if self._stop.wait(min(1.0, s.retry_every)):
+                    return  # released, or the watchdog gave up
 
     def _holder(self) -> Optional[str]:
-        lease = self.api.read_namespaced_lease(self.settings.name, self.settings.namespace)
+        lease = self.api.read_namespaced_lease(self.settings.name, self.settings.namespace,
+                                               _request_timeout=self._timeout)
         return (lease.spec.holder_identity if lease.spec else None) or None
 
     def release(self) -> None:
         """On a clean stop: hand the Lease back so a standby need not wait for it to expire."""
+        if not self._lost.acquire(blocking=False):
+            return  # lost already: not ours to hand back
         self._stop.set()
         if self._thread:
             self._thread.join(timeout=self.settings.renew_every + 5)
         s = self.settings
         try:
-            lease = self.api.read_namespaced_lease(s.name, s.namespace)
+            lease = self.api.read_namespaced_lease(s.name, s.namespace, _request_timeout=self._timeout)
             if lease.spec and lease.spec.holder_identity == s.identity:
                 lease.spec.holder_identity = None
                 lease.spec.lease_duration_seconds = 1
-                self.api.replace_namespaced_lease(s.name, s.namespace, lease)
+                self.api.replace_namespaced_lease(s.name, s.namespace, lease, _request_timeout=self._timeout)
                 log.info("released Lease %s/%s", s.namespace, s.name)
         except Exception as exc:
             log.warning("could not release Lease %s/%s (a standby takes it when it expires): %s",

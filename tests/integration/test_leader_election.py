@@ -3,9 +3,15 @@ within 30 s, runs get their children exactly once, and a leader whose Lease is t
 
 from __future__ import annotations
 
+import datetime
+import socket
+import threading
 import time
+from pathlib import Path
+from urllib.parse import urlparse
 
 import pytest
+import yaml
 from kubernetes import client
 
 from scalingrun_operator.leader import EXIT_LOST_LEASE
@@ -146,3 +152,72 @@ def test_a_leader_stopped_gracefully_hands_the_lease_over_at_once(ha_cluster, ku
     finally:
         first.stop()
         second.stop()
+
+
+class FreezableTcpProxy:
+    """Forwards TCP to the API server until frozen; then holds every byte, as a partitioned network does."""
+
+    def __init__(self, host: str, port: int):
+        self.upstream = (host, port)
+        self.frozen = threading.Event()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                downstream, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.upstream)
+            for a, b in ((downstream, upstream), (upstream, downstream)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                while self.frozen.is_set():
+                    time.sleep(0.1)
+                sink.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_leader_cut_off_from_the_api_server_stops_before_its_lease_expires(ha_cluster, kubeconfig, tmp_path):
+    """No fencing token exists in Kubernetes: the guarantee is that a leader that cannot renew stops within
+    the renew deadline (10 s), before a standby may take the Lease (15 s after the last renewal)."""
+    cluster = ha_cluster
+    config = yaml.safe_load(Path(kubeconfig).read_text())
+    server = urlparse(config["clusters"][0]["cluster"]["server"])
+    proxy = FreezableTcpProxy(server.hostname, server.port)
+    config["clusters"][0]["cluster"]["server"] = f"https://{server.hostname}:{proxy.port}"
+    proxied = tmp_path / "proxied.kubeconfig"
+    proxied.write_text(yaml.safe_dump(config))
+    op = replica(str(proxied), tmp_path, cluster, "replica-a")
+    try:
+        op.start()
+        wait_for(lambda: holder(cluster) == "replica-a", what="replica-a to hold the Lease", operator=op)
+        coordination = client.CoordinationV1Api(cluster.core.api_client)
+        proxy.frozen.set()
+        frozen = time.monotonic()
+        last_renewal = coordination.read_namespaced_lease(LEASE, cluster.ns).spec.renew_time
+        assert op.process
+        code = op.process.wait(timeout=30)
+        stopped = time.monotonic() - frozen
+        # The API server's clock is this machine's: the renewTime it wrote compares with ours.
+        since_renewal = (datetime.datetime.now(datetime.timezone.utc) - last_renewal).total_seconds()
+        print(f"leader cut off from the API server stopped {stopped:.1f} s later, {since_renewal:.1f} s after "
+              "its last renewal")
+        assert code == EXIT_LOST_LEASE and "not renewed for 10 s" in op.log_tail()
+        # It stopped before its Lease expired for the others: 15 s after its last renewal.
+        lease = coordination.read_namespaced_lease(LEASE, cluster.ns)
+        assert lease.spec.renew_time == last_renewal and lease.spec.holder_identity == "replica-a"
+        assert since_renewal < 15
+    finally:
+        proxy.frozen.clear()
+        op.stop()
+        proxy.close()
