@@ -271,6 +271,20 @@ def test_trainer_bad_credentials_fail_at_once(s3_server, document, proxies, trai
     assert proxy.statuses() == [403]
 
 
+def test_trainer_dataset_reads_through_s3fs_outlast_five_500s(s3_server, document, proxies, trainer_env):
+    """petastorm reads the Parquet shards through s3fs, which alone gives up after 5 attempts."""
+    import s3fs
+
+    from scalingrun_trainer.storage import s3fs_options
+
+    uri, body = document
+    proxy = proxies(s3_server.endpoint, fail=5)
+    trainer_env(proxy.endpoint)
+    fs = s3fs.S3FileSystem(skip_instance_cache=True, **s3fs_options(proxy.endpoint))
+    assert json.loads(fs.cat(uri)) == body
+    assert proxy.statuses()[:5] == [500] * 5 and proxy.statuses()[-1] == 200
+
+
 # --- readiness of the local SeaweedFS ---------------------------------------------------------------
 
 

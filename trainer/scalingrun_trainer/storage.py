@@ -144,6 +144,17 @@ def s3_filesystem(endpoint: str | None = None, region: str | None = None) -> paf
     return pafs.S3FileSystem(**options)
 
 
+def s3fs_options(endpoint: str | None = None) -> dict:
+    """storage_options for petastorm's s3fs reads of the Parquet shards: botocore's standard retries
+    (5xx, throttling, timeouts; exponential backoff up to 20 s, about a minute in all) instead of
+    s3fs's default of giving up after 5 attempts in a few seconds."""
+    options: dict = {"config_kwargs": {"retries": {"max_attempts": 10, "mode": "standard"},
+                                       "connect_timeout": 10, "read_timeout": 60}}
+    if endpoint:
+        options["client_kwargs"] = {"endpoint_url": endpoint}
+    return options
+
+
 def open_location(uri: str, endpoint: str | None = None, region: str | None = None) -> Location:
     uri = uri.rstrip("/") or "/"
     if uri.startswith("s3://"):
