@@ -131,7 +131,7 @@ _PERMANENT = {
                     "spec.storage.endpoint",
 }
 _TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling",
-                    "ThrottlingException", "RequestTimeTooSkewed"}
+                    "ThrottlingException"}
 
 
 def _transient(exc: Exception) -> bool:
