@@ -34,14 +34,16 @@ class Config:
     completion_grace_seconds: float = 120.0
     #: Connect/read timeout of one object-storage request.
     storage_timeout_seconds: float = 10.0
+    #: 5xx answers and timeouts of object storage are retried (exponential backoff) until this deadline.
+    storage_deadline_seconds: float = 30.0
     #: Port of the Prometheus /metrics endpoint; 0 turns it off.
     metrics_port_number: int = 9090
     #: kopf liveness endpoint (served by kopf, answered by the on.probe handlers); empty turns it off.
     liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
     #: Namespaces (or kopf globs) to watch; empty means the whole cluster.
     namespaces: tuple[str, ...] = ()
-    #: Name of the KopfPeering object shared by the replicas; empty means standalone (one replica).
-    peering: str = "scalingrun"
+    #: Name of a KopfPeering object shared by operators (kopf peering, instead of the Lease); empty: none.
+    peering: str = ""
     #: Priority among peers: the highest acts, the others pause (equal priorities all pause).
     priority: int = 0
     #: Seconds a peer counts as alive after its last keep-alive: how soon a standby takes over.
@@ -54,6 +56,20 @@ class Config:
     max_workers: int = 8
     #: Component name on Events and in `managed-by` labels.
     component: str = "scalingrun-operator"
+    #: Lease (coordination.k8s.io/v1) the replicas elect their leader with; empty: no leader election.
+    lease_name: str = "scalingrun-operator"
+    #: Namespace of the Lease; empty: the pod's own namespace (`default` outside a pod).
+    lease_namespace: str = ""
+    #: holderIdentity written into the Lease; empty: the pod name (hostname) plus a per-process suffix.
+    lease_holder: str = ""
+    #: leaseDurationSeconds: a standby takes over this long after the leader's last renewal.
+    lease_duration_seconds: float = 15.0
+    #: How often the leader renews the Lease.
+    lease_renew_seconds: float = 5.0
+    #: A leader that has not renewed for this long stops at once (must be below the lease duration).
+    lease_renew_deadline_seconds: float = 10.0
+    #: How often a standby tries to take the Lease.
+    lease_retry_seconds: float = 2.0
 
 
 def _parse(name: str, raw: str, kind: type, default: object) -> object:
@@ -81,7 +97,10 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
 
 _KINDS = {"poll_interval_seconds": float, "completion_grace_seconds": float, "storage_timeout_seconds": float,
           "metrics_port_number": int, "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
-          "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str}
+          "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str,
+          "lease_name": str, "lease_namespace": str, "lease_holder": str, "lease_duration_seconds": float,
+          "lease_renew_seconds": float, "lease_renew_deadline_seconds": float, "lease_retry_seconds": float,
+          "storage_deadline_seconds": float}
 
 
 def variable_names() -> list[str]:
@@ -105,4 +124,9 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
         raise ConfigError(f"{PREFIX}POLL_INTERVAL_SECONDS must be >= 0.5, not {config.poll_interval_seconds}")
     if not 0 <= config.metrics_port_number <= 65535:
         raise ConfigError(f"{PREFIX}METRICS_PORT_NUMBER must be a port number, not {config.metrics_port_number}")
+    if config.lease_name and not (0 < config.lease_renew_seconds < config.lease_renew_deadline_seconds
+                                  < config.lease_duration_seconds):
+        raise ConfigError(f"{PREFIX}LEASE_RENEW_SECONDS ({config.lease_renew_seconds}) < "
+                          f"{PREFIX}LEASE_RENEW_DEADLINE_SECONDS ({config.lease_renew_deadline_seconds}) < "
+                          f"{PREFIX}LEASE_DURATION_SECONDS ({config.lease_duration_seconds}) must hold")
     return config

@@ -23,6 +23,7 @@ from .config import Config, ConfigError, load
 from .builders.common import RUN_LABEL
 from .handlers.reconcile import Reconciler, forget, owner_of, pod_event_matters
 from .k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, Kube, new_api_client
+from .leader import LeaderElector, LeaseSettings, StandbyHealth, default_identity, default_namespace
 from .peering import PeeringError, ensure_peering
 from .status import TERMINAL
 
@@ -131,8 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="namespace (or glob) to watch; repeatable (default SCALINGRUN_NAMESPACES)")
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch the whole cluster")
     peers = parser.add_mutually_exclusive_group()
-    peers.add_argument("--standalone", action="store_true", help="no peering: only for a single replica")
-    peers.add_argument("--peering", help="KopfPeering name shared by the replicas (default SCALINGRUN_PEERING)")
+    peers.add_argument("--standalone", action="store_true",
+                       help="no leader election, no peering: only for a single replica (local use)")
+    peers.add_argument("--lease", help="Lease the replicas elect their leader with (default SCALINGRUN_LEASE_NAME)")
+    peers.add_argument("--peering", help="kopf peering instead of the Lease: KopfPeering name (default SCALINGRUN_PEERING)")
     parser.add_argument("--priority", type=int, help="priority among peers (highest acts)")
     parser.add_argument("--liveness", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz; '' for none")
     parser.add_argument("--metrics-port", type=int, help="Prometheus port; 0 for none")
@@ -146,7 +149,8 @@ def settings_from_args(args: argparse.Namespace, base: Config) -> Config:
         base,
         **{k: v for k, v in {
             "namespaces": tuple(args.namespaces) if args.namespaces else None,
-            "peering": "" if args.standalone else args.peering,
+            "peering": "" if args.standalone or args.lease else args.peering,
+            "lease_name": "" if args.standalone or args.peering else args.lease,
             "priority": args.priority,
             "liveness_endpoint": args.liveness,
             "metrics_port_number": args.metrics_port,
@@ -183,6 +187,8 @@ def run(argv: Optional[list[str]] = None) -> int:
         except PeeringError as exc:
             log.error("scalingrun-operator cannot start: %s", exc)
             return 1
+    # Two replicas: only the Lease holder runs kopf (see leader.py for why not kopf peering).
+    elector = lead(CONFIG) if CONFIG.lease_name and not CONFIG.peering else None
     kopf.run(
         clusterwide=not CONFIG.namespaces,
         namespaces=CONFIG.namespaces,
@@ -191,7 +197,26 @@ def run(argv: Optional[list[str]] = None) -> int:
         priority=CONFIG.priority,
         liveness_endpoint=CONFIG.liveness_endpoint or None,
     )
+    if elector:
+        elector.release()  # a standby takes over now, not when the Lease expires
     return 0
+
+
+def lead(config: Config) -> LeaderElector:
+    """Waits for the Lease (answering liveness meanwhile), then keeps it renewed while kopf runs."""
+    settings = LeaseSettings(
+        name=config.lease_name, namespace=config.lease_namespace or default_namespace(),
+        identity=config.lease_holder or default_identity(), duration=config.lease_duration_seconds,
+        renew_every=config.lease_renew_seconds, renew_deadline=config.lease_renew_deadline_seconds,
+        retry_every=config.lease_retry_seconds)
+    elector = LeaderElector(new_api_client(), settings)
+    health = StandbyHealth(config.liveness_endpoint)
+    try:
+        elector.acquire()
+    finally:
+        health.close()
+    elector.keep()
+    return elector
 
 
 if __name__ == "__main__":

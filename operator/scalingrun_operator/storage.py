@@ -5,18 +5,29 @@ failed preprocessing, lists shard manifests. botocore does that without TensorFl
 operator image. s3:// URIs use the run's endpoint, region and the keys from the run's Secret
 (read through the Kubernetes API by the caller); absolute paths and file:// URIs read the
 filesystem. Keys are passed straight to botocore: never logged, never stored in status or events.
+
+Every S3 call goes through `retrying`: 5xx answers, throttling and timeouts are retried with
+exponential backoff until the target's deadline; a permanent 4xx (unknown key, wrong secret, access
+denied, no bucket) fails at once with what to check. botocore's own retries are off, so that the
+deadline and the message are ours.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import random
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 from urllib.parse import urlparse
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class StorageError(RuntimeError):
@@ -42,7 +53,8 @@ class StorageTarget:
     endpoint: Optional[str]
     region: str
     credentials: Optional[Credentials]
-    timeout: float = 10.0
+    timeout: float = 10.0  # connect/read timeout of one request
+    deadline: float = 30.0  # retries of 5xx answers and timeouts stop this long after the first attempt
 
 
 def join(uri: str, *parts: str) -> str:
@@ -80,7 +92,7 @@ def _client(target: StorageTarget) -> Any:
             _session = botocore.session.get_session()
         config = Config(
             connect_timeout=target.timeout, read_timeout=target.timeout,
-            retries={"max_attempts": 2, "mode": "standard"},
+            retries={"total_max_attempts": 1, "mode": "standard"},  # retried by `retrying`, to a deadline
             # S3-compatible stores behind a plain host:port (MinIO, SeaweedFS) need path-style URLs.
             s3={"addressing_style": "path" if target.endpoint else "auto"},
         )
@@ -106,21 +118,91 @@ def _describe(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+# What to check when S3 refuses for good; {bucket} and {endpoint} are filled in.
+_PERMANENT = {
+    "InvalidAccessKeyId": "the store does not know the access key id: check the access key in the credentials "
+                          "Secret (spec.storage.credentialsSecret) and that spec.storage.endpoint ({endpoint}) is "
+                          "the store it belongs to",
+    "SignatureDoesNotMatch": "the secret access key does not match the access key id: check the secret key in the "
+                             "credentials Secret (spec.storage.credentialsSecret)",
+    "AccessDenied": "these credentials may not use bucket {bucket}: check the user's permissions or the bucket "
+                    "policy at {endpoint}",
+    "NoSuchBucket": "bucket {bucket} does not exist at {endpoint}: create it, or fix the s3:// URI or "
+                    "spec.storage.endpoint",
+}
+_TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling",
+                    "ThrottlingException"}
+
+
+def _transient(exc: Exception) -> bool:
+    """A 5xx answer, throttling or a timeout / dropped connection: worth another try."""
+    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
+
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
+        return status >= 500 or status in (408, 429) or exc.response.get("Error", {}).get("Code") in _TRANSIENT_CODES
+    return isinstance(exc, (ConnectionError, HTTPClientError))
+
+
+def _status(exc: Exception) -> str:
+    from botocore.exceptions import ClientError
+
+    if isinstance(exc, ClientError):
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return f" (HTTP {status})" if status else ""
+    return ""
+
+
+def retrying(what: str, uri: str, target: StorageTarget, call: Callable[[], T]) -> T:
+    """`call()` with retries of transient failures until `target.deadline`; StorageError otherwise.
+
+    `call` raises botocore errors; a ClientError it wants to handle (NoSuchKey) it must handle itself.
+    """
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    started = time.monotonic()
+    delay, attempts = 0.25, 0
+    endpoint = target.endpoint or "AWS S3"
+    while True:
+        attempts += 1
+        try:
+            return call()
+        except (ClientError, BotoCoreError) as exc:
+            if not _transient(exc):
+                code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+                hint = _PERMANENT.get(code or "", "not retried")
+                hint = hint.format(bucket=_split_s3(uri)[0] if uri.startswith("s3://") else uri, endpoint=endpoint)
+                raise StorageError(f"cannot {what} {uri}: {_describe(exc)}{_status(exc)}; {hint}") from None
+            elapsed = time.monotonic() - started
+            pause = delay / 2 + random.uniform(0, delay / 2)
+            if elapsed + pause >= target.deadline:
+                raise StorageError(
+                    f"cannot {what} {uri}: {_describe(exc)}{_status(exc)}, still failing after {attempts} attempts "
+                    f"in {elapsed:.1f} s (storage deadline {target.deadline:g} s); check that the store at "
+                    f"{endpoint} is up") from None
+            log.info("%s %s failed (%s%s), attempt %d; retrying in %.2f s", what, uri, _describe(exc), _status(exc),
+                     attempts, pause)
+            time.sleep(pause)
+            delay = min(delay * 2, 4.0)
+
+
 def read_bytes(uri: str, target: StorageTarget) -> Optional[bytes]:
     """The object's bytes, or None when it does not exist."""
     if uri.startswith("s3://"):
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import ClientError
 
         bucket, key = _split_s3(uri)
-        try:
-            response = _client(target).get_object(Bucket=bucket, Key=key)
-            return response["Body"].read()
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                return None
-            raise StorageError(f"cannot read {uri}: {_describe(exc)}") from None
-        except BotoCoreError as exc:
-            raise StorageError(f"cannot read {uri}: {_describe(exc)}") from None
+
+        def get() -> Optional[bytes]:
+            try:
+                response = _client(target).get_object(Bucket=bucket, Key=key)
+                return response["Body"].read()  # inside the retry: a body cut short is tried again
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                    return None
+                raise
+
+        return retrying("read", uri, target, get)
     path = _local_path(uri)
     try:
         return path.read_bytes()
@@ -147,18 +229,18 @@ def read_json(uri: str, target: StorageTarget) -> Optional[dict[str, Any]]:
 def list_names(uri: str, target: StorageTarget, limit: int = 10000) -> list[str]:
     """Names of the objects directly under the folder `uri` (non-recursive for local paths)."""
     if uri.startswith("s3://"):
-        from botocore.exceptions import BotoCoreError, ClientError
-
         bucket, prefix = _split_s3(uri)
         prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
-        names: list[str] = []
-        try:
+
+        def listing() -> list[str]:
+            names: list[str] = []
             for page in _client(target).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
                 names += [item["Key"][len(prefix):] for item in page.get("Contents", [])]
                 if len(names) >= limit:
                     break
-        except (ClientError, BotoCoreError) as exc:
-            raise StorageError(f"cannot list {uri}: {_describe(exc)}") from None
+            return names
+
+        names = retrying("list", uri, target, listing)
         return sorted(n for n in names if n and "/" not in n)[:limit]
     path = _local_path(uri)
     if not path.is_dir():

@@ -75,8 +75,7 @@ def test_operator_pod_is_locked_down(helm):
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                             "capabilities": {"drop": ["ALL"]}}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert "--all-namespaces" in container["args"] and "--peering=scalingrun" in container["args"]
-    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert "--all-namespaces" in container["args"] and "--lease=t-scalingrun" in container["args"]
     assert container["image"].endswith(":" + yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
 
 
@@ -85,10 +84,9 @@ def test_namespaced_install_uses_roles_only(helm):
     bindings = [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRoleBinding"]
     assert bindings == ["t-scalingrun-crd-watch"]  # only CRD list/watch is cluster-wide
     roles = [o for o in objects if o["kind"] == "Role"]
-    assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team-a", "ml-team-b"]
-    for role in roles:  # the operator creates its KopfPeering in each namespace it serves
-        peering = next(r for r in role["rules"] if r["resources"] == ["kopfpeerings"])
-        assert set(peering["verbs"]) == {"get", "list", "watch", "patch", "create"}
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team-a", "ml-team-b", "scalingrun-system"]
+    for role in roles:
+        assert not [r for r in role["rules"] if r["apiGroups"] == ["kopf.dev"]]
     args = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--namespace=ml-team-a" in args and "--all-namespaces" not in args
 
@@ -122,13 +120,43 @@ def test_no_hooks_and_no_peering_objects(helm, values):
         assert not [a for a in obj["metadata"].get("annotations") or {} if a.startswith("helm.sh/hook")], obj["kind"]
 
 
-def test_operator_may_create_its_peering_object_and_read_pods(helm):
+def test_operator_reads_pods_and_needs_no_peering_objects(helm):
     role = next(o for o in render(helm) if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "t-scalingrun-operator")
     verbs = {resource: set(rule["verbs"]) for rule in role["rules"] for resource in rule["resources"]}
-    assert verbs["clusterkopfpeerings"] == {"get", "list", "watch", "patch", "create"}
-    assert "kopfpeerings" not in verbs  # cluster-wide, kopf uses only the ClusterKopfPeering
+    assert "clusterkopfpeerings" not in verbs and "kopfpeerings" not in verbs  # a Lease, not kopf peering
     assert verbs["pods"] == {"get", "list", "watch"}
     assert verbs["pods/log"] == {"get"}  # the failed launcher's last lines, nothing more
+
+
+def test_two_replicas_elect_a_leader_with_a_lease_in_their_namespace_only(helm):
+    objects = render(helm)
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert "strategy" not in deployment["spec"]  # a rolling update: new pods start as standbys
+    pod = deployment["spec"]["template"]["spec"]
+    env = {e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in pod["containers"][0]["env"]}
+    assert env["SCALINGRUN_LEASE_HOLDER"] == "metadata.name" and env["SCALINGRUN_LEASE_NAMESPACE"] == "metadata.namespace"
+    assert (env["SCALINGRUN_LEASE_RENEW_SECONDS"], env["SCALINGRUN_LEASE_RENEW_DEADLINE_SECONDS"],
+            env["SCALINGRUN_LEASE_DURATION_SECONDS"]) == ("5", "10", "15")
+    # Least privilege: a Role (not a ClusterRole) in the release's namespace; get/update only its own Lease.
+    lease_rules = [(o["kind"], o["metadata"].get("namespace"), rule) for o in objects if o["kind"].endswith("Role")
+                   for rule in o.get("rules", []) if "leases" in rule["resources"]]
+    assert lease_rules == [
+        ("Role", "scalingrun-system", {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]}),
+        ("Role", "scalingrun-system", {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                       "resourceNames": ["t-scalingrun"], "verbs": ["get", "update"]})]
+    # Replicas preferably on different nodes; a drain takes one at a time.
+    term = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+    pdb = next(o for o in objects if o["kind"] == "PodDisruptionBudget")
+    assert pdb["spec"] == {"maxUnavailable": 1, "selector": {"matchLabels": deployment["spec"]["selector"]["matchLabels"]}}
+    # Standalone: one replica, replaced (never rolled), no Lease, no budget.
+    standalone = render(helm, CHART / "ci/standalone-values.yaml")
+    single = next(o for o in standalone if o["kind"] == "Deployment")
+    assert single["spec"]["strategy"]["type"] == "Recreate" and single["spec"]["replicas"] == 1
+    assert "--standalone" in single["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [o for o in standalone if o["kind"] == "PodDisruptionBudget" or "leader-election" in o["metadata"]["name"]]
 
 
 @pytest.mark.parametrize("release", ["scalingrun", "other", "ml-ops"])
@@ -149,8 +177,10 @@ def test_names_follow_the_release(helm, release):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": "scalingrun-system"}]
 
 
-@pytest.mark.parametrize("bad", [["--set", "replicaCount=2", "--set", "peering.name="],
-                                 ["--set", "replicaCount=2"],
+@pytest.mark.parametrize("bad", [["--set", "replicaCount=2", "--set", "leaderElection.enabled=false"],
+                                 ["--set", "leaderElection.renewDeadlineSeconds=20"],
+                                 ["--set", "leaderElection.renewSeconds=10"],
+                                 ["--set", "replicaCount=-1"], ["--set", "peering.name=scalingrun"],
                                  ["--set", "unknownKey=1"], ["--set", "operator.logFormat=xml"]])
 def test_bad_values_are_refused(helm, bad):
     result = subprocess.run([helm, "template", "t", str(CHART), *bad], capture_output=True, text=True)
@@ -165,6 +195,7 @@ def test_chart_versions_follow_the_project():
 
 
 def test_kustomize_base_is_the_rendered_chart(helm):
-    rendered = render(helm, None, "--set", "crds.enabled=false", release="scalingrun")
+    rendered = render(helm, None, "--set", "crds.enabled=false", "--set", "podDisruptionBudget.enabled=false",
+                      release="scalingrun")
     base = [d for d in yaml.safe_load_all((ROOT / "manifests/base/scalingrun.yaml").read_text()) if d]
     assert base == rendered, "manifests/base is out of date: run scripts/generate.sh"

@@ -22,6 +22,14 @@ SOURCE_FILES = 10 * IMAGES_PER_CLASS
 OPERATOR_PODS = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
 
 
+def lease_holder(cluster) -> str:
+    """The operator pod that holds the chart's Lease (named after the release) and so acts."""
+    from kubernetes import client
+
+    lease = client.CoordinationV1Api(cluster.core().api_client).read_namespaced_lease(RELEASE, SYSTEM_NAMESPACE)
+    return lease.spec.holder_identity
+
+
 def _name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:5]}"
 
@@ -129,15 +137,19 @@ def test_a_run_trains_across_pods_and_survives_an_operator_restart(cluster):
     try:
         cluster.wait(name, lambda r: phase(r) == "Training", timeout=300, what="training")
         training_at = time.monotonic() - applied
+        # Two replicas: the Lease holder acts. Deleting it hands the Lease to the standby.
         operator_pods = cluster.core().list_namespaced_pod(SYSTEM_NAMESPACE, label_selector=OPERATOR_PODS).items
-        assert len(operator_pods) == 1, [p.metadata.name for p in operator_pods]
-        cluster.core().delete_namespaced_pod(operator_pods[0].metadata.name, SYSTEM_NAMESPACE)
+        assert len(operator_pods) == 2, [p.metadata.name for p in operator_pods]
+        leader = lease_holder(cluster)
+        assert leader in [p.metadata.name for p in operator_pods]
+        cluster.core().delete_namespaced_pod(leader, SYSTEM_NAMESPACE)
         run = cluster.wait(name, finished, timeout=600, what="Succeeded")
         print(f"apply -> Training {training_at:.0f} s, apply -> Succeeded {time.monotonic() - applied:.0f} s")
 
-        replaced = [p for p in cluster.core().list_namespaced_pod(SYSTEM_NAMESPACE, label_selector=OPERATOR_PODS).items
-                    if p.metadata.deletion_timestamp is None]
-        assert len(replaced) == 1 and replaced[0].metadata.name != operator_pods[0].metadata.name
+        live = [p.metadata.name for p in cluster.core().list_namespaced_pod(
+            SYSTEM_NAMESPACE, label_selector=OPERATOR_PODS).items if p.metadata.deletion_timestamp is None]
+        new_leader = lease_holder(cluster)
+        assert leader not in live and new_leader != leader and new_leader in live, (leader, new_leader, live)
         assert children(cluster, name) == {"MPIJob": [f"{name}-train"], "Job": [f"{name}-preprocess"],
                                            "ConfigMap": [f"{name}-config"]}
         status = run["status"]
@@ -156,7 +168,7 @@ def test_a_run_trains_across_pods_and_survives_an_operator_restart(cluster):
             mounts = [m.mount_path for c in pod.spec.containers for m in c.volume_mounts or []]
             assert not any("serviceaccount" in m for m in mounts), (pod.metadata.name, mounts)
         # The chart's RBAC was enough for everything the operator did.
-        operator_log = cluster.core().read_namespaced_pod_log(replaced[0].metadata.name, SYSTEM_NAMESPACE)
+        operator_log = cluster.core().read_namespaced_pod_log(new_leader, SYSTEM_NAMESPACE)
         assert "forbidden" not in operator_log.lower(), operator_log[-3000:]
 
         table = subprocess.run([*cluster.kubectl, "get", "srun", name, "-n", cluster.namespace],

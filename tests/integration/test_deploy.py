@@ -29,11 +29,8 @@ ALLOWED = [
     ("patch", "scalingruns.scalingrun.dev"), ("patch", "scalingruns.scalingrun.dev", "status"),
     ("create", "configmaps"), ("create", "jobs.batch"), ("watch", "jobs.batch"), ("create", "mpijobs.kubeflow.org"),
     ("patch", "mpijobs.kubeflow.org"), ("get", "secrets"), ("create", "events"),
-    ("patch", "clusterkopfpeerings.kopf.dev"), ("list", "namespaces"),
-    ("list", "customresourcedefinitions.apiextensions.k8s.io"),
-    # it creates its peering object when missing (kopf would pause without it) ...
-    ("create", "clusterkopfpeerings.kopf.dev"), ("get", "clusterkopfpeerings.kopf.dev"),
-    # ... and reads its children's pods to report why a run is stuck
+    ("list", "namespaces"), ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+    # ... reads its children's pods to report why a run is stuck
     ("get", "pods"), ("list", "pods"), ("watch", "pods"),
     # ... and the failed launcher's last log lines for the Failed condition
     ("get", "pods", "log"),
@@ -46,7 +43,16 @@ DENIED = [
     ("create", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "pods", "exec"), ("create", "pods", "portforward"), ("patch", "nodes"), ("delete", "pods"), ("patch", "pods"),
     ("delete", "clusterkopfpeerings.kopf.dev"), ("create", "kopfpeerings.kopf.dev"),
+    # a Lease, not kopf peering, elects the acting replica
+    ("patch", "clusterkopfpeerings.kopf.dev"), ("create", "clusterkopfpeerings.kopf.dev"),
+    ("create", "leases.coordination.k8s.io"),  # in a namespace other than its own
 ]
+# ... and, in its own namespace only, its Lease: create any (create cannot be limited by name), get/update its own.
+LEASE_ALLOWED = [("create", "leases.coordination.k8s.io"), ("get", "leases.coordination.k8s.io/scalingrun"),
+                 ("update", "leases.coordination.k8s.io/scalingrun")]
+LEASE_DENIED = [("get", "leases.coordination.k8s.io/other"), ("update", "leases.coordination.k8s.io/other"),
+                ("delete", "leases.coordination.k8s.io/scalingrun"), ("list", "leases.coordination.k8s.io"),
+                ("patch", "leases.coordination.k8s.io/scalingrun")]
 # Service links that Services named like the chart's (or a user's) put into every pod of the namespace: the
 # chart's pod turns them off, and the operator's own variables are names no Service link can produce.
 SERVICE_LINKS = {
@@ -105,6 +111,16 @@ def test_service_account_may_do_nothing_more(installed, check):
     assert not can_i(installed, *check)
 
 
+@pytest.mark.parametrize("check", LEASE_ALLOWED, ids=lambda c: " ".join(c))
+def test_service_account_may_keep_its_lease_in_its_namespace(installed, check):
+    assert can_i(installed, *check, namespace=SYSTEM)
+
+
+@pytest.mark.parametrize("check", LEASE_DENIED, ids=lambda c: " ".join(c))
+def test_service_account_may_touch_no_other_lease(installed, check):
+    assert not can_i(installed, *check, namespace=SYSTEM)
+
+
 def test_users_get_edit_and_view_through_aggregation(installed, api_client):
     rbac = client.RbacAuthorizationV1Api(api_client)
     edit = rbac.read_cluster_role("scalingrun-edit")
@@ -134,26 +150,25 @@ def _service_account_kubeconfig(api_client, admin_kubeconfig: str, path: Path) -
     return path
 
 
-def _delete_cluster_peering(custom: client.CustomObjectsApi, name: str) -> None:
-    try:
-        custom.delete_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", name)
-    except ApiException as exc:
-        assert exc.status == 404, exc
-
-
 def test_operator_works_with_only_the_chart_service_account(installed, api_client, kubeconfig, namespace, tmp_path):
-    """As the chart runs it: its ServiceAccount, peering on, no peering object yet (kopf alone would pause
-    silently), and service-link variables in the environment (as with enableServiceLinks on)."""
+    """As the chart runs it: its ServiceAccount, electing itself leader with its Lease in its namespace, and
+    service-link variables in the environment (as with enableServiceLinks on)."""
     sa_kubeconfig = _service_account_kubeconfig(api_client, kubeconfig, tmp_path / "sa.kubeconfig")
     custom = client.CustomObjectsApi(api_client)
-    _delete_cluster_peering(custom, "scalingrun")
+    coordination = client.CoordinationV1Api(api_client)
+    try:
+        coordination.delete_namespaced_lease("scalingrun", SYSTEM)
+    except ApiException as exc:
+        assert exc.status == 404, exc
     log = open(tmp_path / "operator.log", "w")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     operator = subprocess.Popen(
-        [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--all-namespaces", "--peering", "scalingrun",
+        [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--all-namespaces", "--lease", "scalingrun",
          "--liveness", "", "--metrics-port", "0", "--log-format", "plain"],
         stdout=log, stderr=subprocess.STDOUT, env={**env, **SERVICE_LINKS, "KUBECONFIG": str(sa_kubeconfig),
-                                                   "SCALINGRUN_POLL_INTERVAL_SECONDS": "2"},
+                                                   "SCALINGRUN_POLL_INTERVAL_SECONDS": "2",
+                                                   "SCALINGRUN_LEASE_NAMESPACE": SYSTEM,
+                                                   "SCALINGRUN_LEASE_HOLDER": "scalingrun-pod-a"},
         start_new_session=True)
     try:
         run = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "rbac-check"},
@@ -177,9 +192,8 @@ def test_operator_works_with_only_the_chart_service_account(installed, api_clien
         text = (tmp_path / "operator.log").read_text()
         # An RBAC denial names the user; other 403s (e.g. a namespace being deleted) do not.
         assert f'forbidden: User "{SERVICE_ACCOUNT}"' not in text, text[-3000:]
-        peering = custom.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", "scalingrun")
-        assert peering["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "scalingrun-operator"
-        assert "created ClusterKopfPeering scalingrun" in text
+        assert coordination.read_namespaced_lease("scalingrun", SYSTEM).spec.holder_identity == "scalingrun-pod-a"
+        assert "became the leader: holding Lease scalingrun-system/scalingrun" in text
     finally:
         os.killpg(operator.pid, signal.SIGTERM)
         try:

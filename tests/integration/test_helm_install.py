@@ -23,7 +23,7 @@ from tests.e2e.environment import README_HELM_INSTALL
 
 pytestmark = pytest.mark.k8s
 README_INSTALL = " ".join(README_HELM_INSTALL)  # the command tests/e2e runs on a real node
-CRDS = ["scalingruns.scalingrun.dev", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
+CRDS = ["scalingruns.scalingrun.dev"]
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +87,15 @@ def assert_installed(api_client, release: str, namespace: str, *, server_side: b
     ext = client.ApiextensionsV1Api(api_client)
     for name in CRDS:
         assert ext.read_custom_resource_definition(name).metadata.annotations["meta.helm.sh/release-name"] == release
-    # The operator creates its peering object at start; the chart no longer does (no hook).
-    custom = client.CustomObjectsApi(api_client)
-    assert custom.list_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings")["items"] == []
+    # Two replicas elect a leader with a Lease: no kopf peering CRDs, a Role for the Lease, a budget that
+    # this 1.20 server serves as policy/v1beta1 (helm asks the server which versions it has).
+    assert not {c.metadata.name for c in ext.list_custom_resource_definition().items} & {
+        "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"}
+    assert deployment.spec.replicas == 2
+    assert rbac.read_namespaced_role(f"{fullname}-leader-election", namespace).rules[1].resource_names == [fullname]
+    pdb = client.CustomObjectsApi(api_client).get_namespaced_custom_object(  # generic path: no v1beta1 client
+        "policy", "v1beta1", namespace, "poddisruptionbudgets", fullname)
+    assert pdb["spec"]["maxUnavailable"] == 1
     # Which way helm wrote the objects: server-side apply records an Apply operation.
     operations = {f.operation for f in deployment.metadata.managed_fields if f.manager == "helm"}
     assert operations == ({"Apply"} if server_side else {"Update"}), deployment.metadata.managed_fields

@@ -17,7 +17,7 @@ from typing import Optional
 import pyarrow.parquet as pq
 
 from .preprocess import SPLITS
-from .storage import Location, open_location
+from .storage import Location, open_location, s3fs_options
 
 
 class DatasetError(RuntimeError):
@@ -74,9 +74,9 @@ def check_shardable(dataset: Dataset, processes: int) -> None:
 
 
 def _storage_options(dataset: Dataset) -> Optional[dict]:
-    if not dataset.uri.startswith("s3://") or not dataset.endpoint:
-        return None  # s3fs/botocore read AWS_ENDPOINT_URL and the keys from the environment
-    return {"client_kwargs": {"endpoint_url": dataset.endpoint}}
+    if not dataset.uri.startswith("s3://"):
+        return None
+    return s3fs_options(dataset.endpoint)  # keys (and, without an endpoint, AWS_ENDPOINT_URL) from the environment
 
 
 def make_dataset(dataset: Dataset, split: str, *, rank: int, size: int, batch_size: int, seed: int,

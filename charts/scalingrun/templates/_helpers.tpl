@@ -63,8 +63,3 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   resources: ["pods/log"]
   verbs: ["get"]
 {{- end }}
-
-{{/* The peering objects: kopf watches and patches them; the operator creates its own when missing. */}}
-{{- define "scalingrun.peeringVerbs" -}}
-["get", "list", "watch", "patch", "create"]
-{{- end }}

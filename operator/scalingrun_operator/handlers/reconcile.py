@@ -200,7 +200,8 @@ class _Pass:
             if s.credentials_secret and uses_s3(run.spec.dataset.output, run.spec.training.checkpoint.location):
                 credentials = self.kube.read_credentials(self.namespace, s.credentials_secret,
                                                          s.access_key_id_key, s.secret_access_key_key)
-            self._target = StorageTarget(s.endpoint, s.region, credentials, self.config.storage_timeout_seconds)
+            self._target = StorageTarget(s.endpoint, s.region, credentials, self.config.storage_timeout_seconds,
+                                         deadline=self.config.storage_deadline_seconds)
         return self._target
 
     def _read(self, run: ScalingRun, uri: str) -> tuple[bool, Optional[dict[str, Any]]]:

