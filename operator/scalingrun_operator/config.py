@@ -27,8 +27,12 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Config:
-    #: Seconds between polls of a run's children and its progress document (kopf timer interval).
+    #: Seconds between conditional reads (ETag / mtime) of the progress document of each run in Training;
+    #: a run is reconciled only when its document changed. Children and pods are watched, not polled.
     poll_interval_seconds: float = 15.0
+    #: Seconds between reconciles of a run that waits on something no event announces: unreadable
+    #: storage, a finished Job's manifest or a finished MPIJob's final progress not written yet.
+    recheck_interval_seconds: float = 30.0
     #: How long a finished Job or MPIJob may wait for its manifest / final progress document to
     #: appear in storage before the run is judged on what is there.
     completion_grace_seconds: float = 120.0
@@ -79,7 +83,7 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
         raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__} (default {default!r})") from None
 
 
-_KINDS = {"poll_interval_seconds": float, "completion_grace_seconds": float, "storage_timeout_seconds": float,
+_KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float, "completion_grace_seconds": float, "storage_timeout_seconds": float,
           "metrics_port_number": int, "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str}
 
@@ -103,6 +107,8 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
         raise ConfigError(f"{PREFIX}LOG_FORMAT must be json or plain, not {config.log_format!r}")
     if config.poll_interval_seconds < 0.5:
         raise ConfigError(f"{PREFIX}POLL_INTERVAL_SECONDS must be >= 0.5, not {config.poll_interval_seconds}")
+    if config.recheck_interval_seconds < 0.5:
+        raise ConfigError(f"{PREFIX}RECHECK_INTERVAL_SECONDS must be >= 0.5, not {config.recheck_interval_seconds}")
     if not 0 <= config.metrics_port_number <= 65535:
         raise ConfigError(f"{PREFIX}METRICS_PORT_NUMBER must be a port number, not {config.metrics_port_number}")
     return config
