@@ -33,6 +33,9 @@ class Config:
     #: Seconds between reconciles of a run that waits on something no event announces: unreadable
     #: storage, a finished Job's manifest or a finished MPIJob's final progress not written yet.
     recheck_interval_seconds: float = 30.0
+    #: Upper bound on progress-document checks per second, all runs together (each costs ~2 ms of CPU):
+    #: above `poll_interval_seconds` x this many runs in Training, each is checked less often.
+    progress_checks_per_second: float = 5.0
     #: How long a finished Job or MPIJob may wait for its manifest / final progress document to
     #: appear in storage before the run is judged on what is there.
     completion_grace_seconds: float = 120.0
@@ -83,7 +86,8 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
         raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__} (default {default!r})") from None
 
 
-_KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float, "completion_grace_seconds": float, "storage_timeout_seconds": float,
+_KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
+          "progress_checks_per_second": float, "completion_grace_seconds": float, "storage_timeout_seconds": float,
           "metrics_port_number": int, "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str}
 
@@ -109,6 +113,8 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
         raise ConfigError(f"{PREFIX}POLL_INTERVAL_SECONDS must be >= 0.5, not {config.poll_interval_seconds}")
     if config.recheck_interval_seconds < 0.5:
         raise ConfigError(f"{PREFIX}RECHECK_INTERVAL_SECONDS must be >= 0.5, not {config.recheck_interval_seconds}")
+    if config.progress_checks_per_second <= 0:
+        raise ConfigError(f"{PREFIX}PROGRESS_CHECKS_PER_SECOND must be > 0, not {config.progress_checks_per_second}")
     if not 0 <= config.metrics_port_number <= 65535:
         raise ConfigError(f"{PREFIX}METRICS_PORT_NUMBER must be a port number, not {config.metrics_port_number}")
     return config

@@ -47,8 +47,10 @@ _reconcile: dict[str, Reconciler] = {}
 def _run(namespace: str, name: str, handler: str) -> None:
     try:
         _reconcile["run"](namespace, name)
-    except Exception:
+    except Exception as exc:
         metrics.RECONCILE_ERRORS.labels(handler=handler).inc()
+        # kopf retries no event handler, and no timer comes by: the watcher tries again (TemporaryError's delay).
+        progress_watch.schedule_recheck(namespace, name, getattr(exc, "delay", None) or CONFIG.recheck_interval_seconds)
         raise
 
 
@@ -67,7 +69,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     watcher = progress_watch.ProgressWatcher(lambda namespace, name: _run(namespace, name, "watcher"),
-                                             CONFIG.poll_interval_seconds)
+                                             CONFIG.poll_interval_seconds, CONFIG.progress_checks_per_second)
     _reconcile["run"] = Reconciler(Kube(new_api_client(), CONFIG.component), CONFIG, watcher)
     progress_watch.WATCHER = watcher
     watcher.start()

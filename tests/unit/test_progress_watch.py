@@ -173,3 +173,23 @@ def test_no_handler_makes_kopf_add_a_finalizer_to_runs():
     spawning = [h for h in registry._spawning.get_all_handlers()]
     deleting = [h for h in registry._changing.get_all_handlers() if h.requires_finalizer]
     assert spawning == [] and deleting == []
+
+
+def test_many_runs_are_checked_less_often_not_faster_than_the_check_rate(tmp_path):
+    clock, reconcile = Clock(), Recorder()
+    watcher = ProgressWatcher(reconcile, interval=1, max_checks_per_second=2, clock=clock)
+    for i in range(10):
+        watcher.watch("ns", f"run{i}", str(tmp_path / f"{i}.json"), TARGET, None)
+    clock.now += 10
+    watcher.run_due()  # every run checked once: each next check 10 runs / 2 per second = 5 s on
+    dues = sorted(w.due - clock.now for w in watcher._watched.values())
+    assert dues == [pytest.approx(5)] * 10
+    watcher.unwatch("ns", "run0")
+    one = ProgressWatcher(reconcile, interval=1, max_checks_per_second=2, clock=clock)
+    one.watch("ns", "alone", str(tmp_path / "alone.json"), TARGET, None)
+    clock.now += 1
+    one.run_due()
+    assert [w.due - clock.now for w in one._watched.values()] == [pytest.approx(1)], "few runs: every interval"
+    assert reconcile.settled(0) == []
+    watcher.stop()
+    one.stop()

@@ -257,6 +257,13 @@ class _Pass:
 
     # --- children ------------------------------------------------------------------------------
 
+    def _controls(self, child: dict[str, Any]) -> bool:
+        uid = self.body["metadata"].get("uid")
+        return any(r.get("controller") and r.get("uid") == uid for r in child["metadata"].get("ownerReferences") or [])
+
+    def _indexed(self, run: ScalingRun) -> bool:
+        return run.spec.dataset.preprocessing.parallelism == 1 or self.kube.supports_indexed_jobs()
+
     def _ensure(self, obj: dict[str, Any]) -> dict[str, Any]:
         child, created = self.kube.ensure_child(obj, owner=self.body, observe=metrics.observe_child_created)
         if created:
@@ -313,6 +320,9 @@ class _Pass:
             self.update.desired["preprocessing"] = {**recorded, "jobName": None}
             self._child_deleted(run, "Job", job_name, "a new Job reuses the shards already written")
             return
+        if job is not None and not self._controls(job):
+            # Adopted when it has no controller; one that another run controls raises ForeignObject (retried).
+            job = self._ensure(build_preprocess_job(run, self.namespace, indexed=self._indexed(run)))
         if job is None:
             readable, manifest = self._read(run, dataset.manifest_uri(run))
             if not readable:
@@ -323,9 +333,7 @@ class _Pass:
                                       dataset.preprocessed_message(run, manifest, reused=True))
                 return
             self._ensure(build_config_map(run, self.namespace))
-            shards = run.spec.dataset.preprocessing.parallelism
-            indexed = shards == 1 or self.kube.supports_indexed_jobs()
-            job = self._ensure(build_preprocess_job(run, self.namespace, indexed=indexed))
+            job = self._ensure(build_preprocess_job(run, self.namespace, indexed=self._indexed(run)))
             note = dataset.mismatch(run, manifest)
             if note:
                 # Posted now, not with the status patch: if that patch conflicts, the retry finds the Job
@@ -394,9 +402,20 @@ class _Pass:
     def _train(self, run: ScalingRun) -> None:
         name = mpijob_name(run)
         mpijob = self.kube.get_child("MPIJob", self.namespace, name)
+        if mpijob is not None and not self._controls(mpijob):
+            mpijob = self._ensure(build_mpijob(run, self.namespace))  # adopt an orphan; another run's: ForeignObject
         recorded = (self.update.desired.get("training") or {}).get("mpiJobUid")
         resumes = ("a new MPIJob resumes from the last checkpoint" if run.spec.training.resume
                    else "a new MPIJob starts over (spec.training.resume is false)")
+        trained = get_condition(self.update.desired["conditions"], TRAINED) or {}
+        if mpijob is None and recorded and trained.get("reason") == "WaitingForProgress":
+            # It had succeeded, and its ttlSecondsAfterFinished removed it: no interruption, judged on what is there.
+            _, progress = self._read(run, training.progress_uri(run))
+            message = training.succeeded_message(name, progress)
+            self.update.condition(TRAINED, "True", "Succeeded", message)
+            self._pods_done()
+            self.update.set_phase(Phase.succeeded.value, message)
+            return
         if mpijob is None and recorded:
             # As for the Job: counted and written (the uid cleared), then the next pass creates a new one.
             self._forget_mpijob(mpijob=None)
