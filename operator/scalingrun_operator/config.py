@@ -36,6 +36,9 @@ class Config:
     #: Upper bound on progress-document checks per second, all runs together (each costs ~2 ms of CPU):
     #: above `poll_interval_seconds` x this many runs in Training, each is checked less often.
     progress_checks_per_second: float = 5.0
+    #: Seconds a watch stays open before kopf re-lists (runs, children, pods); re-lists reconcile nothing
+    #: that did not change.
+    watch_timeout_seconds: int = 300
     #: How long a finished Job or MPIJob may wait for its manifest / final progress document to
     #: appear in storage before the run is judged on what is there.
     completion_grace_seconds: float = 120.0
@@ -87,7 +90,7 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
 
 
 _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
-          "progress_checks_per_second": float, "completion_grace_seconds": float, "storage_timeout_seconds": float,
+          "progress_checks_per_second": float, "watch_timeout_seconds": int, "completion_grace_seconds": float, "storage_timeout_seconds": float,
           "metrics_port_number": int, "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str}
 
@@ -115,6 +118,8 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
         raise ConfigError(f"{PREFIX}RECHECK_INTERVAL_SECONDS must be >= 0.5, not {config.recheck_interval_seconds}")
     if config.progress_checks_per_second <= 0:
         raise ConfigError(f"{PREFIX}PROGRESS_CHECKS_PER_SECOND must be > 0, not {config.progress_checks_per_second}")
+    if config.watch_timeout_seconds < 1:
+        raise ConfigError(f"{PREFIX}WATCH_TIMEOUT_SECONDS must be >= 1, not {config.watch_timeout_seconds}")
     if not 0 <= config.metrics_port_number <= 65535:
         raise ConfigError(f"{PREFIX}METRICS_PORT_NUMBER must be a port number, not {config.metrics_port_number}")
     return config

@@ -24,7 +24,7 @@ from . import metrics
 from .api.models import GROUP, PLURAL, VERSION
 from .config import Config, ConfigError, load
 from .builders.common import RUN_LABEL
-from .handlers.reconcile import Reconciler, forget, owner_of, pod_event_matters
+from .handlers.reconcile import Reconciler, child_event_matters, forget, owner_of, pod_event_matters
 from .k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, Kube, new_api_client
 from . import progress_watch
 from .peering import PeeringError, ensure_peering
@@ -65,7 +65,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.enabled = False  # our Events are written by Kube.post_event, one per phase change
     settings.execution.max_workers = CONFIG.max_workers
     settings.peering.lifetime = CONFIG.peering_lifetime_seconds
-    settings.watching.server_timeout = 300  # re-list now and then: no watch lives forever
+    # Re-list now and then (no watch lives forever); a re-list reconciles only what changed (child_event_matters).
+    settings.watching.server_timeout = CONFIG.watch_timeout_seconds
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
     watcher = progress_watch.ProgressWatcher(lambda namespace, name: _run(namespace, name, "watcher"),
@@ -118,7 +119,7 @@ def child_changed(type: Optional[str], body: kopf.Body, namespace: str, **_: Any
     A deleted child is found by the reconcile itself (status records it), so one deleted while the operator
     was down counts too."""
     owner = owner_of(dict(body))
-    if owner:
+    if owner and child_event_matters(type, dict(body)):
         _run(namespace, owner, "child")
 
 

@@ -193,3 +193,21 @@ def test_many_runs_are_checked_less_often_not_faster_than_the_check_rate(tmp_pat
     assert reconcile.settled(0) == []
     watcher.stop()
     one.stop()
+
+
+def test_child_events_matter_only_when_what_a_reconcile_reads_changed():
+    from scalingrun_operator.handlers.reconcile import child_event_matters
+
+    job = {"metadata": {"uid": "u-job", "resourceVersion": "1", "ownerReferences": [{"uid": "run", "controller": True}]},
+           "spec": {"completions": 1}}
+    assert not child_event_matters("ADDED", job), "its creation by the operator is no news"
+    assert not child_event_matters("MODIFIED", {**job, "metadata": {**job["metadata"], "resourceVersion": "2"}})
+    running = {**job, "status": {"active": 1}}
+    assert child_event_matters("MODIFIED", running)
+    assert not child_event_matters(None, running), "a re-list of an unchanged child"
+    done = {**job, "status": {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]}}
+    assert child_event_matters(None, done), "a re-list that shows a change missed in between"
+    assert child_event_matters("DELETED", done)
+    mpijob = {"metadata": {"uid": "u-mpi"}, "spec": {"runPolicy": {"suspend": False}}, "status": {"conditions": []}}
+    assert not child_event_matters(None, mpijob), "the first listing only primes (resume reconciles every run)"
+    assert child_event_matters("MODIFIED", {**mpijob, "spec": {"runPolicy": {"suspend": True}}})

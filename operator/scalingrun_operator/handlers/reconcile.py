@@ -9,6 +9,7 @@ with the resourceVersion it was computed from (a conflict re-reads and recompute
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -78,6 +79,37 @@ def pod_event_matters(event_type: Optional[str], pod: dict[str, Any]) -> bool:
         _pod_signatures[uid] = signature
         if event_type is None:
             return known is not None and known != signature
+        return known != signature
+
+
+_child_signatures: dict[str, tuple] = {}
+
+
+def child_event_matters(event_type: Optional[str], child: dict[str, Any]) -> bool:
+    """Whether a Job's or MPIJob's watch event changes what a reconcile reads of it (its status, the spec fields
+    read, its controller), or deletes it. kopf re-lists every watched kind whenever a watch ends: without this,
+    every run with children would be reconciled each time, with nothing changed. The operator's own creation of
+    a child (no status yet) is no news either.
+    """
+    meta = child.get("metadata") or {}
+    uid = meta.get("uid", "")
+    spec = child.get("spec") or {}
+    signature = (json.dumps(child.get("status") or {}, sort_keys=True), spec.get("completions"),
+                 spec.get("completionMode"), (spec.get("runPolicy") or {}).get("suspend"),
+                 tuple(sorted(r.get("uid", "") for r in meta.get("ownerReferences") or [] if r.get("controller"))),
+                 bool(meta.get("deletionTimestamp")))
+    with _pods_guard:
+        if event_type == "DELETED":
+            _child_signatures.pop(uid, None)
+            return True
+        if len(_child_signatures) > _MAX_REMEMBERED:  # DELETED events missed across watch gaps: start over
+            _child_signatures.clear()
+        known = _child_signatures.get(uid)
+        _child_signatures[uid] = signature
+        if known is None:
+            # First sight: the initial listing (every run is reconciled on resume anyway), or a creation, which
+            # matters only with a status already (not one this operator just made).
+            return event_type is not None and bool(child.get("status"))
         return known != signature
 
 
