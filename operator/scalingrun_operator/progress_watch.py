@@ -60,6 +60,7 @@ class ProgressWatcher:
         self._busy: set[Key] = set()  # reconciles submitted and not finished
         self._wake = threading.Event()
         self._stopping = threading.Event()
+        self._paused = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="progress-reconcile")
 
@@ -110,6 +111,14 @@ class ProgressWatcher:
 
     # --- the loop ---------------------------------------------------------------------------------
 
+    def pause(self) -> None:
+        """Stop acting (this replica is no longer the one that acts); what is watched and due is kept."""
+        self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
+        self._wake.set()
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="progress-watch", daemon=True)
         self._thread.start()
@@ -133,6 +142,8 @@ class ProgressWatcher:
 
     def run_due(self) -> float:
         """One pass: due rechecks, then due document checks. Returns seconds until the next thing is due."""
+        if self._paused.is_set():
+            return self.interval
         now = self._clock()
         for key in self._due_rechecks(now):
             self._submit(key, "recheck")
@@ -200,7 +211,8 @@ class ProgressWatcher:
                 self._busy.discard(key)
 
 
-# The operator's one watcher, set by the start-up handler; None in tools and tests that do not start one.
+# The operator's one watcher, set by the start-up handler; None in tools and tests that do not start one. A replica
+# that stops acting (peering, leader election) must pause() it: its reconciles bypass kopf's handlers.
 WATCHER: Optional[ProgressWatcher] = None
 
 

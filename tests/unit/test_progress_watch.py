@@ -211,3 +211,17 @@ def test_child_events_matter_only_when_what_a_reconcile_reads_changed():
     mpijob = {"metadata": {"uid": "u-mpi"}, "spec": {"runPolicy": {"suspend": False}}, "status": {"conditions": []}}
     assert not child_event_matters(None, mpijob), "the first listing only primes (resume reconciles every run)"
     assert child_event_matters("MODIFIED", {**mpijob, "spec": {"runPolicy": {"suspend": True}}})
+
+
+def test_a_paused_watcher_acts_on_nothing_until_resumed(tmp_path):
+    clock, reconcile = Clock(), Recorder()
+    watcher = ProgressWatcher(reconcile, interval=15, clock=clock)
+    watcher.schedule_recheck("ns", "later", 1)
+    watcher.pause()
+    clock.now += 30
+    watcher.run_due()
+    assert reconcile.settled(0) == [] and watcher.pending_rechecks()
+    watcher.resume()
+    watcher.run_due()
+    assert reconcile.settled(1) == [("ns", "later")]
+    watcher.stop()
