@@ -90,7 +90,8 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
 
 
 _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
-          "progress_checks_per_second": float, "watch_timeout_seconds": int, "completion_grace_seconds": float, "storage_timeout_seconds": float,
+          "progress_checks_per_second": float, "watch_timeout_seconds": int,
+          "completion_grace_seconds": float, "storage_timeout_seconds": float,
           "metrics_port_number": int, "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str}
 

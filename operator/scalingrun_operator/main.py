@@ -5,9 +5,9 @@ a changed progress document) calls the same level-triggered reconcile (handlers/
 what a handler saw last does not matter: the reconcile reads the world again. There is no timer,
 daemon or deletion handler per run: kopf would put a finalizer on every run for one, and a run (or
 its namespace) could then not be deleted while the operator is down. What no event announces
-(object storage) is watched by one operator-wide thread (progress_watch.py). kopf keeps its own bookkeeping in
-annotations under scalingrun.dev/, because the status schema is structural and would prune
-status.kopf. Run it with `scalingrun-operator` (or `scalingrun operator`).
+(object storage) is watched by one operator-wide thread (progress_watch.py). kopf keeps its own
+bookkeeping in annotations under scalingrun.dev/, because the status schema is structural and would
+prune status.kopf. Run it with `scalingrun-operator` (or `scalingrun operator`).
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ from typing import Any, Optional
 
 import kopf
 
-from . import metrics
+from . import metrics, progress_watch
 from .api.models import GROUP, PLURAL, VERSION
 from .config import Config, ConfigError, load
 from .builders.common import RUN_LABEL
 from .handlers.reconcile import Reconciler, child_event_matters, forget, owner_of, pod_event_matters
 from .k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, Kube, new_api_client
-from . import progress_watch
 from .peering import PeeringError, ensure_peering
 
 log = logging.getLogger(__name__)
@@ -50,7 +49,8 @@ def _run(namespace: str, name: str, handler: str) -> None:
     except Exception as exc:
         metrics.RECONCILE_ERRORS.labels(handler=handler).inc()
         # kopf retries no event handler, and no timer comes by: the watcher tries again (TemporaryError's delay).
-        progress_watch.schedule_recheck(namespace, name, getattr(exc, "delay", None) or CONFIG.recheck_interval_seconds)
+        delay = getattr(exc, "delay", None) or CONFIG.recheck_interval_seconds
+        progress_watch.schedule_recheck(namespace, name, delay)
         raise
 
 

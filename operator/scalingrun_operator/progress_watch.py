@@ -7,8 +7,8 @@ pods are watched already; what remains is object storage. This thread:
 - checks the progress document of each run in Training with a conditional read (S3: If-None-Match
   with the last ETag, 304 when unchanged; files: mtime and size) and reconciles a run only when its
   document changed. A check costs about 2 ms of CPU in botocore, so the checks are spread to at most
-  `max_checks_per_second`: with many runs each is checked less often than every `interval`. The reconcile registers the run with the version it read, so nothing written in
-  between is missed;
+  `max_checks_per_second`: with many runs each is checked less often than every `interval`. The
+  reconcile registers the run with the version it read, so nothing written in between is missed;
 - reconciles a run once after a delay when asked (`schedule_recheck`): a Job done but its manifest
   not yet written, storage unreadable, an MPIJob done but its final progress not yet written, a pod
   still Pending.

@@ -1,8 +1,8 @@
 """One reconcile of one ScalingRun: read what exists, decide with the pure helpers, act, write status.
 
 Level-triggered on purpose: every trigger (create, resume, spec change, a child's or pod's event, a
-changed progress document, a recheck) runs the same function, which looks at the run, its children and the two storage documents as they
-are now. An operator killed at any point therefore converges on restart: children are created only
+changed progress document, a recheck) runs the same function, which looks at the run, its children
+and the two storage documents as they are now. An operator killed at any point therefore converges on restart: children are created only
 if absent (409 -> adopt), the phase is derived from what the children report, and status is written
 with the resourceVersion it was computed from (a conflict re-reads and recomputes).
 """
@@ -27,7 +27,8 @@ from ..config import Config
 from ..k8s import Kube
 from ..progress_watch import ProgressWatcher
 from ..status import (
-    BACKOFF_LIMIT_EXCEEDED, CHILD_DELETED, DATASET_REUSED, FAILED, INVALID_SPEC, MPIJOB_FAILED, PODS_HEALTHY, PREPROCESSED, PREPROCESSING_FAILED, READY,
+    BACKOFF_LIMIT_EXCEEDED, CHILD_DELETED,
+    DATASET_REUSED, FAILED, INVALID_SPEC, MPIJOB_FAILED, PODS_HEALTHY, PREPROCESSED, PREPROCESSING_FAILED, READY,
     SPEC_CHANGE_IGNORED, STORAGE_READABLE, SUSPENDED, TRAINED, Event, StatusUpdate, get_condition, is_terminal,
     may_revalidate, parse_time,
 )
