@@ -27,8 +27,18 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Config:
-    #: Seconds between polls of a run's children and its progress document (kopf timer interval).
+    #: Seconds between conditional reads (ETag / mtime) of the progress document of each run in Training;
+    #: a run is reconciled only when its document changed. Children and pods are watched, not polled.
     poll_interval_seconds: float = 15.0
+    #: Seconds between reconciles of a run that waits on something no event announces: unreadable
+    #: storage, a finished Job's manifest or a finished MPIJob's final progress not written yet.
+    recheck_interval_seconds: float = 30.0
+    #: Upper bound on progress-document checks per second, all runs together (each costs ~2 ms of CPU):
+    #: above `poll_interval_seconds` x this many runs in Training, each is checked less often.
+    progress_checks_per_second: float = 5.0
+    #: Seconds a watch stays open before kopf re-lists (runs, children, pods); re-lists reconcile nothing
+    #: that did not change.
+    watch_timeout_seconds: int = 300
     #: How long a finished Job or MPIJob may wait for its manifest / final progress document to
     #: appear in storage before the run is judged on what is there.
     completion_grace_seconds: float = 120.0
@@ -95,7 +105,9 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
         raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__} (default {default!r})") from None
 
 
-_KINDS = {"poll_interval_seconds": float, "completion_grace_seconds": float, "storage_timeout_seconds": float,
+_KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
+          "progress_checks_per_second": float, "watch_timeout_seconds": int,
+          "completion_grace_seconds": float, "storage_timeout_seconds": float,
           "metrics_port_number": int, "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str,
           "lease_name": str, "lease_namespace": str, "lease_holder": str, "lease_duration_seconds": float,
@@ -122,6 +134,12 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
         raise ConfigError(f"{PREFIX}LOG_FORMAT must be json or plain, not {config.log_format!r}")
     if config.poll_interval_seconds < 0.5:
         raise ConfigError(f"{PREFIX}POLL_INTERVAL_SECONDS must be >= 0.5, not {config.poll_interval_seconds}")
+    if config.recheck_interval_seconds < 0.5:
+        raise ConfigError(f"{PREFIX}RECHECK_INTERVAL_SECONDS must be >= 0.5, not {config.recheck_interval_seconds}")
+    if config.progress_checks_per_second <= 0:
+        raise ConfigError(f"{PREFIX}PROGRESS_CHECKS_PER_SECOND must be > 0, not {config.progress_checks_per_second}")
+    if config.watch_timeout_seconds < 1:
+        raise ConfigError(f"{PREFIX}WATCH_TIMEOUT_SECONDS must be >= 1, not {config.watch_timeout_seconds}")
     if not 0 <= config.metrics_port_number <= 65535:
         raise ConfigError(f"{PREFIX}METRICS_PORT_NUMBER must be a port number, not {config.metrics_port_number}")
     if config.lease_name and not (0 < config.lease_renew_seconds < config.lease_renew_deadline_seconds

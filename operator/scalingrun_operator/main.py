@@ -1,10 +1,13 @@
 """The operator's kopf wiring: startup settings and thin handlers that all run one reconcile.
 
-Every trigger (create, resume after a restart, spec change, a timer, an event of a child Job or
-MPIJob) calls the same level-triggered reconcile (handlers/reconcile.py), so what a handler saw
-last does not matter: the reconcile reads the world again. kopf keeps its own bookkeeping in
-annotations under scalingrun.dev/, because the status schema is structural and would prune
-status.kopf. Run it with `scalingrun-operator` (or `scalingrun operator`).
+Every trigger (create, resume after a restart, spec change, an event of a child Job, MPIJob or pod,
+a changed progress document) calls the same level-triggered reconcile (handlers/reconcile.py), so
+what a handler saw last does not matter: the reconcile reads the world again. There is no timer,
+daemon or deletion handler per run: kopf would put a finalizer on every run for one, and a run (or
+its namespace) could then not be deleted while the operator is down. What no event announces
+(object storage) is watched by one operator-wide thread (progress_watch.py). kopf keeps its own
+bookkeeping in annotations under scalingrun.dev/, because the status schema is structural and would
+prune status.kopf. Run it with `scalingrun-operator` (or `scalingrun operator`).
 """
 
 from __future__ import annotations
@@ -17,20 +20,19 @@ from typing import Any, Optional
 
 import kopf
 
-from . import metrics
+from . import metrics, progress_watch
 from .api.models import GROUP, PLURAL, VERSION
 from .config import Config, ConfigError, load
 from .builders.common import RUN_LABEL
-from .handlers.reconcile import Reconciler, forget, owner_of, pod_event_matters
+from .handlers.reconcile import Reconciler, child_event_matters, forget, owner_of, pod_event_matters
 from .k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, Kube, new_api_client
 from .leader import LeaderElector, LeaseSettings, StandbyHealth, default_identity, default_namespace
 from .peering import PeeringError, ensure_peering
-from .status import TERMINAL
 
 log = logging.getLogger(__name__)
 
-# Read at import: the timer's interval is an argument of its decorator. A bad value is reported by
-# run() (or the startup handler) with the variable's name, not as an import traceback.
+# Read at import (flags override it in run()). A bad value is reported by run() (or the startup handler)
+# with the variable's name, not as an import traceback.
 try:
     CONFIG: Config = load()
     _CONFIG_ERROR: Optional[ConfigError] = None
@@ -45,8 +47,11 @@ _reconcile: dict[str, Reconciler] = {}
 def _run(namespace: str, name: str, handler: str) -> None:
     try:
         _reconcile["run"](namespace, name)
-    except Exception:
+    except Exception as exc:
         metrics.RECONCILE_ERRORS.labels(handler=handler).inc()
+        # kopf retries no event handler, and no timer comes by: the watcher tries again (TemporaryError's delay).
+        delay = getattr(exc, "delay", None) or CONFIG.recheck_interval_seconds
+        progress_watch.schedule_recheck(namespace, name, delay)
         raise
 
 
@@ -61,11 +66,23 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.posting.enabled = False  # our Events are written by Kube.post_event, one per phase change
     settings.execution.max_workers = CONFIG.max_workers
     settings.peering.lifetime = CONFIG.peering_lifetime_seconds
-    settings.watching.server_timeout = 300  # re-list now and then: no watch lives forever
+    # Re-list now and then (no watch lives forever); a re-list reconciles only what changed (child_event_matters).
+    settings.watching.server_timeout = CONFIG.watch_timeout_seconds
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
-    _reconcile["run"] = Reconciler(Kube(new_api_client(), CONFIG.component), CONFIG)
+    watcher = progress_watch.ProgressWatcher(lambda namespace, name: _run(namespace, name, "watcher"),
+                                             CONFIG.poll_interval_seconds, CONFIG.progress_checks_per_second)
+    _reconcile["run"] = Reconciler(Kube(new_api_client(), CONFIG.component), CONFIG, watcher)
+    progress_watch.WATCHER = watcher
+    watcher.start()
     metrics.serve(CONFIG.metrics_port_number)
+
+
+@kopf.on.cleanup()
+def stop_watching(**_: Any) -> None:
+    if progress_watch.WATCHER is not None:
+        progress_watch.WATCHER.stop()
+        progress_watch.WATCHER = None
 
 
 @kopf.on.probe(id="runs")
@@ -85,30 +102,25 @@ def spec_changed(namespace: str, name: str, **_: Any) -> None:
     _run(namespace, name, "update")
 
 
-def _active(status: dict[str, Any], **_: Any) -> bool:
-    return status.get("phase") not in TERMINAL
-
-
-@kopf.timer(GROUP, VERSION, PLURAL, interval=CONFIG.poll_interval_seconds, when=_active)
-def poll(namespace: str, name: str, **_: Any) -> None:
-    """Catches what no event announces: the trainer's progress document, a manifest appearing."""
-    _run(namespace, name, "timer")
-
-
 @kopf.on.event(GROUP, VERSION, PLURAL)
 def track(type: Optional[str], uid: str, namespace: str, name: str, status: dict[str, Any], **_: Any) -> None:
     deleted = type == "DELETED"
     metrics.observe_run(uid, status.get("phase"), deleted=deleted)
     if deleted:
         forget(namespace, name)
+        if progress_watch.WATCHER is not None:
+            progress_watch.WATCHER.forget(namespace, name)
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
 @kopf.on.event(MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL, labels=MANAGED)
 def child_changed(type: Optional[str], body: kopf.Body, namespace: str, **_: Any) -> None:
-    """A child's status moved (Job complete, MPIJob failed): reconcile its run now, not at the next poll."""
+    """A child's status moved (Job complete, MPIJob failed) or it was deleted: reconcile its run now.
+
+    A deleted child is found by the reconcile itself (status records it), so one deleted while the operator
+    was down counts too."""
     owner = owner_of(dict(body))
-    if owner and type != "DELETED":
+    if owner and child_event_matters(type, dict(body)):
         _run(namespace, owner, "child")
 
 
@@ -177,7 +189,7 @@ def run(argv: Optional[list[str]] = None) -> int:
     kopf.configure(debug=CONFIG.debug, verbose=CONFIG.debug,
                    log_format=kopf.LogFormat.JSON if CONFIG.log_format == "json" else kopf.LogFormat.FULL)
     if not CONFIG.debug:
-        # "Timer 'poll' succeeded" per run per interval and every probe request drown what matters.
+        # "Handler ... succeeded" per event and every probe request drown what matters.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     if CONFIG.peering:

@@ -28,12 +28,14 @@ STALLED = "Stalled"
 SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 STORAGE_READABLE = "StorageReadable"
 PODS_HEALTHY = "PodsHealthy"  # False while a pod of the run cannot run (image pull, scheduling, OOM, ...)
+CHILD_DELETED = "ChildDeleted"  # True once the Job or MPIJob was deleted mid-run (and recreated)
 
 # Reasons a user sees (and tests assert).
 INVALID_SPEC = "InvalidSpec"
 DATASET_REUSED = "DatasetReused"
 PREPROCESSING_FAILED = "PreprocessingFailed"
 MPIJOB_FAILED = "MPIJobFailed"
+BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 
 _PHASE_EVENTS = {
     Phase.pending.value: ("Normal", "Pending"),

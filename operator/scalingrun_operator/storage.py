@@ -250,3 +250,70 @@ def list_names(uri: str, target: StorageTarget, limit: int = 10000) -> list[str]
 
 def uses_s3(*uris: Optional[str]) -> bool:
     return any(u and u.startswith("s3://") for u in uris)
+
+
+# --- versioned reads: the progress watcher's cheap check -----------------------------------------------
+
+
+def _file_version(path: Path) -> Optional[str]:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StorageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    return f"{stat.st_mtime_ns}-{stat.st_size}"
+
+
+def read_json_versioned(uri: str, target: StorageTarget) -> tuple[Optional[dict[str, Any]], Optional[str]]:
+    """read_json and the version it read (S3: the ETag; files: mtime and size); (None, None) when absent."""
+    if not uri.startswith("s3://"):
+        version = _file_version(_local_path(uri))  # before the read: a write in between costs one more reconcile
+        return read_json(uri, target), version
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = _split_s3(uri)
+    try:
+        response = _client(target).get_object(Bucket=bucket, Key=key)
+        data = response["Body"].read()
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+            return None, None
+        raise StorageError(f"cannot read {uri}: {_describe(exc)}") from None
+    except BotoCoreError as exc:
+        raise StorageError(f"cannot read {uri}: {_describe(exc)}") from None
+    try:
+        document = json.loads(data)
+    except ValueError as exc:
+        raise StorageError(f"{uri} is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise StorageError(f"{uri} is not a JSON object")
+    return document, response.get("ETag")
+
+
+def changed_since(uri: str, target: StorageTarget, version: Optional[str]) -> tuple[bool, Optional[str]]:
+    """(whether the object is no longer at `version`, its version now). S3: a GET with If-None-Match, whose 304
+    answer has no body; a store that ignores the header costs a body, not a false change. Files: a stat."""
+    if not uri.startswith("s3://"):
+        now = _file_version(_local_path(uri))
+        return now != version, now
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = _split_s3(uri)
+    kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
+    if version:
+        kwargs["IfNoneMatch"] = version
+    try:
+        response = _client(target).get_object(**kwargs)
+        response["Body"].close()
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code")
+        if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 304 or code in ("304", "NotModified"):
+            return False, version
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return version is not None, None
+        raise StorageError(f"cannot read {uri}: {_describe(exc)}") from None
+    except BotoCoreError as exc:
+        raise StorageError(f"cannot read {uri}: {_describe(exc)}") from None
+    etag = response.get("ETag")
+    return etag != version, etag

@@ -61,6 +61,7 @@ class Operator:
     def start(self) -> "Operator":
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(KUBECONFIG=self.kubeconfig, SCALINGRUN_POLL_INTERVAL_SECONDS="1",
+                   SCALINGRUN_RECHECK_INTERVAL_SECONDS="1",
                    SCALINGRUN_COMPLETION_GRACE_SECONDS="5", PYTHONUNBUFFERED="1")
         env.update(self.env)
         args = [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--log-format", "plain",

@@ -246,6 +246,9 @@ class Training(_Model):
     early_stopping: EarlyStopping = Field(default_factory=EarlyStopping, description="Early stopping.")
     checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Checkpoint location and frequency.")
     resume: bool = Field(True, description="Continue from the latest checkpoint of this run when one exists.")
+    backoff_limit: int = Field(
+        3, ge=0, le=1000, description="Interruptions allowed before the run fails: worker pods lost, launcher "
+        "restarts and children (Job, MPIJob) deleted mid-run, all counted in status.training.restarts.")
 
 
 class TolerationOperator(str, Enum):

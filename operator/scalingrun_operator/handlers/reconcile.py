@@ -1,14 +1,15 @@
 """One reconcile of one ScalingRun: read what exists, decide with the pure helpers, act, write status.
 
-Level-triggered on purpose: every trigger (create, resume, spec change, timer, a child's event)
-runs the same function, which looks at the run, its children and the two storage documents as they
-are now. An operator killed at any point therefore converges on restart: children are created only
+Level-triggered on purpose: every trigger (create, resume, spec change, a child's or pod's event, a
+changed progress document, a recheck) runs the same function, which looks at the run, its children
+and the two storage documents as they are now. An operator killed at any point therefore converges on restart: children are created only
 if absent (409 -> adopt), the phase is derived from what the children report, and status is written
 with the resourceVersion it was computed from (a conflict re-reads and recomputes).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections import OrderedDict
@@ -24,12 +25,14 @@ from ..builders import build_config_map, build_mpijob, build_preprocess_job
 from ..builders.common import mpijob_name, preprocess_job_name
 from ..config import Config
 from ..k8s import Kube
+from ..progress_watch import ProgressWatcher
 from ..status import (
+    BACKOFF_LIMIT_EXCEEDED, CHILD_DELETED,
     DATASET_REUSED, FAILED, INVALID_SPEC, MPIJOB_FAILED, PODS_HEALTHY, PREPROCESSED, PREPROCESSING_FAILED, READY,
     SPEC_CHANGE_IGNORED, STORAGE_READABLE, SUSPENDED, TRAINED, Event, StatusUpdate, get_condition, is_terminal,
     may_revalidate, parse_time,
 )
-from ..storage import StorageError, StorageTarget, list_names, read_json, uses_s3
+from ..storage import StorageError, StorageTarget, list_names, read_json, read_json_versioned, uses_s3
 from . import dataset, pods as pod_diagnosis, spec as pinning, training
 
 log = logging.getLogger(__name__)
@@ -43,7 +46,7 @@ _locks: dict[tuple[str, str], threading.Lock] = {}
 
 
 def _lock(namespace: str, name: str) -> threading.Lock:
-    """Serialises reconciles of one run inside this process (handlers, timer and child events overlap)."""
+    """Serialises reconciles of one run inside this process (handlers, the watcher and child events overlap)."""
     with _locks_guard:
         return _locks.setdefault((namespace, name), threading.Lock())
 
@@ -84,6 +87,37 @@ def pod_event_matters(event_type: Optional[str], pod: dict[str, Any]) -> bool:
         return known != signature
 
 
+_child_signatures: dict[str, tuple] = {}
+
+
+def child_event_matters(event_type: Optional[str], child: dict[str, Any]) -> bool:
+    """Whether a Job's or MPIJob's watch event changes what a reconcile reads of it (its status, the spec fields
+    read, its controller), or deletes it. kopf re-lists every watched kind whenever a watch ends: without this,
+    every run with children would be reconciled each time, with nothing changed. The operator's own creation of
+    a child (no status yet) is no news either.
+    """
+    meta = child.get("metadata") or {}
+    uid = meta.get("uid", "")
+    spec = child.get("spec") or {}
+    signature = (json.dumps(child.get("status") or {}, sort_keys=True), spec.get("completions"),
+                 spec.get("completionMode"), (spec.get("runPolicy") or {}).get("suspend"),
+                 tuple(sorted(r.get("uid", "") for r in meta.get("ownerReferences") or [] if r.get("controller"))),
+                 bool(meta.get("deletionTimestamp")))
+    with _pods_guard:
+        if event_type == "DELETED":
+            _child_signatures.pop(uid, None)
+            return True
+        if len(_child_signatures) > _MAX_REMEMBERED:  # DELETED events missed across watch gaps: start over
+            _child_signatures.clear()
+        known = _child_signatures.get(uid)
+        _child_signatures[uid] = signature
+        if known is None:
+            # First sight: the initial listing (every run is reconciled on resume anyway), or a creation, which
+            # matters only with a status already (not one this operator just made).
+            return event_type is not None and bool(child.get("status"))
+        return known != signature
+
+
 def deleted_pod_hints() -> dict[str, str]:
     with _pods_guard:
         return dict(_deleted_pods)
@@ -93,24 +127,48 @@ def deleted_pod_hints() -> dict[str, str]:
 class Reconciler:
     kube: Kube
     config: Config
+    watcher: Optional[ProgressWatcher] = None  # follows progress documents and rechecks; none in tools
 
     def __call__(self, namespace: str, name: str) -> Optional[str]:
         """Reconciles one run; returns its phase (None when it is gone)."""
         with _lock(namespace, name):
-            for attempt in range(4):
+            attempt = passes = 0
+            while attempt < 4:
                 body = self.kube.get_run(namespace, name)
                 if body is None or body["metadata"].get("deletionTimestamp"):
+                    self._follow(namespace, name, None)
                     return None
                 try:
-                    return _Pass(self, body).run()
+                    step = _Pass(self, body)
+                    phase = step.run()
                 except ApiException as exc:
                     if exc.status == 409 and attempt < 3:
                         log.debug("%s/%s changed while reconciling; again", namespace, name)
+                        attempt += 1
                         continue
                     if exc.status == 403 and "being terminated" in str(exc.body):
                         return None  # the namespace is going away, and the run with it
                     raise
+                self._follow(namespace, name, step)
+                if step.again and passes < 2:
+                    passes += 1  # a deleted child was counted (and that written): now recreate it
+                    continue
+                return phase
         return None
+
+    def _follow(self, namespace: str, name: str, step: Optional["_Pass"]) -> None:
+        """Tells the watcher what this run waits on that no Kubernetes event will announce."""
+        if self.watcher is None:
+            return
+        if step is None:
+            self.watcher.forget(namespace, name)
+            return
+        if step.progress is not None:
+            self.watcher.watch(namespace, name, *step.progress)
+        else:
+            self.watcher.unwatch(namespace, name)
+        if step.recheck_in is not None:
+            self.watcher.schedule_recheck(namespace, name, step.recheck_in)
 
 
 class _Pass:
@@ -127,6 +185,9 @@ class _Pass:
         self._target: Optional[StorageTarget] = None
         self._pods: Optional[list[dict[str, Any]]] = None
         self._holdup = ""  # what a pod problem holds the run up with, for status.message
+        self.progress: Optional[tuple[str, StorageTarget, Optional[str]]] = None  # (uri, target, version) to watch
+        self.recheck_in: Optional[float] = None  # seconds until this run needs another look
+        self.again = False  # a deleted child was counted: another pass creates it anew
 
     # --- entry ---------------------------------------------------------------------------------
 
@@ -152,6 +213,8 @@ class _Pass:
             self._preprocess(run)
         if self._condition_true(PREPROCESSED) and not is_terminal(self.update.desired):
             self._train(run)
+        if is_terminal(self.update.desired):
+            self.progress, self.recheck_in, self.again = None, None, False  # nothing left to wait for
         return self._write()
 
     def _parse(self, spec_doc: dict[str, Any]) -> Optional[ScalingRun]:
@@ -204,16 +267,26 @@ class _Pass:
                                          deadline=self.config.storage_deadline_seconds)
         return self._target
 
-    def _read(self, run: ScalingRun, uri: str) -> tuple[bool, Optional[dict[str, Any]]]:
-        """(readable, document). An unreadable store is a condition and a Warning, not a crash."""
+    def _recheck(self, seconds: float) -> None:
+        self.recheck_in = seconds if self.recheck_in is None else min(self.recheck_in, seconds)
+
+    def _read(self, run: ScalingRun, uri: str, versioned: bool = False) -> tuple[bool, Optional[dict[str, Any]]]:
+        """(readable, document). An unreadable store is a condition and a Warning, not a crash.
+
+        `versioned`: the document's version is kept too, for the progress watcher."""
         try:
-            document = read_json(uri, self._storage(run))
+            if versioned:
+                document, version = read_json_versioned(uri, self._storage(run))
+                self.progress = (uri, self._storage(run), version)
+            else:
+                document = read_json(uri, self._storage(run))
         except StorageError as exc:
             existing = get_condition(self.update.desired["conditions"], STORAGE_READABLE)
             if not existing or existing.get("status") != "False":
                 self.update.warn("StorageUnreadable", str(exc))
             self.update.condition(STORAGE_READABLE, "False", "StorageError",
-                                  f"{exc}; retrying every {self.config.poll_interval_seconds:g} s")
+                                  f"{exc}; retrying every {self.config.recheck_interval_seconds:g} s")
+            self._recheck(self.config.recheck_interval_seconds)
             return False, None
         existing = get_condition(self.update.desired["conditions"], STORAGE_READABLE)
         if existing and existing.get("status") != "True":
@@ -221,6 +294,13 @@ class _Pass:
         return True, document
 
     # --- children ------------------------------------------------------------------------------
+
+    def _controls(self, child: dict[str, Any]) -> bool:
+        uid = self.body["metadata"].get("uid")
+        return any(r.get("controller") and r.get("uid") == uid for r in child["metadata"].get("ownerReferences") or [])
+
+    def _indexed(self, run: ScalingRun) -> bool:
+        return run.spec.dataset.preprocessing.parallelism == 1 or self.kube.supports_indexed_jobs()
 
     def _ensure(self, obj: dict[str, Any]) -> dict[str, Any]:
         child, created = self.kube.ensure_child(obj, owner=self.body, observe=metrics.observe_child_created)
@@ -286,6 +366,16 @@ class _Pass:
     def _preprocess(self, run: ScalingRun) -> None:
         job_name = preprocess_job_name(run)
         job = self.kube.get_child("Job", self.namespace, job_name)
+        recorded = self.update.desired.get("preprocessing") or {}
+        if job is None and recorded.get("jobName") == job_name and not recorded.get("reused"):
+            # Status names the Job only once it existed: it was deleted. Counted and written first (the name
+            # cleared), then the next pass creates it: a crash in between neither loses nor repeats the count.
+            self.update.desired["preprocessing"] = {**recorded, "jobName": None}
+            self._child_deleted(run, "Job", job_name, "a new Job reuses the shards already written")
+            return
+        if job is not None and not self._controls(job):
+            # Adopted when it has no controller; one that another run controls raises ForeignObject (retried).
+            job = self._ensure(build_preprocess_job(run, self.namespace, indexed=self._indexed(run)))
         if job is None:
             readable, manifest = self._read(run, dataset.manifest_uri(run))
             if not readable:
@@ -296,9 +386,7 @@ class _Pass:
                                       dataset.preprocessed_message(run, manifest, reused=True))
                 return
             self._ensure(build_config_map(run, self.namespace))
-            shards = run.spec.dataset.preprocessing.parallelism
-            indexed = shards == 1 or self.kube.supports_indexed_jobs()
-            job = self._ensure(build_preprocess_job(run, self.namespace, indexed=indexed))
+            job = self._ensure(build_preprocess_job(run, self.namespace, indexed=self._indexed(run)))
             note = dataset.mismatch(run, manifest)
             if note:
                 # Posted now, not with the status patch: if that patch conflicts, the retry finds the Job
@@ -340,6 +428,7 @@ class _Pass:
                                   f"Job {job_name}: " + dataset.preprocessed_message(run, manifest, reused=False))
             return
         if self._within_grace(state.finished_at):
+            self._recheck(self._grace_left(state.finished_at))
             self.update.condition(PREPROCESSED, "Unknown", "WaitingForManifest",
                                   f"Job {job_name} completed; waiting for {dataset.manifest_uri(run)}")
             self.update.set_phase(Phase.preprocessing.value)
@@ -369,6 +458,31 @@ class _Pass:
     def _train(self, run: ScalingRun) -> None:
         name = mpijob_name(run)
         mpijob = self.kube.get_child("MPIJob", self.namespace, name)
+        if mpijob is not None and not self._controls(mpijob):
+            mpijob = self._ensure(build_mpijob(run, self.namespace))  # adopt an orphan; another run's: ForeignObject
+        recorded = (self.update.desired.get("training") or {}).get("mpiJobUid")
+        resumes = ("a new MPIJob resumes from the last checkpoint" if run.spec.training.resume
+                   else "a new MPIJob starts over (spec.training.resume is false)")
+        trained = get_condition(self.update.desired["conditions"], TRAINED) or {}
+        if mpijob is None and recorded and trained.get("reason") == "WaitingForProgress":
+            # It had succeeded, and its ttlSecondsAfterFinished removed it: no interruption, judged on what is there.
+            _, progress = self._read(run, training.progress_uri(run))
+            message = training.succeeded_message(name, progress)
+            self.update.condition(TRAINED, "True", "Succeeded", message)
+            self._pods_done()
+            self.update.set_phase(Phase.succeeded.value, message)
+            return
+        if mpijob is None and recorded:
+            # As for the Job: counted and written (the uid cleared), then the next pass creates a new one.
+            self._forget_mpijob(mpijob=None)
+            self._child_deleted(run, "MPIJob", name, resumes)
+            return
+        if mpijob is not None and recorded and recorded != mpijob["metadata"].get("uid"):
+            # Deleted and created again by someone else while nobody looked: counted all the same.
+            self._forget_mpijob(mpijob)
+            if self._child_deleted(run, "MPIJob", name, "the MPIJob there now resumes from the last checkpoint",
+                                   replaced=True):
+                return
         if mpijob is None:
             self._ensure(build_config_map(run, self.namespace))
             mpijob = self._ensure(build_mpijob(run, self.namespace))
@@ -380,7 +494,7 @@ class _Pass:
             # Posted with the change itself (a conflicting status patch must not lose it; see above).
             self.kube.post_event(self.body, "Normal", "Suspending" if wanted_suspend else "Resuming",
                                  f"MPIJob {name}: spec.runPolicy.suspend={str(wanted_suspend).lower()}")
-        _, progress = self._read(run, training.progress_uri(run))
+        _, progress = self._read(run, training.progress_uri(run), versioned=True)
         current = self.update.desired.get("training") or {}
         uid = mpijob["metadata"].get("uid")
         same_mpijob = current.get("mpiJobUid") in (None, uid)
@@ -390,11 +504,14 @@ class _Pass:
         if not state.finished:
             self._track_interruptions(merged, name, paused=wanted_suspend or state.suspended)
         self.update.desired["training"] = merged
+        if not state.finished and self._over_backoff_limit(run, merged):
+            return
         uri = training.model_uri(progress)
         if uri:
             self.update.desired["modelUri"] = uri
         if state.state == "Succeeded":
             if (progress or {}).get("state") != "succeeded" and self._within_grace(state.finished_at):
+                self._recheck(self._grace_left(state.finished_at))
                 self.update.condition(TRAINED, "Unknown", "WaitingForProgress",
                                       f"MPIJob {name} succeeded; waiting for the final {training.progress_uri(run)}")
                 self.update.set_phase(Phase.training.value)
@@ -453,6 +570,49 @@ class _Pass:
             training_status[key] += 1
             training_status["restarts"] += 1
             self.update.warn(interruption.reason, interruption.message)
+
+    def _forget_mpijob(self, mpijob: Optional[dict[str, Any]]) -> None:
+        """The recorded MPIJob is gone: its pods' losses are part of that, not interruptions of their own."""
+        training_status = dict(self.update.desired.get("training") or {})
+        records = [{**r, "lost": True} for r in training_status.get("pods") or []]
+        training_status["pods"] = records
+        training_status["mpiJobUid"] = mpijob["metadata"].get("uid") if mpijob else None
+        self.update.desired["training"] = training_status
+
+    def _child_deleted(self, run: ScalingRun, kind: str, name: str, next_step: str, replaced: bool = False) -> bool:
+        """Reports and counts a deleted child; True when that was one too many (the run failed)."""
+        training_status = dict(self.update.desired.get("training") or {})
+        restarts = int(training_status.get("restarts") or 0) + 1
+        training_status["restarts"] = restarts
+        self.update.desired["training"] = training_status
+        limit = run.spec.training.backoff_limit
+        how = "was deleted and replaced" if replaced else "was deleted"
+        message = (f"{kind} {name} {how} while the run was {self.update.phase}; counted as interruption "
+                   f"{restarts} of the {limit} allowed (spec.training.backoffLimit); {next_step}")
+        self.update.condition(CHILD_DELETED, "True", f"{kind}Deleted", message)
+        self.update.warn("ChildDeleted", message)
+        if self._over_backoff_limit(run, training_status, message):
+            return True
+        self.again = not replaced
+        return False
+
+    def _over_backoff_limit(self, run: ScalingRun, training_status: dict[str, Any], last: str = "") -> bool:
+        """Fails the run once its interruptions (pods lost, launcher restarts, children deleted) exceed the limit."""
+        limit = run.spec.training.backoff_limit
+        restarts = int(training_status.get("restarts") or 0)
+        if restarts <= limit:
+            return False
+        last = last or "see the run's Warning Events for each one"
+        message = (f"{restarts} interruptions exceed spec.training.backoffLimit ({limit}); the last: {last}. "
+                   f"Find what deletes or interrupts the run's children and pods (kubectl get events -n "
+                   f"{self.namespace}), then recreate the run, which resumes from its last checkpoint when "
+                   "spec.training.resume is true, or allow more with spec.training.backoffLimit")
+        self.update.fail(BACKOFF_LIMIT_EXCEEDED, message)
+        return True
+
+    def _grace_left(self, finished_at) -> float:
+        left = self.config.completion_grace_seconds - (self.update.moment - finished_at).total_seconds()
+        return max(0.5, min(self.config.recheck_interval_seconds, left + 0.5))
 
     def _within_grace(self, finished_at) -> bool:
         if finished_at is None:
