@@ -14,6 +14,8 @@ deadline and the message are ours.
 
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import json
 import logging
@@ -270,25 +272,33 @@ def read_json_versioned(uri: str, target: StorageTarget) -> tuple[Optional[dict[
     if not uri.startswith("s3://"):
         version = _file_version(_local_path(uri))  # before the read: a write in between costs one more reconcile
         return read_json(uri, target), version
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import ClientError
 
     bucket, key = _split_s3(uri)
-    try:
-        response = _client(target).get_object(Bucket=bucket, Key=key)
-        data = response["Body"].read()
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-            return None, None
-        raise StorageError(f"cannot read {uri}: {_describe(exc)}") from None
-    except BotoCoreError as exc:
-        raise StorageError(f"cannot read {uri}: {_describe(exc)}") from None
+
+    def get() -> tuple[Optional[bytes], Optional[str]]:
+        try:
+            response = _client(target).get_object(Bucket=bucket, Key=key)
+            return response["Body"].read(), response.get("ETag")
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None, None
+            raise
+
+    data, etag = retrying("read", uri, target, get)
+    if data is None:
+        return None, None
     try:
         document = json.loads(data)
     except ValueError as exc:
         raise StorageError(f"{uri} is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
         raise StorageError(f"{uri} is not a JSON object")
-    return document, response.get("ETag")
+    return document, etag
+
+
+# The watcher checks many runs in turn: a failing store gets a short retry, the next round tries again.
+_CHECK_DEADLINE_SECONDS = 2.0
 
 
 def changed_since(uri: str, target: StorageTarget, version: Optional[str]) -> tuple[bool, Optional[str]]:
@@ -297,23 +307,26 @@ def changed_since(uri: str, target: StorageTarget, version: Optional[str]) -> tu
     if not uri.startswith("s3://"):
         now = _file_version(_local_path(uri))
         return now != version, now
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import ClientError
 
     bucket, key = _split_s3(uri)
     kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
     if version:
         kwargs["IfNoneMatch"] = version
-    try:
-        response = _client(target).get_object(**kwargs)
-        response["Body"].close()
-    except ClientError as exc:
-        code = exc.response.get("Error", {}).get("Code")
-        if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 304 or code in ("304", "NotModified"):
-            return False, version
-        if code in ("NoSuchKey", "404", "NotFound"):
-            return version is not None, None
-        raise StorageError(f"cannot read {uri}: {_describe(exc)}") from None
-    except BotoCoreError as exc:
-        raise StorageError(f"cannot read {uri}: {_describe(exc)}") from None
-    etag = response.get("ETag")
-    return etag != version, etag
+
+    def check() -> tuple[bool, Optional[str]]:
+        try:
+            response = _client(target).get_object(**kwargs)
+            response["Body"].close()
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") == 304 or code in ("304", "NotModified"):
+                return False, version
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return version is not None, None
+            raise
+        etag = response.get("ETag")
+        return etag != version, etag
+
+    quick = dataclasses.replace(target, deadline=min(target.deadline, _CHECK_DEADLINE_SECONDS))
+    return retrying("check", uri, quick, check)

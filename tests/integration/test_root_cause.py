@@ -230,57 +230,73 @@ def test_a_failed_preprocessing_names_the_pod_killed_for_memory(cluster, operato
 
 def test_a_pod_stuck_pending_is_surfaced_within_60_s_without_any_pod_event(unserved, api_client, bucket,
                                                                              s3_server):
-    """The operator-wide watcher looks again when `recheck_later` asks; here the test plays it and
+    """The operator-wide watcher looks again when a reconcile asks; here the test plays it and
     reconciles in this process, so nothing else (no poll, no pod event) can look in between."""
     cluster = unserved
-    reconcile_run = reconcile.Reconciler(Kube(api_client), Config(poll_interval_seconds=300))
-    asked: list[tuple[str, str, float]] = []
-    previous, reconcile.recheck_later = reconcile.recheck_later, lambda ns, name, delay: asked.append((ns, name, delay))
-    try:
-        cluster.create_run(new_run(cluster.ns, "slow", s3_server))
-        assert reconcile_run(cluster.ns, "slow") == "Preprocessing"
-        run = cluster.run("slow")
-        bucket.put_json(f"{run['spec']['dataset']['output']}/_manifest.json", manifest_for(run))
-        cluster.complete_job("slow-preprocess", succeeded=2)
-        assert reconcile_run(cluster.ns, "slow") == "Training"
-        assert asked == []  # no pod, nothing to look at again
+    watcher = RecordingWatcher()
+    reconcile_run = reconcile.Reconciler(Kube(api_client), Config(poll_interval_seconds=300), watcher)
+    asked = watcher.rechecks
+    cluster.create_run(new_run(cluster.ns, "slow", s3_server))
+    assert reconcile_run(cluster.ns, "slow") == "Preprocessing"
+    run = cluster.run("slow")
+    bucket.put_json(f"{run['spec']['dataset']['output']}/_manifest.json", manifest_for(run))
+    cluster.complete_job("slow-preprocess", succeeded=2)
+    assert reconcile_run(cluster.ns, "slow") == "Training"
+    assert asked == []  # no pod, nothing to look at again
 
-        launcher = "slow-train-launcher-w3e4r"
-        pod = create_training_pod(cluster, cluster.mpijob("slow-train"), "launcher", launcher)
-        created = parse_time(pod["metadata"]["creationTimestamp"])
-        assert reconcile_run(cluster.ns, "slow") == "Training"  # what the pod's ADDED event would start
-        assert cluster.condition("slow", "PodsHealthy") == {}
-        assert len(asked) == 1 and asked[0][:2] == (cluster.ns, "slow")
-        delay = asked[0][2]
-        assert pod_diagnosis.PENDING_AFTER_S - 10 < delay <= pod_diagnosis.PENDING_AFTER_S + 1
+    launcher = "slow-train-launcher-w3e4r"
+    pod = create_training_pod(cluster, cluster.mpijob("slow-train"), "launcher", launcher)
+    created = parse_time(pod["metadata"]["creationTimestamp"])
+    assert reconcile_run(cluster.ns, "slow") == "Training"  # what the pod's ADDED event would start
+    assert cluster.condition("slow", "PodsHealthy") == {}
+    assert len(asked) == 1 and asked[0][:2] == (cluster.ns, "slow")
+    delay = asked[0][2]
+    assert pod_diagnosis.PENDING_AFTER_S - 10 < delay <= pod_diagnosis.PENDING_AFTER_S + 1
 
-        time.sleep(delay)  # the watcher's timer
-        reconcile_run(cluster.ns, "slow")
-        health = cluster.condition("slow", "PodsHealthy")
-        assert health["status"] == "False" and health["reason"] == "PodPending"
-        since = created.strftime("%Y-%m-%dT%H:%M:%SZ")
-        assert health["message"].startswith(f"pod {launcher} has been Pending since {since} (over 45 s): no "
-                                            "scheduler has placed it yet"), health["message"]
-        assert f"kubectl describe pod -n {cluster.ns} {launcher}" in health["message"]
-        surfaced = parse_time(health["lastTransitionTime"])
-        assert (surfaced - created).total_seconds() <= 60, (created, surfaced)
-        status = cluster.status("slow")
-        assert status["phase"] == "Training" and status["message"].startswith(f"PodPending: pod {launcher}")
-        assert cluster.condition("slow", "Trained")["reason"] == "PodPending"
-        assert len(asked) == 1, "nothing left to look at again: the pod is reported"
+    time.sleep(delay)  # the watcher's timer
+    reconcile_run(cluster.ns, "slow")
+    health = cluster.condition("slow", "PodsHealthy")
+    assert health["status"] == "False" and health["reason"] == "PodPending"
+    since = created.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert health["message"].startswith(f"pod {launcher} has been Pending since {since} (over 45 s): no "
+                                        "scheduler has placed it yet"), health["message"]
+    assert f"kubectl describe pod -n {cluster.ns} {launcher}" in health["message"]
+    surfaced = parse_time(health["lastTransitionTime"])
+    assert (surfaced - created).total_seconds() <= 60, (created, surfaced)
+    status = cluster.status("slow")
+    assert status["phase"] == "Training" and status["message"].startswith(f"PodPending: pod {launcher}")
+    assert cluster.condition("slow", "Trained")["reason"] == "PodPending"
+    assert len(asked) == 1, "nothing left to look at again: the pod is reported"
 
-        # Looking again changes nothing (the message has no running age): no status write, no second Warning.
-        version = cluster.run("slow")["metadata"]["resourceVersion"]
-        reconcile_run(cluster.ns, "slow")
-        assert cluster.run("slow")["metadata"]["resourceVersion"] == version
-        assert [r for t, r, _ in cluster.events("slow") if t == "Warning"] == ["PodPending"]
+    # Looking again changes nothing (the message has no running age): no status write, no second Warning.
+    version = cluster.run("slow")["metadata"]["resourceVersion"]
+    reconcile_run(cluster.ns, "slow")
+    assert cluster.run("slow")["metadata"]["resourceVersion"] == version
+    assert [r for t, r, _ in cluster.events("slow") if t == "Warning"] == ["PodPending"]
 
-        # Scheduled and started: the problem clears.
-        cluster.set_pod_status(launcher, phase="Running", containers=running("launcher"), conditions=SCHEDULED)
-        reconcile_run(cluster.ns, "slow")
-        assert cluster.condition("slow", "PodsHealthy")["status"] == "True"
-    finally:
-        reconcile.recheck_later = previous
+    # Scheduled and started: the problem clears.
+    cluster.set_pod_status(launcher, phase="Running", containers=running("launcher"), conditions=SCHEDULED)
+    reconcile_run(cluster.ns, "slow")
+    assert cluster.condition("slow", "PodsHealthy")["status"] == "True"
+
+
+class RecordingWatcher:
+    """Stands in for the operator-wide progress watcher: records what the reconcile asks of it."""
+
+    def __init__(self) -> None:
+        self.rechecks: list[tuple[str, str, float]] = []
+
+    def schedule_recheck(self, namespace: str, name: str, delay_s: float) -> None:
+        self.rechecks.append((namespace, name, delay_s))
+
+    def watch(self, *_: object) -> None:
+        pass
+
+    def unwatch(self, *_: object) -> None:
+        pass
+
+    def forget(self, *_: object) -> None:
+        pass
 
 
 def test_the_pod_log_api_error_is_the_api_servers_own_words(unserved, api_client):

@@ -37,10 +37,6 @@ from . import dataset, pods as pod_diagnosis, spec as pinning, training
 
 log = logging.getLogger(__name__)
 
-# Looks at a run again in `delay` seconds: for what no watch event announces (a pod that stays Pending).
-# Set to the operator-wide watcher's schedule_recheck(namespace, name, delay_s); does nothing until then.
-recheck_later: Callable[[str, str, float], None] = lambda namespace, name, delay: None
-
 _locks_guard = threading.Lock()
 _locks: dict[tuple[str, str], threading.Lock] = {}
 
@@ -329,7 +325,7 @@ class _Pass:
         pending = [p for p, _ in pod_diagnosis.pods_of(self._run_pods(), roles, mpijob)]
         delay = pod_diagnosis.next_pending_check(pending, self.update.moment)
         if delay is not None:  # a pod may stay Pending without a single watch event: look again then
-            recheck_later(self.namespace, self.name, delay)
+            self._recheck(delay)
         existing = get_condition(self.update.desired["conditions"], PODS_HEALTHY)
         if problem is None:
             if existing and existing.get("status") == "False":
