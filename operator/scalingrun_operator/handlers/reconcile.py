@@ -29,6 +29,7 @@ from ..status import (
     SPEC_CHANGE_IGNORED, STORAGE_READABLE, SUSPENDED, TRAINED, Event, StatusUpdate, get_condition, is_terminal,
     may_revalidate, parse_time,
 )
+from ..status import INPUT_BOUND
 from ..storage import StorageError, StorageTarget, list_names, read_json, uses_s3
 from . import dataset, pods as pod_diagnosis, spec as pinning, training
 
@@ -367,6 +368,7 @@ class _Pass:
         if not state.finished:
             self._track_interruptions(merged, name, paused=wanted_suspend or state.suspended)
         self.update.desired["training"] = merged
+        self._input_bound(run, merged.get("inputHistory"))
         uri = training.model_uri(progress)
         if uri:
             self.update.desired["modelUri"] = uri
@@ -398,6 +400,15 @@ class _Pass:
             self.update.condition(TRAINED, "Unknown", holdup[0] if holdup else "Running",
                                   f"{running}; {holdup[1]}" if holdup else running)
             self.update.set_phase(Phase.training.value, f"MPIJob {name}")
+
+    def _input_bound(self, run: ScalingRun, history) -> None:
+        decision = training.input_bound(run, history)
+        if decision is None:
+            return
+        before = get_condition(self.update.desired["conditions"], INPUT_BOUND)
+        self.update.condition(INPUT_BOUND, *decision)
+        if decision[0] == "True" and (before or {}).get("status") != "True":
+            self.update.warn(decision[1], decision[2])
 
     def _track_interruptions(self, training_status: dict[str, Any], mpijob: str, paused: bool) -> None:
         """Counts worker pods lost and launcher restarts against the pods recorded in status (one Event each)."""
