@@ -7,17 +7,19 @@
 (2) Overhead: epoch time of the same training with and without the stamp and the meter (which make Keras
     sync each step), rounds interleaved, medians.
 
-Run: .venv/bin/python bench/input_wait.py [--steps 40] [--rounds 3] [--side 64] [--batch 32]
+Run: .venv/bin/python bench/input_wait.py [--steps 30] [--rounds 3] [--side 32] [--batch 32]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+print = functools.partial(print, flush=True)  # noqa: A001 - lines as they come, also when piped
 
 
 def model_for(side: int):
@@ -77,9 +79,9 @@ def train(side: int, batch: int, steps: int, delay: float, meter: bool) -> tuple
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--side", type=int, default=64)
+    parser.add_argument("--side", type=int, default=32)
     parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args()
 

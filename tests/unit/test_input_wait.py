@@ -8,7 +8,7 @@ import time
 import pytest
 
 from scalingrun_trainer.input_wait import (
-    READER_DELAY_ENV, InputClock, StepTimes, delay_batches, input_entry, physical_gpu_index, reader_delay,
+    READER_DELAY_ENV, GpuSampler, InputClock, StepTimes, delay_batches, input_entry, physical_gpu_index, reader_delay,
 )
 from scalingrun_trainer.progress import ProgressWriter
 from scalingrun_trainer.storage import open_location
@@ -79,3 +79,21 @@ def test_progress_keeps_a_short_input_history_and_the_probe(tmp_path):
     assert document["inputWaitFraction"] == 0.4123 and document["gpuUtilization"] == 55.5
     # The metrics history stays metrics only (a resume reads metrics from it).
     assert document["history"][-1] == {"epoch": 12, "loss": 1.0, "imagesPerSecond": 100.0}
+
+
+def test_the_gpu_figure_exists_exactly_where_nvml_finds_a_gpu():
+    import pynvml  # the pinned nvidia-ml-py
+
+    try:
+        pynvml.nvmlInit()
+        gpus = pynvml.nvmlDeviceGetCount()
+    except pynvml.NVMLError:  # no driver (CPU machines): no figure, no error
+        gpus = 0
+    sampler = GpuSampler.open(0)
+    if not gpus:
+        assert sampler is None
+        return
+    sampler.interval = 0.05
+    sampler.start()
+    time.sleep(0.2)
+    assert 0 <= sampler.stop() <= 100
