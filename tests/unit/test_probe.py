@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from scalingrun_trainer.probe import (
-    ProbeError, candidate_sizes, choose_knee, is_out_of_memory, keras_measure, probe_ceiling, run_probe,
+    ProbeError, ProbeResult, candidate_sizes, choose_knee, is_out_of_memory, keras_measure, probe_ceiling, run_probe,
 )
 
 
@@ -58,6 +58,9 @@ def test_the_probe_stops_at_out_of_memory_and_picks_below_it():
     assert result.stopped_by == "outOfMemory" and result.chosen == 16
     assert result.table[-1] == {"batchSize": 64, "outOfMemory": True}
     assert "64: OOM" in result.describe() and "chose 16" in result.describe()
+    # What a checkpoint keeps, so that a resumed training keeps the size.
+    assert ProbeResult.from_document(result.document()) == ProbeResult(16, result.table, "outOfMemory",
+                                                                       round(result.seconds, 2))
 
 
 def test_an_oom_at_the_first_size_backs_off_by_halving():

@@ -39,6 +39,11 @@ class ProbeResult:
         return {"chosen": self.chosen, "seconds": round(self.seconds, 2), "stoppedBy": self.stopped_by,
                 "table": self.table}
 
+    @classmethod
+    def from_document(cls, document: dict) -> "ProbeResult":
+        return cls(int(document["chosen"]), list(document.get("table") or []), document.get("stoppedBy", "ceiling"),
+                   float(document.get("seconds") or 0.0))
+
     def describe(self) -> str:
         cells = ", ".join(f"{row['batchSize']}: OOM" if row.get("outOfMemory")
                           else f"{row['batchSize']}: {row['imagesPerSecond']:.0f} img/s" for row in self.table)

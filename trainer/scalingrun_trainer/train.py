@@ -17,7 +17,7 @@ from typing import Any, Optional
 from .data import DatasetError, check_shardable, make_dataset, open_dataset
 from .input_wait import GpuSampler, InputClock, reader_delay
 from .models import ModelError, build_model, local_weights
-from .probe import OOM_AT_ENV, PROBE_START, ProbeError, candidate_sizes, probe_ceiling
+from .probe import OOM_AT_ENV, PROBE_START, ProbeError, ProbeResult, candidate_sizes, probe_ceiling
 from .scaling import scale_auto_run, scale_run
 from .storage import open_location
 from .tracking import MlflowClient, RunTracker, TrackingError
@@ -92,19 +92,6 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
     if spec_model.get("numClasses") and spec_model["numClasses"] != classes:
         raise TrainingError(f"model.numClasses is {spec_model['numClasses']} but the dataset has {classes} "
                             f"classes ({', '.join(dataset.classes[:5])}...): remove numClasses or fix the data")
-    weights = local_weights(spec_model.get("weights", "imagenet"), endpoint, region)
-    probe = None
-    if spec_train["batchSizePerWorker"] == "auto":
-        probe = _probe_batch_size(spec_model, dataset, classes, weights, spec_train, rank, size, log)
-        tf.keras.utils.set_random_seed(seed)  # rank 0's probe drew numbers the other ranks did not
-        scaled = scale_auto_run(dataset.rows["train"], probe.chosen, spec_train["baseLearningRate"],
-                                spec_train["learningRateScaling"], size)
-    else:
-        scaled = scale_run(dataset.rows["train"], spec_train["batchSizePerWorker"], spec_train["baseLearningRate"],
-                           spec_train["learningRateScaling"], size)
-    log(f"scalingrun-trainer: {scaled.describe()}; {dataset.rows['train']} train / "
-        f"{dataset.rows['validation']} validation rows, {classes} classes")
-
     checkpoints = run_root.join("checkpoints")
     state = load_resume_state(checkpoints) if spec_train.get("resume", True) else None
     # "input": checkpoints of models that took float input (before uint8 + in-model normalisation) are not resumed.
@@ -119,6 +106,24 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
         log(f"run already finished after epoch {initial_epoch} (see {run_root.uri}/progress.json): "
             "nothing to train; use a new run name to train again")
         return 0
+
+    weights = local_weights(spec_model.get("weights", "imagenet"), endpoint, region)
+    probe = None
+    if spec_train["batchSizePerWorker"] == "auto":
+        if state and (state.get("batchSizeProbe") or {}).get("chosen"):
+            # A resumed training keeps the batch size (and so the learning rate) its checkpoint was trained with.
+            probe = ProbeResult.from_document(state["batchSizeProbe"])
+            log(f"scalingrun-trainer: batch size {probe.chosen} from the probe before the checkpoint")
+        else:
+            probe = _probe_batch_size(spec_model, dataset, classes, weights, spec_train, rank, size, log)
+            tf.keras.utils.set_random_seed(seed)  # rank 0's probe drew numbers the other ranks did not
+        scaled = scale_auto_run(dataset.rows["train"], probe.chosen, spec_train["baseLearningRate"],
+                                spec_train["learningRateScaling"], size)
+    else:
+        scaled = scale_run(dataset.rows["train"], spec_train["batchSizePerWorker"], spec_train["baseLearningRate"],
+                           spec_train["learningRateScaling"], size)
+    log(f"scalingrun-trainer: {scaled.describe()}; {dataset.rows['train']} train / "
+        f"{dataset.rows['validation']} validation rows, {classes} classes")
 
     tracker = _start_tracking(config, rank, run_root.uri, _run_params(config, dataset, scaled, size),
                               (state or {}).get("mlflowRunId"), log)
@@ -170,14 +175,16 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
         progress.start(best_epoch=reporter.best[0])
         every = int((spec_train.get("checkpoint") or {}).get("everyEpochs", 1))
         tensorboard_dir = tempfile.mkdtemp(prefix="tensorboard-")
-        resume_facts = {"trainedOn": trained_on, "mlflowRunId": tracker.run_id if tracker else None}
+        resume_facts = {"trainedOn": trained_on, "mlflowRunId": tracker.run_id if tracker else None,
+                        "batchSizeProbe": probe.document() if probe else None}
         callbacks += [reporter, Checkpointer(checkpoints, checkpoint, every, early_stopping, reporter, resume_facts),
                       tf.keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch", profile_batch=0)]
         if initial_epoch:
             log(f"resuming after epoch {initial_epoch} from {checkpoints.uri}")
 
     reader = spec_train.get("input") or {}
-    reading = {"reader_threads": int(reader.get("readerWorkers", 4)), "row_group_cache": int(reader.get("rowGroupCache", 50))}
+    reading = {"reader_threads": int(reader.get("readerWorkers", 4)),
+               "row_group_cache": int(reader.get("rowGroupCache", 50))}
     train_data, train_reader = make_dataset(dataset, "train", rank=rank, size=size,
                                             batch_size=scaled.batch_size_per_worker, seed=seed, clock=clock,
                                             delay=reader_delay(), **reading)
