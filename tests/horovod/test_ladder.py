@@ -28,7 +28,8 @@ def test_auto_batch_size_backs_off_from_an_out_of_memory_size_and_scales_the_lea
     # Both ranks use it; the rule scales the rate for the effective batch against 32 per process.
     assert progress["effectiveBatchSize"] == 2 * chosen
     assert progress["learningRate"] == pytest.approx(0.001 * 2 * chosen / 32)
-    assert f"[0]<stdout>:scalingrun-trainer: 2 processes x batch {chosen} = effective batch {2 * chosen}" in result.stdout
+    described = f"2 processes x batch {chosen} = effective batch {2 * chosen}"
+    assert f"[0]<stdout>:scalingrun-trainer: {described}" in result.stdout
     assert "[0]<stdout>:scalingrun-trainer: batch-size probe" in result.stdout and "32: OOM" in result.stdout
     assert "[1]<stdout>:scalingrun-trainer: batch-size probe" not in result.stdout  # one worker probes
     assert progress["state"] == "succeeded"
