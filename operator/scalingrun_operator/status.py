@@ -29,6 +29,7 @@ SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 STORAGE_READABLE = "StorageReadable"
 PODS_HEALTHY = "PodsHealthy"  # False while a pod of the run cannot run (image pull, scheduling, OOM, ...)
 CHILD_DELETED = "ChildDeleted"  # True once the Job or MPIJob was deleted mid-run (and recreated)
+INPUT_BOUND = "InputBound"  # True while training mostly waits for its input (handlers.training.input_bound)
 
 # Reasons a user sees (and tests assert).
 INVALID_SPEC = "InvalidSpec"

@@ -47,6 +47,11 @@ def test_reduced_quickstart_end_to_end_and_rerun(tmp_path):
     status = json.loads((state / "runs/quickstart/status.json").read_text())
     assert status["phase"] == "Succeeded" and status["training"]["processes"] == 2
     assert status["modelUri"].endswith("/runs/quickstart/model/model.keras")
+    # The input-wait share of every epoch, and InputBound decided from it as the operator does.
+    history = status["training"]["inputHistory"]
+    assert [e["epoch"] for e in history] == list(range(1, int(training.group(1)) + 1))
+    assert all(0 <= e["inputWaitFraction"] <= 1 for e in history)
+    assert [c["status"] for c in status["conditions"] if c["type"] == "InputBound"] in (["True"], ["False"])
 
     second = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     assert second.returncode == 0, second.stderr[-3000:]

@@ -55,6 +55,15 @@ def test_apiserver_defaults_launcher_resources_field_by_field(api_client, scalin
     assert create(api_client, namespace, body)["spec"]["launcher"]["resources"] == {"cpu": 1, "memory": "256Mi"}
 
 
+def test_apiserver_admits_auto_batch_size_and_defaults_the_input_pipeline(api_client, scalingrun_crd, namespace):
+    body = copy.deepcopy(MINIMAL)
+    body["metadata"]["name"] = "auto-batch"
+    body["spec"]["training"] = {"batchSizePerWorker": "auto"}
+    training = create(api_client, namespace, body)["spec"]["training"]
+    assert training["batchSizePerWorker"] == "auto"
+    assert training["input"] == {"readerWorkers": 4, "rowGroupCache": 50}
+
+
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
 def test_examples_are_admitted(api_client, scalingrun_crd, namespace, example):
     body = yaml.safe_load(example.read_text())
@@ -63,6 +72,10 @@ def test_examples_are_admitted(api_client, scalingrun_crd, namespace, example):
 
 REJECTED = [
     (("training", "batchSizePerWorker"), 0, "spec.training.batchSizePerWorker"),
+    (("training", "batchSizePerWorker"), 65537, "spec.training.batchSizePerWorker"),
+    (("training", "batchSizePerWorker"), "32", "spec.training.batchSizePerWorker"),
+    (("training", "batchSizePerWorker"), "Auto", "spec.training.batchSizePerWorker"),
+    (("training", "input"), {"readerWorkers": 0}, "spec.training.input.readerWorkers"),
     (("training", "optimizer"), "adagrad", "spec.training.optimizer"),
     (("training", "learningRateScaling"), "cubic", "spec.training.learningRateScaling"),
     (("dataset", "validationFraction"), 1.0, "spec.dataset.validationFraction"),

@@ -44,7 +44,11 @@ def test_schema_has_defaults_enums_bounds_and_descriptions():
     spec = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
     training = spec["properties"]["training"]
     assert training["default"] == {}
-    assert training["properties"]["batchSizePerWorker"]["minimum"] == 1
+    batch = training["properties"]["batchSizePerWorker"]
+    # An int or "auto": bounds for integers, the pattern for strings (a 1.20 structural schema, no oneOf).
+    assert (batch["minimum"], batch["maximum"], batch["pattern"], batch["default"]) == (1, 65536, "^auto$", 32)
+    assert batch["x-kubernetes-int-or-string"] is True and "type" not in batch
+    assert training["properties"]["input"]["default"] == {}
     assert training["properties"]["learningRateScaling"]["enum"] == ["linear", "sqrt", "none"]
     assert training["properties"]["earlyStopping"]["properties"]["restoreBestWeights"]["default"] is True
     dataset = spec["properties"]["dataset"]

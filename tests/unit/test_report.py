@@ -32,6 +32,26 @@ def test_report_from_a_progress_file(tmp_path, capsys):
     assert "| 2 | 0.5000 | 0.8000 | 0.6000 | 0.7800 | 300 **best** |" in page
 
 
+def test_report_shows_the_probe_and_the_input_wait(tmp_path, capsys):
+    progress = {**PROGRESS, "batchSizePerWorker": 16, "inputHistory": [
+        {"epoch": 2, "inputWaitFraction": 0.45, "gpuUtilization": 38.0}, {"epoch": 3, "inputWaitFraction": 0.05}],
+        "batchSizeProbe": {"chosen": 16, "seconds": 4.2, "stoppedBy": "outOfMemory", "table": [
+            {"batchSize": 8, "imagesPerSecond": 90.0}, {"batchSize": 16, "imagesPerSecond": 170.0},
+            {"batchSize": 32, "outOfMemory": True}]}}
+    path = tmp_path / "progress.json"
+    path.write_text(json.dumps(progress))
+    assert main(["report", "--progress", str(path), "--name", "auto", "-o", str(tmp_path / "out")]) == 0
+    with Image.open(tmp_path / "out/auto-report.png") as image:
+        assert image.size[0] > 1500  # a third panel: the probe
+    page = (tmp_path / "out/auto-report.md").read_text()
+    assert "| epoch | loss | accuracy | val_loss | val_accuracy | imagesPerSecond | input wait | GPU % |" in page
+    assert "| 1 | 0.9000 | 0.6000 | 0.8000 | 0.7000 | 100 |  |  |" in page
+    assert "| 2 | 0.5000 | 0.8000 | 0.6000 | 0.7800 | 300 | 45% | 38 **best** |" in page
+    assert "| 3 | 0.4000 | 0.8500 | 0.7000 | 0.7600 | 310 | 5% |  |" in page
+    assert "Chosen: **16** per process" in page and "the probe took 4.2 s and stopped at out-of-memory" in page
+    assert "| 16 | 170 **chosen** |" in page and "| 32 | out of memory |" in page
+
+
 def test_report_says_when_there_is_no_progress(tmp_path, capsys):
     assert main(["report", "--progress", str(tmp_path / "missing.json")]) == 1
     assert "no progress document" in capsys.readouterr().err

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from scalingrun_trainer.scaling import scale_run, scaled_learning_rate
+from scalingrun_trainer.scaling import scale_auto_run, scale_run, scaled_learning_rate
 
 
 @pytest.mark.parametrize("rule,processes,expected", [
@@ -33,3 +33,17 @@ def test_steps_cover_the_training_rows_once_per_epoch():
 def test_too_little_data_for_one_batch_is_a_clear_error():
     with pytest.raises(ValueError, match="fewer than one effective batch"):
         scale_run(train_rows=100, batch_size_per_worker=64, base_learning_rate=0.001, rule="linear", processes=2)
+
+
+@pytest.mark.parametrize("rule,chosen,processes,expected", [
+    ("linear", 32, 4, 0.004), ("linear", 128, 2, 0.008), ("linear", 8, 1, 0.00025), ("sqrt", 128, 1, 0.002),
+    ("none", 256, 8, 0.001),
+])
+def test_auto_batch_scales_the_learning_rate_from_the_chosen_size(rule, chosen, processes, expected):
+    run = scale_auto_run(train_rows=100_000, chosen_batch_size=chosen, base_learning_rate=0.001, rule=rule,
+                         processes=processes)
+    assert run.batch_size_per_worker == chosen and run.effective_batch_size == chosen * processes
+    assert run.learning_rate == pytest.approx(expected)
+    # 32 per process is the reference: the same rate as a fixed batch of 32.
+    if chosen == 32:
+        assert run.learning_rate == scale_run(100_000, 32, 0.001, rule, processes).learning_rate

@@ -54,6 +54,14 @@ def test_minimal_run_gets_documented_defaults():
     assert (run.spec.launcher.resources.cpu, run.spec.launcher.resources.memory) == ("100m", "256Mi")
 
 
+def test_batch_size_per_worker_takes_a_number_or_auto():
+    assert parse_scalingrun(MINIMAL).spec.training.batch_size_per_worker == 32
+    assert parse_scalingrun(with_value("spec.training.batchSizePerWorker", "auto")).spec.training.batch_size_per_worker == "auto"
+    assert parse_scalingrun(with_value("spec.training.batchSizePerWorker", 65536)).spec.training.batch_size_per_worker == 65536
+    input_pipeline = parse_scalingrun(MINIMAL).spec.training.input
+    assert (input_pipeline.reader_workers, input_pipeline.row_group_cache) == (4, 50)
+
+
 def test_launcher_resources_default_field_by_field():
     resources = parse_scalingrun(with_value("spec.launcher", {"resources": {"cpu": 1}})).spec.launcher.resources
     assert (resources.cpu, resources.memory) == ("1", "256Mi")
@@ -70,6 +78,12 @@ BAD_INPUTS = [
     ("spec.training.batchSizePerWorker", 0, "spec.training.batchSizePerWorker", "greater than or equal to 1"),
     ("spec.training.batchSizePerWorker", -8, "spec.training.batchSizePerWorker", "greater than or equal to 1"),
     ("spec.training.batchSizePerWorker", "big", "spec.training.batchSizePerWorker", "valid integer"),
+    ("spec.training.batchSizePerWorker", "32", "spec.training.batchSizePerWorker", 'valid integer >= 1 or "auto"'),
+    ("spec.training.batchSizePerWorker", "Auto", "spec.training.batchSizePerWorker", 'or "auto"'),
+    ("spec.training.batchSizePerWorker", True, "spec.training.batchSizePerWorker", "valid integer"),
+    ("spec.training.batchSizePerWorker", 65537, "spec.training.batchSizePerWorker", "at most 65536"),
+    ("spec.training.input.readerWorkers", 0, "spec.training.input.readerWorkers", "greater than or equal to 1"),
+    ("spec.training.input.rowGroupCache", 0, "spec.training.input.rowGroupCache", "greater than or equal to 1"),
     ("spec.training.baseLearningRate", 0, "spec.training.baseLearningRate", "greater than 0"),
     ("spec.training.optimizer", "adagrad", "spec.training.optimizer", "'nadam', 'adam' or 'sgd'"),
     ("spec.training.learningRateScaling", "cubic", "spec.training.learningRateScaling", "linear"),

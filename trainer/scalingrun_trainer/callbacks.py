@@ -12,6 +12,7 @@ from typing import Any, Optional
 import numpy as np
 import tensorflow as tf
 
+from .input_wait import GpuSampler, InputClock, StepTimes, input_entry
 from .progress import ProgressWriter
 from .storage import Location
 from .tracking import RunTracker
@@ -62,13 +63,51 @@ class ResumableEarlyStopping(tf.keras.callbacks.EarlyStopping):
         self._resumed = {**state, "bestWeights": best_weights}
 
 
+class InputWaitMeter(tf.keras.callbacks.Callback):
+    """Every rank: the epoch's input-wait share and GPU utilisation (method in input_wait.py). Runs before
+    the EpochReporter, which reads `latest`; `combine(wait, gpu)` merges the ranks' figures (collective)."""
+
+    def __init__(self, clock: InputClock, gpu: Optional[GpuSampler] = None, combine=None,
+                 timer=time.perf_counter):
+        super().__init__()
+        self.clock, self.gpu, self.combine, self.timer = clock, gpu, combine, timer
+        self.times = StepTimes()
+        self.latest: Optional[dict] = None
+        self._begin = 0.0
+        self._traced = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.times = StepTimes()
+        if self.gpu is not None:
+            self.gpu.start()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._begin = self.timer()
+
+    def on_train_batch_end(self, batch, logs=None):
+        end = self.timer()
+        if not self._traced:  # the first step traces the graph: neither input nor compute
+            self._traced = True
+            return
+        self.times.add(self._begin, self.clock.last, end)
+
+    def on_epoch_end(self, epoch, logs=None):
+        wait = self.times.fraction()
+        gpu = self.gpu.stop() if self.gpu is not None else None
+        if self.combine is not None:
+            wait, gpu = self.combine(wait, gpu)
+        self.latest = input_entry(epoch + 1, wait, gpu)
+
+
 class EpochReporter(tf.keras.callbacks.Callback):
     """Measures training throughput (validation excluded) and writes the progress document."""
 
     def __init__(self, progress: ProgressWriter, images_per_epoch: int, monitor: str,
-                 early_stopping: Optional[ResumableEarlyStopping], log=print, tracker: Optional[RunTracker] = None):
+                 early_stopping: Optional[ResumableEarlyStopping], log=print, tracker: Optional[RunTracker] = None,
+                 input_meter: Optional[InputWaitMeter] = None):
         super().__init__()
         self.progress = progress
+        self.input_meter = input_meter
         self.tracker = tracker
         self.images_per_epoch = images_per_epoch
         self.monitor = monitor
@@ -102,11 +141,17 @@ class EpochReporter(tf.keras.callbacks.Callback):
                 self.best = (epoch + 1, metrics)
         elif self.best[0] is None or _better(self.monitor, metrics.get(self.monitor), self.best[1].get(self.monitor)):
             self.best = (epoch + 1, metrics)
-        self.progress.epoch(epoch + 1, metrics, rate, self.best[0], self.best[1])
+        figures = self.input_meter.latest if self.input_meter is not None else None
+        self.progress.epoch(epoch + 1, metrics, rate, self.best[0], self.best[1], input_figures=figures)
         if self.tracker is not None:
             self.tracker.epoch(epoch + 1, metrics, rate)
         shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-        self.log(f"epoch {epoch + 1}/{self.progress.document['maxEpochs']}: {shown} ({rate:.0f} img/s)")
+        extra = ""
+        if figures and figures.get("inputWaitFraction") is not None:
+            extra += f", input wait {figures['inputWaitFraction']:.0%}"
+        if figures and figures.get("gpuUtilization") is not None:
+            extra += f", GPU {figures['gpuUtilization']:.0f}%"
+        self.log(f"epoch {epoch + 1}/{self.progress.document['maxEpochs']}: {shown} ({rate:.0f} img/s{extra})")
 
 
 def _better(monitor: str, value: Optional[float], best: Optional[float]) -> bool:

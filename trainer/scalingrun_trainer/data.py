@@ -80,8 +80,14 @@ def _storage_options(dataset: Dataset) -> Optional[dict]:
 
 
 def make_dataset(dataset: Dataset, split: str, *, rank: int, size: int, batch_size: int, seed: int,
-                 shuffle_buffer: int = 256, reader_threads: int = 4):
-    """(tf.data.Dataset, reader): batches of (uint8 images, int labels) for this rank."""
+                 shuffle_buffer: int = 256, reader_threads: int = 4, row_group_cache: int = 50,
+                 clock=None, delay: float = 0.0):
+    """(tf.data.Dataset, reader): batches of (uint8 images, int labels) for this rank.
+
+    reader_threads, row_group_cache: spec.training.input (readerWorkers, rowGroupCache). clock: an
+    input_wait.InputClock that stamps each batch as the model takes it; delay: seconds added to every
+    batch before the prefetch (SCALINGRUN_DIAGNOSTIC_READER_DELAY, to make the reader slow on purpose).
+    """
     import tensorflow as tf
     from petastorm import make_batch_reader
     from petastorm.tf_utils import make_petastorm_dataset
@@ -95,7 +101,7 @@ def make_dataset(dataset: Dataset, split: str, *, rank: int, size: int, batch_si
         dataset.urls(split), schema_fields=["image", "label"], cur_shard=rank, shard_count=size,
         # The same seed on every rank: row groups are shuffled identically, then split into disjoint shards.
         seed=seed, shuffle_row_groups=training, num_epochs=None if training else 1,
-        workers_count=reader_threads, storage_options=_storage_options(dataset),
+        workers_count=reader_threads, results_queue_size=row_group_cache, storage_options=_storage_options(dataset),
     )
     side = dataset.image_size
 
@@ -108,4 +114,10 @@ def make_dataset(dataset: Dataset, split: str, *, rank: int, size: int, batch_si
     if training:
         # Row groups arrive shuffled; this mixes rows across them. uint8 keeps the buffer 4x smaller.
         data = data.shuffle(shuffle_buffer, seed=seed + rank)
-    return data.batch(batch_size, drop_remainder=training).prefetch(tf.data.AUTOTUNE), reader
+    data = data.batch(batch_size, drop_remainder=training)
+    if delay > 0:
+        from .input_wait import delay_batches
+
+        data = delay_batches(data, delay)
+    data = data.prefetch(tf.data.AUTOTUNE)
+    return (clock.attach(data) if clock is not None else data), reader

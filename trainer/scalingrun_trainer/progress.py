@@ -3,7 +3,11 @@
 Written atomically at the start, after every epoch and at the end: {"state": running|succeeded|failed,
 "epoch", "maxEpochs", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond", "elapsedSeconds",
 "learningRate", "effectiveBatchSize", "processes", "modelUri", "error", "mlflowRunId", "resumedFromEpoch",
-"history"}.
+"history", "batchSizePerWorker", "batchSizeProbe", "inputWaitFraction", "gpuUtilization", "inputHistory"}.
+
+"batchSizeProbe" ({"chosen", "seconds", "stoppedBy", "table"}) is there when batchSizePerWorker was auto.
+"inputWaitFraction" and "gpuUtilization" are the last epoch's (see input_wait.py; no gpuUtilization on CPU);
+"inputHistory" keeps them for the last epochs of this attempt: [{"epoch", "inputWaitFraction", "gpuUtilization"}].
 
 A training resumed from a checkpoint starts the document where that checkpoint left off (its epoch, that
 epoch's metrics and throughput, the best epoch so far), so "epoch" never goes back to 0 during a resumed
@@ -16,13 +20,15 @@ import json
 import time
 from typing import Any, Optional
 
+from .input_wait import HISTORY_EPOCHS
 from .storage import Location
 
 
 class ProgressWriter:
     def __init__(self, location: Location, *, max_epochs: int, processes: int, learning_rate: float,
                  effective_batch_size: int, history: Optional[list[dict]] = None, mlflow_run_id: Optional[str] = None,
-                 resumed_from_epoch: Optional[int] = None):
+                 resumed_from_epoch: Optional[int] = None, batch_size_per_worker: Optional[int] = None,
+                 batch_size_probe: Optional[dict] = None):
         self.location = location
         self.started = time.monotonic()
         self.document: dict[str, Any] = {
@@ -30,8 +36,11 @@ class ProgressWriter:
             "bestEpoch": None, "bestMetrics": {}, "imagesPerSecond": None, "elapsedSeconds": 0.0,
             "learningRate": learning_rate, "effectiveBatchSize": effective_batch_size, "processes": processes,
             "modelUri": None, "error": None, "mlflowRunId": mlflow_run_id, "resumedFromEpoch": resumed_from_epoch,
-            "history": list(history or []),
+            "history": list(history or []), "batchSizePerWorker": batch_size_per_worker,
+            "inputWaitFraction": None, "gpuUtilization": None, "inputHistory": [],
         }
+        if batch_size_probe is not None:
+            self.document["batchSizeProbe"] = batch_size_probe
         resumed = self._history_entry(resumed_from_epoch)
         if resumed:
             self.document.update(metrics=_metrics_of(resumed), imagesPerSecond=resumed.get("imagesPerSecond"))
@@ -53,8 +62,12 @@ class ProgressWriter:
         self._write()
 
     def epoch(self, epoch: int, metrics: dict[str, float], images_per_second: float,
-              best_epoch: Optional[int], best_metrics: dict[str, float]) -> None:
+              best_epoch: Optional[int], best_metrics: dict[str, float], input_figures: Optional[dict] = None) -> None:
         metrics = _rounded(metrics)
+        if input_figures is not None:
+            self.document.update(inputWaitFraction=input_figures.get("inputWaitFraction"),
+                                 gpuUtilization=input_figures.get("gpuUtilization"))
+            self.document["inputHistory"] = [*self.document["inputHistory"], input_figures][-HISTORY_EPOCHS:]
         self.document.update(epoch=epoch, metrics=metrics, imagesPerSecond=round(images_per_second, 1),
                              bestEpoch=best_epoch, bestMetrics=_rounded(best_metrics))
         self.document["history"].append({"epoch": epoch, **metrics, "imagesPerSecond": round(images_per_second, 1)})

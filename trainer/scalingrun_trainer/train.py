@@ -15,8 +15,10 @@ import time
 from typing import Any, Optional
 
 from .data import DatasetError, check_shardable, make_dataset, open_dataset
+from .input_wait import GpuSampler, InputClock, reader_delay
 from .models import ModelError, build_model, local_weights
-from .scaling import scale_run
+from .probe import OOM_AT_ENV, PROBE_START, ProbeError, ProbeResult, candidate_sizes, probe_ceiling
+from .scaling import scale_auto_run, scale_run
 from .storage import open_location
 from .tracking import MlflowClient, RunTracker, TrackingError
 
@@ -58,7 +60,7 @@ def train(config: dict[str, Any]) -> int:
     context: dict[str, Any] = {}  # _train leaves rank 0's ProgressWriter and RunTracker here, to report a failure
     try:
         return _train(config, hvd, rank, size, context)
-    except (TrainingError, DatasetError, ModelError, TrackingError, ValueError, OSError) as exc:
+    except (TrainingError, DatasetError, ModelError, TrackingError, ProbeError, ValueError, OSError) as exc:
         message = f"{type(exc).__name__}: {exc}".splitlines()[0]
         print(f"scalingrun-trainer train (rank {rank}/{size}): error: {message}", file=sys.stderr, flush=True)
         if context.get("progress") is not None:
@@ -71,7 +73,9 @@ def train(config: dict[str, Any]) -> int:
 def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str, Any]) -> int:
     import tensorflow as tf
 
-    from .callbacks import Checkpointer, EpochReporter, ResumableEarlyStopping, load_resume_state, restore
+    from .callbacks import (
+        Checkpointer, EpochReporter, InputWaitMeter, ResumableEarlyStopping, load_resume_state, restore,
+    )
     from .progress import ProgressWriter
 
     log = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
@@ -88,11 +92,6 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
     if spec_model.get("numClasses") and spec_model["numClasses"] != classes:
         raise TrainingError(f"model.numClasses is {spec_model['numClasses']} but the dataset has {classes} "
                             f"classes ({', '.join(dataset.classes[:5])}...): remove numClasses or fix the data")
-    scaled = scale_run(dataset.rows["train"], spec_train["batchSizePerWorker"], spec_train["baseLearningRate"],
-                       spec_train["learningRateScaling"], size)
-    log(f"scalingrun-trainer: {scaled.describe()}; {dataset.rows['train']} train / "
-        f"{dataset.rows['validation']} validation rows, {classes} classes")
-
     checkpoints = run_root.join("checkpoints")
     state = load_resume_state(checkpoints) if spec_train.get("resume", True) else None
     # "input": checkpoints of models that took float input (before uint8 + in-model normalisation) are not resumed.
@@ -108,10 +107,27 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
             "nothing to train; use a new run name to train again")
         return 0
 
+    weights = local_weights(spec_model.get("weights", "imagenet"), endpoint, region)
+    probe = None
+    if spec_train["batchSizePerWorker"] == "auto":
+        if state and (state.get("batchSizeProbe") or {}).get("chosen"):
+            # A resumed training keeps the batch size (and so the learning rate) its checkpoint was trained with.
+            probe = ProbeResult.from_document(state["batchSizeProbe"])
+            log(f"scalingrun-trainer: batch size {probe.chosen} from the probe before the checkpoint")
+        else:
+            probe = _probe_batch_size(spec_model, dataset, classes, weights, spec_train, rank, size, log)
+            tf.keras.utils.set_random_seed(seed)  # rank 0's probe drew numbers the other ranks did not
+        scaled = scale_auto_run(dataset.rows["train"], probe.chosen, spec_train["baseLearningRate"],
+                                spec_train["learningRateScaling"], size)
+    else:
+        scaled = scale_run(dataset.rows["train"], spec_train["batchSizePerWorker"], spec_train["baseLearningRate"],
+                           spec_train["learningRateScaling"], size)
+    log(f"scalingrun-trainer: {scaled.describe()}; {dataset.rows['train']} train / "
+        f"{dataset.rows['validation']} validation rows, {classes} classes")
+
     tracker = _start_tracking(config, rank, run_root.uri, _run_params(config, dataset, scaled, size),
                               (state or {}).get("mlflowRunId"), log)
     context["tracker"] = tracker
-    weights = local_weights(spec_model.get("weights", "imagenet"), endpoint, region)
     model = build_model(spec_model["base"], dataset.image_size, classes, weights,
                         spec_model.get("dropout", 0.0), spec_model.get("trainableBase", False))
     optimizer = hvd.DistributedOptimizer(_optimizer(spec_train["optimizer"], scaled.learning_rate))
@@ -134,7 +150,11 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
         if state and state.get("earlyStopping"):
             early_stopping.resume_from(state["earlyStopping"], best_weights)
 
-    callbacks: list = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+    clock = InputClock()
+    gpu = GpuSampler.open(hvd.local_rank()) if tf.config.list_physical_devices("GPU") else None
+    input_meter = InputWaitMeter(clock, gpu, combine=_combine_input_figures)
+    callbacks: list = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback(),
+                       input_meter]
     if early_stopping is not None:
         callbacks.append(early_stopping)
     progress = None
@@ -143,26 +163,33 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
                                   learning_rate=scaled.learning_rate, effective_batch_size=scaled.effective_batch_size,
                                   history=state.get("history") if state else None,
                                   mlflow_run_id=tracker.run_id if tracker else None,
-                                  resumed_from_epoch=initial_epoch if state else None)
+                                  resumed_from_epoch=initial_epoch if state else None,
+                                  batch_size_per_worker=scaled.batch_size_per_worker,
+                                  batch_size_probe=probe.document() if probe else None)
         context["progress"] = progress
         monitor = stopping.get("monitor", "val_loss")
         reporter = EpochReporter(progress, scaled.steps_per_epoch * scaled.effective_batch_size, monitor,
-                                 early_stopping, log=log, tracker=tracker)
+                                 early_stopping, log=log, tracker=tracker, input_meter=input_meter)
         if state:
             reporter.resume(state.get("history", []), ((state.get("earlyStopping") or {}).get("bestEpoch")))
         progress.start(best_epoch=reporter.best[0])
         every = int((spec_train.get("checkpoint") or {}).get("everyEpochs", 1))
         tensorboard_dir = tempfile.mkdtemp(prefix="tensorboard-")
-        resume_facts = {"trainedOn": trained_on, "mlflowRunId": tracker.run_id if tracker else None}
+        resume_facts = {"trainedOn": trained_on, "mlflowRunId": tracker.run_id if tracker else None,
+                        "batchSizeProbe": probe.document() if probe else None}
         callbacks += [reporter, Checkpointer(checkpoints, checkpoint, every, early_stopping, reporter, resume_facts),
                       tf.keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch", profile_batch=0)]
         if initial_epoch:
             log(f"resuming after epoch {initial_epoch} from {checkpoints.uri}")
 
+    reader = spec_train.get("input") or {}
+    reading = {"reader_threads": int(reader.get("readerWorkers", 4)),
+               "row_group_cache": int(reader.get("rowGroupCache", 50))}
     train_data, train_reader = make_dataset(dataset, "train", rank=rank, size=size,
-                                            batch_size=scaled.batch_size_per_worker, seed=seed)
+                                            batch_size=scaled.batch_size_per_worker, seed=seed, clock=clock,
+                                            delay=reader_delay(), **reading)
     val_data, val_reader = make_dataset(dataset, "validation", rank=rank, size=size,
-                                        batch_size=scaled.batch_size_per_worker, seed=seed)
+                                        batch_size=scaled.batch_size_per_worker, seed=seed, **reading)
     started = time.monotonic()
     try:
         if initial_epoch < max_epochs:
@@ -185,6 +212,52 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
         log(f"done in {time.monotonic() - started:.0f} s: best epoch {document['bestEpoch']} "
             f"{document['bestMetrics']}; model {model_uri}")
     return 0
+
+
+def _probe_batch_size(spec_model: dict[str, Any], dataset, classes: int, weights, spec_train: dict[str, Any],
+                      rank: int, size: int, log):
+    """batchSizePerWorker: auto. Rank 0 probes a throwaway copy of the model (see probe.py) while the
+    others wait; every rank gets its result, or its error."""
+    import horovod.tensorflow as hvd_tf
+    import tensorflow as tf
+
+    from .probe import is_out_of_memory, keras_measure, run_probe
+
+    result, error = None, None
+    if rank == 0:
+        oom_at = os.environ.get(OOM_AT_ENV)
+        try:
+            model = build_model(spec_model["base"], dataset.image_size, classes, weights,
+                                spec_model.get("dropout", 0.0), spec_model.get("trainableBase", False))
+            model.compile(optimizer=_optimizer(spec_train["optimizer"], spec_train["baseLearningRate"]),
+                          loss="sparse_categorical_crossentropy")
+            sizes = candidate_sizes(PROBE_START, probe_ceiling(dataset.rows["train"], size))
+            result = run_probe(keras_measure(model, dataset.image_size, classes,
+                                             oom_at=int(oom_at) if oom_at else None), sizes, is_out_of_memory)
+            log(f"scalingrun-trainer: {result.describe()}")
+        except Exception as exc:  # noqa: BLE001 - every rank must hear of it, or the others wait forever
+            error = f"batchSizePerWorker auto: {type(exc).__name__}: {exc}".splitlines()[0]
+        finally:
+            model = None
+            tf.keras.backend.clear_session()  # the probe's model and its memory go before the real one
+    result, error = hvd_tf.broadcast_object((result, error), root_rank=0, name="batch_size_probe")
+    if error:
+        raise ProbeError(error)
+    return result
+
+
+def _combine_input_figures(wait: Optional[float], gpu: Optional[float]) -> tuple[Optional[float], Optional[float]]:
+    """All ranks: the largest input-wait share (the slowest reader holds every rank back in the allreduce)
+    and the mean GPU utilisation over the ranks that have one."""
+    import horovod.tensorflow as hvd_tf
+    import tensorflow as tf
+
+    worst = hvd_tf.allreduce(tf.constant([-1.0 if wait is None else wait], tf.float64), op=hvd_tf.Max,
+                             name="input_wait_fraction")
+    total, count = hvd_tf.allreduce(tf.constant([gpu or 0.0, 0.0 if gpu is None else 1.0], tf.float64),
+                                    op=hvd_tf.Sum, name="gpu_utilization").numpy()
+    worst = float(worst.numpy()[0])
+    return (worst if worst >= 0 else None), (float(total / count) if count else None)
 
 
 def _run_params(config: dict[str, Any], dataset, scaled, size: int) -> dict[str, Any]:

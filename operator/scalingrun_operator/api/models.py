@@ -10,7 +10,8 @@ import datetime as dt
 from enum import Enum
 from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, WithJsonSchema
+from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
 
 GROUP = "scalingrun.dev"
@@ -42,6 +43,32 @@ Quantity = Annotated[
     WithJsonSchema(
         {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string"}], "pattern": QUANTITY_PATTERN}
     ),
+]
+
+
+AUTO = "auto"
+MAX_BATCH_SIZE = 65536
+
+
+def _batch_size(value: object) -> int | str:
+    """An integer in [1, 65536] or "auto"; strict: "32" (a string) is not 32."""
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PydanticCustomError("batch_size", 'Input should be a valid integer >= 1 or "auto"')
+    if not 1 <= value <= MAX_BATCH_SIZE:
+        raise PydanticCustomError("batch_size", f"Input should be greater than or equal to 1 and at most "
+                                  f"{MAX_BATCH_SIZE}, or \"auto\"")
+    return value
+
+
+# batchSizePerWorker: a number, or "auto" (a probe before training picks it). Int-or-string in the CRD: the
+# bounds apply to integers and the pattern to strings.
+BatchSize = Annotated[
+    int | str,
+    PlainValidator(_batch_size),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "minimum": 1, "maximum": MAX_BATCH_SIZE,
+                    "pattern": f"^{AUTO}$"}),
 ]
 
 
@@ -227,12 +254,30 @@ class Checkpoint(_Model):
     every_epochs: int = Field(1, ge=1, le=1000, description="Write a checkpoint every N epochs.")
 
 
+class InputPipeline(_Model):
+    """The training reader (Petastorm over the Parquet shards): what to raise when InputBound is True."""
+
+    reader_workers: int = Field(
+        4, ge=1, le=64, description="Threads per process that read and decode Parquet row groups."
+    )
+    row_group_cache: int = Field(
+        50,
+        ge=1,
+        le=10000,
+        description="Row groups each process reads ahead and keeps in memory (Petastorm's results queue).",
+    )
+
+
 class Training(_Model):
     """Horovod data-parallel training. The learning rate is scaled with the number of processes."""
 
     optimizer: Optimizer = Field(Optimizer.nadam, description="Optimizer, wrapped by Horovod.")
-    batch_size_per_worker: int = Field(
-        32, ge=1, le=65536, description="Batch size of each Horovod process; effective = x processes."
+    batch_size_per_worker: BatchSize = Field(
+        32,
+        description="Batch size of each Horovod process; effective = x processes. \"auto\": before training, "
+        "a short probe on one worker doubles the batch size from 8 until out-of-memory or a ceiling and takes "
+        "the smallest size within 5 % of the best images/s; baseLearningRate then counts for a batch of 32 "
+        "on one process and is scaled by learningRateScaling with effective batch / 32.",
     )
     base_learning_rate: float = Field(
         0.001, gt=0, le=10, description="Learning rate for one process, before scaling."
@@ -249,6 +294,8 @@ class Training(_Model):
     backoff_limit: int = Field(
         3, ge=0, le=1000, description="Interruptions allowed before the run fails: worker pods lost, launcher "
         "restarts and children (Job, MPIJob) deleted mid-run, all counted in status.training.restarts.")
+    input: InputPipeline = Field(default_factory=InputPipeline, description="The training reader's threads and "
+                                 "read-ahead.")
 
 
 class TolerationOperator(str, Enum):
@@ -418,6 +465,32 @@ class TrainingPod(_Model):
     lost: bool = Field(False, description="True once the pod's loss (failed, evicted, deleted) was counted.")
 
 
+class ProbedBatchSize(_Model):
+    """One batch size the probe tried."""
+
+    batch_size: int = Field(..., description="Batch size per process.")
+    images_per_second: Optional[float] = Field(None, description="Training throughput of one process at it.")
+    out_of_memory: bool = Field(False, description="True when this size ran out of memory (the probe stopped).")
+
+
+class BatchSizeProbe(_Model):
+    """How batchSizePerWorker: auto was chosen."""
+
+    chosen: Optional[int] = Field(None, description="The batch size per process the probe picked.")
+    seconds: Optional[float] = Field(None, description="How long the probe took (before the first epoch).")
+    stopped_by: Optional[str] = Field(None, description="outOfMemory or ceiling: why no larger size was tried.")
+    table: list[ProbedBatchSize] = Field(default_factory=list, description="Sizes tried, smallest first.")
+
+
+class InputEpoch(_Model):
+    """Input-pipeline figures of one epoch."""
+
+    epoch: int = Field(..., description="Epoch (1-based).")
+    input_wait_fraction: Optional[float] = Field(
+        None, description="Share of training step time spent waiting for input batches (0-1).")
+    gpu_utilization: Optional[float] = Field(None, description="Mean GPU utilisation in percent (NVML); none on CPU.")
+
+
 class TrainingStatus(_Model):
     """Progress of the training, mirrored from the trainer's progress document."""
 
@@ -444,6 +517,14 @@ class TrainingStatus(_Model):
     launcher_restarts: Optional[int] = Field(None, description="Launcher restarts (container or new pod).")
     mpi_job_uid: Optional[str] = Field(
         None, description="UID of the MPIJob these figures belong to; a new MPIJob starts them again.")
+    batch_size_per_worker: Optional[int] = Field(
+        None, description="Batch size per process in use (the probe's choice when the spec says auto).")
+    batch_size_probe: Optional[BatchSizeProbe] = Field(None, description="The auto batch-size probe, when it ran.")
+    input_wait_fraction: Optional[float] = Field(
+        None, description="Last epoch's share of step time spent waiting for input (0-1).")
+    gpu_utilization: Optional[float] = Field(None, description="Last epoch's mean GPU utilisation in percent.")
+    input_history: list[InputEpoch] = Field(
+        default_factory=list, description="Input wait and GPU utilisation of the last epochs (InputBound reads it).")
     pods: list[TrainingPod] = Field(
         default_factory=list, description="Launcher and worker pods as last seen, so that a restarted operator "
         "neither counts an interruption twice nor misses one.")

@@ -33,6 +33,7 @@ from ..status import (
     may_revalidate, parse_time,
 )
 from ..storage import StorageError, StorageTarget, list_names, read_json, read_json_versioned, uses_s3
+from ..status import INPUT_BOUND
 from . import dataset, pods as pod_diagnosis, spec as pinning, training
 
 log = logging.getLogger(__name__)
@@ -502,6 +503,7 @@ class _Pass:
         self.update.desired["training"] = merged
         if not state.finished and self._over_backoff_limit(run, merged):
             return
+        self._input_bound(run, merged.get("inputHistory"))
         uri = training.model_uri(progress)
         if uri:
             self.update.desired["modelUri"] = uri
@@ -549,6 +551,15 @@ class _Pass:
             return pod_diagnosis.LauncherLog(pod, container, "", "it never ran on a node, so it has no log")
         text, error = self.kube.read_pod_log_tail(self.namespace, pod, container, pod_diagnosis.LOG_LINES)
         return pod_diagnosis.LauncherLog(pod, container, pod_diagnosis.log_tail(text or ""), error)
+
+    def _input_bound(self, run: ScalingRun, history) -> None:
+        decision = training.input_bound(run, history)
+        if decision is None:
+            return
+        before = get_condition(self.update.desired["conditions"], INPUT_BOUND)
+        self.update.condition(INPUT_BOUND, *decision)
+        if decision[0] == "True" and (before or {}).get("status") != "True":
+            self.update.warn(decision[1], decision[2])
 
     def _track_interruptions(self, training_status: dict[str, Any], mpijob: str, paused: bool) -> None:
         """Counts worker pods lost and launcher restarts against the pods recorded in status (one Event each)."""

@@ -3,7 +3,8 @@
 Contract with the trainer (scalingrun_trainer.progress): rank 0 writes `<runLocation>/progress.json`
 {"state", "epoch", "maxEpochs", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond",
 "elapsedSeconds", "learningRate", "effectiveBatchSize", "processes", "modelUri", "error", "mlflowRunId",
-"resumedFromEpoch"}. A resumed attempt starts its document at the epoch it resumed from.
+"resumedFromEpoch", "batchSizePerWorker", "batchSizeProbe", "inputWaitFraction", "gpuUtilization",
+"inputHistory"}. A resumed attempt starts its document at the epoch it resumed from.
 """
 
 from __future__ import annotations
@@ -28,9 +29,16 @@ _MIRRORED = {
     "effectiveBatchSize": ("effectiveBatchSize", int),
     "processes": ("processes", int),
     "resumedFromEpoch": ("resumedFromEpoch", int),
+    "batchSizePerWorker": ("batchSizePerWorker", int),
+    "inputWaitFraction": ("inputWaitFraction", float),
+    "gpuUtilization": ("gpuUtilization", float),
 }
 # What describes the last finished epoch: kept together, from one attempt.
-_EPOCH_KEYS = ("epoch", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond")
+_EPOCH_KEYS = ("epoch", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond", "inputWaitFraction",
+               "gpuUtilization", "inputHistory")
+# InputBound: the share of step time spent waiting for input, over this many epochs in a row.
+INPUT_WAIT_THRESHOLD = 0.30
+INPUT_BOUND_EPOCHS = 2
 
 
 def progress_uri(run: ScalingRun) -> str:
@@ -77,7 +85,81 @@ def training_status(progress: Optional[dict[str, Any]]) -> dict[str, Any]:
     run_id = progress.get("mlflowRunId")
     if isinstance(run_id, str) and run_id:
         out["mlflowRunId"] = run_id
+    probe = _probe(progress.get("batchSizeProbe"))
+    if probe:
+        out["batchSizeProbe"] = probe
+    if isinstance(progress.get("inputHistory"), list):
+        out["inputHistory"] = input_history(progress["inputHistory"])
     return out
+
+
+def _probe(value: Any) -> Optional[dict[str, Any]]:
+    if not isinstance(value, dict):
+        return None
+    out: dict[str, Any] = {}
+    for key, kind in (("chosen", int), ("seconds", float)):
+        number = _number(value.get(key), kind)
+        if number is not None:
+            out[key] = number
+    if isinstance(value.get("stoppedBy"), str):
+        out["stoppedBy"] = value["stoppedBy"]
+    table = []
+    for row in value.get("table") or []:
+        size = _number((row or {}).get("batchSize"), int) if isinstance(row, dict) else None
+        if size is None:
+            continue
+        entry: dict[str, Any] = {"batchSize": size, "outOfMemory": row.get("outOfMemory") is True}
+        rate = _number(row.get("imagesPerSecond"), float)
+        if rate is not None:
+            entry["imagesPerSecond"] = rate
+        table.append(entry)
+    out["table"] = table
+    return out
+
+
+def input_history(value: Any) -> list[dict[str, Any]]:
+    """progress.json's inputHistory, numbers only, in epoch order."""
+    out = []
+    for entry in value if isinstance(value, list) else []:
+        epoch = _number((entry or {}).get("epoch"), int) if isinstance(entry, dict) else None
+        if epoch is None:
+            continue
+        row: dict[str, Any] = {"epoch": epoch}
+        for key in ("inputWaitFraction", "gpuUtilization"):
+            number = _number(entry.get(key), float)
+            if number is not None:
+                row[key] = number
+        out.append(row)
+    return sorted(out, key=lambda row: row["epoch"])
+
+
+def input_bound(run: ScalingRun, history: Any) -> Optional[tuple[str, str, str]]:
+    """The InputBound condition (status, reason, message) from the input history; None before any epoch
+    was measured. True when the input wait exceeded INPUT_WAIT_THRESHOLD of step time in each of the
+    last INPUT_BOUND_EPOCHS consecutive epochs; False again as soon as an epoch stays below it."""
+    measured = [row for row in input_history(history) if "inputWaitFraction" in row]
+    if not measured:
+        return None
+    last = measured[-INPUT_BOUND_EPOCHS:]
+    shares = " and ".join(f"{row['inputWaitFraction']:.0%}" for row in last)
+    epochs = " and ".join(str(row["epoch"]) for row in last)
+    gpu = [row["gpuUtilization"] for row in last if "gpuUtilization" in row]
+    gpu_text = f"; GPU {gpu[-1]:.0f}% busy" if gpu else ""
+    consecutive = [row["epoch"] for row in last] == list(range(last[0]["epoch"], last[0]["epoch"] + len(last)))
+    if (len(last) == INPUT_BOUND_EPOCHS and consecutive
+            and all(row["inputWaitFraction"] > INPUT_WAIT_THRESHOLD for row in last)):
+        reading = run.spec.training.input
+        return ("True", "InputWaitHigh",
+                f"training waited for input batches {shares} of its step time in epochs {epochs} (over "
+                f"{INPUT_WAIT_THRESHOLD:.0%} {INPUT_BOUND_EPOCHS} epochs in a row{gpu_text}): the reader does not "
+                f"keep up with the model. Try more reader threads (spec.training.input.readerWorkers, now "
+                f"{reading.reader_workers}), a larger row-group read-ahead (spec.training.input.rowGroupCache, now "
+                f"{reading.row_group_cache}), or fewer, larger shards (a lower "
+                f"spec.dataset.preprocessing.parallelism, now {run.spec.dataset.preprocessing.parallelism}, "
+                "writes fewer, larger files)")
+    return ("False", "InputKeepsUp",
+            f"input wait {last[-1]['inputWaitFraction']:.0%} of step time in epoch {last[-1]['epoch']}{gpu_text} "
+            f"(InputBound above {INPUT_WAIT_THRESHOLD:.0%} for {INPUT_BOUND_EPOCHS} epochs in a row)")
 
 
 def merge_training_status(previous: dict[str, Any], base: dict[str, Any], mirrored: dict[str, Any],

@@ -24,7 +24,7 @@ from ..api.models import Condition, Phase, PreprocessingStatus, ScalingRun, Scal
 from ..api.validation import s3_fields
 from ..builders.common import storage_env
 from ..builders.config import build_trainer_config, total_processes
-from ..handlers.training import progress_uri, training_status
+from ..handlers.training import input_bound, progress_uri, training_status
 from ..storage import StorageError, StorageTarget, read_json
 
 
@@ -177,6 +177,11 @@ class LocalRun:
         if self.progress:
             self.status.training = TrainingStatus.model_validate(training_status(self.progress))
             self.status.model_uri = self.progress.get("modelUri")
+            bound = input_bound(self.run, self.progress.get("inputHistory"))
+            if bound:  # as the operator sets it, from the same progress document
+                self.status.conditions = [c for c in self.status.conditions if c.type != "InputBound"] + [Condition(
+                    type="InputBound", status=bound[0], reason=bound[1], message=bound[2],
+                    last_transition_time=_now().isoformat())]
         self.status.completion_time = _now()
         if result.returncode != 0:
             cause = (self.progress or {}).get("error") or f"horovodrun exited {result.returncode}"
