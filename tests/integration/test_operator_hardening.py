@@ -19,7 +19,8 @@ from kubernetes.client.rest import ApiException
 from scalingrun_operator.api import models
 
 from .test_operator import (
-    BUCKET, SECRET, Bucket, Cluster, Operator, manifest_for, new_run, progress, progress_uri, reach_training, wait_for,
+    BUCKET, SCHEDULED, SECRET, Bucket, Cluster, Operator, manifest_for, mpijob_pod_labels, new_run, progress,
+    progress_uri, reach_training, running, wait_for,
 )
 
 pytestmark = pytest.mark.k8s
@@ -339,5 +340,39 @@ def test_a_reconcile_that_failed_on_a_child_event_is_tried_again_without_a_timer
                  operator=op)
         owner = cluster.mpijob("blocked-train")["metadata"]["ownerReferences"][0]
         assert owner["uid"] == created["metadata"]["uid"]
+    finally:
+        op.stop()
+
+
+def test_a_run_failed_over_its_backoff_limit_suspends_its_still_running_mpijob(namespaces, kubeconfig, bucket,
+                                                                               s3_server, tmp_path):
+    """A lost worker pod is an interruption too; over the limit the run fails, and its MPIJob's pods must not
+    keep holding nodes: the MPIJob is suspended (the MPI operator then deletes its pods)."""
+    cluster = namespaces()
+    op = _operator(kubeconfig, tmp_path, [cluster])
+    try:
+        op.start()
+        cluster.create_run(new_run(cluster.ns, "fragile", s3_server, training={"backoffLimit": 0}))
+        reach_training(cluster, bucket, "fragile", op)
+        mpijob = cluster.mpijob("fragile-train")
+        image = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"]
+        worker = "fragile-train-worker-0"
+        cluster.create_pod(worker, mpijob_pod_labels(mpijob, "worker"), "worker", image)
+        cluster.set_pod_status(worker, phase="Running", containers=running("worker"), conditions=SCHEDULED)
+        cluster.set_mpijob_condition("fragile-train", "Running", "", "")
+        wait_for(lambda: len((cluster.status("fragile").get("training") or {}).get("pods") or []) == 1,
+                 what="the worker recorded", operator=op)
+        assert not (cluster.mpijob("fragile-train")["spec"].get("runPolicy") or {}).get("suspend")
+
+        cluster.delete_pod(worker)
+        status = wait_for(cluster.phase_is("fragile", "Failed"), what="Failed over the backoff limit", operator=op)
+        failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "BackoffLimitExceeded", failed
+        assert "1 interruption exceeds spec.training.backoffLimit (0)" in failed["message"], failed["message"]
+        suspended = wait_for(lambda: (cluster.mpijob("fragile-train")["spec"].get("runPolicy") or {}).get("suspend"),
+                             what="the MPIJob suspended", operator=op)
+        assert suspended is True
+        cluster.wait_events("fragile", lambda ev: any(
+            r == "Suspending" and "suspended because the run failed" in m for _, r, m in ev), op)
     finally:
         op.stop()

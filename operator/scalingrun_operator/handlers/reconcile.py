@@ -479,6 +479,7 @@ class _Pass:
             self._forget_mpijob(mpijob)
             if self._child_deleted(run, "MPIJob", name, "the MPIJob there now resumes from the last checkpoint",
                                    replaced=True):
+                self._stop_training(name, training.mpijob_state(mpijob))
                 return
         if mpijob is None:
             self._ensure(build_config_map(run, self.namespace))
@@ -502,6 +503,7 @@ class _Pass:
             self._track_interruptions(merged, name, paused=wanted_suspend or state.suspended)
         self.update.desired["training"] = merged
         if not state.finished and self._over_backoff_limit(run, merged):
+            self._stop_training(name, state)
             return
         self._input_bound(run, merged.get("inputHistory"))
         uri = training.model_uri(progress)
@@ -603,6 +605,14 @@ class _Pass:
         self.again = not replaced
         return False
 
+    def _stop_training(self, name: str, state: training.MPIJobState) -> None:
+        """A run that failed while its MPIJob still runs: suspend it, so its pods stop holding nodes (and GPUs)."""
+        patch = training.suspend_patch(True, state)
+        if patch:
+            self.kube.patch_mpijob(self.namespace, name, patch)
+            self.kube.post_event(self.body, "Normal", "Suspending",
+                                 f"MPIJob {name}: suspended because the run failed; delete the run to remove it")
+
     def _over_backoff_limit(self, run: ScalingRun, training_status: dict[str, Any], last: str = "") -> bool:
         """Fails the run once its interruptions (pods lost, launcher restarts, children deleted) exceed the limit."""
         limit = run.spec.training.backoff_limit
@@ -610,7 +620,8 @@ class _Pass:
         if restarts <= limit:
             return False
         last = last or "see the run's Warning Events for each one"
-        message = (f"{restarts} interruptions exceed spec.training.backoffLimit ({limit}); the last: {last}. "
+        counted = "1 interruption exceeds" if restarts == 1 else f"{restarts} interruptions exceed"
+        message = (f"{counted} spec.training.backoffLimit ({limit}); the last: {last}. "
                    f"Find what deletes or interrupts the run's children and pods (kubectl get events -n "
                    f"{self.namespace}), then recreate the run, which resumes from its last checkpoint when "
                    "spec.training.resume is true, or allow more with spec.training.backoffLimit")
