@@ -35,12 +35,15 @@ ALLOWED = [
     ("create", "clusterkopfpeerings.kopf.dev"), ("get", "clusterkopfpeerings.kopf.dev"),
     # ... and reads its children's pods to report why a run is stuck
     ("get", "pods"), ("list", "pods"), ("watch", "pods"),
+    # ... and runs the points of a ScalingSweep as ScalingRuns it creates
+    ("create", "scalingruns.scalingrun.dev"), ("watch", "scalingsweeps.scalingrun.dev"),
+    ("patch", "scalingsweeps.scalingrun.dev", "status"),
 ]
 # ... and what it must not be able to do (a subresource as its own item: `pods/log` would mean the pod "log").
 DENIED = [
     ("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("delete", "secrets"), ("create", "pods"),
     ("delete", "jobs.batch"), ("delete", "mpijobs.kubeflow.org"), ("delete", "scalingruns.scalingrun.dev"),
-    ("create", "scalingruns.scalingrun.dev"), ("update", "configmaps"), ("create", "deployments.apps"),
+    ("delete", "scalingsweeps.scalingrun.dev"), ("create", "scalingsweeps.scalingrun.dev"), ("update", "configmaps"), ("create", "deployments.apps"),
     ("create", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "pods", "exec"), ("get", "pods", "log"), ("patch", "nodes"), ("delete", "pods"), ("patch", "pods"),
     ("delete", "clusterkopfpeerings.kopf.dev"), ("create", "kopfpeerings.kopf.dev"),
