@@ -147,13 +147,17 @@ def recommend(rows: list[dict[str, Any]], threshold: float, tolerance: float) ->
             why.append(f"efficiency {r['efficiency']:.2f} < {threshold:g}")
         if r["bestValAccuracy"] < best - tolerance - eps:
             why.append(f"val_accuracy {r['bestValAccuracy']:.4f} more than {tolerance:g} below the best {best:.4f}")
-        reasons.append(f"{r['workers']} workers: " + " and ".join(why))
-    message = (f"{pick['workers']} workers ({pick['processes']} processes): speedup {pick['speedup']:.2f}, efficiency "
+        reasons.append(f"{_workers(r['workers'])}: " + " and ".join(why))
+    message = (f"{_workers(pick['workers'])} ({pick['processes']} processes): speedup {pick['speedup']:.2f}, efficiency "
                f"{pick['efficiency']:.2f} >= {threshold:g}, val_accuracy {pick['bestValAccuracy']:.4f} within "
                f"{tolerance:g} of the best {best:.4f}")
     if reasons:
         message += "; not larger: " + "; ".join(reasons)
     return {"run": pick["run"], "workers": pick["workers"], "processes": pick["processes"], "message": message}
+
+
+def _workers(count: int) -> str:
+    return f"{count} worker" + ("" if count == 1 else "s")
 
 
 def sweep_phase(points: list[Point], children: dict[str, Optional[dict[str, Any]]]) -> tuple[str, str]:
@@ -164,7 +168,7 @@ def sweep_phase(points: list[Point], children: dict[str, Optional[dict[str, Any]
     if failed:
         child = children[failed[0].name] or {}
         cause = (child.get("status") or {}).get("message") or "see kubectl describe srun " + failed[0].name
-        message = (f"point {failed[0].name} ({failed[0].workers} workers) failed: {cause}; no further point "
+        message = (f"point {failed[0].name} ({_workers(failed[0].workers)}) failed: {cause}; no further point "
                    f"starts. Fix the cause and create the sweep again.")
         if active:
             return SweepPhase.running.value, message + f" Waiting for {', '.join(p.name for p in active)}."
@@ -251,6 +255,7 @@ class _SweepPass:
             message = "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the sweep is retried on edit)."
             self._condition(FAILED, "True", INVALID_SPEC, message)
             self._set_phase(SweepPhase.failed.value, f"{INVALID_SPEC}: {message}")
+            self.desired["message"] = f"{INVALID_SPEC}: {message}"
             return self._write()
         if (get_condition(self.desired["conditions"], FAILED) or {}).get("reason") == INVALID_SPEC:
             self._condition(FAILED, "False", "SpecValid", "the spec is valid")
