@@ -94,7 +94,7 @@ def render_sweep_report(rows: list[dict[str, Any]], sweep_name: str, out_dir: Pa
             axis.axvline(recommendation["processes"], color="green", linestyle="--", alpha=0.5)
     title = f"ScalingSweep {sweep_name}"
     if recommendation:
-        title += f": recommended {recommendation['workers']} workers ({recommendation['processes']} processes)"
+        title += f": recommended {recommendation['workers']} worker(s), {recommendation['processes']} process(es)"
     figure.suptitle(title)
     figure.tight_layout()
     png = out_dir / f"{sweep_name}-sweep.png"
@@ -103,7 +103,8 @@ def render_sweep_report(rows: list[dict[str, Any]], sweep_name: str, out_dir: Pa
 
     lines = [f"# ScalingSweep {sweep_name}", ""]
     if recommendation:
-        lines.append(f"Recommendation: **{recommendation['workers']} workers** ({recommendation['run']}): "
+        count = recommendation["workers"]
+        lines.append(f"Recommendation: **{count} worker{'' if count == 1 else 's'}** ({recommendation['run']}): "
                      f"{recommendation['message']}.")
     else:
         lines.append(f"No recommendation: no finished point has efficiency >= {threshold:g} and accuracy within "

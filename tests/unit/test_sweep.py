@@ -274,3 +274,24 @@ def test_report_png_and_markdown(tmp_path):
     assert "Recommendation: **2 workers** (demo-w2)" in page and "4 processes on 2 CPU cores" in page
     assert "| workers | processes | effective batch |" in page
     assert "| 2 | 2 | 32 | 0.001 | 10 | 0.8950 | 0.5000 | 550 | 55.0 | 200 | 1.82 | 0.91 | 0.306 |" in page
+
+
+def test_report_command_reads_the_points_progress_documents(tmp_path, capsys):
+    doc = copy.deepcopy(SWEEP)
+    doc["spec"]["workers"] = [1, 2]
+    doc["spec"]["template"]["dataset"] = {"source": str(tmp_path / "raw"), "output": str(tmp_path / "out")}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    for workers, seconds, accuracy in ((1, 100.0, 0.9), (2, 80.0, 0.9)):
+        folder = tmp_path / "out" / "runs" / f"demo-w{workers}"
+        folder.mkdir(parents=True)
+        document = {**progress(5, seconds, accuracy), "bestMetrics": {"val_accuracy": accuracy, "val_loss": 0.3},
+                    "processes": workers}
+        (folder / "progress.json").write_text(__import__("json").dumps(document))
+    assert main(["report", "-f", str(path), "-o", str(tmp_path / "report")]) == 0
+    out = capsys.readouterr().out
+    assert "report: " + str(tmp_path / "report" / "demo-sweep.png") in out
+    page = (tmp_path / "report" / "demo-sweep.md").read_text()
+    # 20 s and 16 s per epoch: speedup 1.25 on 2 processes, efficiency 0.62 < 0.7: the first point is recommended
+    assert "| 2 | 2 | - | - | 5 | 0.9000 | 0.3000 | 80 | 16.0 | 200 | 1.25 | 0.62 | 0.044 |" in page
+    assert "Recommendation: **1 worker** (demo-w1)" in page
