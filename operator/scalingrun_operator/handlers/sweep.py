@@ -147,8 +147,8 @@ def recommend(rows: list[dict[str, Any]], threshold: float, tolerance: float) ->
             why.append(f"efficiency {r['efficiency']:.2f} < {threshold:g}")
         if r["bestValAccuracy"] < best - tolerance - eps:
             why.append(f"val_accuracy {r['bestValAccuracy']:.4f} more than {tolerance:g} below the best {best:.4f}")
-        reasons.append(f"{_workers(r['workers'])}: " + " and ".join(why))
-    message = (f"{_workers(pick['workers'])} ({pick['processes']} processes): speedup {pick['speedup']:.2f}, efficiency "
+        reasons.append(f"{workers_text(r['workers'])}: " + " and ".join(why))
+    message = (f"{workers_text(pick['workers'])} ({processes_text(pick['processes'])}): speedup {pick['speedup']:.2f}, efficiency "
                f"{pick['efficiency']:.2f} >= {threshold:g}, val_accuracy {pick['bestValAccuracy']:.4f} within "
                f"{tolerance:g} of the best {best:.4f}")
     if reasons:
@@ -156,8 +156,12 @@ def recommend(rows: list[dict[str, Any]], threshold: float, tolerance: float) ->
     return {"run": pick["run"], "workers": pick["workers"], "processes": pick["processes"], "message": message}
 
 
-def _workers(count: int) -> str:
+def workers_text(count: int) -> str:
     return f"{count} worker" + ("" if count == 1 else "s")
+
+
+def processes_text(count: int) -> str:
+    return f"{count} process" + ("" if count == 1 else "es")
 
 
 def sweep_phase(points: list[Point], children: dict[str, Optional[dict[str, Any]]]) -> tuple[str, str]:
@@ -168,7 +172,7 @@ def sweep_phase(points: list[Point], children: dict[str, Optional[dict[str, Any]
     if failed:
         child = children[failed[0].name] or {}
         cause = (child.get("status") or {}).get("message") or "see kubectl describe srun " + failed[0].name
-        message = (f"point {failed[0].name} ({_workers(failed[0].workers)}) failed: {cause}; no further point "
+        message = (f"point {failed[0].name} ({workers_text(failed[0].workers)}) failed: {cause}; no further point "
                    f"starts. Fix the cause and create the sweep again.")
         if active:
             return SweepPhase.running.value, message + f" Waiting for {', '.join(p.name for p in active)}."
@@ -288,7 +292,7 @@ class _SweepPass:
         child, created = self.kube.ensure_child(build_point_run(sweep, point, self.namespace), owner=self.body)
         if created:
             self.events.append(("Normal", "PointCreated",
-                                f"ScalingRun {point.name}: {point.workers} workers, {point.processes} processes"))
+                                f"ScalingRun {point.name}: {workers_text(point.workers)}, {processes_text(point.processes)}"))
             log.info("created ScalingRun %s/%s for sweep %s", self.namespace, point.name, self.name)
         return child
 

@@ -101,7 +101,7 @@ def _sweep(run, workers: str, state: Path, started: float) -> int:
         return 2
     sweep = parse_scalingsweep({
         "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingSweep",
-        "metadata": {"name": f"{run.metadata.name}-sweep"},
+        "metadata": {"name": run.metadata.name},  # points quickstart-w1, -w2; report quickstart-sweep.png
         "spec": {"workers": counts, "template": run.spec.model_dump(mode="json", by_alias=True, exclude_none=True)}})
     local = LocalSweep(sweep, state / "sweeps" / sweep.metadata.name)
     code = local.start()

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 from ..api.models import Phase, ScalingSweep
 from ..api.validation import parse_scalingrun
 from ..builders.sweep import Point, build_point_run, sweep_points
-from ..handlers.sweep import add_scaling, point_row, recommend
+from ..handlers.sweep import add_scaling, point_row, processes_text, recommend, workers_text
 from ..handlers.training import training_status
 from .runner import LocalRun
 
@@ -70,7 +70,7 @@ class LocalSweep:
             if note:
                 self.notes.append(note)
                 self.log(note)
-            self.log(f"== point {point.name}: {point.workers} workers, {point.processes} processes ==")
+            self.log(f"== point {point.name}: {workers_text(point.workers)}, {processes_text(point.processes)} ==")
             local = LocalRun(run, self.workdir / point.name, log=self.log)
             code = local.start()
             phase = local.status.phase
