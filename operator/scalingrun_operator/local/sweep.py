@@ -36,10 +36,10 @@ def oversubscribed_note(processes: int, cores: int) -> str:
 
 
 def shared_cores_note(processes: int, first: int, cores: int) -> str:
-    return (f"note: {processes} CPU processes share this machine's {cores} cores with no more compute than the "
-            f"first point's {first} (TensorFlow spreads one process over every core already), so poor speedup here "
-            "is the right answer for this machine, not the model's limit; on GPUs or more nodes each process adds "
-            "its own")
+    return (f"note: {processes} CPU processes share this machine's {cores} cores, the same compute as the first "
+            f"point's {first} (TensorFlow spreads one process over every core already): expect a speedup near 1 "
+            "here, which is this machine's answer, not the model's limit; a clearly different figure means the "
+            "machine's load changed between the points. On GPUs or more nodes each process brings its own.")
 
 
 def core_note(point: Point, first: Point, cores: int) -> str:
