@@ -91,8 +91,8 @@ def test_apply_k_installs_the_operator_and_accepts_example_runs(installed, api_c
         result = subprocess.run([*installed, "create", "-n", namespace, "-f", str(example)], capture_output=True,
                                 text=True)
         assert result.returncode == 0, result.stderr
-    names = subprocess.run([*installed, "get", "srun", "-n", namespace, "-o", "name"], capture_output=True,
-                           text=True).stdout.split()
+    names = subprocess.run([*installed, "get", "srun,ssweep", "-n", namespace, "-o", "name"], capture_output=True,
+                           text=True).stdout.split()  # examples/sweep.yaml is a ScalingSweep
     assert len(names) == len(list((ROOT / "examples").glob("*.yaml")))
 
 
