@@ -16,7 +16,6 @@ from kubernetes import client
 
 from scalingrun_operator.api import models
 from scalingrun_operator.builders.sweep import SWEEP_LABEL
-from tests.conftest import install_crd
 from tests.integration.test_operator import (
     SECRET, Bucket, Cluster, Operator, _namespace, manifest_for, new_run, progress, progress_uri, wait_for,
 )
@@ -25,13 +24,6 @@ pytestmark = pytest.mark.k8s
 
 BUCKET = "scalingrun-sweep"
 PREFIX = "sws"  # namespaces served by this module's operator
-
-
-@pytest.fixture(scope="module")
-def scalingsweep_crd(api_client, scalingrun_crd):
-    from scalingrun_operator.api.crd import build_sweep_crd
-
-    return install_crd(api_client, build_sweep_crd(), replace=True)
 
 
 @pytest.fixture(scope="module")
