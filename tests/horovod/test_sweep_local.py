@@ -53,7 +53,7 @@ def test_local_sweep_one_then_two_processes(tmp_path):
     assert rows[0]["speedup"] == "1.00" and rows[0]["efficiency"] == "1.00"
     speedup, efficiency = float(rows[1]["speedup"]), float(rows[1]["efficiency"])
     assert speedup > 0 and efficiency == pytest.approx(speedup / 2, abs=0.01)
-    assert re.search(r"^recommended: \d workers? \(\d processes?\)", out, re.M), out
+    assert re.search(r"^recommended: \d workers? \(\d process(es)?\)", out, re.M), out
     # 2 CPU processes on the cores one process already uses: the output says why scaling is poor.
     assert "note: 2 CPU processes share this machine's" in out or "note: 2 processes on 1 CPU cores" in out
     report = re.search(r"^report: (\S+\.png) and (\S+\.md)$", out, re.M)
