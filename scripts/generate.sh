@@ -9,6 +9,10 @@ mkdir -p "$ROOT/manifests/crd" "$ROOT/charts/scalingrun/templates"
   > "$ROOT/manifests/crd/scalingrun.dev_scalingruns.yaml"
 "$PY" -c 'from scalingrun_operator.api.crd import render_chart_crd_template; print(render_chart_crd_template(), end="")' \
   > "$ROOT/charts/scalingrun/templates/crd.yaml"
+"$PY" -c 'from scalingrun_operator.api.crd import render_sweep_crd_yaml; print(render_sweep_crd_yaml(), end="")' \
+  > "$ROOT/manifests/crd/scalingrun.dev_scalingsweeps.yaml"
+"$PY" -c 'from scalingrun_operator.api.crd import render_chart_sweep_crd_template; print(render_chart_sweep_crd_template(), end="")' \
+  > "$ROOT/charts/scalingrun/templates/crd-scalingsweep.yaml"
 # The kustomize base is the chart rendered with its defaults (CRDs apart, in manifests/crd), without the
 # PodDisruptionBudget: its API version depends on the cluster (policy/v1 from 1.21), which the base cannot ask.
 HELM="$(bash "$ROOT/scripts/tools.sh")/helm"
@@ -17,4 +21,4 @@ mkdir -p "$ROOT/manifests/base"
   "$HELM" template scalingrun "$ROOT/charts/scalingrun" --namespace scalingrun-system --set crds.enabled=false \
     --set podDisruptionBudget.enabled=false \
     | grep -v '^# Source:'; } > "$ROOT/manifests/base/scalingrun.yaml"
-echo "generated manifests/crd/*.yaml, charts/scalingrun/templates/crd.yaml, manifests/base/scalingrun.yaml"
+echo "generated manifests/crd/*.yaml, charts/scalingrun/templates/{crd,crd-scalingsweep}.yaml, manifests/base/scalingrun.yaml"

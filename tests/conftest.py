@@ -157,6 +157,14 @@ def scalingrun_crd(api_client):
     return install_crd(api_client, build_crd(), replace=True)
 
 
+@pytest.fixture(scope="session")
+def scalingsweep_crd(api_client, scalingrun_crd):
+    """The generated ScalingSweep CRD, installed once per session like the ScalingRun CRD."""
+    from scalingrun_operator.api.crd import build_sweep_crd
+
+    return install_crd(api_client, build_sweep_crd(), replace=True)
+
+
 @pytest.fixture
 def namespace(api_client, request):
     """A fresh namespace per test, deleted afterwards."""

@@ -10,8 +10,16 @@ from typing import Any, Iterator
 
 import yaml
 
-from .api.crd import render_crd_yaml
-from .api.validation import InvalidScalingRun, parse_scalingrun
+from .api.crd import render_crd_yaml, render_sweep_crd_yaml
+from .api.models import SWEEP_KIND
+from .api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
+
+
+def _parse(doc: Any):
+    """A ScalingRun or a ScalingSweep, by its kind."""
+    if isinstance(doc, dict) and doc.get("kind") == SWEEP_KIND:
+        return parse_scalingsweep(doc)
+    return parse_scalingrun(doc)
 
 
 def _documents(path: str) -> Iterator[Any]:
@@ -22,7 +30,7 @@ def _documents(path: str) -> Iterator[Any]:
 
 
 def _cmd_crd(_: argparse.Namespace) -> int:
-    sys.stdout.write(render_crd_yaml())
+    sys.stdout.write(render_crd_yaml() + "---\n" + render_sweep_crd_yaml())
     return 0
 
 
@@ -40,15 +48,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             status = 1
         for doc in docs:
             name = (doc.get("metadata") or {}).get("name", "?") if isinstance(doc, dict) else "?"
+            kind = SWEEP_KIND if isinstance(doc, dict) and doc.get("kind") == SWEEP_KIND else "ScalingRun"
             try:
-                parse_scalingrun(doc)
+                _parse(doc)
             except InvalidScalingRun as exc:
                 status = 1
-                print(f"{path}: ScalingRun {name} is invalid:", file=sys.stderr)
+                print(f"{path}: {kind} {name} is invalid:", file=sys.stderr)
                 for error in exc.errors:
                     print(f"  {error}", file=sys.stderr)
             else:
-                print(f"{path}: ScalingRun {name} is valid")
+                print(f"{path}: {kind} {name} is valid")
     return status
 
 
@@ -56,15 +65,20 @@ def _cmd_render(args: argparse.Namespace) -> int:
     from .builders import build_children
 
     objects = []
+    from .builders.sweep import build_point_run, sweep_points
+
     for doc in _documents(args.filename):
         try:
-            run = parse_scalingrun(doc)
+            run = _parse(doc)
         except InvalidScalingRun as exc:
             for error in exc.errors:
                 print(f"{args.filename}: {error}", file=sys.stderr)
             return 1
         namespace = args.namespace or run.metadata.namespace or "default"
-        objects.extend(build_children(run, namespace=namespace))
+        if run.kind == SWEEP_KIND:  # its points; the operator adds the owner reference when it creates them
+            objects.extend(build_point_run(run, point, namespace) for point in sweep_points(run))
+        else:
+            objects.extend(build_children(run, namespace=namespace))
     sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False, width=100))
     return 0
 
@@ -100,6 +114,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
     from .report import render_report
     from .storage import StorageError, StorageTarget, read_json
 
+    if args.filename and not args.progress:
+        docs = list(_documents(args.filename))
+        if docs and isinstance(docs[0], dict) and docs[0].get("kind") == SWEEP_KIND:
+            return _sweep_report(args, parse_scalingsweep(docs[0]))
     if bool(args.filename) == bool(args.progress):
         print("scalingrun report: give either -f RUN.yaml or --progress PATH_OR_URI", file=sys.stderr)
         return 2
@@ -123,6 +141,88 @@ def _cmd_report(args: argparse.Namespace) -> int:
     png, md = render_report(progress, name, Path(args.output))
     print(f"report: {png} and {md}")
     return 0
+
+
+def _sweep_report(args: argparse.Namespace, sweep) -> int:
+    """The sweep's report from its points' progress documents (keys from the environment)."""
+    from .builders.sweep import build_point_run, sweep_points
+    from .handlers.sweep import add_scaling, point_row, recommend
+    from .handlers.training import progress_uri, training_status
+    from .storage import StorageError, StorageTarget, read_json
+    from .sweep_report import render_sweep_report, table_lines
+
+    rows = []
+    for point in sweep_points(sweep):
+        run = parse_scalingrun(build_point_run(sweep, point))
+        storage = run.spec.storage
+        try:
+            progress = read_json(progress_uri(run), StorageTarget(storage.endpoint, storage.region, None))
+        except StorageError as exc:
+            print(f"scalingrun report: {exc}", file=sys.stderr)
+            return 1
+        phase = "Succeeded" if (progress or {}).get("state") == "succeeded" else (progress or {}).get("state")
+        rows.append(point_row(point, phase, training_status(progress), progress if phase == "Succeeded" else None))
+    add_scaling(rows)
+    recommendation = recommend(rows, sweep.spec.efficiency_threshold, sweep.spec.accuracy_tolerance)
+    try:
+        png, md = render_sweep_report(rows, sweep.metadata.name, Path(args.output), recommendation,
+                                      sweep.spec.efficiency_threshold)
+    except ValueError as exc:
+        print(f"scalingrun report: {exc}", file=sys.stderr)
+        return 1
+    print("\n".join(table_lines(rows)))
+    print(f"report: {png} and {md}")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from .local.runner import LocalRunError
+    from .local.sweep import LocalSweep
+
+    if not args.local:
+        print("scalingrun sweep: only --local is supported; in a cluster, kubectl apply -f the file", file=sys.stderr)
+        return 2
+    docs = list(_documents(args.filename))
+    if len(docs) != 1:
+        print(f"{args.filename}: expected one ScalingSweep, found {len(docs)}", file=sys.stderr)
+        return 2
+    try:
+        sweep = parse_scalingsweep(docs[0])
+    except InvalidScalingRun as exc:
+        for error in exc.errors:
+            print(f"{args.filename}: {error}", file=sys.stderr)
+        return 1
+    workdir = Path(args.workdir or Path(".scalingrun/sweeps") / sweep.metadata.name)
+    local = LocalSweep(sweep, workdir)
+    try:
+        code = local.start()
+    except LocalRunError as exc:
+        print(f"scalingrun sweep: {exc}", file=sys.stderr)
+        return 2
+    print_sweep(local, Path(args.output or workdir))
+    return code
+
+
+def print_sweep(local, out_dir: Path) -> None:
+    """The table, the recommendation, the core notes and the report's paths, on stdout."""
+    from .sweep_report import render_sweep_report, table_lines
+
+    sweep = local.sweep
+    print(f"\n== ScalingSweep {sweep.metadata.name} ==")
+    print("\n".join(table_lines(local.rows)))
+    if local.recommendation:
+        print(f"recommended: {local.recommendation['message']}")
+    else:
+        print("recommended: none (no finished point qualifies)")
+    for note in local.notes:
+        print(note)
+    try:
+        png, md = render_sweep_report(local.rows, sweep.metadata.name, out_dir, local.recommendation,
+                                      sweep.spec.efficiency_threshold, note="\n".join(local.notes))
+    except ValueError as exc:
+        print(f"no report: {exc}")
+        return
+    print(f"report: {png} and {md}")
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
@@ -154,8 +254,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--stop-after", choices=["preprocessing", "training"], default="training")
     run.set_defaults(func=_cmd_run)
 
-    report = sub.add_parser("report", help="draw a run's training curves (PNG + Markdown) from its progress")
-    report.add_argument("-f", "--filename", help="the ScalingRun; reads progress.json from its run location")
+    sweep = sub.add_parser("sweep", help="run a ScalingSweep's points on this machine (--local), one after another")
+    sweep.add_argument("--local", action="store_true", required=True, help="each point with horovodrun -np N here")
+    sweep.add_argument("-f", "--filename", required=True, help="file or -")
+    sweep.add_argument("--workdir", help="where the points' config and status go (default .scalingrun/sweeps/NAME)")
+    sweep.add_argument("-o", "--output", help="folder for the report (default: the workdir)")
+    sweep.set_defaults(func=_cmd_sweep)
+
+    report = sub.add_parser("report", help="draw a run's training curves, or a sweep's scaling, (PNG + Markdown) "
+                            "from the progress documents")
+    report.add_argument("-f", "--filename", help="the ScalingRun (or ScalingSweep); reads progress.json from its "
+                        "run location (each point's)")
     report.add_argument("--progress", help="or a progress.json path or URI")
     report.add_argument("--name", default="run", help="run name for the titles (with --progress)")
     report.add_argument("-o", "--output", default=".", help="folder for the report files")

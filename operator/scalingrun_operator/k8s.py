@@ -150,6 +150,20 @@ class Kube:
             models.GROUP, models.VERSION, namespace, models.PLURAL, name, {"metadata": metadata},
             _preload_content=False))
 
+    # --- the ScalingSweep ----------------------------------------------------------------------
+
+    def get_sweep(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        return _absent_is_none(lambda: self.custom.get_namespaced_custom_object(
+            models.GROUP, models.VERSION, namespace, models.SWEEP_PLURAL, name, _preload_content=False))
+
+    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any],
+                           resource_version: Optional[str] = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return _raw(self.custom.patch_namespaced_custom_object_status(
+            models.GROUP, models.VERSION, namespace, models.SWEEP_PLURAL, name, body, _preload_content=False))
+
     # --- children ------------------------------------------------------------------------------
 
     def get_child(self, kind: str, namespace: str, name: str) -> Optional[dict[str, Any]]:
@@ -160,6 +174,8 @@ class Kube:
         if kind == "MPIJob":
             return _absent_is_none(lambda: self.custom.get_namespaced_custom_object(
                 MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, name, _preload_content=False))
+        if kind == models.KIND:  # a ScalingSweep's point
+            return self.get_run(namespace, name)
         raise ValueError(f"unknown child kind {kind}")
 
     def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -172,6 +188,9 @@ class Kube:
         if kind == "MPIJob":
             return _raw(self.custom.create_namespaced_custom_object(
                 MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, obj, _preload_content=False))
+        if kind == models.KIND:
+            return _raw(self.custom.create_namespaced_custom_object(
+                models.GROUP, models.VERSION, namespace, models.PLURAL, obj, _preload_content=False))
         raise ValueError(f"unknown child kind {kind}")
 
     def _patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
@@ -182,6 +201,9 @@ class Kube:
         if kind == "MPIJob":
             return _raw(self.custom.patch_namespaced_custom_object(
                 MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, name, patch, _preload_content=False))
+        if kind == models.KIND:
+            return _raw(self.custom.patch_namespaced_custom_object(
+                models.GROUP, models.VERSION, namespace, models.PLURAL, name, patch, _preload_content=False))
         raise ValueError(f"unknown child kind {kind}")
 
     def patch_mpijob(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:

@@ -25,6 +25,9 @@ from .api.models import GROUP, PLURAL, VERSION
 from .config import Config, ConfigError, load
 from .builders.common import RUN_LABEL
 from .handlers.reconcile import Reconciler, child_event_matters, forget, owner_of, pod_event_matters
+from .handlers.sweep import SweepReconciler, sweep_of
+from .api.models import SWEEP_PLURAL
+from .builders.sweep import SWEEP_LABEL
 from .k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, Kube, new_api_client
 from .leader import LeaderElector, LeaseSettings, StandbyHealth, default_identity, default_namespace
 from .peering import PeeringError, ensure_peering
@@ -75,6 +78,7 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     _reconcile["run"] = Reconciler(Kube(new_api_client(), CONFIG.component), CONFIG, watcher)
     progress_watch.WATCHER = watcher
     watcher.start()
+    _reconcile["sweep"] = SweepReconciler(Kube(new_api_client(), CONFIG.component), CONFIG)
     metrics.serve(CONFIG.metrics_port_number)
 
 
@@ -130,6 +134,32 @@ def pod_changed(type: Optional[str], body: kopf.Body, namespace: str, labels: ko
     run = labels.get(RUN_LABEL)
     if run and pod_event_matters(type, dict(body)):
         _run(namespace, run, "pod")
+
+
+# --- ScalingSweep: no finalizer, timer or daemon; its points' events move it on ---------------------
+
+
+def _sweep(namespace: str, name: str, handler: str) -> None:
+    try:
+        _reconcile["sweep"](namespace, name)
+    except Exception:
+        metrics.RECONCILE_ERRORS.labels(handler=f"sweep-{handler}").inc()
+        raise
+
+
+@kopf.on.resume(GROUP, VERSION, SWEEP_PLURAL)
+@kopf.on.create(GROUP, VERSION, SWEEP_PLURAL)
+@kopf.on.update(GROUP, VERSION, SWEEP_PLURAL, field="spec")
+def sweep_changed(namespace: str, name: str, **_: Any) -> None:
+    _sweep(namespace, name, "change")
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL, labels={SWEEP_LABEL: kopf.PRESENT})
+def sweep_point_changed(type: Optional[str], body: kopf.Body, namespace: str, **_: Any) -> None:
+    """A point's status moved (Preprocessed, Succeeded, Failed): start the next point, fill its row."""
+    sweep = sweep_of(dict(body))
+    if sweep:
+        _sweep(namespace, sweep, "point")
 
 
 # --- entry point ----------------------------------------------------------------------------------

@@ -30,8 +30,9 @@ MINIMAL = {
 
 def create(api_client, namespace, body, dry_run=False):
     api = client.CustomObjectsApi(api_client)
+    plural = models.SWEEP_PLURAL if body.get("kind") == models.SWEEP_KIND else models.PLURAL
     return api.create_namespaced_custom_object(
-        models.GROUP, models.VERSION, namespace, models.PLURAL, body, dry_run="All" if dry_run else None)
+        models.GROUP, models.VERSION, namespace, plural, body, dry_run="All" if dry_run else None)
 
 
 def test_apiserver_applies_defaults(api_client, scalingrun_crd, namespace):
@@ -65,9 +66,26 @@ def test_apiserver_admits_auto_batch_size_and_defaults_the_input_pipeline(api_cl
 
 
 @pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
-def test_examples_are_admitted(api_client, scalingrun_crd, namespace, example):
+def test_examples_are_admitted(api_client, scalingrun_crd, scalingsweep_crd, namespace, example):
     body = yaml.safe_load(example.read_text())
     assert create(api_client, namespace, body, dry_run=True)["metadata"]["name"] == body["metadata"]["name"]
+
+
+def test_sweep_defaults_and_admission_errors_name_the_field(api_client, scalingsweep_crd, namespace):
+    sweep = {"apiVersion": models.API_VERSION, "kind": models.SWEEP_KIND, "metadata": {"name": "sweep"},
+             "spec": {"workers": [1, 2], "template": copy.deepcopy(MINIMAL["spec"])}}
+    spec = create(api_client, namespace, sweep)["spec"]
+    assert (spec["maxParallel"], spec["efficiencyThreshold"], spec["accuracyTolerance"]) == (1, 0.7, 0.01)
+    assert spec["template"]["training"]["batchSizePerWorker"] == 32  # the template gets the run's defaults
+    for change, field in (({"workers": [0]}, "spec.workers in body should be greater than or equal to 1"),
+                          ({"workers": []}, "spec.workers"),
+                          ({"maxParallel": 0}, "spec.maxParallel")):
+        body = copy.deepcopy(sweep)
+        body["metadata"]["name"] = "bad"
+        body["spec"].update(change)
+        with pytest.raises(ApiException) as caught:
+            create(api_client, namespace, body, dry_run=True)
+        assert caught.value.status == 422 and field in caught.value.body, caught.value.body
 
 
 REJECTED = [

@@ -34,12 +34,15 @@ ALLOWED = [
     ("get", "pods"), ("list", "pods"), ("watch", "pods"),
     # ... and the failed launcher's last log lines for the Failed condition
     ("get", "pods", "log"),
+    # ... and runs the points of a ScalingSweep as ScalingRuns it creates
+    ("create", "scalingruns.scalingrun.dev"), ("watch", "scalingsweeps.scalingrun.dev"),
+    ("patch", "scalingsweeps.scalingrun.dev", "status"),
 ]
 # ... and what it must not be able to do (a subresource as its own item: `pods/log` would mean the pod "log").
 DENIED = [
     ("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("delete", "secrets"), ("create", "pods"),
     ("delete", "jobs.batch"), ("delete", "mpijobs.kubeflow.org"), ("delete", "scalingruns.scalingrun.dev"),
-    ("create", "scalingruns.scalingrun.dev"), ("update", "configmaps"), ("create", "deployments.apps"),
+    ("delete", "scalingsweeps.scalingrun.dev"), ("create", "scalingsweeps.scalingrun.dev"), ("update", "configmaps"), ("create", "deployments.apps"),
     ("create", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "pods", "exec"), ("create", "pods", "portforward"), ("patch", "nodes"), ("delete", "pods"), ("patch", "pods"),
     ("delete", "clusterkopfpeerings.kopf.dev"), ("create", "kopfpeerings.kopf.dev"),
@@ -96,8 +99,8 @@ def test_apply_k_installs_the_operator_and_accepts_example_runs(installed, api_c
         result = subprocess.run([*installed, "create", "-n", namespace, "-f", str(example)], capture_output=True,
                                 text=True)
         assert result.returncode == 0, result.stderr
-    names = subprocess.run([*installed, "get", "srun", "-n", namespace, "-o", "name"], capture_output=True,
-                           text=True).stdout.split()
+    names = subprocess.run([*installed, "get", "srun,ssweep", "-n", namespace, "-o", "name"], capture_output=True,
+                           text=True).stdout.split()  # examples/sweep.yaml is a ScalingSweep
     assert len(names) == len(list((ROOT / "examples").glob("*.yaml")))
 
 

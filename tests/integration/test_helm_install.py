@@ -23,7 +23,7 @@ from tests.e2e.environment import README_HELM_INSTALL
 
 pytestmark = pytest.mark.k8s
 README_INSTALL = " ".join(README_HELM_INSTALL)  # the command tests/e2e runs on a real node
-CRDS = ["scalingruns.scalingrun.dev"]
+CRDS = ["scalingruns.scalingrun.dev", "scalingsweeps.scalingrun.dev"]
 
 
 @pytest.fixture(scope="module")

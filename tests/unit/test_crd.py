@@ -96,3 +96,24 @@ def test_quantities_positive_strings_non_empty_and_name_limited_at_admission():
             == [True, True, True, False, False, False, False]
     assert workers["image"]["minLength"] == 1 and workers["nodeSelector"]["additionalProperties"]["minLength"] == 1
     assert root["properties"]["metadata"]["properties"]["name"]["maxLength"] == 40
+
+
+def test_sweep_crd_checked_in_structural_and_in_the_chart():
+    from scalingrun_operator.api.crd import build_sweep_crd, render_chart_sweep_crd_template, render_sweep_crd_yaml
+
+    manifest = ROOT / "manifests/crd/scalingrun.dev_scalingsweeps.yaml"
+    template = ROOT / "charts/scalingrun/templates/crd-scalingsweep.yaml"
+    assert manifest.read_text() == render_sweep_crd_yaml(), f"{manifest} {REGENERATE}"
+    assert template.read_text() == render_chart_sweep_crd_template(), f"{template} {REGENERATE}"
+    crd = build_sweep_crd()
+    root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    for path, node in _walk(root):
+        assert not {"$ref", "$defs", "title", "const", "anyOf", "oneOf"} & set(node), path
+        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+    for key in ("spec", "status"):
+        for path, node in _walk(root["properties"][key], key):
+            if not path.endswith((".*", "[]")):  # map values and list items are described by their field
+                assert node.get("description"), f"{path} has no description for kubectl explain"
+    plain = "\n".join(line for line in template.read_text().splitlines() if "{{" not in line and "helm.sh" not in line
+                      and line.strip() != "annotations:")
+    assert yaml.safe_load(plain) == crd

@@ -70,6 +70,11 @@ def test_launcher_resources_default_field_by_field():
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_examples_are_valid(example):
     for doc in yaml.safe_load_all(example.read_text()):
+        if doc["kind"] == "ScalingSweep":
+            from scalingrun_operator.api.validation import parse_scalingsweep
+
+            assert parse_scalingsweep(doc).spec.workers
+            continue
         assert isinstance(parse_scalingrun(doc), ScalingRun)
 
 

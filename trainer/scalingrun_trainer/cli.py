@@ -47,7 +47,9 @@ def _preprocess_params(args: argparse.Namespace):
         sample_fraction=pick(args.sample_fraction, "sampleFraction", default=1.0),
         seed=pick(args.seed, "seed", default=42),
         max_bad_fraction=pick(args.max_bad_fraction, "preprocessing", "maxBadFraction", default=0.05),
-        max_readers=args.max_readers or config.get("processes") or 1,
+        # A sweep lays one dataset out for its largest point (dataset.preprocessing.readers).
+        max_readers=args.max_readers or max(config.get("processes") or 1,
+                                            pick(None, "preprocessing", "readers", default=0)),
         endpoint=args.endpoint or storage.get("endpoint"),
         region=args.region or storage.get("region"),
     )

@@ -22,6 +22,13 @@ PRINTER_COLUMNS = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
+SWEEP_PRINTER_COLUMNS = [
+    {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+    {"name": "Points", "type": "string", "description": "points finished / points", "jsonPath": ".status.progress"},
+    {"name": "Recommended-Workers", "type": "integer", "jsonPath": ".status.recommendation.workers"},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
 _DROPPED_KEYS = {"title", "$defs"}
 
 
@@ -175,7 +182,10 @@ def render_crd_yaml() -> str:
 
 def render_chart_crd_template() -> str:
     """The CRD as a Helm template: installed when crds.enabled, kept on uninstall when crds.keep."""
-    crd = build_crd()
+    return _chart_template(build_crd())
+
+
+def _chart_template(crd: dict[str, Any]) -> str:
     body = yaml.safe_dump(crd, sort_keys=False, width=100)
     head, rest = body.split("  labels:\n", 1)
     keep = (
@@ -189,3 +199,32 @@ def render_chart_crd_template() -> str:
         "# Generated from scalingrun_operator.api.models by scripts/generate.sh. Do not edit.\n"
         + head + keep + "  labels:\n" + rest + "{{- end }}\n"
     )
+
+
+def build_sweep_crd() -> dict[str, Any]:
+    """The ScalingSweep CRD: the ScalingRun CRD's shape with the sweep's names, schema and columns."""
+    import copy
+
+    crd = copy.deepcopy(build_crd())
+    crd["metadata"]["name"] = f"{models.SWEEP_PLURAL}.{models.GROUP}"
+    crd["spec"]["names"].update(kind=models.SWEEP_KIND, listKind=f"{models.SWEEP_KIND}List",
+                                plural=models.SWEEP_PLURAL, singular=models.SWEEP_SINGULAR,
+                                shortNames=models.SWEEP_SHORT_NAMES)
+    version = crd["spec"]["versions"][0]
+    version["additionalPrinterColumns"] = SWEEP_PRINTER_COLUMNS
+    root = version["schema"]["openAPIV3Schema"]
+    root["description"] = models.ScalingSweep.__doc__
+    for key, model in (("spec", models.ScalingSweepSpec), ("status", models.ScalingSweepStatus)):
+        root["properties"][key] = openapi_schema(model)
+        root["properties"][key]["description"] = model.__doc__
+    return crd
+
+
+def render_sweep_crd_yaml() -> str:
+    header = "# Generated from scalingrun_operator.api.models by `scalingrun crd`. Do not edit.\n"
+    return header + yaml.safe_dump(build_sweep_crd(), sort_keys=False, width=100)
+
+
+def render_chart_sweep_crd_template() -> str:
+    """The ScalingSweep CRD as a Helm template, gated and kept like the ScalingRun CRD."""
+    return _chart_template(build_sweep_crd())

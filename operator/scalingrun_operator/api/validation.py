@@ -16,7 +16,7 @@ from typing import Any, Iterable, TypeVar
 
 import pydantic
 
-from .models import Monitor, ScalingRun
+from .models import Monitor, ScalingRun, ScalingSweep
 
 Resource = TypeVar("Resource", bound=pydantic.BaseModel)
 
@@ -175,3 +175,49 @@ def parse_scalingrun(document: Any) -> ScalingRun:
     if errors:
         raise InvalidScalingRun(errors)
     return run
+
+
+def sweep_semantic_errors(sweep: ScalingSweep) -> list[FieldError]:
+    """The sweep's own cross-field rules, then every point's ScalingRun rules (as spec.template.* paths)."""
+    from ..builders.sweep import build_point_run, sweep_points
+
+    spec = sweep.spec
+    errors: list[FieldError] = []
+    duplicates = sorted({w for w in spec.workers if spec.workers.count(w) > 1})
+    if duplicates:
+        errors.append(FieldError("spec.workers", f"worker counts must be unique; repeated: {duplicates}"))
+    if spec.gpus_per_worker is not None and len(spec.gpus_per_worker) != len(spec.workers):
+        errors.append(FieldError("spec.gpusPerWorker", f"needs one entry per point: {len(spec.workers)} "
+                                 f"(as many as spec.workers), got {len(spec.gpus_per_worker)}"))
+    if errors:
+        return errors
+    seen: set[str] = set()
+    for point in sweep_points(sweep):
+        try:
+            parse_scalingrun(build_point_run(sweep, point))
+        except InvalidScalingRun as exc:
+            for error in exc.errors:
+                if error.path.startswith("metadata.name"):
+                    error = FieldError("metadata.name", f"the point names (<name>-w<workers>, here {point.name!r}) "
+                                       f"must be valid ScalingRun names: {error.message}")
+                elif error.path.startswith("spec."):
+                    error = FieldError("spec.template." + error.path[len("spec."):], error.message)
+                key = error.path if error.path == "metadata.name" else str(error)
+                if key not in seen:
+                    seen.add(key)
+                    errors.append(error)
+    return errors
+
+
+def parse_scalingsweep(document: Any) -> ScalingSweep:
+    """Parses and validates one ScalingSweep document; raises InvalidScalingRun listing every bad field."""
+    if not isinstance(document, dict):
+        raise InvalidScalingRun([FieldError("(document)", "must be a mapping (a ScalingSweep object)")])
+    try:
+        sweep = ScalingSweep.model_validate(document)
+    except pydantic.ValidationError as exc:
+        raise InvalidScalingRun(_pydantic_errors(exc)) from None
+    errors = sweep_semantic_errors(sweep)
+    if errors:
+        raise InvalidScalingRun(errors)
+    return sweep

@@ -19,6 +19,11 @@ def total_processes(run: ScalingRun) -> int:
     return run.spec.workers.replicas * slots_per_worker(run)
 
 
+def dataset_readers(run: ScalingRun) -> int:
+    """Processes the dataset is laid out for: this run's, or more (a sweep's largest point) to share it."""
+    return max(total_processes(run), run.spec.dataset.preprocessing.readers or 0)
+
+
 def run_location(run: ScalingRun) -> str:
     """Checkpoints, progress and model of this run."""
     explicit = run.spec.training.checkpoint.location

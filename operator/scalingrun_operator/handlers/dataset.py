@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..api.models import ScalingRun
-from ..builders.config import total_processes
+from ..builders.config import dataset_readers
 from ..status import parse_time
 from ..storage import join
 
@@ -29,7 +29,7 @@ def dataset_parameters(run: ScalingRun) -> dict[str, Any]:
         "sampleFraction": d.sample_fraction,
         "seed": d.seed,
         # Each split has >= 2 row groups per Horovod process (petastorm shards by row group).
-        "minRowGroupsPerSplit": 2 * total_processes(run),
+        "minRowGroupsPerSplit": 2 * dataset_readers(run),
     }
 
 

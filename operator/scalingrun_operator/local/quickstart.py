@@ -88,6 +88,28 @@ def print_summary(local: LocalRun, run, state: Path, report, total_seconds: floa
     print(f"total time: {total_seconds:.0f} s")
 
 
+def _sweep(run, workers: str, state: Path, started: float) -> int:
+    """The quick-start run as the template of a local ScalingSweep over `workers` (e.g. "1,2")."""
+    from ..api.validation import parse_scalingsweep
+    from ..cli import print_sweep
+    from .sweep import LocalSweep
+
+    try:
+        counts = [int(w) for w in workers.split(",")]
+    except ValueError:
+        print(f"--sweep: worker counts separated by commas, e.g. 1,2 (got {workers!r})", file=sys.stderr)
+        return 2
+    sweep = parse_scalingsweep({
+        "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingSweep",
+        "metadata": {"name": run.metadata.name},  # points quickstart-w1, -w2; report quickstart-sweep.png
+        "spec": {"workers": counts, "template": run.spec.model_dump(mode="json", by_alias=True, exclude_none=True)}})
+    local = LocalSweep(sweep, state / "sweeps" / sweep.metadata.name)
+    code = local.start()
+    print_sweep(local, state / "reports")
+    print(f"total time: {time.monotonic() - started:.0f} s")
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scalingrun-quickstart", description=__doc__)
     parser.add_argument("-f", "--filename", default="examples/quickstart.yaml")
@@ -95,9 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-class", type=int, default=1000, help="Fashion-MNIST images per class")
     parser.add_argument("--stop-after", choices=["preprocessing", "training"], default="training")
     parser.add_argument("--np", type=int, help="Horovod processes (default from the spec)")
+    parser.add_argument("--sweep", help="instead of one run, a ScalingSweep of it over these worker counts, e.g. 1,2")
+    parser.add_argument("--max-epochs", type=int, help="override spec.training.maxEpochs (e.g. a short sweep)")
     args = parser.parse_args(argv)
 
-    run = parse_scalingrun(yaml.safe_load(Path(args.filename).read_text()))
+    document = yaml.safe_load(Path(args.filename).read_text())
+    if args.max_epochs:
+        document["spec"].setdefault("training", {})["maxEpochs"] = args.max_epochs
+    run = parse_scalingrun(document)
     state = Path(args.state).resolve()
     access_key, secret_key = _credentials(state)
     server = S3Server(state / "seaweedfs", access_key, secret_key)
@@ -110,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         uploaded = upload_fashion_mnist(server, run.spec.dataset.source, args.per_class)
         print(f"dataset: {uploaded or 'already'} Fashion-MNIST JPEGs in {run.spec.dataset.source}", file=sys.stderr)
         os.environ.update(server.env())
+        if args.sweep:
+            return _sweep(run, args.sweep, state, started)
         local = LocalRun(run, state / "runs" / run.metadata.name, np_override=args.np)
         code = local.start(stop_after=args.stop_after)
     finally:
