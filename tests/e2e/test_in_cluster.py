@@ -7,6 +7,7 @@ Runs go one at a time: a 2-CPU node holds one 2-worker run beside the operator, 
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 import uuid
@@ -208,3 +209,58 @@ def test_a_lost_worker_is_counted_and_the_run_resumes_from_its_checkpoint(cluste
         assert "resuming after epoch" in launcher_log(cluster, name)
     finally:
         cluster.delete_run(name)
+
+
+def test_a_preprocessing_pod_over_its_memory_limit_is_named_with_the_limit(cluster):
+    """A real OOM kill by the kubelet: the Failed message names the pod, the container and the limit."""
+    name = _name("oom")
+    body = run_body(cluster, name, output=f"s3://scalingrun-e2e/runs/{name}/parquet")
+    body["spec"]["dataset"]["preprocessing"]["resources"]["memory"] = "40Mi"  # below Python + pyarrow's needs
+    body["spec"]["dataset"]["preprocessing"]["backoffLimit"] = 0
+    cluster.create_run(body)
+    try:
+        run = cluster.wait(name, lambda r: "OOMKilled" in condition_texts(r), timeout=300,
+                           what="naming the OOM kill")
+        text = condition_texts(run)
+        print(text)
+        assert f"pod {name}-preprocess-" in text and "limit of 40Mi" in text, text
+        assert "raise spec.dataset.preprocessing.resources.memory" in text, text
+    finally:
+        cluster.delete_run(name)
+
+
+def test_a_sweep_over_one_and_two_workers_shares_one_dataset_and_recommends_a_point(cluster):
+    name = _name("sweep")
+    template = run_body(cluster, "template", output=f"s3://scalingrun-e2e/runs/{name}/parquet", epochs=1)["spec"]
+    sweep = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingSweep", "metadata": {"name": name},
+             "spec": {"workers": [1, 2], "template": template}}
+    custom = cluster.custom()
+    custom.create_namespaced_custom_object("scalingrun.dev", "v1alpha1", cluster.namespace, "scalingsweeps", sweep)
+    points = [f"{name}-w1", f"{name}-w2"]
+    try:
+        deadline = time.monotonic() + 1200
+        while True:
+            body = custom.get_namespaced_custom_object("scalingrun.dev", "v1alpha1", cluster.namespace,
+                                                       "scalingsweeps", name)
+            status = body.get("status") or {}
+            if status.get("phase") in ("Succeeded", "Failed") or time.monotonic() > deadline:
+                break
+            time.sleep(5)
+        assert status.get("phase") == "Succeeded", status
+        rows = status["points"]
+        assert [(r["run"], r["workers"], r["processes"]) for r in rows] == [(points[0], 1, 1), (points[1], 2, 2)]
+        assert rows[0]["speedup"] == 1.0 and rows[1]["speedup"] > 0 and rows[1]["efficiency"] > 0, rows
+        assert all(r["bestValAccuracy"] > 0 and r["workerHours"] > 0 for r in rows), rows
+        assert status["recommendation"]["run"] in points, status["recommendation"]
+        # One preprocessing for both points: the second reused the first's dataset.
+        assert children(cluster, points[0])["Job"] == [f"{points[0]}-preprocess"]
+        assert children(cluster, points[1])["Job"] == []
+        table = subprocess.run([*cluster.kubectl, "get", "ssweep", name, "-n", cluster.namespace],
+                               capture_output=True, text=True, check=True).stdout
+        print(table, rows)
+        assert "Succeeded" in table.splitlines()[1]
+    finally:
+        custom.delete_namespaced_custom_object("scalingrun.dev", "v1alpha1", cluster.namespace, "scalingsweeps", name)
+        for point in points:
+            with contextlib.suppress(Exception):
+                cluster.delete_run(point)
