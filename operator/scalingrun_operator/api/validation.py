@@ -12,7 +12,7 @@ from typing import Any, Iterable
 
 import pydantic
 
-from .models import Monitor, ScalingRun
+from .models import BaseNetwork, Framework, Monitor, ScalingRun
 
 
 @dataclass(frozen=True)
@@ -103,6 +103,7 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
                     f"an accuracy threshold must be in (0, 1] (got {stopping.stopping_threshold})",
                 )
             )
+    errors += _framework_errors(run)
     gang = spec.run_policy.scheduling_policy
     pods = spec.workers.replicas + 1  # workers + launcher
     if gang and gang.min_available and gang.min_available > pods:
@@ -112,6 +113,28 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
                 f"must be <= {pods} (workers.replicas + 1 launcher), got {gang.min_available}",
             )
         )
+    return errors
+
+
+def _framework_errors(run: ScalingRun) -> list[FieldError]:
+    """Fields that mean nothing for the chosen framework are refused, not ignored."""
+    spec = run.spec
+    if spec.training.framework != Framework.pytorch_lightning.value:
+        return []
+    errors = []
+    if spec.model.base != BaseNetwork.efficientnet_lite0.value:
+        errors.append(FieldError(
+            "spec.model.base",
+            f"{spec.model.base} is a Keras application (its ImageNet weights are Keras files); "
+            "training.framework pytorch-lightning trains efficientnet_lite0 only: use efficientnet_lite0 "
+            "or framework keras",
+        ))
+    weights = spec.model.weights
+    if weights not in ("imagenet", "none") and not weights.endswith((".pth", ".pt")):
+        errors.append(FieldError(
+            "spec.model.weights",
+            f"pytorch-lightning reads a PyTorch state dict (.pth or .pt), got {weights!r}",
+        ))
     return errors
 
 

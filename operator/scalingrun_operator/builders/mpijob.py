@@ -16,6 +16,7 @@ from .common import (
     resources,
     storage_env,
     tracking_env,
+    trainer_image,
 )
 from .config import slots_per_worker, total_processes
 
@@ -91,7 +92,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
     volume, mount = config_volume(run)
     launcher = {
         "name": "launcher",
-        "image": w.image,
+        "image": trainer_image(run),
         "command": ["/bin/sh", "-c", launcher_script(run)],
         "env": storage_env(run) + tracking_env(run),
         "resources": resources(run.spec.launcher.resources.cpu, run.spec.launcher.resources.memory),
@@ -100,7 +101,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
     }
     worker = {
         "name": "worker",
-        "image": w.image,
+        "image": trainer_image(run),
         "command": WORKER_COMMAND,
         "env": storage_env(run) + tracking_env(run),
         "resources": resources(w.cpu, w.memory, w.gpus_per_worker),
