@@ -78,9 +78,14 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    config = _load_config(args.config)
+    if (config.get("training") or {}).get("framework") == "pytorch-lightning":
+        from .lightning.train import train as train_lightning  # torch only here: the Keras image has none
+
+        return train_lightning(config)
     from .train import train
 
-    return train(_load_config(args.config))
+    return train(config)
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
@@ -112,7 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--region")
     pre.set_defaults(func=_cmd_preprocess)
 
-    tr = sub.add_parser("train", help="Horovod training; run under horovodrun or mpirun, one process per GPU")
+    tr = sub.add_parser("train", help="training, one process per GPU: Keras + Horovod (horovodrun or mpirun), or "
+                                       "PyTorch Lightning DDP (mpirun) when training.framework is pytorch-lightning")
     tr.add_argument("--config", required=True, help="trainer config rendered by the operator (JSON file or -)")
     tr.set_defaults(func=_cmd_train)
 
