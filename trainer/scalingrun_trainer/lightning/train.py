@@ -50,6 +50,27 @@ def train(config: dict[str, Any]) -> int:
         return 2
 
 
+def _mpi_environment():
+    """Lightning's MPIEnvironment, with rank 0's IP address as the main address instead of its hostname: an
+    MPIJob worker's hostname (<job>-worker-0) is not resolvable from the other pods (only its FQDN under the
+    worker Service is), while its IP is reachable from all of them."""
+    import socket
+
+    from lightning_fabric.plugins.environments import MPIEnvironment
+
+    class PodMPIEnvironment(MPIEnvironment):
+        def _get_main_address(self) -> str:
+            address = os.environ.get("MASTER_ADDR")
+            if not address:
+                try:
+                    address = socket.gethostbyname(socket.gethostname())
+                except OSError:
+                    address = socket.gethostname()
+            return self._comm_world.bcast(address, root=0)
+
+    return PodMPIEnvironment()
+
+
 def _devices(size: int) -> tuple[str, int, int]:
     """(accelerator, devices, num_nodes): devices = processes on this host (mpirun's local size)."""
     import torch
@@ -64,7 +85,6 @@ def _devices(size: int) -> tuple[str, int, int]:
 def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str, Any]) -> int:
     import pytorch_lightning as pl
     import torch
-    from lightning_fabric.plugins.environments import MPIEnvironment
     from pytorch_lightning.strategies import DDPStrategy
 
     from ..progress import ProgressWriter
@@ -161,7 +181,7 @@ def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str
                               steps=scaled.steps_per_epoch, seed=seed)
     val_data = ValidationBatches(dataset, rank=rank, size=size, batch_size=scaled.batch_size_per_worker, seed=seed)
     strategy = DDPStrategy(
-        cluster_environment=MPIEnvironment(), process_group_backend="nccl" if accelerator == "gpu" else "gloo",
+        cluster_environment=_mpi_environment(), process_group_backend="nccl" if accelerator == "gpu" else "gloo",
         # No buffer sync in forward: it is a collective, and ranks hold different numbers of validation
         # batches. Buffers are synced once at the start; BatchNorm statistics of a trainable base then stay
         # per rank, as with Horovod, and rank 0's are saved.
