@@ -94,9 +94,10 @@ def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str
 
     log = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
     accelerator, local_size, nodes = _devices(size)
-    if accelerator == "cpu":
-        # One process per core share: torch's default (all cores per process) oversubscribes the host.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_size))
+    if accelerator == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+        # A share of the cores per process: torch's default (all cores in every process) oversubscribes the host.
+        # In an MPIJob the operator sets OMP_NUM_THREADS from the worker's CPU limit instead.
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_size))
     storage = config.get("storage") or {}
     endpoint, region = storage.get("endpoint"), storage.get("region")
     spec_data, spec_model, spec_train = config["dataset"], config["model"], config["training"]
