@@ -9,6 +9,8 @@
 #     (the images: requirements/operator.txt or trainer.txt, subsets of lock.txt),
 #     or lightning (the PyTorch Lightning trainer: requirements/lightning.txt, torch CPU, no TensorFlow or
 #     Horovod, into SCALINGRUN_VENV default .venv-lightning; quickstart.sh and test.sh call it when needed),
+#   SCALINGRUN_TORCH_INDEX (lightning): an extra index for torch, e.g. https://download.pytorch.org/whl/cpu
+#     (images); a torch wheel in $SCALINGRUN_CACHE/wheels/torch is used first,
 #   SCALINGRUN_GPU=1: TensorFlow's GPU wheel (same version) and Horovod built with NCCL,
 #   SCALINGRUN_EDITABLE=0: install the project itself non-editable (images).
 # The full profile also installs the MLflow tracking server the tests run, in its own venv
@@ -92,7 +94,12 @@ main() {
   [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "${PIP_BOOTSTRAP[@]}"
   log "installing ${LOCK#"$ROOT/"}"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r "$LOCK"
+  local sources=()
+  if [[ "$PROFILE" == lightning ]]; then
+    [[ ! -d "$CACHE/wheels/torch" ]] || sources+=(--find-links "$CACHE/wheels/torch")
+    [[ -z "${SCALINGRUN_TORCH_INDEX:-}" ]] || sources+=(--extra-index-url "$SCALINGRUN_TORCH_INDEX")
+  fi
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "${sources[@]}" -r "$LOCK"
   if [[ "$PROFILE" == lightning ]]; then
     # The lock's torch==2.13.0 is the CPU build here; a GPU image installs the CUDA build of the same version
     # from PyTorch's index (README, "PyTorch Lightning"). No Horovod: DDP runs over gloo/nccl.
