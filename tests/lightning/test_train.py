@@ -82,6 +82,11 @@ for name in files:
     with torch.no_grad():
         predicted = model(pixels).argmax(1).numpy()
     correct += int((predicted == np.array(table.column("label").to_pylist())).sum()); rows += len(predicted)
+# A frozen base trains in inference mode: its BatchNorm statistics are still the ImageNet file's.
+from scalingrun_trainer.weights import imagenet_weights_path
+imagenet = torch.load(imagenet_weights_path(), weights_only=True)
+saved = model.state_dict()
+assert all(torch.equal(saved["base." + k], imagenet[k]) for k in imagenet if k.endswith("running_mean")), "BN moved"
 print(correct / rows)
 """
     result = subprocess.run([python, "-c", script, model_uri, dataset, server.endpoint, str(SIZE)],

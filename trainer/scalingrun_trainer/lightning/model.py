@@ -60,12 +60,6 @@ class TransferClassifier(pl.LightningModule):
         self.resume_optimizer: Optional[dict] = None  # a checkpoint's optimizer state, loaded once it exists
         self._sums = {"train": torch.zeros(3, dtype=torch.float64), "val": torch.zeros(3, dtype=torch.float64)}
 
-    def train(self, mode: bool = True):
-        super().train(mode)
-        if not self.trainable_base:
-            self.net.base.eval()  # a frozen base keeps BatchNorm in inference mode (the Keras transfer rule)
-        return self
-
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.net(pixels)
 
@@ -80,6 +74,10 @@ class TransferClassifier(pl.LightningModule):
         return loss
 
     def training_step(self, batch, batch_idx):
+        if not self.trainable_base and self.net.base.training:
+            # A frozen base keeps BatchNorm in inference mode (the Keras transfer rule). Checked per step: Lightning
+            # sets every submodule's mode itself (fit start, after each validation), past any train() override.
+            self.net.base.eval()
         return self._step(batch, "train")
 
     def validation_step(self, batch, batch_idx):
