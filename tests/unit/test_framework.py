@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import pytest
 
@@ -82,3 +83,16 @@ def test_crd_has_the_field_with_enum_default_and_explain_text():
     assert field["default"] == "keras"
     assert "PyTorch Lightning" in field["description"] and "Horovod" in field["description"]
     assert "default" not in spec["workers"]["properties"]["image"]  # the framework picks it
+
+
+def test_trainer_in_an_environment_without_the_frameworks_stack_says_which_image(tmp_path, capsys):
+    import importlib.util
+
+    from scalingrun_trainer.cli import main as trainer_main
+
+    assert importlib.util.find_spec("torch") is None, "the Keras venv must not have torch"
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"training": {"framework": "pytorch-lightning"}}))
+    assert trainer_main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "training.framework pytorch-lightning needs" in err and "Lightning trainer image" in err

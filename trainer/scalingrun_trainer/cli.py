@@ -79,12 +79,25 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     config = _load_config(args.config)
-    if (config.get("training") or {}).get("framework") == "pytorch-lightning":
-        from .lightning.train import train as train_lightning  # torch only here: the Keras image has none
+    framework = (config.get("training") or {}).get("framework") or "keras"
+    # Each image holds one framework's stack (torch only in the Lightning one, TensorFlow + Horovod only in the
+    # Keras one): the other's import fails, and says which image to use.
+    try:
+        if framework == "pytorch-lightning":
+            import pytorch_lightning  # noqa: F401
+            import torch  # noqa: F401
 
-        return train_lightning(config)
-    from .train import train
+            from .lightning.train import train
+        else:
+            import horovod.tensorflow.keras  # noqa: F401
 
+            from .train import train
+    except ImportError as exc:
+        image = "the Lightning trainer image (-lightning-cpu)" if framework == "pytorch-lightning" else \
+            "the Keras trainer image"
+        print(f"scalingrun-trainer train: error: training.framework {framework} needs {exc.name}, which this "
+              f"environment lacks: use {image} (spec.workers.image) or its venv", file=sys.stderr)
+        return 2
     return train(config)
 
 
