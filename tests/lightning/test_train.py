@@ -17,6 +17,7 @@ from pyarrow import fs as pafs
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+from scalingrun_trainer.tracking import MlflowClient
 
 pytestmark = [pytest.mark.lightning, pytest.mark.s3]
 BUCKET = "lightning"
@@ -40,7 +41,8 @@ def dataset(s3_server) -> str:
     return output
 
 
-def write_config(path: Path, server, dataset: str, run_location: str, **training) -> Path:
+def write_config(path: Path, server, dataset: str, run_location: str, tracking: dict | None = None,
+                 **training) -> Path:
     spec = {
         "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "lightning-test"},
         "spec": {
@@ -50,6 +52,7 @@ def write_config(path: Path, server, dataset: str, run_location: str, **training
             "training": {"framework": "pytorch-lightning", "batchSizePerWorker": 16, "maxEpochs": 2,
                          "checkpoint": {"location": run_location}, **training},
             "workers": {"replicas": 2, "gpusPerWorker": 0},
+            **({"tracking": tracking} if tracking else {}),
         },
     }
     path.write_text(json.dumps(build_trainer_config(parse_scalingrun(spec))))
@@ -123,10 +126,13 @@ def test_two_ranks_stop_early_on_the_same_epoch_and_save_the_best_weights(s3_ser
     assert accuracy == pytest.approx(progress["history"][0]["val_accuracy"], abs=1e-6)
 
 
-def test_a_killed_rank_resumes_from_the_last_checkpoint(s3_server, dataset, tmp_path, mpirun, lightning_python):
+@pytest.mark.mlflow
+def test_a_killed_rank_resumes_from_the_last_checkpoint_in_the_same_mlflow_run(s3_server, mlflow_server, dataset,
+                                                                                tmp_path, mpirun, lightning_python):
     run = f"s3://{BUCKET}/runs/resume"
-    env = {**os.environ, **s3_server.env()}
-    config = write_config(tmp_path / "first.json", s3_server, dataset, run, maxEpochs=30,
+    env = {**os.environ, **s3_server.env(), **mlflow_server.env()}
+    tracking = {"mlflowTrackingUri": mlflow_server.uri, "experimentName": "lightning-resume"}
+    config = write_config(tmp_path / "first.json", s3_server, dataset, run, tracking, maxEpochs=30,
                           earlyStopping={"enabled": False})
     first = subprocess.Popen(command(mpirun, lightning_python, config), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True, env=env)
@@ -151,7 +157,7 @@ def test_a_killed_rank_resumes_from_the_last_checkpoint(s3_server, dataset, tmp_
     saved = read_json(s3_server, f"s3://{state_at}")["epoch"]
     assert 1 <= saved < 30
     # The rerun (same run, a lower maxEpochs to keep the test short) continues after the saved epoch.
-    config = write_config(tmp_path / "second.json", s3_server, dataset, run, maxEpochs=saved + 2,
+    config = write_config(tmp_path / "second.json", s3_server, dataset, run, tracking, maxEpochs=saved + 2,
                           earlyStopping={"enabled": False})
     second = subprocess.run(command(mpirun, lightning_python, config), capture_output=True, text=True, timeout=600,
                             env=env)
@@ -161,6 +167,17 @@ def test_a_killed_rank_resumes_from_the_last_checkpoint(s3_server, dataset, tmp_
     progress = read_json(s3_server, f"{run}/progress.json")
     assert progress["resumedFromEpoch"] == saved and progress["epoch"] == saved + 2 and progress["state"] == "succeeded"
     assert [h["epoch"] for h in progress["history"]] == list(range(1, saved + 3))
+    # MLflow: one run, from rank 0 only, continued after the kill, finished with the model URI.
+    client = MlflowClient(mlflow_server.uri, username=mlflow_server.username, password=mlflow_server.password)
+    runs = client.call("POST", "runs/search", {"experiment_ids": [client.experiment_id("lightning-resume")]})["runs"]
+    assert [r["info"]["run_id"] for r in runs] == [progress["mlflowRunId"]]
+    info, data = runs[0]["info"], runs[0]["data"]
+    assert info["status"] == "FINISHED"
+    params = {p["key"]: p["value"] for p in data["params"]}
+    assert params["framework"] == "pytorch-lightning" and params["processes"] == "2"
+    history = client.call("GET", "metrics/get-history", {"run_id": info["run_id"], "metric_key": "val_loss"})["metrics"]
+    assert sorted({m["step"] for m in history}) == list(range(1, saved + 3))
+    assert {t["key"]: t["value"] for t in data["tags"]}["scalingrun.dev/model-uri"] == f"{run}/model/model.pt"
 
 
 def test_clear_error_on_every_rank_for_a_missing_dataset(s3_server, dataset, tmp_path, mpirun, lightning_python):
