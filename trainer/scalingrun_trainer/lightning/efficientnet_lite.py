@@ -30,6 +30,10 @@ class Conv2dSame(nn.Conv2d):
     """A bias-free convolution with TensorFlow's 'same' padding, computed for the input's size."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride == (1, 1):
+            # Odd kernels at stride 1 pad symmetrically: the convolution's own padding, no copy of x.
+            return F.conv2d(x, self.weight, None, 1, (self.kernel_size[0] // 2, self.kernel_size[1] // 2),
+                            self.dilation, self.groups)
         pads = []
         for size, kernel, stride in ((x.shape[-1], self.kernel_size[1], self.stride[1]),
                                      (x.shape[-2], self.kernel_size[0], self.stride[0])):
