@@ -114,6 +114,7 @@ def main() -> None:
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--skip-training", action="store_true")
+    parser.add_argument("--skip-input", action="store_true")
     parser.add_argument("--input-worker", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.input_worker:
@@ -122,17 +123,8 @@ def main() -> None:
     if not LIGHTNING_PYTHON.exists():
         raise SystemExit(f"no {LIGHTNING_PYTHON}: run SCALINGRUN_PROFILE=lightning scripts/setup.sh")
     with tempfile.TemporaryDirectory(prefix="bench-lightning-") as folder:
-        output = preprocess(Path(folder) / "input", args.rows // 10 + 1, SIDE, 4)
-        result = subprocess.run([str(LIGHTNING_PYTHON), __file__, "--input-worker", output, str(args.batches),
-                                 str(args.rounds)], capture_output=True, text=True)
-        if result.returncode:
-            raise SystemExit(result.stderr[-3000:])
-        rates = json.loads(result.stdout.strip().splitlines()[-1])
-        bare, ours = statistics.median(rates["bare"]), statistics.median(rates["lightning"])
-        print(f"input, {args.rows} rows of {SIDE}x{SIDE}x3, batch {BATCH}; medians of {args.rounds} rounds")
-        print(f"  bare pyarrow read          : {bare:8.0f} img/s  ({' '.join(f'{r:.0f}' for r in rates['bare'])})")
-        print(f"  Lightning Petastorm reader : {ours:8.0f} img/s  {ours / bare:.2f} x bare  "
-              f"({' '.join(f'{r:.0f}' for r in rates['lightning'])})")
+        if not args.skip_input:
+            input_bench(folder, args)
         if args.skip_training:
             return
         train_dir = Path(folder) / "train"
@@ -152,6 +144,21 @@ def main() -> None:
         print(f"  Keras + Horovod            : {k:8.1f} img/s  ({' '.join(f'{r:.0f}' for r in keras)})")
         print(f"  PyTorch Lightning DDP      : {lt:8.1f} img/s  {lt / k:.2f} x Keras  "
               f"({' '.join(f'{r:.0f}' for r in lightning)})")
+
+
+def input_bench(folder: str, args) -> None:
+    """(1): the Lightning reader against a bare pyarrow read, in the Lightning venv."""
+    output = preprocess(Path(folder) / "input", args.rows // 10 + 1, SIDE, 4)
+    result = subprocess.run([str(LIGHTNING_PYTHON), __file__, "--input-worker", output, str(args.batches),
+                             str(args.rounds)], capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(result.stderr[-3000:])
+    rates = json.loads(result.stdout.strip().splitlines()[-1])
+    bare, ours = statistics.median(rates["bare"]), statistics.median(rates["lightning"])
+    print(f"input, {args.rows} rows of {SIDE}x{SIDE}x3, batch {BATCH}; medians of {args.rounds} rounds")
+    print(f"  bare pyarrow read          : {bare:8.0f} img/s  ({' '.join(f'{r:.0f}' for r in rates['bare'])})")
+    print(f"  Lightning Petastorm reader : {ours:8.0f} img/s  {ours / bare:.2f} x bare  "
+          f"({' '.join(f'{r:.0f}' for r in rates['lightning'])})")
 
 
 if __name__ == "__main__":
