@@ -51,11 +51,13 @@ def _loader(reader, batch_size: int, side: int, shuffle_rows: int):
     return DataLoader(reader, batch_size=batch_size, collate_fn=collate, shuffling_queue_capacity=shuffle_rows)
 
 
+# Reader threads per process: the decode runs in Python under the GIL, and with 4 threads the reader delivered
+# half of what 1 or 2 did on 2 cores (bench/lightning.py); 2 keep some S3 requests overlapping.
 class TrainBatches:
     """An endless sharded reader cut into epochs of `steps` batches (len() is what Lightning counts)."""
 
     def __init__(self, dataset: Dataset, *, rank: int, size: int, batch_size: int, steps: int, seed: int,
-                 shuffle_rows: int = 256, reader_threads: int = 4):
+                 shuffle_rows: int = 256, reader_threads: int = 2):
         # Rows are mixed across row groups by the loader's shuffling buffer, seeded per rank.
         np.random.seed(seed + rank)
         self.reader = _reader(dataset, "train", rank=rank, size=size, seed=seed, reader_threads=reader_threads)
@@ -77,7 +79,7 @@ class TrainBatches:
 class ValidationBatches:
     """This rank's share of the validation split, read once per iteration by a fresh unshuffled reader."""
 
-    def __init__(self, dataset: Dataset, *, rank: int, size: int, batch_size: int, seed: int, reader_threads: int = 4):
+    def __init__(self, dataset: Dataset, *, rank: int, size: int, batch_size: int, seed: int, reader_threads: int = 2):
         self.dataset, self.rank, self.size, self.batch_size = dataset, rank, size, batch_size
         self.seed, self.reader_threads = seed, reader_threads
         logging.getLogger("petastorm").setLevel(logging.ERROR)
