@@ -4,6 +4,7 @@
 # machine-readable result, on its last lines:
 #   base=<base image used>
 #   trainer=scalingrun/trainer:<version>-cpu
+#   trainer-lightning=scalingrun/trainer:<version>-lightning-cpu
 #   operator=scalingrun/operator:<version>
 # Env: SCALINGRUN_BASE_IMAGE (default: local/python:3.11-bookworm when present, as on machines without
 #   Docker Hub, else the Dockerfiles' python:3.11-slim-bookworm), SCALINGRUN_IMAGE_TAG (default: the
@@ -26,6 +27,7 @@ if [[ -z "${DOCKER:-}" ]]; then DOCKER=docker; [[ -x /usr/bin/docker ]] && DOCKE
 CACHE="${SCALINGRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scalingrun}"
 VERSION="${SCALINGRUN_IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)}"
 TRAINER="scalingrun/trainer:$VERSION-cpu"
+TRAINER_LIGHTNING="scalingrun/trainer:$VERSION-lightning-cpu"
 OPERATOR="scalingrun/operator:$VERSION"
 NODE_CLUSTER="$ROOT/../shared/node/cluster.sh"
 
@@ -55,14 +57,25 @@ for wheels in "$CACHE"/wheels/horovod-*-cpu-py311; do
   fi
 done
 
-build() {  # build NAME TAG DOCKERFILE
-  local started=$SECONDS size
-  log "building $2 from $3${BASE:+ (base $BASE)}"
-  "$DOCKER" build "${base_args[@]}" -f "$3" -t "$2" . >&2 || fail "docker build of $3"
-  size="$("$DOCKER" image inspect -f '{{.Size}}' "$2")"
-  log "$1: $2 built in $((SECONDS - started)) s, $((size / 1000000)) MB"
+# The Lightning flavour's torch: the CPU wheel of the lock's version when the host has it (pip's find-links,
+# SCALINGRUN_TORCH_WHEELS, default /opt/wheels); else the image takes it from PyTorch's CPU index.
+TORCH_VERSION="$(sed -n 's/^torch==//p' requirements/lightning.txt)"
+for wheel in "${SCALINGRUN_TORCH_WHEELS:-/opt/wheels}"/torch-"$TORCH_VERSION"+cpu-cp311-*.whl; do
+  if [[ -f "$wheel" ]]; then
+    mkdir -p build/wheels/torch && cp "$wheel" build/wheels/torch/ && log "using the host's torch wheel $(basename "$wheel")"
+  fi
+done
+
+build() {  # build NAME TAG DOCKERFILE [BUILD ARGS...]
+  local started=$SECONDS size name="$1" tag="$2" dockerfile="$3"
+  shift 3
+  log "building $tag from $dockerfile${BASE:+ (base $BASE)} $*"
+  "$DOCKER" build "${base_args[@]}" "$@" -f "$dockerfile" -t "$tag" . >&2 || fail "docker build of $dockerfile $*"
+  size="$("$DOCKER" image inspect -f '{{.Size}}' "$tag")"
+  log "$name: $tag built in $((SECONDS - started)) s, $((size / 1000000)) MB"
 }
 build trainer "$TRAINER" Dockerfile.trainer
+build trainer-lightning "$TRAINER_LIGHTNING" Dockerfile.trainer --build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning
 build operator "$OPERATOR" Dockerfile.operator
 
 # What the MPIJob and the chart rely on, checked in the images themselves.
@@ -94,6 +107,13 @@ if [[ "$CHECK" == 1 ]]; then
   check "no ssh host key in the trainer image" "$DOCKER" run --rm --entrypoint sh "$TRAINER" -c \
     '[ -z "$(find / -xdev -name "ssh_host_*" 2>/dev/null)" ]'
   sshd_check
+  TRAINER="$TRAINER_LIGHTNING" sshd_check
+  check "the Lightning stack imports" "$DOCKER" run --rm "$TRAINER_LIGHTNING" python -c \
+    'import torch, pytorch_lightning, petastorm.pytorch, mpi4py, scalingrun_trainer.lightning.train'
+  check "no TensorFlow, Horovod or kopf in the Lightning trainer" "$DOCKER" run --rm "$TRAINER_LIGHTNING" python -c \
+    'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) for m in ("tensorflow", "horovod", "kopf")))'
+  check "uid 1000 and mpirun in the Lightning trainer" "$DOCKER" run --rm "$TRAINER_LIGHTNING" sh -c \
+    '[ "$(id -u)" = 1000 ] && mpirun --version'
   check "scalingrun-operator --help" "$DOCKER" run --rm "$OPERATOR" --help
   check "uid 1000 and no TensorFlow in the operator" "$DOCKER" run --rm --entrypoint sh "$OPERATOR" -c \
     '[ "$(id -u)" = 1000 ] && ! python -c "import tensorflow"'
@@ -102,4 +122,5 @@ fi
 
 echo "base=$BASE"  # empty: the Dockerfiles' default
 echo "trainer=$TRAINER"
+echo "trainer-lightning=$TRAINER_LIGHTNING"
 echo "operator=$OPERATOR"

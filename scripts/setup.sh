@@ -7,6 +7,10 @@
 # Env: SCALINGRUN_VENV (default .venv), SCALINGRUN_CACHE (default ~/.cache/scalingrun), PYTHON (python3),
 #   SCALINGRUN_PROFILE: full (default: everything, for development and tests), operator or trainer
 #     (the images: requirements/operator.txt or trainer.txt, subsets of lock.txt),
+#     or lightning (the PyTorch Lightning trainer: requirements/lightning.txt, torch CPU, no TensorFlow or
+#     Horovod, into SCALINGRUN_VENV default .venv-lightning; quickstart.sh and test.sh call it when needed),
+#   SCALINGRUN_TORCH_INDEX (lightning): an extra index for torch, e.g. https://download.pytorch.org/whl/cpu
+#     (images); a torch wheel in $SCALINGRUN_CACHE/wheels/torch is used first,
 #   SCALINGRUN_GPU=1: TensorFlow's GPU wheel (same version) and Horovod built with NCCL,
 #   SCALINGRUN_EDITABLE=0: install the project itself non-editable (images).
 # The full profile also installs the MLflow tracking server the tests run, in its own venv
@@ -14,12 +18,12 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${SCALINGRUN_VENV:-$ROOT/.venv}"
+PROFILE="${SCALINGRUN_PROFILE:-full}"
+if [[ "$PROFILE" == lightning ]]; then VENV="${SCALINGRUN_VENV:-$ROOT/.venv-lightning}"; else VENV="${SCALINGRUN_VENV:-$ROOT/.venv}"; fi
 CACHE="${SCALINGRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scalingrun}"
 PYTHON="${PYTHON:-python3}"
 HOROVOD_VERSION=0.28.1
 PETASTORM_VERSION=0.13.1
-PROFILE="${SCALINGRUN_PROFILE:-full}"
 PIP_BOOTSTRAP=("pip==25.3" "setuptools==80.9.0" "wheel==0.45.1")  # the same in every venv this script makes
 GPU="${SCALINGRUN_GPU:-0}"
 TF_VERSION="$(sed -n 's/^tensorflow-cpu==//p' "$ROOT/requirements/lock.txt")"
@@ -27,7 +31,8 @@ case "$PROFILE" in
   full) LOCK="$ROOT/requirements/lock.txt"; APT_PACKAGES=(openmpi-bin libopenmpi-dev dataset-fashion-mnist) ;;
   trainer) LOCK="$ROOT/requirements/trainer.txt"; APT_PACKAGES=(openmpi-bin libopenmpi-dev) ;;
   operator) LOCK="$ROOT/requirements/operator.txt"; APT_PACKAGES=() ;;
-  *) echo "SCALINGRUN_PROFILE must be full, operator or trainer" >&2; exit 2 ;;
+  lightning) LOCK="$ROOT/requirements/lightning.txt"; APT_PACKAGES=(openmpi-bin libopenmpi-dev) ;;
+  *) echo "SCALINGRUN_PROFILE must be full, operator, trainer or lightning" >&2; exit 2 ;;
 esac
 
 log() { printf '[setup] %s\n' "$*" >&2; }
@@ -89,8 +94,17 @@ main() {
   [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
   "$VENV/bin/pip" install -q --disable-pip-version-check "${PIP_BOOTSTRAP[@]}"
   log "installing ${LOCK#"$ROOT/"}"
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps -r "$LOCK"
-  if [[ "$PROFILE" != operator ]]; then
+  local sources=()
+  if [[ "$PROFILE" == lightning ]]; then
+    [[ ! -d "$CACHE/wheels/torch" ]] || sources+=(--find-links "$CACHE/wheels/torch")
+    [[ -z "${SCALINGRUN_TORCH_INDEX:-}" ]] || sources+=(--extra-index-url "$SCALINGRUN_TORCH_INDEX")
+  fi
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "${sources[@]}" -r "$LOCK"
+  if [[ "$PROFILE" == lightning ]]; then
+    # The lock's torch==2.13.0 is the CPU build here; a GPU image installs the CUDA build of the same version
+    # from PyTorch's index (README, "PyTorch Lightning"). No Horovod: DDP runs over gloo/nccl.
+    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "petastorm==$PETASTORM_VERSION"
+  elif [[ "$PROFILE" != operator ]]; then
     if [[ "$GPU" == 1 ]]; then
       # Same version and dependencies as tensorflow-cpu; the GPU wheel uses the image's CUDA 12.2 / cuDNN 8.9.
       "$VENV/bin/pip" uninstall -q -y tensorflow-cpu

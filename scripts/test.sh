@@ -9,6 +9,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
+# The PyTorch Lightning venv (.venv-lightning), for tests/lightning: the whole suite, or arguments naming it.
+if [[ $# -eq 0 || "$*" == *lightning* ]]; then SCALINGRUN_PROFILE=lightning bash scripts/setup.sh; fi
 NODE_BUILDER="${SCALINGRUN_NODE_DIR:-$ROOT/../shared/node}/build.sh"
 ENVTEST_BUILDER="${SCALINGRUN_ENVTEST_BUILDER:-$ROOT/../shared/envtest/build-assets.sh}"
 unset KUBECONFIG

@@ -110,3 +110,16 @@ def test_build_context_is_an_allowlist_of_what_the_dockerfiles_copy():
                 source = source.replace("[s]", "s")
                 assert any(source.rstrip("/") == a or source.startswith(a + "/") for a in allowed), (dockerfile, source)
     assert not any(a.startswith((".venv", ".git", ".scalingrun")) for a in allowed)
+
+
+def test_lightning_flavour_is_a_build_arg_installing_the_lightning_profile():
+    text = (ROOT / "Dockerfile.trainer").read_text()
+    builder = stages("Dockerfile.trainer")[0]
+    assert re.search(r"^ARG SCALINGRUN_FRAMEWORK=keras$", builder, re.M)
+    assert 'if [ "$SCALINGRUN_FRAMEWORK" = pytorch-lightning ]' in builder
+    assert "SCALINGRUN_PROFILE=lightning" in builder and "TORCH_INDEX=https://download.pytorch.org/whl/cpu" in builder
+    assert "TORCH_INDEX=https://download.pytorch.org/whl/cu126" in text  # the GPU flavour, documented
+    script = (ROOT / "scripts/build-images.sh").read_text()
+    assert "--build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning" in script
+    assert 'echo "trainer-lightning=$TRAINER_LIGHTNING"' in script
+    assert 'TRAINER_LIGHTNING="scalingrun/trainer:$VERSION-lightning-cpu"' in script

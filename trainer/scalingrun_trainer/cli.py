@@ -80,9 +80,27 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from .train import train
+    config = _load_config(args.config)
+    framework = (config.get("training") or {}).get("framework") or "keras"
+    # Each image holds one framework's stack (torch only in the Lightning one, TensorFlow + Horovod only in the
+    # Keras one): the other's import fails, and says which image to use.
+    try:
+        if framework == "pytorch-lightning":
+            import pytorch_lightning  # noqa: F401
+            import torch  # noqa: F401
 
-    return train(_load_config(args.config))
+            from .lightning.train import train
+        else:
+            import horovod.tensorflow.keras  # noqa: F401
+
+            from .train import train
+    except ImportError as exc:
+        image = "the Lightning trainer image (-lightning-cpu)" if framework == "pytorch-lightning" else \
+            "the Keras trainer image"
+        print(f"scalingrun-trainer train: error: training.framework {framework} needs {exc.name}, which this "
+              f"environment lacks: use {image} (spec.workers.image) or its venv", file=sys.stderr)
+        return 2
+    return train(config)
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
@@ -114,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--region")
     pre.set_defaults(func=_cmd_preprocess)
 
-    tr = sub.add_parser("train", help="Horovod training; run under horovodrun or mpirun, one process per GPU")
+    tr = sub.add_parser("train", help="training, one process per GPU: Keras + Horovod (horovodrun or mpirun), or "
+                                       "PyTorch Lightning DDP (mpirun) when training.framework is pytorch-lightning")
     tr.add_argument("--config", required=True, help="trainer config rendered by the operator (JSON file or -)")
     tr.set_defaults(func=_cmd_train)
 

@@ -23,6 +23,8 @@ SINGULAR = "scalingrun"
 SHORT_NAMES = ["srun"]
 
 DEFAULT_TRAINER_IMAGE = "ghcr.io/scalingrun/trainer:0.1.0"
+# The trainer image of a pytorch-lightning run when spec.workers.image is not set (torch, no TensorFlow/Horovod).
+DEFAULT_LIGHTNING_TRAINER_IMAGE = "ghcr.io/scalingrun/trainer:0.1.0-lightning-cpu"
 
 # s3:// (any S3-compatible store), file:// or an absolute local path.
 DATA_URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|file:///.*|/.*)$"
@@ -228,6 +230,11 @@ class LearningRateScaling(str, Enum):
     none = "none"
 
 
+class Framework(str, Enum):
+    keras = "keras"
+    pytorch_lightning = "pytorch-lightning"
+
+
 class Monitor(str, Enum):
     val_loss = "val_loss"
     val_accuracy = "val_accuracy"
@@ -277,8 +284,15 @@ class InputPipeline(_Model):
 
 
 class Training(_Model):
-    """Horovod data-parallel training. The learning rate is scaled with the number of processes."""
+    """Data-parallel training (Keras + Horovod, or PyTorch Lightning DDP). The learning rate is scaled with the
+    number of processes."""
 
+    framework: Framework = Field(
+        Framework.keras,
+        description="keras: tf.keras with Horovod (the default image). pytorch-lightning: PyTorch Lightning DDP "
+        "(gloo on CPU, nccl on GPU) over the same MPIJob, in the Lightning image; it trains only base "
+        "efficientnet_lite0 and saves the model as TorchScript (model.pt).",
+    )
     optimizer: Optimizer = Field(Optimizer.nadam, description="Optimizer, wrapped by Horovod.")
     batch_size_per_worker: BatchSize = Field(
         32,
@@ -336,7 +350,12 @@ class Workers(_Model):
     )
     cpu: Optional[Quantity] = Field(None, description="CPU per worker, e.g. 8.")
     memory: Optional[Quantity] = Field(None, description="Memory per worker, e.g. 32Gi.")
-    image: str = Field(DEFAULT_TRAINER_IMAGE, description="Trainer image (launcher and workers).", min_length=1)
+    image: Optional[str] = Field(
+        None,
+        description=f"Trainer image (launcher, workers, preprocessing). Default: {DEFAULT_TRAINER_IMAGE} for "
+        f"training.framework keras, {DEFAULT_LIGHTNING_TRAINER_IMAGE} for pytorch-lightning.",
+        min_length=1,
+    )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the workers must have.")
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations of the workers.")
     priority_class_name: Optional[str] = Field(

@@ -16,7 +16,7 @@ from typing import Any, Iterable, TypeVar
 
 import pydantic
 
-from .models import Monitor, ScalingRun, ScalingSweep
+from .models import BaseNetwork, Framework, Monitor, ScalingRun, ScalingSweep
 
 Resource = TypeVar("Resource", bound=pydantic.BaseModel)
 
@@ -109,6 +109,7 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
                     f"an accuracy threshold must be in (0, 1] (got {stopping.stopping_threshold})",
                 )
             )
+    errors += _framework_errors(run)
     gang = spec.run_policy.scheduling_policy
     pods = spec.workers.replicas + 1  # workers + launcher
     if gang and gang.min_available and gang.min_available > pods:
@@ -166,6 +167,28 @@ def parse_schema(document: Any, resource: type[Resource] = ScalingRun) -> Resour
     if errors:
         raise InvalidScalingRun(errors)
     return run
+
+
+def _framework_errors(run: ScalingRun) -> list[FieldError]:
+    """Fields that mean nothing for the chosen framework are refused, not ignored."""
+    spec = run.spec
+    if spec.training.framework != Framework.pytorch_lightning.value:
+        return []
+    errors = []
+    if spec.model.base != BaseNetwork.efficientnet_lite0.value:
+        errors.append(FieldError(
+            "spec.model.base",
+            f"{spec.model.base} is a Keras application (its ImageNet weights are Keras files); "
+            "training.framework pytorch-lightning trains efficientnet_lite0 only: use efficientnet_lite0 "
+            "or framework keras",
+        ))
+    weights = spec.model.weights
+    if weights not in ("imagenet", "none") and not weights.endswith((".pth", ".pt")):
+        errors.append(FieldError(
+            "spec.model.weights",
+            f"pytorch-lightning reads a PyTorch state dict (.pth or .pt), got {weights!r}",
+        ))
+    return errors
 
 
 def parse_scalingrun(document: Any) -> ScalingRun:

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.models import ScalingRun
+from ..api.models import DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, Framework, ScalingRun
 
 CONFIG_MOUNT_DIR = "/etc/scalingrun"
 CONFIG_FILE = f"{CONFIG_MOUNT_DIR}/config.json"
 RUN_LABEL = "scalingrun.dev/run"
 NON_ROOT_UID = 1000
+
+
+def trainer_image(run: ScalingRun) -> str:
+    """spec.workers.image, else the framework's default image (the Lightning one has torch, no TensorFlow)."""
+    if run.spec.workers.image:
+        return run.spec.workers.image
+    if run.spec.training.framework == Framework.pytorch_lightning.value:
+        return DEFAULT_LIGHTNING_TRAINER_IMAGE
+    return DEFAULT_TRAINER_IMAGE
 
 
 def config_map_name(run: ScalingRun) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ..api.models import ScalingRun
+from ..api.models import Framework, ScalingRun
 from .common import (
     CONFIG_FILE,
     config_volume,
@@ -16,6 +16,7 @@ from .common import (
     resources,
     storage_env,
     tracking_env,
+    trainer_image,
 )
 from .config import slots_per_worker, total_processes
 
@@ -31,6 +32,20 @@ FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", 
                  "PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 
 
+def _cpu_cores(quantity: str) -> float:
+    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
+
+
+def framework_env(run: ScalingRun) -> list[dict[str, Any]]:
+    """Lightning: torch's CPU threads per process from the worker's CPU limit (torch would otherwise start one
+    per node core and oversubscribe the pod). The Keras trainer's settings are unchanged."""
+    w = run.spec.workers
+    if run.spec.training.framework != Framework.pytorch_lightning.value or not w.cpu:
+        return []
+    threads = max(1, int(_cpu_cores(str(w.cpu)) // slots_per_worker(run)))
+    return [{"name": "OMP_NUM_THREADS", "value": str(threads)}]
+
+
 def launcher_script(run: ScalingRun) -> str:
     """Waits until every worker in the hostfile answers ssh (`scalingrun-trainer launch`; upstream
     mpi-operator #386, #482, #615), then execs Horovod via mpirun."""
@@ -39,8 +54,10 @@ def launcher_script(run: ScalingRun) -> str:
         "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
     ]
     # Rank 0 runs on a worker, started through mpirun: the MLflow credentials must travel with it too.
-    for var in FORWARDED_ENV + tuple(e["name"] for e in tracking_env(run)):
+    for var in FORWARDED_ENV + tuple(e["name"] for e in tracking_env(run) + framework_env(run)):
         mpirun += ["-x", var]
+    # The same command for both frameworks: it dispatches on training.framework in the config, and the image
+    # (trainer_image) holds that framework's trainer.
     mpirun += ["scalingrun-trainer", "train", "--config", CONFIG_FILE]
     launch = ["scalingrun-trainer", "launch", "--hostfile", HOSTFILE, "--ssh-port", str(SSH_PORT),
               "--timeout", str(WORKER_WAIT_SECONDS), "--"]
@@ -91,18 +108,18 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
     volume, mount = config_volume(run)
     launcher = {
         "name": "launcher",
-        "image": w.image,
+        "image": trainer_image(run),
         "command": ["/bin/sh", "-c", launcher_script(run)],
-        "env": storage_env(run) + tracking_env(run),
+        "env": storage_env(run) + tracking_env(run) + framework_env(run),
         "resources": resources(run.spec.launcher.resources.cpu, run.spec.launcher.resources.memory),
         "securityContext": container_security_context(),
         "volumeMounts": [mount],
     }
     worker = {
         "name": "worker",
-        "image": w.image,
+        "image": trainer_image(run),
         "command": WORKER_COMMAND,
-        "env": storage_env(run) + tracking_env(run),
+        "env": storage_env(run) + tracking_env(run) + framework_env(run),
         "resources": resources(w.cpu, w.memory, w.gpus_per_worker),
         "securityContext": container_security_context(),
         "volumeMounts": [mount],

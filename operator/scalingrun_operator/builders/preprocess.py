@@ -14,6 +14,7 @@ from .common import (
     preprocess_job_name,
     resources,
     storage_env,
+    trainer_image,
 )
 
 
@@ -25,7 +26,7 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
     meta = metadata(run, preprocess_job_name(run), namespace, "preprocess")
     container = {
         "name": "preprocess",
-        "image": run.spec.workers.image,
+        "image": trainer_image(run),
         # The shard index comes from JOB_COMPLETION_INDEX, set by the Indexed Job; --all-shards runs every
         # shard in turn instead.
         "command": ["scalingrun-trainer", "preprocess", "--config", CONFIG_FILE, "--shard-count", str(shards),

@@ -1,7 +1,8 @@
 """`scalingrun run --local`: the same ScalingRun on one machine, without Kubernetes.
 
 Preprocessing runs as `parallelism` shard processes (what the Indexed Job runs, one pod per shard);
-training runs `horovodrun -np N scalingrun-trainer train` (what the MPIJob launcher runs). Status is
+training runs `horovodrun -np N scalingrun-trainer train` (what the MPIJob launcher runs), or for a
+pytorch-lightning run `mpirun -np N` with the Lightning venv's python. Status is
 written to a local document in the same shape as the ScalingRun's status. Credentials come from the
 environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), the local stand-in for the Secret.
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..api.models import Condition, Phase, PreprocessingStatus, ScalingRun, ScalingRunStatus, TrainingStatus
+from ..api.models import Condition, Framework, Phase, PreprocessingStatus, ScalingRun, ScalingRunStatus, TrainingStatus
 from ..api.validation import s3_fields
 from ..builders.common import storage_env
 from ..builders.config import build_trainer_config, total_processes
@@ -35,6 +36,27 @@ def _horovodrun() -> str:
     if not found:
         raise LocalRunError("horovodrun not found: run scripts/setup.sh (it builds Horovod)")
     return found
+
+
+def _lightning_python() -> str:
+    """The PyTorch Lightning venv's python (SCALINGRUN_LIGHTNING_PYTHON, else .venv-lightning beside this venv):
+    torch lives in its own venv, never in the Keras one."""
+    explicit = os.environ.get("SCALINGRUN_LIGHTNING_PYTHON")
+    candidates = [Path(explicit)] if explicit else [Path(sys.prefix).parent / ".venv-lightning" / "bin" / "python"]
+    for candidate in candidates:
+        if candidate.exists():
+            return str(candidate)
+    raise LocalRunError(f"no PyTorch Lightning venv at {candidates[0]}: run SCALINGRUN_PROFILE=lightning "
+                        "scripts/setup.sh (or set SCALINGRUN_LIGHTNING_PYTHON)")
+
+
+def _mpirun(processes: int) -> list[str]:
+    """Debian Open MPI's mpirun, one process per slot on this host (root needs --allow-run-as-root)."""
+    found = shutil.which("mpirun")
+    if not found:
+        raise LocalRunError("mpirun not found: install Open MPI (scripts/setup.sh installs openmpi-bin)")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [found, *root, "-np", str(processes), "--oversubscribe", "-bind-to", "none"]
 
 
 class LocalRunError(RuntimeError):
@@ -166,8 +188,13 @@ class LocalRun:
 
     def train(self) -> bool:
         processes = self.np_override or total_processes(self.run)
-        command = [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
-                   sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config", str(self.config_path)]
+        if self.run.spec.training.framework == Framework.pytorch_lightning.value:
+            # Lightning DDP takes rank and world size from MPI (what the MPIJob launcher runs, too).
+            command = [*_mpirun(processes), _lightning_python(), "-m", "scalingrun_trainer.cli", "train",
+                       "--config", str(self.config_path)]
+        else:
+            command = [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
+                       sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config", str(self.config_path)]
         self._set(Phase.training, Condition(type="Trained", status="Unknown", reason="Running",
                                             message=" ".join(command[:4])))
         started = time.monotonic()
@@ -184,7 +211,7 @@ class LocalRun:
                     last_transition_time=_now().isoformat())]
         self.status.completion_time = _now()
         if result.returncode != 0:
-            cause = (self.progress or {}).get("error") or f"horovodrun exited {result.returncode}"
+            cause = (self.progress or {}).get("error") or f"{Path(command[0]).name} exited {result.returncode}"
             self._set(Phase.failed, Condition(type="Failed", status="True", reason="TrainingFailed", message=cause))
             return False
         document = self.progress or {}

@@ -1,0 +1,165 @@
+"""PyTorch Lightning against the Keras trainer, in one run each:
+
+(1) input pipeline: images/s the Lightning trainer's Petastorm PyTorch reader delivers (TrainBatches: batch
+    reader + decode + row shuffle + uint8 tensors) against a bare pyarrow read of the same Parquet files, as in
+    bench/input_pipeline.py (299x299x3 rows, batch 32); rounds interleaved, medians.
+(2) training throughput: both trainers, as the quick start runs them (EfficientNet-Lite0 frozen with the ImageNet
+    weights, Fashion-MNIST at --size, batch --batch per process, --np processes), on the same local Parquet:
+    horovodrun (Keras, .venv) and mpirun (Lightning, .venv-lightning); the progress documents' images/s of
+    the epochs after the first (which includes start-up), medians, as a ratio.
+
+Run: .venv/bin/python bench/lightning.py [--rows 1024] [--batches 64] [--rounds 3] [--per-class 100] [--epochs 3]
+(needs both venvs: scripts/setup.sh and SCALINGRUN_PROFILE=lightning scripts/setup.sh)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIGHTNING_PYTHON = Path(os.environ.get("SCALINGRUN_LIGHTNING_PYTHON", ROOT / ".venv-lightning/bin/python"))
+SIDE = 299
+BATCH = 32
+
+
+def preprocess(folder: Path, per_class: int, side: int, readers: int) -> str:
+    from scalingrun_trainer.preprocess import Params, process_shard
+    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+
+    source = folder / "jpeg"
+    for relative, data in fashion_mnist_jpegs(per_class):
+        (source / relative).parent.mkdir(parents=True, exist_ok=True)
+        (source / relative).write_bytes(data)
+    output = folder / "parquet"
+    process_shard(Params(str(source), str(output), image_size=side, validation_fraction=0.1, max_readers=readers), 0, 1)
+    return str(output)
+
+
+def input_worker(output: str, batches: int, rounds: int) -> None:
+    """In the Lightning venv: the trainer's reader vs a bare pyarrow read, rounds interleaved."""
+    import pyarrow.parquet as pq
+
+    from scalingrun_trainer.data import open_dataset
+    from scalingrun_trainer.lightning.data import TrainBatches
+
+    dataset = open_dataset(output)
+
+    def bare() -> float:
+        start, rows = time.perf_counter(), 0
+        for name in dataset.files["train"]:
+            for batch in pq.ParquetFile(os.path.join(output, name)).iter_batches(batch_size=BATCH,
+                                                                                   columns=["image", "label"]):
+                rows += batch.num_rows
+        return rows / (time.perf_counter() - start)
+
+    def lightning() -> float:
+        data = TrainBatches(dataset, rank=0, size=1, batch_size=BATCH, steps=batches + 1, seed=0)
+        try:
+            iterator = iter(data)
+            next(iterator)  # warm-up: reader threads, the shuffling buffer's first fill
+            start, images = time.perf_counter(), 0
+            for pixels, _ in iterator:
+                images += pixels.shape[0]
+            return images / (time.perf_counter() - start)
+        finally:
+            data.close()
+
+    rates = {"bare": [], "lightning": []}
+    for _ in range(rounds):
+        rates["bare"].append(bare())
+        rates["lightning"].append(lightning())
+    print(json.dumps(rates))
+
+
+def train_rate(command: list[str], run: Path) -> list[float]:
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    progress = run / "progress.json"
+    if result.returncode or not progress.exists():
+        raise SystemExit(f"{command[0]} failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    return [h["imagesPerSecond"] for h in json.loads(progress.read_text())["history"]]
+
+
+def config_for(folder: Path, output: str, framework: str, args) -> Path:
+    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.builders.config import build_trainer_config
+
+    spec = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": f"bench-{framework}"},
+            "spec": {"dataset": {"source": str(folder / "jpeg"), "output": output, "imageSize": args.size},
+                     "model": {"base": "efficientnet_lite0", "weights": "imagenet", "dropout": 0.2},
+                     "training": {"framework": framework, "batchSizePerWorker": args.batch, "maxEpochs": args.epochs,
+                                  "earlyStopping": {"enabled": False}, "resume": False,
+                                  "checkpoint": {"location": str(folder / "runs" / framework)}},
+                     "workers": {"replicas": args.np, "gpusPerWorker": 0}}}
+    path = folder / f"{framework}.json"
+    path.write_text(json.dumps(build_trainer_config(parse_scalingrun(spec))))
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=1024)
+    parser.add_argument("--batches", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--per-class", type=int, default=100)
+    parser.add_argument("--size", type=int, default=96)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--np", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--skip-training", action="store_true")
+    parser.add_argument("--skip-input", action="store_true")
+    parser.add_argument("--input-worker", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.input_worker:
+        input_worker(args.input_worker[0], int(args.input_worker[1]), int(args.input_worker[2]))
+        return
+    if not LIGHTNING_PYTHON.exists():
+        raise SystemExit(f"no {LIGHTNING_PYTHON}: run SCALINGRUN_PROFILE=lightning scripts/setup.sh")
+    with tempfile.TemporaryDirectory(prefix="bench-lightning-") as folder:
+        if not args.skip_input:
+            input_bench(folder, args)
+        if args.skip_training:
+            return
+        train_dir = Path(folder) / "train"
+        data = preprocess(train_dir, args.per_class, args.size, args.np)
+        horovodrun = str(Path(sys.executable).with_name("horovodrun"))
+        mpirun = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "-np", str(args.np),
+                  "--oversubscribe", "-bind-to", "none"]
+        keras = train_rate([horovodrun, "-np", str(args.np), "-H", f"localhost:{args.np}", "--gloo", sys.executable,
+                            "-m", "scalingrun_trainer.cli", "train", "--config",
+                            str(config_for(train_dir, data, "keras", args))], train_dir / "runs/keras")
+        lightning = train_rate([*mpirun, str(LIGHTNING_PYTHON), "-m", "scalingrun_trainer.cli", "train", "--config",
+                                str(config_for(train_dir, data, "pytorch-lightning", args))],
+                               train_dir / "runs/pytorch-lightning")
+        k, lt = statistics.median(keras[1:] or keras), statistics.median(lightning[1:] or lightning)
+        print(f"training, {args.per_class * 10} Fashion-MNIST images at {args.size}x{args.size}, EfficientNet-Lite0 "
+              f"frozen, {args.np} processes x batch {args.batch}, epochs 2..{args.epochs} (median)")
+        print(f"  Keras + Horovod            : {k:8.1f} img/s  ({' '.join(f'{r:.0f}' for r in keras)})")
+        print(f"  PyTorch Lightning DDP      : {lt:8.1f} img/s  {lt / k:.2f} x Keras  "
+              f"({' '.join(f'{r:.0f}' for r in lightning)})")
+
+
+def input_bench(folder: str, args) -> None:
+    """(1): the Lightning reader against a bare pyarrow read, in the Lightning venv."""
+    output = preprocess(Path(folder) / "input", args.rows // 10 + 1, SIDE, 4)
+    result = subprocess.run([str(LIGHTNING_PYTHON), __file__, "--input-worker", output, str(args.batches),
+                             str(args.rounds)], capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(result.stderr[-3000:])
+    rates = json.loads(result.stdout.strip().splitlines()[-1])
+    bare, ours = statistics.median(rates["bare"]), statistics.median(rates["lightning"])
+    print(f"input, {args.rows} rows of {SIDE}x{SIDE}x3, batch {BATCH}; medians of {args.rounds} rounds")
+    print(f"  bare pyarrow read          : {bare:8.0f} img/s  ({' '.join(f'{r:.0f}' for r in rates['bare'])})")
+    print(f"  Lightning Petastorm reader : {ours:8.0f} img/s  {ours / bare:.2f} x bare  "
+          f"({' '.join(f'{r:.0f}' for r in rates['lightning'])})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,49 @@
+"""A reduced Lightning quick start, end to end: SeaweedFS, JPEG upload, preprocessing, mpirun -np 2, summary."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.lightning, pytest.mark.s3]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_reduced_lightning_quickstart_ends_with_the_same_summary(tmp_path, lightning_python):
+    spec = yaml.safe_load((ROOT / "examples/quickstart-lightning.yaml").read_text())
+    assert spec["spec"]["training"]["framework"] == "pytorch-lightning"
+    keras = yaml.safe_load((ROOT / "examples/quickstart.yaml").read_text())
+    # The same data, image size, epochs, batch and learning rate as the Keras quick start.
+    for section in ("dataset", "model", "workers"):
+        assert spec["spec"][section] == keras["spec"][section], section
+    assert {k: v for k, v in spec["spec"]["training"].items() if k != "framework"} == keras["spec"]["training"]
+    spec["spec"]["dataset"]["imageSize"] = 32
+    spec["spec"]["training"].update(maxEpochs=2, batchSizePerWorker=16)
+    run_file = tmp_path / "quickstart-lightning-small.yaml"
+    run_file.write_text(yaml.safe_dump(spec))
+    state = tmp_path / "state"
+    result = subprocess.run(
+        [sys.executable, "-m", "scalingrun_operator.local.quickstart", "-f", str(run_file), "--state", str(state),
+         "--per-class", "20"],
+        capture_output=True, text=True, timeout=600,
+        env={**os.environ, "SCALINGRUN_LIGHTNING_PYTHON": lightning_python})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    assert "phase: Succeeded" in out
+    assert "preprocessing: 200 images written, 0 skipped, 10 classes" in out
+    training = re.search(r"training: (\d) of 2 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes", out)
+    assert training, out
+    assert 1 <= int(training.group(2)) <= int(training.group(1)) and 0 <= float(training.group(3)) <= 1
+    assert "scalingrun-trainer (pytorch-lightning, cpu): 2 processes x batch 16" in out
+    status = json.loads((state / "runs/quickstart-lightning/status.json").read_text())
+    assert status["phase"] == "Succeeded" and status["training"]["processes"] == 2
+    assert status["modelUri"].endswith("/runs/quickstart-lightning/model/model.pt")
+    assert (state / "reports/quickstart-lightning-report.md").exists()
+    assert str(state) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout

