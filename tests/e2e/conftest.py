@@ -16,7 +16,7 @@ from tests.conftest import NAMED_KUBECONFIG, require
 
 # The cluster comes as SCALINGRUN_TEST_KUBECONFIG (tests/conftest.py never lets KUBECONFIG through).
 E2E_VARIABLES = ("SCALINGRUN_TEST_KUBECONFIG", "SCALINGRUN_E2E_NAMESPACE", "SCALINGRUN_E2E_S3_ENDPOINT", "SCALINGRUN_E2E_S3_SECRET",
-                 "SCALINGRUN_E2E_TRAINER_IMAGE", "SCALINGRUN_TOOLS")
+                 "SCALINGRUN_E2E_TRAINER_IMAGE", "SCALINGRUN_E2E_LIGHTNING_IMAGE", "SCALINGRUN_TOOLS")
 
 
 @dataclass
@@ -26,6 +26,7 @@ class InCluster:
     s3_endpoint: str
     s3_secret: str
     trainer_image: str
+    lightning_image: str
     kubectl: list[str]
     api: Any
 
@@ -101,5 +102,6 @@ def cluster() -> InCluster:
                      s3_endpoint=os.environ["SCALINGRUN_E2E_S3_ENDPOINT"],
                      s3_secret=os.environ["SCALINGRUN_E2E_S3_SECRET"],
                      trainer_image=os.environ["SCALINGRUN_E2E_TRAINER_IMAGE"],
+                     lightning_image=os.environ["SCALINGRUN_E2E_LIGHTNING_IMAGE"],
                      kubectl=[str(tools / "kubectl"), "--kubeconfig", kubeconfig],
                      api=config.new_client_from_config(config_file=kubeconfig))

@@ -9,7 +9,7 @@
 It ends with the export lines that scripts/e2e.sh prints and other tools read.
 
 Settings come from the environment: KUBECONFIG, SCALINGRUN_TOOLS (folder with helm and kubectl),
-SCALINGRUN_E2E_{NAMESPACE,OPERATOR_IMAGE,TRAINER_IMAGE,SEAWEEDFS_IMAGE,MPI_OPERATOR}, SCALINGRUN_MPIJOB_CRD.
+SCALINGRUN_E2E_{NAMESPACE,OPERATOR_IMAGE,TRAINER_IMAGE,LIGHTNING_IMAGE,SEAWEEDFS_IMAGE,MPI_OPERATOR}, SCALINGRUN_MPIJOB_CRD.
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ class Settings:
     namespace: str = "scalingrun-e2e"
     operator_image: str = ""
     trainer_image: str = ""
+    lightning_image: str = ""
     seaweedfs_image: str = ""
     mpi_operator: str = "stand-in"
     mpijob_crd: Path = field(default_factory=lambda: ROOT.parent / "shared/crds/kubeflow.org_mpijobs.yaml")
@@ -70,6 +71,7 @@ class Settings:
                        namespace=env.get("SCALINGRUN_E2E_NAMESPACE", cls.namespace),
                        operator_image=env.get("SCALINGRUN_E2E_OPERATOR_IMAGE", ""),
                        trainer_image=env.get("SCALINGRUN_E2E_TRAINER_IMAGE", ""),
+                       lightning_image=env.get("SCALINGRUN_E2E_LIGHTNING_IMAGE", ""),
                        seaweedfs_image=env.get("SCALINGRUN_E2E_SEAWEEDFS_IMAGE", ""),
                        mpi_operator=env.get("SCALINGRUN_E2E_MPI_OPERATOR", "stand-in"))
         if env.get("SCALINGRUN_MPIJOB_CRD"):
@@ -88,7 +90,8 @@ class Settings:
                 f"export SCALINGRUN_E2E_NAMESPACE={self.namespace}",
                 f"export SCALINGRUN_E2E_S3_ENDPOINT={self.s3_endpoint}",
                 f"export SCALINGRUN_E2E_S3_SECRET={S3_SECRET}",
-                f"export SCALINGRUN_E2E_TRAINER_IMAGE={self.trainer_image}"]
+                f"export SCALINGRUN_E2E_TRAINER_IMAGE={self.trainer_image}",
+                f"export SCALINGRUN_E2E_LIGHTNING_IMAGE={self.lightning_image}"]
 
 
 class Cluster:

@@ -264,3 +264,28 @@ def test_a_sweep_over_one_and_two_workers_shares_one_dataset_and_recommends_a_po
         for point in points:
             with contextlib.suppress(Exception):
                 cluster.delete_run(point)
+
+
+def test_a_lightning_run_trains_with_ddp_across_two_worker_pods(cluster):
+    """The second framework over the same MPIJob: mpirun starts one Lightning process per worker pod, DDP
+    (gloo) connects them through rank 0's pod IP, and the model is saved for PyTorch users."""
+    name = _name("lightning")
+    output = f"s3://scalingrun-e2e/runs/{name}/parquet"
+    body = run_body(cluster, name, output=output, epochs=2, image=cluster.lightning_image)
+    body["spec"]["dataset"]["imageSize"] = 32
+    body["spec"]["training"]["framework"] = "pytorch-lightning"
+    cluster.create_run(body)
+    try:
+        run = cluster.wait(name, finished, timeout=900, what="Succeeded")
+        training = run["status"]["training"]
+        assert training["processes"] == 2 and training["epoch"] >= 1, training
+        assert 0 < training["metrics"]["val_accuracy"] <= 1, training
+        assert run["status"]["modelUri"].startswith(f"{output}/runs/{name}/"), run["status"]["modelUri"]
+        assert run["status"]["modelUri"].endswith("/model/model.pt"), run["status"]["modelUri"]
+        mpijob = cluster.custom().get_namespaced_custom_object("kubeflow.org", "v2beta1", cluster.namespace,
+                                                               "mpijobs", f"{name}-train")
+        images = {c["image"] for spec in mpijob["spec"]["mpiReplicaSpecs"].values()
+                  for c in spec["template"]["spec"]["containers"]}
+        assert images == {cluster.lightning_image}, images
+    finally:
+        cluster.delete_run(name)

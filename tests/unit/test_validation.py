@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalingrun_operator.api.models import DEFAULT_TRAINER_IMAGE, ScalingRun
+from scalingrun_operator.api.models import ScalingRun
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.cli import main
 
@@ -183,7 +183,7 @@ def test_values_read_as_the_api_server_reads_them():
     doc["spec"]["model"] = {"dropout": 0, "trainableBase": None}
     run = parse_scalingrun(doc)
     assert (run.spec.workers.replicas, run.spec.workers.cpu, run.spec.workers.memory) == (2, "4", "0.5Gi")
-    assert run.spec.workers.image == DEFAULT_TRAINER_IMAGE and run.spec.model.trainable_base is False
+    assert run.spec.workers.image is None and run.spec.model.trainable_base is False  # null: the framework's image
     assert run.spec.model.dropout == 0.0
 
 
