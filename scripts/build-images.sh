@@ -60,9 +60,12 @@ done
 # The Lightning flavour's torch: the CPU wheel of the lock's version when the host has it (pip's find-links,
 # SCALINGRUN_TORCH_WHEELS, default /opt/wheels); else the image takes it from PyTorch's CPU index.
 TORCH_VERSION="$(sed -n 's/^torch==//p' requirements/lightning.txt)"
+torch_args=()
 for wheel in "${SCALINGRUN_TORCH_WHEELS:-/opt/wheels}"/torch-"$TORCH_VERSION"+cpu-cp311-*.whl; do
   if [[ -f "$wheel" ]]; then
     mkdir -p build/wheels/torch && cp "$wheel" build/wheels/torch/ && log "using the host's torch wheel $(basename "$wheel")"
+    # No second index then: where PyTorch's is unreachable, pip would retry it for every package.
+    torch_args=(--build-arg TORCH_INDEX=)
   fi
 done
 
@@ -75,7 +78,8 @@ build() {  # build NAME TAG DOCKERFILE [BUILD ARGS...]
   log "$name: $tag built in $((SECONDS - started)) s, $((size / 1000000)) MB"
 }
 build trainer "$TRAINER" Dockerfile.trainer
-build trainer-lightning "$TRAINER_LIGHTNING" Dockerfile.trainer --build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning
+build trainer-lightning "$TRAINER_LIGHTNING" Dockerfile.trainer --build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning \
+  "${torch_args[@]}"
 build operator "$OPERATOR" Dockerfile.operator
 
 # What the MPIJob and the chart rely on, checked in the images themselves.
