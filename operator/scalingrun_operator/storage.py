@@ -217,8 +217,10 @@ def read_bytes(uri: str, target: StorageTarget) -> Optional[bytes]:
 def read_json(uri: str, target: StorageTarget) -> Optional[dict[str, Any]]:
     """A JSON object document, or None when absent. A document that is not a JSON object is an error."""
     data = read_bytes(uri, target)
-    if data is None:
-        return None
+    return None if data is None else _json_object(uri, data)
+
+
+def _json_object(uri: str, data: bytes) -> dict[str, Any]:
     try:
         document = json.loads(data)
     except ValueError as exc:
@@ -288,13 +290,7 @@ def read_json_versioned(uri: str, target: StorageTarget) -> tuple[Optional[dict[
     data, etag = retrying("read", uri, target, get)
     if data is None:
         return None, None
-    try:
-        document = json.loads(data)
-    except ValueError as exc:
-        raise StorageError(f"{uri} is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise StorageError(f"{uri} is not a JSON object")
-    return document, etag
+    return _json_object(uri, data), etag
 
 
 # The watcher checks many runs in turn: a failing store gets a short retry, the next round tries again.

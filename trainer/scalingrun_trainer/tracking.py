@@ -182,3 +182,31 @@ class RunTracker:
             call()
         except TrackingError as exc:
             self.warn(f"warning: MLflow: {exc} (the progress document still has every metric)")
+
+
+def start_tracking(config: dict[str, Any], rank: int, run_location: str, params: dict[str, Any],
+                   resume_run_id: Optional[str], log: Callable[[str], None],
+                   broadcast: Callable[[Optional[str]], Optional[str]]) -> Optional["RunTracker"]:
+    """Rank 0 opens (or, on resume, reopens) the MLflow run; a failure stops every rank with its cause.
+
+    `broadcast` sends rank 0's error (or None) to every rank: Horovod's or MPI's, by framework.
+    """
+    tracking = config.get("tracking") or {}
+    uri = tracking.get("mlflowTrackingUri")
+    if not uri:
+        return None
+    tracker, error = None, None
+    if rank == 0:
+        tracker = RunTracker(MlflowClient.from_env(uri), warn=log)
+        try:
+            experiment = tracking.get("experimentName") or config["run"]
+            tracker.start(experiment=experiment, run_name=config["run"], run_location=run_location, params=params,
+                          resume_run_id=resume_run_id)
+            log(f"MLflow: run {tracker.run_id} in experiment {experiment!r} at {uri}")
+        except TrackingError as exc:
+            error = str(exc)
+            tracker.finish("FAILED", error=error)  # a run created before the failure is not left RUNNING
+    error = broadcast(error)
+    if error:
+        raise TrackingError(f"{error}: check spec.tracking and its credentialsSecret")
+    return tracker

@@ -20,7 +20,7 @@ from .models import ModelError, build_model, local_weights
 from .probe import OOM_AT_ENV, PROBE_START, ProbeError, ProbeResult, candidate_sizes, probe_ceiling
 from .scaling import scale_auto_run, scale_run
 from .storage import open_location
-from .tracking import MlflowClient, RunTracker, TrackingError
+from .tracking import TrackingError, start_tracking
 
 
 class TrainingError(RuntimeError):
@@ -125,8 +125,8 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
     log(f"scalingrun-trainer: {scaled.describe()}; {dataset.rows['train']} train / "
         f"{dataset.rows['validation']} validation rows, {classes} classes")
 
-    tracker = _start_tracking(config, rank, run_root.uri, _run_params(config, dataset, scaled, size),
-                              (state or {}).get("mlflowRunId"), log)
+    tracker = start_tracking(config, rank, run_root.uri, _run_params(config, dataset, scaled, size),
+                             (state or {}).get("mlflowRunId"), log, _broadcast_error)
     context["tracker"] = tracker
     model = build_model(spec_model["base"], dataset.image_size, classes, weights,
                         spec_model.get("dropout", 0.0), spec_model.get("trainableBase", False))
@@ -278,30 +278,10 @@ def _run_params(config: dict[str, Any], dataset, scaled, size: int) -> dict[str,
     }
 
 
-def _start_tracking(config: dict[str, Any], rank: int, run_location: str, params: dict[str, Any],
-                    resume_run_id: Optional[str], log) -> Optional[RunTracker]:
-    """Rank 0 opens (or, on resume, reopens) the MLflow run; a failure stops every rank with its cause."""
+def _broadcast_error(error: Optional[str]) -> Optional[str]:
     import horovod.tensorflow as hvd_tf
 
-    tracking = config.get("tracking") or {}
-    uri = tracking.get("mlflowTrackingUri")
-    if not uri:
-        return None
-    tracker, error = None, None
-    if rank == 0:
-        tracker = RunTracker(MlflowClient.from_env(uri), warn=log)
-        try:
-            experiment = tracking.get("experimentName") or config["run"]
-            tracker.start(experiment=experiment, run_name=config["run"], run_location=run_location, params=params,
-                          resume_run_id=resume_run_id)
-            log(f"MLflow: run {tracker.run_id} in experiment {experiment!r} at {uri}")
-        except TrackingError as exc:
-            error = str(exc)
-            tracker.finish("FAILED", error=error)  # a run created before the failure is not left RUNNING
-    error = hvd_tf.broadcast_object(error, root_rank=0, name="mlflow_start")
-    if error:
-        raise TrackingError(f"{error}: check spec.tracking and its credentialsSecret")
-    return tracker
+    return hvd_tf.broadcast_object(error, root_rank=0, name="mlflow_start")
 
 
 def _upload_tree(local_dir: str, target) -> None:

@@ -17,7 +17,7 @@ from ..data import DatasetError, check_shardable, open_dataset
 from ..models import ModelError, local_weights
 from ..scaling import scale_run
 from ..storage import open_location
-from ..tracking import MlflowClient, RunTracker, TrackingError
+from ..tracking import TrackingError, start_tracking
 from ..weights import WeightsError
 
 FRAMEWORK = "pytorch-lightning"
@@ -136,9 +136,9 @@ def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str
 
     from ..train import _run_params
 
-    tracker = _start_tracking(config, comm, rank, run_root.uri,
-                              {**_run_params(config, dataset, scaled, size), "framework": FRAMEWORK},
-                              (state or {}).get("mlflowRunId"), log)
+    tracker = start_tracking(config, rank, run_root.uri,
+                             {**_run_params(config, dataset, scaled, size), "framework": FRAMEWORK},
+                             (state or {}).get("mlflowRunId"), log, lambda error: comm.bcast(error, root=0))
     context["tracker"] = tracker
     weights = local_weights(spec_model.get("weights", "imagenet"), endpoint, region)
     module = TransferClassifier(classes, spec_model.get("dropout", 0.0), weights, spec_model.get("trainableBase", False),
@@ -228,30 +228,6 @@ def _best_so_far(history: list[dict], best_epoch: Optional[int], monitor: str) -
                 best_epoch is None and better(monitor, metrics.get(monitor), best[1].get(monitor))):
             best = (entry["epoch"], metrics)
     return best
-
-
-def _start_tracking(config: dict[str, Any], comm, rank: int, run_location: str, params: dict[str, Any],
-                    resume_run_id: Optional[str], log) -> Optional[RunTracker]:
-    """Rank 0 opens (or, on resume, reopens) the MLflow run; a failure stops every rank with its cause."""
-    tracking = config.get("tracking") or {}
-    uri = tracking.get("mlflowTrackingUri")
-    if not uri:
-        return None
-    tracker, error = None, None
-    if rank == 0:
-        tracker = RunTracker(MlflowClient.from_env(uri), warn=log)
-        try:
-            experiment = tracking.get("experimentName") or config["run"]
-            tracker.start(experiment=experiment, run_name=config["run"], run_location=run_location, params=params,
-                          resume_run_id=resume_run_id)
-            log(f"MLflow: run {tracker.run_id} in experiment {experiment!r} at {uri}")
-        except TrackingError as exc:
-            error = str(exc)
-            tracker.finish("FAILED", error=error)
-    error = comm.bcast(error, root=0)
-    if error:
-        raise TrackingError(f"{error}: check spec.tracking and its credentialsSecret")
-    return tracker
 
 
 def _save_model(module, image_size: int, target) -> str:
