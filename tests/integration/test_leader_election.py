@@ -15,7 +15,7 @@ import yaml
 from kubernetes import client
 
 from scalingrun_operator.leader import EXIT_LOST_LEASE
-from tests.integration.test_operator import (BUCKET, Bucket, Cluster, Operator, _namespace, manifest_for, new_run,
+from tests.integration.test_operator import (Cluster, Operator, _namespace, bucket, manifest_for, new_run,
                                              wait_for)
 
 pytestmark = [pytest.mark.k8s, pytest.mark.s3]
@@ -29,16 +29,6 @@ def ha_cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cl
     name = _namespace(api_client, s3_server, request, "srl")
     yield Cluster(api_client, name)
     client.CoreV1Api(api_client).delete_namespace(name)
-
-
-@pytest.fixture
-def bucket(s3_server) -> Bucket:
-    b = Bucket(s3_server)
-    try:
-        b.client.create_bucket(Bucket=BUCKET)
-    except (b.client.exceptions.BucketAlreadyOwnedByYou, b.client.exceptions.BucketAlreadyExists):
-        pass
-    return b
 
 
 def replica(kubeconfig: str, tmp_path, cluster: Cluster, identity: str) -> Operator:

@@ -347,7 +347,7 @@ def bucket(s3_server) -> Bucket:
     b = Bucket(s3_server)
     try:
         b.client.create_bucket(Bucket=BUCKET)
-    except b.client.exceptions.BucketAlreadyOwnedByYou:
+    except (b.client.exceptions.BucketAlreadyOwnedByYou, b.client.exceptions.BucketAlreadyExists):
         pass
     return b
 

@@ -19,23 +19,13 @@ from kubernetes.client.rest import ApiException
 from scalingrun_operator.api import models
 
 from .test_operator import (
-    BUCKET, SCHEDULED, SECRET, Bucket, Cluster, Operator, manifest_for, mpijob_pod_labels, new_run, progress,
+    SCHEDULED, SECRET, Cluster, Operator, bucket, manifest_for, mpijob_pod_labels, new_run, progress,
     progress_uri, reach_training, running, wait_for,
 )
 
 pytestmark = pytest.mark.k8s
 
 PREFIX = "srh"  # namespaces of this module; each test's operator serves only its own
-
-
-@pytest.fixture(scope="module")
-def bucket(s3_server) -> Bucket:
-    b = Bucket(s3_server)
-    try:
-        b.client.create_bucket(Bucket=BUCKET)
-    except (b.client.exceptions.BucketAlreadyOwnedByYou, b.client.exceptions.BucketAlreadyExists):
-        pass
-    return b
 
 
 @pytest.fixture

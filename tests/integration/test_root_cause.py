@@ -22,7 +22,7 @@ from scalingrun_operator.k8s import Kube
 from scalingrun_operator.status import parse_time
 
 from .test_operator import (
-    BUCKET, SCHEDULED, SECRET, Bucket, Cluster, Operator, manifest_for, mpijob_pod_labels, new_run,
+    SCHEDULED, SECRET, Cluster, Operator, bucket, manifest_for, mpijob_pod_labels, new_run,
     preprocess_pod_labels, progress, progress_uri, reach_training, running, wait_for, waiting,
 )
 
@@ -31,16 +31,6 @@ pytestmark = pytest.mark.k8s
 SERVED = "src"  # namespaces src-* are served by this module's operator
 UNSERVED = "srq"  # namespaces no operator serves: a test reconciles there itself
 IMAGE = "registry.invalid/scalingrun/trainer:1"
-
-
-@pytest.fixture(scope="module")
-def bucket(s3_server) -> Bucket:
-    b = Bucket(s3_server)
-    try:
-        b.client.create_bucket(Bucket=BUCKET)
-    except (b.client.exceptions.BucketAlreadyOwnedByYou, b.client.exceptions.BucketAlreadyExists):
-        pass
-    return b
 
 
 @pytest.fixture(scope="module")
