@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from kubernetes import client, config, watch  # noqa: E402
 
-from scalingrun_operator.api import models  # noqa: E402
+from scalingrun_api import models  # noqa: E402
 from scalingrun_operator.api.crd import build_crd  # noqa: E402
 from scalingrun_operator.local.s3server import S3Server  # noqa: E402
 from tests.conftest import api_server, install_crd  # noqa: E402

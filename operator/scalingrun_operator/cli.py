@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import yaml
 
 from .api.crd import render_crd_yaml, render_sweep_crd_yaml
-from .api.models import SWEEP_KIND
+from scalingrun_api.models import SWEEP_KIND
 from .api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
 
 

@@ -21,7 +21,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from .api import models
+from scalingrun_api import models
 from .builders.common import RUN_LABEL
 from .storage import Credentials, StorageError
 

@@ -21,12 +21,12 @@ from typing import Any, Optional
 import kopf
 
 from . import metrics, progress_watch
-from .api.models import GROUP, PLURAL, VERSION
+from scalingrun_api.models import GROUP, PLURAL, VERSION
 from .config import Config, ConfigError, load
 from .builders.common import RUN_LABEL
 from .handlers.reconcile import Reconciler, child_event_matters, forget, owner_of, pod_event_matters
 from .handlers.sweep import SweepReconciler, sweep_of
-from .api.models import SWEEP_PLURAL
+from scalingrun_api.models import SWEEP_PLURAL
 from .builders.sweep import SWEEP_LABEL
 from .k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, Kube, new_api_client
 from .leader import LeaderElector, LeaseSettings, StandbyHealth, default_identity, default_namespace

@@ -11,7 +11,7 @@ from typing import Optional
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from .api.models import Phase
+from scalingrun_api.models import Phase
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 

@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .api.models import Phase
+from scalingrun_api.models import Phase
 
 TERMINAL = frozenset({Phase.succeeded.value, Phase.failed.value})
 

@@ -12,7 +12,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from scalingrun_operator.api import models
+from scalingrun_api import models
 
 pytestmark = pytest.mark.k8s
 

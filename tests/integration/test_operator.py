@@ -25,7 +25,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from scalingrun_operator.api import models
+from scalingrun_api import models
 from scalingrun_operator.builders.common import RUN_LABEL
 
 pytestmark = pytest.mark.k8s

@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from scalingrun_operator.api import models
+from scalingrun_api import models
 
 from .test_operator import (
     SCHEDULED, SECRET, Cluster, Operator, bucket, manifest_for, mpijob_pod_labels, new_run, progress,

@@ -30,7 +30,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import BaseModel
 
 from scalingrun_operator.api import crd as crd_module
-from scalingrun_operator.api import models
+from scalingrun_api import models
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun, parse_schema
 from tests.conftest import install_crd
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scalingrun_operator.api.models import TrainingStatus
+from scalingrun_api.models import TrainingStatus
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.handlers import training
 from scalingrun_operator.status import INPUT_BOUND, StatusUpdate, get_condition

@@ -1,4 +1,5 @@
-"""Import boundaries: the operator never needs TensorFlow, the trainer never needs kopf."""
+"""Import boundaries: the operator never needs TensorFlow, the trainer never needs kopf, and the API package
+they share needs neither."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ LIGHTNING_PYTHON = Path(__file__).resolve().parents[2] / ".venv-lightning/bin/py
     [
         ("scalingrun_operator", ["tensorflow", "horovod", "petastorm", "pyarrow", "mpi4py"]),
         ("scalingrun_trainer", ["kopf", "kubernetes"]),
+        ("scalingrun_api", ["kopf", "kubernetes", "tensorflow", "horovod", "torch", "petastorm", "pyarrow"]),
     ],
 )
 def test_package_imports_without_the_other_side(package, blocked):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from scalingrun_operator.api.models import ScalingRun
+from scalingrun_api.models import ScalingRun
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.cli import main
 

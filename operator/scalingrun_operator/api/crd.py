@@ -11,8 +11,9 @@ import re
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from . import models
+from scalingrun_api import models
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -100,7 +101,7 @@ def _is_nullable(schema: dict[str, Any]) -> bool:
     return any(b.get("type") == "null" for b in schema.get("anyOf", []))
 
 
-def openapi_schema(model: type[models.BaseModel]) -> dict[str, Any]:
+def openapi_schema(model: type[BaseModel]) -> dict[str, Any]:
     raw = model.model_json_schema(by_alias=True, mode="validation")
     return _structural(_resolve(raw, raw.get("$defs", {})))
 
@@ -176,7 +177,7 @@ def build_crd() -> dict[str, Any]:
 
 
 def render_crd_yaml() -> str:
-    header = "# Generated from scalingrun_operator.api.models by `scalingrun crd`. Do not edit.\n"
+    header = "# Generated from scalingrun_api.models by `scalingrun crd`. Do not edit.\n"
     return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
 
 
@@ -196,7 +197,7 @@ def _chart_template(crd: dict[str, Any]) -> str:
     )
     return (
         "{{- if .Values.crds.enabled }}\n"
-        "# Generated from scalingrun_operator.api.models by scripts/generate.sh. Do not edit.\n"
+        "# Generated from scalingrun_api.models by scripts/generate.sh. Do not edit.\n"
         + head + keep + "  labels:\n" + rest + "{{- end }}\n"
     )
 
@@ -221,7 +222,7 @@ def build_sweep_crd() -> dict[str, Any]:
 
 
 def render_sweep_crd_yaml() -> str:
-    header = "# Generated from scalingrun_operator.api.models by `scalingrun crd`. Do not edit.\n"
+    header = "# Generated from scalingrun_api.models by `scalingrun crd`. Do not edit.\n"
     return header + yaml.safe_dump(build_sweep_crd(), sort_keys=False, width=100)
 
 

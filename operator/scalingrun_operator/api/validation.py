@@ -16,7 +16,7 @@ from typing import Any, Iterable, TypeVar
 
 import pydantic
 
-from .models import BaseNetwork, Framework, Monitor, ScalingRun, ScalingSweep
+from scalingrun_api.models import BaseNetwork, Framework, Monitor, ScalingRun, ScalingSweep
 
 Resource = TypeVar("Resource", bound=pydantic.BaseModel)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.models import ScalingRun
+from scalingrun_api.models import ScalingRun
 from .config import build_config_map
 from .mpijob import build_mpijob
 from .preprocess import build_preprocess_job

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.models import DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, Framework, ScalingRun
+from scalingrun_api.models import DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, Framework, ScalingRun
 
 CONFIG_MOUNT_DIR = "/etc/scalingrun"
 CONFIG_FILE = f"{CONFIG_MOUNT_DIR}/config.json"

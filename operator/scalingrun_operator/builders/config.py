@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..api.models import ScalingRun
+from scalingrun_api.models import ScalingRun
 from .common import config_map_name, metadata
 
 CONFIG_KEY = "config.json"

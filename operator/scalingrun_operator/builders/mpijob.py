@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from ..api.models import Framework, ScalingRun
+from scalingrun_api.models import Framework, ScalingRun
 from .common import (
     CONFIG_FILE,
     config_volume,

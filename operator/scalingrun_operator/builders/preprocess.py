@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..api.models import ScalingRun
+from scalingrun_api.models import ScalingRun
 from .common import (
     CONFIG_FILE,
     config_volume,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..api.models import API_VERSION, KIND, ScalingSweep
+from scalingrun_api.models import API_VERSION, KIND, ScalingSweep
 
 SWEEP_LABEL = "scalingrun.dev/sweep"
 POINT_LABEL = "scalingrun.dev/sweep-workers"

@@ -11,7 +11,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..api.models import ScalingRun
+from scalingrun_api.models import ScalingRun
 from ..builders.config import dataset_readers
 from ..status import parse_time
 from ..storage import join

@@ -19,7 +19,7 @@ from typing import Any, Callable, Optional
 from kubernetes.client.rest import ApiException
 
 from .. import metrics
-from ..api.models import API_VERSION, KIND, Phase, ScalingRun
+from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun
 from ..api.validation import InvalidScalingRun, parse_scalingrun
 from ..builders import build_config_map, build_mpijob, build_preprocess_job
 from ..builders.common import mpijob_name, preprocess_job_name

@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from ..api.models import API_VERSION, SWEEP_KIND, Phase, ScalingSweep, SweepPhase
+from scalingrun_api.models import API_VERSION, SWEEP_KIND, Phase, ScalingSweep, SweepPhase
 from ..api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
 from ..builders.sweep import SWEEP_LABEL, Point, build_point_run, sweep_points
 from ..status import FAILED, INVALID_SPEC, PREPROCESSED, READY, get_condition, now, rfc3339, set_condition

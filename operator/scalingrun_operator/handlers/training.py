@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..api.models import ScalingRun
+from scalingrun_api.models import ScalingRun
 from ..builders.config import run_location, total_processes
 from ..status import parse_time
 from ..storage import join

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..api.models import Condition, Framework, Phase, PreprocessingStatus, ScalingRun, ScalingRunStatus, TrainingStatus
+from scalingrun_api.models import Condition, Framework, Phase, PreprocessingStatus, ScalingRun, ScalingRunStatus, TrainingStatus
 from ..api.validation import s3_fields
 from ..builders.common import storage_env
 from ..builders.config import build_trainer_config, total_processes

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..api.models import Phase, ScalingSweep
+from scalingrun_api.models import Phase, ScalingSweep
 from ..api.validation import parse_scalingrun
 from ..builders.sweep import Point, build_point_run, sweep_points
 from ..handlers.sweep import add_scaling, point_row, processes_text, recommend, workers_text

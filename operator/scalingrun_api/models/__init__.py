@@ -1,0 +1,28 @@
+"""The ScalingRun and ScalingSweep API (`scalingrun.dev/v1alpha1`): the single source of truth.
+
+The CRDs in manifests/ and in the chart are generated from these models (`scalingrun crd`); field descriptions
+become `kubectl explain` text. One module per part of the resource; this package names them all.
+"""
+
+from .common import (
+    API_VERSION, AUTO, DATA_URI_PATTERN, DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, DNS_SUBDOMAIN_PATTERN,
+    GROUP, HTTP_URL_PATTERN, KIND, LABEL_VALUE_PATTERN, MAX_BATCH_SIZE, PLURAL, QUANTITY_PATTERN, SECRET_NAME_PATTERN,
+    SHORT_NAMES, SINGULAR, VERSION, WEIGHTS_PATTERN, ApiModel, BatchSize, ObjectMeta, Quantity, secret_name_field,
+)
+from .run import (
+    CleanPodPolicy, Dataset, Launcher, LauncherResources, Preprocessing, Resources, RunPolicy, ScalingRun,
+    ScalingRunSpec, SchedulingPolicy, Storage, TaintEffect, Toleration, TolerationOperator, Tracking, Workers,
+)
+from .status import (
+    BatchSizeProbe, Condition, InputEpoch, Phase, PreprocessingStatus, ProbedBatchSize, ScalingRunStatus,
+    TrainingPod, TrainingStatus,
+)
+from .sweep import (
+    SWEEP_KIND, SWEEP_PLURAL, SWEEP_SHORT_NAMES, SWEEP_SINGULAR, ScalingSweep, ScalingSweepSpec, ScalingSweepStatus,
+    SweepPhase, SweepPoint, SweepRecommendation,
+)
+from .training import (
+    BaseNetwork, Checkpoint, EarlyStopping, Framework, InputPipeline, LearningRateScaling, Model, Monitor, Optimizer,
+    Training,
+)
+

@@ -1,0 +1,95 @@
+"""What every part of the API shares: group, version, patterns, the quantity and batch-size types, the base model."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, WithJsonSchema
+from pydantic_core import PydanticCustomError
+from pydantic.alias_generators import to_camel
+
+GROUP = "scalingrun.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ScalingRun"
+PLURAL = "scalingruns"
+SINGULAR = "scalingrun"
+SHORT_NAMES = ["srun"]
+
+DEFAULT_TRAINER_IMAGE = "ghcr.io/scalingrun/trainer:0.1.0"
+# The trainer image of a pytorch-lightning run when spec.workers.image is not set (torch, no TensorFlow/Horovod).
+DEFAULT_LIGHTNING_TRAINER_IMAGE = "ghcr.io/scalingrun/trainer:0.1.0-lightning-cpu"
+
+# s3:// (any S3-compatible store), file:// or an absolute local path.
+DATA_URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|file:///.*|/.*)$"
+WEIGHTS_PATTERN = r"^(imagenet|none|s3://.+|gs://.+|https?://.+|file:///.+|/.+)$"
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # a DNS subdomain, as Secret names are
+HTTP_URL_PATTERN = r"^https?://[^\s/]+(/.*)?$"
+DNS_SUBDOMAIN_PATTERN = SECRET_NAME_PATTERN  # PriorityClass and Volcano queue names too
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"  # at most 63 characters
+# A positive Kubernetes resource quantity, e.g. 500m, 4, 16Gi: some digit other than 0 (no zero CPU or memory).
+# No lookahead: the API server's regexps (RE2) and pydantic's (Rust) have none.
+QUANTITY_PATTERN = r"^([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
+
+# Users write `cpu: 4` or `memory: 16Gi`; kept as a string, declared int-or-string in the CRD.
+Quantity = Annotated[
+    str,
+    BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
+    Field(pattern=QUANTITY_PATTERN),
+    WithJsonSchema(
+        {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string"}], "pattern": QUANTITY_PATTERN}
+    ),
+]
+
+
+AUTO = "auto"
+MAX_BATCH_SIZE = 65536
+
+
+def _batch_size(value: object) -> int | str:
+    """An integer in [1, 65536] or "auto"; strict: "32" (a string) is not 32."""
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PydanticCustomError("batch_size", 'Input should be a valid integer >= 1 or "auto"')
+    if not 1 <= value <= MAX_BATCH_SIZE:
+        raise PydanticCustomError("batch_size", f"Input should be greater than or equal to 1 and at most "
+                                  f"{MAX_BATCH_SIZE}, or \"auto\"")
+    return value
+
+
+# batchSizePerWorker: a number, or "auto" (a probe before training picks it). Int-or-string in the CRD: the
+# bounds apply to integers and the pattern to strings.
+BatchSize = Annotated[
+    int | str,
+    PlainValidator(_batch_size),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "minimum": 1, "maximum": MAX_BATCH_SIZE,
+                    "pattern": f"^{AUTO}$"}),
+]
+
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire, unknown fields rejected (a typo must not silently become a default)."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        use_enum_values=True,
+        validate_default=True,  # enum defaults become plain strings too
+    )
+
+
+def secret_name_field(description: str):
+    """An optional reference to a Secret in the run's namespace, by name: never the values themselves."""
+    return Field(None, description=description, pattern=SECRET_NAME_PATTERN, max_length=253)
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metadata we read; the rest is kept as is."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(..., min_length=1, max_length=40, pattern=r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    namespace: Optional[str] = None

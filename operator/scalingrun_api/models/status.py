@@ -1,0 +1,137 @@
+"""A ScalingRun's status: phase, conditions, and the preprocessing and training facts the operator mirrors."""
+
+from __future__ import annotations
+
+import datetime as dt
+from enum import Enum
+from typing import Literal, Optional
+
+from pydantic import ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from .common import ApiModel
+
+
+class Phase(str, Enum):
+    pending = "Pending"
+    preprocessing = "Preprocessing"
+    training = "Training"
+    succeeded = "Succeeded"
+    failed = "Failed"
+    suspended = "Suspended"
+
+
+class Condition(ApiModel):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(..., description="e.g. Ready, Preprocessed, Trained, Failed, Suspended.")
+    status: Literal["True", "False", "Unknown"] = Field(..., description="True, False or Unknown.")
+    reason: Optional[str] = Field(None, description="CamelCase reason, e.g. PreprocessingFailed.")
+    message: Optional[str] = Field(None, description="What happened and what to do about it.")
+    last_transition_time: Optional[str] = Field(None, description="When the status last changed (RFC 3339).")
+    observed_generation: Optional[int] = Field(None, description="Generation the condition was set for.")
+
+
+class PreprocessingStatus(ApiModel):
+    """Facts about the preprocessing step."""
+
+    job_name: Optional[str] = Field(None, description="Name of the preprocessing Job.")
+    reused: Optional[bool] = Field(None, description="True when a dataset with the same fingerprint existed.")
+    fingerprint: Optional[str] = Field(None, description="Fingerprint of inputs and parameters.")
+    images_written: Optional[int] = Field(None, description="Images written to Parquet.")
+    images_skipped: Optional[int] = Field(None, description="Undecodable files skipped.")
+    shards: Optional[int] = Field(None, description="Number of preprocessing shards.")
+    classes: Optional[int] = Field(None, description="Number of classes found.")
+
+
+class TrainingPod(ApiModel):
+    """A launcher or worker pod as the operator last saw it: what interruptions are counted against."""
+
+    name: str = Field(..., description="Pod name.")
+    uid: str = Field(..., description="Pod UID: a new pod under the same name is a replacement.")
+    role: Literal["launcher", "worker"] = Field(..., description="launcher or worker.")
+    restarts: int = Field(0, description="Container restarts of this pod already counted.")
+    lost: bool = Field(False, description="True once the pod's loss (failed, evicted, deleted) was counted.")
+
+
+class ProbedBatchSize(ApiModel):
+    """One batch size the probe tried."""
+
+    batch_size: int = Field(..., description="Batch size per process.")
+    images_per_second: Optional[float] = Field(None, description="Training throughput of one process at it.")
+    out_of_memory: bool = Field(False, description="True when this size ran out of memory (the probe stopped).")
+
+
+class BatchSizeProbe(ApiModel):
+    """How batchSizePerWorker: auto was chosen."""
+
+    chosen: Optional[int] = Field(None, description="The batch size per process the probe picked.")
+    seconds: Optional[float] = Field(None, description="How long the probe took (before the first epoch).")
+    stopped_by: Optional[str] = Field(None, description="outOfMemory or ceiling: why no larger size was tried.")
+    table: list[ProbedBatchSize] = Field(default_factory=list, description="Sizes tried, smallest first.")
+
+
+class InputEpoch(ApiModel):
+    """Input-pipeline figures of one epoch."""
+
+    epoch: int = Field(..., description="Epoch (1-based).")
+    input_wait_fraction: Optional[float] = Field(
+        None, description="Share of training step time spent waiting for input batches (0-1).")
+    gpu_utilization: Optional[float] = Field(None, description="Mean GPU utilisation in percent (NVML); none on CPU.")
+
+
+class TrainingStatus(ApiModel):
+    """Progress of the training, mirrored from the trainer's progress document."""
+
+    mpi_job_name: Optional[str] = Field(None, description="Name of the MPIJob.")
+    processes: Optional[int] = Field(None, description="Horovod processes (replicas x slots).")
+    epoch: Optional[int] = Field(None, description="Last finished epoch (1-based).")
+    max_epochs: Optional[int] = Field(None, description="Epoch limit.")
+    best_epoch: Optional[int] = Field(None, description="Epoch with the best monitored metric.")
+    metrics: dict[str, float] = Field(default_factory=dict, description="Metrics of the last epoch.")
+    best_metrics: dict[str, float] = Field(default_factory=dict, description="Metrics of the best epoch.")
+    images_per_second: Optional[float] = Field(None, description="Training throughput, all processes.")
+    learning_rate: Optional[float] = Field(None, description="Scaled learning rate in use.")
+    effective_batch_size: Optional[int] = Field(None, description="Batch size across all processes.")
+    mlflow_run_id: Optional[str] = Field(None, description="MLflow run the trainer logs to, when tracking is set.")
+    launcher_log_tail: Optional[str] = Field(
+        None, description="When the MPIJob failed: the last 20 lines of the failed launcher's log (at most 4000 "
+        "characters, the end kept).")
+    resumed_from_epoch: Optional[int] = Field(
+        None, description="Epoch the current attempt resumed from (its last checkpoint); none for a fresh start.")
+    restarts: Optional[int] = Field(
+        None, description="Interruptions of the training: worker pods lost plus launcher restarts. Each has an "
+        "Event naming the pod and the reason.")
+    worker_pods_lost: Optional[int] = Field(None, description="Worker pods deleted, evicted or failed.")
+    launcher_restarts: Optional[int] = Field(None, description="Launcher restarts (container or new pod).")
+    mpi_job_uid: Optional[str] = Field(
+        None, description="UID of the MPIJob these figures belong to; a new MPIJob starts them again.")
+    batch_size_per_worker: Optional[int] = Field(
+        None, description="Batch size per process in use (the probe's choice when the spec says auto).")
+    batch_size_probe: Optional[BatchSizeProbe] = Field(None, description="The auto batch-size probe, when it ran.")
+    input_wait_fraction: Optional[float] = Field(
+        None, description="Last epoch's share of step time spent waiting for input (0-1).")
+    gpu_utilization: Optional[float] = Field(None, description="Last epoch's mean GPU utilisation in percent.")
+    input_history: list[InputEpoch] = Field(
+        default_factory=list, description="Input wait and GPU utilisation of the last epochs (InputBound reads it).")
+    pods: list[TrainingPod] = Field(
+        default_factory=list, description="Launcher and worker pods as last seen, so that a restarted operator "
+        "neither counts an interruption twice nor misses one.")
+
+
+class ScalingRunStatus(ApiModel):
+    """Observed state, written by the operator (or by `scalingrun run --local`)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    phase: Optional[Phase] = Field(None, description="Pending, Preprocessing, Training, Succeeded, Failed or Suspended.")
+    message: Optional[str] = Field(
+        None, description="What the run is doing now, or what holds it up (e.g. an image that cannot be pulled, "
+        "pods that cannot be scheduled) and what to do about it.")
+    conditions: list[Condition] = Field(default_factory=list, description="Conditions with reasons.")
+    observed_generation: Optional[int] = Field(None, description="Spec generation last acted upon.")
+    preprocessing: Optional[PreprocessingStatus] = Field(None, description="Preprocessing facts.")
+    training: Optional[TrainingStatus] = Field(None, description="Training facts.")
+    model_uri: Optional[str] = Field(None, description="Where the final model was saved.")
+    start_time: Optional[dt.datetime] = Field(None, description="When the run started.")
+    completion_time: Optional[dt.datetime] = Field(None, description="When the run finished.")

@@ -1,0 +1,138 @@
+"""spec.model and spec.training: the network, and how data-parallel training runs."""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Optional
+
+from pydantic import Field
+
+from .common import BatchSize, DATA_URI_PATTERN, WEIGHTS_PATTERN, ApiModel
+
+
+class BaseNetwork(str, Enum):
+    efficientnet_lite0 = "efficientnet_lite0"
+    mobilenet_v2 = "mobilenet_v2"
+    xception = "xception"
+
+
+class Model(ApiModel):
+    """Transfer learning: a pretrained base network plus a small softmax head."""
+
+    base: BaseNetwork = Field(
+        BaseNetwork.efficientnet_lite0, description="Pretrained base network (include_top=False)."
+    )
+    weights: str = Field(
+        "imagenet",
+        description="imagenet, none (random init), or the URI of a weights file.",
+        pattern=WEIGHTS_PATTERN,
+    )
+    trainable_base: bool = Field(
+        False, description="Fine-tune the base too; by default it is frozen and only the head trains."
+    )
+    dropout: float = Field(0.2, ge=0, lt=1, description="Dropout before the softmax head.")
+    num_classes: Optional[int] = Field(
+        None, ge=2, le=100000, description="Number of classes; inferred from the dataset when omitted."
+    )
+
+
+class Optimizer(str, Enum):
+    nadam = "nadam"
+    adam = "adam"
+    sgd = "sgd"
+
+
+class LearningRateScaling(str, Enum):
+    linear = "linear"
+    sqrt = "sqrt"
+    none = "none"
+
+
+class Framework(str, Enum):
+    keras = "keras"
+    pytorch_lightning = "pytorch-lightning"
+
+
+class Monitor(str, Enum):
+    val_loss = "val_loss"
+    val_accuracy = "val_accuracy"
+    loss = "loss"
+    accuracy = "accuracy"
+
+
+class EarlyStopping(ApiModel):
+    """Stop when the monitored metric stops improving; all ranks stop on the same epoch."""
+
+    enabled: bool = Field(True, description="Use early stopping.")
+    monitor: Monitor = Field(Monitor.val_loss, description="Metric to watch (averaged across workers).")
+    patience: int = Field(3, ge=0, le=1000, description="Epochs without improvement before stopping.")
+    min_delta: float = Field(0.0, ge=0, description="Smallest change that counts as an improvement.")
+    restore_best_weights: bool = Field(
+        True, description="Keep the weights of the best epoch, not the last one."
+    )
+    stopping_threshold: Optional[float] = Field(
+        None, description="Stop as soon as the monitored metric reaches this value."
+    )
+
+
+class Checkpoint(ApiModel):
+    """Checkpoints, progress and the final model, written by rank 0 only."""
+
+    location: Optional[str] = Field(
+        None,
+        description="URI for checkpoints, progress and the final model. "
+        "Default: <dataset.output>/runs/<run name>.",
+        pattern=DATA_URI_PATTERN,
+    )
+    every_epochs: int = Field(1, ge=1, le=1000, description="Write a checkpoint every N epochs.")
+
+
+class InputPipeline(ApiModel):
+    """The training reader (Petastorm over the Parquet shards): what to raise when InputBound is True."""
+
+    reader_workers: int = Field(
+        4, ge=1, le=64, description="Threads per process that read and decode Parquet row groups."
+    )
+    row_group_cache: int = Field(
+        50,
+        ge=1,
+        le=10000,
+        description="Row groups each process reads ahead and keeps in memory (Petastorm's results queue).",
+    )
+
+
+class Training(ApiModel):
+    """Data-parallel training (Keras + Horovod, or PyTorch Lightning DDP). The learning rate is scaled with the
+    number of processes."""
+
+    framework: Framework = Field(
+        Framework.keras,
+        description="keras: tf.keras with Horovod (the default image). pytorch-lightning: PyTorch Lightning DDP "
+        "(gloo on CPU, nccl on GPU) over the same MPIJob, in the Lightning image; it trains only base "
+        "efficientnet_lite0 and saves the model as TorchScript (model.pt).",
+    )
+    optimizer: Optimizer = Field(Optimizer.nadam, description="Optimizer, wrapped by Horovod.")
+    batch_size_per_worker: BatchSize = Field(
+        32,
+        description="Batch size of each Horovod process; effective = x processes. \"auto\": before training, "
+        "a short probe on one worker doubles the batch size from 8 until out-of-memory or a ceiling and takes "
+        "the smallest size within 5 % of the best images/s; baseLearningRate then counts for a batch of 32 "
+        "on one process and is scaled by learningRateScaling with effective batch / 32.",
+    )
+    base_learning_rate: float = Field(
+        0.001, gt=0, le=10, description="Learning rate for one process, before scaling."
+    )
+    learning_rate_scaling: LearningRateScaling = Field(
+        LearningRateScaling.linear,
+        description="How the learning rate grows with the number of processes N: x N (linear), "
+        "x sqrt(N) (sqrt) or unchanged (none).",
+    )
+    max_epochs: int = Field(20, ge=1, le=10000, description="Upper bound on epochs.")
+    early_stopping: EarlyStopping = Field(default_factory=EarlyStopping, description="Early stopping.")
+    checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Checkpoint location and frequency.")
+    resume: bool = Field(True, description="Continue from the latest checkpoint of this run when one exists.")
+    backoff_limit: int = Field(
+        3, ge=0, le=1000, description="Interruptions allowed before the run fails: worker pods lost, launcher "
+        "restarts and children (Job, MPIJob) deleted mid-run, all counted in status.training.restarts.")
+    input: InputPipeline = Field(default_factory=InputPipeline, description="The training reader's threads and "
+                                 "read-ahead.")
