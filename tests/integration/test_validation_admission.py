@@ -373,6 +373,11 @@ def test_cross_field_rules_are_validates_own(api_client, scalingrun_crd, namespa
         (("spec", "storage", "credentialsSecret"), ..., "spec.storage.credentialsSecret"),
         (("spec", "dataset", "output"), "s3://bucket/raw/parquet", "spec.dataset.output"),
         (("spec", "runPolicy", "schedulingPolicy"), {"minAvailable": 5}, "spec.runPolicy.schedulingPolicy.minAvailable"),
+        (("spec", "model"), {"builder": "mypkg.models:build", "base": "xception"}, "spec.model.base"),
+        (("spec", "training"), {"command": ["python", "train.py"], "batchSizePerWorker": "auto"},
+         "spec.training.batchSizePerWorker"),
+        (("spec", "dataset"), {**BASE["spec"]["dataset"], "format": "parquet", "sampleFraction": 0.5},
+         "spec.dataset.sampleFraction"),
     ]
     for path, value, named in cases:
         doc = copy.deepcopy(BASE)
@@ -386,3 +391,23 @@ def test_cross_field_rules_are_validates_own(api_client, scalingrun_crd, namespa
         schema_ok, paths = resource.validate(doc)
         assert schema_ok and named in paths, (path, paths)
         assert resource.create(api, namespace, doc)[0], path
+
+
+@pytest.mark.parametrize("section,value", [("model", {"builder": "mypkg.models:build", "params": {"width": 8}}),
+                                           ("training", {"command": ["python", "-m", "mypkg.train"]})])
+def test_a_builder_or_command_is_stored_without_the_builtin_networks_defaults(api_client, scalingrun_crd, namespace,
+                                                                               section, value):
+    """The CRD defaults no base, weights, trainableBase or dropout: a spec naming only a builder (or a command) is
+    stored as written and passes validate, which fills those defaults only for the built-in network."""
+    resource, api = next(r for r in RESOURCES if r.model is models.ScalingRun), client.CustomObjectsApi(api_client)
+    doc = copy.deepcopy(BASE)
+    doc["spec"][section] = value
+    admitted, created = resource.create(api, namespace, doc)
+    assert admitted, created
+    stored_model = created["spec"]["model"]
+    assert not {"base", "weights", "trainableBase", "dropout"} & set(stored_model), stored_model
+    assert stored_model.get("params", {}) == value.get("params", {})
+    run = parse_scalingrun({**doc, "spec": created["spec"]})
+    assert run.spec.model.base is None
+    plain = parse_scalingrun({**BASE, "spec": resource.create(api, namespace, copy.deepcopy(BASE))[1]["spec"]})
+    assert (plain.spec.model.base, plain.spec.model.dropout) == ("efficientnet_lite0", 0.2)

@@ -9,9 +9,11 @@ from .common import (
     GROUP, HTTP_URL_PATTERN, KIND, LABEL_VALUE_PATTERN, MAX_BATCH_SIZE, PLURAL, QUANTITY_PATTERN, SECRET_NAME_PATTERN,
     SHORT_NAMES, SINGULAR, VERSION, WEIGHTS_PATTERN, ApiModel, BatchSize, ObjectMeta, Quantity, secret_name_field,
 )
+from .dataset import Columns, Dataset, DatasetFormat, Preprocessing, Resources
+from .model import BUILDER_PATTERN, BUILTIN_DEFAULTS, BaseNetwork, Model
 from .run import (
-    CleanPodPolicy, Dataset, Launcher, LauncherResources, Preprocessing, Resources, RunPolicy, ScalingRun,
-    ScalingRunSpec, SchedulingPolicy, Storage, TaintEffect, Toleration, TolerationOperator, Tracking, Workers,
+    CleanPodPolicy, Launcher, LauncherResources, RunPolicy, ScalingRun, ScalingRunSpec, SchedulingPolicy, Storage,
+    TaintEffect, Toleration, TolerationOperator, Tracking, Workers,
 )
 from .status import (
     BatchSizeProbe, Condition, InputEpoch, Phase, PreprocessingStatus, ProbedBatchSize, ScalingRunStatus,
@@ -22,7 +24,6 @@ from .sweep import (
     SweepPhase, SweepPoint, SweepRecommendation,
 )
 from .training import (
-    BaseNetwork, Checkpoint, EarlyStopping, Framework, InputPipeline, LearningRateScaling, Model, Monitor, Optimizer,
-    Training,
+    Checkpoint, EarlyStopping, Framework, InputPipeline, LearningRateScaling, Monitor, Optimizer, Training,
 )
 

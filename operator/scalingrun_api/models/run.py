@@ -1,18 +1,21 @@
-"""The ScalingRun resource and its spec: storage, dataset, workers, launcher, run policy, tracking."""
+"""The ScalingRun resource and its spec: storage, workers, launcher, run policy, tracking (dataset, model and
+training have their own modules)."""
 
 from __future__ import annotations
 
 from enum import Enum
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .common import (
-    DATA_URI_PATTERN, DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, DNS_SUBDOMAIN_PATTERN, HTTP_URL_PATTERN,
+    DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, DNS_SUBDOMAIN_PATTERN, HTTP_URL_PATTERN,
     LABEL_VALUE_PATTERN, ApiModel, ObjectMeta, Quantity, secret_name_field,
 )
 from .status import ScalingRunStatus
-from .training import Model, Training
+from .dataset import Dataset, Resources
+from .model import Model, resolve_builtin_defaults
+from .training import Training
 
 
 class Storage(ApiModel):
@@ -36,80 +39,6 @@ class Storage(ApiModel):
         "AWS_SECRET_ACCESS_KEY",
         description="Key in the Secret holding the secret access key.",
         min_length=1,
-    )
-
-
-class Resources(ApiModel):
-    """CPU and memory for each pod; requests equal limits so the pod is Guaranteed."""
-
-    cpu: Optional[Quantity] = Field(None, description="CPU cores, e.g. 4 or 3500m.")
-    memory: Optional[Quantity] = Field(None, description="Memory, e.g. 16Gi.")
-
-
-class Preprocessing(ApiModel):
-    """The preprocessing Job that turns the JPEG tree into Parquet shards."""
-
-    parallelism: int = Field(
-        4,
-        ge=1,
-        le=256,
-        description="Number of shards processed in parallel (an Indexed Job with this many "
-        "completions); each shard handles a deterministic share of the files.",
-    )
-    max_bad_fraction: float = Field(
-        0.05,
-        ge=0,
-        le=1,
-        description="Fail when more than this fraction of the source files cannot be decoded; "
-        "below it, bad files are skipped and counted.",
-    )
-    backoff_limit: int = Field(2, ge=0, le=20, description="Retries per shard before the Job fails.")
-    resources: Resources = Field(
-        default_factory=lambda: Resources(cpu=1, memory="2Gi"),
-        description="Resources of each preprocessing pod.",
-    )
-    readers: Optional[int] = Field(
-        None,
-        ge=1,
-        le=16384,
-        description="Horovod processes the dataset is laid out for (>= 2 row groups per process and split); "
-        "default and minimum: this run's processes. A ScalingSweep sets its largest point's, so that every "
-        "point reads one dataset.",
-    )
-
-
-class Dataset(ApiModel):
-    """Where the raw images are, where the Parquet goes, and how it is split."""
-
-    source: str = Field(
-        ...,
-        description="URI of a JPEG tree with one folder per class (s3://bucket/prefix or an "
-        "absolute local path). Classes are the sorted folder names.",
-        pattern=DATA_URI_PATTERN,
-    )
-    output: str = Field(
-        ...,
-        description="URI where the labelled Parquet shards (train/ and validation/) are written.",
-        pattern=DATA_URI_PATTERN,
-    )
-    image_size: int = Field(
-        299,
-        ge=32,
-        le=1024,
-        description="Side of the square images: resized with aspect kept, padded to a square.",
-    )
-    validation_fraction: float = Field(
-        0.1, gt=0, lt=1, description="Fraction of the images held out for validation."
-    )
-    sample_fraction: float = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="Deterministic fraction of the source to use; start small, then grow.",
-    )
-    seed: int = Field(42, ge=0, description="Seed of the per-file split and sample.")
-    preprocessing: Preprocessing = Field(
-        default_factory=Preprocessing, description="The preprocessing Job."
     )
 
 
@@ -231,13 +160,20 @@ class ScalingRunSpec(ApiModel):
     """What to preprocess, which model to train, and on how many workers."""
 
     storage: Storage = Field(default_factory=Storage, description="Object storage and its credentials.")
-    dataset: Dataset = Field(..., description="Source images, Parquet output and split.")
-    model: Model = Field(default_factory=Model, description="Base network and head.")
+    dataset: Dataset = Field(..., description="Source images (a JPEG tree, or a Parquet table), prepared Parquet, split.")
+    model: Model = Field(default_factory=Model, description="The network: a base and head, or your own builder.")
     training: Training = Field(default_factory=Training, description="Optimizer, batch, learning rate, epochs.")
     workers: Workers = Field(default_factory=Workers, description="MPIJob workers.")
     launcher: Launcher = Field(default_factory=Launcher, description="MPIJob launcher (runs mpirun).")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Retries, deadlines, cleanup, scheduling.")
     tracking: Optional[Tracking] = Field(None, description="Experiment tracking (MLflow).")
+
+    @model_validator(mode="after")
+    def _builtin_network_defaults(self) -> "ScalingRunSpec":
+        # Not in the CRD (see model.py): a builder or a command never gets a base it did not ask for.
+        if not self.model.builder and not self.training.command:
+            resolve_builtin_defaults(self.model)
+        return self
 
 
 class ScalingRun(BaseModel):

@@ -1,39 +1,13 @@
-"""spec.model and spec.training: the network, and how data-parallel training runs."""
+"""spec.training: how data-parallel training runs (our trainer, or your own command)."""
 
 from __future__ import annotations
 
 from enum import Enum
-from typing import Optional
+from typing import Annotated, Optional
 
 from pydantic import Field
 
-from .common import BatchSize, DATA_URI_PATTERN, WEIGHTS_PATTERN, ApiModel
-
-
-class BaseNetwork(str, Enum):
-    efficientnet_lite0 = "efficientnet_lite0"
-    mobilenet_v2 = "mobilenet_v2"
-    xception = "xception"
-
-
-class Model(ApiModel):
-    """Transfer learning: a pretrained base network plus a small softmax head."""
-
-    base: BaseNetwork = Field(
-        BaseNetwork.efficientnet_lite0, description="Pretrained base network (include_top=False)."
-    )
-    weights: str = Field(
-        "imagenet",
-        description="imagenet, none (random init), or the URI of a weights file.",
-        pattern=WEIGHTS_PATTERN,
-    )
-    trainable_base: bool = Field(
-        False, description="Fine-tune the base too; by default it is frozen and only the head trains."
-    )
-    dropout: float = Field(0.2, ge=0, lt=1, description="Dropout before the softmax head.")
-    num_classes: Optional[int] = Field(
-        None, ge=2, le=100000, description="Number of classes; inferred from the dataset when omitted."
-    )
+from .common import BatchSize, DATA_URI_PATTERN, ApiModel
 
 
 class Optimizer(str, Enum):
@@ -136,3 +110,11 @@ class Training(ApiModel):
         "restarts and children (Job, MPIJob) deleted mid-run, all counted in status.training.restarts.")
     input: InputPipeline = Field(default_factory=InputPipeline, description="The training reader's threads and "
                                  "read-ahead.")
+    command: Optional[list[Annotated[str, Field(min_length=1, description="One word of the command line.")]]] = Field(
+        None, min_length=1, max_length=256,
+        description="Your own training script instead of our trainer, e.g. [python, -m, mypkg.train]: started on "
+        "every rank by the MPIJob's mpirun (locally mpirun -np N) in the workers' image. The operator still "
+        "prepares the data, mirrors progress and runs sweeps; the script reports through the SDK "
+        "(scalingrun_trainer.sdk: context(), report_epoch(), finish()). framework picks the default image "
+        "(keras: TensorFlow + Horovod; pytorch-lightning: torch). Excludes model.builder, base, weights, "
+        "trainableBase and dropout, and batchSizePerWorker auto.")

@@ -16,7 +16,10 @@ from typing import Any, Iterable, TypeVar
 
 import pydantic
 
-from scalingrun_api.models import BaseNetwork, Framework, Monitor, ScalingRun, ScalingSweep
+from scalingrun_api.models import (
+    AUTO, BaseNetwork, Columns, DatasetFormat, Framework, Monitor, Preprocessing, ScalingRun, ScalingSweep,
+)
+from scalingrun_api.models.dataset import Dataset
 
 Resource = TypeVar("Resource", bound=pydantic.BaseModel)
 
@@ -110,6 +113,8 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
                 )
             )
     errors += _framework_errors(run)
+    errors += _own_model_errors(run)
+    errors += _dataset_format_errors(run)
     gang = spec.run_policy.scheduling_policy
     pods = spec.workers.replicas + 1  # workers + launcher
     if gang and gang.min_available and gang.min_available > pods:
@@ -134,7 +139,13 @@ def _as_admitted(node: Any) -> Any:
     return node
 
 
+# Free-form objects (x-kubernetes-preserve-unknown-fields): the API server checks nothing inside them.
+FREE_FORM_PATHS = ("model.params",)
+
+
 def _empty_strings(node: Any, path: str) -> Iterable[str]:
+    if path.endswith(FREE_FORM_PATHS):
+        return
     if node == "":
         yield path
     elif isinstance(node, dict):
@@ -175,7 +186,7 @@ def _framework_errors(run: ScalingRun) -> list[FieldError]:
     if spec.training.framework != Framework.pytorch_lightning.value:
         return []
     errors = []
-    if spec.model.base != BaseNetwork.efficientnet_lite0.value:
+    if spec.model.base not in (None, BaseNetwork.efficientnet_lite0.value):
         errors.append(FieldError(
             "spec.model.base",
             f"{spec.model.base} is a Keras application (its ImageNet weights are Keras files); "
@@ -183,11 +194,60 @@ def _framework_errors(run: ScalingRun) -> list[FieldError]:
             "or framework keras",
         ))
     weights = spec.model.weights
-    if weights not in ("imagenet", "none") and not weights.endswith((".pth", ".pt")):
+    if weights not in (None, "imagenet", "none") and not weights.endswith((".pth", ".pt")):
         errors.append(FieldError(
             "spec.model.weights",
             f"pytorch-lightning reads a PyTorch state dict (.pth or .pt), got {weights!r}",
         ))
+    return errors
+
+
+def _own_model_errors(run: ScalingRun) -> list[FieldError]:
+    """model.builder and training.command replace the built-in network: the fields of that network are refused
+    beside them (named), not silently ignored."""
+    model, training = run.spec.model, run.spec.training
+    errors = []
+    builtin = [f"spec.model.{name}" for name in model.builtin_fields_set()]
+    if training.command:
+        if model.builder:
+            errors.append(FieldError("spec.model.builder", "training.command runs your own script, which builds its "
+                                     "own network: remove model.builder (or training.command, to train the builder "
+                                     "with our trainer)"))
+        errors += [FieldError(path, f"training.command does not use {path} (your script builds its own network): "
+                              "remove it") for path in builtin]
+        if training.batch_size_per_worker == AUTO:
+            errors.append(FieldError("spec.training.batchSizePerWorker", "auto probes our trainer's network; with "
+                                     "training.command give a number (your script reads it as "
+                                     "ctx.batch_size_per_worker)"))
+    elif model.builder:
+        errors += [FieldError(path, f"{path} and spec.model.builder exclude each other: the builder's network has "
+                              "its own layers and weights; remove one of them") for path in builtin]
+    elif model.params is not None:
+        errors.append(FieldError("spec.model.params", "keyword arguments of spec.model.builder (or read by "
+                                 "training.command's script): set one of them, or remove params"))
+    return errors
+
+
+def _dataset_format_errors(run: ScalingRun) -> list[FieldError]:
+    """Fields of one dataset format that mean nothing for the other are refused when they differ from their
+    default (a default cannot be told from a value the user wrote)."""
+    dataset = run.spec.dataset
+    errors = []
+    if dataset.format == DatasetFormat.parquet.value:
+        fields = [("validationFraction", dataset, Dataset, "validation_fraction"),
+                  ("sampleFraction", dataset, Dataset, "sample_fraction"),
+                  ("preprocessing.parallelism", dataset.preprocessing, Preprocessing, "parallelism"),
+                  ("preprocessing.maxBadFraction", dataset.preprocessing, Preprocessing, "max_bad_fraction")]
+        for path, node, model, name in fields:
+            if getattr(node, name) != model.model_fields[name].default:
+                errors.append(FieldError(f"spec.dataset.{path}", "a JPEG tree's preprocessing setting: with "
+                                         "dataset.format parquet the table is read as it is (its own train/ and "
+                                         "validation/ folders); remove it"))
+    else:
+        for name in ("image", "label"):
+            if getattr(dataset.columns, name) != Columns.model_fields[name].default:
+                errors.append(FieldError(f"spec.dataset.columns.{name}", "column names are for dataset.format "
+                                         f"parquet; the preprocessing of a jpeg-tree writes column {name}"))
     return errors
 
 
