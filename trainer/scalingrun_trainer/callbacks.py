@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from .input_wait import GpuSampler, InputClock, StepTimes, input_entry
 from .progress import ProgressWriter
+from .progress import better as _better
 from .storage import Location
 from .tracking import RunTracker
 
@@ -152,14 +153,6 @@ class EpochReporter(tf.keras.callbacks.Callback):
         if figures and figures.get("gpuUtilization") is not None:
             extra += f", GPU {figures['gpuUtilization']:.0f}%"
         self.log(f"epoch {epoch + 1}/{self.progress.document['maxEpochs']}: {shown} ({rate:.0f} img/s{extra})")
-
-
-def _better(monitor: str, value: Optional[float], best: Optional[float]) -> bool:
-    if value is None:
-        return False
-    if best is None:
-        return True
-    return value > best if "acc" in monitor else value < best
 
 
 class Checkpointer(tf.keras.callbacks.Callback):

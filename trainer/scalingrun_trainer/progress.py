@@ -84,3 +84,12 @@ def _metrics_of(entry: dict) -> dict[str, float]:
 
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:
     return {k: round(float(v), 6) for k, v in metrics.items()}
+
+
+def better(monitor: str, value: Optional[float], best: Optional[float], min_delta: float = 0.0) -> bool:
+    """Accuracies improve upwards, losses downwards, by more than min_delta (Keras' rule): which epoch is best."""
+    if value is None:
+        return False
+    if best is None:
+        return True
+    return value - min_delta > best if "acc" in monitor else value + min_delta < best

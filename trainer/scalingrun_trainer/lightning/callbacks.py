@@ -14,18 +14,9 @@ from typing import Any, Callable, Optional
 import pytorch_lightning as pl
 import torch
 
-from ..progress import ProgressWriter
+from ..progress import ProgressWriter, better
 from ..storage import Location
 from ..tracking import RunTracker
-
-
-def better(monitor: str, value: Optional[float], best: Optional[float], min_delta: float = 0.0) -> bool:
-    """Accuracies improve upwards, losses downwards, by more than min_delta (Keras' rule)."""
-    if value is None:
-        return False
-    if best is None:
-        return True
-    return value - min_delta > best if "acc" in monitor else value + min_delta < best
 
 
 class EarlyStopping:
