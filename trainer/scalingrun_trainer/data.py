@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import posixpath
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import pyarrow.parquet as pq
@@ -24,9 +24,13 @@ class DatasetError(RuntimeError):
     """The dataset cannot be used as configured; the message says why and what to do."""
 
 
+# The columns our preprocessing writes; a Parquet table of the user's (dataset.format parquet) names its own.
+DEFAULT_COLUMNS = {"image": "image", "label": "label"}
+
+
 @dataclass(frozen=True)
 class Dataset:
-    uri: str
+    uri: str  # the folder the files are relative to: dataset.output, or a Parquet table's source
     classes: list[str]
     rows: dict[str, int]
     files: dict[str, list[str]]
@@ -34,6 +38,7 @@ class Dataset:
     image_size: int
     fingerprint: str
     endpoint: Optional[str] = None
+    columns: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_COLUMNS))
 
     def urls(self, split: str) -> list[str]:
         base = self.uri.rstrip("/")
@@ -51,10 +56,14 @@ def open_dataset(uri: str, endpoint: Optional[str] = None, region: Optional[str]
     except (FileNotFoundError, OSError) as exc:
         raise DatasetError(f"no dataset manifest at {manifest_at.uri} ({type(exc).__name__}): "
                            "run the preprocessing first") from None
-    row_groups = {split: sum(_row_groups(root.join(name)) for name in manifest["files"][split]) for split in SPLITS}
-    return Dataset(uri=uri, classes=manifest["classes"], rows=manifest["written"], files=manifest["files"],
+    # A Parquet table's manifest (dataset.format parquet) names where its files are, and its columns.
+    data_root = manifest.get("dataRoot") or uri
+    files_at = open_location(data_root, endpoint, region) if data_root != uri else root
+    row_groups = {split: sum(_row_groups(files_at.join(name)) for name in manifest["files"][split]) for split in SPLITS}
+    return Dataset(uri=data_root, classes=manifest["classes"], rows=manifest["written"], files=manifest["files"],
                    row_groups=row_groups, image_size=manifest["parameters"]["imageSize"],
-                   fingerprint=manifest["fingerprint"], endpoint=endpoint)
+                   fingerprint=manifest["fingerprint"], endpoint=endpoint,
+                   columns={**DEFAULT_COLUMNS, **(manifest.get("columns") or {})})
 
 
 def _row_groups(location: Location) -> int:
@@ -97,8 +106,9 @@ def make_dataset(dataset: Dataset, split: str, *, rank: int, size: int, batch_si
     warnings.filterwarnings("ignore", category=FutureWarning, module="petastorm")
     warnings.filterwarnings("ignore", message="Running multiple iterations over make_petastorm_dataset")
     training = split == "train"
+    image, label = dataset.columns["image"], dataset.columns["label"]
     reader = make_batch_reader(
-        dataset.urls(split), schema_fields=["image", "label"], cur_shard=rank, shard_count=size,
+        dataset.urls(split), schema_fields=[image, label], cur_shard=rank, shard_count=size,
         # The same seed on every rank: row groups are shuffled identically, then split into disjoint shards.
         seed=seed, shuffle_row_groups=training, num_epochs=None if training else 1,
         workers_count=reader_threads, results_queue_size=row_group_cache, storage_options=_storage_options(dataset),
@@ -107,8 +117,8 @@ def make_dataset(dataset: Dataset, split: str, *, rank: int, size: int, batch_si
 
     def decode(rows):
         # One row group at a time: a single vectorised decode_raw instead of one map call per image.
-        pixels = tf.io.decode_raw(rows.image, tf.uint8)
-        return tf.reshape(pixels, (-1, side, side, 3)), tf.cast(rows.label, tf.int32)
+        pixels = tf.io.decode_raw(getattr(rows, image), tf.uint8)
+        return tf.reshape(pixels, (-1, side, side, 3)), tf.cast(getattr(rows, label), tf.int32)
 
     data = make_petastorm_dataset(reader).map(decode, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
     if training:

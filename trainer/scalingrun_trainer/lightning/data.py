@@ -25,27 +25,30 @@ def _reader(dataset: Dataset, split: str, *, rank: int, size: int, seed: int, re
     # petastorm 0.13 on pyarrow 10 warns about deprecated pyarrow APIs on every reader.
     warnings.filterwarnings("ignore", category=FutureWarning, module="petastorm")
     side = dataset.image_size
+    image, label = dataset.columns["image"], dataset.columns["label"]
 
     def decode(frame):
         # Raw bytes to a flat uint8 vector per row (zero-copy views); the loader stacks and reshapes them.
-        frame["image"] = [np.frombuffer(raw, dtype=np.uint8) for raw in frame["image"]]
+        frame[image] = [np.frombuffer(raw, dtype=np.uint8) for raw in frame[image]]
         return frame
 
     training = split == "train"
     return make_batch_reader(
-        dataset.urls(split), schema_fields=["image", "label"], cur_shard=rank, shard_count=size,
+        dataset.urls(split), schema_fields=[image, label], cur_shard=rank, shard_count=size,
         seed=seed, shuffle_row_groups=training, num_epochs=None if training else 1,
         workers_count=reader_threads, storage_options=_storage_options(dataset),
-        transform_spec=TransformSpec(decode, edit_fields=[("image", np.uint8, (side * side * 3,), False)]),
+        transform_spec=TransformSpec(decode, edit_fields=[(image, np.uint8, (side * side * 3,), False)]),
     )
 
 
-def _loader(reader, batch_size: int, side: int, shuffle_rows: int):
+def _loader(reader, batch_size: int, dataset: Dataset, shuffle_rows: int):
     from petastorm.pytorch import DataLoader
 
+    side, image, label = dataset.image_size, dataset.columns["image"], dataset.columns["label"]
+
     def collate(rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-        pixels = torch.from_numpy(np.stack([row["image"] for row in rows])).view(-1, side, side, 3)
-        labels = torch.as_tensor(np.fromiter((row["label"] for row in rows), dtype=np.int64, count=len(rows)))
+        pixels = torch.from_numpy(np.stack([row[image] for row in rows])).view(-1, side, side, 3)
+        labels = torch.as_tensor(np.fromiter((row[label] for row in rows), dtype=np.int64, count=len(rows)))
         return pixels, labels
 
     return DataLoader(reader, batch_size=batch_size, collate_fn=collate, shuffling_queue_capacity=shuffle_rows)
@@ -61,7 +64,7 @@ class TrainBatches:
         # Rows are mixed across row groups by the loader's shuffling buffer, seeded per rank.
         np.random.seed(seed + rank)
         self.reader = _reader(dataset, "train", rank=rank, size=size, seed=seed, reader_threads=reader_threads)
-        self._batches = iter(_loader(self.reader, batch_size, dataset.image_size, shuffle_rows))
+        self._batches = iter(_loader(self.reader, batch_size, dataset, shuffle_rows))
         self.steps = steps
 
     def __len__(self) -> int:
@@ -88,7 +91,7 @@ class ValidationBatches:
         reader = _reader(self.dataset, "validation", rank=self.rank, size=self.size, seed=self.seed,
                          reader_threads=self.reader_threads)
         try:
-            yield from _loader(reader, self.batch_size, self.dataset.image_size, 0)
+            yield from _loader(reader, self.batch_size, self.dataset, 0)
         finally:
             reader.stop()
             reader.join()
