@@ -1,0 +1,38 @@
+"""sdk.LightningCallback: report_epoch for a PyTorch Lightning Trainer (here, beside the other torch code)."""
+
+from __future__ import annotations
+
+import time
+
+import pytorch_lightning as pl
+
+from ..sdk import context, report_epoch
+
+
+class LightningCallback(pl.Callback):
+    """Each training epoch: report_epoch(epoch, the trainer's callback_metrics, images/s of all ranks).
+
+    Log metrics under Keras' names (loss, accuracy, val_loss, val_accuracy) with `sync_dist=True` so that rank 0
+    reports them averaged over the ranks. Throughput counts training batches only (validation runs inside the
+    epoch and is left out)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ctx = context()
+        self._started = self._train_end = 0.0
+        self._batches = 0
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        self._started, self._train_end, self._batches = time.monotonic(), 0.0, 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self._batches += 1
+
+    def on_validation_start(self, trainer, pl_module):
+        self._train_end = self._train_end or time.monotonic()
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        seconds = (self._train_end or time.monotonic()) - self._started
+        images = self._batches * self.ctx.batch_size_per_worker * self.ctx.size
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
+        report_epoch(trainer.current_epoch + 1, metrics, images / max(seconds, 1e-9))

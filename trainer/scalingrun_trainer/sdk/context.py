@@ -1,0 +1,144 @@
+"""What a rank of `spec.training.command` knows about its run: ranks, the prepared data, where to write, the scaled
+batch size and learning rate. Built from the trainer config the operator renders (and the local runner writes)
+plus the dataset manifest; no TensorFlow, torch, MPI or kopf needed."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..data import Dataset, open_dataset
+from ..scaling import scale_run
+from ..storage import s3fs_options
+
+# Where the operator mounts the trainer config in every MPIJob pod (builders/common.py CONFIG_FILE); the local
+# runner and the MPIJob's mpirun pass its path in this variable.
+CONFIG_VARIABLE = "SCALINGRUN_CONFIG"
+DEFAULT_CONFIG = "/etc/scalingrun/config.json"
+# The launcher's variables of each rank: Open MPI (mpirun, the MPIJob), Horovod's gloo (horovodrun), torchrun.
+_RANK_VARIABLES = (
+    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK", "HOROVOD_LOCAL_SIZE"),
+    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
+)
+# Keys of the trainer config that are not the spec.
+_NOT_SPEC = ("run", "processes", "runLocation", "image")
+
+
+class ContextError(RuntimeError):
+    """The run's context cannot be built; the message says what is missing."""
+
+
+def ranks(environ: Optional[dict[str, str]] = None) -> tuple[int, int, int, int]:
+    """(rank, size, local_rank, local_size) from the launcher's environment; (0, 1, 0, 1) without one."""
+    env = os.environ if environ is None else environ
+    for rank, size, local_rank, local_size in _RANK_VARIABLES:
+        if rank in env and size in env:
+            world = int(env[size])
+            return int(env[rank]), world, int(env.get(local_rank, env[rank])), int(env.get(local_size, world))
+    return 0, 1, 0, 1
+
+
+@dataclass(frozen=True)
+class Context:
+    """One rank's view of its ScalingRun (see docs/your-own-model.md, "The SDK")."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    run_name: str
+    spec: dict[str, Any]  # the run's spec (dataset, model, training, storage, tracking), camelCase as in YAML
+    dataset: Dataset  # the prepared data (manifest): classes, rows, files, row groups
+    run_location: str  # progress.json, checkpoints/ and model/ of this run
+    storage_options: dict[str, Any]  # fsspec options: fsspec.filesystem("s3", **storage_options) reads s3:// URIs
+    batch_size_per_worker: int
+    effective_batch_size: int
+    learning_rate: float  # baseLearningRate scaled by learningRateScaling for `size` processes
+    steps_per_epoch: int  # train rows // effective batch: one epoch sees every training row about once
+    max_epochs: int
+    seed: int
+    params: dict[str, Any] = field(default_factory=dict)  # spec.model.params
+
+    @property
+    def train_location(self) -> str:
+        """URI of the folder holding the training split's *.parquet files."""
+        return self._split_folder("train")
+
+    @property
+    def validation_location(self) -> str:
+        return self._split_folder("validation")
+
+    @property
+    def train_files(self) -> list[str]:
+        """The training split's files, exactly (a folder may hold others being written): URIs."""
+        return self.dataset.urls("train")
+
+    @property
+    def validation_files(self) -> list[str]:
+        return self.dataset.urls("validation")
+
+    @property
+    def checkpoint_location(self) -> str:
+        """A folder of this run for the script's own checkpoints (kept across restarts of the run)."""
+        return f"{self.run_location.rstrip('/')}/checkpoints"
+
+    @property
+    def model_location(self) -> str:
+        """Where the final model goes by convention (pass its URI to sdk.finish)."""
+        return f"{self.run_location.rstrip('/')}/model"
+
+    @property
+    def classes(self) -> list[str]:
+        return list(self.dataset.classes)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.dataset.classes)
+
+    @property
+    def image_size(self) -> int:
+        return self.dataset.image_size
+
+    @property
+    def image_column(self) -> str:
+        return self.dataset.columns["image"]
+
+    @property
+    def label_column(self) -> str:
+        return self.dataset.columns["label"]
+
+    @property
+    def is_chief(self) -> bool:
+        """Rank 0: the one that writes progress, checkpoints and the model."""
+        return self.rank == 0
+
+    def _split_folder(self, split: str) -> str:
+        return f"{self.dataset.uri.rstrip('/')}/{split}"
+
+
+def build_context(config: dict[str, Any], environ: Optional[dict[str, str]] = None) -> Context:
+    """The Context of this rank from a trainer config (see builders/config.py) and the dataset it names."""
+    rank, size, local_rank, local_size = ranks(environ)
+    try:
+        dataset_spec, training, storage = config["dataset"], config["training"], config.get("storage") or {}
+        run_location = config["runLocation"]
+    except KeyError as exc:
+        raise ContextError(f"the trainer config has no {exc.args[0]!r}: is it the one the operator rendered?") from None
+    dataset = open_dataset(dataset_spec["output"], storage.get("endpoint"), storage.get("region"))
+    batch = training.get("batchSizePerWorker", 32)
+    if not isinstance(batch, int):
+        raise ContextError(f"spec.training.batchSizePerWorker is {batch!r}: give a number with training.command")
+    scaled = scale_run(dataset.rows["train"], batch, float(training.get("baseLearningRate", 0.001)),
+                       training.get("learningRateScaling", "linear"), size)
+    options = s3fs_options(storage.get("endpoint")) if dataset.uri.startswith("s3://") else {}
+    return Context(
+        rank=rank, size=size, local_rank=local_rank, local_size=local_size, run_name=str(config.get("run", "")),
+        spec={k: v for k, v in config.items() if k not in _NOT_SPEC}, dataset=dataset, run_location=run_location,
+        storage_options=options, batch_size_per_worker=scaled.batch_size_per_worker,
+        effective_batch_size=scaled.effective_batch_size, learning_rate=scaled.learning_rate,
+        steps_per_epoch=scaled.steps_per_epoch, max_epochs=int(training.get("maxEpochs", 20)),
+        seed=int(dataset_spec.get("seed", 42)), params=dict((config.get("model") or {}).get("params") or {}),
+    )

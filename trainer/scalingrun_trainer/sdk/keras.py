@@ -1,0 +1,36 @@
+"""sdk.KerasCallback: report_epoch for a Keras fit(), with the training throughput measured as our trainer does."""
+
+from __future__ import annotations
+
+import time
+
+import tensorflow as tf
+
+from . import context, report_epoch
+
+
+class KerasCallback(tf.keras.callbacks.Callback):
+    """Put it after Horovod's MetricAverageCallback (so that rank 0 reports metrics averaged over the ranks):
+    each epoch, report_epoch(epoch, logs, images/s of all ranks). Throughput counts training batches only, not
+    validation; an epoch's images are its batches x batch size x ranks."""
+
+    def __init__(self):
+        super().__init__()
+        self.ctx = context()
+        self._started = self._train_end = 0.0
+        self._batches = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._started, self._train_end, self._batches = time.monotonic(), 0.0, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches += 1
+
+    def on_test_begin(self, logs=None):
+        self._train_end = self._train_end or time.monotonic()
+
+    def on_epoch_end(self, epoch, logs=None):
+        seconds = (self._train_end or time.monotonic()) - self._started
+        images = self._batches * self.ctx.batch_size_per_worker * self.ctx.size
+        metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
+        report_epoch(epoch + 1, metrics, images / max(seconds, 1e-9))

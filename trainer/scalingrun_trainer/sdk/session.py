@@ -1,0 +1,128 @@
+"""The reporting side of the SDK: rank 0 writes the same progress.json (and MLflow run) as our trainers, so that
+status, `kubectl get srun`, sweeps, InputBound and the report work for a script of the user's own.
+
+One Session per process (the SDK's module functions share it, as `hvd.init()` does); other ranks hold one too,
+which writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from typing import Any, Callable, Optional
+
+from ..input_wait import input_entry
+from ..progress import ProgressWriter, better
+from ..storage import open_location
+from ..tracking import RunTracker, start_tracking
+from .context import Context
+
+
+class Session:
+    """Rank 0's progress document and tracker for one run; every method is a no-op on other ranks."""
+
+    def __init__(self, context: Context, config: dict[str, Any], log: Callable[[str], None] = print):
+        self.context = context
+        self.log = log if context.is_chief else (lambda line: None)
+        stopping = (config.get("training") or {}).get("earlyStopping") or {}
+        self.monitor = stopping.get("monitor", "val_loss")
+        self.best: tuple[Optional[int], dict[str, float]] = (None, {})
+        self.finished = False
+        self.readers: list[Any] = []  # Petastorm readers the SDK opened: stopped at finish()
+        self._lock = threading.Lock()
+        self.progress: Optional[ProgressWriter] = None
+        self.tracker: Optional[RunTracker] = None
+        if not context.is_chief:
+            return
+        storage = config.get("storage") or {}
+        run_root = open_location(context.run_location, storage.get("endpoint"), storage.get("region"))
+        # No collective here (the SDK knows no MPI): rank 0 alone meets a tracking error, raises, and mpirun stops
+        # the other ranks.
+        self.tracker = start_tracking(config, 0, run_root.uri, _run_params(context), None, self.log, lambda e: e)
+        self.progress = ProgressWriter(
+            run_root.join("progress.json"), max_epochs=context.max_epochs, processes=context.size,
+            learning_rate=context.learning_rate, effective_batch_size=context.effective_batch_size,
+            mlflow_run_id=self.tracker.run_id if self.tracker else None,
+            batch_size_per_worker=context.batch_size_per_worker)
+        self.progress.start()
+
+    def report_epoch(self, epoch: int, metrics: dict[str, float], images_per_second: float,
+                     input_wait_fraction: Optional[float] = None) -> None:
+        if self.progress is None:
+            return
+        metrics = {str(k): float(v) for k, v in metrics.items()}
+        if self.best[0] is None or better(self.monitor, metrics.get(self.monitor), self.best[1].get(self.monitor)):
+            self.best = (epoch, metrics)
+        figures = input_entry(epoch, input_wait_fraction, None) if input_wait_fraction is not None else None
+        with self._lock:
+            self.progress.epoch(epoch, metrics, images_per_second, self.best[0], self.best[1], input_figures=figures)
+        if self.tracker is not None:
+            self.tracker.epoch(epoch, metrics, images_per_second)
+        shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+        self.log(f"epoch {epoch}/{self.context.max_epochs}: {shown} ({images_per_second:.0f} img/s)")
+
+    def finish(self, model_uri: Optional[str] = None) -> None:
+        self.stop_readers()
+        if self.finished:
+            return
+        self.finished = True
+        if self.progress is None:
+            return
+        with self._lock:
+            self.progress.finish("succeeded", model_uri=model_uri)
+        if self.tracker is not None:
+            document = self.progress.document
+            self.tracker.finish("FINISHED", best_epoch=document["bestEpoch"], best_metrics=document["bestMetrics"],
+                                model_uri=model_uri)
+
+    def fail(self, error: str) -> None:
+        """The script's exception, on the run: progress.json's error (status, the Failed condition) and MLflow.
+        Also after finish(): the script's exit code fails the MPIJob, and the document must say why."""
+        self.finished = True
+        if self.progress is None or self.progress.document["state"] == "failed":
+            return
+        with self._lock:
+            self.progress.finish("failed", model_uri=self.progress.document["modelUri"], error=error)
+        if self.tracker is not None:
+            self.tracker.finish("FAILED", error=error)
+
+    def stop_readers(self) -> None:
+        while self.readers:
+            reader = self.readers.pop()
+            reader.stop()
+            reader.join()
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line a run's status shows for an exception: its type and the first line of its message."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:2000]
+
+
+def install_excepthook(session: Session) -> None:
+    """An exception that escapes the script is reported on the run (rank 0), then printed as Python would."""
+    previous = sys.excepthook
+
+    def hook(kind, value, traceback):
+        if not issubclass(kind, KeyboardInterrupt):
+            try:
+                session.fail(error_line(value))
+            except Exception as exc:  # noqa: BLE001 - the original error must still be printed
+                print(f"scalingrun sdk: could not report the error on the run: {exc}", file=sys.stderr)
+        previous(kind, value, traceback)
+
+    sys.excepthook = hook
+
+
+def _run_params(context: Context) -> dict[str, Any]:
+    """MLflow parameters of a command run: what the SDK derived, and the command itself."""
+    training = context.spec.get("training") or {}
+    return {
+        "command": json.dumps(training.get("command")), "framework": training.get("framework", "keras"),
+        "imageSize": context.image_size, "classes": context.num_classes, "dataset": context.dataset.uri,
+        "datasetFingerprint": context.dataset.fingerprint, "trainRows": context.dataset.rows["train"],
+        "validationRows": context.dataset.rows["validation"], "processes": context.size,
+        "batchSizePerWorker": context.batch_size_per_worker, "effectiveBatchSize": context.effective_batch_size,
+        "learningRate": context.learning_rate, "stepsPerEpoch": context.steps_per_epoch,
+        "maxEpochs": context.max_epochs, **{f"param.{k}": v for k, v in context.params.items()},
+    }
