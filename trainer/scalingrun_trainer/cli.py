@@ -1,4 +1,5 @@
-"""`scalingrun-trainer`: what the preprocessing Job and the MPIJob containers run (preprocess, train, launch).
+"""`scalingrun-trainer`: what the preprocessing Job and the MPIJob containers run (preprocess or, for a Parquet
+table, inspect; train; launch).
 
 Human progress goes to stderr; the last stdout line is a JSON summary for the operator.
 """
@@ -12,6 +13,8 @@ import sys
 from typing import Any, Optional
 
 from .launcher import DEFAULT_HOSTFILE, DEFAULT_SSH_PORT, DEFAULT_TIMEOUT_SECONDS, launch
+
+TERMINATION_LOG = "/dev/termination-log"
 
 
 def _load_config(path: Optional[str]) -> dict[str, Any]:
@@ -79,6 +82,53 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_inspect(args: argparse.Namespace) -> int:
+    """dataset.format parquet: check the table and write the dataset manifest (in the preprocessing Job's place)."""
+    from .parquet_table import TableParams, forget_manifest, inspect_table, summary, write_manifest
+    from .preprocess import PreprocessError
+
+    config = _load_config(args.config)
+    dataset, storage = config.get("dataset") or {}, config.get("storage") or {}
+    columns = dataset.get("columns") or {}
+    params = TableParams(
+        source=args.source or dataset.get("source"), output=args.output or dataset.get("output"),
+        image_size=args.image_size or dataset.get("imageSize", 299),
+        image_column=args.image_column or columns.get("image", "image"),
+        label_column=args.label_column or columns.get("label", "label"),
+        readers=args.max_readers or max(config.get("processes") or 1, (dataset.get("preprocessing") or {}).get(
+            "readers") or 0),
+        endpoint=args.endpoint or storage.get("endpoint"), region=args.region or storage.get("region"))
+    if not params.source or not params.output:
+        raise SystemExit("scalingrun-trainer inspect: --source and --output (or --config) are required")
+    try:
+        manifest = inspect_table(params)
+        write_manifest(params, manifest)
+    except (PreprocessError, OSError) as exc:
+        message = f"{type(exc).__name__}: {exc}" if not isinstance(exc, PreprocessError) else str(exc)
+        print(f"inspect failed: {message}", file=sys.stderr)
+        if isinstance(exc, PreprocessError):
+            forget_manifest(params)
+        _termination_message(message)
+        print(json.dumps({"event": "inspect", "error": message}))
+        return getattr(exc, "exit_code", 1)
+    for warning in manifest["warnings"]:
+        print(f"warning: {warning}", file=sys.stderr)
+    print(f"inspect: {params.source}: {manifest['written']['train']} train / {manifest['written']['validation']} "
+          f"validation rows, {len(manifest['classes'])} classes, row groups {manifest['rowGroups']}; manifest in "
+          f"{params.output}", file=sys.stderr)
+    print(json.dumps(summary(manifest)))
+    return 0
+
+
+def _termination_message(message: str) -> None:
+    """Kubernetes shows a container's /dev/termination-log in its terminated state: the operator quotes it."""
+    try:
+        with open(TERMINATION_LOG, "w") as f:
+            f.write(message[:4000])
+    except OSError:
+        pass  # not in a pod
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     config = _load_config(args.config)
     framework = (config.get("training") or {}).get("framework") or "keras"
@@ -131,6 +181,19 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
     pre.add_argument("--region")
     pre.set_defaults(func=_cmd_preprocess)
+
+    ins = sub.add_parser("inspect", help="dataset.format parquet: check a Parquet table (columns, types, image "
+                                         "shape, row groups) and write the dataset manifest for the trainers")
+    ins.add_argument("--config", help="trainer config rendered by the operator (JSON file or -)")
+    ins.add_argument("--source", help="the table: SOURCE/train/*.parquet and SOURCE/validation/*.parquet")
+    ins.add_argument("--output", help="where the dataset manifest goes (spec.dataset.output)")
+    ins.add_argument("--image-size", type=int)
+    ins.add_argument("--image-column")
+    ins.add_argument("--label-column")
+    ins.add_argument("--max-readers", type=int, help="processes that will read it (row groups >= 2x)")
+    ins.add_argument("--endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
+    ins.add_argument("--region")
+    ins.set_defaults(func=_cmd_inspect)
 
     tr = sub.add_parser("train", help="training, one process per GPU: Keras + Horovod (horovodrun or mpirun), or "
                                        "PyTorch Lightning DDP (mpirun) when training.framework is pytorch-lightning")
