@@ -1,0 +1,136 @@
+"""The model.builder contract checks: a bad import path, a wrong signature or a wrong output shape fail before
+training, naming the builder, the image and the Python error; a good builder is built and checked."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from scalingrun_trainer.builder import KERAS, BuilderError, build_network
+from tests.conftest import require
+
+LIGHTNING_PYTHON = Path(__file__).resolve().parents[2] / ".venv-lightning/bin/python"
+IMAGE = "registry.example/team/trainer:1.0"
+
+KERAS_MODULE = '''
+import tensorflow as tf
+
+def build(input_shape, num_classes, width=8):
+    inputs = tf.keras.Input(input_shape)
+    x = tf.keras.layers.Conv2D(width, 3, activation="relu")(inputs)
+    x = tf.keras.layers.GlobalAveragePooling2D()(x)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(x))
+
+def two_arguments(input_shape):
+    return None
+
+def wrong_output(input_shape, num_classes):
+    inputs = tf.keras.Input(input_shape)
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes + 1)(tf.keras.layers.Flatten()(inputs)))
+
+def not_a_model(input_shape, num_classes):
+    return "a string"
+
+def raises(input_shape, num_classes):
+    raise KeyError("no such layer")
+
+def flat_only(input_shape, num_classes):
+    inputs = tf.keras.Input((7,))
+    return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes)(inputs))
+
+NOT_CALLABLE = 3
+'''
+
+TORCH_MODULE = '''
+import torch
+
+def build(input_shape, num_classes, width=8):
+    return torch.nn.Sequential(torch.nn.Conv2d(input_shape[2], width, 3), torch.nn.AdaptiveAvgPool2d(1),
+                               torch.nn.Flatten(), torch.nn.Linear(width, num_classes))
+
+def nhwc(input_shape, num_classes):
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(input_shape[0] * input_shape[1] * 3, num_classes),
+                               torch.nn.Unflatten(1, (num_classes, 1)))
+'''
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch) -> str:
+    folder = tmp_path / "teamnets"
+    folder.mkdir()
+    (folder / "__init__.py").write_text("")
+    (folder / "keras_models.py").write_text(KERAS_MODULE)
+    (folder / "torch_models.py").write_text(TORCH_MODULE)
+    (folder / "broken.py").write_text("import tensorflow as tf\nthis is not python\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return str(tmp_path)
+
+
+def failure(path: str, **params) -> str:
+    with pytest.raises(BuilderError) as caught:
+        build_network(path, 32, 5, KERAS, params, image=IMAGE)
+    message = str(caught.value)
+    assert message.startswith(f"spec.model.builder {path!r} in image {IMAGE}: "), message
+    return message
+
+
+def test_a_good_builder_is_built_and_checked(package):
+    network = build_network("teamnets.keras_models:build", 32, 5, KERAS, {"width": 4}, image=IMAGE)
+    assert network.output_shape == (None, 5)
+    assert network.optimizer is None  # uncompiled: the trainer compiles it
+
+
+@pytest.mark.parametrize("path,words", [
+    ("teamnets.absent:build", "cannot import teamnets.absent (is the package in the image, or on PYTHONPATH / "
+                              "--python-path locally?): ModuleNotFoundError: No module named 'teamnets.absent'"),
+    ("otherteam.models:build", "ModuleNotFoundError: No module named 'otherteam'"),
+    ("teamnets.broken:build", "cannot import teamnets.broken"),
+    ("teamnets.keras_models:absent", "module teamnets.keras_models has no function absent (found nothing)"),
+    ("teamnets.keras_models:NOT_CALLABLE", "has no function NOT_CALLABLE (found int)"),
+])
+def test_an_import_path_that_does_not_resolve_is_named(package, path, words):
+    assert words in failure(path)
+
+
+def test_a_wrong_signature_says_what_was_expected(package):
+    message = failure("teamnets.keras_models:two_arguments")
+    assert "wrong signature, expected function(input_shape, num_classes, **params)" in message
+    assert "TypeError: too many positional arguments" in message
+    message = failure("teamnets.keras_models:build", depth=3)
+    assert "params ['depth']" in message and "unexpected keyword argument 'depth'" in message
+
+
+def test_a_wrong_output_or_return_value_is_refused(package):
+    assert ("the network returned shape (2, 6) for a batch of 2 NHWC images; it must return logits of shape "
+            "(batch, num_classes) = (2, 5)") in failure("teamnets.keras_models:wrong_output")
+    assert "it returned str, not a tf.keras.Model" in failure("teamnets.keras_models:not_a_model")
+    assert "failed: KeyError: 'no such layer'" in failure("teamnets.keras_models:raises")
+    assert "the network failed on a batch of 2 float32 images of shape (32, 32, 3) (NHWC): ValueError" in failure(
+        "teamnets.keras_models:flat_only")
+
+
+def test_the_torch_contract_in_the_lightning_environment(package):
+    require(LIGHTNING_PYTHON.exists(), f"no {LIGHTNING_PYTHON}: SCALINGRUN_PROFILE=lightning scripts/setup.sh")
+    code = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {package!r})
+        from scalingrun_trainer.builder import TORCH, BuilderError, build_network
+        network = build_network("teamnets.torch_models:build", 32, 5, TORCH, {{"width": 4}}, image="img")
+        print("built", type(network).__name__, network.training)
+        for path in ("teamnets.torch_models:nhwc", "teamnets.keras_models:build"):
+            try:
+                build_network(path, 32, 5, TORCH, image="img")
+            except BuilderError as exc:
+                print(exc)
+    """)
+    result = subprocess.run([str(LIGHTNING_PYTHON), "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "built Sequential True"  # the check leaves the module in training mode
+    assert ("the network returned shape (2, 5, 1) for a batch of 2 NCHW images; it must return logits of shape "
+            "(batch, num_classes) = (2, 5)") in lines[1]
+    assert "cannot import teamnets.keras_models" in lines[2] and "No module named 'tensorflow'" in lines[2]
