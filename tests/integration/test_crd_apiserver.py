@@ -65,7 +65,8 @@ def test_apiserver_admits_auto_batch_size_and_defaults_the_input_pipeline(api_cl
     assert training["input"] == {"readerWorkers": 4, "rowGroupCache": 50}
 
 
-@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("example", sorted((ROOT / "examples").glob("**/*.yaml")),
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_examples_are_admitted(api_client, scalingrun_crd, scalingsweep_crd, namespace, example):
     body = yaml.safe_load(example.read_text())
     assert create(api_client, namespace, body, dry_run=True)["metadata"]["name"] == body["metadata"]["name"]

@@ -41,7 +41,8 @@ def image_packages(mode: str) -> str:
     return re.search(rf'^\s*{mode}\) packages="([^"]*)"', script, re.M).group(1)
 
 
-@pytest.mark.parametrize("dockerfile", DOCKERFILES + ["tests/e2e/seaweedfs/Dockerfile"])
+@pytest.mark.parametrize("dockerfile", DOCKERFILES + ["tests/e2e/seaweedfs/Dockerfile", "examples/custom-model/Dockerfile",
+                                        "examples/custom-training/Dockerfile"])
 def test_dockerfile_passes_hadolint(dockerfile):
     result = subprocess.run([hadolint(), "--config", str(ROOT / ".hadolint.yaml"), str(ROOT / dockerfile)],
                             capture_output=True, text=True)

@@ -21,7 +21,7 @@ from scalingrun_trainer.cli import build_parser
 from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted(p for p in (ROOT / "examples").glob("*.yaml") if "kind: ScalingSweep" not in p.read_text())
+EXAMPLES = sorted(p for p in (ROOT / "examples").glob("**/*.yaml") if "kind: ScalingSweep" not in p.read_text())
 MPIJOB_CRD = ROOT.parent / "shared/crds/kubeflow.org_mpijobs.yaml"
 # 1.20 silently drops completionMode: check against a release that has it.
 K8S_SCHEMA_VERSION = "1.30.0"
@@ -38,7 +38,7 @@ def mpijob_schema():
     return next(v for v in crd["spec"]["versions"] if v["name"] == "v2beta1")["schema"]["openAPIV3Schema"]
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_rendered_objects_pass_schema_validation(example, mpijob_schema):
     objects = build_children(load(example), namespace="ml")
     assert [o["kind"] for o in objects] == ["ConfigMap", "Job", "MPIJob"]
@@ -134,7 +134,7 @@ def test_launcher_requests_are_small_by_default_and_settable():
     assert settable["containers"][0]["resources"] == {"requests": chosen, "limits": chosen}
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_no_pod_gets_a_service_account_token(example):
     """None of them calls the Kubernetes API: a mounted token would only be something to steal."""
     specs = _pod_specs(build_children(load(example), "ml"))

@@ -12,7 +12,7 @@ from scalingrun_api.models import ScalingRun
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.cli import main
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("**/*.yaml"))
 
 MINIMAL = {
     "apiVersion": "scalingrun.dev/v1alpha1",
@@ -67,7 +67,7 @@ def test_launcher_resources_default_field_by_field():
     assert (resources.cpu, resources.memory) == ("1", "256Mi")
 
 
-@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_examples_are_valid(example):
     for doc in yaml.safe_load_all(example.read_text()):
         if doc["kind"] == "ScalingSweep":

@@ -36,3 +36,11 @@ class LightningCallback(pl.Callback):
         images = self._batches * self.ctx.batch_size_per_worker * self.ctx.size
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
         report_epoch(trainer.current_epoch + 1, metrics, images / max(seconds, 1e-9))
+
+
+def mpi_environment():
+    """Lightning's MPIEnvironment as our trainer uses it in an MPIJob: rank 0's IP as the main address (a worker
+    pod's hostname does not resolve from the others). Pass it to DDPStrategy(cluster_environment=...)."""
+    from .train import _mpi_environment
+
+    return _mpi_environment()

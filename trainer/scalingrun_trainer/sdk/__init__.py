@@ -10,7 +10,8 @@
 
 Rank 0 writes the same `<runLocation>/progress.json` as our trainers (other ranks return at once), so status,
 `kubectl get srun`, the report, MLflow, sweeps and InputBound work. An exception that escapes the script is
-written there as the run's error. `sdk.KerasCallback()` and `sdk.LightningCallback()` call report_epoch for you.
+written there as the run's error. `sdk.KerasCallback()` and `sdk.LightningCallback()` call report_epoch for you;
+`sdk.lightning_mpi_environment()` is the cluster environment our Lightning trainer gives DDP under mpirun.
 Importing this module needs neither TensorFlow, torch, MPI nor kopf; the readers and callbacks import their
 framework when first used. Reference: docs/your-own-model.md.
 """
@@ -25,7 +26,7 @@ from .context import CONFIG_VARIABLE, DEFAULT_CONFIG, Context, ContextError, bui
 from .session import Session, install_excepthook
 
 __all__ = ["Context", "ContextError", "context", "report_epoch", "finish", "tf_dataset", "torch_batches",
-           "KerasCallback", "LightningCallback", "ranks"]
+           "KerasCallback", "LightningCallback", "lightning_mpi_environment", "ranks"]
 
 _session: Optional[Session] = None  # this process's run, made by the first context() (like hvd.init())
 
@@ -115,4 +116,8 @@ def __getattr__(name: str) -> Any:
         from ..lightning.sdk import LightningCallback
 
         return LightningCallback
+    if name == "lightning_mpi_environment":
+        from ..lightning.sdk import mpi_environment
+
+        return mpi_environment
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,1 @@
+"""A team's own image classifiers, for spec.model.builder: keras_cnn (TensorFlow) and torch_cnn (PyTorch)."""
