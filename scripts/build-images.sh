@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Builds the CPU trainer image and the operator image, then checks that they run as the MPIJob and the
-# chart expect (skip with --no-check). Progress, build times and sizes go to stderr; stdout is only the
-# machine-readable result, on its last lines:
+# Builds the CPU trainer images, the operator image and the examples' images (built FROM the trainer), then
+# checks that they run as the MPIJob and the chart expect (skip with --no-check). Progress, build times and sizes
+# go to stderr; stdout is only the machine-readable result, on its last lines:
 #   base=<base image used>
 #   trainer=scalingrun/trainer:<version>-cpu
 #   trainer-lightning=scalingrun/trainer:<version>-lightning-cpu
 #   operator=scalingrun/operator:<version>
+#   example-custom-model=scalingrun/example-custom-model:<version>-cpu           (examples/custom-model, FROM trainer)
+#   example-custom-model-lightning=scalingrun/example-custom-model:<version>-lightning-cpu  (FROM trainer-lightning)
+#   example-custom-training=scalingrun/example-custom-training:<version>-cpu     (examples/custom-training, FROM trainer)
 # Env: SCALINGRUN_BASE_IMAGE (default: local/python:3.11-bookworm when present, as on machines without
 #   Docker Hub, else the Dockerfiles' python:3.11-slim-bookworm), SCALINGRUN_IMAGE_TAG (default: the
 #   project version), SCALINGRUN_CACHE (where setup.sh caches the Horovod wheel), DOCKER (default:
@@ -29,6 +32,9 @@ VERSION="${SCALINGRUN_IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject
 TRAINER="scalingrun/trainer:$VERSION-cpu"
 TRAINER_LIGHTNING="scalingrun/trainer:$VERSION-lightning-cpu"
 OPERATOR="scalingrun/operator:$VERSION"
+EXAMPLE_MODEL="scalingrun/example-custom-model:$VERSION-cpu"
+EXAMPLE_MODEL_LIGHTNING="scalingrun/example-custom-model:$VERSION-lightning-cpu"
+EXAMPLE_TRAINING="scalingrun/example-custom-training:$VERSION-cpu"
 NODE_CLUSTER="$ROOT/../shared/node/cluster.sh"
 
 log() { printf '[build-images] %s\n' "$*" >&2; }
@@ -81,6 +87,15 @@ build trainer "$TRAINER" Dockerfile.trainer
 build trainer-lightning "$TRAINER_LIGHTNING" Dockerfile.trainer --build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning \
   "${torch_args[@]}"
 build operator "$OPERATOR" Dockerfile.operator
+# The examples' images, as a user builds theirs: their package FROM the trainer image just built.
+example() {  # example NAME TAG FOLDER TRAINER_IMAGE
+  local started=$SECONDS
+  "$DOCKER" build --build-arg "TRAINER_IMAGE=$4" -t "$2" "$3" >&2 || fail "docker build of $3 FROM $4"
+  log "$1: $2 built FROM $4 in $((SECONDS - started)) s"
+}
+example example-custom-model "$EXAMPLE_MODEL" examples/custom-model "$TRAINER"
+example example-custom-model-lightning "$EXAMPLE_MODEL_LIGHTNING" examples/custom-model "$TRAINER_LIGHTNING"
+example example-custom-training "$EXAMPLE_TRAINING" examples/custom-training "$TRAINER"
 
 # What the MPIJob and the chart rely on, checked in the images themselves.
 check() {  # check DESCRIPTION COMMAND...: the command must succeed
@@ -121,6 +136,13 @@ if [[ "$CHECK" == 1 ]]; then
   check "scalingrun-operator --help" "$DOCKER" run --rm "$OPERATOR" --help
   check "uid 1000 and no TensorFlow in the operator" "$DOCKER" run --rm --entrypoint sh "$OPERATOR" -c \
     '[ "$(id -u)" = 1000 ] && ! python -c "import tensorflow"'
+  # The builder contract (import, signature, output shape) holds in the examples' images, as the trainer checks it.
+  check "teamnets.keras_cnn:build in $EXAMPLE_MODEL" "$DOCKER" run --rm "$EXAMPLE_MODEL" python -c \
+    'from scalingrun_trainer.builder import KERAS, build_network; build_network("teamnets.keras_cnn:build", 32, 10, KERAS)'
+  check "teamnets.torch_cnn:build in $EXAMPLE_MODEL_LIGHTNING" "$DOCKER" run --rm "$EXAMPLE_MODEL_LIGHTNING" python -c \
+    'from scalingrun_trainer.builder import TORCH, build_network; build_network("teamnets.torch_cnn:build", 32, 10, TORCH)'
+  check "teamtrain.keras_horovod imports in $EXAMPLE_TRAINING" "$DOCKER" run --rm "$EXAMPLE_TRAINING" python -c \
+    'import teamtrain.keras_horovod'
   log "checks passed"
 fi
 
@@ -128,3 +150,6 @@ echo "base=$BASE"  # empty: the Dockerfiles' default
 echo "trainer=$TRAINER"
 echo "trainer-lightning=$TRAINER_LIGHTNING"
 echo "operator=$OPERATOR"
+echo "example-custom-model=$EXAMPLE_MODEL"
+echo "example-custom-model-lightning=$EXAMPLE_MODEL_LIGHTNING"
+echo "example-custom-training=$EXAMPLE_TRAINING"
