@@ -126,6 +126,18 @@ def test_the_torch_contract_in_the_lightning_environment(package):
                 build_network(path, 32, 5, TORCH, image="img")
             except BuilderError as exc:
                 print(exc)
+        import torch
+        from scalingrun_trainer.lightning.network import BuilderNet
+
+        seen = []
+        class Spy(torch.nn.Module):
+            def forward(self, x):
+                seen.append((tuple(x.shape), x.dtype, float(x.max())))
+                return torch.stack([40 * x.mean(dim=(1, 2, 3)), torch.zeros(len(x))], dim=1)
+        net = BuilderNet(Spy())
+        pixels = torch.full((2, 32, 32, 3), 255, dtype=torch.uint8)
+        probabilities = net(pixels)
+        print(seen[0], [round(float(p), 4) for p in probabilities.sum(dim=1)], float(net.logits(pixels)[0, 0]))
     """)
     result = subprocess.run([str(LIGHTNING_PYTHON), "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
@@ -134,3 +146,30 @@ def test_the_torch_contract_in_the_lightning_environment(package):
     assert ("the network returned shape (2, 5, 1) for a batch of 2 NCHW images; it must return logits of shape "
             "(batch, num_classes) = (2, 5)") in lines[1]
     assert "cannot import teamnets.keras_models" in lines[2] and "No module named 'tensorflow'" in lines[2]
+    # The network saw float32 NCHW in [0, 1]; forward returns probabilities, logits() the network's own output.
+    assert lines[3] == "((2, 3, 32, 32), torch.float32, 1.0) [1.0, 1.0] 40.0"
+
+
+def test_the_trainer_feeds_unit_range_floats_and_computes_the_loss_from_logits(package):
+    """uint8 pixels in, [0, 1] floats to the network, its logits to the loss, probabilities out of the saved model."""
+    import numpy as np
+    import tensorflow as tf
+
+    from scalingrun_trainer.builder import keras_classifier
+
+    inputs = tf.keras.Input((32, 32, 3))
+    # Logits [40 * mean pixel, 0]: large enough that a loss taken from the probabilities would lose precision.
+    logits = tf.keras.layers.Lambda(lambda x: tf.stack([40 * tf.reduce_mean(x, [1, 2, 3]),
+                                                        tf.zeros_like(x[:, 0, 0, 0])], axis=1))(inputs)
+    model = keras_classifier(tf.keras.Model(inputs, logits, name="probe"), 32)
+    assert model.input.dtype == tf.uint8
+    pixels = np.full((2, 32, 32, 3), 255, np.uint8)
+    pixels[1] = 0
+    probabilities = model.predict(pixels, verbose=0)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-6)
+    assert probabilities[0, 0] > 0.999 and probabilities[1, 0] == pytest.approx(0.5)  # mean 1.0 and 0.0
+    model.compile(loss="sparse_categorical_crossentropy")
+    loss = model.evaluate(pixels, np.array([1, 1]), verbose=0)
+    expected = float(tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(
+        [1, 1], tf.constant([[40.0, 0.0], [0.0, 0.0]]), from_logits=True)))
+    assert loss == pytest.approx(expected, rel=1e-5)  # 20.35: from a float32 probability it would be capped at 16.1

@@ -109,3 +109,15 @@ def _torch_network(builder: Builder, function, image_size: int, num_classes: int
         network.train(was_training)
     builder.check_output(tuple(getattr(output, "shape", ())), num_classes, "NCHW")
     return network
+
+
+def keras_classifier(network, image_size: int):
+    """The user's network as our trainer trains and saves it: uint8 pixels in (as the Parquet stores them),
+    converted to float32 [0, 1], the network's logits, a softmax out. Keras computes the loss from the softmax's
+    input (its logits), and the saved model outputs probabilities."""
+    import tensorflow as tf
+
+    inputs = tf.keras.Input((image_size, image_size, 3), dtype="uint8", name="image")
+    pixels = tf.keras.layers.Rescaling(1 / 255, name="to_unit_range")(inputs)
+    probabilities = tf.keras.layers.Softmax(name="probabilities")(network(pixels))
+    return tf.keras.Model(inputs, probabilities, name=f"{network.name}_classifier")
