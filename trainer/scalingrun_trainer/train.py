@@ -7,6 +7,7 @@ checkpoints and reports.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -14,6 +15,7 @@ import tempfile
 import time
 from typing import Any, Optional
 
+from .builder import KERAS, BuilderError, build_network, keras_classifier
 from .data import DatasetError, check_shardable, make_dataset, open_dataset
 from .input_wait import GpuSampler, InputClock, reader_delay
 from .models import ModelError, build_model, local_weights
@@ -60,7 +62,8 @@ def train(config: dict[str, Any]) -> int:
     context: dict[str, Any] = {}  # _train leaves rank 0's ProgressWriter and RunTracker here, to report a failure
     try:
         return _train(config, hvd, rank, size, context)
-    except (TrainingError, DatasetError, ModelError, TrackingError, ProbeError, ValueError, OSError) as exc:
+    except (TrainingError, DatasetError, ModelError, BuilderError, TrackingError, ProbeError, ValueError,
+            OSError) as exc:
         message = f"{type(exc).__name__}: {exc}".splitlines()[0]
         print(f"scalingrun-trainer train (rank {rank}/{size}): error: {message}", file=sys.stderr, flush=True)
         if context.get("progress") is not None:
@@ -92,10 +95,15 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
     if spec_model.get("numClasses") and spec_model["numClasses"] != classes:
         raise TrainingError(f"model.numClasses is {spec_model['numClasses']} but the dataset has {classes} "
                             f"classes ({', '.join(dataset.classes[:5])}...): remove numClasses or fix the data")
+    if spec_model.get("builder"):
+        # The user's network is checked before anything else (the contract: builder.py); every rank fails alike.
+        _classifier(config, dataset.image_size, classes, None)
+        tf.keras.backend.clear_session()
     checkpoints = run_root.join("checkpoints")
     state = load_resume_state(checkpoints) if spec_train.get("resume", True) else None
     # "input": checkpoints of models that took float input (before uint8 + in-model normalisation) are not resumed.
-    trained_on = {"dataset": dataset.fingerprint, "base": spec_model["base"], "classes": classes, "input": "uint8"}
+    trained_on = {"dataset": dataset.fingerprint, "base": _network_name(spec_model), "classes": classes,
+                  "input": "uint8"}
     if state and state.get("trainedOn") != trained_on:
         log(f"the checkpoint in {checkpoints.uri} is for another dataset or model ({state.get('trainedOn')}): "
             "starting from scratch")
@@ -107,7 +115,8 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
             "nothing to train; use a new run name to train again")
         return 0
 
-    weights = local_weights(spec_model.get("weights", "imagenet"), endpoint, region)
+    weights = local_weights(spec_model.get("weights") or "imagenet", endpoint, region) if spec_model.get("base") \
+        else None
     probe = None
     if spec_train["batchSizePerWorker"] == "auto":
         if state and (state.get("batchSizeProbe") or {}).get("chosen"):
@@ -115,7 +124,7 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
             probe = ProbeResult.from_document(state["batchSizeProbe"])
             log(f"scalingrun-trainer: batch size {probe.chosen} from the probe before the checkpoint")
         else:
-            probe = _probe_batch_size(spec_model, dataset, classes, weights, spec_train, rank, size, log)
+            probe = _probe_batch_size(config, dataset, classes, weights, rank, size, log)
             tf.keras.utils.set_random_seed(seed)  # rank 0's probe drew numbers the other ranks did not
         scaled = scale_auto_run(dataset.rows["train"], probe.chosen, spec_train["baseLearningRate"],
                                 spec_train["learningRateScaling"], size)
@@ -128,8 +137,7 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
     tracker = start_tracking(config, rank, run_root.uri, _run_params(config, dataset, scaled, size),
                              (state or {}).get("mlflowRunId"), log, _broadcast_error)
     context["tracker"] = tracker
-    model = build_model(spec_model["base"], dataset.image_size, classes, weights,
-                        spec_model.get("dropout", 0.0), spec_model.get("trainableBase", False))
+    model = _classifier(config, dataset.image_size, classes, weights)
     optimizer = hvd.DistributedOptimizer(_optimizer(spec_train["optimizer"], scaled.learning_rate))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
@@ -214,8 +222,26 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
     return 0
 
 
-def _probe_batch_size(spec_model: dict[str, Any], dataset, classes: int, weights, spec_train: dict[str, Any],
-                      rank: int, size: int, log):
+def _network_name(spec_model: dict[str, Any]) -> str:
+    """What a checkpoint was trained with: the base, or the builder and its params."""
+    if spec_model.get("builder"):
+        return f"{spec_model['builder']}({json.dumps(spec_model.get('params') or {}, sort_keys=True)})"
+    return spec_model["base"]
+
+
+def _classifier(config: dict[str, Any], image_size: int, classes: int, weights):
+    """The model to train: the built-in base and head, or the user's network (model.builder) wrapped for uint8
+    input and softmax output; both take uint8 pixels and return probabilities."""
+    spec_model = config["model"]
+    if spec_model.get("builder"):
+        network = build_network(spec_model["builder"], image_size, classes, KERAS, spec_model.get("params"),
+                                config.get("image"))
+        return keras_classifier(network, image_size)
+    return build_model(spec_model["base"], image_size, classes, weights, spec_model.get("dropout", 0.0),
+                       spec_model.get("trainableBase", False))
+
+
+def _probe_batch_size(config: dict[str, Any], dataset, classes: int, weights, rank: int, size: int, log):
     """batchSizePerWorker: auto. Rank 0 probes a throwaway copy of the model (see probe.py) while the
     others wait; every rank gets its result, or its error."""
     import horovod.tensorflow as hvd_tf
@@ -227,8 +253,8 @@ def _probe_batch_size(spec_model: dict[str, Any], dataset, classes: int, weights
     if rank == 0:
         oom_at = os.environ.get(OOM_AT_ENV)
         try:
-            model = build_model(spec_model["base"], dataset.image_size, classes, weights,
-                                spec_model.get("dropout", 0.0), spec_model.get("trainableBase", False))
+            spec_train = config["training"]
+            model = _classifier(config, dataset.image_size, classes, weights)
             model.compile(optimizer=_optimizer(spec_train["optimizer"], spec_train["baseLearningRate"]),
                           loss="sparse_categorical_crossentropy")
             sizes = candidate_sizes(PROBE_START, probe_ceiling(dataset.rows["train"], size))
@@ -264,9 +290,12 @@ def _run_params(config: dict[str, Any], dataset, scaled, size: int) -> dict[str,
     """What an MLflow user compares runs by: the spec's choices and the values scaling derived."""
     model, training = config["model"], config["training"]
     stopping = training.get("earlyStopping") or {}
+    network = {"builder": model["builder"], **{f"param.{k}": v for k, v in (model.get("params") or {}).items()}} \
+        if model.get("builder") else {"base": model["base"], "weights": model.get("weights", "imagenet"),
+                                      "dropout": model.get("dropout", 0.0),
+                                      "trainableBase": model.get("trainableBase", False)}
     return {
-        "base": model["base"], "weights": model.get("weights", "imagenet"), "dropout": model.get("dropout", 0.0),
-        "trainableBase": model.get("trainableBase", False), "imageSize": dataset.image_size,
+        **network, "imageSize": dataset.image_size,
         "classes": len(dataset.classes), "dataset": dataset.uri, "datasetFingerprint": dataset.fingerprint,
         "trainRows": dataset.rows["train"], "validationRows": dataset.rows["validation"],
         "processes": size, "batchSizePerWorker": scaled.batch_size_per_worker,

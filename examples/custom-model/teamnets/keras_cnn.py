@@ -12,9 +12,7 @@ def build(input_shape, num_classes, width=32, dropout=0.2):
     inputs = tf.keras.Input(shape=input_shape)
     x = inputs
     for depth in (width, 2 * width, 4 * width):
-        x = tf.keras.layers.Conv2D(depth, 3, padding="same", use_bias=False)(x)
-        x = tf.keras.layers.BatchNormalization()(x)
-        x = tf.keras.layers.ReLU()(x)
+        x = tf.keras.layers.Conv2D(depth, 3, padding="same", activation="relu")(x)
         x = tf.keras.layers.MaxPooling2D()(x)
     x = tf.keras.layers.GlobalAveragePooling2D()(x)
     x = tf.keras.layers.Dropout(dropout)(x)

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from scalingrun_api.models import ScalingRun
-from .common import config_map_name, metadata
+from .common import config_map_name, metadata, trainer_image
 
 CONFIG_KEY = "config.json"
 
@@ -39,6 +39,7 @@ def build_trainer_config(run: ScalingRun) -> dict[str, Any]:
         "run": run.metadata.name,
         "processes": total_processes(run),
         "runLocation": run_location(run),
+        "image": trainer_image(run),  # named in errors about what the image lacks (a model.builder's package)
         **spec,
     }
 

@@ -49,13 +49,16 @@ class TransferClassifier(pl.LightningModule):
     rank sees the same loss/accuracy/val_loss/val_accuracy (exact, weighted by rows) and stops on the same epoch."""
 
     def __init__(self, num_classes: int, dropout: float, weights: Optional[str], trainable_base: bool,
-                 optimizer: str, learning_rate: float):
+                 optimizer: str, learning_rate: float, net: Optional[nn.Module] = None):
+        """`net`: the user's network (model.builder) as a network.BuilderNet, trained whole, instead of the base
+        and head."""
         super().__init__()
-        self.net = TransferNet(num_classes, dropout)
-        load_base_weights(self.net.base, weights)
-        self.trainable_base = trainable_base
-        if not trainable_base:
-            self.net.base.requires_grad_(False)
+        self.net = net if net is not None else TransferNet(num_classes, dropout)
+        self.trainable_base = trainable_base or net is not None
+        if net is None:
+            load_base_weights(self.net.base, weights)
+            if not trainable_base:
+                self.net.base.requires_grad_(False)
         self.optimizer_name, self.learning_rate = optimizer, learning_rate
         self.resume_optimizer: Optional[dict] = None  # a checkpoint's optimizer state, loaded once it exists
         self._sums = {"train": torch.zeros(3, dtype=torch.float64), "val": torch.zeros(3, dtype=torch.float64)}

@@ -13,6 +13,7 @@ import time
 import warnings
 from typing import Any, Optional
 
+from ..builder import TORCH, BuilderError, build_network
 from ..data import DatasetError, check_shardable, open_dataset
 from ..models import ModelError, local_weights
 from ..scaling import scale_run
@@ -39,7 +40,8 @@ def train(config: dict[str, Any]) -> int:
     context: dict[str, Any] = {}  # rank 0's ProgressWriter and RunTracker, to report a failure
     try:
         return _train(config, comm, rank, size, context)
-    except (TrainingError, DatasetError, ModelError, WeightsError, TrackingError, ValueError, OSError) as exc:
+    except (TrainingError, DatasetError, ModelError, WeightsError, BuilderError, TrackingError, ValueError,
+            OSError) as exc:
         message = f"{type(exc).__name__}: {exc}".splitlines()[0]
         print(f"scalingrun-trainer train (pytorch-lightning, rank {rank}/{size}): error: {message}",
               file=sys.stderr, flush=True)
@@ -91,6 +93,8 @@ def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str
     from .callbacks import Checkpointer, EarlyStopping, EpochEnd, load_checkpoint, load_resume_state
     from .data import TrainBatches, ValidationBatches
     from .model import BASES, TransferClassifier
+    from .network import BuilderNet
+    from ..train import _network_name
 
     log = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
     accelerator, local_size, nodes = _devices(size)
@@ -101,7 +105,7 @@ def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str
     storage = config.get("storage") or {}
     endpoint, region = storage.get("endpoint"), storage.get("region")
     spec_data, spec_model, spec_train = config["dataset"], config["model"], config["training"]
-    if spec_model["base"] not in BASES:
+    if not spec_model.get("builder") and spec_model["base"] not in BASES:
         raise TrainingError(f"model.base {spec_model['base']} is not available with pytorch-lightning "
                             f"(only {', '.join(BASES)})")
     run_root = open_location(config["runLocation"], endpoint, region)
@@ -114,6 +118,11 @@ def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str
     if spec_model.get("numClasses") and spec_model["numClasses"] != classes:
         raise TrainingError(f"model.numClasses is {spec_model['numClasses']} but the dataset has {classes} "
                             f"classes ({', '.join(dataset.classes[:5])}...): remove numClasses or fix the data")
+    network = None
+    if spec_model.get("builder"):
+        # The user's network, checked before anything else (builder.py's contract).
+        network = BuilderNet(build_network(spec_model["builder"], dataset.image_size, classes, TORCH,
+                                           spec_model.get("params"), config.get("image")))
     scaled = scale_run(dataset.rows["train"], spec_train["batchSizePerWorker"], spec_train["baseLearningRate"],
                        spec_train["learningRateScaling"], size)
     log(f"scalingrun-trainer ({FRAMEWORK}, {accelerator}): {scaled.describe()}; {dataset.rows['train']} train / "
@@ -121,8 +130,8 @@ def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str
 
     checkpoints = run_root.join("checkpoints")
     state = load_resume_state(checkpoints) if spec_train.get("resume", True) else None
-    trained_on = {"dataset": dataset.fingerprint, "base": spec_model["base"], "classes": classes, "input": "uint8",
-                  "framework": FRAMEWORK}
+    trained_on = {"dataset": dataset.fingerprint, "base": _network_name(spec_model), "classes": classes,
+                  "input": "uint8", "framework": FRAMEWORK}
     if state and state.get("trainedOn") != trained_on:
         log(f"the checkpoint in {checkpoints.uri} is for another dataset, model or framework "
             f"({state.get('trainedOn')}): starting from scratch")
@@ -140,9 +149,10 @@ def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str
                              {**_run_params(config, dataset, scaled, size), "framework": FRAMEWORK},
                              (state or {}).get("mlflowRunId"), log, lambda error: comm.bcast(error, root=0))
     context["tracker"] = tracker
-    weights = local_weights(spec_model.get("weights", "imagenet"), endpoint, region)
-    module = TransferClassifier(classes, spec_model.get("dropout", 0.0), weights, spec_model.get("trainableBase", False),
-                                spec_train["optimizer"], scaled.learning_rate)
+    weights = local_weights(spec_model.get("weights") or "imagenet", endpoint, region) if network is None else None
+    module = TransferClassifier(classes, spec_model.get("dropout") or 0.0, weights,
+                                bool(spec_model.get("trainableBase")), spec_train["optimizer"], scaled.learning_rate,
+                                net=network)
     resumed = load_checkpoint(checkpoints, state) if state else None
     if resumed:
         module.load_state_dict(resumed["model"])
