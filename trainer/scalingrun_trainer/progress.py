@@ -25,8 +25,8 @@ from .storage import Location
 
 
 class ProgressWriter:
-    def __init__(self, location: Location, *, max_epochs: int, processes: int, learning_rate: float,
-                 effective_batch_size: int, history: Optional[list[dict]] = None, mlflow_run_id: Optional[str] = None,
+    def __init__(self, location: Location, *, max_epochs: int, processes: int, learning_rate: Optional[float],
+                 effective_batch_size: Optional[int], history: Optional[list[dict]] = None, mlflow_run_id: Optional[str] = None,
                  resumed_from_epoch: Optional[int] = None, batch_size_per_worker: Optional[int] = None,
                  batch_size_probe: Optional[dict] = None):
         self.location = location
@@ -76,6 +76,19 @@ class ProgressWriter:
     def finish(self, state: str, model_uri: Optional[str] = None, error: Optional[str] = None) -> None:
         self.document.update(state=state, modelUri=model_uri, error=error)
         self._write()
+
+
+def error_line(exc: BaseException) -> str:
+    """How a run's status shows an error: its type and the first line of its message."""
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def write_failed(location: Location, *, max_epochs: int, processes: int, error: str) -> None:
+    """A failure before training started (a model.builder that breaks its contract): the document the operator
+    quotes in the Failed condition, with no epoch, metrics or model."""
+    writer = ProgressWriter(location, max_epochs=max_epochs, processes=processes, learning_rate=None,
+                            effective_batch_size=None)
+    writer.finish("failed", error=error)
 
 
 def _metrics_of(entry: dict) -> dict[str, float]:

@@ -19,6 +19,7 @@ from .builder import KERAS, BuilderError, build_network, keras_classifier
 from .data import DatasetError, check_shardable, make_dataset, open_dataset
 from .input_wait import GpuSampler, InputClock, reader_delay
 from .models import ModelError, build_model, local_weights
+from .progress import error_line
 from .probe import OOM_AT_ENV, PROBE_START, ProbeError, ProbeResult, candidate_sizes, probe_ceiling
 from .scaling import scale_auto_run, scale_run
 from .storage import open_location
@@ -64,7 +65,7 @@ def train(config: dict[str, Any]) -> int:
         return _train(config, hvd, rank, size, context)
     except (TrainingError, DatasetError, ModelError, BuilderError, TrackingError, ProbeError, ValueError,
             OSError) as exc:
-        message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        message = error_line(exc)
         print(f"scalingrun-trainer train (rank {rank}/{size}): error: {message}", file=sys.stderr, flush=True)
         if context.get("progress") is not None:
             context["progress"].finish("failed", error=message)
@@ -79,7 +80,7 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
     from .callbacks import (
         Checkpointer, EpochReporter, InputWaitMeter, ResumableEarlyStopping, load_resume_state, restore,
     )
-    from .progress import ProgressWriter
+    from .progress import ProgressWriter, write_failed
 
     log = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
     storage = config.get("storage") or {}
@@ -97,7 +98,13 @@ def _train(config: dict[str, Any], hvd, rank: int, size: int, context: dict[str,
                             f"classes ({', '.join(dataset.classes[:5])}...): remove numClasses or fix the data")
     if spec_model.get("builder"):
         # The user's network is checked before anything else (the contract: builder.py); every rank fails alike.
-        _classifier(config, dataset.image_size, classes, None)
+        try:
+            _classifier(config, dataset.image_size, classes, None)
+        except BuilderError as exc:
+            if rank == 0:
+                write_failed(run_root.join("progress.json"), max_epochs=int(spec_train["maxEpochs"]), processes=size,
+                             error=error_line(exc))
+            raise
         tf.keras.backend.clear_session()
     checkpoints = run_root.join("checkpoints")
     state = load_resume_state(checkpoints) if spec_train.get("resume", True) else None

@@ -18,6 +18,7 @@ from ..data import DatasetError, check_shardable, open_dataset
 from ..models import ModelError, local_weights
 from ..scaling import scale_run
 from ..storage import open_location
+from ..progress import error_line
 from ..tracking import TrackingError, start_tracking
 from ..weights import WeightsError
 
@@ -42,7 +43,7 @@ def train(config: dict[str, Any]) -> int:
         return _train(config, comm, rank, size, context)
     except (TrainingError, DatasetError, ModelError, WeightsError, BuilderError, TrackingError, ValueError,
             OSError) as exc:
-        message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        message = error_line(exc)
         print(f"scalingrun-trainer train (pytorch-lightning, rank {rank}/{size}): error: {message}",
               file=sys.stderr, flush=True)
         if context.get("progress") is not None:
@@ -89,7 +90,7 @@ def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str
     import torch
     from pytorch_lightning.strategies import DDPStrategy
 
-    from ..progress import ProgressWriter
+    from ..progress import ProgressWriter, write_failed
     from .callbacks import Checkpointer, EarlyStopping, EpochEnd, load_checkpoint, load_resume_state
     from .data import TrainBatches, ValidationBatches
     from .model import BASES, TransferClassifier
@@ -121,8 +122,14 @@ def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str
     network = None
     if spec_model.get("builder"):
         # The user's network, checked before anything else (builder.py's contract).
-        network = BuilderNet(build_network(spec_model["builder"], dataset.image_size, classes, TORCH,
-                                           spec_model.get("params"), config.get("image")))
+        try:
+            network = BuilderNet(build_network(spec_model["builder"], dataset.image_size, classes, TORCH,
+                                               spec_model.get("params"), config.get("image")))
+        except BuilderError as exc:
+            if rank == 0:
+                write_failed(run_root.join("progress.json"), max_epochs=int(spec_train["maxEpochs"]),
+                             processes=size, error=error_line(exc))
+            raise
     scaled = scale_run(dataset.rows["train"], spec_train["batchSizePerWorker"], spec_train["baseLearningRate"],
                        spec_train["learningRateScaling"], size)
     log(f"scalingrun-trainer ({FRAMEWORK}, {accelerator}): {scaled.describe()}; {dataset.rows['train']} train / "

@@ -13,7 +13,7 @@ import threading
 from typing import Any, Callable, Optional
 
 from ..input_wait import input_entry
-from ..progress import ProgressWriter, better
+from ..progress import ProgressWriter, better, error_line
 from ..storage import open_location
 from ..tracking import RunTracker, start_tracking
 from .context import Context
@@ -92,11 +92,6 @@ class Session:
             reader = self.readers.pop()
             reader.stop()
             reader.join()
-
-
-def error_line(exc: BaseException) -> str:
-    """The one line a run's status shows for an exception: its type and the first line of its message."""
-    return f"{type(exc).__name__}: {exc}".splitlines()[0][:2000]
 
 
 def install_excepthook(session: Session) -> None:
