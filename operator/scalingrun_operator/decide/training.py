@@ -1,188 +1,22 @@
-"""Training decisions, pure: the MPIJob's state, status.training from the trainer's progress document.
-
-Contract with the trainer (scalingrun_trainer.progress): rank 0 writes `<runLocation>/progress.json`
-{"state", "epoch", "maxEpochs", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond",
-"elapsedSeconds", "learningRate", "effectiveBatchSize", "processes", "modelUri", "error", "mlflowRunId",
-"resumedFromEpoch", "batchSizePerWorker", "batchSizeProbe", "inputWaitFraction", "gpuUtilization",
-"inputHistory"}. A resumed attempt starts its document at the epoch it resumed from.
+"""The training phase, pure: the MPIJob's state, its creation, suspend and resume, the interruptions it
+survives (workers lost, launcher restarts, the MPIJob deleted) up to spec.training.backoffLimit, and
+what its end means for the run.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import math
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from scalingrun_api.models import ScalingRun
-from ..builders.config import run_location, total_processes
-from ..status import parse_time
-from ..storage import join
-
-# progress.json key -> status.training key, with the type the status schema wants.
-_MIRRORED = {
-    "epoch": ("epoch", int),
-    "maxEpochs": ("maxEpochs", int),
-    "bestEpoch": ("bestEpoch", int),
-    "imagesPerSecond": ("imagesPerSecond", float),
-    "learningRate": ("learningRate", float),
-    "effectiveBatchSize": ("effectiveBatchSize", int),
-    "processes": ("processes", int),
-    "resumedFromEpoch": ("resumedFromEpoch", int),
-    "batchSizePerWorker": ("batchSizePerWorker", int),
-    "inputWaitFraction": ("inputWaitFraction", float),
-    "gpuUtilization": ("gpuUtilization", float),
-}
-# What describes the last finished epoch: kept together, from one attempt.
-_EPOCH_KEYS = ("epoch", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond", "inputWaitFraction",
-               "gpuUtilization", "inputHistory")
-# InputBound: the share of step time spent waiting for input, over this many epochs in a row.
-INPUT_WAIT_THRESHOLD = 0.30
-INPUT_BOUND_EPOCHS = 2
-
-
-def progress_uri(run: ScalingRun) -> str:
-    return join(run_location(run), "progress.json")
-
-
-def _number(value: Any, kind: type) -> Optional[float]:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return kind(value)
-
-
-def _metrics(value: Any) -> dict[str, float]:
-    if not isinstance(value, dict):
-        return {}
-    out = {}
-    for key, number in value.items():
-        number = _number(number, float)
-        if number is not None:
-            out[str(key)] = number
-    return out
-
-
-def base_training_status(run: ScalingRun, mpijob_name: str) -> dict[str, Any]:
-    """What is known before the trainer reports anything."""
-    return {"mpiJobName": mpijob_name, "processes": total_processes(run),
-            "maxEpochs": run.spec.training.max_epochs}
-
-
-def training_status(progress: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """status.training fields mirrored from a progress document; junk values are left out, not guessed."""
-    if not progress:
-        return {}
-    out: dict[str, Any] = {}
-    for source, (target, kind) in _MIRRORED.items():
-        value = _number(progress.get(source), kind)
-        if value is not None:
-            out[target] = value
-    for source in ("metrics", "bestMetrics"):
-        if isinstance(progress.get(source), dict):
-            out[source] = _metrics(progress[source])
-    run_id = progress.get("mlflowRunId")
-    if isinstance(run_id, str) and run_id:
-        out["mlflowRunId"] = run_id
-    probe = _probe(progress.get("batchSizeProbe"))
-    if probe:
-        out["batchSizeProbe"] = probe
-    if isinstance(progress.get("inputHistory"), list):
-        out["inputHistory"] = input_history(progress["inputHistory"])
-    return out
-
-
-def _probe(value: Any) -> Optional[dict[str, Any]]:
-    if not isinstance(value, dict):
-        return None
-    out: dict[str, Any] = {}
-    for key, kind in (("chosen", int), ("seconds", float)):
-        number = _number(value.get(key), kind)
-        if number is not None:
-            out[key] = number
-    if isinstance(value.get("stoppedBy"), str):
-        out["stoppedBy"] = value["stoppedBy"]
-    table = []
-    for row in value.get("table") or []:
-        size = _number((row or {}).get("batchSize"), int) if isinstance(row, dict) else None
-        if size is None:
-            continue
-        entry: dict[str, Any] = {"batchSize": size, "outOfMemory": row.get("outOfMemory") is True}
-        rate = _number(row.get("imagesPerSecond"), float)
-        if rate is not None:
-            entry["imagesPerSecond"] = rate
-        table.append(entry)
-    out["table"] = table
-    return out
-
-
-def input_history(value: Any) -> list[dict[str, Any]]:
-    """progress.json's inputHistory, numbers only, in epoch order."""
-    out = []
-    for entry in value if isinstance(value, list) else []:
-        epoch = _number((entry or {}).get("epoch"), int) if isinstance(entry, dict) else None
-        if epoch is None:
-            continue
-        row: dict[str, Any] = {"epoch": epoch}
-        for key in ("inputWaitFraction", "gpuUtilization"):
-            number = _number(entry.get(key), float)
-            if number is not None:
-                row[key] = number
-        out.append(row)
-    return sorted(out, key=lambda row: row["epoch"])
-
-
-def input_bound(run: ScalingRun, history: Any) -> Optional[tuple[str, str, str]]:
-    """The InputBound condition (status, reason, message) from the input history; None before any epoch
-    was measured. True when the input wait exceeded INPUT_WAIT_THRESHOLD of step time in each of the
-    last INPUT_BOUND_EPOCHS consecutive epochs; False again as soon as an epoch stays below it."""
-    measured = [row for row in input_history(history) if "inputWaitFraction" in row]
-    if not measured:
-        return None
-    last = measured[-INPUT_BOUND_EPOCHS:]
-    shares = " and ".join(f"{row['inputWaitFraction']:.0%}" for row in last)
-    epochs = " and ".join(str(row["epoch"]) for row in last)
-    gpu = [row["gpuUtilization"] for row in last if "gpuUtilization" in row]
-    gpu_text = f"; GPU {gpu[-1]:.0f}% busy" if gpu else ""
-    consecutive = [row["epoch"] for row in last] == list(range(last[0]["epoch"], last[0]["epoch"] + len(last)))
-    if (len(last) == INPUT_BOUND_EPOCHS and consecutive
-            and all(row["inputWaitFraction"] > INPUT_WAIT_THRESHOLD for row in last)):
-        reading = run.spec.training.input
-        return ("True", "InputWaitHigh",
-                f"training waited for input batches {shares} of its step time in epochs {epochs} (over "
-                f"{INPUT_WAIT_THRESHOLD:.0%} {INPUT_BOUND_EPOCHS} epochs in a row{gpu_text}): the reader does not "
-                f"keep up with the model. Try more reader threads (spec.training.input.readerWorkers, now "
-                f"{reading.reader_workers}), a larger row-group read-ahead (spec.training.input.rowGroupCache, now "
-                f"{reading.row_group_cache}), or fewer, larger shards (a lower "
-                f"spec.dataset.preprocessing.parallelism, now {run.spec.dataset.preprocessing.parallelism}, "
-                "writes fewer, larger files)")
-    return ("False", "InputKeepsUp",
-            f"input wait {last[-1]['inputWaitFraction']:.0%} of step time in epoch {last[-1]['epoch']}{gpu_text} "
-            f"(InputBound above {INPUT_WAIT_THRESHOLD:.0%} for {INPUT_BOUND_EPOCHS} epochs in a row)")
-
-
-def merge_training_status(previous: dict[str, Any], base: dict[str, Any], mirrored: dict[str, Any],
-                          same_mpijob: bool) -> dict[str, Any]:
-    """status.training for this pass: the epoch never goes back while the MPIJob is the same one.
-
-    A restarted launcher (a worker lost, say) starts a new attempt whose progress document may report an
-    earlier epoch, or none yet, until it passes the one already shown; until then the figures of the last
-    epoch shown are kept. A new MPIJob (deleted and recreated) starts from what its trainer reports.
-    """
-    out = {**(previous if same_mpijob else {}), **base}
-    shown = _number(out.get("epoch"), int)
-    reported = _number(mirrored.get("epoch"), int)
-    if same_mpijob and shown is not None and (reported is None or reported < shown):
-        mirrored = {k: v for k, v in mirrored.items() if k not in _EPOCH_KEYS}
-    out.update(mirrored)
-    return out
-
-
-def model_uri(progress: Optional[dict[str, Any]]) -> Optional[str]:
-    value = (progress or {}).get("modelUri")
-    return value if isinstance(value, str) and value else None
-
+from scalingrun_api.models import Phase, ScalingRun
+from ..builders import build_config_map, build_mpijob
+from ..builders.common import mpijob_name
+from ..builders.locations import progress_uri
+from . import interruptions, pods, progress as mirror
+from .draft import Draft, store_of
+from .snapshot import CLUSTER, PROGRESS, Log, Where
+from .status import INPUT_BOUND, MPIJOB_FAILED, SUSPENDED, TRAINED, Event, get_condition, parse_time
 
 @dataclass(frozen=True)
 class MPIJobState:
@@ -223,32 +57,6 @@ def suspend_patch(desired: bool, state: MPIJobState) -> Optional[dict[str, Any]]
     return {"spec": {"runPolicy": {"suspend": desired}}}
 
 
-def _epochs(progress: Optional[dict[str, Any]]) -> str:
-    if not progress or _number(progress.get("epoch"), int) is None:
-        return "no epoch finished"
-    text = f"epoch {int(progress['epoch'])}"
-    if _number(progress.get("maxEpochs"), int):
-        text += f" of {int(progress['maxEpochs'])}"
-    return text
-
-
-def running_message(name: str, progress: Optional[dict[str, Any]]) -> str:
-    text = f"MPIJob {name}: {_epochs(progress)}"
-    metrics = _metrics((progress or {}).get("metrics"))
-    if "val_accuracy" in metrics:
-        text += f", val_accuracy {metrics['val_accuracy']:.4f}"
-    return text
-
-
-def succeeded_message(name: str, progress: Optional[dict[str, Any]]) -> str:
-    text = f"MPIJob {name} succeeded after {_epochs(progress)}"
-    best = _metrics((progress or {}).get("bestMetrics"))
-    if best:
-        text += "; best " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(best.items()))
-    uri = model_uri(progress)
-    return text + (f"; model at {uri}" if uri else "")
-
-
 # Conditions keep 2000 characters (status.set_condition) and status.message adds the reason: the log's end
 # must fit in what is left, or the lines that matter most are the ones cut.
 _FAILURE_MESSAGE_CHARS = 1900
@@ -273,17 +81,16 @@ def _launcher_log_text(log: Any, room: int) -> str:
 
 
 def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progress: Optional[dict[str, Any]],
-                           launcher_log: Any = None, pod_cause: str = "") -> str:
+                           launcher_log: Any = None, pod_cause: str = "", where: Where = CLUSTER) -> str:
     """Why the MPIJob failed: its condition, the epoch reached, the trainer's error, what a pod says (e.g. a
-    worker OOMKilled) and, with `launcher_log` (a pods.LauncherLog), the end of the launcher's log, cut
+    worker OOMKilled) and, with `launcher_log` (an interruptions.LauncherLog), the end of the launcher's log, cut
     from the front to fit."""
     cause = ": ".join(p for p in (state.reason, state.message) if p)[:500] or "no reason given"
-    parts = [f"MPIJob {name} failed ({cause})", f"{_epochs(progress)}"]
+    parts = [f"MPIJob {name} failed ({cause})", mirror.epochs_text(progress)]
     error = (progress or {}).get("error")
     if isinstance(error, str) and error:
         parts.append(f"trainer reported: {error[:500]}")
-    parts.append(f"see the launcher's log (kubectl logs -n {namespace} -l training.kubeflow.org/job-name={name},"
-                 "training.kubeflow.org/job-role=launcher --tail=50); recreating the run under the same name "
+    parts.append(f"{where.launcher_logs(namespace, name)}; recreating the run under the same name "
                  "resumes from its last checkpoint when spec.training.resume is true")
     if pod_cause:
         parts.append(pod_cause[:700])
@@ -291,3 +98,161 @@ def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progre
         head = "; ".join(parts)
         parts.append(_launcher_log_text(launcher_log, _FAILURE_MESSAGE_CHARS - len(head) - 2))
     return "; ".join(parts)
+
+
+# --- the phase ---------------------------------------------------------------------------------------
+
+
+def decide_training(draft: Draft, run: ScalingRun) -> None:
+    """Trained from the MPIJob, the trainer's progress document and the training's pods."""
+    update, name = draft.update, mpijob_name(run)
+    wanted = build_mpijob(run, draft.namespace)
+    mpijob = draft.child("MPIJob", name)
+    if mpijob is not None and not draft.own(mpijob, wanted):
+        return
+    recorded = (update.desired.get("training") or {}).get("mpiJobUid")
+    resumes = ("a new MPIJob resumes from the last checkpoint" if run.spec.training.resume
+               else "a new MPIJob starts over (spec.training.resume is false)")
+    trained = get_condition(update.desired["conditions"], TRAINED) or {}
+    if mpijob is None and recorded and trained.get("reason") == "WaitingForProgress":
+        # It had succeeded, and its ttlSecondsAfterFinished removed it: no interruption, judged on what is there.
+        _, progress = draft.read(progress_uri(run), store_of(run), PROGRESS)
+        _succeeded(draft, name, progress)
+        return
+    if mpijob is None and recorded:
+        # As for the Job: counted and written (the uid cleared), then the next look creates a new one.
+        _forget_mpijob(draft, mpijob=None)
+        interruptions.child_deleted(draft, run, "MPIJob", name, resumes)
+        return
+    if mpijob is not None and recorded and recorded != mpijob["metadata"].get("uid"):
+        # Deleted and created again by someone else while nobody looked: counted all the same.
+        _forget_mpijob(draft, mpijob)
+        if interruptions.child_deleted(draft, run, "MPIJob", name,
+                                       "the MPIJob there now resumes from the last checkpoint", replaced=True):
+            _stop(draft, mpijob)
+            return
+    if mpijob is None:
+        draft.ensure(build_config_map(run, draft.namespace))
+        if draft.blocked:
+            return
+        draft.ensure(wanted, uid_at=("training", "mpiJobUid"))
+    current_mpijob = mpijob or wanted  # one created now is as it will be read: no status yet
+    state = mpijob_state(current_mpijob)
+    wanted_suspend = run.spec.run_policy.suspend
+    patch = suspend_patch(wanted_suspend, state)
+    if patch and mpijob is not None:
+        # Posted with the change itself (a conflicting status patch must not lose it).
+        draft.patch(mpijob, patch, Event("Normal", "Suspending" if wanted_suspend else "Resuming",
+                                         f"MPIJob {name}: spec.runPolicy.suspend={str(wanted_suspend).lower()}"))
+    _, progress = draft.read(progress_uri(run), store_of(run), PROGRESS, versioned=True)
+    current = update.desired.get("training") or {}
+    uid = current_mpijob["metadata"].get("uid")
+    same_mpijob = current.get("mpiJobUid") in (None, uid)
+    merged = mirror.merge_training_status(current, mirror.base_training_status(run, name),
+                                          mirror.training_status(progress), same_mpijob)
+    merged["mpiJobUid"] = uid
+    if not state.finished:
+        _track_interruptions(draft, merged, name, paused=wanted_suspend or state.suspended)
+    update.desired["training"] = merged
+    if not state.finished and interruptions.over_backoff_limit(draft, run, merged):
+        if mpijob is not None:
+            _stop(draft, mpijob)
+        return
+    _input_bound(draft, run, merged.get("inputHistory"))
+    uri = mirror.model_uri(progress)
+    if uri:
+        update.desired["modelUri"] = uri
+    if state.state == "Succeeded":
+        if (progress or {}).get("state") != "succeeded" and draft.within_grace(state.finished_at):
+            draft.recheck(draft.grace_left(state.finished_at))
+            update.condition(TRAINED, "Unknown", "WaitingForProgress",
+                             f"MPIJob {name} succeeded; waiting for the final {progress_uri(run)}")
+            update.set_phase(Phase.training.value)
+            return
+        _succeeded(draft, name, progress)
+    elif state.state == "Failed":
+        launcher_log = _launcher_log(draft, name)
+        if launcher_log.tail:
+            merged["launcherLogTail"] = launcher_log.tail
+        message = mpijob_failure_message(draft.namespace, name, state, progress, launcher_log,
+                                         pods.pod_cause(draft, pods.TRAINING_ROLES, name), draft.settings.where)
+        update.condition(TRAINED, "False", MPIJOB_FAILED, message)
+        update.fail(MPIJOB_FAILED, message)
+    elif wanted_suspend:
+        update.condition(SUSPENDED, "True", "Suspended",
+                         f"MPIJob {name} is suspended (spec.runPolicy.suspend); set it to false to resume from the "
+                         "last checkpoint")
+        update.condition(TRAINED, "Unknown", "Suspended", mirror.running_message(name, progress))
+        update.set_phase(Phase.suspended.value, "spec.runPolicy.suspend is true")
+    else:
+        if draft.condition_true(SUSPENDED):
+            update.condition(SUSPENDED, "False", "Resumed", f"MPIJob {name} resumed")
+        running = mirror.running_message(name, progress)
+        holdup = pods.check_pods(draft, pods.TRAINING_ROLES, name)
+        update.condition(TRAINED, "Unknown", holdup[0] if holdup else "Running",
+                         f"{running}; {holdup[1]}" if holdup else running)
+        update.set_phase(Phase.training.value, f"MPIJob {name}")
+
+
+def _succeeded(draft: Draft, name: str, progress: Optional[dict[str, Any]]) -> None:
+    message = mirror.succeeded_message(name, progress)
+    draft.update.condition(TRAINED, "True", "Succeeded", message)
+    pods.pods_done(draft)
+    draft.update.set_phase(Phase.succeeded.value, message)
+
+
+def _launcher_log(draft: Draft, mpijob: str) -> interruptions.LauncherLog:
+    """The end of the failed launcher's log, or why it cannot be read."""
+    found = interruptions.failed_launcher(draft.pods(), mpijob)
+    if found is None:
+        return interruptions.LauncherLog("", "", "")
+    pod, container, node = found
+    if not node:
+        return interruptions.LauncherLog(pod, container, "", "it never ran on a node, so it has no log")
+    tail = draft.need(Log(pod, container, interruptions.LOG_LINES))
+    return interruptions.LauncherLog(pod, container, interruptions.log_tail(tail.text or ""), tail.error)
+
+
+def _input_bound(draft: Draft, run: ScalingRun, history: Any) -> None:
+    decision = mirror.input_bound(run, history)
+    if decision is None:
+        return
+    before = get_condition(draft.update.desired["conditions"], INPUT_BOUND)
+    draft.update.condition(INPUT_BOUND, *decision)
+    if decision[0] == "True" and (before or {}).get("status") != "True":
+        draft.update.warn(decision[1], decision[2])
+
+
+def _track_interruptions(draft: Draft, training_status: dict[str, Any], mpijob: str, paused: bool) -> None:
+    """Counts worker pods lost and launcher restarts against the pods recorded in status (one Event each)."""
+    found = draft.pods()
+    if paused:  # suspending deletes the pods on purpose
+        training_status["pods"] = interruptions.baseline(found, mpijob)
+        return
+    records, lost = interruptions.track_interruptions(training_status.get("pods") or [], found, mpijob,
+                                                      draft.deleted_pods())
+    training_status["pods"] = records
+    for key in ("restarts", "workerPodsLost", "launcherRestarts"):
+        training_status.setdefault(key, 0)
+    for interruption in lost:
+        key = "workerPodsLost" if interruption.role == pods.WORKER else "launcherRestarts"
+        training_status[key] += 1
+        training_status["restarts"] += 1
+        draft.update.warn(interruption.reason, interruption.message)
+
+
+def _forget_mpijob(draft: Draft, mpijob: Optional[dict[str, Any]]) -> None:
+    """The recorded MPIJob is gone: its pods' losses are part of that, not interruptions of their own."""
+    training_status = dict(draft.update.desired.get("training") or {})
+    training_status["pods"] = [{**r, "lost": True} for r in training_status.get("pods") or []]
+    training_status["mpiJobUid"] = mpijob["metadata"].get("uid") if mpijob else None
+    draft.update.desired["training"] = training_status
+
+
+def _stop(draft: Draft, mpijob: dict[str, Any]) -> None:
+    """A run that failed while its MPIJob still runs: suspend it, so its pods stop holding nodes (and GPUs)."""
+    patch = suspend_patch(True, mpijob_state(mpijob))
+    if patch:
+        name = mpijob["metadata"]["name"]
+        draft.patch(mpijob, patch, Event("Normal", "Suspending",
+                                         f"MPIJob {name}: suspended because the run failed; delete the run to remove it"))

@@ -25,8 +25,10 @@ from scalingrun_api.models import Condition, Framework, Phase, PreprocessingStat
 from ..api.validation import s3_fields
 from ..builders.common import storage_env
 from ..builders.config import build_trainer_config, total_processes
-from ..handlers.training import input_bound, progress_uri, training_status
-from ..storage import StorageError, StorageTarget, read_json
+from ..builders.locations import progress_uri
+from ..decide.progress import input_bound, training_status
+from ..documents import read_progress
+from ..storage import StorageError, StorageTarget
 
 
 def _horovodrun() -> str:
@@ -224,7 +226,7 @@ class LocalRun:
         """The trainer's progress document, read like the operator reads it (keys from the environment)."""
         storage = self.run.spec.storage
         try:
-            return read_json(progress_uri(self.run), StorageTarget(storage.endpoint, storage.region, None))
+            return read_progress(progress_uri(self.run), StorageTarget(storage.endpoint, storage.region, None))[0]
         except StorageError:
             return None
 

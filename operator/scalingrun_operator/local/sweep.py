@@ -16,9 +16,9 @@ from typing import Callable, Optional
 
 from scalingrun_api.models import Phase, ScalingSweep
 from ..api.validation import parse_scalingrun
-from ..builders.sweep import Point, build_point_run, sweep_points
-from ..handlers.sweep import add_scaling, point_row, processes_text, recommend, workers_text
-from ..handlers.training import training_status
+from ..api.sweep import Point, build_point_run, sweep_points
+from ..decide.progress import training_status
+from ..decide.sweep import point_row, processes_text, scaling, workers_text
 from .runner import LocalRun
 
 
@@ -79,7 +79,5 @@ class LocalSweep:
             if code != 0:
                 self.log(f"point {point.name} failed ({phase}); no further point runs")
                 break
-        add_scaling(self.rows)
-        spec = self.sweep.spec
-        self.recommendation = recommend(self.rows, spec.efficiency_threshold, spec.accuracy_tolerance)
+        self.rows, self.recommendation = scaling(self.sweep, self.rows)
         return code
