@@ -6,7 +6,7 @@ phases (preprocessing.py, training.py) write into it, and `decision()` freezes i
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from scalingrun_api.models import ScalingRun
 from . import children
@@ -38,6 +38,10 @@ class Draft:
 
     def need(self, ask: Any) -> Any:
         return self.snapshot.need(ask)
+
+    def built(self, key: Any, build: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        """A child as the run renders it, rendered once per look (`key` names it)."""
+        return self.snapshot.derive(("built", key), build)
 
     def child(self, kind: str, name: str) -> Optional[dict[str, Any]]:
         return self.need(Child(kind, name))

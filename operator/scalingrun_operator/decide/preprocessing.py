@@ -199,7 +199,7 @@ def decide_preprocessing(draft: Draft, run: ScalingRun) -> None:
         update.desired["preprocessing"] = {**recorded, "jobName": None}
         interruptions.child_deleted(draft, run, "Job", job_name, "a new Job reuses the shards already written")
         return
-    if job is not None and not draft.own(job, build_preprocess_job(run, draft.namespace)):
+    if job is not None and not draft.own(job, draft.built("Job", lambda: build_preprocess_job(run, draft.namespace))):
         return
     if job is None:
         readable, manifest = draft.read(manifest_uri(run), store_of(run))
@@ -209,13 +209,14 @@ def decide_preprocessing(draft: Draft, run: ScalingRun) -> None:
             update.desired["preprocessing"] = preprocessing_status(manifest, None, reused=True)
             update.condition(PREPROCESSED, "True", DATASET_REUSED, preprocessed_message(run, manifest, reused=True))
             return
-        draft.ensure(build_config_map(run, draft.namespace))
+        draft.ensure(draft.built("ConfigMap", lambda: build_config_map(run, draft.namespace)))
         if draft.blocked:
             return
         note = mismatch(run, manifest)
         # Posted with the Job's creation, not with the status: if the status patch conflicts, the next look finds
         # the Job there already and would never say why it was made.
-        job = build_preprocess_job(run, draft.namespace, indexed=_indexed(draft, run))
+        indexed = _indexed(draft, run)
+        job = draft.built(("Job", indexed), lambda: build_preprocess_job(run, draft.namespace, indexed=indexed))
         draft.ensure(job, Event("Normal", "PreprocessingAgain", f"{manifest_uri(run)}: {note}") if note else None)
     state = job_state(job)
     shards = run.spec.dataset.preprocessing.parallelism

@@ -31,8 +31,10 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
     if is_terminal(status):
         _restart_after_invalid_spec(draft.update)
     pinned = (meta.get("annotations") or {}).get(pinning.PINNED_ANNOTATION)
-    run = _parse(draft, pinning.effective_spec(body["spec"], pinned))
-    if run is not None:
+    run, invalid = snapshot.derive("run", lambda: _parse(body, pinning.effective_spec(body["spec"], pinned)))
+    if run is None:
+        draft.update.fail(INVALID_SPEC, invalid)
+    else:
         if draft.update.phase is None:
             draft.update.set_phase(Phase.pending.value, "accepted")
         if pinned is None:
@@ -41,21 +43,21 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
             _record_ignored_changes(draft.update, body["spec"], pinned)
         if not draft.condition_true(PREPROCESSED):
             decide_preprocessing(draft, run)
-        if draft.condition_true(PREPROCESSED) and not draft.blocked and not is_terminal(draft.update.desired):
+        if (draft.condition_true(PREPROCESSED) and settings.train and not draft.blocked
+                and not is_terminal(draft.update.desired)):
             decide_training(draft, run)
     if is_terminal(draft.update.desired):
         draft.follow, draft.recheck_in, draft.again = None, None, False  # nothing left to wait for
     return draft.decision()
 
 
-def _parse(draft: Draft, spec: dict[str, Any]) -> Optional[ScalingRun]:
-    document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": draft.owner["metadata"], "spec": spec}
+def _parse(body: dict[str, Any], spec: dict[str, Any]) -> tuple[Optional[ScalingRun], str]:
+    """(the run, '') or (None, what is wrong with its spec)."""
+    document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": body["metadata"], "spec": spec}
     try:
-        return parse_scalingrun(document)
+        return parse_scalingrun(document), ""
     except InvalidScalingRun as exc:
-        message = "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the run is retried on edit)."
-        draft.update.fail(INVALID_SPEC, message)
-        return None
+        return None, "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the run is retried on edit)."
 
 
 def _restart_after_invalid_spec(update: StatusUpdate) -> None:

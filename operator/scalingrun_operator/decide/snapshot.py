@@ -142,6 +142,14 @@ class Snapshot:
     obj: Mapping[str, Any]
     now: dt.datetime
     facts: Mapping[Hashable, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # What decide derived from `obj` alone (the parsed spec, the children it renders), kept across the rounds of
+    # one look so that each ask does not parse and render again; it never changes a result.
+    derived: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def derive(self, key: Hashable, make: Callable[[], Any]) -> Any:
+        if key not in self.derived:
+            self.derived[key] = make()
+        return self.derived[key]
 
     def need(self, ask: Hashable) -> Any:
         try:
@@ -194,6 +202,8 @@ class Settings:
     #: When to look again at a child's name held by an object the run did not make.
     conflict_recheck_seconds: float = 10.0
     where: Where = CLUSTER
+    #: False: the run stops once its dataset is ready (`scalingrun run --local --stop-after preprocessing`).
+    train: bool = True
 
 
 # --- the decision -------------------------------------------------------------------------------------

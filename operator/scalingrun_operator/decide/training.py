@@ -106,7 +106,7 @@ def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progre
 def decide_training(draft: Draft, run: ScalingRun) -> None:
     """Trained from the MPIJob, the trainer's progress document and the training's pods."""
     update, name = draft.update, mpijob_name(run)
-    wanted = build_mpijob(run, draft.namespace)
+    wanted = draft.built("MPIJob", lambda: build_mpijob(run, draft.namespace))
     mpijob = draft.child("MPIJob", name)
     if mpijob is not None and not draft.own(mpijob, wanted):
         return
@@ -132,7 +132,7 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
             _stop(draft, mpijob)
             return
     if mpijob is None:
-        draft.ensure(build_config_map(run, draft.namespace))
+        draft.ensure(draft.built("ConfigMap", lambda: build_config_map(run, draft.namespace)))
         if draft.blocked:
             return
         draft.ensure(wanted, uid_at=("training", "mpiJobUid"))
@@ -172,7 +172,7 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         _succeeded(draft, name, progress)
     elif state.state == "Failed":
         launcher_log = _launcher_log(draft, name)
-        if launcher_log.tail:
+        if launcher_log is not None and launcher_log.tail:
             merged["launcherLogTail"] = launcher_log.tail
         message = mpijob_failure_message(draft.namespace, name, state, progress, launcher_log,
                                          pods.pod_cause(draft, pods.TRAINING_ROLES, name), draft.settings.where)
@@ -201,8 +201,10 @@ def _succeeded(draft: Draft, name: str, progress: Optional[dict[str, Any]]) -> N
     draft.update.set_phase(Phase.succeeded.value, message)
 
 
-def _launcher_log(draft: Draft, mpijob: str) -> interruptions.LauncherLog:
-    """The end of the failed launcher's log, or why it cannot be read."""
+def _launcher_log(draft: Draft, mpijob: str) -> Optional[interruptions.LauncherLog]:
+    """The end of the failed launcher's log, or why it cannot be read; None where the log is the user's terminal."""
+    if draft.settings.where.local:
+        return None
     found = interruptions.failed_launcher(draft.pods(), mpijob)
     if found is None:
         return interruptions.LauncherLog("", "", "")
