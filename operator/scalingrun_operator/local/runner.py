@@ -34,7 +34,7 @@ from ..decide.snapshot import (
     INDEXED_JOBS_SINCE, LOCAL, PROGRESS, Child, Create, Decision, Document, Listing, Names, PodList, Pods, Read,
     Server, ServerVersion, Settings, Snapshot, look,
 )
-from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, get_condition, rfc3339
+from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, Event, get_condition, rfc3339
 from ..documents import read_manifest, read_progress
 from ..storage import StorageError, StorageTarget, list_names
 from .processes import Commands, LocalRunError, Shards, training_status
@@ -56,6 +56,7 @@ class LocalRun:
     status: ScalingRunStatus = field(default_factory=ScalingRunStatus)
     progress: Optional[dict] = None
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per phase
+    events: list[Event] = field(default_factory=list)  # what the operator would post as Events, in order
 
     def __post_init__(self) -> None:
         if self.np_override:  # N processes here: N one-process workers, so that every figure derived agrees
@@ -171,7 +172,7 @@ class LocalRun:
                     section, key = action.uid_at
                     status[section] = {**(status.get(section) or {}), key: uid}
             if action.event is not None:
-                self.log(f"{action.event.reason}: {action.event.message}")
+                self._event(action.event)
         before = get_condition(self.body["status"].get("conditions") or [], PREPROCESSED) or {}
         self.body["status"] = status
         after = get_condition(status.get("conditions") or [], PREPROCESSED) or {}
@@ -179,8 +180,12 @@ class LocalRun:
             reused = " (same fingerprint: reused)" if after.get("reason") == DATASET_REUSED else ""
             self.log(f"preprocessing done: {after.get('message')}{reused}")
         for event in decision.events:
-            self.log(f"{event.reason}: {event.message}")
+            self._event(event)
         self.write_status()
+
+    def _event(self, event: Event) -> None:
+        self.events.append(event)
+        self.log(f"{event.reason}: {event.message}")
 
     def _create(self, obj: dict[str, Any]) -> str:
         obj = copy.deepcopy(obj)
