@@ -152,14 +152,15 @@ def _sweep_report(args: argparse.Namespace, sweep) -> int:
     from .decide.sweep import point_row, scaling
     from .documents import read_progress
     from .report.sweep import render_sweep_report, table_lines
-    from .storage import StorageError, StorageTarget
+    from .storage import Clients, StorageError, StorageTarget
 
-    rows = []
+    rows, clients = [], Clients()
     for point in sweep_points(sweep):
         run = parse_scalingrun(build_point_run(sweep, point))
         storage = run.spec.storage
         try:
-            progress, _ = read_progress(progress_uri(run), StorageTarget(storage.endpoint, storage.region, None))
+            target = StorageTarget(storage.endpoint, storage.region, None, clients=clients)
+            progress, _ = read_progress(progress_uri(run), target)
         except StorageError as exc:
             print(f"scalingrun report: {exc}", file=sys.stderr)
             return 1

@@ -36,7 +36,7 @@ from ..decide.snapshot import (
 )
 from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, Event, get_condition, rfc3339
 from ..documents import read_manifest, read_progress
-from ..storage import StorageError, StorageTarget, list_names
+from ..storage import Clients, StorageError, StorageTarget, list_names
 from .processes import Commands, LocalRunError, Shards, training_status
 
 __all__ = ["LocalRun", "LocalRunError"]
@@ -72,6 +72,7 @@ class LocalRun:
             "spec": self.run.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
             "status": {}}
         self.children: dict[tuple[str, str], dict[str, Any]] = {}  # as this machine's controllers show them
+        self.clients = Clients()  # one botocore session for the run's reads
         self._shards: Optional[tuple[str, Shards]] = None
         self._training: Optional[tuple[str, subprocess.Popen]] = None
 
@@ -145,7 +146,7 @@ class LocalRun:
             return PodList()  # processes, not pods: nothing to diagnose or count
         if isinstance(ask, ServerVersion):
             return Server(*INDEXED_JOBS_SINCE, "this machine")  # shards run side by side, as in an Indexed Job
-        target = StorageTarget(ask.store.endpoint, ask.store.region, None)  # keys from the environment
+        target = StorageTarget(ask.store.endpoint, ask.store.region, None, clients=self.clients)  # keys: environment
         try:
             if isinstance(ask, Document) and ask.what == PROGRESS:
                 read = Read(*read_progress(ask.uri, target, ask.versioned))

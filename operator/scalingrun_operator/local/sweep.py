@@ -26,7 +26,7 @@ from ..decide.children import owner_reference
 from ..decide.snapshot import PROGRESS, Child, Create, Document, Read, Snapshot, look
 from ..decide.sweep import decide_sweep, processes_text, workers_text
 from ..documents import read_progress
-from ..storage import StorageError, StorageTarget
+from ..storage import Clients, StorageError, StorageTarget
 from .runner import SETTINGS, LocalRun
 
 
@@ -76,6 +76,7 @@ class LocalSweep:
                          "uid": f"local-{uuid.uuid4()}"},
             "spec": self.sweep.spec.model_dump(mode="json", by_alias=True, exclude_none=True), "status": {}}
         self.points: dict[str, LocalRun] = {}
+        self.clients = Clients()
 
     def start(self) -> int:
         """Runs the points decide starts, one at a time, until it starts none; 0 when the sweep Succeeded."""
@@ -109,7 +110,8 @@ class LocalSweep:
             return copy.deepcopy(local.body) if local else None
         if isinstance(ask, Document) and ask.what == PROGRESS:
             try:
-                return Read(*read_progress(ask.uri, StorageTarget(ask.store.endpoint, ask.store.region, None)))
+                target = StorageTarget(ask.store.endpoint, ask.store.region, None, clients=self.clients)
+                return Read(*read_progress(ask.uri, target))
             except StorageError as exc:
                 return Read(error=str(exc))
         raise TypeError(f"a local sweep cannot read {ask!r}")
