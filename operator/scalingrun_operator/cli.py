@@ -101,7 +101,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 1
     workdir = Path(args.workdir or Path(".scalingrun/runs") / run.metadata.name)
     try:
-        code = LocalRun(run, workdir, np_override=args.np).start(stop_after=args.stop_after)
+        code = LocalRun(run, workdir, np_override=args.np, python_path=tuple(args.python_path or ())).start(
+            stop_after=args.stop_after)
     except LocalRunError as exc:
         print(f"scalingrun run: {exc}", file=sys.stderr)
         return 2
@@ -197,7 +198,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
             print(f"{args.filename}: {error}", file=sys.stderr)
         return 1
     workdir = Path(args.workdir or Path(".scalingrun/sweeps") / sweep.metadata.name)
-    local = LocalSweep(sweep, workdir)
+    local = LocalSweep(sweep, workdir, python_path=tuple(args.python_path or ()))
     try:
         code = local.start()
     except LocalRunError as exc:
@@ -235,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--np", type=int, help="Horovod processes (default: workers.replicas x slots)")
     run.add_argument("--workdir", help="where config and status go (default .scalingrun/runs/NAME)")
     run.add_argument("--stop-after", choices=["preprocessing", "training"], default="training")
+    run.add_argument("--python-path", action="append", metavar="DIR",
+                     help="a folder with your packages (model.builder, training.command), first on the processes' "
+                          "PYTHONPATH as in your image (repeatable)")
     run.set_defaults(func=_cmd_run)
 
     sweep = sub.add_parser("sweep", help="run a ScalingSweep's points on this machine (--local), one after another")
@@ -242,6 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("-f", "--filename", required=True, help="file or -")
     sweep.add_argument("--workdir", help="where the points' config and status go (default .scalingrun/sweeps/NAME)")
     sweep.add_argument("-o", "--output", help="folder for the report (default: the workdir)")
+    sweep.add_argument("--python-path", action="append", metavar="DIR",
+                       help="a folder with your packages, first on the points' PYTHONPATH (repeatable)")
     sweep.set_defaults(func=_cmd_sweep)
 
     report = sub.add_parser("report", help="draw a run's training curves, or a sweep's scaling, (PNG + Markdown) "

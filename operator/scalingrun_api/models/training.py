@@ -9,6 +9,11 @@ from pydantic import Field
 
 from .common import BatchSize, DATA_URI_PATTERN, ApiModel
 
+# Where every pod of a run finds the trainer config (the operator mounts its ConfigMap there), and the variable that
+# tells a training.command's ranks (the SDK) where it is; the local runner points it at its own file.
+CONFIG_PATH = "/etc/scalingrun/config.json"
+CONFIG_VARIABLE = "SCALINGRUN_CONFIG"
+
 
 class Optimizer(str, Enum):
     nadam = "nadam"

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from scalingrun_api.models import DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, Framework, ScalingRun
+from scalingrun_api.models.training import CONFIG_PATH
 
-CONFIG_MOUNT_DIR = "/etc/scalingrun"
-CONFIG_FILE = f"{CONFIG_MOUNT_DIR}/config.json"
+CONFIG_FILE = CONFIG_PATH
+CONFIG_MOUNT_DIR = CONFIG_PATH.rsplit("/", 1)[0]
 RUN_LABEL = "scalingrun.dev/run"
 NON_ROOT_UID = 1000
 

@@ -6,6 +6,7 @@ import shlex
 from typing import Any
 
 from scalingrun_api.models import Framework, ScalingRun
+from scalingrun_api.models.training import CONFIG_VARIABLE
 from .common import (
     CONFIG_FILE,
     config_volume,
@@ -36,6 +37,19 @@ def _cpu_cores(quantity: str) -> float:
     return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
 
 
+def command_env(run: ScalingRun) -> list[dict[str, Any]]:
+    """training.command: where the SDK (scalingrun_trainer.sdk.context) finds the run's config on every rank."""
+    if not run.spec.training.command:
+        return []
+    return [{"name": CONFIG_VARIABLE, "value": CONFIG_FILE}]
+
+
+def rank_command(run: ScalingRun) -> list[str]:
+    """What mpirun starts on every rank: the user's training.command, or our trainer (which dispatches on
+    training.framework in the config; the image, trainer_image, holds that framework's trainer)."""
+    return list(run.spec.training.command or ["scalingrun-trainer", "train", "--config", CONFIG_FILE])
+
+
 def framework_env(run: ScalingRun) -> list[dict[str, Any]]:
     """Lightning: torch's CPU threads per process from the worker's CPU limit (torch would otherwise start one
     per node core and oversubscribe the pod). The Keras trainer's settings are unchanged."""
@@ -46,19 +60,22 @@ def framework_env(run: ScalingRun) -> list[dict[str, Any]]:
     return [{"name": "OMP_NUM_THREADS", "value": str(threads)}]
 
 
+def rank_env(run: ScalingRun) -> list[dict[str, Any]]:
+    """The launcher's and workers' environment; mpirun forwards it to every rank."""
+    return storage_env(run) + tracking_env(run) + framework_env(run) + command_env(run)
+
+
 def launcher_script(run: ScalingRun) -> str:
     """Waits until every worker in the hostfile answers ssh (`scalingrun-trainer launch`; upstream
-    mpi-operator #386, #482, #615), then execs Horovod via mpirun."""
+    mpi-operator #386, #482, #615), then execs mpirun of the trainer (or training.command) on every rank."""
     mpirun = [
         "mpirun", "-np", str(total_processes(run)), "--hostfile", HOSTFILE,
         "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
     ]
     # Rank 0 runs on a worker, started through mpirun: the MLflow credentials must travel with it too.
-    for var in FORWARDED_ENV + tuple(e["name"] for e in tracking_env(run) + framework_env(run)):
+    for var in FORWARDED_ENV + tuple(e["name"] for e in rank_env(run) if e["name"] not in FORWARDED_ENV):
         mpirun += ["-x", var]
-    # The same command for both frameworks: it dispatches on training.framework in the config, and the image
-    # (trainer_image) holds that framework's trainer.
-    mpirun += ["scalingrun-trainer", "train", "--config", CONFIG_FILE]
+    mpirun += rank_command(run)
     launch = ["scalingrun-trainer", "launch", "--hostfile", HOSTFILE, "--ssh-port", str(SSH_PORT),
               "--timeout", str(WORKER_WAIT_SECONDS), "--"]
     return "exec " + shlex.join(launch + mpirun)
@@ -110,7 +127,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "name": "launcher",
         "image": trainer_image(run),
         "command": ["/bin/sh", "-c", launcher_script(run)],
-        "env": storage_env(run) + tracking_env(run) + framework_env(run),
+        "env": rank_env(run),
         "resources": resources(run.spec.launcher.resources.cpu, run.spec.launcher.resources.memory),
         "securityContext": container_security_context(),
         "volumeMounts": [mount],
@@ -119,7 +136,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "name": "worker",
         "image": trainer_image(run),
         "command": WORKER_COMMAND,
-        "env": storage_env(run) + tracking_env(run) + framework_env(run),
+        "env": rank_env(run),
         "resources": resources(w.cpu, w.memory, w.gpus_per_worker),
         "securityContext": container_security_context(),
         "volumeMounts": [mount],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from scalingrun_api.models import ScalingRun
+from scalingrun_api.models import DatasetFormat, ScalingRun
 from .common import (
     CONFIG_FILE,
     config_volume,
@@ -18,19 +18,40 @@ from .common import (
 )
 
 
+def is_parquet_table(run: ScalingRun) -> bool:
+    """dataset.format parquet: the Job checks the user's table instead of preprocessing a JPEG tree."""
+    return run.spec.dataset.format == DatasetFormat.parquet.value
+
+
+def shard_count(run: ScalingRun) -> int:
+    """Completions of the preprocessing Job: one per shard, or the one check of a Parquet table."""
+    return 1 if is_parquet_table(run) else run.spec.dataset.preprocessing.parallelism
+
+
+def _command(run: ScalingRun, shards: int, indexed: bool) -> list[str]:
+    if is_parquet_table(run):
+        # Checks the table and writes the dataset manifest the preprocessing would (the operator has no pyarrow).
+        return ["scalingrun-trainer", "inspect", "--config", CONFIG_FILE]
+    # The shard index comes from JOB_COMPLETION_INDEX, set by the Indexed Job; --all-shards runs every shard in
+    # turn instead.
+    return ["scalingrun-trainer", "preprocess", "--config", CONFIG_FILE, "--shard-count", str(shards),
+            *([] if indexed else ["--all-shards"])]
+
+
 def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) -> dict[str, Any]:
-    """`indexed=False` is for servers without Indexed Jobs (< 1.22): one pod runs every shard in turn."""
+    """`indexed=False` is for servers without Indexed Jobs (< 1.22): one pod runs every shard in turn. With
+    dataset.format parquet, one pod checks the table (scalingrun-trainer inspect), in the same Job's place."""
     pre = run.spec.dataset.preprocessing
-    shards = pre.parallelism
+    shards = shard_count(run)
     volume, mount = config_volume(run)
     meta = metadata(run, preprocess_job_name(run), namespace, "preprocess")
     container = {
         "name": "preprocess",
         "image": trainer_image(run),
-        # The shard index comes from JOB_COMPLETION_INDEX, set by the Indexed Job; --all-shards runs every
-        # shard in turn instead.
-        "command": ["scalingrun-trainer", "preprocess", "--config", CONFIG_FILE, "--shard-count", str(shards),
-                    *([] if indexed else ["--all-shards"])],
+        "command": _command(run, shards, indexed),
+        # What failed (a table's missing column, an undecodable source) is the pod's termination message, which
+        # the operator quotes: written by the command, else the end of its log.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": storage_env(run),
         "resources": resources(pre.resources.cpu, pre.resources.memory),
         "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},

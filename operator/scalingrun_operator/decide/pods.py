@@ -347,6 +347,19 @@ def pod_cause(draft: "Draft", roles: tuple[str, ...], mpijob: Optional[str] = No
     return message
 
 
+def termination_message(pods: list[dict[str, Any]], roles: tuple[str, ...]) -> str:
+    """What the last failed container of `roles` said as it ended (its termination message: what the command
+    wrote to /dev/termination-log, else the end of its log with FallbackToLogsOnError); '' when none did."""
+    said = []
+    for pod, _ in pods_of(pods, roles):
+        for container in container_statuses(pod):
+            for terminated in ((container.get("state") or {}).get("terminated"),
+                               (container.get("lastState") or {}).get("terminated")):
+                if terminated and terminated.get("exitCode", 0) != 0 and terminated.get("message"):
+                    said.append((str(terminated.get("finishedAt") or ""), str(terminated["message"]).strip()))
+    return max(said)[1][:1500] if said else ""
+
+
 def pods_done(draft: "Draft") -> None:
     """A run that succeeded has no pod problem left to report."""
     existing = get_condition(draft.update.desired["conditions"], PODS_HEALTHY)

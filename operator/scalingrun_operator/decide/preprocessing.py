@@ -16,18 +16,25 @@ from scalingrun_api.models import Phase, ScalingRun
 from ..builders import build_config_map, build_preprocess_job
 from ..builders.common import preprocess_job_name
 from ..builders.config import dataset_readers
+from ..builders.preprocess import is_parquet_table, shard_count
 from ..builders.locations import manifest_uri, shards_uri
 from . import interruptions, pods
 from .draft import Draft, store_of
 from .snapshot import CLUSTER, Listing, Names, Where
-from .status import DATASET_REUSED, PREPROCESSED, PREPROCESSING_FAILED, Event, parse_time
+from .status import DATASET_REUSED, PREPROCESSED, PREPROCESSING_FAILED, TABLE_INVALID, Event, parse_time
 
 FORMAT_VERSION = 1  # scalingrun_trainer.preprocess.FORMAT_VERSION
+TABLE_FORMAT_VERSION = 1  # scalingrun_trainer.parquet_table.FORMAT_VERSION
 
 
 def dataset_parameters(run: ScalingRun) -> dict[str, Any]:
-    """The parameters the preprocessing records for this run's dataset (must equal the trainer's)."""
+    """The parameters the preprocessing (or a Parquet table's check) records for this run's dataset (must equal
+    the trainer's: Params and TableParams.dataset_parameters)."""
     d = run.spec.dataset
+    if is_parquet_table(run):
+        return {"formatVersion": TABLE_FORMAT_VERSION, "format": d.format, "imageSize": d.image_size,
+                "columns": {"image": d.columns.image, "label": d.columns.label},
+                "minRowGroupsPerSplit": 2 * dataset_readers(run)}
     return {
         "formatVersion": FORMAT_VERSION,
         "imageSize": d.image_size,
@@ -83,6 +90,14 @@ def preprocessing_status(manifest: dict[str, Any], job_name: Optional[str], reus
 
 def preprocessed_message(run: ScalingRun, manifest: dict[str, Any], reused: bool) -> str:
     train, validation, skipped = _images(manifest)
+    if is_parquet_table(run):
+        groups = manifest.get("rowGroups") or {}
+        text = (f"Parquet table at {run.spec.dataset.source} checked: {train + validation} images ({train} train, "
+                f"{validation} validation) in {len(manifest.get('classes') or [])} classes, row groups "
+                f"{groups.get('train')} train / {groups.get('validation')} validation; fingerprint "
+                f"{manifest.get('fingerprint')}")
+        warnings = [str(w) for w in manifest.get("warnings") or []]
+        return text + "".join(f"; warning: {w}" for w in warnings) + ("; manifest reused" if reused else "")
     text = (f"{train + validation} images ({train} train, {validation} validation) in "
             f"{len(manifest.get('classes') or [])} classes, {skipped} undecodable files skipped; "
             f"fingerprint {manifest.get('fingerprint')}")
@@ -121,8 +136,10 @@ def job_state(job: dict[str, Any]) -> JobState:
     return JobState("Running", **counts)
 
 
-def job_progress_message(name: str, state: JobState, shards: Optional[int] = None) -> str:
-    if shards and shards > 1 and state.completions == 1:
+def job_progress_message(name: str, state: JobState, shards: Optional[int] = None, table: str = "") -> str:
+    if table:
+        text = f"Job {name} checks the Parquet table at {table}"
+    elif shards and shards > 1 and state.completions == 1:
         text = f"Job {name}: one pod runs the {shards} shards in turn"
     else:
         text = f"Job {name}: {state.succeeded} of {state.completions} shards done"
@@ -219,7 +236,7 @@ def decide_preprocessing(draft: Draft, run: ScalingRun) -> None:
         job = draft.built(("Job", indexed), lambda: build_preprocess_job(run, draft.namespace, indexed=indexed))
         draft.ensure(job, Event("Normal", "PreprocessingAgain", f"{manifest_uri(run)}: {note}") if note else None)
     state = job_state(job)
-    shards = run.spec.dataset.preprocessing.parallelism
+    shards = shard_count(run)
     update.desired["preprocessing"] = {**(update.desired.get("preprocessing") or {}), "jobName": job_name,
                                        "reused": False, "shards": shards}
     if state.state == "Running" and lacks_completion_index(job, shards):
@@ -227,7 +244,8 @@ def decide_preprocessing(draft: Draft, run: ScalingRun) -> None:
         update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
         update.fail(PREPROCESSING_FAILED, message)
     elif state.state == "Running":
-        progress, started = job_progress_message(job_name, state, shards), f"Job {job_name}"
+        table = run.spec.dataset.source if is_parquet_table(run) else ""
+        progress, started = job_progress_message(job_name, state, shards, table), f"Job {job_name}"
         if runs_shards_in_turn(job, shards):
             # Said in the condition and in the phase's Event: the run is slower than its spec suggests.
             note = in_turn_note(shards, draft.server().git_version)
@@ -236,6 +254,8 @@ def decide_preprocessing(draft: Draft, run: ScalingRun) -> None:
         update.condition(PREPROCESSED, "Unknown", holdup[0] if holdup else "Running",
                          f"{progress}; {holdup[1]}" if holdup else progress)
         update.set_phase(Phase.preprocessing.value, started)
+    elif state.state == "Failed" and is_parquet_table(run):
+        _table_invalid(draft, run, job_name, state)
     elif state.state == "Failed":
         _failed(draft, run, job_name, state)
     else:
@@ -255,6 +275,8 @@ def _complete(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> 
         update.desired["preprocessing"] = preprocessing_status(manifest, job_name, reused=False)
         update.condition(PREPROCESSED, "True", "Preprocessed",
                          f"Job {job_name}: " + preprocessed_message(run, manifest, reused=False))
+        for warning in manifest.get("warnings") or []:  # a Parquet table's row groups: worth an Event once
+            update.warn("FewRowGroups", f"Parquet table at {run.spec.dataset.source}: {warning}")
         return
     if draft.within_grace(state.finished_at):
         draft.recheck(draft.grace_left(state.finished_at))
@@ -279,3 +301,13 @@ def _failed(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> No
         message = f"{message}; {cause}"
     draft.update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
     draft.update.fail(PREPROCESSING_FAILED, message)
+
+
+def _table_invalid(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> None:
+    """The check of a Parquet table failed: its error names the column (or file), before any MPIJob exists."""
+    said = pods.termination_message(draft.pods(), (pods.PREPROCESS,)) or state.message or "no message"
+    message = (f"the Parquet table at {run.spec.dataset.source} does not fit this run: {said}; fix the table or "
+               f"spec.dataset (columns, imageSize), then recreate the run (Job {job_name}: "
+               f"{draft.settings.where.job_logs(draft.namespace, job_name)})")
+    draft.update.condition(PREPROCESSED, "False", TABLE_INVALID, message)
+    draft.update.fail(TABLE_INVALID, message)

@@ -36,6 +36,7 @@ CHILD_CONFLICT = "ChildConflict"  # True while an object the run did not make ho
 INVALID_SPEC = "InvalidSpec"
 DATASET_REUSED = "DatasetReused"
 PREPROCESSING_FAILED = "PreprocessingFailed"
+TABLE_INVALID = "ParquetTableInvalid"  # dataset.format parquet: the table does not fit the run
 MPIJOB_FAILED = "MPIJobFailed"
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 

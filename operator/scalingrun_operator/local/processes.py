@@ -2,9 +2,10 @@
 MPIJob's training, and what they leave behind, written as those children's status as their controllers
 (the Job controller, the MPI operator) would write it.
 
-Preprocessing runs as `parallelism` shard processes (what the Indexed Job runs, one pod per shard);
-training runs `horovodrun -np N scalingrun-trainer train` (what the MPIJob launcher runs), or for a
-pytorch-lightning run `mpirun -np N` with the Lightning venv's python.
+Preprocessing runs as `parallelism` shard processes (what the Indexed Job runs, one pod per shard), or for a
+Parquet table one `scalingrun-trainer inspect`; training runs `horovodrun -np N scalingrun-trainer train` (what
+the MPIJob launcher runs), for a pytorch-lightning run `mpirun -np N` with the Lightning venv's python, and for a
+training.command `mpirun -np N <command>`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from scalingrun_api.models import Framework, ScalingRun
+from scalingrun_api.models.training import CONFIG_VARIABLE
 
 
 class LocalRunError(RuntimeError):
@@ -64,13 +66,31 @@ class Commands:
         return [sys.executable, "-m", "scalingrun_trainer.cli", "preprocess", "--config", str(config),
                 "--shard-count", str(shards), "--shard-index", str(index), "--workers", str(workers)]
 
+    def inspect(self, config: Path) -> list[str]:
+        """dataset.format parquet: the check of the table, in the preprocessing's place."""
+        return [sys.executable, "-m", "scalingrun_trainer.cli", "inspect", "--config", str(config)]
+
     def train(self, run: ScalingRun, processes: int, config: Path) -> list[str]:
+        if run.spec.training.command:
+            # The user's command on every rank, as the MPIJob's mpirun starts it; `python` is the framework's venv's
+            # (train_env puts it first on PATH).
+            return [*_mpirun(processes), *run.spec.training.command]
         if run.spec.training.framework == Framework.pytorch_lightning.value:
             # Lightning DDP takes rank and world size from MPI (what the MPIJob launcher runs, too).
             return [*_mpirun(processes), _lightning_python(), "-m", "scalingrun_trainer.cli", "train",
                     "--config", str(config)]
         return [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
                 sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
+
+
+def train_env(run: ScalingRun, config: Path) -> dict[str, str]:
+    """What a training.command's ranks need beside the storage settings: the config's path for the SDK, and the
+    framework's venv first on PATH (its python has the SDK, and TensorFlow + Horovod or torch)."""
+    if not run.spec.training.command:
+        return {}
+    lightning = run.spec.training.framework == Framework.pytorch_lightning.value
+    python = Path(_lightning_python() if lightning else sys.executable)
+    return {CONFIG_VARIABLE: str(config), "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
 @dataclass
@@ -110,7 +130,8 @@ class Shards:
         if failed:
             index, summary = failed[0]
             message = (f"{len(failed)} of {len(summaries)} shards failed; first: shard {index}: "
-                       f"{summary.get('error', 'see the log')}")
+                       f"{summary.get('error', 'see the log')}") if len(summaries) > 1 else \
+                summary.get("error", "see the log")
             return {**status, "conditions": [{"type": "Failed", "status": "True", "reason": "ShardsFailed",
                                               "message": message, "lastTransitionTime": stamp}]}
         return {**status, "completionTime": stamp,

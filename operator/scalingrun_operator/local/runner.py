@@ -26,6 +26,7 @@ from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun, ScalingR
 from ..api.validation import s3_fields
 from ..builders.common import storage_env
 from ..builders.config import CONFIG_KEY, total_processes
+from ..builders.preprocess import is_parquet_table
 from ..clock import now
 from ..decide import pinning
 from ..decide.children import owner_reference
@@ -37,7 +38,7 @@ from ..decide.snapshot import (
 from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, Event, get_condition, rfc3339
 from ..documents import read_manifest, read_progress
 from ..storage import Clients, StorageError, StorageTarget, list_names
-from .processes import Commands, LocalRunError, Shards, training_status
+from .processes import Commands, LocalRunError, Shards, train_env, training_status
 
 __all__ = ["LocalRun", "LocalRunError"]
 
@@ -52,6 +53,7 @@ class LocalRun:
     np_override: Optional[int] = None
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
     commands: Commands = field(default_factory=Commands)
+    python_path: tuple[str, ...] = ()  # --python-path: folders with the user's packages (model.builder, command)
     poll_seconds: float = 5.0  # how often the progress document is read while training runs
     status: ScalingRunStatus = field(default_factory=ScalingRunStatus)
     progress: Optional[dict] = None
@@ -194,7 +196,14 @@ class LocalRun:
         meta.update(uid=f"local-{uuid.uuid4()}", ownerReferences=[owner_reference(self.body)])
         self.children[(obj["kind"], meta["name"])] = obj
         if obj["kind"] == "ConfigMap":
-            self.config_path.write_text(obj["data"][CONFIG_KEY])
+            config = json.loads(obj["data"][CONFIG_KEY])
+            config["image"] = f"this machine's environment ({sys.executable})"  # what errors say lacks a package
+            self.config_path.write_text(json.dumps(config, indent=2, sort_keys=True))
+        elif obj["kind"] == "Job" and is_parquet_table(self.run):
+            self.log(f"checking the Parquet table at {self.run.spec.dataset.source}")
+            self._shards = (meta["name"], Shards.start([self.commands.inspect(self.config_path)], self._env(),
+                                                       self.log))
+            self.seconds["started"] = time.monotonic()
         elif obj["kind"] == "Job":
             shards = obj["spec"]["completions"]
             workers = max(1, (os.cpu_count() or 1) // shards)
@@ -204,15 +213,21 @@ class LocalRun:
             self.seconds["started"] = time.monotonic()
         elif obj["kind"] == "MPIJob":
             command = self.commands.train(self.run, total_processes(self.run), self.config_path)
-            self.log("training: " + " ".join(command[:4]))
-            self._training = (meta["name"], subprocess.Popen(command, env=self._env()))
+            self.log("training: " + " ".join(command[:4] if not self.run.spec.training.command else command))
+            env = {**self._env(), **train_env(self.run, self.config_path)}
+            self._training = (meta["name"], subprocess.Popen(command, env=env))
             obj["status"] = training_status(None, rfc3339(now()))
             self.seconds["started"] = time.monotonic()
         return meta["uid"]
 
     def _env(self) -> dict[str, str]:
-        """The pods' storage settings; the keys come from this environment instead of the Secret."""
-        return {**os.environ, **{e["name"]: e["value"] for e in storage_env(self.run) if "value" in e}}
+        """The pods' storage settings; the keys come from this environment instead of the Secret. --python-path
+        goes first on PYTHONPATH, as the user's image would have the package."""
+        env = {**os.environ, **{e["name"]: e["value"] for e in storage_env(self.run) if "value" in e}}
+        paths = [str(Path(p).resolve()) for p in self.python_path] + [p for p in [env.get("PYTHONPATH")] if p]
+        if paths:
+            env["PYTHONPATH"] = os.pathsep.join(paths)
+        return env
 
     # --- waiting for the processes --------------------------------------------------------------------------
 

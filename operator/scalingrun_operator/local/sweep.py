@@ -67,6 +67,7 @@ class LocalSweep:
     rows: list[dict] = field(default_factory=list)
     recommendation: Optional[dict] = None
     notes: list[str] = field(default_factory=list)
+    python_path: tuple[str, ...] = ()  # --python-path: handed to every point
 
     def __post_init__(self) -> None:
         meta = self.sweep.metadata
@@ -96,7 +97,8 @@ class LocalSweep:
                 self.log(note)
             self.log(f"== point {point.name}: {workers_text(point.workers)}, {processes_text(point.processes)} ==")
             run = parse_scalingrun(created[0].obj)
-            local = self.points[point.name] = LocalRun(run, self.workdir / point.name, log=self.log)
+            local = self.points[point.name] = LocalRun(run, self.workdir / point.name, log=self.log,
+                                                       python_path=self.python_path)
             local.body["metadata"]["ownerReferences"] = [owner_reference(self.body)]
             if local.start() != 0:
                 self.log(f"point {point.name} failed ({local.status.phase})")
