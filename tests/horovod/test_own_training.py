@@ -1,0 +1,118 @@
+"""training.command with real processes: the team's own Keras + Horovod script (examples/custom-training, on the
+SDK's context/report_epoch/finish only) runs under `mpirun -np 2` through the quick start; its status and progress
+document are as complete as our trainer's, a ScalingSweep of it fills its table, and an exception in the script
+fails the run with its message."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.unit.test_sdk import PROGRESS_KEYS
+
+pytestmark = [pytest.mark.horovod, pytest.mark.s3]
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "examples/custom-training"
+
+
+@pytest.fixture(scope="module")
+def state(tmp_path_factory) -> Path:
+    """One quick-start state for the module: the JPEGs are uploaded and preprocessed once, then reused."""
+    return tmp_path_factory.mktemp("quickstart")
+
+
+def quickstart(state: Path, spec: dict, tmp_path: Path, *extra: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    run_file = tmp_path / f"{spec['metadata']['name']}.yaml"
+    run_file.write_text(yaml.safe_dump(spec))
+    return subprocess.run([sys.executable, "-m", "scalingrun_operator.local.quickstart", "-f", str(run_file),
+                           "--state", str(state), "--per-class", "100", *extra], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PACKAGE)})
+
+
+def team_script(**training) -> dict:
+    spec = yaml.safe_load((PACKAGE / "quickstart.yaml").read_text())
+    spec["spec"]["training"].update({"batchSizePerWorker": 32, "maxEpochs": 3, **training})
+    return spec
+
+
+def test_the_teams_script_trains_and_reports_like_our_trainer(state, tmp_path):
+    result = quickstart(state, team_script(), tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    out = result.stdout + result.stderr
+    assert "training: " in out and "-np 2" in out and "python -m teamtrain.keras_horovod" in out
+    trained = re.search(r"training: 3 of 3 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes, ([\d.]+) img/s",
+                        result.stdout)
+    assert trained, result.stdout[-2000:]
+    print(f"team script (Keras + Horovod, SDK), 2 processes, 3 epochs: val_accuracy {trained.group(2)}, "
+          f"{trained.group(3)} img/s")
+    status = json.loads((state / "runs/quickstart-team-script/status.json").read_text())
+    assert status["phase"] == "Succeeded"
+    training = status["training"]
+    assert (training["epoch"], training["maxEpochs"], training["processes"]) == (3, 3, 2)
+    assert (training["effectiveBatchSize"], training["batchSizePerWorker"]) == (64, 32)
+    assert training["learningRate"] == pytest.approx(0.002) and training["imagesPerSecond"] > 0
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(training["metrics"])
+    assert status["modelUri"].endswith("/runs/quickstart-team-script/model/model.keras")
+    # The progress document itself, read from the quick start's S3 server: every key our trainer writes.
+    progress = _progress(state, status["modelUri"].rsplit("/model/", 1)[0] + "/progress.json")
+    assert set(progress) == PROGRESS_KEYS and progress["state"] == "succeeded"
+    assert [h["epoch"] for h in progress["history"]] == [1, 2, 3]
+    report = state / "reports" / "quickstart-team-script-report.md"
+    assert "| 3 |" in report.read_text()
+
+
+def test_a_sweep_of_the_teams_script_fills_its_table(state, tmp_path):
+    result = quickstart(state, team_script(maxEpochs=2), tmp_path, "--sweep", "1,2", timeout=1200)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = json.loads((state / "sweeps/quickstart-team-script/status.json").read_text())["points"]
+    assert [r["workers"] for r in rows] == [1, 2]
+    for row in rows:
+        assert row["phase"] == "Succeeded" and row["epochs"] == 2
+        assert 0 <= row["bestValAccuracy"] <= 1 and row["imagesPerSecond"] > 0 and row["secondsPerEpoch"] > 0
+    assert re.search(r"recommended: \d workers?", result.stdout), result.stdout[-2000:]
+
+
+def test_an_exception_in_the_script_fails_the_run_with_its_message(state, tmp_path):
+    script = tmp_path / "package" / "brokentrain"
+    script.mkdir(parents=True)
+    (script / "__init__.py").write_text("")
+    (script / "train.py").write_text(
+        "from scalingrun_trainer import sdk\n"
+        "ctx = sdk.context()\n"
+        "sdk.report_epoch(1, {'loss': 2.0}, 100.0)\n"
+        "raise RuntimeError(f'the team forgot a file (rank {ctx.rank} of {ctx.size})')\n")
+    spec = team_script(command=["python", "-m", "brokentrain.train"])
+    spec["metadata"]["name"] = "quickstart-broken-script"
+    run_file = tmp_path / "broken.yaml"
+    run_file.write_text(yaml.safe_dump(spec))
+    result = subprocess.run([sys.executable, "-m", "scalingrun_operator.local.quickstart", "-f", str(run_file),
+                             "--state", str(state), "--per-class", "100"], capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "PYTHONPATH": str(tmp_path / "package")})
+    assert result.returncode != 0
+    status = json.loads((state / "runs/quickstart-broken-script/status.json").read_text())
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert "trainer reported: RuntimeError: the team forgot a file (rank 0 of 2)" in failed["message"], failed
+    assert status["training"]["epoch"] == 1 and "modelUri" not in status
+
+
+def _progress(state: Path, uri: str) -> dict:
+    from pyarrow import fs as pafs
+
+    from scalingrun_operator.local.s3server import S3Server
+
+    keys = json.loads((state / "credentials.json").read_text())
+    server = S3Server(state / "seaweedfs", keys["accessKey"], keys["secretKey"])
+    server.start()
+    try:
+        s3 = server.filesystem()
+        assert isinstance(s3, pafs.S3FileSystem)
+        return json.loads(s3.open_input_stream(uri[len("s3://"):]).read())
+    finally:
+        server.stop()

@@ -1,0 +1,45 @@
+"""training.command with PyTorch Lightning, real processes: the team's own Lightning script (examples/custom-training,
+on the SDK's torch readers and Lightning callback) runs under `mpirun -np 2` through the quick start, with the
+Lightning venv's python, and reports as our trainer does."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytestmark = [pytest.mark.lightning, pytest.mark.s3]
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "examples/custom-training"
+
+
+def test_the_teams_lightning_script_trains_on_the_sdks_readers(tmp_path, lightning_python):
+    spec = yaml.safe_load((PACKAGE / "quickstart-lightning.yaml").read_text())
+    spec["spec"]["training"].update({"batchSizePerWorker": 32, "maxEpochs": 3})
+    run_file = tmp_path / "script.yaml"
+    run_file.write_text(yaml.safe_dump(spec))
+    state = tmp_path / "state"
+    result = subprocess.run(
+        [sys.executable, "-m", "scalingrun_operator.local.quickstart", "-f", str(run_file), "--state", str(state),
+         "--per-class", "100"], capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PYTHONPATH": str(PACKAGE), "SCALINGRUN_LIGHTNING_PYTHON": lightning_python})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    trained = re.search(r"training: 3 of 3 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes, ([\d.]+) img/s",
+                        result.stdout)
+    assert trained, result.stdout[-2000:]
+    print(f"team script (Lightning DDP, SDK readers and callback), 2 processes, 3 epochs: val_accuracy "
+          f"{trained.group(2)}, {trained.group(3)} img/s")
+    status = json.loads((state / "runs/quickstart-team-script-lightning/status.json").read_text())
+    assert status["phase"] == "Succeeded"
+    training = status["training"]
+    assert (training["epoch"], training["processes"], training["effectiveBatchSize"]) == (3, 2, 64)
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(training["metrics"])
+    # Rank 0 only reported (one line per epoch), and the script's ranks were Lightning's DDP ranks.
+    assert len(re.findall(r"^epoch 1/3: ", result.stdout, re.M)) == 1
+    assert "Initializing distributed: GLOBAL_RANK: 1, MEMBER: 2/2" in result.stdout + result.stderr
