@@ -8,14 +8,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from scalingrun_api.models.training import CONFIG_PATH as DEFAULT_CONFIG, CONFIG_VARIABLE
+
 from ..data import Dataset, open_dataset
 from ..scaling import scale_run
 from ..storage import s3fs_options
 
-# Where the operator mounts the trainer config in every MPIJob pod (builders/common.py CONFIG_FILE); the local
-# runner and the MPIJob's mpirun pass its path in this variable.
-CONFIG_VARIABLE = "SCALINGRUN_CONFIG"
-DEFAULT_CONFIG = "/etc/scalingrun/config.json"
 # The launcher's variables of each rank: Open MPI (mpirun, the MPIJob), Horovod's gloo (horovodrun), torchrun.
 _RANK_VARIABLES = (
     ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
