@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from scalingrun_api.models import Condition, Framework, Phase, PreprocessingStatus, ScalingRun, ScalingRunStatus, TrainingStatus
+from scalingrun_api.progress import Progress
 from ..api.validation import s3_fields
 from ..builders.common import storage_env
 from ..builders.config import build_trainer_config, total_processes
@@ -201,22 +202,23 @@ class LocalRun:
         result = subprocess.run(command, env=self._env())
         self.seconds["training"] = time.monotonic() - started
         self.progress = self._read_progress()
+        progress = Progress.read(self.progress)
         if self.progress:
-            self.status.training = TrainingStatus.model_validate(training_status(self.progress))
-            self.status.model_uri = self.progress.get("modelUri")
-            bound = input_bound(self.run, self.progress.get("inputHistory"))
+            mirrored = training_status(self.progress)
+            self.status.training = TrainingStatus.model_validate(mirrored)
+            self.status.model_uri = progress.model_uri
+            bound = input_bound(self.run, mirrored.get("inputHistory"))
             if bound:  # as the operator sets it, from the same progress document
                 self.status.conditions = [c for c in self.status.conditions if c.type != "InputBound"] + [Condition(
                     type="InputBound", status=bound[0], reason=bound[1], message=bound[2],
                     last_transition_time=_now().isoformat())]
         self.status.completion_time = _now()
         if result.returncode != 0:
-            cause = (self.progress or {}).get("error") or f"{Path(command[0]).name} exited {result.returncode}"
+            cause = progress.error or f"{Path(command[0]).name} exited {result.returncode}"
             self._set(Phase.failed, Condition(type="Failed", status="True", reason="TrainingFailed", message=cause))
             return False
-        document = self.progress or {}
-        message = (f"{document.get('epoch')} epochs in {time.monotonic() - started:.0f} s, best epoch "
-                   f"{document.get('bestEpoch')}: val_accuracy {document.get('bestMetrics', {}).get('val_accuracy')}")
+        message = (f"{progress.epoch} epochs in {time.monotonic() - started:.0f} s, best epoch "
+                   f"{progress.best_epoch}: val_accuracy {progress.best_metrics.get('val_accuracy')}")
         self._set(Phase.succeeded, Condition(type="Trained", status="True", reason="Trained", message=message))
         return True
 
