@@ -1,27 +1,25 @@
-"""Rank 0's progress document, `<runLocation>/progress.json`, that the operator mirrors into status.
+"""Rank 0's progress document, `<runLocation>/progress.json` (its schema: scalingrun_api.progress.Progress), that
+the operator mirrors into status; and what every engine does after an epoch: pick the best epoch so far, write the
+document, log to MLflow and print one line (EpochRecorder).
 
-Written atomically at the start, after every epoch and at the end: {"state": running|succeeded|failed,
-"epoch", "maxEpochs", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond", "elapsedSeconds",
-"learningRate", "effectiveBatchSize", "processes", "modelUri", "error", "mlflowRunId", "resumedFromEpoch",
-"history", "batchSizePerWorker", "batchSizeProbe", "inputWaitFraction", "gpuUtilization", "inputHistory"}.
-
-"batchSizeProbe" ({"chosen", "seconds", "stoppedBy", "table"}) is there when batchSizePerWorker was auto.
-"inputWaitFraction" and "gpuUtilization" are the last epoch's (see input_wait.py; no gpuUtilization on CPU);
-"inputHistory" keeps them for the last epochs of this attempt: [{"epoch", "inputWaitFraction", "gpuUtilization"}].
-
-A training resumed from a checkpoint starts the document where that checkpoint left off (its epoch, that
-epoch's metrics and throughput, the best epoch so far), so "epoch" never goes back to 0 during a resumed
-attempt; "resumedFromEpoch" is that epoch, None for a fresh start. "elapsedSeconds" counts this attempt.
+Written atomically at the start, after every epoch and at the end. A training resumed from a checkpoint starts
+the document where that checkpoint left off (its epoch, that epoch's metrics and throughput, the best epoch so
+far), so "epoch" never goes back to 0 during a resumed attempt.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
-from .input_wait import HISTORY_EPOCHS
-from .storage import Location
+from scalingrun_api.progress import INPUT_HISTORY_EPOCHS, BatchSizeProbe, Epoch, InputEpoch, Progress, ProgressState
+from ..storage import Location
+
+if TYPE_CHECKING:
+    from .tracking import RunTracker
+
+Best = tuple[Optional[int], dict[str, float]]  # (1-based epoch, its metrics); (None, {}) before any epoch
 
 
 class ProgressWriter:
@@ -31,56 +29,118 @@ class ProgressWriter:
                  batch_size_probe: Optional[dict] = None):
         self.location = location
         self.started = time.monotonic()
-        self.document: dict[str, Any] = {
-            "state": "running", "epoch": resumed_from_epoch or 0, "maxEpochs": max_epochs, "metrics": {},
-            "bestEpoch": None, "bestMetrics": {}, "imagesPerSecond": None, "elapsedSeconds": 0.0,
-            "learningRate": learning_rate, "effectiveBatchSize": effective_batch_size, "processes": processes,
-            "modelUri": None, "error": None, "mlflowRunId": mlflow_run_id, "resumedFromEpoch": resumed_from_epoch,
-            "history": list(history or []), "batchSizePerWorker": batch_size_per_worker,
-            "inputWaitFraction": None, "gpuUtilization": None, "inputHistory": [],
-        }
-        if batch_size_probe is not None:
-            self.document["batchSizeProbe"] = batch_size_probe
-        resumed = self._history_entry(resumed_from_epoch)
+        self.progress = Progress(
+            state=ProgressState.running, epoch=resumed_from_epoch or 0, max_epochs=max_epochs, elapsed_seconds=0.0,
+            learning_rate=learning_rate, effective_batch_size=effective_batch_size, processes=processes,
+            mlflow_run_id=mlflow_run_id, resumed_from_epoch=resumed_from_epoch,
+            history=[Epoch.model_validate(entry) for entry in history or []],
+            batch_size_per_worker=batch_size_per_worker,
+            batch_size_probe=None if batch_size_probe is None else BatchSizeProbe.model_validate(batch_size_probe),
+        )
+        resumed = self.progress.history_entry(resumed_from_epoch)
         if resumed:
-            self.document.update(metrics=_metrics_of(resumed), imagesPerSecond=resumed.get("imagesPerSecond"))
+            self.progress.metrics, self.progress.images_per_second = resumed.metrics, resumed.images_per_second
 
-    def _history_entry(self, epoch: Optional[int]) -> Optional[dict]:
-        if not epoch:
-            return None
-        return next((h for h in self.document["history"] if h.get("epoch") == epoch), None)
+    def history(self) -> list[dict]:
+        """The metrics history as the document has it (a checkpoint keeps it, to resume the document)."""
+        return [entry.model_dump(by_alias=True) for entry in self.progress.history]
 
     def _write(self) -> None:
-        self.document["elapsedSeconds"] = round(time.monotonic() - self.started, 2)
-        self.location.write_bytes_atomic(json.dumps(self.document, indent=1).encode())
+        self.progress.elapsed_seconds = round(time.monotonic() - self.started, 2)
+        self.location.write_bytes_atomic(json.dumps(self.progress.document(), indent=1).encode())
 
     def start(self, best_epoch: Optional[int] = None) -> None:
         """Writes the first document; best_epoch: the best epoch so far of a resumed training."""
-        best = self._history_entry(best_epoch)
+        best = self.progress.history_entry(best_epoch)
         if best:
-            self.document.update(bestEpoch=best_epoch, bestMetrics=_metrics_of(best))
+            self.progress.best_epoch, self.progress.best_metrics = best_epoch, best.metrics
         self._write()
 
     def epoch(self, epoch: int, metrics: dict[str, float], images_per_second: float,
-              best_epoch: Optional[int], best_metrics: dict[str, float], input_figures: Optional[dict] = None) -> None:
-        metrics = _rounded(metrics)
+              best_epoch: Optional[int], best_metrics: dict[str, float],
+              input_figures: Optional[InputEpoch] = None) -> None:
+        metrics, rate, progress = _rounded(metrics), round(images_per_second, 1), self.progress
         if input_figures is not None:
-            self.document.update(inputWaitFraction=input_figures.get("inputWaitFraction"),
-                                 gpuUtilization=input_figures.get("gpuUtilization"))
-            self.document["inputHistory"] = [*self.document["inputHistory"], input_figures][-HISTORY_EPOCHS:]
-        self.document.update(epoch=epoch, metrics=metrics, imagesPerSecond=round(images_per_second, 1),
-                             bestEpoch=best_epoch, bestMetrics=_rounded(best_metrics))
-        self.document["history"].append({"epoch": epoch, **metrics, "imagesPerSecond": round(images_per_second, 1)})
+            progress.input_wait_fraction = input_figures.input_wait_fraction
+            progress.gpu_utilization = input_figures.gpu_utilization
+            progress.input_history = [*progress.input_history, input_figures][-INPUT_HISTORY_EPOCHS:]
+        progress.epoch, progress.metrics, progress.images_per_second = epoch, metrics, rate
+        progress.best_epoch, progress.best_metrics = best_epoch, _rounded(best_metrics)
+        progress.history.append(Epoch(epoch=epoch, images_per_second=rate, **metrics))
         self._write()
 
     def finish(self, state: str, model_uri: Optional[str] = None, error: Optional[str] = None) -> None:
-        self.document.update(state=state, modelUri=model_uri, error=error)
+        self.progress.state, self.progress.model_uri, self.progress.error = ProgressState(state).value, model_uri, error
         self._write()
-
-
-def _metrics_of(entry: dict) -> dict[str, float]:
-    return {k: v for k, v in entry.items() if k not in ("epoch", "imagesPerSecond")}
 
 
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:
     return {k: round(float(v), 6) for k, v in metrics.items()}
+
+
+def better(monitor: str, value: Optional[float], best: Optional[float], min_delta: float = 0.0) -> bool:
+    """Accuracies improve upwards, losses downwards, by more than min_delta (Keras' rule)."""
+    if value is None:
+        return False
+    if best is None:
+        return True
+    return value - min_delta > best if "acc" in monitor else value + min_delta < best
+
+
+def best_so_far(history: list[dict], best_epoch: Optional[int], monitor: str) -> Best:
+    """The best epoch of a resumed training: early stopping's when it ran, else the best monitored value."""
+    best: Best = (None, {})
+    for entry in (Epoch.model_validate(item) for item in history):
+        if entry.epoch == best_epoch or (
+                best_epoch is None and better(monitor, entry.metrics.get(monitor), best[1].get(monitor))):
+            best = (entry.epoch, entry.metrics)
+    return best
+
+
+class EpochTimer:
+    """Training throughput of an epoch, validation excluded: from its start until its validation begins."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self._start = self._train_end = 0.0
+
+    def epoch_started(self) -> None:
+        self._start, self._train_end = self.clock(), 0.0
+
+    def validation_started(self) -> None:
+        self._train_end = self._train_end or self.clock()
+
+    def images_per_second(self, images: int) -> float:
+        return images / max((self._train_end or self.clock()) - self._start, 1e-9)
+
+
+class EpochRecorder:
+    """Rank 0, after each epoch: the best epoch so far (early stopping's when it runs, else the best monitored
+    value), the progress document, MLflow and one log line."""
+
+    def __init__(self, progress: ProgressWriter, monitor: str, *, early_stopping: bool,
+                 tracker: Optional["RunTracker"] = None, log: Callable[[str], None] = print, best: Best = (None, {})):
+        self.progress, self.monitor, self.early_stopping = progress, monitor, early_stopping
+        self.tracker, self.log, self.best = tracker, log, best
+
+    def record(self, epoch: int, metrics: dict[str, float], images_per_second: float, *,
+               early_stopping_best: Optional[int] = None, input_figures: Optional[InputEpoch] = None,
+               stopped: bool = False) -> None:
+        """`epoch` is 1-based; early_stopping_best: early stopping's best epoch after this one; stopped: early
+        stopping ends the training with this epoch (said on the line, for engines whose framework does not)."""
+        if self.early_stopping:
+            if early_stopping_best == epoch:
+                self.best = (epoch, metrics)
+        elif self.best[0] is None or better(self.monitor, metrics.get(self.monitor), self.best[1].get(self.monitor)):
+            self.best = (epoch, metrics)
+        self.progress.epoch(epoch, metrics, images_per_second, self.best[0], self.best[1], input_figures=input_figures)
+        if self.tracker is not None:
+            self.tracker.epoch(epoch, metrics, images_per_second)
+        shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+        extra = ""
+        if input_figures is not None and input_figures.input_wait_fraction is not None:
+            extra += f", input wait {input_figures.input_wait_fraction:.0%}"
+        if input_figures is not None and input_figures.gpu_utilization is not None:
+            extra += f", GPU {input_figures.gpu_utilization:.0f}%"
+        self.log(f"epoch {epoch}/{self.progress.progress.max_epochs}: {shown} ({images_per_second:.0f} img/s{extra})"
+                 + (f"; early stopping, best epoch {self.best[0]}" if stopped else ""))

@@ -1,21 +1,24 @@
-"""Keras callbacks: early stopping that can resume, per-epoch reporting, checkpoints (rank 0 only)."""
+"""Keras callbacks, the same under every Keras engine: early stopping that can resume, the input-wait meter, the
+per-epoch report (rank 0) and checkpoints (written by rank 0; under an engine whose saving is a collective, every
+rank writes a local copy that only rank 0 commits)."""
 
 from __future__ import annotations
 
-import json
+import atexit
 import os
 import shutil
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Callable, Iterator, Optional
 
 import numpy as np
 import tensorflow as tf
+from scalingrun_api.progress import InputEpoch
 
-from .input_wait import GpuSampler, InputClock, StepTimes, input_entry
-from .progress import ProgressWriter
-from .storage import Location
-from .tracking import RunTracker
+from ..core.checkpoints import CheckpointState, CheckpointStore, EarlyStoppingState
+from ..core.input_wait import GpuSampler, StepTimes, input_entry
+from ..core.progress import EpochRecorder, EpochTimer
+from .input_clock import InputClock
 
 
 class ResumableEarlyStopping(tf.keras.callbacks.EarlyStopping):
@@ -25,7 +28,7 @@ class ResumableEarlyStopping(tf.keras.callbacks.EarlyStopping):
     def __init__(self, *, stopping_threshold: Optional[float] = None, **kwargs):
         super().__init__(**kwargs)
         self.stopping_threshold = stopping_threshold
-        self._resumed: Optional[dict] = None
+        self._resumed: Optional[tuple[EarlyStoppingState, Optional[list[np.ndarray]]]] = None
 
     @property
     def best_epoch_number(self) -> Optional[int]:
@@ -34,11 +37,9 @@ class ResumableEarlyStopping(tf.keras.callbacks.EarlyStopping):
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)  # resets wait, best and best_weights
-        if self._resumed and self._resumed.get("bestEpoch"):
-            self.wait = self._resumed["wait"]
-            self.best = self._resumed["best"]
-            self.best_epoch = self._resumed["bestEpoch"] - 1
-            self.best_weights = self._resumed.get("bestWeights")
+        if self._resumed and self._resumed[0].best_epoch:
+            state, self.best_weights = self._resumed
+            self.wait, self.best, self.best_epoch = state.wait, state.best, state.best_epoch - 1
 
     def on_epoch_end(self, epoch, logs=None):
         super().on_epoch_end(epoch, logs)
@@ -56,15 +57,15 @@ class ResumableEarlyStopping(tf.keras.callbacks.EarlyStopping):
         if self.restore_best_weights and self.best_weights is not None and not self.stopped_epoch:
             self.model.set_weights(self.best_weights)
 
-    def state(self) -> dict[str, Any]:
-        return {"wait": int(self.wait), "best": float(self.best), "bestEpoch": self.best_epoch_number}
+    def state(self) -> EarlyStoppingState:
+        return EarlyStoppingState(wait=int(self.wait), best=float(self.best), best_epoch=self.best_epoch_number)
 
-    def resume_from(self, state: dict[str, Any], best_weights: Optional[list[np.ndarray]]) -> None:
-        self._resumed = {**state, "bestWeights": best_weights}
+    def resume_from(self, state: EarlyStoppingState, best_weights: Optional[list[np.ndarray]]) -> None:
+        self._resumed = (state, best_weights)
 
 
 class InputWaitMeter(tf.keras.callbacks.Callback):
-    """Every rank: the epoch's input-wait share and GPU utilisation (method in input_wait.py). Runs before
+    """Every rank: the epoch's input-wait share and GPU utilisation (method in core/input_wait.py). Runs before
     the EpochReporter, which reads `latest`; `combine(wait, gpu)` merges the ranks' figures (collective)."""
 
     def __init__(self, clock: InputClock, gpu: Optional[GpuSampler] = None, combine=None,
@@ -72,7 +73,7 @@ class InputWaitMeter(tf.keras.callbacks.Callback):
         super().__init__()
         self.clock, self.gpu, self.combine, self.timer = clock, gpu, combine, timer
         self.times = StepTimes()
-        self.latest: Optional[dict] = None
+        self.latest: Optional[InputEpoch] = None
         self._begin = 0.0
         self._traced = False
 
@@ -100,85 +101,40 @@ class InputWaitMeter(tf.keras.callbacks.Callback):
 
 
 class EpochReporter(tf.keras.callbacks.Callback):
-    """Measures training throughput (validation excluded) and writes the progress document."""
+    """Rank 0: measures training throughput (validation excluded) and records the epoch (core.progress)."""
 
-    def __init__(self, progress: ProgressWriter, images_per_epoch: int, monitor: str,
-                 early_stopping: Optional[ResumableEarlyStopping], log=print, tracker: Optional[RunTracker] = None,
-                 input_meter: Optional[InputWaitMeter] = None):
+    def __init__(self, recorder: EpochRecorder, images_per_epoch: int,
+                 early_stopping: Optional[ResumableEarlyStopping], input_meter: Optional[InputWaitMeter] = None):
         super().__init__()
-        self.progress = progress
-        self.input_meter = input_meter
-        self.tracker = tracker
-        self.images_per_epoch = images_per_epoch
-        self.monitor = monitor
-        self.early_stopping = early_stopping
-        self.log = log
-        self._epoch_start = self._train_end = 0.0
-        self.best: tuple[Optional[int], dict] = (None, {})
-
-    def resume(self, history: list[dict], best_epoch: Optional[int]) -> None:
-        """The best epoch so far: early stopping's when it ran, else the best monitored value."""
-        for entry in history:
-            metrics = {k: v for k, v in entry.items() if k not in ("epoch", "imagesPerSecond")}
-            if entry["epoch"] == best_epoch or (
-                best_epoch is None and _better(self.monitor, metrics.get(self.monitor), self.best[1].get(self.monitor))
-            ):
-                self.best = (entry["epoch"], metrics)
+        self.recorder, self.images_per_epoch = recorder, images_per_epoch
+        self.early_stopping, self.input_meter = early_stopping, input_meter
+        self.timer = EpochTimer()
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = time.monotonic()
-        self._train_end = 0.0
+        self.timer.epoch_started()
 
     def on_test_begin(self, logs=None):
-        self._train_end = self._train_end or time.monotonic()
+        self.timer.validation_started()
 
     def on_epoch_end(self, epoch, logs=None):
-        seconds = (self._train_end or time.monotonic()) - self._epoch_start
-        rate = self.images_per_epoch / max(seconds, 1e-9)
         metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
-        if self.early_stopping is not None:
-            if self.early_stopping.best_epoch_number == epoch + 1:
-                self.best = (epoch + 1, metrics)
-        elif self.best[0] is None or _better(self.monitor, metrics.get(self.monitor), self.best[1].get(self.monitor)):
-            self.best = (epoch + 1, metrics)
-        figures = self.input_meter.latest if self.input_meter is not None else None
-        self.progress.epoch(epoch + 1, metrics, rate, self.best[0], self.best[1], input_figures=figures)
-        if self.tracker is not None:
-            self.tracker.epoch(epoch + 1, metrics, rate)
-        shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-        extra = ""
-        if figures and figures.get("inputWaitFraction") is not None:
-            extra += f", input wait {figures['inputWaitFraction']:.0%}"
-        if figures and figures.get("gpuUtilization") is not None:
-            extra += f", GPU {figures['gpuUtilization']:.0f}%"
-        self.log(f"epoch {epoch + 1}/{self.progress.document['maxEpochs']}: {shown} ({rate:.0f} img/s{extra})")
-
-
-def _better(monitor: str, value: Optional[float], best: Optional[float]) -> bool:
-    if value is None:
-        return False
-    if best is None:
-        return True
-    return value > best if "acc" in monitor else value < best
+        self.recorder.record(
+            epoch + 1, metrics, self.timer.images_per_second(self.images_per_epoch),
+            early_stopping_best=self.early_stopping.best_epoch_number if self.early_stopping else None,
+            input_figures=self.input_meter.latest if self.input_meter is not None else None)
 
 
 class Checkpointer(tf.keras.callbacks.Callback):
-    """Every N epochs: model + optimizer (tf.train.Checkpoint), best weights and the early-stopping
-    state, under `<runLocation>/checkpoints/`. state.json is written last: it is the commit point."""
+    """Every N epochs: model + optimizer (tf.train.Checkpoint), best weights and the early-stopping state, into the
+    run's CheckpointStore. Where saving is a collective (MultiWorkerMirroredStrategy's variables), every rank writes
+    its local copy and only the store that commits (rank 0's) keeps one; the others' are removed at once."""
 
-    def __init__(self, root: Location, checkpoint: tf.train.Checkpoint, every_epochs: int,
-                 early_stopping: Optional[ResumableEarlyStopping], reporter: EpochReporter,
-                 resume_facts: dict[str, Any]):
+    def __init__(self, store: CheckpointStore, checkpoint: tf.train.Checkpoint, every_epochs: int,
+                 early_stopping: Optional[ResumableEarlyStopping], history: Callable[[], list[dict]],
+                 resume_facts: dict):
         super().__init__()
-        self.root = root
-        self.checkpoint = checkpoint
-        self.every_epochs = every_epochs
-        self.early_stopping = early_stopping
-        self.reporter = reporter
-        # trainedOn: a checkpoint is resumed only by a run with the same data and model; mlflowRunId: the
-        # MLflow run a resumed training continues.
-        self.resume_facts = resume_facts
-        self._state: Optional[dict] = None
+        self.store, self.checkpoint, self.every_epochs = store, checkpoint, every_epochs
+        self.early_stopping, self.history, self.resume_facts = early_stopping, history, resume_facts
         self._epoch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -189,74 +145,47 @@ class Checkpointer(tf.keras.callbacks.Callback):
             self.save(epoch + 1)
 
     def on_train_end(self, logs=None):
-        # Marks the run finished, so that a rerun of the same run does not train again.
-        if self._state and self._state["epoch"] == self._epoch + 1:
-            self._write_state({**self._state, "finished": True})
-        else:
-            self.save(self._epoch + 1, finished=True)
-
-    def _write_state(self, state: dict) -> None:
-        self.root.join("state.json").write_bytes_atomic(json.dumps(state).encode())
-        self._state = state
+        self.store.finish(self._epoch + 1, lambda: self.save(self._epoch + 1, finished=True))
 
     def save(self, epoch: int, finished: bool = False) -> None:
         workdir = tempfile.mkdtemp(prefix="ckpt-")
         try:
             prefix = self.checkpoint.write(os.path.join(workdir, "ckpt"))
-            names = [n for n in os.listdir(workdir) if n.startswith("ckpt")]
-            tag = f"epoch-{epoch:05d}"
-            for name in names:
-                with open(os.path.join(workdir, name), "rb") as f:
-                    self.root.join(tag, name).write_bytes_atomic(f.read())
             best = self.early_stopping.best_weights if self.early_stopping else None
-            if best is not None:
-                np.savez(os.path.join(workdir, "best.npz"), *best)
-                with open(os.path.join(workdir, "best.npz"), "rb") as f:
-                    self.root.join(tag, "best.npz").write_bytes_atomic(f.read())
-            state = {
-                "epoch": epoch, "checkpoint": tag, "prefix": os.path.basename(prefix),
-                "earlyStopping": self.early_stopping.state() if self.early_stopping else None,
-                "bestWeights": best is not None, "history": self.reporter.progress.document["history"],
-                "finished": finished, **self.resume_facts,
-            }
-            self._write_state(state)
-            self._remove_older(tag)
+            self.store.save(epoch, self._files(workdir, best), history=self.history(),
+                            early_stopping=self.early_stopping.state() if self.early_stopping else None,
+                            best_weights=best is not None, resume_facts=self.resume_facts,
+                            prefix=os.path.basename(prefix), finished=finished)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def _remove_older(self, keep: str) -> None:
-        from pyarrow import fs as pafs
-
-        for info in self.root.fs.get_file_info(pafs.FileSelector(self.root.path)):
-            if info.type == pafs.FileType.Directory and info.base_name.startswith("epoch-") and info.base_name != keep:
-                self.root.fs.delete_dir(info.path)
-
-
-def load_resume_state(root: Location) -> Optional[dict]:
-    state_at = root.join("state.json")
-    if not state_at.exists():
-        return None
-    return json.loads(state_at.read_bytes())
+    @staticmethod
+    def _files(workdir: str, best: Optional[list[np.ndarray]]) -> Iterator[tuple[str, bytes]]:
+        """The checkpoint's files and best.npz, read one at a time (only by a store that commits)."""
+        if best is not None:
+            np.savez(os.path.join(workdir, "best.npz"), *best)
+        for name in sorted(os.listdir(workdir)):
+            with open(os.path.join(workdir, name), "rb") as f:
+                yield name, f.read()
 
 
-def restore(root: Location, state: dict, checkpoint: tf.train.Checkpoint) -> Optional[list[np.ndarray]]:
+def restore(store: CheckpointStore, state: CheckpointState,
+            checkpoint: tf.train.Checkpoint) -> Optional[list[np.ndarray]]:
     """Loads model + optimizer into `checkpoint`'s objects; returns the saved best weights, if any.
 
     The optimizer's slots are created at its first step and restored then (deferred restoration), so
     the downloaded files must outlive this call: they are removed when the process exits.
     """
-    import atexit
-
     from pyarrow import fs as pafs
 
     workdir = tempfile.mkdtemp(prefix="restore-")
     atexit.register(shutil.rmtree, workdir, ignore_errors=True)
-    folder = root.join(state["checkpoint"])
+    folder = store.folder(state)
     for info in folder.fs.get_file_info(pafs.FileSelector(folder.path)):
         with open(os.path.join(workdir, info.base_name), "wb") as f:
             f.write(folder.join(info.base_name).read_bytes())
-    checkpoint.read(os.path.join(workdir, state["prefix"])).expect_partial()
-    if not state.get("bestWeights"):
+    checkpoint.read(os.path.join(workdir, state.prefix)).expect_partial()
+    if not state.best_weights:
         return None
     with np.load(os.path.join(workdir, "best.npz")) as saved:
         return [saved[f"arr_{i}"] for i in range(len(saved.files))]
