@@ -2,7 +2,8 @@
 
 Preprocessing runs as `parallelism` shard processes (what the Indexed Job runs, one pod per shard);
 training runs `horovodrun -np N scalingrun-trainer train` (what the MPIJob launcher runs), or for a
-pytorch-lightning run `mpirun -np N` with the Lightning venv's python. Status is
+multi-worker-mirrored run `mpirun -np N`, and for a pytorch-lightning run `mpirun -np N` with the Lightning venv's
+python. Status is
 written to a local document in the same shape as the ScalingRun's status. Credentials come from the
 environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), the local stand-in for the Secret.
 """
@@ -21,7 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from scalingrun_api.models import Condition, Framework, Phase, PreprocessingStatus, ScalingRun, ScalingRunStatus, TrainingStatus
+from scalingrun_api.models import (
+    Condition, Framework, Phase, PreprocessingStatus, ScalingRun, ScalingRunStatus, Strategy, TrainingStatus,
+)
 from scalingrun_api.progress import Progress
 from ..api.validation import s3_fields
 from ..builders.common import storage_env
@@ -58,6 +61,18 @@ def _mpirun(processes: int) -> list[str]:
         raise LocalRunError("mpirun not found: install Open MPI (scripts/setup.sh installs openmpi-bin)")
     root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
     return [found, *root, "-np", str(processes), "--oversubscribe", "-bind-to", "none"]
+
+
+def training_command(run: ScalingRun, processes: int, config: Path) -> list[str]:
+    """What the MPIJob launcher runs, here: horovodrun for Keras + Horovod; mpirun for the engines that take rank
+    and world size from MPI (Lightning DDP, with the Lightning venv's python; Keras multi-worker-mirrored)."""
+    train = ["-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
+    training = run.spec.training
+    if training.framework == Framework.pytorch_lightning.value:
+        return [*_mpirun(processes), _lightning_python(), *train]
+    if training.strategy == Strategy.multi_worker_mirrored.value:
+        return [*_mpirun(processes), sys.executable, *train]
+    return [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", sys.executable, *train]
 
 
 class LocalRunError(RuntimeError):
@@ -188,14 +203,7 @@ class LocalRun:
         return True
 
     def train(self) -> bool:
-        processes = self.np_override or total_processes(self.run)
-        if self.run.spec.training.framework == Framework.pytorch_lightning.value:
-            # Lightning DDP takes rank and world size from MPI (what the MPIJob launcher runs, too).
-            command = [*_mpirun(processes), _lightning_python(), "-m", "scalingrun_trainer.cli", "train",
-                       "--config", str(self.config_path)]
-        else:
-            command = [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
-                       sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config", str(self.config_path)]
+        command = training_command(self.run, self.np_override or total_processes(self.run), self.config_path)
         self._set(Phase.training, Condition(type="Trained", status="Unknown", reason="Running",
                                             message=" ".join(command[:4])))
         started = time.monotonic()
