@@ -22,7 +22,7 @@ from .sweep import (
     SweepPhase, SweepPoint, SweepRecommendation,
 )
 from .training import (
-    BaseNetwork, Checkpoint, EarlyStopping, Framework, InputPipeline, LearningRateScaling, Model, Monitor, Optimizer,
-    Training,
+    FRAMEWORK_STRATEGIES, BaseNetwork, Checkpoint, EarlyStopping, Framework, InputPipeline, LearningRateScaling, Model,
+    Monitor, Optimizer, Strategy, Training,
 )
 

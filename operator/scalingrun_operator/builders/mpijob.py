@@ -48,7 +48,8 @@ def framework_env(run: ScalingRun) -> list[dict[str, Any]]:
 
 def launcher_script(run: ScalingRun) -> str:
     """Waits until every worker in the hostfile answers ssh (`scalingrun-trainer launch`; upstream
-    mpi-operator #386, #482, #615), then execs Horovod via mpirun."""
+    mpi-operator #386, #482, #615), then execs the trainer via mpirun: one rank per slot (slots_per_worker: one per
+    GPU, or one per worker pod for multi-worker-mirrored)."""
     mpirun = [
         "mpirun", "-np", str(total_processes(run)), "--hostfile", HOSTFILE,
         "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
@@ -56,8 +57,8 @@ def launcher_script(run: ScalingRun) -> str:
     # Rank 0 runs on a worker, started through mpirun: the MLflow credentials must travel with it too.
     for var in FORWARDED_ENV + tuple(e["name"] for e in tracking_env(run) + framework_env(run)):
         mpirun += ["-x", var]
-    # The same command for both frameworks: it dispatches on training.framework in the config, and the image
-    # (trainer_image) holds that framework's trainer.
+    # The same command for every engine: it dispatches on training.framework and training.strategy in the config,
+    # and the image (trainer_image) holds that framework's trainer.
     mpirun += ["scalingrun-trainer", "train", "--config", CONFIG_FILE]
     launch = ["scalingrun-trainer", "launch", "--hostfile", HOSTFILE, "--ssh-port", str(SSH_PORT),
               "--timeout", str(WORKER_WAIT_SECONDS), "--"]

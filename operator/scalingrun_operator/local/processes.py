@@ -4,7 +4,8 @@ MPIJob's training, and what they leave behind, written as those children's statu
 
 Preprocessing runs as `parallelism` shard processes (what the Indexed Job runs, one pod per shard);
 training runs `horovodrun -np N scalingrun-trainer train` (what the MPIJob launcher runs), or for a
-pytorch-lightning run `mpirun -np N` with the Lightning venv's python.
+multi-worker-mirrored run `mpirun -np N`, and for a pytorch-lightning run `mpirun -np N` with the Lightning venv's
+python.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from scalingrun_api.models import Framework, ScalingRun
+from scalingrun_api.models import Framework, ScalingRun, Strategy
 
 
 class LocalRunError(RuntimeError):
@@ -65,12 +66,15 @@ class Commands:
                 "--shard-count", str(shards), "--shard-index", str(index), "--workers", str(workers)]
 
     def train(self, run: ScalingRun, processes: int, config: Path) -> list[str]:
-        if run.spec.training.framework == Framework.pytorch_lightning.value:
-            # Lightning DDP takes rank and world size from MPI (what the MPIJob launcher runs, too).
-            return [*_mpirun(processes), _lightning_python(), "-m", "scalingrun_trainer.cli", "train",
-                    "--config", str(config)]
-        return [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
-                sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
+        """What the MPIJob launcher runs, here: horovodrun for Keras + Horovod; mpirun for the engines that take
+        rank and world size from MPI (Lightning DDP, with the Lightning venv's python; Keras multi-worker-mirrored)."""
+        train = ["-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
+        training = run.spec.training
+        if training.framework == Framework.pytorch_lightning.value:
+            return [*_mpirun(processes), _lightning_python(), *train]
+        if training.strategy == Strategy.multi_worker_mirrored.value:
+            return [*_mpirun(processes), sys.executable, *train]
+        return [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", sys.executable, *train]
 
 
 @dataclass

@@ -3,42 +3,13 @@ pooling), dropout, a softmax head."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Optional
 
-from .storage import open_location
-
-
-class ModelError(RuntimeError):
-    """The model cannot be built as configured; the message says why."""
-
-
-def local_weights(weights: str, endpoint: Optional[str] = None, region: Optional[str] = None) -> Optional[str]:
-    """None, 'imagenet', or a local path for a weights URI (s3:// files are downloaded)."""
-    if weights == "none":
-        return None
-    if weights == "imagenet":
-        return "imagenet"
-    location = open_location(weights, endpoint, region)
-    if weights.startswith("s3://"):
-        try:
-            data = location.read_bytes()
-        except OSError as exc:
-            raise ModelError(f"cannot read weights file {weights}: {exc}") from None
-        suffix = os.path.splitext(weights)[1]
-        handle, path = tempfile.mkstemp(suffix=suffix, prefix="weights-")
-        with os.fdopen(handle, "wb") as f:
-            f.write(data)
-        return path
-    if not os.path.isfile(location.path):
-        raise ModelError(f"weights file {weights} does not exist")
-    return location.path
-
+from ..core.weights import ModelError
 
 # Each base's own preprocess_input as (scale, offset) on [0, 255] pixels: x * scale + offset.
 INPUT_SCALING = {
-    "efficientnet_lite0": (1 / 128.0, -127.0 / 128.0),  # (x - 127) / 128, see efficientnet_lite.MEAN/STDDEV
+    "efficientnet_lite0": (1 / 128.0, -127.0 / 128.0),  # (x - 127) / 128, see core/efficientnet_lite.py
     "mobilenet_v2": (1 / 127.5, -1.0),  # keras.applications.mobilenet_v2.preprocess_input: x / 127.5 - 1
     "xception": (1 / 127.5, -1.0),  # keras.applications.xception.preprocess_input ("tf" mode)
 }
