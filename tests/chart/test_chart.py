@@ -25,8 +25,9 @@ def helm() -> str:
     return str(Path(result.stdout.strip()) / "helm")
 
 
-def render(helm: str, values: Path | None = None, *extra: str, release: str = "t") -> list[dict]:
-    args = [helm, "template", release, str(CHART), "--namespace", "scalingrun-system", *extra]
+def render(helm: str, values: Path | None = None, *extra: str, release: str = "t",
+           namespace: str = "scalingrun-system") -> list[dict]:
+    args = [helm, "template", release, str(CHART), "--namespace", namespace, *extra]
     if values:
         args += ["-f", str(values)]
     result = subprocess.run(args, capture_output=True, text=True, check=True)
@@ -82,7 +83,8 @@ def test_operator_pod_is_locked_down(helm):
 def test_namespaced_install_uses_roles_only(helm):
     objects = render(helm, CHART / "ci/namespaced-values.yaml")
     bindings = [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRoleBinding"]
-    assert bindings == ["t-scalingrun-crd-watch"]  # only CRD list/watch is cluster-wide
+    # Cluster-wide: only CRD and namespace list/watch.
+    assert bindings == ["t-scalingrun-namespace-watch", "t-scalingrun-crd-watch"]
     roles = [o for o in objects if o["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team-a", "ml-team-b", "scalingrun-system"]
     for role in roles:
@@ -124,7 +126,7 @@ def test_operator_reads_pods_and_needs_no_peering_objects(helm):
     role = next(o for o in render(helm) if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "t-scalingrun-operator")
     verbs = {resource: set(rule["verbs"]) for rule in role["rules"] for resource in rule["resources"]}
     assert "clusterkopfpeerings" not in verbs and "kopfpeerings" not in verbs  # a Lease, not kopf peering
-    assert verbs["pods"] == {"get", "list", "watch"}
+    assert verbs["pods"] == {"list", "watch"}  # listed and watched: never read one by one
     assert verbs["pods/log"] == {"get"}  # the failed launcher's last lines, nothing more
 
 
