@@ -32,7 +32,9 @@ from ..status import (
     SPEC_CHANGE_IGNORED, STORAGE_READABLE, SUSPENDED, TRAINED, Event, StatusUpdate, get_condition, is_terminal,
     may_revalidate, parse_time,
 )
-from ..storage import StorageError, StorageTarget, list_names, read_json, read_json_versioned, uses_s3
+from ..storage import (
+    StorageError, StorageTarget, endpoint_refusal, list_names, read_json, read_json_versioned, uses_s3,
+)
 from ..status import INPUT_BOUND
 from . import dataset, pods as pod_diagnosis, spec as pinning, training
 
@@ -217,11 +219,16 @@ class _Pass:
     def _parse(self, spec_doc: dict[str, Any]) -> Optional[ScalingRun]:
         document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": self.body["metadata"], "spec": spec_doc}
         try:
-            return parse_scalingrun(document)
+            run = parse_scalingrun(document)
         except InvalidScalingRun as exc:
             message = "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the run is retried on edit)."
             self.update.fail(INVALID_SPEC, message)
             return None
+        refusal = endpoint_refusal(run.spec.storage.endpoint, self.config.allowed_storage_endpoints)
+        if refusal:  # the operator's own rule, not the API's: refused before any child or storage request
+            self.update.fail(INVALID_SPEC, f"{refusal} (the run is retried on edit).")
+            return None
+        return run
 
     def _restart_after_invalid_spec(self) -> None:
         desired = self.update.desired
@@ -260,8 +267,7 @@ class _Pass:
             if s.credentials_secret and uses_s3(run.spec.dataset.output, run.spec.training.checkpoint.location):
                 credentials = self.kube.read_credentials(self.namespace, s.credentials_secret,
                                                          s.access_key_id_key, s.secret_access_key_key)
-            self._target = StorageTarget(s.endpoint, s.region, credentials, self.config.storage_timeout_seconds,
-                                         deadline=self.config.storage_deadline_seconds)
+            self._target = self.config.storage_target(s, credentials)
         return self._target
 
     def _recheck(self, seconds: float) -> None:
@@ -281,7 +287,7 @@ class _Pass:
             existing = get_condition(self.update.desired["conditions"], STORAGE_READABLE)
             if not existing or existing.get("status") != "False":
                 self.update.warn("StorageUnreadable", str(exc))
-            self.update.condition(STORAGE_READABLE, "False", "StorageError",
+            self.update.condition(STORAGE_READABLE, "False", exc.reason,
                                   f"{exc}; retrying every {self.config.recheck_interval_seconds:g} s")
             self._recheck(self.config.recheck_interval_seconds)
             return False, None

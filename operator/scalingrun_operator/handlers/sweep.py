@@ -23,7 +23,7 @@ from scalingrun_api.models import API_VERSION, SWEEP_KIND, Phase, ScalingSweep, 
 from ..api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
 from ..builders.sweep import SWEEP_LABEL, Point, build_point_run, sweep_points
 from ..status import FAILED, INVALID_SPEC, PREPROCESSED, READY, get_condition, now, rfc3339, set_condition
-from ..storage import StorageError, StorageTarget, read_json
+from ..storage import StorageError, read_json
 from .training import progress_uri
 
 if TYPE_CHECKING:
@@ -318,8 +318,7 @@ class _SweepPass:
             if storage.credentials_secret:
                 credentials = self.kube.read_credentials(self.namespace, storage.credentials_secret,
                                                          storage.access_key_id_key, storage.secret_access_key_key)
-            target = StorageTarget(storage.endpoint, storage.region, credentials, self.config.storage_timeout_seconds)
-            return read_json(progress_uri(run), target)
+            return read_json(progress_uri(run), self.config.storage_target(storage, credentials))
         except StorageError as exc:
             log.warning("sweep %s/%s cannot read the progress of %s: %s", self.namespace, self.name,
                         run.metadata.name, exc)
