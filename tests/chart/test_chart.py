@@ -201,3 +201,54 @@ def test_kustomize_base_is_the_rendered_chart(helm):
                       release="scalingrun")
     base = [d for d in yaml.safe_load_all((ROOT / "manifests/base/scalingrun.yaml").read_text()) if d]
     assert base == rendered, "manifests/base is out of date: run scripts/generate.sh"
+
+
+def test_no_network_policy_unless_enabled(helm):
+    for values in VALUES:
+        enabled = values is not None and yaml.safe_load(values.read_text()).get("networkPolicy", {}).get("enabled")
+        policies = [o for o in render(helm, values) if o["kind"] == "NetworkPolicy"]
+        assert bool(policies) == bool(enabled), values
+
+
+def test_network_policy_lets_run_pods_reach_each_other_dns_storage_and_tracking_only(helm):
+    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.builders import build_children
+    from scalingrun_operator.builders.common import RUN_LABEL
+
+    values_file = CHART / "ci/networkpolicy-values.yaml"
+    values = yaml.safe_load(values_file.read_text())["networkPolicy"]
+    policies = [o for o in render(helm, values_file) if o["kind"] == "NetworkPolicy"]
+    assert [p["metadata"]["namespace"] for p in policies] == ["ml-team-a", "ml-team-b"]  # watch.namespaces
+    runs = {"matchExpressions": [{"key": RUN_LABEL, "operator": "Exists"}]}
+    for policy in policies:
+        spec = policy["spec"]
+        assert spec["podSelector"] == runs and spec["policyTypes"] == ["Ingress", "Egress"]
+        assert spec["ingress"] == [{"from": [{"podSelector": runs}], "ports": [{"protocol": "TCP"}]}]
+        defaults = yaml.safe_load((CHART / "values.yaml").read_text())["networkPolicy"]
+        assert spec["egress"] == [{"to": [{"podSelector": runs}], "ports": [{"protocol": "TCP"}]},
+                                  *defaults["dns"], *values["storage"], *values["tracking"]]
+    # Every pod a run makes carries the label the policy selects (the MPI operator copies the templates' labels).
+    run = parse_scalingrun(yaml.safe_load((ROOT / "examples/quickstart.yaml").read_text()))
+    job, mpijob = build_children(run, "ml-team-a")[1:]
+    templates = [job["spec"]["template"], *(r["template"] for r in mpijob["spec"]["mpiReplicaSpecs"].values())]
+    assert all(RUN_LABEL in t["metadata"]["labels"] for t in templates)
+
+
+@pytest.mark.parametrize("values,message", [
+    (["--set", "networkPolicy.enabled=true"], "needs the runs' namespaces: networkPolicy.namespaces"),
+    (["--set", "networkPolicy.enabled=true", "--set", "networkPolicy.namespaces={ml}"],
+     "needs networkPolicy.storage"),
+])
+def test_network_policy_refuses_to_render_without_namespaces_or_storage(helm, values, message):
+    result = subprocess.run([helm, "template", "t", str(CHART), *values], capture_output=True, text=True)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_storage_settings_reach_the_operator(helm):
+    deployment = next(o for o in render(helm, CHART / "ci/networkpolicy-values.yaml") if o["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS"] == "http://minio.storage:9000"
+    assert env["SCALINGRUN_MAX_DOCUMENT_BYTES"] == "1048576"
+    default = next(o for o in render(helm) if o["kind"] == "Deployment")
+    assert "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS" not in {
+        e["name"] for e in default["spec"]["template"]["spec"]["containers"][0]["env"]}
