@@ -252,3 +252,22 @@ def test_storage_settings_reach_the_operator(helm):
     default = next(o for o in render(helm) if o["kind"] == "Deployment")
     assert "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS" not in {
         e["name"] for e in default["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_the_security_page_lists_exactly_what_the_chart_grants_the_operator(helm):
+    """docs/security.md says why each grant is needed: its table and the chart must not drift apart."""
+    from tests.integration.test_rbac import bound_rules, grants
+
+    text = (ROOT / "docs/security.md").read_text()
+    table = text[text.index("| Resource | API group | Verbs |"):].split("\n\n")[0].splitlines()[2:]
+    documented = set()
+    for row in table:
+        resource, group, verbs = (cell.strip().strip("`") for cell in row.strip("|").split("|")[:3])
+        documented |= {(verb.strip(), "" if group == "core" else group, resource) for verb in verbs.split(",")}
+    granted = set()
+    for values in VALUES:
+        objects = render(helm, values)
+        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        granted |= grants(bound_rules(objects, deployment["spec"]["template"]["spec"]["serviceAccountName"],
+                                      "scalingrun-system"))
+    assert documented == granted, (sorted(documented - granted), sorted(granted - documented))

@@ -16,12 +16,13 @@ It needs an API server of its own: a cluster-wide operator would act on every ot
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import uuid
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable, Iterator
 
 import pytest
 import yaml
@@ -69,12 +70,7 @@ def admin(rbac_kubeconfig):
 
 @pytest.fixture(scope="module")
 def bucket(s3_server) -> Bucket:
-    b = Bucket(s3_server)
-    try:
-        b.client.create_bucket(Bucket=BUCKET)
-    except (b.client.exceptions.BucketAlreadyOwnedByYou, b.client.exceptions.BucketAlreadyExists):
-        pass
-    return b
+    return Bucket.created(s3_server, BUCKET)
 
 
 # --- the chart's objects, applied -----------------------------------------------------------------
@@ -239,40 +235,46 @@ def _suffix() -> str:
     return uuid.uuid4().hex[:5]
 
 
-def test_cluster_wide_install_grants_what_the_operator_calls(helm, admin, bucket, s3_server, tmp_path):
-    release, home = "rbac-cw", f"cw-system-{_suffix()}"
-    objects = render(helm, None, "--set", "crds.enabled=false", release=release, namespace=home)
-    create_namespace(admin, home)
+@contextlib.contextmanager
+def operator_as_the_chart_runs_it(admin, objects: list[dict], tmp_path: Path) -> Iterator[tuple[Operator, RecordingProxy]]:
+    """The chart's RBAC applied, its operator started behind a recording proxy; both stopped afterwards."""
     apply_rbac(admin, objects)
     deployment = next(o for o in objects if o["kind"] == "Deployment")
-    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    home, account = deployment["metadata"]["namespace"], deployment["spec"]["template"]["spec"]["serviceAccountName"]
     proxy = RecordingProxy(admin.configuration.host, admin.configuration.ssl_ca_cert).start()
     operator = chart_operator(deployment, service_account_kubeconfig(admin, proxy, home, account, tmp_path),
                               tmp_path / "operator.log")
     try:
         operator.start()
-        lifecycle(create_namespace(admin, f"cw-team-{_suffix()}", s3_server), bucket, s3_server, operator)
+        yield operator, proxy
         wait_for(lambda: renewed_lease(proxy), what="a renewal of the Lease", timeout=30, operator=operator)
     finally:
         operator.stop()
         proxy.stop()
-    check_least_privilege(proxy.requests, bound_rules(objects, account, home))
+
+
+def rules_of_the_operator(objects: list[dict]) -> list[dict]:
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    return bound_rules(objects, deployment["spec"]["template"]["spec"]["serviceAccountName"],
+                       deployment["metadata"]["namespace"])
+
+
+def test_cluster_wide_install_grants_what_the_operator_calls(helm, admin, bucket, s3_server, tmp_path):
+    home = f"cw-system-{_suffix()}"
+    objects = render(helm, None, "--set", "crds.enabled=false", release="rbac-cw", namespace=home)
+    create_namespace(admin, home)
+    with operator_as_the_chart_runs_it(admin, objects, tmp_path) as (operator, proxy):
+        lifecycle(create_namespace(admin, f"cw-team-{_suffix()}", s3_server), bucket, s3_server, operator)
+    check_least_privilege(proxy.requests, rules_of_the_operator(objects))
 
 
 def test_namespaced_install_grants_what_the_operator_calls(helm, admin, bucket, s3_server, tmp_path):
-    release, home, suffix = "rbac-ns", f"ns-system-{_suffix()}", _suffix()
+    home, suffix = f"ns-system-{_suffix()}", _suffix()
     team, other, unwatched = (f"ns-team-{n}-{suffix}" for n in ("a", "b", "c"))
     objects = render(helm, None, "--set", "crds.enabled=false", "--set", f"watch.namespaces={{{team},{other}}}",
-                     release=release, namespace=home)
+                     release="rbac-ns", namespace=home)
     clusters = [create_namespace(admin, name, s3_server) for name in (home, team, other, unwatched)][1:]
-    apply_rbac(admin, objects)
-    deployment = next(o for o in objects if o["kind"] == "Deployment")
-    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
-    proxy = RecordingProxy(admin.configuration.host, admin.configuration.ssl_ca_cert).start()
-    operator = chart_operator(deployment, service_account_kubeconfig(admin, proxy, home, account, tmp_path),
-                              tmp_path / "operator.log")
-    try:
-        operator.start()
+    with operator_as_the_chart_runs_it(admin, objects, tmp_path) as (operator, proxy):
         lifecycle(clusters[0], bucket, s3_server, operator)
         # The second namespace is served too; the third, not watched, is not even seen.
         for cluster in clusters[1:]:
@@ -280,11 +282,7 @@ def test_namespaced_install_grants_what_the_operator_calls(helm, admin, bucket, 
             cluster.create_run(new_run(cluster.ns, "other", s3_server, dataset={
                 "source": f"{prefix}/raw", "output": f"{prefix}/data"}))
         wait_for(clusters[1].phase_is("other", "Preprocessing"), what="the second namespace served", operator=operator)
-        wait_for(lambda: renewed_lease(proxy), what="a renewal of the Lease", timeout=30, operator=operator)
         time.sleep(2)
         assert not clusters[2].status("other"), "a run in a namespace the operator does not watch"
-    finally:
-        operator.stop()
-        proxy.stop()
     assert not {r.namespace for r in proxy.requests if r.namespace} - {home, team, other}
-    check_least_privilege(proxy.requests, bound_rules(objects, account, home), )
+    check_least_privilege(proxy.requests, rules_of_the_operator(objects))

@@ -30,12 +30,7 @@ CAP = 16 * 1024
 
 @pytest.fixture(scope="module")
 def bucket(s3_server) -> Bucket:
-    b = Bucket(s3_server)
-    try:
-        b.client.create_bucket(Bucket=BUCKET)
-    except (b.client.exceptions.BucketAlreadyOwnedByYou, b.client.exceptions.BucketAlreadyExists):
-        pass
-    return b
+    return Bucket.created(s3_server, BUCKET)
 
 
 @pytest.fixture(scope="module")
