@@ -16,13 +16,10 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Optional
+from typing import Mapping, Optional
 from urllib.parse import urlparse
 
-from .storage import DEFAULT_MAX_DOCUMENT_BYTES, Credentials, StorageTarget
-
-if TYPE_CHECKING:
-    from scalingrun_api.models import Storage
+from .storage import DEFAULT_MAX_DOCUMENT_BYTES, Clients, Credentials, StorageTarget
 
 PREFIX = "SCALINGRUN_"
 
@@ -93,11 +90,12 @@ class Config:
     #: How often a standby tries to take the Lease.
     lease_retry_seconds: float = 2.0
 
-    def storage_target(self, storage: "Storage", credentials: Optional[Credentials]) -> StorageTarget:
-        """A run's store (its spec.storage), read under these settings: timeouts, size cap, allow-list."""
-        return StorageTarget(storage.endpoint, storage.region, credentials, self.storage_timeout_seconds,
+    def storage_target(self, endpoint: Optional[str], region: str, credentials: Optional[Credentials],
+                       clients: Clients) -> StorageTarget:
+        """A run's store (spec.storage), read under these settings: timeouts, size cap, allow-list."""
+        return StorageTarget(endpoint, region, credentials, self.storage_timeout_seconds,
                              deadline=self.storage_deadline_seconds, max_document_bytes=self.max_document_bytes,
-                             allowed_endpoints=self.allowed_storage_endpoints)
+                             allowed_endpoints=self.allowed_storage_endpoints, clients=clients)
 
 
 def _parse(name: str, raw: str, kind: type, default: object) -> object:

@@ -29,10 +29,12 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 from urllib.parse import urlparse
+
+from .api.endpoints import endpoint_refusal
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -60,8 +62,6 @@ class EndpointNotAllowed(StorageError):
 # 5,000 epochs of history; small enough that the 12 reads the operator may run at once fit in its 512Mi
 # limit beside its usual 200 MiB, whatever the documents hold (1 MiB of "[[],[],...]" parses into ~20 MiB).
 DEFAULT_MAX_DOCUMENT_BYTES = 1024 * 1024
-# The endpoint a run that names none (AWS S3) counts as, for the allow-list.
-AWS_S3_ENDPOINT = "https://s3.amazonaws.com"
 
 
 @dataclass(frozen=True)
@@ -76,9 +76,50 @@ class Credentials:
         return hashlib.sha256(f"{self.access_key}\0{self.secret_key}".encode()).hexdigest()[:16]
 
 
+class Clients:
+    """botocore S3 clients by endpoint, region, keys and timeout (creating one costs tens of milliseconds and a
+    few MB, and a client holds a connection pool): the operator keeps one of these for its lifetime."""
+
+    def __init__(self, limit: int = 32):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._clients: "OrderedDict[tuple, Any]" = OrderedDict()
+
+    def get(self, target: "StorageTarget") -> Any:
+        import botocore.session
+        from botocore.config import Config
+
+        key = (target.endpoint, target.region, target.credentials.fingerprint() if target.credentials else None,
+               target.timeout)
+        with self._lock:
+            if key in self._clients:
+                self._clients.move_to_end(key)
+                return self._clients[key]
+            if self._session is None:
+                self._session = botocore.session.get_session()
+            config = Config(
+                connect_timeout=target.timeout, read_timeout=target.timeout,
+                retries={"total_max_attempts": 1, "mode": "standard"},  # retried by `retrying`, to a deadline
+                # S3-compatible stores behind a plain host:port (MinIO, SeaweedFS) need path-style URLs.
+                s3={"addressing_style": "path" if target.endpoint else "auto"},
+            )
+            kwargs: dict[str, Any] = {"region_name": target.region, "config": config}
+            if target.endpoint:
+                kwargs["endpoint_url"] = target.endpoint
+            if target.credentials:
+                kwargs["aws_access_key_id"] = target.credentials.access_key
+                kwargs["aws_secret_access_key"] = target.credentials.secret_key
+            client = self._session.create_client("s3", **kwargs)
+            self._clients[key] = client
+            while len(self._clients) > self.limit:
+                self._clients.popitem(last=False)
+            return client
+
+
 @dataclass(frozen=True)
 class StorageTarget:
-    """Where and how to reach a run's objects."""
+    """Where and how to reach a run's objects (`clients`: whose client cache serves the calls)."""
 
     endpoint: Optional[str]
     region: str
@@ -87,28 +128,7 @@ class StorageTarget:
     deadline: float = 30.0  # retries of 5xx answers and timeouts stop this long after the first attempt
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES  # a larger document is refused, not read
     allowed_endpoints: tuple[str, ...] = ()  # non-empty: the only endpoints requests may go to
-
-
-def normalised_endpoint(url: Optional[str]) -> str:
-    """scheme://host:port[/path] with the default port filled in, for comparing endpoints; None is AWS S3."""
-    parsed = urlparse(url or AWS_S3_ENDPOINT)
-    scheme = (parsed.scheme or "https").lower()
-    port = parsed.port or (443 if scheme == "https" else 80)
-    return f"{scheme}://{(parsed.hostname or '').lower()}:{port}{parsed.path.rstrip('/')}"
-
-
-def endpoint_refusal(endpoint: Optional[str], allowed: tuple[str, ...]) -> Optional[str]:
-    """Why a run may not use `endpoint` (spec.storage.endpoint) under the allow-list `allowed`; None when it may."""
-    if not allowed or normalised_endpoint(endpoint) in {normalised_endpoint(a) for a in allowed}:
-        return None
-    named = endpoint or f"none (AWS S3, which the allow-list names as {AWS_S3_ENDPOINT})"
-    return (f"spec.storage.endpoint: {named} is not an endpoint this operator may use; allowed: "
-            f"{', '.join(allowed)} (the operator's SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS, chart value "
-            "operator.allowedStorageEndpoints): use one of them, or ask the cluster's administrators to add it")
-
-
-def join(uri: str, *parts: str) -> str:
-    return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
+    clients: Clients = field(default_factory=Clients, compare=False, repr=False)
 
 
 def _split_s3(uri: str) -> tuple[str, str]:
@@ -120,47 +140,12 @@ def _local_path(uri: str) -> Path:
     return Path(urlparse(uri).path if uri.startswith("file://") else uri)
 
 
-_session_lock = threading.Lock()
-_session: Any = None
-_clients: "OrderedDict[tuple, Any]" = OrderedDict()
-_MAX_CLIENTS = 32  # one per distinct endpoint/region/key set; a client holds a connection pool
-
-
 def _client(target: StorageTarget) -> Any:
-    """A cached botocore S3 client (creating one costs tens of milliseconds and a few MB); none for an endpoint
-    the allow-list does not name."""
-    global _session
+    """The client of the target's cache; none for an endpoint the allow-list does not name."""
     refusal = endpoint_refusal(target.endpoint, target.allowed_endpoints)
     if refusal:
         raise EndpointNotAllowed(refusal)
-    import botocore.session
-    from botocore.config import Config
-
-    key = (target.endpoint, target.region, target.credentials.fingerprint() if target.credentials else None,
-           target.timeout)
-    with _session_lock:
-        if key in _clients:
-            _clients.move_to_end(key)
-            return _clients[key]
-        if _session is None:
-            _session = botocore.session.get_session()
-        config = Config(
-            connect_timeout=target.timeout, read_timeout=target.timeout,
-            retries={"total_max_attempts": 1, "mode": "standard"},  # retried by `retrying`, to a deadline
-            # S3-compatible stores behind a plain host:port (MinIO, SeaweedFS) need path-style URLs.
-            s3={"addressing_style": "path" if target.endpoint else "auto"},
-        )
-        kwargs: dict[str, Any] = {"region_name": target.region, "config": config}
-        if target.endpoint:
-            kwargs["endpoint_url"] = target.endpoint
-        if target.credentials:
-            kwargs["aws_access_key_id"] = target.credentials.access_key
-            kwargs["aws_secret_access_key"] = target.credentials.secret_key
-        client = _session.create_client("s3", **kwargs)
-        _clients[key] = client
-        while len(_clients) > _MAX_CLIENTS:
-            _clients.popitem(last=False)
-        return client
+    return target.clients.get(target)
 
 
 def _describe(exc: Exception) -> str:
@@ -342,10 +327,6 @@ def list_names(uri: str, target: StorageTarget, limit: int = 1000) -> list[str]:
     if not path.is_dir():
         return []
     return sorted(p.name for p in path.iterdir() if p.is_file())[:limit]
-
-
-def uses_s3(*uris: Optional[str]) -> bool:
-    return any(u and u.startswith("s3://") for u in uris)
 
 
 # --- versioned reads: the progress watcher's cheap check -----------------------------------------------

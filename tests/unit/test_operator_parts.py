@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from scalingrun_operator import config, metrics, storage
+from scalingrun_operator import config, storage
+from scalingrun_operator.api import endpoints
+from scalingrun_operator.cluster.metrics import Metrics
 
 
 def test_config_reads_prefixed_environment():
@@ -85,13 +87,13 @@ def test_operator_exits_naming_a_bad_variable_instead_of_a_traceback():
 @pytest.mark.parametrize("namespace, pattern", [("ml", False), ("team-a", False), ("team-*", True),
                                                 ("!kube-system", True), ("a,b", True), ("ml-?", True)])
 def test_namespace_patterns_are_told_from_names(namespace, pattern):
-    from scalingrun_operator.peering import is_pattern
+    from scalingrun_operator.cluster.peering import is_pattern
 
     assert is_pattern(namespace) is pattern
 
 
 def test_peering_refuses_namespace_patterns_before_any_call():
-    from scalingrun_operator.peering import PeeringError, ensure_peering
+    from scalingrun_operator.cluster.peering import PeeringError, ensure_peering
 
     # No API client: the refusal must come before the first request.
     with pytest.raises(PeeringError, match=r"namespace patterns \(team-\*\).*--standalone"):
@@ -121,11 +123,12 @@ def test_credentials_never_show_in_repr():
 
 
 def test_runs_gauge_counts_phases_and_forgets_deleted_runs():
+    metrics = Metrics()
     metrics.observe_run("u1", None)
     metrics.observe_run("u2", "Training")
     metrics.observe_run("u3", "Training")
     metrics.observe_run("u3", "Succeeded")
-    value = lambda phase: metrics.REGISTRY.get_sample_value("scalingrun_runs", {"phase": phase})  # noqa: E731
+    value = lambda phase: metrics.registry.get_sample_value("scalingrun_runs", {"phase": phase})  # noqa: E731
     assert (value("Pending"), value("Training"), value("Succeeded")) == (1, 1, 1)
     for uid in ("u1", "u2", "u3"):
         metrics.observe_run(uid, None, deleted=True)
@@ -237,11 +240,11 @@ def test_local_documents_are_capped_too(tmp_path):
 ])
 def test_the_endpoint_allow_list_compares_scheme_host_port_and_path(endpoint, allowed):
     allow = ("http://minio.storage:9000", "https://s3.amazonaws.com")
-    refusal = storage.endpoint_refusal(endpoint, allow)
+    refusal = endpoints.endpoint_refusal(endpoint, allow)
     assert (refusal is None) == allowed, refusal
     if refusal:
         assert refusal.startswith("spec.storage.endpoint: ") and "operator.allowedStorageEndpoints" in refusal
-    assert storage.endpoint_refusal(endpoint, ()) is None  # no list: any endpoint
+    assert endpoints.endpoint_refusal(endpoint, ()) is None  # no list: any endpoint
 
 
 def test_no_client_is_made_for_an_endpoint_off_the_list():
@@ -255,9 +258,7 @@ def test_config_carries_the_cap_and_the_allow_list_into_storage_targets():
     loaded = config.load({"SCALINGRUN_MAX_DOCUMENT_BYTES": "4096",
                           "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": "http://minio.storage:9000, https://s3.amazonaws.com"})
     assert config.Config().max_document_bytes == storage.DEFAULT_MAX_DOCUMENT_BYTES == 1024 * 1024
-    from scalingrun_api.models import Storage
-
-    target = loaded.storage_target(Storage(endpoint="http://minio.storage:9000"), None)
+    target = loaded.storage_target("http://minio.storage:9000", "us-east-1", None, storage.Clients())
     assert target.max_document_bytes == 4096
     assert target.allowed_endpoints == ("http://minio.storage:9000", "https://s3.amazonaws.com")
     with pytest.raises(config.ConfigError, match="SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS: 'minio:9000' is not"):
