@@ -199,15 +199,20 @@ def s3_server(tmp_path_factory):
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def mpijob_crd(api_client):
-    """The kubeflow MPIJob v2beta1 CRD (mpi-operator v0.8.2), created through the API: it is too large
-    for client-side apply. Only the CRD: the mpi-operator itself does not run, tests play its part."""
+def mpijob_crd_document() -> dict:
+    """The kubeflow MPIJob v2beta1 CRD (mpi-operator v0.8.2)."""
     import yaml
 
     path = Path(os.environ.get("SCALINGRUN_MPIJOB_CRD", ROOT.parent / "shared/crds/kubeflow.org_mpijobs.yaml"))
     require(path.exists(), f"MPIJob CRD {path} not found (set SCALINGRUN_MPIJOB_CRD)")
-    return install_crd(api_client, yaml.safe_load(path.read_text()))
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def mpijob_crd(api_client):
+    """The MPIJob CRD, created through the API: it is too large for client-side apply. Only the CRD: the
+    mpi-operator itself does not run, tests play its part."""
+    return install_crd(api_client, mpijob_crd_document())
 
 
 @pytest.fixture(scope="session")
