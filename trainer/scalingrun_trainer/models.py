@@ -4,8 +4,11 @@ pooling), dropout, a softmax head."""
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from typing import Optional
+
+from scalingrun_api.models import WEIGHTS_PATTERN
 
 from .storage import open_location
 
@@ -15,7 +18,11 @@ class ModelError(RuntimeError):
 
 
 def local_weights(weights: str, endpoint: Optional[str] = None, region: Optional[str] = None) -> Optional[str]:
-    """None, 'imagenet', or a local path for a weights URI (s3:// files are downloaded)."""
+    """None, 'imagenet', or a local path for a weights URI (s3:// files are downloaded). Only the URIs that
+    validate and admission accept (the API's pattern): anything else fails here, before any download."""
+    if not re.fullmatch(WEIGHTS_PATTERN, weights):
+        raise ModelError(f"spec.model.weights {weights!r} is not supported: use imagenet, none, s3://bucket/key, "
+                         "file:///path or /path")
     if weights == "none":
         return None
     if weights == "imagenet":
