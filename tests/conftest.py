@@ -130,6 +130,10 @@ def api_client(kubeconfig):
     return config.new_client_from_config(config_file=kubeconfig)
 
 
+# The CRDs this session created (on a named cluster, the only ones a test may delete and then put back).
+CREATED_CRDS: dict[str, dict] = {}
+
+
 def install_crd(api_client, crd: dict, *, replace: bool = False) -> dict:
     """Creates a CRD (or, with replace, updates an existing one) and waits until it is established."""
     import time
@@ -141,10 +145,13 @@ def install_crd(api_client, crd: dict, *, replace: bool = False) -> dict:
     name = crd["metadata"]["name"]
     try:
         ext.create_custom_resource_definition(crd)
+        CREATED_CRDS[name] = crd
     except ApiException as exc:
         if exc.status != 409:
             raise
         if replace:
+            if name in CREATED_CRDS:
+                CREATED_CRDS[name] = crd
             crd = {**crd, "metadata": {**crd["metadata"],
                                        "resourceVersion": ext.read_custom_resource_definition(name).metadata.resource_version}}
             ext.replace_custom_resource_definition(name, crd)
