@@ -54,7 +54,12 @@ def version_differences(pins: dict[str, str], path: "list[str] | None" = None) -
 
 
 def _where(path: "list[str] | None") -> dict:
-    return {} if path is None else {"path": path}
+    """The environment's site-packages by default: what pip installed there (not a package's vendored copies that
+    an import may have put on sys.path; their files are in their package's RECORD)."""
+    import sysconfig
+
+    site = sorted({sysconfig.get_path("purelib"), sysconfig.get_path("platlib")})
+    return {"path": path if path is not None else site}
 
 
 def file_differences(modified: list[str], path: "list[str] | None" = None) -> tuple[int, list[str]]:
