@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import enum
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -54,6 +55,8 @@ INT64_EDGES = [2**63 - 1, 2**63, -(2**63), -(2**63) - 1]
 # Whole numbers written as floats: integers to the API server only below 2^53.
 WHOLE_FLOATS = [2.0**53 - 1, 2.0**53, 1e16, -(2.0**53)]
 NOT_STRINGS = [5, 0, -1, 2.5, 2.0, True, False, ["a"], {"a": "b"}, *INT64_EDGES]
+# \s is Unicode to pydantic's regexps (Rust) and ASCII to the API server's (RE2): these are spaces to one only.
+UNICODE_SPACES = ["\u00a0", "\u2003", "\x0b"]
 BOOLEAN_LOOKALIKES = ["yes", "no", "true", "false", "True", "on", 1, 0, 1.0, "1"]
 
 
@@ -106,6 +109,9 @@ def value_candidates(annotation: Any, metadata: list) -> list[Any]:
             values += [*numbers, *[float(n) for n in numbers if isinstance(n, int)], 0.5, "0.5", "1", True, "x"]
         elif kind is str:
             values += [*STRINGS, *NOT_STRINGS]
+            if "pattern" in bounds:  # what the pattern takes, with a space inside that regexp engines disagree on
+                valid = [v for v in STRINGS if re.fullmatch(bounds["pattern"], v)]
+                values += [v[:len(v) // 2] + space + v[len(v) // 2:] for v in valid for space in UNICODE_SPACES]
             for name in ("min_length", "max_length"):
                 if name in bounds:
                     values += ["x" * (bounds[name] + d) for d in (-1, 0, 1) if bounds[name] + d >= 0]
