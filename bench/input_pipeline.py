@@ -1,6 +1,6 @@
 """Input pipeline speed: images/s delivered to Keras from Parquet of 299x299x3 rows.
 
-(a) ours: scalingrun_trainer.data.make_dataset (vectorised decode per row group, uint8 shuffle and
+(a) ours: scalingrun_trainer.keras.data.make_dataset (vectorised decode per row group, uint8 shuffle and
     batches; the model's first layer normalises, on the accelerator in a cluster)
 (b) the seeds' configuration: make_batch_reader defaults, unbatch, then a per-row decode + float map, batch
 (c) the decode-free bound: a bare pyarrow read of the same files
@@ -53,7 +53,8 @@ def rate_of(dataset, batches: int) -> float:
 
 
 def ours(output: str, batches: int) -> float:
-    from scalingrun_trainer.data import make_dataset, open_dataset
+    from scalingrun_trainer.core.dataset import open_dataset
+    from scalingrun_trainer.keras.data import make_dataset
 
     dataset = open_dataset(output)
     data, reader = make_dataset(dataset, "train", rank=0, size=1, batch_size=BATCH, seed=0)
@@ -69,7 +70,7 @@ def seed_config(output: str, batches: int) -> float:
     from petastorm import make_batch_reader
     from petastorm.tf_utils import make_petastorm_dataset
 
-    from scalingrun_trainer.data import open_dataset
+    from scalingrun_trainer.core.dataset import open_dataset
 
     urls = open_dataset(output).urls("train")
     reader = make_batch_reader(urls, num_epochs=None)  # the seeds' reader: library defaults
@@ -89,7 +90,7 @@ def seed_config(output: str, batches: int) -> float:
 def bare_pyarrow(output: str, rounds: int = 1) -> float:
     import pyarrow.parquet as pq
 
-    from scalingrun_trainer.data import open_dataset
+    from scalingrun_trainer.core.dataset import open_dataset
 
     dataset = open_dataset(output)
     best = 0.0
@@ -108,8 +109,9 @@ def step_split_worker(output: str, steps: int) -> None:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from scalingrun_trainer.data import make_dataset, open_dataset
-    from scalingrun_trainer.models import build_model
+    from scalingrun_trainer.core.dataset import open_dataset
+    from scalingrun_trainer.keras.data import make_dataset
+    from scalingrun_trainer.keras.models import build_model
 
     hvd.init()
     data, reader = make_dataset(open_dataset(output), "train", rank=hvd.rank(), size=hvd.size(), batch_size=BATCH,

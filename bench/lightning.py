@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from scalingrun_api.progress import PROGRESS_FILE, Progress
+
 ROOT = Path(__file__).resolve().parents[1]
 LIGHTNING_PYTHON = Path(os.environ.get("SCALINGRUN_LIGHTNING_PYTHON", ROOT / ".venv-lightning/bin/python"))
 SIDE = 299
@@ -47,7 +49,7 @@ def input_worker(output: str, batches: int, rounds: int) -> None:
     """In the Lightning venv: the trainer's reader vs a bare pyarrow read, rounds interleaved."""
     import pyarrow.parquet as pq
 
-    from scalingrun_trainer.data import open_dataset
+    from scalingrun_trainer.core.dataset import open_dataset
     from scalingrun_trainer.lightning.data import TrainBatches
 
     dataset = open_dataset(output)
@@ -81,10 +83,10 @@ def input_worker(output: str, batches: int, rounds: int) -> None:
 
 def train_rate(command: list[str], run: Path) -> list[float]:
     result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    progress = run / "progress.json"
+    progress = run / PROGRESS_FILE
     if result.returncode or not progress.exists():
         raise SystemExit(f"{command[0]} failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
-    return [h["imagesPerSecond"] for h in json.loads(progress.read_text())["history"]]
+    return [entry.images_per_second for entry in Progress.read(json.loads(progress.read_text())).history]
 
 
 def config_for(folder: Path, output: str, framework: str, args) -> Path:

@@ -57,7 +57,9 @@ base_args=()
 # setup.sh in the image takes the one it would build. It links the host's Open MPI (libmpi.so.40): fine from a
 # Debian/Ubuntu host, and the trainer check below imports it.
 rm -rf build/wheels && mkdir -p build/wheels
-for wheels in "$CACHE"/wheels/horovod-*-cpu-py311; do
+# Only a wheel built from the sdist whose hash requirements/horovod.txt pins (setup.sh names its folder after it).
+HOROVOD_SDIST_HASH="$(sed -n 's/.*--hash=sha256:\([0-9a-f]*\).*/\1/p' requirements/horovod.txt)"
+for wheels in "$CACHE"/wheels/horovod-*-"${HOROVOD_SDIST_HASH:0:12}"-*-cpu-py311; do
   if ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
     cp -r "$wheels" build/wheels/ && log "using the cached Horovod wheel $(basename "$wheels")"
   fi
@@ -65,7 +67,7 @@ done
 
 # The Lightning flavour's torch: the CPU wheel of the lock's version when the host has it (pip's find-links,
 # SCALINGRUN_TORCH_WHEELS, default /opt/wheels); else the image takes it from PyTorch's CPU index.
-TORCH_VERSION="$(sed -n 's/^torch==//p' requirements/lightning.txt)"
+TORCH_VERSION="$(sed -n 's/^torch==\([0-9.]*\)+cpu.*/\1/p' requirements/torch-cpu.txt)"
 torch_args=()
 for wheel in "${SCALINGRUN_TORCH_WHEELS:-/opt/wheels}"/torch-"$TORCH_VERSION"+cpu-cp311-*.whl; do
   if [[ -f "$wheel" ]]; then
@@ -138,9 +140,9 @@ if [[ "$CHECK" == 1 ]]; then
     '[ "$(id -u)" = 1000 ] && ! python -c "import tensorflow"'
   # The builder contract (import, signature, output shape) holds in the examples' images, as the trainer checks it.
   check "teamnets.keras_cnn:build in $EXAMPLE_MODEL" "$DOCKER" run --rm "$EXAMPLE_MODEL" python -c \
-    'from scalingrun_trainer.builder import KERAS, build_network; build_network("teamnets.keras_cnn:build", 32, 10, KERAS)'
+    'from scalingrun_trainer.core.builder import Builder; from scalingrun_trainer.keras.models import build_network; build_network(Builder("teamnets.keras_cnn:build"), 32, 10)'
   check "teamnets.torch_cnn:build in $EXAMPLE_MODEL_LIGHTNING" "$DOCKER" run --rm "$EXAMPLE_MODEL_LIGHTNING" python -c \
-    'from scalingrun_trainer.builder import TORCH, build_network; build_network("teamnets.torch_cnn:build", 32, 10, TORCH)'
+    'from scalingrun_trainer.core.builder import Builder; from scalingrun_trainer.lightning.network import build_network; build_network(Builder("teamnets.torch_cnn:build"), 32, 10)'
   check "teamtrain.keras_horovod imports in $EXAMPLE_TRAINING" "$DOCKER" run --rm "$EXAMPLE_TRAINING" python -c \
     'import teamtrain.keras_horovod'
   log "checks passed"

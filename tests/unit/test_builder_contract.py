@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from scalingrun_trainer.builder import KERAS, BuilderError, build_network
+from scalingrun_trainer.core.builder import Builder, BuilderError
+from scalingrun_trainer.keras.models import build_network, user_classifier
 from tests.conftest import require
 
 LIGHTNING_PYTHON = Path(__file__).resolve().parents[2] / ".venv-lightning/bin/python"
@@ -72,14 +73,14 @@ def package(tmp_path, monkeypatch) -> str:
 
 def failure(path: str, **params) -> str:
     with pytest.raises(BuilderError) as caught:
-        build_network(path, 32, 5, KERAS, params, image=IMAGE)
+        build_network(Builder(path, params, IMAGE), 32, 5)
     message = str(caught.value)
     assert message.startswith(f"spec.model.builder {path!r} in image {IMAGE}: "), message
     return message
 
 
 def test_a_good_builder_is_built_and_checked(package):
-    network = build_network("teamnets.keras_models:build", 32, 5, KERAS, {"width": 4}, image=IMAGE)
+    network = build_network(Builder("teamnets.keras_models:build", {"width": 4}, IMAGE), 32, 5)
     assert network.output_shape == (None, 5)
     assert network.optimizer is None  # uncompiled: the trainer compiles it
 
@@ -118,12 +119,13 @@ def test_the_torch_contract_in_the_lightning_environment(package):
     code = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {package!r})
-        from scalingrun_trainer.builder import TORCH, BuilderError, build_network
-        network = build_network("teamnets.torch_models:build", 32, 5, TORCH, {{"width": 4}}, image="img")
+        from scalingrun_trainer.core.builder import Builder, BuilderError
+        from scalingrun_trainer.lightning.network import build_network
+        network = build_network(Builder("teamnets.torch_models:build", {{"width": 4}}, "img"), 32, 5)
         print("built", type(network).__name__, network.training)
         for path in ("teamnets.torch_models:nhwc", "teamnets.keras_models:build"):
             try:
-                build_network(path, 32, 5, TORCH, image="img")
+                build_network(Builder(path, None, "img"), 32, 5)
             except BuilderError as exc:
                 print(exc)
         import torch
@@ -155,13 +157,11 @@ def test_the_trainer_feeds_unit_range_floats_and_computes_the_loss_from_logits(p
     import numpy as np
     import tensorflow as tf
 
-    from scalingrun_trainer.builder import keras_classifier
-
     inputs = tf.keras.Input((32, 32, 3))
     # Logits [40 * mean pixel, 0]: large enough that a loss taken from the probabilities would lose precision.
     logits = tf.keras.layers.Lambda(lambda x: tf.stack([40 * tf.reduce_mean(x, [1, 2, 3]),
                                                         tf.zeros_like(x[:, 0, 0, 0])], axis=1))(inputs)
-    model = keras_classifier(tf.keras.Model(inputs, logits, name="probe"), 32)
+    model = user_classifier(tf.keras.Model(inputs, logits, name="probe"), 32)
     assert model.input.dtype == tf.uint8
     pixels = np.full((2, 32, 32, 3), 255, np.uint8)
     pixels[1] = 0

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scalingrun_operator.builders.mpijob import MPI_USER_HOME, SSH_PORT, WORKER_COMMAND
+from scalingrun_operator.builders.mpijob import MPI_USER_HOME, SSH_PORT, SSHD_STATE_DIR, WORKER_COMMAND
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = ["Dockerfile.operator", "Dockerfile.trainer"]
@@ -96,6 +96,9 @@ def test_trainer_image_serves_what_the_mpijob_expects():
     host_key = re.search(r'"HostKey (\S+)"', sshd_config).group(1)
     entrypoint = (ROOT / "scripts/trainer-entrypoint.sh").read_text()
     assert f"key={host_key}\n" in entrypoint and 'exec "$@"' in entrypoint
+    # What sshd writes (host key, pid file) is in the one folder workers get writable besides /tmp.
+    assert host_key.startswith(SSHD_STATE_DIR + "/")
+    assert re.search(r'"PidFile (\S+)"', sshd_config).group(1).startswith(SSHD_STATE_DIR + "/")
     # No key baked in: none generated at build time, and the ones openssh-server's install makes are removed.
     assert "ssh-keygen" not in (ROOT / "Dockerfile.trainer").read_text()
     assert "rm -f /etc/ssh/ssh_host_*" in (ROOT / "scripts/image-packages.sh").read_text()

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from scalingrun_trainer.data import open_dataset
+from scalingrun_trainer.core.dataset import open_dataset
 from scalingrun_trainer.parquet_table import TableError, TableParams, inspect_table
 
 SIDE = 32  # the smallest spec.dataset.imageSize

@@ -8,7 +8,7 @@ from typing import Optional
 
 from pydantic import Field
 
-from .common import DATA_URI_PATTERN, ApiModel, Quantity
+from .common import DATA_URI_PATTERN, MAX_INTEGER, ApiModel, Quantity
 
 
 class Resources(ApiModel):
@@ -111,7 +111,7 @@ class Dataset(ApiModel):
         le=1,
         description="Deterministic fraction of the source to use; start small, then grow.",
     )
-    seed: int = Field(42, ge=0, description="Seed of the per-file split and sample.")
+    seed: int = Field(42, ge=0, le=MAX_INTEGER, description="Seed of the per-file split and sample.")
     preprocessing: Preprocessing = Field(
         default_factory=Preprocessing, description="The preprocessing Job."
     )

@@ -47,8 +47,9 @@ class Model(ApiModel):
         None, description="Pretrained base network (include_top=False). Default efficientnet_lite0 unless "
         "model.builder or training.command is set (they exclude it).")
     weights: Optional[str] = Field(
-        None, description="Weights of the base: imagenet, none (random init), or the URI of a weights file. "
-        "Default imagenet with a base.", pattern=WEIGHTS_PATTERN)
+        None, description="Weights of the base: imagenet, none (random init), or a weights file: s3://bucket/key (the "
+        "run's storage), file:///path or /path (in the trainer image or a mounted volume). Default imagenet with a "
+        "base.", pattern=WEIGHTS_PATTERN)
     trainable_base: Optional[bool] = Field(
         None, description="Fine-tune the base too; by default (false) it is frozen and only the head trains.")
     dropout: Optional[float] = Field(
@@ -72,8 +73,10 @@ class Model(ApiModel):
         return [alias for name, alias, _ in BUILTIN_DEFAULTS if getattr(self, name) is not None]
 
 
-def resolve_builtin_defaults(model: Model) -> None:
-    """The built-in network's defaults, for a spec that uses it (neither builder nor command)."""
+def resolve_builtin_defaults(model: Model, command: Optional[list[str]]) -> None:
+    """The built-in network's defaults, for a spec that uses it (neither model.builder nor training.command)."""
+    if model.builder or command:
+        return
     for name, _, default in BUILTIN_DEFAULTS:
         if getattr(model, name) is None:
             setattr(model, name, default)

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .common import (
     DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, DNS_SUBDOMAIN_PATTERN, HTTP_URL_PATTERN,
-    LABEL_VALUE_PATTERN, ApiModel, ObjectMeta, Quantity, secret_name_field,
+    LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, ObjectMeta, Quantity, secret_name_field,
 )
 from .status import ScalingRunStatus
 from .dataset import Dataset, Resources
@@ -60,7 +60,8 @@ class Toleration(ApiModel):
     operator: TolerationOperator = Field(TolerationOperator.equal, description="Exists or Equal.")
     value: Optional[str] = Field(None, description="Taint value for Equal.", pattern=LABEL_VALUE_PATTERN, max_length=63)
     effect: Optional[TaintEffect] = Field(None, description="Taint effect to match; empty matches all.")
-    toleration_seconds: Optional[int] = Field(None, ge=0, description="For NoExecute: how long to stay bound.")
+    toleration_seconds: Optional[int] = Field(
+        None, ge=0, le=MAX_INTEGER, description="For NoExecute: how long to stay bound.")
 
 
 class Workers(ApiModel):
@@ -110,11 +111,12 @@ class CleanPodPolicy(str, Enum):
 class SchedulingPolicy(ApiModel):
     """Gang scheduling, passed through to Volcano or scheduler-plugins."""
 
-    min_available: Optional[int] = Field(None, ge=1, description="Pods that must be schedulable together.")
+    min_available: Optional[int] = Field(
+        None, ge=1, le=MAX_INTEGER, description="Pods that must be schedulable together.")
     queue: Optional[str] = Field(None, description="Volcano queue.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
     priority_class: Optional[str] = Field(
         None, description="PriorityClass of the gang.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
-    schedule_timeout_seconds: Optional[int] = Field(None, ge=1, description="Gang scheduling timeout.")
+    schedule_timeout_seconds: Optional[int] = Field(None, ge=1, le=MAX_INTEGER, description="Gang scheduling timeout.")
 
 
 class RunPolicy(ApiModel):
@@ -122,10 +124,10 @@ class RunPolicy(ApiModel):
 
     backoff_limit: int = Field(3, ge=0, le=100, description="Launcher retries before the run fails.")
     active_deadline_seconds: Optional[int] = Field(
-        None, ge=1, description="Fail the training after this many seconds."
+        None, ge=1, le=MAX_INTEGER, description="Fail the training after this many seconds."
     )
     ttl_seconds_after_finished: Optional[int] = Field(
-        None, ge=0, description="Delete the MPIJob this long after it finishes."
+        None, ge=0, le=MAX_INTEGER, description="Delete the MPIJob this long after it finishes."
     )
     clean_pod_policy: CleanPodPolicy = Field(
         CleanPodPolicy.running,
@@ -171,8 +173,7 @@ class ScalingRunSpec(ApiModel):
     @model_validator(mode="after")
     def _builtin_network_defaults(self) -> "ScalingRunSpec":
         # Not in the CRD (see model.py): a builder or a command never gets a base it did not ask for.
-        if not self.model.builder and not self.training.command:
-            resolve_builtin_defaults(self.model)
+        resolve_builtin_defaults(self.model, self.training.command)
         return self
 
 

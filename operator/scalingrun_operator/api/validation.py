@@ -17,7 +17,8 @@ from typing import Any, Iterable, TypeVar
 import pydantic
 
 from scalingrun_api.models import (
-    AUTO, BaseNetwork, Columns, DatasetFormat, Framework, Monitor, Preprocessing, ScalingRun, ScalingSweep,
+    AUTO, FRAMEWORK_STRATEGIES, BaseNetwork, Columns, DatasetFormat, Framework, Monitor, Preprocessing, ScalingRun,
+    ScalingSweep, Strategy,
 )
 from scalingrun_api.models.dataset import Dataset
 from .sweep import build_point_run, sweep_points
@@ -184,9 +185,16 @@ def parse_schema(document: Any, resource: type[Resource] = ScalingRun) -> Resour
 def _framework_errors(run: ScalingRun) -> list[FieldError]:
     """Fields that mean nothing for the chosen framework are refused, not ignored."""
     spec = run.spec
-    if spec.training.framework != Framework.pytorch_lightning.value:
-        return []
     errors = []
+    strategies = FRAMEWORK_STRATEGIES[spec.training.framework]
+    if spec.training.strategy not in strategies:
+        errors.append(FieldError(
+            "spec.training.strategy",
+            f"{spec.training.strategy} is not a strategy of spec.training.framework {spec.training.framework} "
+            f"(its strategies: {', '.join(strategies)}; the first is the default when strategy is omitted)",
+        ))
+    if spec.training.framework != Framework.pytorch_lightning.value:
+        return errors
     if spec.model.base not in (None, BaseNetwork.efficientnet_lite0.value):
         errors.append(FieldError(
             "spec.model.base",
@@ -220,6 +228,10 @@ def _own_model_errors(run: ScalingRun) -> list[FieldError]:
             errors.append(FieldError("spec.training.batchSizePerWorker", "auto probes our trainer's network; with "
                                      "training.command give a number (your script reads it as "
                                      "ctx.batch_size_per_worker)"))
+        if training.strategy == Strategy.multi_worker_mirrored.value:
+            errors.append(FieldError("spec.training.strategy", "training.command runs your script on every rank "
+                                     "under mpirun (one process per GPU): multi-worker-mirrored is our Keras "
+                                     "trainer's engine; remove strategy (your script may use any strategy itself)"))
     elif model.builder:
         errors += [FieldError(path, f"{path} and spec.model.builder exclude each other: the builder's network has "
                               "its own layers and weights; remove one of them") for path in builtin]

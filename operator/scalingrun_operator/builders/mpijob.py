@@ -9,6 +9,7 @@ from scalingrun_api.models import Framework, ScalingRun
 from scalingrun_api.models.training import CONFIG_VARIABLE
 from .common import (
     CONFIG_FILE,
+    TMP_DIR,
     config_volume,
     container_security_context,
     metadata,
@@ -18,6 +19,7 @@ from .common import (
     storage_env,
     tracking_env,
     trainer_image,
+    writable_dirs,
 )
 from .config import slots_per_worker, total_processes
 
@@ -25,6 +27,9 @@ MPI_USER_HOME = "/home/mpiuser"
 HOSTFILE = "/etc/mpi/hostfile"
 # The trainer image's non-root sshd listens here (Dockerfile.trainer, /etc/ssh/sshd_config).
 SSH_PORT = 2222
+# ... and keeps its host key (made by the entrypoint at start) and pid file here: a worker's one writable
+# folder besides /tmp (the root filesystem is read-only; ~/.ssh is mpi-operator's Secret, read-only).
+SSHD_STATE_DIR = f"{MPI_USER_HOME}/.sshd"
 # The image's entrypoint creates this pod's own ssh host key (none is baked in), then execs sshd. Rendering
 # a command keeps mpi-operator from substituting its default `sshd -De`, which would bypass the entrypoint.
 WORKER_COMMAND = ["/usr/local/bin/scalingrun-entrypoint", "/usr/sbin/sshd", "-De"]
@@ -67,7 +72,8 @@ def rank_env(run: ScalingRun) -> list[dict[str, Any]]:
 
 def launcher_script(run: ScalingRun) -> str:
     """Waits until every worker in the hostfile answers ssh (`scalingrun-trainer launch`; upstream
-    mpi-operator #386, #482, #615), then execs mpirun of the trainer (or training.command) on every rank."""
+    mpi-operator #386, #482, #615), then execs mpirun of the trainer (or training.command): one rank per slot
+    (slots_per_worker: one per GPU, or one per worker pod for multi-worker-mirrored)."""
     mpirun = [
         "mpirun", "-np", str(total_processes(run)), "--hostfile", HOSTFILE,
         "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
@@ -123,6 +129,8 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
     if run.spec.run_policy.kueue_queue_name:
         meta["labels"]["kueue.x-k8s.io/queue-name"] = run.spec.run_policy.kueue_queue_name
     volume, mount = config_volume(run)
+    launcher_scratch, launcher_mounts = writable_dirs(TMP_DIR)
+    worker_scratch, worker_mounts = writable_dirs(TMP_DIR, SSHD_STATE_DIR)
     launcher = {
         "name": "launcher",
         "image": trainer_image(run),
@@ -130,7 +138,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "env": rank_env(run),
         "resources": resources(run.spec.launcher.resources.cpu, run.spec.launcher.resources.memory),
         "securityContext": container_security_context(),
-        "volumeMounts": [mount],
+        "volumeMounts": [mount, *launcher_mounts],
     }
     worker = {
         "name": "worker",
@@ -139,7 +147,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "env": rank_env(run),
         "resources": resources(w.cpu, w.memory, w.gpus_per_worker),
         "securityContext": container_security_context(),
-        "volumeMounts": [mount],
+        "volumeMounts": [mount, *worker_mounts],
     }
     return {
         "apiVersion": "kubeflow.org/v2beta1",
@@ -158,12 +166,13 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
                 "Launcher": {
                     "replicas": 1,
                     "restartPolicy": "OnFailure",
-                    "template": _pod_template(run, meta["labels"], launcher, [volume], workers=False),
+                    "template": _pod_template(run, meta["labels"], launcher, [volume, *launcher_scratch],
+                                             workers=False),
                 },
                 "Worker": {
                     "replicas": w.replicas,
                     "restartPolicy": "Never",
-                    "template": _pod_template(run, meta["labels"], worker, [volume], workers=True),
+                    "template": _pod_template(run, meta["labels"], worker, [volume, *worker_scratch], workers=True),
                 },
             },
         },

@@ -7,6 +7,7 @@ from typing import Any
 from scalingrun_api.models import DatasetFormat, ScalingRun
 from .common import (
     CONFIG_FILE,
+    TMP_DIR,
     config_volume,
     container_security_context,
     metadata,
@@ -15,6 +16,7 @@ from .common import (
     resources,
     storage_env,
     trainer_image,
+    writable_dirs,
 )
 
 
@@ -44,6 +46,7 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
     pre = run.spec.dataset.preprocessing
     shards = shard_count(run)
     volume, mount = config_volume(run)
+    scratch, scratch_mounts = writable_dirs(TMP_DIR)
     meta = metadata(run, preprocess_job_name(run), namespace, "preprocess")
     container = {
         "name": "preprocess",
@@ -54,8 +57,8 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": storage_env(run),
         "resources": resources(pre.resources.cpu, pre.resources.memory),
-        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
-        "volumeMounts": [mount, {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": container_security_context(),
+        "volumeMounts": [mount, *scratch_mounts],
     }
     return {
         "apiVersion": "batch/v1",
@@ -73,7 +76,7 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
                     "automountServiceAccountToken": False,  # it reads storage, never the Kubernetes API
                     "securityContext": pod_security_context(),
                     "containers": [container],
-                    "volumes": [volume, {"name": "tmp", "emptyDir": {}}],
+                    "volumes": [volume, *scratch],
                 },
             },
         },

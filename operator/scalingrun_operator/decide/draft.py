@@ -69,7 +69,7 @@ class Draft:
             if not existing or existing.get("status") != "False":
                 self.update.warn("StorageUnreadable", found.error)
             every = self.settings.recheck_interval_seconds
-            self.update.condition(STORAGE_READABLE, "False", "StorageError", f"{found.error}; retrying every {every:g} s")
+            self.update.condition(STORAGE_READABLE, "False", found.reason, f"{found.error}; retrying every {every:g} s")
             self.recheck(every)
             return False, None
         if versioned:

@@ -1,12 +1,10 @@
 """The trainer's progress document, read into status, pure: status.training, the InputBound condition, and the
 messages that quote the epoch reached.
 
-Contract with the trainer (scalingrun_trainer.progress): rank 0 writes `<runLocation>/progress.json`
-{"state", "epoch", "maxEpochs", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond",
-"elapsedSeconds", "learningRate", "effectiveBatchSize", "processes", "modelUri", "error", "mlflowRunId",
-"resumedFromEpoch", "batchSizePerWorker", "batchSizeProbe", "inputWaitFraction", "gpuUtilization",
-"inputHistory"}. A resumed attempt starts its document at the epoch it resumed from. It is read in one
-place (documents.read_progress); everything here works on what that returns.
+Contract with the trainers: rank 0 writes `<runLocation>/progress.json`, whose schema is
+scalingrun_api.progress.Progress (read leniently: a junk value is left out, the rest kept). A resumed attempt
+starts its document at the epoch it resumed from. It is read in one place (documents.read_progress); everything
+here works on what that returns.
 """
 
 from __future__ import annotations
@@ -14,26 +12,16 @@ from __future__ import annotations
 import math
 from typing import Any, Optional
 
-from scalingrun_api.models import ScalingRun
+from scalingrun_api.models import InputEpoch, ScalingRun, TrainingStatus
+from scalingrun_api.progress import Progress, lenient
 from ..builders.config import total_processes
 
-# progress.json key -> status.training key, with the type the status schema wants.
-_MIRRORED = {
-    "epoch": ("epoch", int),
-    "maxEpochs": ("maxEpochs", int),
-    "bestEpoch": ("bestEpoch", int),
-    "imagesPerSecond": ("imagesPerSecond", float),
-    "learningRate": ("learningRate", float),
-    "effectiveBatchSize": ("effectiveBatchSize", int),
-    "processes": ("processes", int),
-    "resumedFromEpoch": ("resumedFromEpoch", int),
-    "batchSizePerWorker": ("batchSizePerWorker", int),
-    "inputWaitFraction": ("inputWaitFraction", float),
-    "gpuUtilization": ("gpuUtilization", float),
-}
+# What status.training mirrors from progress.json: the fields the two models share, by name.
+MIRRORED = frozenset(Progress.model_fields) & frozenset(TrainingStatus.model_fields)
 # What describes the last finished epoch: kept together, from one attempt.
-_EPOCH_KEYS = ("epoch", "metrics", "bestEpoch", "bestMetrics", "imagesPerSecond", "inputWaitFraction",
-               "gpuUtilization", "inputHistory")
+_EPOCH_FIELDS = ("epoch", "metrics", "best_epoch", "best_metrics", "images_per_second", "input_wait_fraction",
+                 "gpu_utilization", "input_history")
+_EPOCH_KEYS = tuple(TrainingStatus.model_fields[name].alias for name in _EPOCH_FIELDS)
 # InputBound: the share of step time spent waiting for input, over this many epochs in a row.
 INPUT_WAIT_THRESHOLD = 0.30
 INPUT_BOUND_EPOCHS = 2
@@ -47,17 +35,6 @@ def _number(value: Any, kind: type) -> Optional[float]:
     return kind(value)
 
 
-def _metrics(value: Any) -> dict[str, float]:
-    if not isinstance(value, dict):
-        return {}
-    out = {}
-    for key, number in value.items():
-        number = _number(number, float)
-        if number is not None:
-            out[str(key)] = number
-    return out
-
-
 def base_training_status(run: ScalingRun, mpijob_name: str) -> dict[str, Any]:
     """What is known before the trainer reports anything."""
     return {"mpiJobName": mpijob_name, "processes": total_processes(run),
@@ -68,63 +45,18 @@ def training_status(progress: Optional[dict[str, Any]]) -> dict[str, Any]:
     """status.training fields mirrored from a progress document; junk values are left out, not guessed."""
     if not progress:
         return {}
-    out: dict[str, Any] = {}
-    for source, (target, kind) in _MIRRORED.items():
-        value = _number(progress.get(source), kind)
-        if value is not None:
-            out[target] = value
-    for source in ("metrics", "bestMetrics"):
-        if isinstance(progress.get(source), dict):
-            out[source] = _metrics(progress[source])
-    run_id = progress.get("mlflowRunId")
-    if isinstance(run_id, str) and run_id:
-        out["mlflowRunId"] = run_id
-    probe = _probe(progress.get("batchSizeProbe"))
-    if probe:
-        out["batchSizeProbe"] = probe
-    if isinstance(progress.get("inputHistory"), list):
-        out["inputHistory"] = input_history(progress["inputHistory"])
-    return out
-
-
-def _probe(value: Any) -> Optional[dict[str, Any]]:
-    if not isinstance(value, dict):
-        return None
-    out: dict[str, Any] = {}
-    for key, kind in (("chosen", int), ("seconds", float)):
-        number = _number(value.get(key), kind)
-        if number is not None:
-            out[key] = number
-    if isinstance(value.get("stoppedBy"), str):
-        out["stoppedBy"] = value["stoppedBy"]
-    table = []
-    for row in value.get("table") or []:
-        size = _number((row or {}).get("batchSize"), int) if isinstance(row, dict) else None
-        if size is None:
-            continue
-        entry: dict[str, Any] = {"batchSize": size, "outOfMemory": row.get("outOfMemory") is True}
-        rate = _number(row.get("imagesPerSecond"), float)
-        if rate is not None:
-            entry["imagesPerSecond"] = rate
-        table.append(entry)
-    out["table"] = table
-    return out
+    read = Progress.read(progress)
+    read.input_history.sort(key=lambda entry: entry.epoch)
+    present = {name for name in MIRRORED if name in read.model_fields_set}
+    # Nested fields are the status models (status.training's schema): every set value, defaults included.
+    return read.model_dump(by_alias=True, include=present, exclude_none=True)
 
 
 def input_history(value: Any) -> list[dict[str, Any]]:
     """progress.json's inputHistory, numbers only, in epoch order."""
-    out = []
-    for entry in value if isinstance(value, list) else []:
-        epoch = _number((entry or {}).get("epoch"), int) if isinstance(entry, dict) else None
-        if epoch is None:
-            continue
-        row: dict[str, Any] = {"epoch": epoch}
-        for key in ("inputWaitFraction", "gpuUtilization"):
-            number = _number(entry.get(key), float)
-            if number is not None:
-                row[key] = number
-        out.append(row)
-    return sorted(out, key=lambda row: row["epoch"])
+    entries = [lenient(InputEpoch, item) for item in value] if isinstance(value, list) else []
+    return [entry.model_dump(by_alias=True, exclude_none=True)
+            for entry in sorted((e for e in entries if e is not None), key=lambda e: e.epoch)]
 
 
 def input_bound(run: ScalingRun, history: Any) -> Optional[tuple[str, str, str]]:
@@ -174,22 +106,19 @@ def merge_training_status(previous: dict[str, Any], base: dict[str, Any], mirror
 
 
 def model_uri(progress: Optional[dict[str, Any]]) -> Optional[str]:
-    value = (progress or {}).get("modelUri")
-    return value if isinstance(value, str) and value else None
+    return Progress.read(progress).model_uri or None
 
 
 def epochs_text(progress: Optional[dict[str, Any]]) -> str:
-    if not progress or _number(progress.get("epoch"), int) is None:
+    read = Progress.read(progress)
+    if read.epoch is None:
         return "no epoch finished"
-    text = f"epoch {int(progress['epoch'])}"
-    if _number(progress.get("maxEpochs"), int):
-        text += f" of {int(progress['maxEpochs'])}"
-    return text
+    return f"epoch {read.epoch}" + (f" of {read.max_epochs}" if read.max_epochs else "")
 
 
 def running_message(name: str, progress: Optional[dict[str, Any]]) -> str:
     text = f"MPIJob {name}: {epochs_text(progress)}"
-    metrics = _metrics((progress or {}).get("metrics"))
+    metrics = Progress.read(progress).metrics
     if "val_accuracy" in metrics:
         text += f", val_accuracy {metrics['val_accuracy']:.4f}"
     return text
@@ -197,7 +126,7 @@ def running_message(name: str, progress: Optional[dict[str, Any]]) -> str:
 
 def succeeded_message(name: str, progress: Optional[dict[str, Any]]) -> str:
     text = f"MPIJob {name} succeeded after {epochs_text(progress)}"
-    best = _metrics((progress or {}).get("bestMetrics"))
+    best = Progress.read(progress).best_metrics
     if best:
         text += "; best " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(best.items()))
     uri = model_uri(progress)

@@ -17,6 +17,7 @@ import statistics
 from typing import Any, Optional
 
 from scalingrun_api.models import API_VERSION, KIND, SWEEP_KIND, Phase, ScalingSweep, SweepPhase
+from scalingrun_api.progress import Progress
 from ..api.sweep import Point, build_point_run, sweep_points
 from ..api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
 from ..builders.locations import progress_uri
@@ -93,11 +94,11 @@ def point_row(point: Point, phase: Optional[str], training: Optional[dict[str, A
         if _number(best.get(source)) is not None:
             row[target] = round(float(best[source]), 4)
     if progress:
-        speeds = [_number(h.get("imagesPerSecond")) for h in progress.get("history") or []]
-        speeds = [s for s in speeds if s]
+        finished = Progress.read(progress)
+        speeds = [entry.images_per_second for entry in finished.history if entry.images_per_second]
         if speeds:
             row["imagesPerSecond"] = round(statistics.median(speeds), 1)
-        wall, epochs = _number(progress.get("elapsedSeconds")), _number(progress.get("epoch"))
+        wall, epochs = finished.elapsed_seconds, finished.epoch
         if wall and epochs:
             row["epochs"] = int(epochs)
             row["wallSeconds"] = round(wall, 1)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from scalingrun_api.models import Phase, ScalingRun
+from scalingrun_api.progress import Progress
 from ..builders import build_config_map, build_mpijob
 from ..builders.common import mpijob_name
 from ..builders.locations import progress_uri
@@ -87,8 +88,8 @@ def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progre
     from the front to fit."""
     cause = ": ".join(p for p in (state.reason, state.message) if p)[:500] or "no reason given"
     parts = [f"MPIJob {name} failed ({cause})", mirror.epochs_text(progress)]
-    error = (progress or {}).get("error")
-    if isinstance(error, str) and error:
+    error = Progress.read(progress).error
+    if error:
         parts.append(f"trainer reported: {error[:500]}")
     parts.append(f"{where.launcher_logs(namespace, name)}; recreating the run under the same name "
                  "resumes from its last checkpoint when spec.training.resume is true")

@@ -4,8 +4,8 @@ MPIJob's training, and what they leave behind, written as those children's statu
 
 Preprocessing runs as `parallelism` shard processes (what the Indexed Job runs, one pod per shard), or for a
 Parquet table one `scalingrun-trainer inspect`; training runs `horovodrun -np N scalingrun-trainer train` (what
-the MPIJob launcher runs), for a pytorch-lightning run `mpirun -np N` with the Lightning venv's python, and for a
-training.command `mpirun -np N <command>`.
+the MPIJob launcher runs), or for a multi-worker-mirrored run `mpirun -np N`, for a pytorch-lightning run
+`mpirun -np N` with the Lightning venv's python, and for a training.command `mpirun -np N <command>`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from scalingrun_api.models import Framework, ScalingRun
+from scalingrun_api.models import Framework, ScalingRun, Strategy
 from scalingrun_api.models.training import CONFIG_VARIABLE
 
 
@@ -71,16 +71,20 @@ class Commands:
         return [sys.executable, "-m", "scalingrun_trainer.cli", "inspect", "--config", str(config)]
 
     def train(self, run: ScalingRun, processes: int, config: Path) -> list[str]:
-        if run.spec.training.command:
+        """What the MPIJob launcher runs, here: horovodrun for Keras + Horovod; mpirun for the engines that take
+        rank and world size from MPI (Lightning DDP, with the Lightning venv's python; Keras multi-worker-mirrored;
+        a training.command)."""
+        train = ["-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
+        training = run.spec.training
+        if training.command:
             # The user's command on every rank, as the MPIJob's mpirun starts it; `python` is the framework's venv's
             # (train_env puts it first on PATH).
-            return [*_mpirun(processes), *run.spec.training.command]
-        if run.spec.training.framework == Framework.pytorch_lightning.value:
-            # Lightning DDP takes rank and world size from MPI (what the MPIJob launcher runs, too).
-            return [*_mpirun(processes), _lightning_python(), "-m", "scalingrun_trainer.cli", "train",
-                    "--config", str(config)]
-        return [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
-                sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
+            return [*_mpirun(processes), *training.command]
+        if training.framework == Framework.pytorch_lightning.value:
+            return [*_mpirun(processes), _lightning_python(), *train]
+        if training.strategy == Strategy.multi_worker_mirrored.value:
+            return [*_mpirun(processes), sys.executable, *train]
+        return [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", sys.executable, *train]
 
 
 def train_env(run: ScalingRun, config: Path) -> dict[str, str]:

@@ -8,23 +8,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from scalingrun_api.progress import BatchSizeProbe, Progress, ProgressState
 
-def render_report(progress: dict[str, Any], run_name: str, out_dir: Path) -> tuple[Path, Path]:
-    """Writes <out_dir>/<run>-report.png and .md; returns their paths."""
+
+def render_report(document: dict[str, Any], run_name: str, out_dir: Path) -> tuple[Path, Path]:
+    """Writes <out_dir>/<run>-report.png and .md from a progress document; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    history = progress.get("history") or []
+    progress = Progress.read(document)
+    history = [entry.model_dump(by_alias=True, exclude_none=True) for entry in progress.history]
     if not history:
         raise ValueError("the progress document has no finished epoch yet")
     out_dir.mkdir(parents=True, exist_ok=True)
     epochs = [h["epoch"] for h in history]
-    best = progress.get("bestEpoch")
-    stopped_early = progress.get("state") == "succeeded" and epochs[-1] < progress.get("maxEpochs", epochs[-1])
+    best = progress.best_epoch
+    stopped_early = (progress.state == ProgressState.succeeded.value
+                     and epochs[-1] < (progress.max_epochs or epochs[-1]))
 
-    probe = progress.get("batchSizeProbe") or None
+    probe = progress.batch_size_probe
     figure, axes = plt.subplots(1, 3 if probe else 2, figsize=(16.5 if probe else 11, 4.2))
     for axis, metric, title in ((axes[0], "loss", "Loss"), (axes[1], "accuracy", "Accuracy")):
         for key, style, label in ((metric, "o-", "training"), (f"val_{metric}", "s-", "validation")):
@@ -42,37 +46,39 @@ def render_report(progress: dict[str, Any], run_name: str, out_dir: Path) -> tup
         axis.legend()
     if probe:
         _draw_probe(axes[2], probe)
-    figure.suptitle(f"ScalingRun {run_name}: {progress.get('processes')} processes, effective batch "
-                    f"{progress.get('effectiveBatchSize')}, learning rate {progress.get('learningRate'):g}")
+    figure.suptitle(f"ScalingRun {run_name}: {progress.processes} processes, effective batch "
+                    f"{progress.effective_batch_size}, learning rate {progress.learning_rate:g}")
     figure.tight_layout()
     png = out_dir / f"{run_name}-report.png"
     figure.savefig(png, dpi=100)
     plt.close(figure)
 
     columns = ["epoch", "loss", "accuracy", "val_loss", "val_accuracy", "imagesPerSecond"]
-    inputs = {row.get("epoch"): row for row in progress.get("inputHistory") or [] if isinstance(row, dict)}
+    inputs = {row.epoch: row.model_dump(by_alias=True, exclude_none=True) for row in progress.input_history}
     extra = [key for key in ("inputWaitFraction", "gpuUtilization") if any(key in row for row in inputs.values())]
     header = columns + [{"inputWaitFraction": "input wait", "gpuUtilization": "GPU %"}[key] for key in extra]
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for h in history:
-        cells = [str(h["epoch"])] + [f"{h.get(c, float('nan')):.4f}" for c in columns[1:-1]] + [
+        # The marker belongs to the epoch (the row), not to the last column, whichever that is.
+        cells = [str(h["epoch"]) + (" **best**" if h["epoch"] == best else "")] + [
+            f"{h.get(c, float('nan')):.4f}" for c in columns[1:-1]] + [
             f"{h.get('imagesPerSecond', float('nan')):.0f}"]
         measured = inputs.get(h["epoch"], {})
         for key in extra:
             value = measured.get(key)
             cells.append("" if value is None else f"{value:.0%}" if key == "inputWaitFraction" else f"{value:.0f}")
-        rows.append("| " + " | ".join(cells) + (" **best**" if h["epoch"] == best else "") + " |")
-    best_metrics = progress.get("bestMetrics") or {}
+        rows.append("| " + " | ".join(cells) + " |")
+    best_metrics = progress.best_metrics
     markdown = "\n".join([
         f"# ScalingRun {run_name}",
         "",
-        f"State: **{progress.get('state')}** after {epochs[-1]} of {progress.get('maxEpochs')} epochs"
+        f"State: **{progress.state}** after {epochs[-1]} of {progress.max_epochs} epochs"
         + (" (early stopping)" if stopped_early else "") + ".",
         f"Best epoch: **{best}**, validation accuracy **{best_metrics.get('val_accuracy', float('nan')):.4f}**, "
         f"validation loss {best_metrics.get('val_loss', float('nan')):.4f}.",
-        f"Processes: {progress.get('processes')}; effective batch {progress.get('effectiveBatchSize')}; "
-        f"learning rate {progress.get('learningRate')}; training time {progress.get('elapsedSeconds')} s.",
-        f"Model: `{progress.get('modelUri')}`",
+        f"Processes: {progress.processes}; effective batch {progress.effective_batch_size}; "
+        f"learning rate {progress.learning_rate}; training time {progress.elapsed_seconds} s.",
+        f"Model: `{progress.model_uri}`",
         "",
         f"![curves]({png.name})",
         "",
@@ -85,39 +91,38 @@ def render_report(progress: dict[str, Any], run_name: str, out_dir: Path) -> tup
     return png, md
 
 
-def _draw_probe(axis, probe: dict[str, Any]) -> None:
-    table = probe.get("table") or []
-    measured = [row for row in table if row.get("imagesPerSecond") is not None]
-    axis.plot([row["batchSize"] for row in measured], [row["imagesPerSecond"] for row in measured], "o-",
+def _draw_probe(axis, probe: BatchSizeProbe) -> None:
+    measured = [row for row in probe.table if row.images_per_second is not None]
+    axis.plot([row.batch_size for row in measured], [row.images_per_second for row in measured], "o-",
               label="images/s, one process")
-    for row in table:
-        if row.get("outOfMemory"):
-            axis.axvline(row["batchSize"], color="red", linestyle=":", label=f"out of memory at {row['batchSize']}")
-    if probe.get("chosen"):
-        axis.axvline(probe["chosen"], color="green", linestyle="--", label=f"chosen {probe['chosen']} (knee)")
+    for row in probe.table:
+        if row.out_of_memory:
+            axis.axvline(row.batch_size, color="red", linestyle=":", label=f"out of memory at {row.batch_size}")
+    if probe.chosen:
+        axis.axvline(probe.chosen, color="green", linestyle="--", label=f"chosen {probe.chosen} (knee)")
     axis.set_xscale("log", base=2)
-    sizes = [row["batchSize"] for row in table]
+    sizes = [row.batch_size for row in probe.table]
     axis.set_xticks(sizes, [str(size) for size in sizes])
-    axis.set_title(f"Batch-size probe ({probe.get('seconds')} s)")
+    axis.set_title(f"Batch-size probe ({probe.seconds} s)")
     axis.set_xlabel("batch size per process")
     axis.grid(alpha=0.3)
     axis.legend()
 
 
-def _probe_lines(probe: dict[str, Any]) -> list[str]:
+def _probe_lines(probe: BatchSizeProbe) -> list[str]:
     """The auto batch size: what was tried, what was chosen, and what it cost."""
     lines = [
         "## Batch size (auto)",
         "",
-        f"Chosen: **{probe.get('chosen')}** per process, the smallest size within 5 % of the best images/s; "
-        f"the probe took {probe.get('seconds')} s and stopped at "
-        f"{'out-of-memory' if probe.get('stoppedBy') == 'outOfMemory' else 'the ceiling'}.",
+        f"Chosen: **{probe.chosen}** per process, the smallest size within 5 % of the best images/s; "
+        f"the probe took {probe.seconds} s and stopped at "
+        f"{'out-of-memory' if probe.stopped_by == 'outOfMemory' else 'the ceiling'}.",
         "",
         "| batch size | images/s |",
         "|---|---|",
     ]
-    for row in probe.get("table") or []:
-        rate = "out of memory" if row.get("outOfMemory") else f"{row.get('imagesPerSecond', float('nan')):.0f}"
-        lines.append(f"| {row.get('batchSize')} | {rate}" + (" **chosen**" if row.get("batchSize") == probe.get(
-            "chosen") else "") + " |")
+    for row in probe.table:
+        rate = "out of memory" if row.out_of_memory else f"{row.images_per_second or float('nan'):.0f}"
+        lines.append(f"| {row.batch_size} | {rate}" + (" **chosen**" if row.batch_size == probe.chosen else "")
+                     + " |")
     return [*lines, ""]

@@ -1,44 +1,31 @@
-"""Petastorm's PyTorch reader over the preprocessed Parquet, sharded per rank like the Keras reader.
-
-The same rules as ../data.py: row groups shuffled with one seed on every rank, then split into disjoint shards
-(cur_shard/shard_count); training readers loop forever (`num_epochs=None`, a Petastorm bug drops rows from
-shuffled finite readers) and an epoch is `steps_per_epoch` batches; validation is read completely,
-unshuffled, once per epoch. Pixels stay uint8 (the model normalises).
+"""Petastorm's PyTorch reader over the preprocessed Parquet, sharded per rank by the rules of ../core/dataset.py
+(the same as the Keras reader's): an epoch is `steps_per_epoch` batches of the endless training reader; validation
+is read completely, unshuffled, once per epoch. Pixels stay uint8 (the model normalises).
 """
 
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import Iterator
 
 import numpy as np
 import torch
 
-from ..data import Dataset, _storage_options
+from ..core.dataset import Dataset, open_reader
 
 
 def _reader(dataset: Dataset, split: str, *, rank: int, size: int, seed: int, reader_threads: int):
-    from petastorm import make_batch_reader
     from petastorm.transform import TransformSpec
 
-    # petastorm 0.13 on pyarrow 10 warns about deprecated pyarrow APIs on every reader.
-    warnings.filterwarnings("ignore", category=FutureWarning, module="petastorm")
-    side = dataset.image_size
-    image, label = dataset.columns["image"], dataset.columns["label"]
+    side, image = dataset.image_size, dataset.columns["image"]
 
     def decode(frame):
         # Raw bytes to a flat uint8 vector per row (zero-copy views); the loader stacks and reshapes them.
         frame[image] = [np.frombuffer(raw, dtype=np.uint8) for raw in frame[image]]
         return frame
 
-    training = split == "train"
-    return make_batch_reader(
-        dataset.urls(split), schema_fields=[image, label], cur_shard=rank, shard_count=size,
-        seed=seed, shuffle_row_groups=training, num_epochs=None if training else 1,
-        workers_count=reader_threads, storage_options=_storage_options(dataset),
-        transform_spec=TransformSpec(decode, edit_fields=[(image, np.uint8, (side * side * 3,), False)]),
-    )
+    return open_reader(dataset, split, shard=rank, shards=size, seed=seed, reader_threads=reader_threads,
+                       transform_spec=TransformSpec(decode, edit_fields=[(image, np.uint8, (side * side * 3,), False)]))
 
 
 def _loader(reader, batch_size: int, dataset: Dataset, shuffle_rows: int):

@@ -1,9 +1,29 @@
-"""The user's torch network (spec.model.builder) as our Lightning trainer trains and saves it."""
+"""The user's torch network (spec.model.builder), checked and wrapped as our Lightning trainer trains and saves it."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from ..core.builder import PROBE_BATCH, Builder
+
+
+def build_network(builder: Builder, image_size: int, num_classes: int) -> nn.Module:
+    """The user's torch.nn.Module, checked on a batch of zero NCHW float32 images (core/builder.py's contract); it
+    is left in the training mode it came in."""
+    network = builder.build(image_size, num_classes)
+    if not isinstance(network, nn.Module):
+        raise builder.error(f"it returned {type(network).__name__}, not a torch.nn.Module")
+    was_training = network.training
+    network.eval()
+    try:
+        with torch.no_grad():
+            batch = torch.zeros((PROBE_BATCH, 3, image_size, image_size), dtype=torch.float32)
+            shape = builder.run_probe(network, batch, "NCHW", image_size)
+    finally:
+        network.train(was_training)
+    builder.check_output(shape, num_classes, "NCHW")
+    return network
 
 
 class BuilderNet(nn.Module):

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import pytorch_lightning as pl
 
+from ..core.progress import EpochTimer
 from ..sdk import context, report_epoch
 
 
@@ -19,23 +18,23 @@ class LightningCallback(pl.Callback):
     def __init__(self):
         super().__init__()
         self.ctx = context()
-        self._started = self._train_end = 0.0
+        self.timer = EpochTimer()
         self._batches = 0
 
     def on_train_epoch_start(self, trainer, pl_module):
-        self._started, self._train_end, self._batches = time.monotonic(), 0.0, 0
+        self.timer.epoch_started()
+        self._batches = 0
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self._batches += 1
 
     def on_validation_start(self, trainer, pl_module):
-        self._train_end = self._train_end or time.monotonic()
+        self.timer.validation_started()
 
     def on_train_epoch_end(self, trainer, pl_module):
-        seconds = (self._train_end or time.monotonic()) - self._started
         images = self._batches * self.ctx.batch_size_per_worker * self.ctx.size
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if v.numel() == 1}
-        report_epoch(trainer.current_epoch + 1, metrics, images / max(seconds, 1e-9))
+        report_epoch(trainer.current_epoch + 1, metrics, self.timer.images_per_second(images))
 
 
 def mpi_environment():

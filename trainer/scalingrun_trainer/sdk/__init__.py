@@ -22,6 +22,7 @@ import json
 import os
 from typing import Any, Optional
 
+from ..core.config import parse_config
 from .context import CONFIG_VARIABLE, DEFAULT_CONFIG, Context, ContextError, build_context, ranks
 from .session import Session, install_excepthook
 
@@ -41,11 +42,11 @@ def context(config_path: Optional[str] = None) -> Context:
         path = config_path or os.environ.get(CONFIG_VARIABLE) or DEFAULT_CONFIG
         try:
             with open(path) as f:
-                config = json.load(f)
+                document = json.load(f)
         except OSError as exc:
             raise ContextError(f"cannot read the run's trainer config {path} ({exc.strerror}): run the script through "
                                f"a ScalingRun's training.command, or set {CONFIG_VARIABLE}") from None
-        _session = Session(build_context(config), config, log=lambda line: print(line, flush=True))
+        _session = Session(build_context(document), parse_config(document), log=lambda line: print(line, flush=True))
         install_excepthook(_session)
     return _session.context
 
@@ -74,7 +75,7 @@ def tf_dataset(split: str, batch_size: Optional[int] = None):
 
     "train" repeats forever (fit with steps_per_epoch=ctx.steps_per_epoch); "validation" is read once per
     iteration, unshuffled. Row groups are shuffled with the run's seed, then split between the ranks."""
-    from ..data import make_dataset
+    from ..keras.data import make_dataset
 
     ctx = context()
     data, reader = make_dataset(ctx.dataset, split, rank=ctx.rank, size=ctx.size,
@@ -103,7 +104,7 @@ def torch_batches(split: str, batch_size: Optional[int] = None):
 
 def _reading(ctx: Context) -> dict[str, int]:
     reader = (ctx.spec.get("training") or {}).get("input") or {}
-    return {"reader_threads": int(reader.get("readerWorkers", 4)), "row_group_cache": int(reader.get("rowGroupCache", 50))}
+    return {"reader_threads": reader.get("readerWorkers", 4), "row_group_cache": reader.get("rowGroupCache", 50)}
 
 
 def __getattr__(name: str) -> Any:

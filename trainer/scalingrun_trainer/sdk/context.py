@@ -8,10 +8,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from scalingrun_api.models import AUTO
 from scalingrun_api.models.training import CONFIG_PATH as DEFAULT_CONFIG, CONFIG_VARIABLE
 
-from ..data import Dataset, open_dataset
-from ..scaling import scale_run
+from ..core.config import parse_config
+from ..core.dataset import Dataset, open_dataset
+from ..core.scaling import scale_run
 from ..storage import s3fs_options
 
 # The launcher's variables of each rank: Open MPI (mpirun, the MPIJob), Horovod's gloo (horovodrun), torchrun.
@@ -117,26 +119,25 @@ class Context:
         return f"{self.dataset.uri.rstrip('/')}/{split}"
 
 
-def build_context(config: dict[str, Any], environ: Optional[dict[str, str]] = None) -> Context:
-    """The Context of this rank from a trainer config (see builders/config.py) and the dataset it names."""
+def build_context(document: dict[str, Any], environ: Optional[dict[str, str]] = None) -> Context:
+    """The Context of this rank from a trainer config document (builders/config.py renders it) and its dataset."""
     rank, size, local_rank, local_size = ranks(environ)
     try:
-        dataset_spec, training, storage = config["dataset"], config["training"], config.get("storage") or {}
-        run_location = config["runLocation"]
-    except KeyError as exc:
-        raise ContextError(f"the trainer config has no {exc.args[0]!r}: is it the one the operator rendered?") from None
-    dataset = open_dataset(dataset_spec["output"], storage.get("endpoint"), storage.get("region"))
-    batch = training.get("batchSizePerWorker", 32)
-    if not isinstance(batch, int):
-        raise ContextError(f"spec.training.batchSizePerWorker is {batch!r}: give a number with training.command")
-    scaled = scale_run(dataset.rows["train"], batch, float(training.get("baseLearningRate", 0.001)),
-                       training.get("learningRateScaling", "linear"), size)
-    options = s3fs_options(storage.get("endpoint")) if dataset.uri.startswith("s3://") else {}
+        config = parse_config(document)
+    except ValueError as exc:
+        raise ContextError(f"the trainer config is not the one the operator renders: {exc}") from None
+    training, storage = config.training, config.storage
+    dataset = open_dataset(config.dataset.output, storage.endpoint, storage.region)
+    if training.batch_size_per_worker == AUTO:
+        raise ContextError("spec.training.batchSizePerWorker is auto: give a number with training.command")
+    scaled = scale_run(dataset.rows["train"], training.batch_size_per_worker, training.base_learning_rate,
+                       training.learning_rate_scaling, size)
+    options = s3fs_options(storage.endpoint) if dataset.uri.startswith("s3://") else {}
     return Context(
-        rank=rank, size=size, local_rank=local_rank, local_size=local_size, run_name=str(config.get("run", "")),
-        spec={k: v for k, v in config.items() if k not in _NOT_SPEC}, dataset=dataset, run_location=run_location,
-        storage_options=options, batch_size_per_worker=scaled.batch_size_per_worker,
+        rank=rank, size=size, local_rank=local_rank, local_size=local_size, run_name=config.run,
+        spec={k: v for k, v in document.items() if k not in _NOT_SPEC}, dataset=dataset,
+        run_location=config.run_location, storage_options=options, batch_size_per_worker=scaled.batch_size_per_worker,
         effective_batch_size=scaled.effective_batch_size, learning_rate=scaled.learning_rate,
-        steps_per_epoch=scaled.steps_per_epoch, max_epochs=int(training.get("maxEpochs", 20)),
-        seed=int(dataset_spec.get("seed", 42)), params=dict((config.get("model") or {}).get("params") or {}),
+        steps_per_epoch=scaled.steps_per_epoch, max_epochs=training.max_epochs, seed=config.dataset.seed,
+        params=dict(config.model.params or {}),
     )

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import tensorflow as tf
 
+from ..core.progress import EpochTimer
 from . import context, report_epoch
 
 
@@ -17,20 +16,20 @@ class KerasCallback(tf.keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self.ctx = context()
-        self._started = self._train_end = 0.0
+        self.timer = EpochTimer()
         self._batches = 0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._started, self._train_end, self._batches = time.monotonic(), 0.0, 0
+        self.timer.epoch_started()
+        self._batches = 0
 
     def on_train_batch_end(self, batch, logs=None):
         self._batches += 1
 
     def on_test_begin(self, logs=None):
-        self._train_end = self._train_end or time.monotonic()
+        self.timer.validation_started()
 
     def on_epoch_end(self, epoch, logs=None):
-        seconds = (self._train_end or time.monotonic()) - self._started
         images = self._batches * self.ctx.batch_size_per_worker * self.ctx.size
         metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
-        report_epoch(epoch + 1, metrics, images / max(seconds, 1e-9))
+        report_epoch(epoch + 1, metrics, self.timer.images_per_second(images))

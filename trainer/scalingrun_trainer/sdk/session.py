@@ -12,55 +12,52 @@ import sys
 import threading
 from typing import Any, Callable, Optional
 
-from ..input_wait import input_entry
-from ..progress import ProgressWriter, better, error_line
+from scalingrun_api.config import TrainerConfig
+from scalingrun_api.progress import PROGRESS_FILE
+from ..core.input_wait import input_entry
+from ..core.progress import EpochRecorder, ProgressWriter
+from ..core.session import error_line
+from ..core.tracking import RunTracker, start_tracking
 from ..storage import open_location
-from ..tracking import RunTracker, start_tracking
 from .context import Context
 
 
 class Session:
     """Rank 0's progress document and tracker for one run; every method is a no-op on other ranks."""
 
-    def __init__(self, context: Context, config: dict[str, Any], log: Callable[[str], None] = print):
+    def __init__(self, context: Context, config: TrainerConfig, log: Callable[[str], None] = print):
         self.context = context
         self.log = log if context.is_chief else (lambda line: None)
-        stopping = (config.get("training") or {}).get("earlyStopping") or {}
-        self.monitor = stopping.get("monitor", "val_loss")
-        self.best: tuple[Optional[int], dict[str, float]] = (None, {})
         self.finished = False
         self.readers: list[Any] = []  # Petastorm readers the SDK opened: stopped at finish()
         self._lock = threading.Lock()
         self.progress: Optional[ProgressWriter] = None
         self.tracker: Optional[RunTracker] = None
+        self.recorder: Optional[EpochRecorder] = None
         if not context.is_chief:
             return
-        storage = config.get("storage") or {}
-        run_root = open_location(context.run_location, storage.get("endpoint"), storage.get("region"))
+        run_root = open_location(context.run_location, config.storage.endpoint, config.storage.region)
         # No collective here (the SDK knows no MPI): rank 0 alone meets a tracking error, raises, and mpirun stops
         # the other ranks.
         self.tracker = start_tracking(config, 0, run_root.uri, _run_params(context), None, self.log, lambda e: e)
         self.progress = ProgressWriter(
-            run_root.join("progress.json"), max_epochs=context.max_epochs, processes=context.size,
+            run_root.join(PROGRESS_FILE), max_epochs=context.max_epochs, processes=context.size,
             learning_rate=context.learning_rate, effective_batch_size=context.effective_batch_size,
             mlflow_run_id=self.tracker.run_id if self.tracker else None,
             batch_size_per_worker=context.batch_size_per_worker)
         self.progress.start()
+        # The best epoch by earlyStopping.monitor (the script's own early stopping, if any, is not ours to know).
+        self.recorder = EpochRecorder(self.progress, config.training.early_stopping.monitor, early_stopping=False,
+                                      tracker=self.tracker, log=self.log)
 
     def report_epoch(self, epoch: int, metrics: dict[str, float], images_per_second: float,
                      input_wait_fraction: Optional[float] = None) -> None:
-        if self.progress is None:
+        if self.recorder is None:
             return
-        metrics = {str(k): float(v) for k, v in metrics.items()}
-        if self.best[0] is None or better(self.monitor, metrics.get(self.monitor), self.best[1].get(self.monitor)):
-            self.best = (epoch, metrics)
         figures = input_entry(epoch, input_wait_fraction, None) if input_wait_fraction is not None else None
         with self._lock:
-            self.progress.epoch(epoch, metrics, images_per_second, self.best[0], self.best[1], input_figures=figures)
-        if self.tracker is not None:
-            self.tracker.epoch(epoch, metrics, images_per_second)
-        shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-        self.log(f"epoch {epoch}/{self.context.max_epochs}: {shown} ({images_per_second:.0f} img/s)")
+            self.recorder.record(epoch, {str(k): float(v) for k, v in metrics.items()}, images_per_second,
+                                 input_figures=figures)
 
     def finish(self, model_uri: Optional[str] = None) -> None:
         self.stop_readers()
@@ -72,18 +69,18 @@ class Session:
         with self._lock:
             self.progress.finish("succeeded", model_uri=model_uri)
         if self.tracker is not None:
-            document = self.progress.document
-            self.tracker.finish("FINISHED", best_epoch=document["bestEpoch"], best_metrics=document["bestMetrics"],
+            progress = self.progress.progress
+            self.tracker.finish("FINISHED", best_epoch=progress.best_epoch, best_metrics=progress.best_metrics,
                                 model_uri=model_uri)
 
     def fail(self, error: str) -> None:
         """The script's exception, on the run: progress.json's error (status, the Failed condition) and MLflow.
         Also after finish(): the script's exit code fails the MPIJob, and the document must say why."""
         self.finished = True
-        if self.progress is None or self.progress.document["state"] == "failed":
+        if self.progress is None or self.progress.progress.state == "failed":
             return
         with self._lock:
-            self.progress.finish("failed", model_uri=self.progress.document["modelUri"], error=error)
+            self.progress.finish("failed", model_uri=self.progress.progress.model_uri, error=error)
         if self.tracker is not None:
             self.tracker.finish("FAILED", error=error)
 

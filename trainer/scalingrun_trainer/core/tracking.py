@@ -19,7 +19,10 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+if TYPE_CHECKING:
+    from scalingrun_api.config import TrainerConfig
 
 # Tags the MLflow run with where its checkpoints and progress document are, to find one from the other.
 RUN_LOCATION_TAG = "scalingrun.dev/run-location"
@@ -184,23 +187,22 @@ class RunTracker:
             self.warn(f"warning: MLflow: {exc} (the progress document still has every metric)")
 
 
-def start_tracking(config: dict[str, Any], rank: int, run_location: str, params: dict[str, Any],
+def start_tracking(config: "TrainerConfig", rank: int, run_location: str, params: dict[str, Any],
                    resume_run_id: Optional[str], log: Callable[[str], None],
                    broadcast: Callable[[Optional[str]], Optional[str]]) -> Optional["RunTracker"]:
     """Rank 0 opens (or, on resume, reopens) the MLflow run; a failure stops every rank with its cause.
 
-    `broadcast` sends rank 0's error (or None) to every rank: Horovod's or MPI's, by framework.
+    `broadcast` sends rank 0's error (or None) to every rank: the engine's collective.
     """
-    tracking = config.get("tracking") or {}
-    uri = tracking.get("mlflowTrackingUri")
-    if not uri:
+    if config.tracking is None:
         return None
+    uri = config.tracking.mlflow_tracking_uri
     tracker, error = None, None
     if rank == 0:
         tracker = RunTracker(MlflowClient.from_env(uri), warn=log)
         try:
-            experiment = tracking.get("experimentName") or config["run"]
-            tracker.start(experiment=experiment, run_name=config["run"], run_location=run_location, params=params,
+            experiment = config.tracking.experiment_name or config.run
+            tracker.start(experiment=experiment, run_name=config.run, run_location=run_location, params=params,
                           resume_run_id=resume_run_id)
             log(f"MLflow: run {tracker.run_id} in experiment {experiment!r} at {uri}")
         except TrackingError as exc:

@@ -1,44 +1,17 @@
-"""Transfer learning: uint8 pixels, the base's normalisation, a pretrained base (include_top=False, average
-pooling), dropout, a softmax head."""
+"""The classifiers Keras trains: transfer learning (uint8 pixels, the base's normalisation, a pretrained base
+(include_top=False, average pooling), dropout, a softmax head), or the user's own network (model.builder) between
+uint8 pixels in and a softmax out."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from typing import Optional
 
-from .storage import open_location
-
-
-class ModelError(RuntimeError):
-    """The model cannot be built as configured; the message says why."""
-
-
-def local_weights(weights: str, endpoint: Optional[str] = None, region: Optional[str] = None) -> Optional[str]:
-    """None, 'imagenet', or a local path for a weights URI (s3:// files are downloaded)."""
-    if weights == "none":
-        return None
-    if weights == "imagenet":
-        return "imagenet"
-    location = open_location(weights, endpoint, region)
-    if weights.startswith("s3://"):
-        try:
-            data = location.read_bytes()
-        except OSError as exc:
-            raise ModelError(f"cannot read weights file {weights}: {exc}") from None
-        suffix = os.path.splitext(weights)[1]
-        handle, path = tempfile.mkstemp(suffix=suffix, prefix="weights-")
-        with os.fdopen(handle, "wb") as f:
-            f.write(data)
-        return path
-    if not os.path.isfile(location.path):
-        raise ModelError(f"weights file {weights} does not exist")
-    return location.path
-
+from ..core.builder import PROBE_BATCH, Builder
+from ..core.weights import ModelError
 
 # Each base's own preprocess_input as (scale, offset) on [0, 255] pixels: x * scale + offset.
 INPUT_SCALING = {
-    "efficientnet_lite0": (1 / 128.0, -127.0 / 128.0),  # (x - 127) / 128, see efficientnet_lite.MEAN/STDDEV
+    "efficientnet_lite0": (1 / 128.0, -127.0 / 128.0),  # (x - 127) / 128, see core/efficientnet_lite.py
     "mobilenet_v2": (1 / 127.5, -1.0),  # keras.applications.mobilenet_v2.preprocess_input: x / 127.5 - 1
     "xception": (1 / 127.5, -1.0),  # keras.applications.xception.preprocess_input ("tf" mode)
 }
@@ -95,3 +68,28 @@ def build_model(base_name: str, image_size: int, num_classes: int, weights: Opti
         features = tf.keras.layers.Dropout(dropout, name="head_dropout")(features)
     outputs = tf.keras.layers.Dense(num_classes, activation="softmax", name="head")(features)
     return tf.keras.Model(inputs, outputs, name=f"{base_name}_transfer")
+
+
+def build_network(builder: Builder, image_size: int, num_classes: int):
+    """The user's tf.keras.Model, checked on a batch of zero NHWC float32 images (core/builder.py's contract)."""
+    import tensorflow as tf
+
+    network = builder.build(image_size, num_classes)
+    if not isinstance(network, tf.keras.Model):
+        raise builder.error(f"it returned {type(network).__name__}, not a tf.keras.Model")
+    batch = tf.zeros((PROBE_BATCH, image_size, image_size, 3), tf.float32)
+    builder.check_output(builder.run_probe(lambda x: network(x, training=False), batch, "NHWC", image_size),
+                         num_classes, "NHWC")
+    return network
+
+
+def user_classifier(network, image_size: int):
+    """The user's network as the trainer trains and saves it: uint8 pixels in (as the Parquet stores them),
+    converted to float32 [0, 1], the network's logits, a softmax out. Keras computes the loss from the softmax's
+    input (its logits), and the saved model outputs probabilities."""
+    import tensorflow as tf
+
+    inputs = tf.keras.Input((image_size, image_size, 3), dtype="uint8", name="image")
+    pixels = tf.keras.layers.Rescaling(1 / 255, name="to_unit_range")(inputs)
+    probabilities = tf.keras.layers.Softmax(name="probabilities")(network(pixels))
+    return tf.keras.Model(inputs, probabilities, name=f"{network.name}_classifier")

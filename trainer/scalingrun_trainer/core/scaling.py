@@ -1,4 +1,7 @@
-"""How batch size, learning rate and steps follow from the number of Horovod processes. Pure."""
+"""How batch size, learning rate and steps follow from the number of data-parallel replicas. Pure.
+
+A replica is a Horovod or DDP process (one per GPU), or one device of a multi-worker-mirrored process (each of
+its GPUs, or its CPU): the same rules for every engine, with `processes` counting replicas."""
 
 from __future__ import annotations
 
@@ -32,8 +35,9 @@ class ScaledRun:
     learning_rate: float
     steps_per_epoch: int
 
-    def describe(self) -> str:
-        return (f"{self.processes} processes x batch {self.batch_size_per_worker} = effective batch "
+    def describe(self, replicas: str = "processes") -> str:
+        """`replicas`: what the engine calls its replicas."""
+        return (f"{self.processes} {replicas} x batch {self.batch_size_per_worker} = effective batch "
                 f"{self.effective_batch_size}; learning rate {self.learning_rate:g}; "
                 f"{self.steps_per_epoch} steps per epoch")
 

@@ -1,12 +1,12 @@
 """How long training waits for its input, and how busy the GPU is, per epoch.
 
 Method: a sequential map placed after the pipeline's last prefetch runs inside the training step's own
-get_next, so it stamps the moment a batch leaves the pipeline for the model (InputClock). Keras calls
-on_train_batch_begin just before the step and on_train_batch_end once its results are on the host, so
+get_next, so it stamps the moment a batch leaves the pipeline for the model (keras/input_clock.py). Keras
+calls on_train_batch_begin just before the step and on_train_batch_end once its results are on the host, so
 per step: wait = arrival - begin (the step blocked on an empty prefetch buffer), step = end - begin.
 The epoch's input-wait share is sum(wait) / sum(step) over its training steps (validation excluded;
 the very first step, which traces the graph, too). Ranks wait for each other in the allreduce, so the
-run reports the largest share over the ranks: one slow reader holds every rank back.
+run reports the largest share over the ranks: one slow reader holds every rank back (combine_input_figures).
 
 GPU utilisation is NVML's (PyPI nvidia-ml-py) busy percentage of this rank's GPU, sampled every half
 second during the epoch; without GPUs there is no figure.
@@ -19,38 +19,14 @@ from __future__ import annotations
 
 import os
 import threading
-import time
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Optional
+
+from scalingrun_api.progress import InputEpoch
+
+if TYPE_CHECKING:
+    from .session import Collective
 
 READER_DELAY_ENV = "SCALINGRUN_DIAGNOSTIC_READER_DELAY"
-HISTORY_EPOCHS = 10  # epochs of input figures kept in progress.json (InputBound needs the last 2)
-
-
-class InputClock:
-    """Records when the latest training batch reached the model (see attach)."""
-
-    def __init__(self, clock=time.perf_counter):
-        self.clock = clock
-        self.last: Optional[float] = None
-
-    def _arrived(self):
-        self.last = self.clock()
-        return 0.0
-
-    def attach(self, data):
-        """`data` with a stamp on each element as the consumer takes it; `data` must end with prefetch."""
-        import tensorflow as tf
-
-        def stamp(images, labels):
-            done = tf.py_function(self._arrived, [], tf.float64)
-            with tf.control_dependencies([done]):
-                return tf.identity(images), tf.identity(labels)
-
-        options = tf.data.Options()
-        # Keep the stamp where it is: no prefetch injected after it, no parallel map made of it.
-        options.experimental_optimization.inject_prefetch = False
-        options.experimental_optimization.map_parallelization = False
-        return data.map(stamp).with_options(options)
 
 
 class StepTimes:
@@ -85,26 +61,20 @@ def reader_delay() -> float:
     return delay
 
 
-def delay_batches(data, seconds: float):
-    """Every batch waits `seconds` in a sequential map (the prefetch after it cannot hide a slower producer)."""
-    import tensorflow as tf
-
-    def slow(images, labels):
-        done = tf.py_function(lambda: time.sleep(seconds) or 0.0, [], tf.float64)
-        with tf.control_dependencies([done]):
-            return tf.identity(images), tf.identity(labels)
-
-    return data.map(slow)
+def input_entry(epoch: int, wait_fraction: Optional[float], gpu_utilization: Optional[float]) -> InputEpoch:
+    """One epoch of progress.json's inputHistory; absent figures stay None (and out of the document)."""
+    return InputEpoch(epoch=epoch,
+                      input_wait_fraction=None if wait_fraction is None else round(float(wait_fraction), 4),
+                      gpu_utilization=None if gpu_utilization is None else round(float(gpu_utilization), 1))
 
 
-def input_entry(epoch: int, wait_fraction: Optional[float], gpu_utilization: Optional[float]) -> dict[str, Any]:
-    """One epoch of progress.json's inputHistory; absent figures are left out."""
-    entry: dict[str, Any] = {"epoch": epoch}
-    if wait_fraction is not None:
-        entry["inputWaitFraction"] = round(float(wait_fraction), 4)
-    if gpu_utilization is not None:
-        entry["gpuUtilization"] = round(float(gpu_utilization), 1)
-    return entry
+def combine_input_figures(world: "Collective", wait: Optional[float],
+                          gpu: Optional[float]) -> tuple[Optional[float], Optional[float]]:
+    """All ranks (a collective): the largest input-wait share (the slowest reader holds every rank back) and the
+    mean GPU utilisation over the ranks that have one."""
+    (worst,) = world.allreduce([-1.0 if wait is None else wait], "max", name="input_wait_fraction")
+    total, count = world.allreduce([gpu or 0.0, 0.0 if gpu is None else 1.0], "sum", name="gpu_utilization")
+    return (worst if worst >= 0 else None), (total / count if count else None)
 
 
 class GpuSampler:

