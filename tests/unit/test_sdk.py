@@ -96,7 +96,7 @@ def test_rank_0_writes_the_same_progress_document_as_our_trainers(config):
     assert progress["modelUri"] == "file:///models/m.keras" and progress["error"] is None
     assert [e["inputWaitFraction"] for e in progress["inputHistory"]] == [0.5, 0.4]
     assert (progress["effectiveBatchSize"], progress["batchSizePerWorker"]) == (16, 8)
-    assert "epoch 2/3: loss=0.9000 val_loss=1.1000 val_accuracy=0.5500 (130 img/s)" in result.stdout
+    assert "epoch 2/3: loss=0.9000 val_loss=1.1000 val_accuracy=0.5500 (130 img/s, input wait 40%)" in result.stdout
 
 
 def test_other_ranks_write_nothing(config):
