@@ -18,8 +18,8 @@ from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_trainer.cli import build_parser
 from scalingrun_trainer.parquet_table import TableParams
-from tests.unit.decide_world import NS, SPEC, World, actions, conditions, done, manifest, owned
-from tests.unit.test_decide_run import preprocess_pod
+from tests.unit.decide_world import NS, SPEC, World, actions, conditions, done, manifest, mpijob, owned, progress
+from tests.unit.test_decide_run import preprocess_pod, training
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = {**SPEC["dataset"], "format": "parquet", "source": "s3://data/table", "columns": {"image": "px", "label": "y"}}
@@ -162,3 +162,31 @@ def test_a_builder_run_renders_like_any_run_with_its_image(path):
     run = load(path)
     assert launcher_argv(run)[-4:] == ["scalingrun-trainer", "train", "--config", CONFIG_FILE]
     assert build_trainer_config(run)["model"]["builder"] == "teamnets.keras_cnn:build"
+
+
+# --- a builder that breaks the contract -----------------------------------------------------------------
+
+
+def test_a_broken_builder_fails_the_run_naming_the_builder_the_image_the_pod_and_what_to_do():
+    error = ("BuilderError: spec.model.builder 'teamnets.keras_cnn:build' in image team/custom-model:0.1.0: cannot "
+             "import teamnets.keras_cnn (is the package in the image, or on PYTHONPATH / --python-path locally?): "
+             "ModuleNotFoundError: No module named 'teamnets'")
+    world = training(progress=progress("failed", 0, error=error, history=[], metrics={}, bestEpoch=None))
+    world.children["MPIJob"] = mpijob(done("Failed", "MPIJobFailed", "launcher exited 2"))
+    decision = world.decide()
+    assert decision.phase == "Failed"
+    status, reason, message = conditions(decision)["Failed"]
+    assert (status, reason) == ("True", "ModelBuilderFailed")
+    assert message.startswith("MPIJob demo-train failed (MPIJobFailed: launcher exited 2) before any training step: "
+                              f"the network of spec.model.builder could not be built; trainer reported: {error}; "
+                              "fix the package in the image (or the function, spec.model.params) and recreate the run")
+    assert "launcher pod demo-train-launcher-aaaaa container launcher" in message
+    assert "resumes from its last checkpoint" not in message  # nothing trained, nothing to resume
+    assert conditions(decision)["Trained"][1] == "ModelBuilderFailed"
+
+
+def test_an_error_after_training_started_is_no_builder_failure():
+    world = training(progress=progress("failed", 2, error="BuilderError: something"))
+    world.children["MPIJob"] = mpijob(done("Failed", "MPIJobFailed", "launcher exited 2"))
+    status, reason, message = conditions(world.decide())["Failed"]
+    assert reason == "MPIJobFailed" and "resumes from its last checkpoint" in message

@@ -38,6 +38,7 @@ DATASET_REUSED = "DatasetReused"
 PREPROCESSING_FAILED = "PreprocessingFailed"
 TABLE_INVALID = "ParquetTableInvalid"  # dataset.format parquet: the table does not fit the run
 MPIJOB_FAILED = "MPIJobFailed"
+BUILDER_FAILED = "ModelBuilderFailed"  # spec.model.builder broke the contract before any training step
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
 
 _PHASE_EVENTS = {

@@ -17,7 +17,8 @@ from ..builders.locations import progress_uri
 from . import interruptions, pods, progress as mirror
 from .draft import Draft, store_of
 from .snapshot import CLUSTER, PROGRESS, Log, Where
-from .status import INPUT_BOUND, MPIJOB_FAILED, SUSPENDED, TRAINED, Event, get_condition, parse_time
+from .status import (BUILDER_FAILED, INPUT_BOUND, MPIJOB_FAILED, SUSPENDED, TRAINED, Event, get_condition,
+                     parse_time)
 
 @dataclass(frozen=True)
 class MPIJobState:
@@ -81,18 +82,31 @@ def _launcher_log_text(log: Any, room: int) -> str:
     return f"last {len(lines)} line{'s' if len(lines) > 1 else ''}{header}{tail}"
 
 
+def builder_failed(progress: Optional[dict[str, Any]]) -> bool:
+    """The trainer's contract check of spec.model.builder failed (rank 0 wrote a BuilderError, no epoch ran)."""
+    read = Progress.read(progress)
+    return bool(read.error and read.error.startswith("BuilderError:") and not read.epoch)
+
+
 def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progress: Optional[dict[str, Any]],
                            launcher_log: Any = None, pod_cause: str = "", where: Where = CLUSTER) -> str:
     """Why the MPIJob failed: its condition, the epoch reached, the trainer's error, what a pod says (e.g. a
     worker OOMKilled) and, with `launcher_log` (an interruptions.LauncherLog), the end of the launcher's log, cut
     from the front to fit."""
     cause = ": ".join(p for p in (state.reason, state.message) if p)[:500] or "no reason given"
-    parts = [f"MPIJob {name} failed ({cause})", mirror.epochs_text(progress)]
     error = Progress.read(progress).error
-    if error:
-        parts.append(f"trainer reported: {error[:500]}")
-    parts.append(f"{where.launcher_logs(namespace, name)}; recreating the run under the same name "
-                 "resumes from its last checkpoint when spec.training.resume is true")
+    if builder_failed(progress):
+        # Nothing trained and nothing to resume: the user's package or function is what needs fixing.
+        parts = [f"MPIJob {name} failed ({cause}) before any training step: the network of spec.model.builder "
+                 f"could not be built", f"trainer reported: {error[:700]}",
+                 "fix the package in the image (or the function, spec.model.params) and recreate the run; "
+                 f"{where.launcher_logs(namespace, name)}"]
+    else:
+        parts = [f"MPIJob {name} failed ({cause})", mirror.epochs_text(progress)]
+        if error:
+            parts.append(f"trainer reported: {error[:500]}")
+        parts.append(f"{where.launcher_logs(namespace, name)}; recreating the run under the same name "
+                     "resumes from its last checkpoint when spec.training.resume is true")
     if pod_cause:
         parts.append(pod_cause[:700])
     if launcher_log is not None:
@@ -177,8 +191,9 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
             merged["launcherLogTail"] = launcher_log.tail
         message = mpijob_failure_message(draft.namespace, name, state, progress, launcher_log,
                                          pods.pod_cause(draft, pods.TRAINING_ROLES, name), draft.settings.where)
-        update.condition(TRAINED, "False", MPIJOB_FAILED, message)
-        update.fail(MPIJOB_FAILED, message)
+        reason = BUILDER_FAILED if builder_failed(progress) else MPIJOB_FAILED
+        update.condition(TRAINED, "False", reason, message)
+        update.fail(reason, message)
     elif wanted_suspend:
         update.condition(SUSPENDED, "True", "Suspended",
                          f"MPIJob {name} is suspended (spec.runPolicy.suspend); set it to false to resume from the "
