@@ -34,9 +34,11 @@ def test_the_teams_torch_network_learns_on_the_quickstart_data(tmp_path, lightni
         env={**os.environ, "PYTHONPATH": str(PACKAGE), "SCALINGRUN_LIGHTNING_PYTHON": lightning_python})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "phase: Succeeded" in result.stdout
-    trained = re.search(r"training: (\d) of 5 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes", result.stdout)
+    trained = re.search(r"training: (\d) of 5 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes, ([\d.]+) img/s",
+                        result.stdout)
     assert trained, result.stdout[-2000:]
-    print(f"team CNN (Lightning builder), 2 processes, 5 epochs: best val_accuracy {trained.group(3)}")
+    print(f"team CNN (Lightning builder), 2 processes, 5 epochs: best val_accuracy {trained.group(3)}, "
+          f"{trained.group(4)} img/s")
     assert float(trained.group(3)) >= LEARNED
     status = json.loads((state / "runs/quickstart-team-cnn-lightning/status.json").read_text())
     assert status["modelUri"].endswith("/runs/quickstart-team-cnn-lightning/model/model.pt")
