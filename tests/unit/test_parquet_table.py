@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from scalingrun_trainer.core.dataset import open_dataset
-from scalingrun_trainer.parquet_table import TableError, TableParams, inspect_table
+from scalingrun_trainer.parquet_table import TableError, TableParams, inspect_table, write_manifest
 
 SIDE = 32  # the smallest spec.dataset.imageSize
 
@@ -117,6 +117,27 @@ def test_fixed_size_binary_images_and_few_row_groups_warn_but_pass(tmp_path):
     assert manifest["warnings"] == ["validation has 2 row groups for 2 processes: fewer than 2 per process leaves "
                                     "little to shuffle and to balance; write smaller row groups"]
     assert manifest["classes"] == ["0", "1", "2"]
+
+
+@pytest.mark.parametrize("image_type", [pa.binary(), pa.binary(SIDE * SIDE * 3)], ids=["binary", "fixed-size"])
+def test_the_trainers_reader_reads_the_tables_own_columns(tmp_path, image_type):
+    from scalingrun_trainer.keras.data import make_dataset
+
+    root = write_table(tmp_path / "table", image_type=image_type, label_type=pa.int8())
+    write_manifest(params(root, tmp_path), inspect_table(params(root, tmp_path)))
+    data, reader = make_dataset(open_dataset(str(tmp_path / "out")), "validation", rank=0, size=1, batch_size=8,
+                                seed=0)
+    try:
+        pixels, labels = (np.concatenate(parts) for parts in zip(*((x.numpy(), y.numpy()) for x, y in data)))
+    finally:
+        reader.stop()
+        reader.join()
+    # What write_table wrote into validation/part-0.parquet (its row groups may arrive in any order).
+    rng = np.random.default_rng(0)
+    [rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8) for _ in range(40)]  # the train split's images
+    expected = [(rng.integers(0, 256, (SIDE, SIDE, 3), dtype=np.uint8).tobytes(), i % 3) for i in range(20)]
+    assert pixels.shape == (20, SIDE, SIDE, 3) and pixels.dtype == np.uint8
+    assert sorted((image.tobytes(), int(label)) for image, label in zip(pixels, labels)) == sorted(expected)
 
 
 def test_the_fingerprint_follows_the_files_and_the_parameters(tmp_path):
