@@ -8,6 +8,7 @@ Batches stay uint8: the model's first layer applies the base's normalisation (se
 
 from __future__ import annotations
 
+import itertools
 import json
 import posixpath
 import warnings
@@ -79,42 +80,154 @@ def _storage_options(dataset: Dataset) -> Optional[dict]:
     return s3fs_options(dataset.endpoint)  # keys (and, without an endpoint, AWS_ENDPOINT_URL) from the environment
 
 
+class _PixelRowGroups:
+    """Petastorm's make_batch_reader result conversion, replaced for our two columns: each row group becomes
+    (uint8 pixels (rows, side, side, 3), int32 labels) with the pixels a view of the Arrow buffer the worker
+    thread read, not one Python bytes object per image (the Arrow -> pandas path petastorm takes otherwise)."""
+
+    batched_output = True
+
+    def __init__(self, side: int):
+        self.side = side
+
+    def read_next(self, workers_pool, schema, ngram):
+        from petastorm.workers_pool import EmptyResultError
+
+        try:
+            table = workers_pool.get_results()
+        except EmptyResultError:
+            raise StopIteration from None
+        return schema.make_namedtuple(image=pixels_of(table.column("image"), self.side),
+                                      label=table.column("label").to_numpy())
+
+
+def pixels_of(column, side: int):
+    """A binary column of side x side x 3 images as one (rows, side, side, 3) uint8 array, without copying."""
+    import numpy as np
+
+    chunk = column.chunks[0] if column.num_chunks == 1 else column.combine_chunks()
+    size = side * side * 3
+    _, offsets, data = chunk.buffers()
+    offsets = np.frombuffer(offsets, dtype=np.int32, count=len(chunk) + 1, offset=4 * chunk.offset)
+    lengths = np.diff(offsets)
+    if chunk.null_count or (lengths != size).any():
+        bad = int(np.argmax(lengths != size)) if (lengths != size).any() else 0
+        raise DatasetError(f"an image of {lengths[bad]} bytes where imageSize {side} means {size} "
+                           f"({side}x{side}x3): the dataset's manifest and its Parquet disagree; preprocess again")
+    return np.frombuffer(data, dtype=np.uint8, count=len(chunk) * size, offset=int(offsets[0])).reshape(
+        -1, side, side, 3)
+
+
+def open_reader(dataset: Dataset, split: str, *, rank: int, size: int, seed: int, reader_threads: int,
+                row_group_cache: int = 50):
+    """Petastorm's reader of this rank's shard of a split, yielding (pixels, labels) per row group.
+
+    The same seed on every rank: row groups are shuffled identically, then split into disjoint shards by
+    row group (cur_shard/shard_count). Training readers loop forever (num_epochs=None); validation is read
+    once, in order.
+    """
+    from petastorm import make_batch_reader
+
+    # petastorm 0.13 on pyarrow 10 warns about deprecated pyarrow APIs on every reader.
+    warnings.filterwarnings("ignore", category=FutureWarning, module="petastorm")
+    training = split == "train"
+    reader = make_batch_reader(
+        dataset.urls(split), schema_fields=["image", "label"], cur_shard=rank, shard_count=size,
+        seed=seed, shuffle_row_groups=training, num_epochs=None if training else 1,
+        workers_count=reader_threads, results_queue_size=row_group_cache, storage_options=_storage_options(dataset),
+    )
+    # petastorm==0.13.1 (pinned) has no public hook for the Arrow -> numpy step; tests/unit/test_data.py reads
+    # through this one.
+    reader._results_queue_reader = _PixelRowGroups(dataset.image_size)
+    return reader
+
+
+def batches(row_groups, batch_size: int, *, shuffle_rows: int = 0, seed=None, drop_remainder: bool = False):
+    """(pixels, labels) batches from (pixels, labels) row groups, each row copied once: into its batch.
+
+    shuffle_rows > 0: each batch is drawn at random (seeded) from a buffer of at least shuffle_rows rows that
+    spans row groups (they arrive shuffled, but the rows inside one are in class order); 0: rows in order.
+    The buffer holds the row groups themselves, not copies of their rows.
+    """
+    import numpy as np
+
+    rng = np.random.default_rng(seed) if shuffle_rows else None
+    groups: dict[int, list] = {}  # id -> [pixels, labels, rows not yet taken]
+    slots: list[tuple[int, int]] = []  # (group id, row) of the rows not yet taken (from `head` on, in order)
+    head = 0
+    source, ids, exhausted = iter(row_groups), itertools.count(), False
+    while True:
+        while not exhausted and len(slots) - head < max(shuffle_rows, batch_size):
+            group = next(source, None)
+            if group is None:
+                exhausted = True
+            elif len(group[1]):
+                number = next(ids)
+                groups[number] = [group[0], group[1], len(group[1])]
+                slots.extend((number, row) for row in range(len(group[1])))
+        left = len(slots) - head
+        if left == 0 or (left < batch_size and drop_remainder):
+            return
+        count = min(batch_size, left)
+        if rng is None:
+            picked, head = slots[head:head + count], head + count
+            if head > 4096:
+                del slots[:head]
+                head = 0
+        else:
+            chosen = rng.choice(left, count, replace=False)
+            picked = [slots[i] for i in chosen]
+            for i in sorted(chosen, reverse=True):  # swap-remove, from the back
+                slots[i] = slots[-1]
+                slots.pop()
+        yield _gather(groups, picked)
+
+
+def _gather(groups: dict[int, list], picked: list[tuple[int, int]]):
+    import numpy as np
+
+    first = groups[picked[0][0]]
+    pixels = np.empty((len(picked), *first[0].shape[1:]), dtype=first[0].dtype)
+    labels = np.empty(len(picked), dtype=first[1].dtype)
+    for j, (number, row) in enumerate(picked):
+        group = groups[number]
+        pixels[j], labels[j] = group[0][row], group[1][row]
+        group[2] -= 1
+        if not group[2]:
+            del groups[number]  # its Arrow buffer is freed with the last view of it
+    return pixels, labels
+
+
 def make_dataset(dataset: Dataset, split: str, *, rank: int, size: int, batch_size: int, seed: int,
                  shuffle_buffer: int = 256, reader_threads: int = 4, row_group_cache: int = 50,
                  clock=None, delay: float = 0.0):
-    """(tf.data.Dataset, reader): batches of (uint8 images, int labels) for this rank.
+    """(tf.data.Dataset, reader): batches of (uint8 images, int32 labels) for this rank.
 
     reader_threads, row_group_cache: spec.training.input (readerWorkers, rowGroupCache). clock: an
     input_wait.InputClock that stamps each batch as the model takes it; delay: seconds added to every
     batch before the prefetch (SCALINGRUN_DIAGNOSTIC_READER_DELAY, to make the reader slow on purpose).
     """
+    import numpy as np
     import tensorflow as tf
-    from petastorm import make_batch_reader
-    from petastorm.tf_utils import make_petastorm_dataset
 
-    # petastorm 0.13 on pyarrow 10 warns about deprecated pyarrow APIs on every reader, and about
-    # re-iterating the validation dataset each epoch, which is what we want.
-    warnings.filterwarnings("ignore", category=FutureWarning, module="petastorm")
-    warnings.filterwarnings("ignore", message="Running multiple iterations over make_petastorm_dataset")
     training = split == "train"
-    reader = make_batch_reader(
-        dataset.urls(split), schema_fields=["image", "label"], cur_shard=rank, shard_count=size,
-        # The same seed on every rank: row groups are shuffled identically, then split into disjoint shards.
-        seed=seed, shuffle_row_groups=training, num_epochs=None if training else 1,
-        workers_count=reader_threads, results_queue_size=row_group_cache, storage_options=_storage_options(dataset),
-    )
+    reader = open_reader(dataset, split, rank=rank, size=size, seed=seed, reader_threads=reader_threads,
+                         row_group_cache=row_group_cache)
+    passes = itertools.count()
+
+    def generate():
+        # Validation is read once per epoch: its finite reader starts again. A training reader never ends.
+        if reader.last_row_consumed:
+            reader.reset()
+        row_groups = ((group.image, group.label.astype(np.int32, copy=False)) for group in reader)
+        # Row groups arrive shuffled; rows are mixed across them, seeded per rank (and per pass).
+        yield from batches(row_groups, batch_size, shuffle_rows=shuffle_buffer if training else 0,
+                           seed=(seed, rank, next(passes)), drop_remainder=training)
+
     side = dataset.image_size
-
-    def decode(rows):
-        # One row group at a time: a single vectorised decode_raw instead of one map call per image.
-        pixels = tf.io.decode_raw(rows.image, tf.uint8)
-        return tf.reshape(pixels, (-1, side, side, 3)), tf.cast(rows.label, tf.int32)
-
-    data = make_petastorm_dataset(reader).map(decode, num_parallel_calls=tf.data.AUTOTUNE).unbatch()
-    if training:
-        # Row groups arrive shuffled; this mixes rows across them. uint8 keeps the buffer 4x smaller.
-        data = data.shuffle(shuffle_buffer, seed=seed + rank)
-    data = data.batch(batch_size, drop_remainder=training)
+    rows = batch_size if training else None
+    data = tf.data.Dataset.from_generator(generate, output_signature=(
+        tf.TensorSpec((rows, side, side, 3), tf.uint8), tf.TensorSpec((rows,), tf.int32)))
     if delay > 0:
         from .input_wait import delay_batches
 
