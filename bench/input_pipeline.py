@@ -1,7 +1,8 @@
 """Input pipeline speed: images/s delivered to Keras from Parquet of 299x299x3 rows.
 
-(a) ours: scalingrun_trainer.data.make_dataset (vectorised decode per row group, uint8 shuffle and
-    batches; the model's first layer normalises, on the accelerator in a cluster)
+(a) ours: scalingrun_trainer.data.make_dataset (Petastorm's reader, pixels as zero-copy uint8 views of the
+    row groups it read, batches drawn from a 256-row buffer across row groups; the model's first layer
+    normalises, on the accelerator in a cluster)
 (b) the seeds' configuration: make_batch_reader defaults, unbatch, then a per-row decode + float map, batch
 (c) the decode-free bound: a bare pyarrow read of the same files
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import posixpath
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Optional
@@ -80,78 +82,81 @@ def _storage_options(dataset: Dataset) -> Optional[dict]:
     return s3fs_options(dataset.endpoint)  # keys (and, without an endpoint, AWS_ENDPOINT_URL) from the environment
 
 
-class _PixelRowGroups:
-    """Petastorm's make_batch_reader result conversion, replaced for our two columns: each row group becomes
-    (uint8 pixels (rows, side, side, 3), int32 labels) with the pixels a view of the Arrow buffer the worker
-    thread read, not one Python bytes object per image (the Arrow -> pandas path petastorm takes otherwise)."""
-
-    batched_output = True
-
-    def __init__(self, side: int):
-        self.side = side
-
-    def read_next(self, workers_pool, schema, ngram):
-        from petastorm.workers_pool import EmptyResultError
-
-        try:
-            table = workers_pool.get_results()
-        except EmptyResultError:
-            raise StopIteration from None
-        return schema.make_namedtuple(image=pixels_of(table.column("image"), self.side),
-                                      label=table.column("label").to_numpy())
-
-
-def pixels_of(column, side: int):
-    """A binary column of side x side x 3 images as one (rows, side, side, 3) uint8 array, without copying."""
+def pixels_of(column):
+    """A binary column of equally long side x side x 3 images as one (rows, side, side, 3) uint8 array: a view of
+    the Arrow buffer, no copy."""
     import numpy as np
 
     chunk = column.chunks[0] if column.num_chunks == 1 else column.combine_chunks()
-    size = side * side * 3
     _, offsets, data = chunk.buffers()
     offsets = np.frombuffer(offsets, dtype=np.int32, count=len(chunk) + 1, offset=4 * chunk.offset)
     lengths = np.diff(offsets)
-    if chunk.null_count or (lengths != size).any():
-        bad = int(np.argmax(lengths != size)) if (lengths != size).any() else 0
-        raise DatasetError(f"an image of {lengths[bad]} bytes where imageSize {side} means {size} "
-                           f"({side}x{side}x3): the dataset's manifest and its Parquet disagree; preprocess again")
+    size = int(lengths[0])
+    side = math.isqrt(size // 3)
+    if chunk.null_count or (lengths != size).any() or side * side * 3 != size:
+        raise DatasetError(f"images of {sorted(set(lengths.tolist()))[:3]} bytes in one row group: every row must "
+                           "hold imageSize x imageSize x 3 bytes; preprocess the dataset again")
     return np.frombuffer(data, dtype=np.uint8, count=len(chunk) * size, offset=int(offsets[0])).reshape(
         -1, side, side, 3)
 
 
+def _pixel_worker():
+    from petastorm.arrow_reader_worker import ArrowReaderWorker
+
+    class PixelReaderWorker(ArrowReaderWorker):
+        """Petastorm's Arrow worker, ending in (pixels, labels) arrays made in the reader thread: the pixels a view
+        of the buffer it read (petastorm would copy the table once by an identity `take`, then once more into
+        one Python bytes object per image on the consumer's thread)."""
+
+        def _load_rows(self, pq_file, piece, shuffle_row_drop_range):
+            # The file the worker opened (piece.read would open it again); no Arrow thread pool under the reader
+            # threads, which are the parallelism here (fewer hand-offs: less CPU on a busy machine).
+            table = pq_file.read_row_group(piece.row_group, columns=["image", "label"], use_threads=False)
+            if not table.num_rows:
+                return {}  # falsy: nothing is published
+            return {"image": pixels_of(table.column("image")), "label": table.column("label").to_numpy()}
+
+    return PixelReaderWorker
+
+
 def open_reader(dataset: Dataset, split: str, *, rank: int, size: int, seed: int, reader_threads: int,
                 row_group_cache: int = 50):
-    """Petastorm's reader of this rank's shard of a split, yielding (pixels, labels) per row group.
+    """Petastorm's reader of this rank's shard of a split, yielding (image, label) per row group: uint8
+    (rows, side, side, 3) pixels and int32 labels.
 
-    The same seed on every rank: row groups are shuffled identically, then split into disjoint shards by
-    row group (cur_shard/shard_count). Training readers loop forever (num_epochs=None); validation is read
-    once, in order.
+    What make_batch_reader(schema_fields=["image", "label"]) makes, with its worker ending in arrays. The same
+    seed on every rank: row groups are shuffled identically, then split into disjoint shards by row group
+    (cur_shard/shard_count). Training readers loop forever (num_epochs=None); validation is read once, in order.
     """
-    from petastorm import make_batch_reader
+    from petastorm.cache import NullCache
+    from petastorm.fs_utils import get_filesystem_and_path_or_paths
+    from petastorm.reader import Reader, normalize_dataset_url_or_urls
+    from petastorm.workers_pool.thread_pool import ThreadPool
 
     # petastorm 0.13 on pyarrow 10 warns about deprecated pyarrow APIs on every reader.
     warnings.filterwarnings("ignore", category=FutureWarning, module="petastorm")
     training = split == "train"
-    reader = make_batch_reader(
-        dataset.urls(split), schema_fields=["image", "label"], cur_shard=rank, shard_count=size,
-        seed=seed, shuffle_row_groups=training, num_epochs=None if training else 1,
-        workers_count=reader_threads, results_queue_size=row_group_cache, storage_options=_storage_options(dataset),
-    )
-    # petastorm==0.13.1 (pinned) has no public hook for the Arrow -> numpy step; tests/unit/test_data.py reads
-    # through this one.
-    reader._results_queue_reader = _PixelRowGroups(dataset.image_size)
-    return reader
+    filesystem, paths = get_filesystem_and_path_or_paths(normalize_dataset_url_or_urls(dataset.urls(split)),
+                                                         storage_options=_storage_options(dataset))
+    return Reader(filesystem, paths, schema_fields=["image", "label"], worker_class=_pixel_worker(),
+                  reader_pool=ThreadPool(reader_threads, row_group_cache, shuffle_rows=False, seed=seed),
+                  seed=seed, shuffle_row_groups=training, num_epochs=None if training else 1,
+                  cur_shard=rank, shard_count=size, cache=NullCache(), is_batched_reader=True)
 
 
-def batches(row_groups, batch_size: int, *, shuffle_rows: int = 0, seed=None, drop_remainder: bool = False):
+def batches(row_groups, batch_size: int, *, shuffle_rows: int = 0, seed=None, drop_remainder: bool = False,
+            empty=None):
     """(pixels, labels) batches from (pixels, labels) row groups, each row copied once: into its batch.
 
     shuffle_rows > 0: each batch is drawn at random (seeded) from a buffer of at least shuffle_rows rows that
     spans row groups (they arrive shuffled, but the rows inside one are in class order); 0: rows in order.
-    The buffer holds the row groups themselves, not copies of their rows.
+    The buffer holds the row groups themselves, not copies of their rows. empty(shape, dtype): the batches'
+    allocator (numpy.empty; page-locked memory for a GPU), recycled.
     """
     import numpy as np
 
     rng = np.random.default_rng(seed) if shuffle_rows else None
+    allocate = recycled(empty or np.empty)
     groups: dict[int, list] = {}  # id -> [pixels, labels, rows not yet taken]
     slots: list[tuple[int, int]] = []  # (group id, row) of the rows not yet taken (from `head` on, in order)
     head = 0
@@ -180,15 +185,32 @@ def batches(row_groups, batch_size: int, *, shuffle_rows: int = 0, seed=None, dr
             for i in sorted(chosen, reverse=True):  # swap-remove, from the back
                 slots[i] = slots[-1]
                 slots.pop()
-        yield _gather(groups, picked)
+        yield _gather(groups, picked, allocate)
 
 
-def _gather(groups: dict[int, list], picked: list[tuple[int, int]]):
-    import numpy as np
+def recycled(empty, keep: int = 16):
+    """An allocator like empty(shape, dtype) that hands a buffer out again once only it holds it (the consumer
+    dropped that batch): fresh batch-sized buffers cost page faults and the kernel's zeroing, about as much CPU
+    as filling them. A buffer still referenced anywhere (a tensor made from it, a view) is never reused."""
+    pool: list = []
 
+    def allocate(shape, dtype):
+        for index in range(len(pool)):
+            # References: the pool's list and getrefcount's argument (pool[index] is bound to no name).
+            if sys.getrefcount(pool[index]) == 2 and pool[index].shape == tuple(shape) and pool[index].dtype == dtype:
+                return pool[index]
+        buffer = empty(shape, dtype)
+        if len(pool) < keep:
+            pool.append(buffer)
+        return buffer
+
+    return allocate
+
+
+def _gather(groups: dict[int, list], picked: list[tuple[int, int]], empty):
     first = groups[picked[0][0]]
-    pixels = np.empty((len(picked), *first[0].shape[1:]), dtype=first[0].dtype)
-    labels = np.empty(len(picked), dtype=first[1].dtype)
+    pixels = empty((len(picked), *first[0].shape[1:]), first[0].dtype)
+    labels = empty((len(picked),), first[1].dtype)
     for j, (number, row) in enumerate(picked):
         group = groups[number]
         pixels[j], labels[j] = group[0][row], group[1][row]
