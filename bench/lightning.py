@@ -1,7 +1,7 @@
 """PyTorch Lightning against the Keras trainer, in one run each:
 
-(1) input pipeline: images/s the Lightning trainer's Petastorm PyTorch reader delivers (TrainBatches: batch
-    reader + decode + row shuffle + uint8 tensors) against a bare pyarrow read of the same Parquet files, as in
+(1) input pipeline: images/s the Lightning trainer's reader delivers (TrainBatches: the Keras trainer's Petastorm
+    reader and row shuffle, batches as whole uint8 tensors made in a background thread) against a bare pyarrow read of the same Parquet files, as in
     bench/input_pipeline.py (299x299x3 rows, batch 32); rounds interleaved, medians.
 (2) training throughput: both trainers, as the quick start runs them (EfficientNet-Lite0 frozen with the ImageNet
     weights, Fashion-MNIST at --size, batch --batch per process, --np processes), on the same local Parquet:
@@ -157,7 +157,7 @@ def input_bench(folder: str, args) -> None:
     bare, ours = statistics.median(rates["bare"]), statistics.median(rates["lightning"])
     print(f"input, {args.rows} rows of {SIDE}x{SIDE}x3, batch {BATCH}; medians of {args.rounds} rounds")
     print(f"  bare pyarrow read          : {bare:8.0f} img/s  ({' '.join(f'{r:.0f}' for r in rates['bare'])})")
-    print(f"  Lightning Petastorm reader : {ours:8.0f} img/s  {ours / bare:.2f} x bare  "
+    print(f"  Lightning reader           : {ours:8.0f} img/s  {ours / bare:.2f} x bare  "
           f"({' '.join(f'{r:.0f}' for r in rates['lightning'])})")
 
 
