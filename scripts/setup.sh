@@ -11,7 +11,8 @@
 #     Horovod, into SCALINGRUN_VENV default .venv-lightning; quickstart.sh and test.sh call it when needed),
 #   SCALINGRUN_TORCH_INDEX (lightning): an extra index for torch, e.g. https://download.pytorch.org/whl/cpu
 #     (images); a torch wheel in $SCALINGRUN_CACHE/wheels/torch is used first,
-#   SCALINGRUN_GPU=1: TensorFlow's GPU wheel (same version) and Horovod built with NCCL,
+#   SCALINGRUN_GPU=1: TensorFlow's GPU wheel (same version) and Horovod built with NCCL; with lightning, the
+#     CUDA build of the lock's torch from SCALINGRUN_TORCH_INDEX with the NVIDIA libraries it pins,
 #   SCALINGRUN_EDITABLE=0: install the project itself non-editable (images).
 # The full profile also installs the MLflow tracking server the tests run, in its own venv
 # (SCALINGRUN_MLFLOW_VENV, default .venv-mlflow) from requirements/mlflow-server.txt.
@@ -96,7 +97,8 @@ main() {
   log "installing ${LOCK#"$ROOT/"}"
   local sources=()
   if [[ "$PROFILE" == lightning ]]; then
-    [[ ! -d "$CACHE/wheels/torch" ]] || sources+=(--find-links "$CACHE/wheels/torch")
+    # The cached wheel is the CPU build: not for a GPU install.
+    [[ "$GPU" == 1 || ! -d "$CACHE/wheels/torch" ]] || sources+=(--find-links "$CACHE/wheels/torch")
     [[ -z "${SCALINGRUN_TORCH_INDEX:-}" ]] || sources+=(--extra-index-url "$SCALINGRUN_TORCH_INDEX")
   fi
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "${sources[@]}" -r "$LOCK"
@@ -104,6 +106,11 @@ main() {
     # The lock's torch==2.13.0 is the CPU build here; a GPU image installs the CUDA build of the same version
     # from PyTorch's index (README, "PyTorch Lightning"). No Horovod: DDP runs over gloo/nccl.
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "petastorm==$PETASTORM_VERSION"
+    if [[ "$GPU" == 1 ]]; then
+      # The CUDA build's own libraries (nvidia-* wheels, pinned exactly by torch's metadata), which the lock,
+      # made with the CPU build, lacks: the same torch again, with its dependencies.
+      "$VENV/bin/pip" install -q --disable-pip-version-check "${sources[@]}" "torch==$(sed -n 's/^torch==//p' "$LOCK")"
+    fi
   elif [[ "$PROFILE" != operator ]]; then
     if [[ "$GPU" == 1 ]]; then
       # Same version and dependencies as tensorflow-cpu; the GPU wheel uses the image's CUDA 12.2 / cuDNN 8.9.
