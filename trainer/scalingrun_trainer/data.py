@@ -207,6 +207,19 @@ def recycled(empty, keep: int = 16):
     return allocate
 
 
+def aligned_empty(shape, dtype):
+    """numpy.empty on a 64-byte boundary: TensorFlow then takes the array as a tensor without copying it."""
+    import numpy as np
+
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.empty(size + TENSOR_ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % TENSOR_ALIGNMENT
+    return raw[start:start + size].view(dtype).reshape(shape)
+
+
+TENSOR_ALIGNMENT = 64  # TensorFlow's EIGEN_MAX_ALIGN_BYTES with AVX-512
+
+
 def _gather(groups: dict[int, list], picked: list[tuple[int, int]], empty):
     first = groups[picked[0][0]]
     pixels = empty((len(picked), *first[0].shape[1:]), first[0].dtype)
@@ -218,6 +231,9 @@ def _gather(groups: dict[int, list], picked: list[tuple[int, int]], empty):
         if not group[2]:
             del groups[number]  # its Arrow buffer is freed with the last view of it
     return pixels, labels
+
+
+BATCH_ALLOCATOR = aligned_empty
 
 
 def make_dataset(dataset: Dataset, split: str, *, rank: int, size: int, batch_size: int, seed: int,
@@ -244,7 +260,7 @@ def make_dataset(dataset: Dataset, split: str, *, rank: int, size: int, batch_si
         row_groups = ((group.image, group.label.astype(np.int32, copy=False)) for group in reader)
         # Row groups arrive shuffled; rows are mixed across them, seeded per rank (and per pass).
         yield from batches(row_groups, batch_size, shuffle_rows=shuffle_buffer if training else 0,
-                           seed=(seed, rank, next(passes)), drop_remainder=training)
+                           seed=(seed, rank, next(passes)), drop_remainder=training, empty=BATCH_ALLOCATOR)
 
     side = dataset.image_size
     rows = batch_size if training else None
