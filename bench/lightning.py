@@ -12,7 +12,7 @@
     in the previous layout (NCHW, under autograd) and as the trainer has them now (channels-last, no autograd),
     and Keras (TensorFlow, inter/intra-op threads 1); rounds interleaved, medians.
 
-Run: .venv/bin/python bench/lightning.py [--rows 1024] [--batches 64] [--rounds 3] [--per-class 100] [--epochs 3]
+Run: .venv/bin/python bench/lightning.py [--rows 1024] [--batches 256] [--rounds 3] [--per-class 100] [--epochs 3]
      [--training-rounds 1] [--model] [--skip-input] [--skip-training]
 (needs both venvs: scripts/setup.sh and SCALINGRUN_PROFILE=lightning scripts/setup.sh)
 """
@@ -178,7 +178,7 @@ def config_for(folder: Path, output: str, framework: str, args) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=1024)
-    parser.add_argument("--batches", type=int, default=64)
+    parser.add_argument("--batches", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--per-class", type=int, default=100)
     parser.add_argument("--size", type=int, default=96)
