@@ -1,7 +1,7 @@
 """Input pipeline speed: images/s delivered to Keras from Parquet of 299x299x3 rows.
 
-(a) ours: scalingrun_trainer.data.make_dataset (Petastorm's reader, pixels as zero-copy uint8 views of the
-    row groups it read, batches drawn from a 256-row buffer across row groups; the model's first layer
+(a) ours: scalingrun_trainer.keras.data.make_dataset (Petastorm's reader, pixels as zero-copy uint8 views of
+    the row groups it read, batches drawn from a 256-row buffer across row groups; the model's first layer
     normalises, on the accelerator in a cluster)
 (b) the seeds' configuration: make_batch_reader defaults, unbatch, then a per-row decode + float map, batch
 (c) the decode-free bound: a bare pyarrow read of the same files
@@ -55,7 +55,8 @@ def rate_of(dataset, batches: int) -> float:
 
 
 def ours(output: str, batches: int) -> float:
-    from scalingrun_trainer.data import make_dataset, open_dataset
+    from scalingrun_trainer.core.dataset import open_dataset
+    from scalingrun_trainer.keras.data import make_dataset
 
     dataset = open_dataset(output)
     data, reader = make_dataset(dataset, "train", rank=0, size=1, batch_size=BATCH, seed=0)
@@ -71,7 +72,7 @@ def seed_config(output: str, batches: int) -> float:
     from petastorm import make_batch_reader
     from petastorm.tf_utils import make_petastorm_dataset
 
-    from scalingrun_trainer.data import open_dataset
+    from scalingrun_trainer.core.dataset import open_dataset
 
     urls = open_dataset(output).urls("train")
     reader = make_batch_reader(urls, num_epochs=None)  # the seeds' reader: library defaults
@@ -91,7 +92,7 @@ def seed_config(output: str, batches: int) -> float:
 def bare_pyarrow(output: str, rounds: int = 1) -> float:
     import pyarrow.parquet as pq
 
-    from scalingrun_trainer.data import open_dataset
+    from scalingrun_trainer.core.dataset import open_dataset
 
     dataset = open_dataset(output)
     best = 0.0
@@ -110,8 +111,9 @@ def step_split_worker(output: str, steps: int) -> None:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from scalingrun_trainer.data import make_dataset, open_dataset
-    from scalingrun_trainer.models import build_model
+    from scalingrun_trainer.core.dataset import open_dataset
+    from scalingrun_trainer.keras.data import make_dataset
+    from scalingrun_trainer.keras.models import build_model
 
     hvd.init()
     data, reader = make_dataset(open_dataset(output), "train", rank=hvd.rank(), size=hvd.size(), batch_size=BATCH,

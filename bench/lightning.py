@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from scalingrun_api.progress import PROGRESS_FILE, Progress
+
 ROOT = Path(__file__).resolve().parents[1]
 LIGHTNING_PYTHON = Path(os.environ.get("SCALINGRUN_LIGHTNING_PYTHON", ROOT / ".venv-lightning/bin/python"))
 SIDE = 299
@@ -53,7 +55,7 @@ def input_worker(output: str, batches: int, rounds: int) -> None:
     """In the Lightning venv: the trainer's reader vs a bare pyarrow read, rounds interleaved."""
     import pyarrow.parquet as pq
 
-    from scalingrun_trainer.data import open_dataset
+    from scalingrun_trainer.core.dataset import open_dataset
     from scalingrun_trainer.lightning.data import TrainBatches
 
     dataset = open_dataset(output)
@@ -95,7 +97,7 @@ def model_worker(framework: str, size: int, batch: int, repeats: int) -> None:
 
         tf.config.threading.set_intra_op_parallelism_threads(1)
         tf.config.threading.set_inter_op_parallelism_threads(1)
-        from scalingrun_trainer.models import build_model
+        from scalingrun_trainer.keras.models import build_model
 
         model = build_model("efficientnet_lite0", size, 10, "imagenet", 0.2, trainable_base=False)
         forward = {"keras": tf.function(lambda x: model(x, training=True))}
@@ -153,10 +155,10 @@ def model_bench(args) -> None:
 def train_rate(command: list[str], run: Path, **env: str) -> list[float]:
     result = subprocess.run(command, capture_output=True, text=True,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **env})
-    progress = run / "progress.json"
+    progress = run / PROGRESS_FILE
     if result.returncode or not progress.exists():
         raise SystemExit(f"{command[0]} failed:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
-    return [h["imagesPerSecond"] for h in json.loads(progress.read_text())["history"]]
+    return [entry.images_per_second for entry in Progress.read(json.loads(progress.read_text())).history]
 
 
 def config_for(folder: Path, output: str, framework: str, args) -> Path:

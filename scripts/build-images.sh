@@ -65,7 +65,9 @@ base_args=()
 # setup.sh in the image takes the one it would build. It links the host's Open MPI (libmpi.so.40): fine from a
 # Debian/Ubuntu host, and the trainer check below imports it.
 rm -rf build/wheels && mkdir -p build/wheels
-for wheels in "$CACHE"/wheels/horovod-*-cpu-py311; do
+# Only a wheel built from the sdist whose hash requirements/horovod.txt pins (setup.sh names its folder after it).
+HOROVOD_SDIST_HASH="$(sed -n 's/.*--hash=sha256:\([0-9a-f]*\).*/\1/p' requirements/horovod.txt)"
+for wheels in "$CACHE"/wheels/horovod-*-"${HOROVOD_SDIST_HASH:0:12}"-*-cpu-py311; do
   if ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
     cp -r "$wheels" build/wheels/ && log "using the cached Horovod wheel $(basename "$wheels")"
   fi
@@ -73,7 +75,7 @@ done
 
 # The Lightning flavour's torch: the CPU wheel of the lock's version when the host has it (pip's find-links,
 # SCALINGRUN_TORCH_WHEELS, default /opt/wheels); else the image takes it from PyTorch's CPU index.
-TORCH_VERSION="$(sed -n 's/^torch==//p' requirements/lightning.txt)"
+TORCH_VERSION="$(sed -n 's/^torch==\([0-9.]*\)+cpu.*/\1/p' requirements/torch-cpu.txt)"
 torch_args=()
 for wheel in "${SCALINGRUN_TORCH_WHEELS:-/opt/wheels}"/torch-"$TORCH_VERSION"+cpu-cp311-*.whl; do
   if [[ -f "$wheel" ]]; then

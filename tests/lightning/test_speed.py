@@ -54,7 +54,7 @@ print(json.dumps(results))
 READER = """
 import collections, hashlib, json, sys
 import torch
-from scalingrun_trainer.data import open_dataset
+from scalingrun_trainer.core.dataset import open_dataset
 from scalingrun_trainer.lightning.data import TrainBatches, ValidationBatches
 
 dataset = open_dataset(sys.argv[1])

@@ -1,4 +1,4 @@
-"""The Petastorm reader both trainers share (scalingrun_trainer.data): sharded, every row once, pixels that are
+"""The Petastorm reader both trainers share (scalingrun_trainer.core.dataset, keras.data): sharded, every row once, pixels that are
 the Parquet's bytes, batches mixed across row groups, and buffers reused only once nothing holds them."""
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from scalingrun_trainer.data import (DatasetError, batches, make_dataset, open_dataset, open_reader, pixels_of,
-                                     recycled)
+from scalingrun_trainer.core.dataset import (DatasetError, batches, open_dataset, open_reader, pixels_of,
+                                             recycled)
+from scalingrun_trainer.keras.data import make_dataset
 from scalingrun_trainer.preprocess import Params, process_shard
 from scalingrun_trainer.sample_data import fashion_mnist_jpegs
 
@@ -48,7 +49,7 @@ def test_shards_are_disjoint_and_together_every_row_once_with_the_stored_pixels(
     assert dataset.row_groups["validation"] >= 2
     seen = collections.Counter()
     for rank in (0, 1):
-        reader = open_reader(dataset, "validation", rank=rank, size=2, seed=3, reader_threads=2)
+        reader = open_reader(dataset, "validation", shard=rank, shards=2, seed=3, reader_threads=2)
         try:
             groups = list(reader)
         finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scalingrun_operator.builders.mpijob import MPI_USER_HOME, SSH_PORT, WORKER_COMMAND
+from scalingrun_operator.builders.mpijob import MPI_USER_HOME, SSH_PORT, SSHD_STATE_DIR, WORKER_COMMAND
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = ["Dockerfile.operator", "Dockerfile.trainer"]
@@ -107,7 +107,9 @@ def cuda_stage(name: str) -> dict[str, str]:
 
 
 def locked(lock: str, package: str) -> str:
-    return re.search(rf"^{re.escape(package)}==(\S+)$", (ROOT / "requirements" / lock).read_text(), re.M).group(1)
+    """The version a lock pins (hash lines and a local version such as +cpu left out)."""
+    text = (ROOT / "requirements" / lock).read_text()
+    return re.search(rf"^{re.escape(package)}==([^\s+\\]+)", text, re.M).group(1)
 
 
 # TensorFlow's tested build configurations (tensorflow.org/install/source#gpu): CUDA and cuDNN per release.
@@ -127,7 +129,7 @@ def test_keras_gpu_flavour_is_tensorflows_tested_cuda_and_cudnn():
     assert build["kind"] == "devel" and base["kind"] == "runtime"  # nvcc for Horovod's NCCL ops; no compilers
     assert build["os"] == base["os"]  # the venv moves from one to the other
     setup = (ROOT / "scripts/setup.sh").read_text()
-    assert 'install -q --disable-pip-version-check --no-deps "tensorflow==$TF_VERSION"' in setup
+    assert '--no-deps -r "$REQ/tensorflow-gpu.txt"' in setup and locked("tensorflow-gpu.txt", "tensorflow") == version
     assert "HOROVOD_GPU_OPERATIONS=NCCL" in setup
 
 
@@ -139,13 +141,10 @@ def test_lightning_gpu_flavour_installs_the_locks_torch_built_for_its_cuda():
     base = cuda_stage(flavour["BASE_IMAGE"])
     assert base["cuda"] == f"{index.group(1)}.{index.group(2)}" and base["kind"] == "runtime"
     assert "BUILD_IMAGE" not in flavour  # built on the same image: the venv's Python is the final one's
-    # The lock's torch version, from that index, with the NVIDIA libraries it pins (the lock has none: CPU build).
-    assert re.match(r"2\.\d+\.\d+$", locked("lightning.txt", "torch"))
-    setup = (ROOT / "scripts/setup.sh").read_text()
+    # The locked torch's version, from that index: setup.sh takes its hashed pin from SCALINGRUN_TORCH_LOCK.
+    assert re.match(r"2\.\d+\.\d+$", locked("torch-cpu.txt", "torch"))
     assert "SCALINGRUN_TORCH_INDEX=\"$TORCH_INDEX\"" in stage_named("Dockerfile.trainer", "builder")
-    assert '"${sources[@]}" "torch==$(sed -n \'s/^torch==//p\' "$LOCK")"' in setup
-    assert '[[ "$GPU" == 1 || ! -d "$CACHE/wheels/torch" ]]' in setup  # never the cached CPU wheel
-    assert not any(line.startswith("nvidia-") for line in (ROOT / "requirements/lightning.txt").read_text().splitlines())
+    assert 'TORCH_LOCK="${SCALINGRUN_TORCH_LOCK:-$REQ/torch-cpu.txt}"' in (ROOT / "scripts/setup.sh").read_text()
 
 
 def test_hadolint_checks_the_gpu_stages_too(tmp_path):
@@ -173,6 +172,9 @@ def test_trainer_image_serves_what_the_mpijob_expects():
     host_key = re.search(r'"HostKey (\S+)"', sshd_config).group(1)
     entrypoint = (ROOT / "scripts/trainer-entrypoint.sh").read_text()
     assert f"key={host_key}\n" in entrypoint and 'exec "$@"' in entrypoint
+    # What sshd writes (host key, pid file) is in the one folder workers get writable besides /tmp.
+    assert host_key.startswith(SSHD_STATE_DIR + "/")
+    assert re.search(r'"PidFile (\S+)"', sshd_config).group(1).startswith(SSHD_STATE_DIR + "/")
     # No key baked in: none generated at build time, and the ones openssh-server's install makes are removed.
     assert "ssh-keygen" not in (ROOT / "Dockerfile.trainer").read_text()
     assert "rm -f /etc/ssh/ssh_host_*" in (ROOT / "scripts/image-packages.sh").read_text()

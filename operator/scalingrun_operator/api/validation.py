@@ -16,7 +16,8 @@ from typing import Any, Iterable, TypeVar
 
 import pydantic
 
-from scalingrun_api.models import BaseNetwork, Framework, Monitor, ScalingRun, ScalingSweep
+from scalingrun_api.models import FRAMEWORK_STRATEGIES, BaseNetwork, Framework, Monitor, ScalingRun, ScalingSweep
+from .sweep import build_point_run, sweep_points
 
 Resource = TypeVar("Resource", bound=pydantic.BaseModel)
 
@@ -172,9 +173,16 @@ def parse_schema(document: Any, resource: type[Resource] = ScalingRun) -> Resour
 def _framework_errors(run: ScalingRun) -> list[FieldError]:
     """Fields that mean nothing for the chosen framework are refused, not ignored."""
     spec = run.spec
-    if spec.training.framework != Framework.pytorch_lightning.value:
-        return []
     errors = []
+    strategies = FRAMEWORK_STRATEGIES[spec.training.framework]
+    if spec.training.strategy not in strategies:
+        errors.append(FieldError(
+            "spec.training.strategy",
+            f"{spec.training.strategy} is not a strategy of spec.training.framework {spec.training.framework} "
+            f"(its strategies: {', '.join(strategies)}; the first is the default when strategy is omitted)",
+        ))
+    if spec.training.framework != Framework.pytorch_lightning.value:
+        return errors
     if spec.model.base != BaseNetwork.efficientnet_lite0.value:
         errors.append(FieldError(
             "spec.model.base",
@@ -202,8 +210,6 @@ def parse_scalingrun(document: Any) -> ScalingRun:
 
 def sweep_semantic_errors(sweep: ScalingSweep) -> list[FieldError]:
     """The sweep's own cross-field rules, then every point's ScalingRun rules (as spec.template.* paths)."""
-    from ..builders.sweep import build_point_run, sweep_points
-
     spec = sweep.spec
     errors: list[FieldError] = []
     duplicates = sorted({w for w in spec.workers if spec.workers.count(w) > 1})

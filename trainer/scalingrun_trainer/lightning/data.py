@@ -1,6 +1,6 @@
-"""The Keras trainer's Petastorm reader (../data.py: open_reader, batches) as PyTorch batches, sharded per rank.
+"""The shared Petastorm reader (../core/dataset.py: open_reader, batches) as PyTorch batches, sharded per rank.
 
-The same rules as ../data.py: row groups shuffled with one seed on every rank, then split into disjoint shards
+The rules of ../core/dataset.py: row groups shuffled with one seed on every rank, then split into disjoint shards
 (cur_shard/shard_count); training readers loop forever (`num_epochs=None`, a Petastorm bug drops rows from
 shuffled finite readers) and an epoch is `steps_per_epoch` batches; validation is read completely,
 unshuffled, once per epoch. Batches are whole tensors: uint8 (N, H, W, 3) pixels (the model normalises) and
@@ -20,7 +20,7 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
-from ..data import Dataset, batches, open_reader
+from ..core.dataset import Dataset, batches, open_reader
 
 # Reader threads per process: 2 keep some S3 requests overlapping without crowding 2 cores (the pixels are
 # zero-copy views: the threads only read and decompress).
@@ -91,7 +91,7 @@ class TrainBatches:
     def __init__(self, dataset: Dataset, *, rank: int, size: int, batch_size: int, steps: int, seed: int,
                  shuffle_rows: int = 256, reader_threads: int = READER_THREADS, pinned: Optional[bool] = None):
         # Rows are mixed across row groups by a shuffling buffer, seeded per rank.
-        self.reader = open_reader(dataset, "train", rank=rank, size=size, seed=seed, reader_threads=reader_threads)
+        self.reader = open_reader(dataset, "train", shard=rank, shards=size, seed=seed, reader_threads=reader_threads)
         pinned = torch.cuda.is_available() if pinned is None else pinned
         self._batches = _Prefetched(_tensors(self.reader, batch_size, shuffle_rows, (seed, rank), True, pinned))
         self.steps = steps
@@ -120,7 +120,7 @@ class ValidationBatches:
         logging.getLogger("petastorm").setLevel(logging.ERROR)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        reader = open_reader(self.dataset, "validation", rank=self.rank, size=self.size, seed=self.seed,
+        reader = open_reader(self.dataset, "validation", shard=self.rank, shards=self.size, seed=self.seed,
                              reader_threads=self.reader_threads)
         try:
             yield from _tensors(reader, self.batch_size, 0, None, False, self.pinned)
