@@ -14,15 +14,18 @@
 #   project version), SCALINGRUN_CACHE (where setup.sh caches the Horovod wheel), DOCKER (default:
 #   /usr/bin/docker when present, the Debian client, else docker).
 # A Horovod wheel cached by scripts/setup.sh is handed to the build (build/wheels), so a build on a
-# machine that ran setup.sh does not compile Horovod again. The GPU trainer flavour: see Dockerfile.trainer.
+# machine that ran setup.sh does not compile Horovod again.
+# --gpu-commands prints, instead, the build commands of the GPU flavours (Keras, Lightning; see Dockerfile.trainer):
+# their CUDA images cannot be pulled here, so tests/unit/test_dockerfiles.py checks them against the locks.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 CHECK=1
 case "${1:-}" in
   --no-check) CHECK=0 ;;
+  --gpu-commands) CHECK=gpu-commands ;;
   "") ;;
-  *) echo "usage: $0 [--no-check]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--no-check | --gpu-commands]" >&2; exit 2 ;;
 esac
 # BuildKit (built into Docker 20.10+, no frontend image to pull) skips the stages a build does not need.
 export DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-1}"
@@ -36,6 +39,17 @@ EXAMPLE_MODEL="scalingrun/example-custom-model:$VERSION-cpu"
 EXAMPLE_MODEL_LIGHTNING="scalingrun/example-custom-model:$VERSION-lightning-cpu"
 EXAMPLE_TRAINING="scalingrun/example-custom-training:$VERSION-cpu"
 NODE_CLUSTER="$ROOT/../shared/node/cluster.sh"
+# The CUDA build of the lock's torch: the index's CUDA version is the cuda-torch-runtime stage's.
+TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu126
+
+if [[ "$CHECK" == gpu-commands ]]; then
+  echo "DOCKER_BUILDKIT=1 docker build -f Dockerfile.trainer --build-arg BUILD_IMAGE=cuda-tf-devel" \
+    "--build-arg BASE_IMAGE=cuda-tf-runtime --build-arg SCALINGRUN_GPU=1 -t scalingrun/trainer:$VERSION-gpu ."
+  echo "DOCKER_BUILDKIT=1 docker build -f Dockerfile.trainer --build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning" \
+    "--build-arg BASE_IMAGE=cuda-torch-runtime --build-arg SCALINGRUN_GPU=1 --build-arg TORCH_INDEX=$TORCH_CUDA_INDEX" \
+    "-t scalingrun/trainer:$VERSION-lightning-gpu ."
+  exit 0
+fi
 
 log() { printf '[build-images] %s\n' "$*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }

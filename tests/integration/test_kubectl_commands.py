@@ -1,6 +1,6 @@
 """kubectl as people type it (issue 23, item 10), against a real API server with the generated CRDs.
 
-Every `kubectl get|describe|explain` command that the README, the chart's NOTES and the examples show runs
+Every `kubectl get|describe|explain` command that the README, docs/, the chart's NOTES and the examples show runs
 as written (placeholders filled, `-n` added), then every name of each resource (singular, plural, short
 name, kind, plural.group) with `get NAME`, `describe NAME` and `explain`, and the category. Each with
 kubectl 1.33 (scripts/tools.sh) and, where KUBEBUILDER_ASSETS has one, the API server's own kubectl 1.20.
@@ -26,7 +26,8 @@ from tests.conftest import ROOT, require
 
 pytestmark = pytest.mark.k8s
 
-DOCUMENTS = [ROOT / "README.md", ROOT / "charts/scalingrun/templates/NOTES.txt", *sorted((ROOT / "examples").glob("*"))]
+DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "charts/scalingrun/templates/NOTES.txt",
+             *sorted((ROOT / "examples").glob("*"))]
 COMMAND = re.compile(r"kubectl (?:get|describe|explain) [^`#\n]*")
 PLACEHOLDERS = {"<name>": "my-run"}
 RUN_NAMES = {models.SINGULAR, models.PLURAL, *models.SHORT_NAMES, models.KIND}

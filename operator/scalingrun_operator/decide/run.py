@@ -18,7 +18,9 @@ from . import pinning
 from .draft import Draft
 from .preprocessing import decide_preprocessing
 from .snapshot import Decision, Settings, Snapshot
-from .status import FAILED, INVALID_SPEC, PREPROCESSED, SPEC_CHANGE_IGNORED, StatusUpdate, get_condition, is_terminal, may_revalidate
+from .status import (
+    FAILED, INVALID_SPEC, PREPROCESSED, SPEC_CHANGE_IGNORED, StatusUpdate, get_condition, is_terminal, may_revalidate,
+)
 from .training import decide_training
 
 
