@@ -52,8 +52,8 @@ def test_the_teams_keras_network_learns_on_the_quickstart_data(tmp_path):
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PACKAGE)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "phase: Succeeded" in result.stdout
-    trained = re.search(r"training: (\d) of 5 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes, ([\d.]+) img/s",
-                        result.stdout)
+    trained = re.search(r"training: (\d) of 5 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes, "
+                        r"([\d.]+) img/s", result.stdout)
     assert trained, result.stdout[-2000:]
     print(f"team CNN (Keras builder), 2 processes, 5 epochs: best val_accuracy {trained.group(3)}, "
           f"{trained.group(4)} img/s")

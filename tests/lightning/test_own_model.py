@@ -4,6 +4,7 @@ with rank 0's failed progress document."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -11,10 +12,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from scalingrun_trainer.parquet_table import inspect_table, write_manifest
 from tests.lightning.test_train import BUCKET, command, dataset, read_json, write_config  # noqa: F401
+from tests.unit.test_parquet_table import SIDE, write_table
+from tests.unit.test_parquet_table import params as table_params
 
 pytestmark = [pytest.mark.lightning, pytest.mark.s3]
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,8 +40,8 @@ def test_the_teams_torch_network_learns_on_the_quickstart_data(tmp_path, lightni
         env={**os.environ, "PYTHONPATH": str(PACKAGE), "SCALINGRUN_LIGHTNING_PYTHON": lightning_python})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "phase: Succeeded" in result.stdout
-    trained = re.search(r"training: (\d) of 5 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes, ([\d.]+) img/s",
-                        result.stdout)
+    trained = re.search(r"training: (\d) of 5 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes, "
+                        r"([\d.]+) img/s", result.stdout)
     assert trained, result.stdout[-2000:]
     print(f"team CNN (Lightning builder), 2 processes, 5 epochs: best val_accuracy {trained.group(3)}, "
           f"{trained.group(4)} img/s")
@@ -71,3 +77,36 @@ def test_a_torch_builder_with_a_wrong_output_fails_every_rank_before_training(s3
     progress = read_json(s3_server, f"{run}/progress.json")
     assert progress["state"] == "failed" and progress["error"] == expected and progress["epoch"] == 0
     assert progress["modelUri"] is None
+
+
+READ_TABLE = """
+import hashlib, json, sys
+from scalingrun_trainer.core.dataset import open_dataset
+from scalingrun_trainer.lightning.data import TrainBatches, ValidationBatches
+
+dataset = open_dataset(sys.argv[1])
+train = TrainBatches(dataset, rank=0, size=1, batch_size=8, steps=2, seed=0, shuffle_rows=16)
+try:
+    trained = [(str(x.dtype), tuple(x.shape), str(y.dtype)) for x, y in train]
+finally:
+    train.close()
+validation = ValidationBatches(dataset, rank=0, size=1, batch_size=8, seed=0)
+rows = sorted([hashlib.sha1(image.numpy().tobytes()).hexdigest(), int(label)]
+              for x, y in validation for image, label in zip(x, y))
+print(json.dumps({"train": trained, "validation": rows}))
+"""
+
+
+@pytest.mark.parametrize("image_type", [pa.binary(), pa.binary(SIDE * SIDE * 3)], ids=["binary", "fixed-size"])
+def test_the_lightning_reader_reads_a_pyarrow_tables_own_columns(tmp_path, lightning_python, image_type):
+    root = write_table(tmp_path / "table", image_type=image_type, label_type=pa.int8())  # columns pixels and y
+    write_manifest(table_params(root, tmp_path), inspect_table(table_params(root, tmp_path)))
+    result = subprocess.run([lightning_python, "-c", READ_TABLE, str(tmp_path / "out")], capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    read = json.loads(result.stdout.strip().splitlines()[-1])
+    assert read["train"] == [["torch.uint8", [8, SIDE, SIDE, 3], "torch.int64"]] * 2
+    validation = pq.read_table(root / "validation")
+    images, labels = validation.column("pixels").to_pylist(), validation.column("y").to_pylist()
+    expected = sorted([hashlib.sha1(image).hexdigest(), label] for image, label in zip(images, labels))
+    assert read["validation"] == expected
