@@ -95,7 +95,7 @@ def torch_batches(split: str, batch_size: Optional[int] = None):
     if split == "train":
         batches = TrainBatches(ctx.dataset, rank=ctx.rank, size=ctx.size, batch_size=size,
                                steps=ctx.steps_per_epoch, seed=ctx.seed)
-        _session.readers.append(batches.reader)
+        _session.readers.append(batches)
         return batches
     if split == "validation":
         return ValidationBatches(ctx.dataset, rank=ctx.rank, size=ctx.size, batch_size=size, seed=ctx.seed)

@@ -29,7 +29,7 @@ class Session:
         self.context = context
         self.log = log if context.is_chief else (lambda line: None)
         self.finished = False
-        self.readers: list[Any] = []  # Petastorm readers the SDK opened: stopped at finish()
+        self.readers: list[Any] = []  # Petastorm readers (or batches with close()) the SDK opened: stopped at finish()
         self._lock = threading.Lock()
         self.progress: Optional[ProgressWriter] = None
         self.tracker: Optional[RunTracker] = None
@@ -87,8 +87,11 @@ class Session:
     def stop_readers(self) -> None:
         while self.readers:
             reader = self.readers.pop()
-            reader.stop()
-            reader.join()
+            if hasattr(reader, "close"):  # lightning.data.TrainBatches: its prefetching thread, then its reader
+                reader.close()
+            else:
+                reader.stop()
+                reader.join()
 
 
 def install_excepthook(session: Session) -> None:
