@@ -133,3 +133,18 @@ def test_importing_the_sdk_loads_no_framework():
             "print(sorted(m for m in ('tensorflow', 'torch', 'horovod', 'kopf', 'mpi4py') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "[]", result.stderr
+
+
+def test_the_sdks_tf_readers_read_this_ranks_share_of_the_table(config):
+    result = run_rank(config, """
+        import json
+        ctx = sdk.context()
+        train = [(x.shape.as_list(), x.dtype.name, y.dtype.name) for x, y in sdk.tf_dataset("train").take(3)]
+        rows = sum(int(y.shape[0]) for _, y in sdk.tf_dataset("validation"))
+        sdk.finish()
+        print(json.dumps({"train": train, "rows": rows, "batch": ctx.batch_size_per_worker, "side": ctx.image_size}))
+    """, rank=1)
+    assert result.returncode == 0, result.stderr[-3000:]
+    read = json.loads(result.stdout.strip().splitlines()[-1])
+    assert read["train"] == [[[read["batch"], read["side"], read["side"], 3], "uint8", "int32"]] * 3
+    assert 0 < read["rows"] < 20  # rank 1's share of the table's 20 validation rows
