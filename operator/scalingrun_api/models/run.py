@@ -39,11 +39,22 @@ class Storage(ApiModel):
     )
 
 
-class Resources(ApiModel):
-    """CPU and memory for each pod; requests equal limits so the pod is Guaranteed."""
+# Measured in docs/operations.md ("CPU limits"): a CFS quota throttles the bursts of MPI, all-reduce and thread
+# pools even on an idle node, so a CPU limit is set only when asked for.
+CPU_LIMIT_DESCRIPTION = (
+    "CPU limit, e.g. 4: a CFS quota per 100 ms, at least cpu. Default: none, so that the pod may use idle CPU "
+    "beyond its request (a quota throttles bursts even on an idle node). Set it equal to cpu for Guaranteed QoS "
+    "(memory already is), e.g. for whole cores from the kubelet's static CPU manager."
+)
 
-    cpu: Optional[Quantity] = Field(None, description="CPU cores, e.g. 4 or 3500m.")
-    memory: Optional[Quantity] = Field(None, description="Memory, e.g. 16Gi.")
+
+class Resources(ApiModel):
+    """CPU and memory for each pod: cpu is requested (no limit unless cpuLimit is set); memory is request and
+    limit."""
+
+    cpu: Optional[Quantity] = Field(None, description="CPU cores requested, e.g. 4 or 3500m.")
+    memory: Optional[Quantity] = Field(None, description="Memory, e.g. 16Gi: request and limit.")
+    cpu_limit: Optional[Quantity] = Field(None, description=CPU_LIMIT_DESCRIPTION)
 
 
 class Preprocessing(ApiModel):
@@ -141,8 +152,9 @@ class Workers(ApiModel):
     gpus_per_worker: int = Field(
         1, ge=0, le=16, description="GPUs per worker, = Horovod slots per worker; 0 trains on CPU (1 slot)."
     )
-    cpu: Optional[Quantity] = Field(None, description="CPU per worker, e.g. 8.")
-    memory: Optional[Quantity] = Field(None, description="Memory per worker, e.g. 32Gi.")
+    cpu: Optional[Quantity] = Field(None, description="CPU requested per worker, e.g. 8.")
+    cpu_limit: Optional[Quantity] = Field(None, description=CPU_LIMIT_DESCRIPTION)
+    memory: Optional[Quantity] = Field(None, description="Memory per worker, e.g. 32Gi: request and limit.")
     image: Optional[str] = Field(
         None,
         description=f"Trainer image (launcher, workers, preprocessing). Default: {DEFAULT_TRAINER_IMAGE} for "
@@ -156,7 +168,7 @@ class Workers(ApiModel):
 
 
 class LauncherResources(Resources):
-    """CPU and memory of the launcher pod; requests equal limits. Each field has its own default."""
+    """CPU and memory of the launcher pod, as for the other pods. Each field has its own default."""
 
     cpu: Optional[Quantity] = Field("100m", description="CPU of the launcher, e.g. 100m or 1.")
     memory: Optional[Quantity] = Field("256Mi", description="Memory of the launcher, e.g. 256Mi.")
@@ -168,7 +180,7 @@ class Launcher(ApiModel):
     resources: LauncherResources = Field(
         default_factory=LauncherResources,
         description="Resources of the launcher pod. Default cpu 100m, memory 256Mi: enough for mpirun, "
-        "and small enough to fit beside the workers on a small node. Requests equal limits.",
+        "and small enough to fit beside the workers on a small node. No CPU limit unless cpuLimit is set.",
     )
 
 
