@@ -241,16 +241,25 @@ def test_a_run_trains_across_pods_and_survives_operator_restarts_in_preprocessin
 
 
 def checkpoint_files(cluster, run_location: str) -> tuple[int, dict[str, int]]:
-    """The committed checkpoint: (epoch in state.json, {file: size} of the checkpoint it names)."""
+    """The committed checkpoint: (epoch in state.json, {file: size} of the checkpoint it names), read again if
+    a newer one was committed meanwhile (the trainer then removes the older), or while the server starts."""
     import json
 
     from pyarrow import fs as pafs
 
     root = run_location[len("s3://"):] + "/checkpoints"
+    deadline = time.monotonic() + 60
     with cluster.s3() as s3:
-        state = json.loads(s3.open_input_stream(f"{root}/state.json").read())
-        files = s3.get_file_info(pafs.FileSelector(f"{root}/{state['checkpoint']}"))
-    return state["epoch"], {f.base_name: f.size for f in files}
+        while True:
+            try:
+                state = s3.open_input_stream(f"{root}/state.json").read()
+                files = s3.get_file_info(pafs.FileSelector(f"{root}/{json.loads(state)['checkpoint']}"))
+                if s3.open_input_stream(f"{root}/state.json").read() == state:
+                    return json.loads(state)["epoch"], {f.base_name: f.size for f in files}
+            except OSError:  # a just-started filer answers 500 for a few seconds
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
 
 
 def launcher_attempt(cluster, name: str) -> tuple[str, int]:
