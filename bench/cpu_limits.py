@@ -190,6 +190,29 @@ def show(row: dict[str, Any]) -> str:
             f"throttled {throttled}; CPU {cpu} s; run {row['wall_s']:.0f} s; load {row['load'][0]:.1f}->{row['load'][1]:.1f}")
 
 
+FIGURES = ("images_per_s", "allreduce_ms", "negotiate_ms", "wall_s")
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    """Medians per variant, and the limit's figures as a ratio of the no-limit baseline: of the medians, and the
+    median of each repetition's pair (its two runs back to back, so that a drift in the host's load cancels)."""
+    lines, medians = [], {}
+    for variant in ("limit", "none"):
+        mine = [r for r in rows if r["variant"] == variant]
+        medians[variant] = {key: statistics.median(r[key] for r in mine) for key in FIGURES
+                            if mine and all(key in r for r in mine)}
+        lines.append(f"median {variant:5}: " + ", ".join(f"{k} {v:.1f}" for k, v in medians[variant].items()))
+    ratios = {k: medians["limit"][k] / medians["none"][k] for k in medians["limit"]
+              if medians["none"].get(k)}
+    lines.append("limit / no limit (baseline), of the medians: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+    pairs = [{r["variant"]: r for r in rows[i:i + 2]} for i in range(0, len(rows) - 1, 2)]
+    paired = {k: [p["limit"][k] / p["none"][k] for p in pairs if p["none"].get(k) and k in p["limit"]]
+              for k in FIGURES}
+    lines.append("limit / no limit (baseline), median of the pairs: " + ", ".join(
+        f"{k} {statistics.median(v):.2f}x ({', '.join(f'{x:.2f}' for x in v)})" for k, v in paired.items() if v))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repetitions", type=int, default=3, help="runs per variant (default 3)")
@@ -213,15 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         for variant in order:
             rows.append(measure(cluster, variant, args.cpu, source, output, args.epochs))
             print(show(rows[-1]), flush=True)
-    medians = {}
-    for variant in ("limit", "none"):
-        mine = [r for r in rows if r["variant"] == variant]
-        medians[variant] = {key: statistics.median(r[key] for r in mine)
-                            for key in ("images_per_s", "allreduce_ms", "negotiate_ms", "wall_s") if all(key in r for r in mine)}
-        print(f"median {variant:5}: " + ", ".join(f"{k} {v:.1f}" for k, v in medians[variant].items()))
-    ratios = {k: medians["none"][k] / medians["limit"][k] for k in medians["limit"]
-              if k in medians["none"] and medians["limit"][k]}
-    print("no limit / limit: " + ", ".join(f"{k} {v:.2f}x" for k, v in ratios.items()))
+    print(summary(rows))
     print(json.dumps(rows))
     return 0
 
