@@ -1,5 +1,6 @@
-"""What a CPU limit costs a 2-worker run: images/s, all-reduce time and CFS throttling, with and without
-`spec.workers.cpuLimit`, at the same cpu request (500m), in the e2e's real cluster.
+"""What a CPU limit costs a 2-worker run: images/s, all-reduce time and CFS throttling, with a CPU limit equal to
+the request (500m; the default) and without one (`spec.workers.cpuLimit` set to the node's cores: a quota that
+never binds), in the e2e's real cluster.
 
 Runs inside a `scripts/e2e.sh --keep` session (it reads the exports that script prints), holding the node lock:
 
@@ -15,7 +16,7 @@ the run, so that the timeline and each worker container's cgroup counters (cpu.s
 Per run: images/s (the trainer's own figure, validation excluded) of every epoch after the first; from rank 0's
 timeline, the all-reduce ops' wall time (overlapping ops merged) and the negotiation wait (from the first rank
 ready to the last: how long the fastest rank waits for the slowest); per worker, CFS periods throttled and the
-CPU used. The summary gives medians per variant and the ratio of no limit to limit.
+CPU used. The summary gives medians per variant and the limit's figures as ratios of the no-limit baseline.
 """
 
 from __future__ import annotations
@@ -41,11 +42,10 @@ TIMELINE = "/tmp/horovod-timeline.json"
 GROUP, VERSION = "scalingrun.dev", "v1alpha1"
 
 
-def run_body(cluster: InCluster, name: str, source: str, output: str, cpu: str, cpu_limit: str | None,
+def run_body(cluster: InCluster, name: str, source: str, output: str, cpu: str, cpu_limit: str,
              epochs: int) -> dict[str, Any]:
-    workers = {"replicas": 2, "gpusPerWorker": 0, "cpu": cpu, "memory": "2Gi", "image": cluster.trainer_image}
-    if cpu_limit:
-        workers["cpuLimit"] = cpu_limit
+    workers = {"replicas": 2, "gpusPerWorker": 0, "cpu": cpu, "cpuLimit": cpu_limit, "memory": "2Gi",
+               "image": cluster.trainer_image}
     return {
         "apiVersion": f"{GROUP}/{VERSION}", "kind": "ScalingRun", "metadata": {"name": name},
         "spec": {
@@ -150,10 +150,16 @@ def read_progress(cluster: InCluster, output: str, name: str) -> dict[str, Any]:
         return json.loads(s3.open_input_stream(f"{output[len('s3://'):]}/runs/{name}/progress.json").read())
 
 
-def measure(cluster: InCluster, variant: str, cpu: str, source: str, output: str, epochs: int) -> dict[str, Any]:
+def node_cores(cluster: InCluster) -> str:
+    """The most CPU capacity of a node: as a limit, a quota that never binds (the pod can use every core)."""
+    return str(max(int(n.status.capacity["cpu"]) for n in cluster.core().list_node().items))
+
+
+def measure(cluster: InCluster, variant: str, cpu: str, cpu_limit: str, source: str, output: str,
+            epochs: int) -> dict[str, Any]:
     name = f"cpubench-{variant}-{uuid.uuid4().hex[:4]}"
     load_before = os.getloadavg()[0]
-    cluster.create_run(run_body(cluster, name, source, output, cpu, cpu if variant == "limit" else None, epochs))
+    cluster.create_run(run_body(cluster, name, source, output, cpu, cpu_limit, epochs))
     try:
         wait_phase(cluster, name, ("Suspended",), timeout=600)
         switch_on_timeline(cluster, name)
@@ -228,13 +234,16 @@ def main(argv: list[str] | None = None) -> int:
     output = f"s3://scalingrun-e2e/bench/cpu-limits-{uuid.uuid4().hex[:6]}/parquet"
     with cluster.s3() as s3:
         uploaded = upload_jpegs(s3, source, args.images_per_class, 64)
-    print(f"{source}: {uploaded or 'already'} JPEGs uploaded; workers 2 x cpu {args.cpu}, memory 2Gi; "
-          f"{args.epochs} epochs; host: {os.cpu_count()} cores", flush=True)
+    unbound = node_cores(cluster)
+    print(f"{source}: {uploaded or 'already'} JPEGs uploaded; workers 2 x cpu {args.cpu}, memory 2Gi, cpuLimit "
+          f"{args.cpu} (limit) or {unbound}, the node's cores (none: a quota that never binds); {args.epochs} epochs; "
+          f"host: {os.cpu_count()} cores", flush=True)
     rows = []
     for repetition in range(args.repetitions):
         order = ("limit", "none") if repetition % 2 == 0 else ("none", "limit")
         for variant in order:
-            rows.append(measure(cluster, variant, args.cpu, source, output, args.epochs))
+            limit = args.cpu if variant == "limit" else unbound
+            rows.append(measure(cluster, variant, args.cpu, limit, source, output, args.epochs))
             print(show(rows[-1]), flush=True)
     print(summary(rows))
     print(json.dumps(rows))

@@ -113,7 +113,7 @@ def test_preprocess_job_is_indexed_and_non_root():
     assert pod["securityContext"]["runAsNonRoot"] is True
     container = pod["containers"][0]
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    assert container["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"memory": "4Gi"}}
+    assert container["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
 
 
 def _pod_specs(objects: list[dict]) -> dict[str, dict]:
@@ -127,11 +127,11 @@ def _pod_specs(objects: list[dict]) -> dict[str, dict]:
 def test_launcher_requests_are_small_by_default_and_settable():
     default = _pod_specs(build_children(load(ROOT / "examples/quickstart.yaml"), "ml"))["Launcher"]
     small = {"cpu": "100m", "memory": "256Mi"}
-    assert default["containers"][0]["resources"] == {"requests": small, "limits": {"memory": "256Mi"}}
+    assert default["containers"][0]["resources"] == {"requests": small, "limits": small}
     # 06 sets only the CPU; the memory keeps its default.
     settable = _pod_specs(build_children(load(ROOT / "examples/06-8-single-gpu-nodes.yaml"), "ml"))["Launcher"]
     chosen = {"cpu": "250m", "memory": "256Mi"}
-    assert settable["containers"][0]["resources"] == {"requests": chosen, "limits": {"memory": "256Mi"}}
+    assert settable["containers"][0]["resources"] == {"requests": chosen, "limits": chosen}
 
 
 def _with_cpu_limits(**limits):
@@ -146,21 +146,20 @@ def _with_cpu_limits(**limits):
     return parse_scalingrun(doc)
 
 
-def test_pods_request_cpu_without_a_limit_unless_one_is_asked_for(mpijob_schema):
-    """A CFS quota throttles bursts even on an idle node (docs/operations.md, "CPU limits"): CPU is only
-    requested by default; memory stays request and limit."""
+def test_requests_equal_limits_unless_a_cpu_limit_is_asked_for(mpijob_schema):
+    """Guaranteed QoS by default (a CPU limit equal to the request cost no images/s: docs/operations.md);
+    cpuLimit sets another CPU limit, the memory stays request and limit."""
     default = _pod_specs(build_children(_with_cpu_limits(), "ml"))
     for role, pod in default.items():
         resources = pod["containers"][0]["resources"]
-        assert "cpu" in resources["requests"] and "cpu" not in resources["limits"], (role, resources)
-        assert resources["limits"]["memory"] == resources["requests"]["memory"], (role, resources)
-    objects = build_children(_with_cpu_limits(workers="2", launcher="1", preprocessing="3"), "ml")
+        assert resources["limits"] == resources["requests"], (role, resources)
+    objects = build_children(_with_cpu_limits(workers="4", launcher="1", preprocessing="3"), "ml")
     jsonschema.validate(objects[2], mpijob_schema)
     kubernetes_validate.validate(objects[1], K8S_SCHEMA_VERSION, strict=True)
     asked = {role: pod["containers"][0]["resources"] for role, pod in _pod_specs(objects).items()}
-    # Equal to the request with memory too: Guaranteed QoS.
-    assert asked["Worker"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+    assert asked["Worker"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "4Gi"}}
     assert asked["Launcher"]["limits"]["cpu"] == "1" and asked["preprocess"]["limits"]["cpu"] == "3"
+    assert asked["preprocess"]["requests"]["cpu"] == "1"
 
 
 @pytest.mark.parametrize("path", ["workers", "launcher", "preprocessing"])
@@ -257,7 +256,7 @@ def test_lightning_run_renders_its_image_threads_and_the_same_launcher(mpijob_sc
     # The Lightning image everywhere, the preprocessing Job included (it needs no TensorFlow).
     images = {launcher["image"], worker["image"], job["spec"]["template"]["spec"]["containers"][0]["image"]}
     assert images == {"ghcr.io/scalingrun/trainer:0.1.0-lightning-cpu"}
-    # torch threads from the CPU request (no limit), rounded down, forwarded by mpirun to every rank.
+    # torch threads from the CPU limit (the request unless cpuLimit is set), forwarded by mpirun to every rank.
     for container in (launcher, worker):
         assert {"name": "OMP_NUM_THREADS", "value": "3"} in container["env"]
     argv = shlex.split(launcher["command"][-1])
@@ -280,7 +279,7 @@ def test_lightning_image_is_settable_and_keras_runs_are_unchanged():
 
 @pytest.mark.parametrize("cpu, cpu_limit, threads", [("500m", None, "1"), ("2", "3500m", "3"), (None, "2", "2"),
                                                       ("1500m", "1500m", "1")])
-def test_lightning_threads_follow_the_cpu_limit_else_the_request(cpu, cpu_limit, threads):
+def test_lightning_threads_follow_the_cpu_limit(cpu, cpu_limit, threads):
     workers = {"cpu": cpu, "gpusPerWorker": 0, **({"cpuLimit": cpu_limit} if cpu_limit else {})}
     worker = build_children(lightning_run(**workers), "ml")[2]["spec"]["mpiReplicaSpecs"]["Worker"]
     assert {"name": "OMP_NUM_THREADS", "value": threads} in worker["template"]["spec"]["containers"][0]["env"]

@@ -39,20 +39,21 @@ class Storage(ApiModel):
     )
 
 
-# Measured in docs/operations.md ("CPU limits"): a CFS quota throttles the bursts of MPI, all-reduce and thread
-# pools even on an idle node, so a CPU limit is set only when asked for.
+# Measured in docs/operations.md ("CPU requests and limits"): a CPU limit equal to the request cost a 2-worker
+# run no images/s, so requests equal limits unless cpuLimit says otherwise.
 CPU_LIMIT_DESCRIPTION = (
-    "CPU limit, e.g. 4: a CFS quota per 100 ms, at least cpu. Default: none, so that the pod may use idle CPU "
-    "beyond its request (a quota throttles bursts even on an idle node). Set it equal to cpu for Guaranteed QoS "
-    "(memory already is), e.g. for whole cores from the kubelet's static CPU manager."
+    "CPU limit, at least cpu: a CFS quota per 100 ms. Default: equal to cpu (with memory, Guaranteed QoS). "
+    "Set it higher to let the pod use idle CPU beyond its request, e.g. the node's cores for a quota that "
+    "never binds."
 )
 
 
 class Resources(ApiModel):
-    """CPU and memory for each pod: cpu is requested (no limit unless cpuLimit is set); memory is request and
+    """CPU and memory for each pod: requests equal limits (Guaranteed QoS), unless cpuLimit sets another CPU
     limit."""
 
-    cpu: Optional[Quantity] = Field(None, description="CPU cores requested, e.g. 4 or 3500m.")
+    cpu: Optional[Quantity] = Field(None, description="CPU cores, e.g. 4 or 3500m: request, and limit unless "
+                                   "cpuLimit is set.")
     memory: Optional[Quantity] = Field(None, description="Memory, e.g. 16Gi: request and limit.")
     cpu_limit: Optional[Quantity] = Field(None, description=CPU_LIMIT_DESCRIPTION)
 
@@ -152,7 +153,8 @@ class Workers(ApiModel):
     gpus_per_worker: int = Field(
         1, ge=0, le=16, description="GPUs per worker, = Horovod slots per worker; 0 trains on CPU (1 slot)."
     )
-    cpu: Optional[Quantity] = Field(None, description="CPU requested per worker, e.g. 8.")
+    cpu: Optional[Quantity] = Field(None, description="CPU per worker, e.g. 8: request, and limit unless "
+                                   "cpuLimit is set.")
     cpu_limit: Optional[Quantity] = Field(None, description=CPU_LIMIT_DESCRIPTION)
     memory: Optional[Quantity] = Field(None, description="Memory per worker, e.g. 32Gi: request and limit.")
     image: Optional[str] = Field(
@@ -180,7 +182,8 @@ class Launcher(ApiModel):
     resources: LauncherResources = Field(
         default_factory=LauncherResources,
         description="Resources of the launcher pod. Default cpu 100m, memory 256Mi: enough for mpirun, "
-        "and small enough to fit beside the workers on a small node. No CPU limit unless cpuLimit is set.",
+        "and small enough to fit beside the workers on a small node. Requests equal limits unless cpuLimit "
+        "says otherwise.",
     )
 
 

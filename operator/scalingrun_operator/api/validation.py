@@ -135,7 +135,7 @@ def _cpu_limit_errors(run: ScalingRun) -> list[FieldError]:
     ):
         if cpu and limit and quantity_value(limit) < quantity_value(cpu):
             errors.append(FieldError(f"{path}.cpuLimit", f"must be at least {path}.cpu ({cpu}), got {limit}: "
-                                     "raise it, or remove it to let the pods use idle CPU"))
+                                     "raise it, or remove it for a limit equal to cpu"))
     return errors
 
 

@@ -34,8 +34,8 @@ FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", 
 
 def framework_env(run: ScalingRun) -> list[dict[str, Any]]:
     """Lightning: torch's CPU threads per process from the worker's CPU (torch would otherwise start one per node
-    core and oversubscribe the pod): its limit if it has one, else its request, rounded down (threads beyond
-    the cores a pod is sure of wait for each other at every barrier). The Keras trainer's settings are unchanged."""
+    core and oversubscribe the pod): its CPU limit (cpuLimit, else cpu), rounded down. The Keras trainer's
+    settings are unchanged."""
     w = run.spec.workers
     cores = w.cpu_limit or w.cpu
     if run.spec.training.framework != Framework.pytorch_lightning.value or not cores:
