@@ -1,15 +1,17 @@
 """Input pipeline speed: images/s delivered to Keras from Parquet of 299x299x3 rows.
 
-(a) ours: scalingrun_trainer.data.make_dataset (vectorised decode per row group, uint8 shuffle and
-    batches; the model's first layer normalises, on the accelerator in a cluster)
+(a) ours: scalingrun_trainer.keras.data.make_dataset (Petastorm's reader, pixels as zero-copy uint8 views of
+    the row groups it read, batches drawn from a 256-row buffer across row groups; the model's first layer
+    normalises, on the accelerator in a cluster)
 (b) the seeds' configuration: make_batch_reader defaults, unbatch, then a per-row decode + float map, batch
 (c) the decode-free bound: a bare pyarrow read of the same files
 
 Ratios are of medians against (c) and (b), measured in the same run, rounds interleaved so that load
-from other work spreads over all three. With --step-split it also runs under horovodrun (-np 1 and
+from other work spreads over all three. 256 batches a round by default: the reader reads rowGroupCache row
+groups ahead, work that shorter rounds count without taking its batches. With --step-split it also runs under horovodrun (-np 1 and
 -np 2) a small training loop of the trainer's own model and splits step time into input wait and compute.
 
-Run: .venv/bin/python bench/input_pipeline.py [--rows 1024] [--batches 96] [--rounds 3] [--step-split]
+Run: .venv/bin/python bench/input_pipeline.py [--rows 1024] [--batches 256] [--rounds 3] [--step-split]
 """
 
 from __future__ import annotations
@@ -53,7 +55,8 @@ def rate_of(dataset, batches: int) -> float:
 
 
 def ours(output: str, batches: int) -> float:
-    from scalingrun_trainer.data import make_dataset, open_dataset
+    from scalingrun_trainer.core.dataset import open_dataset
+    from scalingrun_trainer.keras.data import make_dataset
 
     dataset = open_dataset(output)
     data, reader = make_dataset(dataset, "train", rank=0, size=1, batch_size=BATCH, seed=0)
@@ -69,7 +72,7 @@ def seed_config(output: str, batches: int) -> float:
     from petastorm import make_batch_reader
     from petastorm.tf_utils import make_petastorm_dataset
 
-    from scalingrun_trainer.data import open_dataset
+    from scalingrun_trainer.core.dataset import open_dataset
 
     urls = open_dataset(output).urls("train")
     reader = make_batch_reader(urls, num_epochs=None)  # the seeds' reader: library defaults
@@ -89,7 +92,7 @@ def seed_config(output: str, batches: int) -> float:
 def bare_pyarrow(output: str, rounds: int = 1) -> float:
     import pyarrow.parquet as pq
 
-    from scalingrun_trainer.data import open_dataset
+    from scalingrun_trainer.core.dataset import open_dataset
 
     dataset = open_dataset(output)
     best = 0.0
@@ -108,8 +111,9 @@ def step_split_worker(output: str, steps: int) -> None:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    from scalingrun_trainer.data import make_dataset, open_dataset
-    from scalingrun_trainer.models import build_model
+    from scalingrun_trainer.core.dataset import open_dataset
+    from scalingrun_trainer.keras.data import make_dataset
+    from scalingrun_trainer.keras.models import build_model
 
     hvd.init()
     data, reader = make_dataset(open_dataset(output), "train", rank=hvd.rank(), size=hvd.size(), batch_size=BATCH,
@@ -165,7 +169,7 @@ def step_split(output: str, steps: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rows", type=int, default=1024)
-    parser.add_argument("--batches", type=int, default=96)
+    parser.add_argument("--batches", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--step-split", action="store_true")
     parser.add_argument("--steps", type=int, default=10)

@@ -1,4 +1,4 @@
-"""The input-wait share (scalingrun_trainer.input_wait): does it read what it should, and what does it cost?
+"""The input-wait share (scalingrun_trainer.core.input_wait): does it read what it should, and what does it cost?
 
 (1) Accuracy: a small Keras model trains on in-memory batches, each delayed by D seconds in the pipeline
     (the trainer's own diagnostic delay, before the prefetch). The time that waiting cost is the epoch's
@@ -38,7 +38,7 @@ def dataset(side: int, batch: int, delay: float):
     import numpy as np
     import tensorflow as tf
 
-    from scalingrun_trainer.input_wait import delay_batches
+    from scalingrun_trainer.keras.input_clock import delay_batches
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (batch * 8, side, side, 3), dtype=np.uint8)
@@ -51,8 +51,8 @@ def dataset(side: int, batch: int, delay: float):
 
 def train(side: int, batch: int, steps: int, delay: float, meter: bool) -> tuple[float, float | None]:
     """(seconds of the second epoch, its measured input-wait share or None)."""
-    from scalingrun_trainer.callbacks import InputWaitMeter
-    from scalingrun_trainer.input_wait import InputClock
+    from scalingrun_trainer.keras.callbacks import InputWaitMeter
+    from scalingrun_trainer.keras.input_clock import InputClock
 
     import tensorflow as tf
 
@@ -74,7 +74,7 @@ def train(side: int, batch: int, steps: int, delay: float, meter: bool) -> tuple
 
     model = model_for(side)
     model.fit(data, steps_per_epoch=steps, epochs=2, callbacks=[*callbacks, EpochTimer()], verbose=0)
-    share = input_meter.latest.get("inputWaitFraction") if input_meter else None
+    share = input_meter.latest.input_wait_fraction if input_meter else None
     return times[-1], share
 
 

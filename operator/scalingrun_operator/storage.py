@@ -10,6 +10,11 @@ Every S3 call goes through `retrying`: 5xx answers, throttling and timeouts are 
 exponential backoff until the target's deadline; a permanent 4xx (unknown key, wrong secret, access
 denied, no bucket) fails at once with what to check. botocore's own retries are off, so that the
 deadline and the message are ours.
+
+Bounded, because a run chooses its store and the operator serves every tenant from one pod: a document
+is read only up to the target's `max_document_bytes` (1 MiB unless the operator is configured otherwise;
+parsed JSON can take 20 times its size), a listing stops at `limit` names, and with `allowed_endpoints`
+set no request goes to any other endpoint.
 """
 
 from __future__ import annotations
@@ -19,14 +24,17 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import random
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 from urllib.parse import urlparse
+
+from .api.endpoints import endpoint_refusal
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -34,6 +42,26 @@ T = TypeVar("T")
 
 class StorageError(RuntimeError):
     """Storage could not be read; the message names the URI and the cause, never a key."""
+
+    reason = "StorageError"  # a condition's reason
+
+
+class DocumentTooLarge(StorageError):
+    """A document is over the operator's size cap: not read, not parsed."""
+
+    reason = "DocumentTooLarge"
+
+
+class EndpointNotAllowed(StorageError):
+    """The run's endpoint is not on the operator's allow-list: no request is sent to it."""
+
+    reason = "EndpointNotAllowed"
+
+
+# Big enough for a manifest of 20,000 classes and 256 shards (~0.5 MiB) and a progress document with about
+# 5,000 epochs of history; small enough that the 12 reads the operator may run at once fit in its 512Mi
+# limit beside its usual 200 MiB, whatever the documents hold (1 MiB of "[[],[],...]" parses into ~20 MiB).
+DEFAULT_MAX_DOCUMENT_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -48,19 +76,59 @@ class Credentials:
         return hashlib.sha256(f"{self.access_key}\0{self.secret_key}".encode()).hexdigest()[:16]
 
 
+class Clients:
+    """botocore S3 clients by endpoint, region, keys and timeout (creating one costs tens of milliseconds and a
+    few MB, and a client holds a connection pool): the operator keeps one of these for its lifetime."""
+
+    def __init__(self, limit: int = 32):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._clients: "OrderedDict[tuple, Any]" = OrderedDict()
+
+    def get(self, target: "StorageTarget") -> Any:
+        import botocore.session
+        from botocore.config import Config
+
+        key = (target.endpoint, target.region, target.credentials.fingerprint() if target.credentials else None,
+               target.timeout)
+        with self._lock:
+            if key in self._clients:
+                self._clients.move_to_end(key)
+                return self._clients[key]
+            if self._session is None:
+                self._session = botocore.session.get_session()
+            config = Config(
+                connect_timeout=target.timeout, read_timeout=target.timeout,
+                retries={"total_max_attempts": 1, "mode": "standard"},  # retried by `retrying`, to a deadline
+                # S3-compatible stores behind a plain host:port (MinIO, SeaweedFS) need path-style URLs.
+                s3={"addressing_style": "path" if target.endpoint else "auto"},
+            )
+            kwargs: dict[str, Any] = {"region_name": target.region, "config": config}
+            if target.endpoint:
+                kwargs["endpoint_url"] = target.endpoint
+            if target.credentials:
+                kwargs["aws_access_key_id"] = target.credentials.access_key
+                kwargs["aws_secret_access_key"] = target.credentials.secret_key
+            client = self._session.create_client("s3", **kwargs)
+            self._clients[key] = client
+            while len(self._clients) > self.limit:
+                self._clients.popitem(last=False)
+            return client
+
+
 @dataclass(frozen=True)
 class StorageTarget:
-    """Where and how to reach a run's objects."""
+    """Where and how to reach a run's objects (`clients`: whose client cache serves the calls)."""
 
     endpoint: Optional[str]
     region: str
     credentials: Optional[Credentials]
     timeout: float = 10.0  # connect/read timeout of one request
     deadline: float = 30.0  # retries of 5xx answers and timeouts stop this long after the first attempt
-
-
-def join(uri: str, *parts: str) -> str:
-    return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES  # a larger document is refused, not read
+    allowed_endpoints: tuple[str, ...] = ()  # non-empty: the only endpoints requests may go to
+    clients: Clients = field(default_factory=Clients, compare=False, repr=False)
 
 
 def _split_s3(uri: str) -> tuple[str, str]:
@@ -72,43 +140,12 @@ def _local_path(uri: str) -> Path:
     return Path(urlparse(uri).path if uri.startswith("file://") else uri)
 
 
-_session_lock = threading.Lock()
-_session: Any = None
-_clients: "OrderedDict[tuple, Any]" = OrderedDict()
-_MAX_CLIENTS = 32  # one per distinct endpoint/region/key set; a client holds a connection pool
-
-
 def _client(target: StorageTarget) -> Any:
-    """A cached botocore S3 client (creating one costs tens of milliseconds and a few MB)."""
-    global _session
-    import botocore.session
-    from botocore.config import Config
-
-    key = (target.endpoint, target.region, target.credentials.fingerprint() if target.credentials else None,
-           target.timeout)
-    with _session_lock:
-        if key in _clients:
-            _clients.move_to_end(key)
-            return _clients[key]
-        if _session is None:
-            _session = botocore.session.get_session()
-        config = Config(
-            connect_timeout=target.timeout, read_timeout=target.timeout,
-            retries={"total_max_attempts": 1, "mode": "standard"},  # retried by `retrying`, to a deadline
-            # S3-compatible stores behind a plain host:port (MinIO, SeaweedFS) need path-style URLs.
-            s3={"addressing_style": "path" if target.endpoint else "auto"},
-        )
-        kwargs: dict[str, Any] = {"region_name": target.region, "config": config}
-        if target.endpoint:
-            kwargs["endpoint_url"] = target.endpoint
-        if target.credentials:
-            kwargs["aws_access_key_id"] = target.credentials.access_key
-            kwargs["aws_secret_access_key"] = target.credentials.secret_key
-        client = _session.create_client("s3", **kwargs)
-        _clients[key] = client
-        while len(_clients) > _MAX_CLIENTS:
-            _clients.popitem(last=False)
-        return client
+    """The client of the target's cache; none for an endpoint the allow-list does not name."""
+    refusal = endpoint_refusal(target.endpoint, target.allowed_endpoints)
+    if refusal:
+        raise EndpointNotAllowed(refusal)
+    return target.clients.get(target)
 
 
 def _describe(exc: Exception) -> str:
@@ -188,30 +225,67 @@ def retrying(what: str, uri: str, target: StorageTarget, call: Callable[[], T]) 
             delay = min(delay * 2, 4.0)
 
 
-def read_bytes(uri: str, target: StorageTarget) -> Optional[bytes]:
-    """The object's bytes, or None when it does not exist."""
-    if uri.startswith("s3://"):
-        from botocore.exceptions import ClientError
+def _too_large(uri: str, size: int, target: StorageTarget) -> DocumentTooLarge:
+    return DocumentTooLarge(
+        f"{uri} is {_size(size)}{'+' if size > target.max_document_bytes else ''}, over the operator's limit of "
+        f"{_size(target.max_document_bytes)} for one document (SCALINGRUN_MAX_DOCUMENT_BYTES, chart value "
+        "operator.maxDocumentBytes); it was not read. Check what writes it, or raise the limit together with the "
+        "operator's memory limit")
 
-        bucket, key = _split_s3(uri)
 
-        def get() -> Optional[bytes]:
-            try:
-                response = _client(target).get_object(Bucket=bucket, Key=key)
-                return response["Body"].read()  # inside the retry: a body cut short is tried again
-            except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                    return None
-                raise
+def _size(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 1024:.0f} KiB" if size >= 1024 else f"{size} B"
 
-        return retrying("read", uri, target, get)
-    path = _local_path(uri)
+
+def _read_capped(uri: str, stream: Any, length: Optional[int], target: StorageTarget) -> bytes:
+    """At most `target.max_document_bytes` of `stream`; DocumentTooLarge (the stream closed) beyond that, by the
+    announced length before any byte is read, or by what arrives (a length may be missing or wrong)."""
+    cap = target.max_document_bytes
     try:
-        return path.read_bytes()
+        if length is not None and length > cap:
+            raise _too_large(uri, length, target)
+        data = stream.read(cap + 1)
+        if len(data) > cap:
+            raise _too_large(uri, len(data), target)
+        return data
+    finally:
+        stream.close()
+
+
+def _get_object(uri: str, target: StorageTarget) -> tuple[Optional[bytes], Optional[str]]:
+    """(the object's bytes, its ETag), or (None, None) when it does not exist. S3 only."""
+    from botocore.exceptions import ClientError
+
+    bucket, key = _split_s3(uri)
+
+    def get() -> tuple[Optional[bytes], Optional[str]]:
+        try:
+            response = _client(target).get_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None, None
+            raise
+        # Inside the retry: a body cut short is tried again.
+        return _read_capped(uri, response["Body"], response.get("ContentLength"), target), response.get("ETag")
+
+    return retrying("read", uri, target, get)
+
+
+def _read_file(uri: str, target: StorageTarget) -> Optional[bytes]:
+    try:
+        with _local_path(uri).open("rb") as stream:
+            return _read_capped(uri, stream, os.fstat(stream.fileno()).st_size, target)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from None
+
+
+def read_bytes(uri: str, target: StorageTarget) -> Optional[bytes]:
+    """The object's bytes (at most `target.max_document_bytes`), or None when it does not exist."""
+    if uri.startswith("s3://"):
+        return _get_object(uri, target)[0]
+    return _read_file(uri, target)
 
 
 def read_json(uri: str, target: StorageTarget) -> Optional[dict[str, Any]]:
@@ -230,15 +304,18 @@ def _json_object(uri: str, data: bytes) -> dict[str, Any]:
     return document
 
 
-def list_names(uri: str, target: StorageTarget, limit: int = 10000) -> list[str]:
-    """Names of the objects directly under the folder `uri` (non-recursive for local paths)."""
+def list_names(uri: str, target: StorageTarget, limit: int = 1000) -> list[str]:
+    """Names of the objects directly under the folder `uri` (non-recursive for local paths); at most `limit`,
+    read in pages of at most 1000 keys (S3 allows 1024 bytes a key: one page is at most ~1.5 MB of XML)."""
     if uri.startswith("s3://"):
         bucket, prefix = _split_s3(uri)
         prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
 
         def listing() -> list[str]:
             names: list[str] = []
-            for page in _client(target).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            pages = _client(target).get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": min(limit, 1000)})
+            for page in pages:
                 names += [item["Key"][len(prefix):] for item in page.get("Contents", [])]
                 if len(names) >= limit:
                     break
@@ -250,10 +327,6 @@ def list_names(uri: str, target: StorageTarget, limit: int = 10000) -> list[str]
     if not path.is_dir():
         return []
     return sorted(p.name for p in path.iterdir() if p.is_file())[:limit]
-
-
-def uses_s3(*uris: Optional[str]) -> bool:
-    return any(u and u.startswith("s3://") for u in uris)
 
 
 # --- versioned reads: the progress watcher's cheap check -----------------------------------------------
@@ -274,20 +347,7 @@ def read_json_versioned(uri: str, target: StorageTarget) -> tuple[Optional[dict[
     if not uri.startswith("s3://"):
         version = _file_version(_local_path(uri))  # before the read: a write in between costs one more reconcile
         return read_json(uri, target), version
-    from botocore.exceptions import ClientError
-
-    bucket, key = _split_s3(uri)
-
-    def get() -> tuple[Optional[bytes], Optional[str]]:
-        try:
-            response = _client(target).get_object(Bucket=bucket, Key=key)
-            return response["Body"].read(), response.get("ETag")
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                return None, None
-            raise
-
-    data, etag = retrying("read", uri, target, get)
+    data, etag = _get_object(uri, target)
     if data is None:
         return None, None
     return _json_object(uri, data), etag

@@ -17,7 +17,7 @@ from pyarrow import fs as pafs
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.sample_data import fashion_mnist_jpegs
-from scalingrun_trainer.tracking import MlflowClient
+from scalingrun_trainer.core.tracking import MlflowClient
 from tests.horovod.test_stack import horovodrun
 
 pytestmark = [pytest.mark.horovod, pytest.mark.s3]

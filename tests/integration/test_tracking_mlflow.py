@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from scalingrun_trainer.tracking import RUN_LOCATION_TAG, MlflowClient, RunTracker, TrackingError
+from scalingrun_trainer.core.tracking import RUN_LOCATION_TAG, MlflowClient, RunTracker, TrackingError
 
 pytestmark = pytest.mark.mlflow
 

@@ -17,7 +17,7 @@ from pyarrow import fs as pafs
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.sample_data import fashion_mnist_jpegs
-from scalingrun_trainer.tracking import MlflowClient
+from scalingrun_trainer.core.tracking import MlflowClient
 
 pytestmark = [pytest.mark.lightning, pytest.mark.s3]
 BUCKET = "lightning"
@@ -86,7 +86,7 @@ for name in files:
         predicted = model(pixels).argmax(1).numpy()
     correct += int((predicted == np.array(table.column("label").to_pylist())).sum()); rows += len(predicted)
 # A frozen base trains in inference mode: its BatchNorm statistics are still the ImageNet file's.
-from scalingrun_trainer.weights import imagenet_weights_path
+from scalingrun_trainer.core.weights import imagenet_weights_path
 imagenet = torch.load(imagenet_weights_path(), weights_only=True)
 saved = model.state_dict()
 assert all(torch.equal(saved["base." + k], imagenet[k]) for k in imagenet if k.endswith("running_mean")), "BN moved"

@@ -44,7 +44,7 @@ def test_lightning_trainer_imports_without_tensorflow_horovod_or_kopf():
 
     require(LIGHTNING_PYTHON.exists(), f"no {LIGHTNING_PYTHON}: SCALINGRUN_PROFILE=lightning scripts/setup.sh")
     code = IMPORT_ALL.format(package=LIGHTNING, blocked=["tensorflow", "horovod", "keras", "kopf", "kubernetes"],
-                             skip="-") + "import scalingrun_trainer.cli, scalingrun_trainer.train\n"
+                             skip="-") + "import scalingrun_trainer.cli, scalingrun_trainer.keras_horovod.train\n"
     result = subprocess.run([str(LIGHTNING_PYTHON), "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 

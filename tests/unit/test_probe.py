@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from scalingrun_trainer.probe import (
-    ProbeError, ProbeResult, candidate_sizes, choose_knee, is_out_of_memory, keras_measure, probe_ceiling, run_probe,
+from scalingrun_trainer.core.probe import (
+    ProbeError, ProbeResult, candidate_sizes, choose_knee, probe_ceiling, run_probe,
 )
+from scalingrun_trainer.keras.probe import is_out_of_memory, keras_measure
 
 
 def rows(*pairs):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from scalingrun_trainer.progress import ProgressWriter
+from scalingrun_trainer.core.progress import ProgressWriter
 from scalingrun_trainer.storage import open_location
 
 HISTORY = [

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from scalingrun_trainer.scaling import scale_auto_run, scale_run, scaled_learning_rate
+from scalingrun_trainer.core.scaling import scale_auto_run, scale_run, scaled_learning_rate
 
 
 @pytest.mark.parametrize("rule,processes,expected", [

@@ -6,52 +6,52 @@ Human progress goes to stderr; the last stdout line is a JSON summary for the op
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
-from typing import Any, Optional
+from typing import Optional
 
 from .launcher import DEFAULT_HOSTFILE, DEFAULT_SSH_PORT, DEFAULT_TIMEOUT_SECONDS, launch
 
 
-def _load_config(path: Optional[str]) -> dict[str, Any]:
-    if not path:
-        return {}
-    with (sys.stdin if path == "-" else open(path)) as f:
-        return json.load(f)
-
-
 def _preprocess_params(args: argparse.Namespace):
+    """The dataset spec of --config (defaults: the spec's, scalingrun_api.models.Dataset), each flag given winning."""
+    from pydantic import ValidationError
+
+    from scalingrun_api.models import Dataset, Storage
+    from .core.config import parse_config, read_document
     from .preprocess import Params
 
-    config = _load_config(args.config)
-    dataset = config.get("dataset", {})
-    storage = config.get("storage", {})
-
-    def pick(flag, *keys, default=None):
-        if flag is not None:
-            return flag
-        node: Any = dataset
-        for key in keys:
-            node = node.get(key) if isinstance(node, dict) else None
-        return default if node is None else node
-
-    source, output = pick(args.source, "source"), pick(args.output, "output")
-    if not source or not output:
-        raise SystemExit("scalingrun-trainer preprocess: --source and --output (or --config) are required")
+    document = read_document(args.config)
+    flags = {"source": args.source, "output": args.output, "image_size": args.image_size,
+             "validation_fraction": args.validation_fraction, "sample_fraction": args.sample_fraction,
+             "seed": args.seed}
+    flags = {name: value for name, value in flags.items() if value is not None}
+    try:
+        if document:
+            config = parse_config(document)
+            dataset = config.dataset.model_copy(update=flags)
+            storage, processes = config.storage, config.processes
+        else:
+            if not (args.source and args.output):
+                raise SystemExit("scalingrun-trainer preprocess: --source and --output (or --config) are required")
+            dataset, storage, processes = Dataset(**flags), Storage(), 1
+    except ValidationError as exc:
+        raise SystemExit(f"scalingrun-trainer preprocess: {exc}") from None
+    preprocessing = dataset.preprocessing
     return Params(
-        source=source,
-        output=output,
-        image_size=pick(args.image_size, "imageSize", default=299),
-        validation_fraction=pick(args.validation_fraction, "validationFraction", default=0.1),
-        sample_fraction=pick(args.sample_fraction, "sampleFraction", default=1.0),
-        seed=pick(args.seed, "seed", default=42),
-        max_bad_fraction=pick(args.max_bad_fraction, "preprocessing", "maxBadFraction", default=0.05),
+        source=dataset.source,
+        output=dataset.output,
+        image_size=dataset.image_size,
+        validation_fraction=dataset.validation_fraction,
+        sample_fraction=dataset.sample_fraction,
+        seed=dataset.seed,
+        max_bad_fraction=preprocessing.max_bad_fraction if args.max_bad_fraction is None else args.max_bad_fraction,
         # A sweep lays one dataset out for its largest point (dataset.preprocessing.readers).
-        max_readers=args.max_readers or max(config.get("processes") or 1,
-                                            pick(None, "preprocessing", "readers", default=0)),
-        endpoint=args.endpoint or storage.get("endpoint"),
-        region=args.region or storage.get("region"),
+        max_readers=args.max_readers or max(processes, preprocessing.readers or 0),
+        endpoint=args.endpoint or storage.endpoint,
+        region=args.region or storage.region,
     )
 
 
@@ -79,28 +79,46 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     return 0
 
 
+# What each engine imports first: an image holds one framework's stack (torch only in the Lightning one, TensorFlow
+# only in the Keras one, Horovod only where the horovod strategy runs), so the import says which image to use.
+ENGINE_STACKS = {
+    "horovod": ("tensorflow", "horovod.tensorflow.keras"),
+    "multi-worker-mirrored": ("tensorflow", "mpi4py"),
+    "ddp": ("torch", "pytorch_lightning"),
+}
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
-    config = _load_config(args.config)
-    framework = (config.get("training") or {}).get("framework") or "keras"
-    # Each image holds one framework's stack (torch only in the Lightning one, TensorFlow + Horovod only in the
-    # Keras one): the other's import fails, and says which image to use.
+    from pydantic import ValidationError
+
+    from .core.config import ENGINES, engine_of, parse_config, read_document
+
+    document = read_document(args.config)
     try:
-        if framework == "pytorch-lightning":
-            import pytorch_lightning  # noqa: F401
-            import torch  # noqa: F401
-
-            from .lightning.train import train
-        else:
-            import horovod.tensorflow.keras  # noqa: F401
-
-            from .train import train
+        framework, strategy = engine_of(document)
+    except ValidationError as exc:
+        print(f"scalingrun-trainer train: error: {exc}", file=sys.stderr)
+        return 2
+    if (framework, strategy) not in ENGINES:
+        print(f"scalingrun-trainer train: error: training.strategy {strategy} is not one of training.framework "
+              f"{framework}'s", file=sys.stderr)
+        return 2
+    try:
+        for module in ENGINE_STACKS[strategy]:
+            importlib.import_module(module)
+        engine = importlib.import_module(ENGINES[framework, strategy])
     except ImportError as exc:
         image = "the Lightning trainer image (-lightning-cpu)" if framework == "pytorch-lightning" else \
             "the Keras trainer image"
         print(f"scalingrun-trainer train: error: training.framework {framework} needs {exc.name}, which this "
               f"environment lacks: use {image} (spec.workers.image) or its venv", file=sys.stderr)
         return 2
-    return train(config)
+    try:
+        config = parse_config(document)
+    except ValidationError as exc:
+        print(f"scalingrun-trainer train: error: the config is not a valid ScalingRun's: {exc}", file=sys.stderr)
+        return 2
+    return engine.train(config)
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
@@ -122,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--sample-fraction", type=float)
     pre.add_argument("--seed", type=int)
     pre.add_argument("--max-bad-fraction", type=float)
-    pre.add_argument("--max-readers", type=int, help="Horovod processes that will read it (row groups >= 2x)")
+    pre.add_argument("--max-readers", type=int, help="training processes that will read it (row groups >= 2x)")
     pre.add_argument("--shard-index", type=int, help="default: $JOB_COMPLETION_INDEX, else 0")
     pre.add_argument("--shard-count", type=int, default=1)
     pre.add_argument("--all-shards", action="store_true",
@@ -132,8 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--region")
     pre.set_defaults(func=_cmd_preprocess)
 
-    tr = sub.add_parser("train", help="training, one process per GPU: Keras + Horovod (horovodrun or mpirun), or "
-                                       "PyTorch Lightning DDP (mpirun) when training.framework is pytorch-lightning")
+    tr = sub.add_parser("train", help="training by the engine of training.framework and training.strategy: Keras + "
+                                       "Horovod (horovodrun or mpirun, a process per GPU), Keras + "
+                                       "MultiWorkerMirroredStrategy (mpirun, a process per worker), or PyTorch "
+                                       "Lightning DDP (mpirun, a process per GPU)")
     tr.add_argument("--config", required=True, help="trainer config rendered by the operator (JSON file or -)")
     tr.set_defaults(func=_cmd_train)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .common import BatchSize, DATA_URI_PATTERN, WEIGHTS_PATTERN, ApiModel
 
@@ -24,7 +24,8 @@ class Model(ApiModel):
     )
     weights: str = Field(
         "imagenet",
-        description="imagenet, none (random init), or the URI of a weights file.",
+        description="imagenet, none (random init), or a weights file: s3://bucket/key (the run's storage), "
+        "file:///path or /path (in the trainer image or a mounted volume).",
         pattern=WEIGHTS_PATTERN,
     )
     trainable_base: bool = Field(
@@ -51,6 +52,22 @@ class LearningRateScaling(str, Enum):
 class Framework(str, Enum):
     keras = "keras"
     pytorch_lightning = "pytorch-lightning"
+
+
+class Strategy(str, Enum):
+    """How the replicas of a framework train together."""
+
+    horovod = "horovod"
+    multi_worker_mirrored = "multi-worker-mirrored"
+    ddp = "ddp"
+
+
+# Each framework's strategies, its default first. A strategy outside its framework's list is refused (by the
+# operator's validation: the CRD of a 1.20 API server cannot relate two fields).
+FRAMEWORK_STRATEGIES: dict[str, tuple[str, ...]] = {
+    Framework.keras.value: (Strategy.horovod.value, Strategy.multi_worker_mirrored.value),
+    Framework.pytorch_lightning.value: (Strategy.ddp.value,),
+}
 
 
 class Monitor(str, Enum):
@@ -102,19 +119,29 @@ class InputPipeline(ApiModel):
 
 
 class Training(ApiModel):
-    """Data-parallel training (Keras + Horovod, or PyTorch Lightning DDP). The learning rate is scaled with the
-    number of processes."""
+    """Data-parallel training by one of three engines (Keras + Horovod, Keras + MultiWorkerMirroredStrategy,
+    PyTorch Lightning + DDP). The learning rate is scaled with the number of replicas."""
 
     framework: Framework = Field(
         Framework.keras,
-        description="keras: tf.keras with Horovod (the default image). pytorch-lightning: PyTorch Lightning DDP "
+        description="keras: tf.keras (the default image), with Horovod or TensorFlow's MultiWorkerMirroredStrategy "
+        "(training.strategy). pytorch-lightning: PyTorch Lightning DDP "
         "(gloo on CPU, nccl on GPU) over the same MPIJob, in the Lightning image; it trains only base "
         "efficientnet_lite0 and saves the model as TorchScript (model.pt).",
     )
-    optimizer: Optimizer = Field(Optimizer.nadam, description="Optimizer, wrapped by Horovod.")
+    strategy: Optional[Strategy] = Field(
+        None,
+        description="How the replicas train together. keras: horovod (the default: one Horovod process per GPU) or "
+        "multi-worker-mirrored (TensorFlow's MultiWorkerMirroredStrategy: one process per worker pod using all "
+        "of its GPUs, NCCL on GPU, ring all-reduce on CPU; no Horovod). pytorch-lightning: ddp (the default and "
+        "only one). Default: the framework's default.",
+    )
+    optimizer: Optimizer = Field(Optimizer.nadam, description="Optimizer; its gradients are averaged over all "
+                                 "replicas.")
     batch_size_per_worker: BatchSize = Field(
         32,
-        description="Batch size of each Horovod process; effective = x processes. \"auto\": before training, "
+        description="Batch size of each data-parallel replica (a process per GPU, or a GPU of a "
+        "multi-worker-mirrored process); effective = x replicas. \"auto\": before training, "
         "a short probe on one worker doubles the batch size from 8 until out-of-memory or a ceiling and takes "
         "the smallest size within 5 % of the best images/s; baseLearningRate then counts for a batch of 32 "
         "on one process and is scaled by learningRateScaling with effective batch / 32.",
@@ -137,3 +164,11 @@ class Training(ApiModel):
         "and the launcher restart it causes count once).")
     input: InputPipeline = Field(default_factory=InputPipeline, description="The training reader's threads and "
                                  "read-ahead.")
+
+    @model_validator(mode="after")
+    def _framework_default_strategy(self) -> "Training":
+        """An omitted strategy is the framework's default, so that every spec keeps its meaning; the CRD has no
+        default for it (one value there would name a strategy for every framework)."""
+        if self.strategy is None:
+            self.strategy = FRAMEWORK_STRATEGIES[self.framework][0]
+        return self

@@ -16,7 +16,11 @@ from typing import Any, Iterable, TypeVar
 
 import pydantic
 
-from scalingrun_api.models import BaseNetwork, Framework, Monitor, ScalingRun, ScalingSweep, quantity_value
+from scalingrun_api.models import (
+    FRAMEWORK_STRATEGIES, BaseNetwork, Framework, Monitor, ScalingRun, ScalingSweep, quantity_value,
+)
+from scalingrun_api.models.common import MAX_INTEGER
+from .sweep import build_point_run, sweep_points
 
 Resource = TypeVar("Resource", bound=pydantic.BaseModel)
 
@@ -141,12 +145,13 @@ def _cpu_limit_errors(run: ScalingRun) -> list[FieldError]:
 
 def _as_admitted(node: Any) -> Any:
     """The document as the API server reads it: nulls pruned (nothing in the schema is nullable, so a null
-    field takes its default), and a whole float such as 2.0 is the JSON number 2, an integer."""
+    field takes its default), and a whole float such as 2.0 is the JSON number 2, an integer, below 2^53 only:
+    beyond, the server keeps it a float (refused where an integer or a quantity is due)."""
     if isinstance(node, Mapping):
         return {key: _as_admitted(value) for key, value in node.items() if value is not None}
     if isinstance(node, list):
         return [_as_admitted(value) for value in node]
-    if isinstance(node, float) and node.is_integer():
+    if isinstance(node, float) and node.is_integer() and abs(node) <= MAX_INTEGER:
         return int(node)
     return node
 
@@ -189,9 +194,16 @@ def parse_schema(document: Any, resource: type[Resource] = ScalingRun) -> Resour
 def _framework_errors(run: ScalingRun) -> list[FieldError]:
     """Fields that mean nothing for the chosen framework are refused, not ignored."""
     spec = run.spec
-    if spec.training.framework != Framework.pytorch_lightning.value:
-        return []
     errors = []
+    strategies = FRAMEWORK_STRATEGIES[spec.training.framework]
+    if spec.training.strategy not in strategies:
+        errors.append(FieldError(
+            "spec.training.strategy",
+            f"{spec.training.strategy} is not a strategy of spec.training.framework {spec.training.framework} "
+            f"(its strategies: {', '.join(strategies)}; the first is the default when strategy is omitted)",
+        ))
+    if spec.training.framework != Framework.pytorch_lightning.value:
+        return errors
     if spec.model.base != BaseNetwork.efficientnet_lite0.value:
         errors.append(FieldError(
             "spec.model.base",
@@ -219,8 +231,6 @@ def parse_scalingrun(document: Any) -> ScalingRun:
 
 def sweep_semantic_errors(sweep: ScalingSweep) -> list[FieldError]:
     """The sweep's own cross-field rules, then every point's ScalingRun rules (as spec.template.* paths)."""
-    from ..builders.sweep import build_point_run, sweep_points
-
     spec = sweep.spec
     errors: list[FieldError] = []
     duplicates = sorted({w for w in spec.workers if spec.workers.count(w) > 1})

@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from scalingrun_api.models import ScalingRun
+from scalingrun_api.config import CONFIG_FILE_NAME, TrainerConfig
+from scalingrun_api.models import ScalingRun, Strategy
 from .common import config_map_name, metadata
 
-CONFIG_KEY = "config.json"
+CONFIG_KEY = CONFIG_FILE_NAME
 
 
 def slots_per_worker(run: ScalingRun) -> int:
+    """MPI slots, = training processes, per worker pod: one per GPU; multi-worker-mirrored runs one process per pod
+    that drives all of the pod's GPUs."""
+    if run.spec.training.strategy == Strategy.multi_worker_mirrored.value:
+        return 1
     return max(run.spec.workers.gpus_per_worker, 1)
 
 
@@ -31,16 +36,11 @@ def run_location(run: ScalingRun) -> str:
 
 
 def build_trainer_config(run: ScalingRun) -> dict[str, Any]:
-    spec = run.spec.model_dump(mode="json", by_alias=True, exclude={"workers", "run_policy"})
-    spec["storage"] = {k: spec["storage"][k] for k in ("endpoint", "region")}  # no Secret names
-    if spec.get("tracking"):
-        spec["tracking"] = {k: v for k, v in spec["tracking"].items() if k != "credentialsSecret"}
-    return {
-        "run": run.metadata.name,
-        "processes": total_processes(run),
-        "runLocation": run_location(run),
-        **spec,
-    }
+    """config.json (scalingrun_api.config.TrainerConfig): no Secret names, only what the containers use."""
+    spec = run.spec
+    return TrainerConfig(run=run.metadata.name, processes=total_processes(run), run_location=run_location(run),
+                         storage=spec.storage, dataset=spec.dataset, model=spec.model, training=spec.training,
+                         tracking=spec.tracking).document()
 
 
 def build_config_map(run: ScalingRun, namespace: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from typing import Any
 from scalingrun_api.models import Framework, ScalingRun, quantity_value
 from .common import (
     CONFIG_FILE,
+    TMP_DIR,
     config_volume,
     container_security_context,
     metadata,
@@ -17,6 +18,7 @@ from .common import (
     storage_env,
     tracking_env,
     trainer_image,
+    writable_dirs,
 )
 from .config import slots_per_worker, total_processes
 
@@ -24,6 +26,9 @@ MPI_USER_HOME = "/home/mpiuser"
 HOSTFILE = "/etc/mpi/hostfile"
 # The trainer image's non-root sshd listens here (Dockerfile.trainer, /etc/ssh/sshd_config).
 SSH_PORT = 2222
+# ... and keeps its host key (made by the entrypoint at start) and pid file here: a worker's one writable
+# folder besides /tmp (the root filesystem is read-only; ~/.ssh is mpi-operator's Secret, read-only).
+SSHD_STATE_DIR = f"{MPI_USER_HOME}/.sshd"
 # The image's entrypoint creates this pod's own ssh host key (none is baked in), then execs sshd. Rendering
 # a command keeps mpi-operator from substituting its default `sshd -De`, which would bypass the entrypoint.
 WORKER_COMMAND = ["/usr/local/bin/scalingrun-entrypoint", "/usr/sbin/sshd", "-De"]
@@ -46,7 +51,8 @@ def framework_env(run: ScalingRun) -> list[dict[str, Any]]:
 
 def launcher_script(run: ScalingRun) -> str:
     """Waits until every worker in the hostfile answers ssh (`scalingrun-trainer launch`; upstream
-    mpi-operator #386, #482, #615), then execs Horovod via mpirun."""
+    mpi-operator #386, #482, #615), then execs the trainer via mpirun: one rank per slot (slots_per_worker: one per
+    GPU, or one per worker pod for multi-worker-mirrored)."""
     mpirun = [
         "mpirun", "-np", str(total_processes(run)), "--hostfile", HOSTFILE,
         "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
@@ -54,8 +60,8 @@ def launcher_script(run: ScalingRun) -> str:
     # Rank 0 runs on a worker, started through mpirun: the MLflow credentials must travel with it too.
     for var in FORWARDED_ENV + tuple(e["name"] for e in tracking_env(run) + framework_env(run)):
         mpirun += ["-x", var]
-    # The same command for both frameworks: it dispatches on training.framework in the config, and the image
-    # (trainer_image) holds that framework's trainer.
+    # The same command for every engine: it dispatches on training.framework and training.strategy in the config,
+    # and the image (trainer_image) holds that framework's trainer.
     mpirun += ["scalingrun-trainer", "train", "--config", CONFIG_FILE]
     launch = ["scalingrun-trainer", "launch", "--hostfile", HOSTFILE, "--ssh-port", str(SSH_PORT),
               "--timeout", str(WORKER_WAIT_SECONDS), "--"]
@@ -104,6 +110,8 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
     if run.spec.run_policy.kueue_queue_name:
         meta["labels"]["kueue.x-k8s.io/queue-name"] = run.spec.run_policy.kueue_queue_name
     volume, mount = config_volume(run)
+    launcher_scratch, launcher_mounts = writable_dirs(TMP_DIR)
+    worker_scratch, worker_mounts = writable_dirs(TMP_DIR, SSHD_STATE_DIR)
     launcher = {
         "name": "launcher",
         "image": trainer_image(run),
@@ -112,7 +120,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "resources": resources(run.spec.launcher.resources.cpu, run.spec.launcher.resources.memory,
                                cpu_limit=run.spec.launcher.resources.cpu_limit),
         "securityContext": container_security_context(),
-        "volumeMounts": [mount],
+        "volumeMounts": [mount, *launcher_mounts],
     }
     worker = {
         "name": "worker",
@@ -121,7 +129,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "env": storage_env(run) + tracking_env(run) + framework_env(run),
         "resources": resources(w.cpu, w.memory, w.gpus_per_worker, cpu_limit=w.cpu_limit),
         "securityContext": container_security_context(),
-        "volumeMounts": [mount],
+        "volumeMounts": [mount, *worker_mounts],
     }
     return {
         "apiVersion": "kubeflow.org/v2beta1",
@@ -140,12 +148,13 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
                 "Launcher": {
                     "replicas": 1,
                     "restartPolicy": "OnFailure",
-                    "template": _pod_template(run, meta["labels"], launcher, [volume], workers=False),
+                    "template": _pod_template(run, meta["labels"], launcher, [volume, *launcher_scratch],
+                                             workers=False),
                 },
                 "Worker": {
                     "replicas": w.replicas,
                     "restartPolicy": "Never",
-                    "template": _pod_template(run, meta["labels"], worker, [volume], workers=True),
+                    "template": _pod_template(run, meta["labels"], worker, [volume, *worker_scratch], workers=True),
                 },
             },
         },

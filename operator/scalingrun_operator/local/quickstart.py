@@ -19,6 +19,7 @@ from pathlib import Path
 
 import yaml
 
+from scalingrun_api.progress import Progress
 from ..api.validation import parse_scalingrun
 from .runner import LocalRun
 from .s3server import S3Server
@@ -65,23 +66,23 @@ def upload_fashion_mnist(server: S3Server, source_uri: str, per_class: int) -> i
 
 
 def print_summary(local: LocalRun, run, state: Path, report, total_seconds: float) -> None:
-    status, pre, progress = local.status, local.status.preprocessing, local.progress or {}
+    status, pre, progress = local.status, local.status.preprocessing, Progress.read(local.progress)
     print("\n== quick start summary ==")
     print(f"phase: {status.phase}")
     if pre:
         print(f"preprocessing: {pre.images_written} images written, {pre.images_skipped} skipped, {pre.classes} "
               f"classes, {local.seconds.get('preprocessing', 0):.0f} s{' (dataset reused)' if pre.reused else ''}")
-    if progress.get("history"):
-        best = progress.get("bestMetrics") or {}
-        print(f"training: {progress['epoch']} of {progress['maxEpochs']} epochs, best epoch {progress['bestEpoch']}, "
-              f"val_accuracy {best.get('val_accuracy', float('nan')):.4f}, {progress['processes']} processes, "
-              f"{progress.get('imagesPerSecond')} img/s (last epoch), {local.seconds.get('training', 0):.0f} s")
+    if progress.history:
+        best = progress.best_metrics
+        print(f"training: {progress.epoch} of {progress.max_epochs} epochs, best epoch {progress.best_epoch}, "
+              f"val_accuracy {best.get('val_accuracy', float('nan')):.4f}, {progress.processes} processes, "
+              f"{progress.images_per_second} img/s (last epoch), {local.seconds.get('training', 0):.0f} s")
     for condition in status.conditions:
         if condition.status != "True" or condition.type == "Failed":
             print(f"  {condition.type}={condition.status} {condition.reason}: {condition.message}")
     print(f"Parquet dataset: {run.spec.dataset.output} (SeaweedFS data in {state / 'seaweedfs'})")
-    if progress.get("modelUri"):
-        print(f"model: {progress['modelUri']}")
+    if progress.model_uri:
+        print(f"model: {progress.model_uri}")
     if report:
         print(f"report: {report[0]} and {report[1]}")
     print(f"status document: {local.status_path}")
@@ -91,7 +92,7 @@ def print_summary(local: LocalRun, run, state: Path, report, total_seconds: floa
 def _sweep(run, workers: str, state: Path, started: float) -> int:
     """The quick-start run as the template of a local ScalingSweep over `workers` (e.g. "1,2")."""
     from ..api.validation import parse_scalingsweep
-    from ..cli import print_sweep
+    from ..report.sweep import print_sweep
     from .sweep import LocalSweep
 
     try:
@@ -105,7 +106,8 @@ def _sweep(run, workers: str, state: Path, started: float) -> int:
         "spec": {"workers": counts, "template": run.spec.model_dump(mode="json", by_alias=True, exclude_none=True)}})
     local = LocalSweep(sweep, state / "sweeps" / sweep.metadata.name)
     code = local.start()
-    print_sweep(local, state / "reports")
+    print_sweep(sweep.metadata.name, local.rows, local.recommendation, local.notes, sweep.spec.efficiency_threshold,
+                state / "reports")
     print(f"total time: {time.monotonic() - started:.0f} s")
     return code
 
@@ -144,8 +146,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     report = None
-    if local.progress and local.progress.get("history"):
-        from ..report import render_report
+    if Progress.read(local.progress).history:
+        from ..report.run import render_report
 
         report = render_report(local.progress, run.metadata.name, state / "reports")
     print_summary(local, run, state, report, time.monotonic() - started)

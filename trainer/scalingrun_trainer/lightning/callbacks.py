@@ -1,4 +1,4 @@
-"""One Lightning callback for what the Keras trainer does in callbacks.py: early stopping that restores the
+"""One Lightning callback for what the Keras engines do in ../keras/callbacks.py: early stopping that restores the
 best weights and survives restarts, per-epoch progress and MLflow (rank 0), checkpoints to the run's storage
 (rank 0), in that order, after each epoch's validation. Every rank takes the same decisions from the same
 all-reduced metrics, so all stop on the same epoch."""
@@ -7,25 +7,13 @@ from __future__ import annotations
 
 import copy
 import io
-import json
-import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import pytorch_lightning as pl
 import torch
 
-from ..progress import ProgressWriter
-from ..storage import Location
-from ..tracking import RunTracker
-
-
-def better(monitor: str, value: Optional[float], best: Optional[float], min_delta: float = 0.0) -> bool:
-    """Accuracies improve upwards, losses downwards, by more than min_delta (Keras' rule)."""
-    if value is None:
-        return False
-    if best is None:
-        return True
-    return value - min_delta > best if "acc" in monitor else value + min_delta < best
+from ..core.checkpoints import CheckpointState, CheckpointStore, EarlyStoppingState
+from ..core.progress import EpochRecorder, EpochTimer, better
 
 
 class EarlyStopping:
@@ -58,55 +46,42 @@ class EarlyStopping:
         if self.restore_best_weights and self.best_weights is not None:
             module.load_state_dict(self.best_weights)
 
-    def state(self) -> dict[str, Any]:
-        return {"wait": self.wait, "best": self.best, "bestEpoch": self.best_epoch}
+    def state(self) -> EarlyStoppingState:
+        return EarlyStoppingState(wait=self.wait, best=self.best, best_epoch=self.best_epoch)
 
-    def resume_from(self, state: dict[str, Any], best_weights: Optional[dict]) -> None:
-        self.wait, self.best, self.best_epoch = state.get("wait", 0), state.get("best"), state.get("bestEpoch")
+    def resume_from(self, state: EarlyStoppingState, best_weights: Optional[dict]) -> None:
+        self.wait, self.best, self.best_epoch = state.wait, state.best, state.best_epoch
         self.best_weights = best_weights
 
 
 class EpochEnd(pl.Callback):
-    """After each epoch's validation: metrics over all ranks, early stopping, then (rank 0) progress.json,
-    MLflow, the log line and a checkpoint every N epochs. Epochs are counted from the resumed one."""
+    """After each epoch's validation: metrics over all ranks, early stopping, then (rank 0) the epoch's record
+    (progress.json, MLflow, the log line) and a checkpoint every N epochs. Epochs are counted from the resumed one."""
 
-    def __init__(self, *, initial_epoch: int, images_per_epoch: int, monitor: str,
-                 early_stopping: Optional[EarlyStopping], progress: Optional[ProgressWriter],
-                 tracker: Optional[RunTracker], checkpointer: Optional["Checkpointer"], log: Callable[[str], None],
-                 best: tuple[Optional[int], dict]):
-        self.initial_epoch, self.images_per_epoch, self.monitor = initial_epoch, images_per_epoch, monitor
-        self.early_stopping, self.progress, self.tracker = early_stopping, progress, tracker
-        self.checkpointer, self.say, self.best = checkpointer, log, best
+    def __init__(self, *, initial_epoch: int, images_per_epoch: int, early_stopping: Optional[EarlyStopping],
+                 recorder: Optional[EpochRecorder], checkpointer: Optional["Checkpointer"]):
+        self.initial_epoch, self.images_per_epoch = initial_epoch, images_per_epoch
+        self.early_stopping, self.recorder, self.checkpointer = early_stopping, recorder, checkpointer
         self.epoch = initial_epoch
-        self._epoch_start = self._train_end = 0.0
+        self.timer = EpochTimer()
 
     def on_train_epoch_start(self, trainer, pl_module):
-        self._epoch_start, self._train_end = time.monotonic(), 0.0
+        self.timer.epoch_started()
 
     def on_validation_epoch_start(self, trainer, pl_module):
-        self._train_end = self._train_end or time.monotonic()
+        self.timer.validation_started()
 
     def on_train_epoch_end(self, trainer, pl_module):
         self.epoch = self.initial_epoch + trainer.current_epoch + 1
-        rate = self.images_per_epoch / max((self._train_end or time.monotonic()) - self._epoch_start, 1e-9)
+        rate = self.timer.images_per_second(self.images_per_epoch)
         metrics = pl_module.epoch_metrics()
-        stop = False
-        if self.early_stopping is not None:
-            stop = self.early_stopping.update(self.epoch, metrics, pl_module)
-            if self.early_stopping.best_epoch == self.epoch:
-                self.best = (self.epoch, metrics)
-        elif self.best[0] is None or better(self.monitor, metrics.get(self.monitor), self.best[1].get(self.monitor)):
-            self.best = (self.epoch, metrics)
+        stop = self.early_stopping.update(self.epoch, metrics, pl_module) if self.early_stopping else False
         if stop:
             trainer.should_stop = True
-        if self.progress is None:
+        if self.recorder is None:
             return
-        self.progress.epoch(self.epoch, metrics, rate, self.best[0], self.best[1])
-        if self.tracker is not None:
-            self.tracker.epoch(self.epoch, metrics, rate)
-        shown = " ".join(f"{k}={v:.4f}" for k, v in metrics.items())
-        self.say(f"epoch {self.epoch}/{self.progress.document['maxEpochs']}: {shown} ({rate:.0f} img/s)"
-                 + (f"; early stopping, best epoch {self.best[0]}" if stop else ""))
+        self.recorder.record(self.epoch, metrics, rate, stopped=stop,
+                             early_stopping_best=self.early_stopping.best_epoch if self.early_stopping else None)
         if self.checkpointer is not None and (self.epoch % self.checkpointer.every_epochs == 0 or stop):
             self.checkpointer.save(self.epoch, pl_module, trainer.optimizers[0], self.early_stopping)
 
@@ -118,52 +93,27 @@ class EpochEnd(pl.Callback):
 
 
 class Checkpointer:
-    """Rank 0: `<runLocation>/checkpoints/epoch-NNNNN/checkpoint.pt` (model, optimizer, best weights), then
-    state.json, the commit point, in the Keras trainer's shape (epoch, history, early stopping, trainedOn)."""
+    """Rank 0: `epoch-NNNNN/checkpoint.pt` (model, optimizer, best weights) in the run's CheckpointStore."""
 
-    def __init__(self, root: Location, every_epochs: int, progress: ProgressWriter, resume_facts: dict[str, Any]):
-        self.root, self.every_epochs, self.progress, self.resume_facts = root, every_epochs, progress, resume_facts
-        self._state: Optional[dict] = None
+    def __init__(self, store: CheckpointStore, every_epochs: int, history, resume_facts: dict[str, Any]):
+        self.store, self.every_epochs, self.history, self.resume_facts = store, every_epochs, history, resume_facts
 
     def save(self, epoch: int, module: torch.nn.Module, optimizer, early_stopping: Optional[EarlyStopping],
              finished: bool = False) -> None:
-        tag = f"epoch-{epoch:05d}"
         buffer = io.BytesIO()
         torch.save({"model": module.state_dict(), "optimizer": optimizer.state_dict(),
                     "best": early_stopping.best_weights if early_stopping else None}, buffer)
-        self.root.join(tag, "checkpoint.pt").write_bytes_atomic(buffer.getvalue())
-        self._write_state({
-            "epoch": epoch, "checkpoint": tag, "earlyStopping": early_stopping.state() if early_stopping else None,
-            "bestWeights": bool(early_stopping and early_stopping.best_weights is not None),
-            "history": self.progress.document["history"], "finished": finished, **self.resume_facts,
-        })
-        self._remove_older(tag)
+        self.store.save(epoch, [("checkpoint.pt", buffer.getvalue())], history=self.history(),
+                        early_stopping=early_stopping.state() if early_stopping else None,
+                        best_weights=bool(early_stopping and early_stopping.best_weights is not None),
+                        resume_facts=self.resume_facts, finished=finished)
 
     def finish(self, epoch: int, module, optimizer, early_stopping: Optional[EarlyStopping]) -> None:
         """Marks the run finished, so that a rerun of the same run does not train again."""
-        if self._state and self._state["epoch"] == epoch:
-            self._write_state({**self._state, "finished": True})
-        else:
-            self.save(epoch, module, optimizer, early_stopping, finished=True)
-
-    def _write_state(self, state: dict) -> None:
-        self.root.join("state.json").write_bytes_atomic(json.dumps(state).encode())
-        self._state = state
-
-    def _remove_older(self, keep: str) -> None:
-        from pyarrow import fs as pafs
-
-        for info in self.root.fs.get_file_info(pafs.FileSelector(self.root.path)):
-            if info.type == pafs.FileType.Directory and info.base_name.startswith("epoch-") and info.base_name != keep:
-                self.root.fs.delete_dir(info.path)
+        self.store.finish(epoch, lambda: self.save(epoch, module, optimizer, early_stopping, finished=True))
 
 
-def load_resume_state(root: Location) -> Optional[dict]:
-    state_at = root.join("state.json")
-    return json.loads(state_at.read_bytes()) if state_at.exists() else None
-
-
-def load_checkpoint(root: Location, state: dict) -> dict[str, Any]:
+def load_checkpoint(store: CheckpointStore, state: CheckpointState) -> dict[str, Any]:
     """The checkpoint state.json points to: {"model", "optimizer", "best"} (read by every rank)."""
-    data = root.join(state["checkpoint"], "checkpoint.pt").read_bytes()
+    data = store.folder(state).join("checkpoint.pt").read_bytes()
     return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)

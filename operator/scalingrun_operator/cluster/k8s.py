@@ -1,0 +1,270 @@
+"""Kubernetes API calls of the operator: raw JSON in and out (objects are plain dicts, as the builders
+return them), no client models in between. Which calls to make is decided elsewhere (decide/, act.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+import socket
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import urllib3
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from scalingrun_api import models
+from ..builders.common import RUN_LABEL
+from ..storage import Credentials, StorageError
+
+log = logging.getLogger(__name__)
+
+MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
+
+
+def _raw(response: Any) -> dict[str, Any]:
+    return json.loads(response.data)
+
+
+def _absent_is_none(call: Callable[[], Any]) -> Optional[dict[str, Any]]:
+    try:
+        return _raw(call())
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+class Kube:
+    """The calls the operator makes; one instance per process, shared by handler threads."""
+
+    def __init__(self, api_client: client.ApiClient, component: str = "scalingrun-operator"):
+        self.api_client = api_client
+        self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+        self.component = component
+        self.instance = socket.gethostname()
+        self._version: Optional[tuple[int, int, str]] = None
+        self._version_lock = threading.Lock()
+        self._pods_forbidden_logged = False
+
+    # --- the server ----------------------------------------------------------------------------
+
+    def server_version(self) -> tuple[int, int, str]:
+        """(major, minor, gitVersion) of the API server, asked once per process."""
+        with self._version_lock:
+            if self._version is None:
+                info = _raw(client.VersionApi(self.api_client).get_code(_preload_content=False))
+                self._version = parse_version(info)
+            return self._version
+
+    # --- pods ----------------------------------------------------------------------------------
+
+    def list_pods(self, namespace: str, run_name: str) -> list[dict[str, Any]]:
+        """The pods labelled as the run's (preprocessing, launcher, workers); [] when the operator may not list
+        pods (RBAC of an older chart): diagnosis is then missing, not the reconcile."""
+        try:
+            response = self.core.list_namespaced_pod(namespace, label_selector=f"{RUN_LABEL}={run_name}",
+                                                     _preload_content=False)
+        except ApiException as exc:
+            if exc.status != 403:
+                raise
+            if not self._pods_forbidden_logged:
+                log.warning("the operator may not list pods (%s): no pod diagnosis or restart counts; "
+                            "grant get/list/watch on pods", exc.reason)
+                self._pods_forbidden_logged = True
+            return []
+        return _raw(response).get("items") or []
+
+    def read_pod_log_tail(self, namespace: str, pod: str, container: str, lines: int = 20,
+                          max_bytes: int = 64 * 1024, timeout: float = 10.0) -> tuple[Optional[str], str]:
+        """(the last `lines` lines of a container's log, "") or (None, why it cannot be read).
+
+        Never raises: a log is an extra of a status that must be written anyway. At most `max_bytes`
+        are kept, from the end (a line may be megabytes long).
+        """
+        read = 0
+        try:
+            response = self.core.read_namespaced_pod_log(
+                pod, namespace, container=container, tail_lines=lines, _preload_content=False,
+                _request_timeout=timeout)
+            try:
+                kept = b""
+                for chunk in response.stream(16 * 1024):
+                    read += len(chunk)
+                    kept = (kept + chunk)[-max_bytes:]
+                    if read > 64 * max_bytes:  # a runaway stream: what is kept is enough
+                        break
+            finally:
+                response.release_conn()
+            return kept.decode("utf-8", errors="replace"), ""
+        except ApiException as exc:
+            why = f"HTTP {exc.status}: {_api_message(exc)}"
+            if exc.status == 403:
+                why += "; the operator needs get on pods/log"
+            return None, why
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return None, f"{type(exc).__name__}: {exc}"
+
+    # --- the ScalingRun ------------------------------------------------------------------------
+
+    def get_run(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        return _absent_is_none(lambda: self.custom.get_namespaced_custom_object(
+            models.GROUP, models.VERSION, namespace, models.PLURAL, name, _preload_content=False))
+
+    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any],
+                         resource_version: Optional[str] = None) -> dict[str, Any]:
+        """Merge-patches status; with `resource_version` it fails with 409 if the object moved on."""
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return _raw(self.custom.patch_namespaced_custom_object_status(
+            models.GROUP, models.VERSION, namespace, models.PLURAL, name, body, _preload_content=False))
+
+    def patch_run_annotations(self, namespace: str, name: str, annotations: dict[str, Optional[str]],
+                              resource_version: Optional[str] = None) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"annotations": annotations}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        return _raw(self.custom.patch_namespaced_custom_object(
+            models.GROUP, models.VERSION, namespace, models.PLURAL, name, {"metadata": metadata},
+            _preload_content=False))
+
+    # --- the ScalingSweep ----------------------------------------------------------------------
+
+    def get_sweep(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        return _absent_is_none(lambda: self.custom.get_namespaced_custom_object(
+            models.GROUP, models.VERSION, namespace, models.SWEEP_PLURAL, name, _preload_content=False))
+
+    def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any],
+                           resource_version: Optional[str] = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"status": status}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
+        return _raw(self.custom.patch_namespaced_custom_object_status(
+            models.GROUP, models.VERSION, namespace, models.SWEEP_PLURAL, name, body, _preload_content=False))
+
+    # --- children ------------------------------------------------------------------------------
+
+    def get_child(self, kind: str, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        if kind == "ConfigMap":
+            return _absent_is_none(lambda: self.core.read_namespaced_config_map(name, namespace, _preload_content=False))
+        if kind == "Job":
+            return _absent_is_none(lambda: self.batch.read_namespaced_job(name, namespace, _preload_content=False))
+        if kind == "MPIJob":
+            return _absent_is_none(lambda: self.custom.get_namespaced_custom_object(
+                MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, name, _preload_content=False))
+        if kind == models.KIND:  # a ScalingSweep's point
+            return self.get_run(namespace, name)
+        raise ValueError(f"unknown child kind {kind}")
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Creates a child; a 409 (it exists after all) is raised: the reconcile then looks again."""
+        namespace = obj["metadata"]["namespace"]
+        kind = obj["kind"]
+        if kind == "ConfigMap":
+            return _raw(self.core.create_namespaced_config_map(namespace, obj, _preload_content=False))
+        if kind == "Job":
+            return _raw(self.batch.create_namespaced_job(namespace, obj, _preload_content=False))
+        if kind == "MPIJob":
+            return _raw(self.custom.create_namespaced_custom_object(
+                MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, obj, _preload_content=False))
+        if kind == models.KIND:
+            return _raw(self.custom.create_namespaced_custom_object(
+                models.GROUP, models.VERSION, namespace, models.PLURAL, obj, _preload_content=False))
+        raise ValueError(f"unknown child kind {kind}")
+
+    def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch of a child. Only act.py calls this, after its check that the run controls the object."""
+        if kind == "ConfigMap":
+            return _raw(self.core.patch_namespaced_config_map(name, namespace, patch, _preload_content=False))
+        if kind == "Job":
+            return _raw(self.batch.patch_namespaced_job(name, namespace, patch, _preload_content=False))
+        if kind == "MPIJob":
+            return _raw(self.custom.patch_namespaced_custom_object(
+                MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, name, patch, _preload_content=False))
+        if kind == models.KIND:
+            return _raw(self.custom.patch_namespaced_custom_object(
+                models.GROUP, models.VERSION, namespace, models.PLURAL, name, patch, _preload_content=False))
+        raise ValueError(f"unknown child kind {kind}")
+
+    # --- credentials ---------------------------------------------------------------------------
+
+    def read_credentials(self, namespace: str, secret: str, id_key: str, secret_key: str) -> Credentials:
+        """The storage keys from the run's Secret; errors name the Secret and key, never a value."""
+        try:
+            obj = self.core.read_namespaced_secret(secret, namespace, _preload_content=False)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise StorageError(f"Secret {namespace}/{secret} (spec.storage.credentialsSecret) not found") from None
+            if exc.status == 403:
+                raise StorageError(f"the operator may not read Secret {namespace}/{secret}: check its RBAC") from None
+            raise
+        data = _raw(obj).get("data") or {}
+        values = []
+        for key in (id_key, secret_key):
+            if key not in data:
+                raise StorageError(f"Secret {namespace}/{secret} has no key {key!r}")
+            values.append(base64.b64decode(data[key]).decode().strip())
+        return Credentials(values[0], values[1])
+
+    # --- events --------------------------------------------------------------------------------
+
+    def post_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event on `obj`; failures are logged, never raised (an Event is best effort)."""
+        meta = obj["metadata"]
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta["name"],
+                "namespace": meta["namespace"], "uid": meta.get("uid"),
+            },
+            "type": type_, "reason": reason, "message": message[:1024],
+            "source": {"component": self.component},
+            "reportingComponent": self.component, "reportingInstance": self.instance[:128],
+            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False)
+        except ApiException as exc:
+            log.warning("cannot post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], exc.reason)
+
+
+def _api_message(exc: ApiException) -> str:
+    """The API server's own words from an error (its Status message), else the HTTP reason."""
+    try:
+        message = json.loads(exc.body or b"{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or exc.reason or "no message")[:300]
+
+
+def parse_version(info: dict[str, Any]) -> tuple[int, int, str]:
+    """(major, minor, gitVersion) from /version; minor may read '20+' (vendor builds). Unknown: (0, 0)."""
+    git = str(info.get("gitVersion") or "")
+    numbers = [re.match(r"\d+", str(info.get(k) or "")) for k in ("major", "minor")]
+    if all(numbers):
+        return int(numbers[0].group()), int(numbers[1].group()), git
+    found = re.match(r"v?(\d+)\.(\d+)", git)
+    return (int(found.group(1)), int(found.group(2)), git) if found else (0, 0, git)
+
+
+def new_api_client() -> client.ApiClient:
+    """In a pod: the service account; elsewhere: KUBECONFIG / ~/.kube/config."""
+    from kubernetes import config as kube_config
+
+    configuration = client.Configuration()
+    try:
+        kube_config.load_incluster_config(client_configuration=configuration)
+    except kube_config.ConfigException:
+        kube_config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = 32  # handler threads share it
+    return client.ApiClient(configuration)

@@ -1,0 +1,211 @@
+"""One operator-wide watcher of what no Kubernetes event announces, instead of a timer per run.
+
+kopf puts a finalizer on every object that has a timer or daemon, so a run could not be deleted
+while the operator was down; and a timer re-read each run's children every interval. Children and
+pods are watched already; what remains is object storage. This thread:
+
+- checks the progress document of each run in Training with a conditional read (S3: If-None-Match
+  with the last ETag, 304 when unchanged; files: mtime and size) and reconciles a run only when its
+  document changed. A check costs about 2 ms of CPU in botocore, so the checks are spread to at most
+  `max_checks_per_second`: with many runs each is checked less often than every `interval`. The
+  reconcile registers the run with the version it read, so nothing written in between is missed;
+- reconciles a run once after a delay when asked (`schedule_recheck`): a Job done but its manifest
+  not yet written, storage unreadable, an MPIJob done but its final progress not yet written, a pod
+  still Pending.
+
+Runs are known from reconciles (every run is reconciled on start-up by kopf's resume handler), not
+from API reads: at rest this makes no Kubernetes API request.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from ..storage import StorageError, StorageTarget, changed_since
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, name)
+
+
+@dataclass
+class _Watched:
+    uri: str
+    target: StorageTarget
+    version: Optional[str]  # None: the document did not exist when last read
+    due: float
+    failing: bool = False  # the last check could not read storage (reported once, by a reconcile)
+
+
+class ProgressWatcher:
+    """Checks watched documents every `interval` seconds; calls `reconcile(namespace, name)` on a change."""
+
+    def __init__(self, reconcile: Callable[[str, str], object], interval: float, max_checks_per_second: float = 5.0,
+                 workers: int = 4, clock: Callable[[], float] = time.monotonic):
+        self._reconcile = reconcile
+        self.interval = interval
+        self.max_checks_per_second = max_checks_per_second
+        self._clock = clock
+        self._guard = threading.Lock()
+        self._watched: dict[Key, _Watched] = {}
+        self._rechecks: dict[Key, float] = {}  # the earliest one asked for wins
+        self._queue: list[tuple[float, Key]] = []  # (due, key) for rechecks; stale entries are skipped
+        self._busy: set[Key] = set()  # reconciles submitted and not finished
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._paused = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="progress-reconcile")
+
+    # --- what the reconcile and the event handlers tell it ---------------------------------------
+
+    def watch(self, namespace: str, name: str, uri: str, target: StorageTarget, version: Optional[str]) -> None:
+        """Follow a run's document from `version` (what its reconcile read) on."""
+        key = (namespace, name)
+        with self._guard:
+            known = self._watched.get(key)
+            if known and known.uri == uri and known.target == target:
+                known.version, known.failing = version, False
+                return
+            # Spread the first checks of many runs over one interval.
+            self._watched[key] = _Watched(uri, target, version, self._clock() + random.uniform(0, self._period()))
+
+    def unwatch(self, namespace: str, name: str) -> None:
+        with self._guard:
+            self._watched.pop((namespace, name), None)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The run is gone: no check and no recheck."""
+        with self._guard:
+            self._watched.pop((namespace, name), None)
+            self._rechecks.pop((namespace, name), None)
+
+    def schedule_recheck(self, namespace: str, name: str, delay_s: float) -> None:
+        """Reconcile the run once, `delay_s` seconds from now (an earlier request already pending wins)."""
+        key, due = (namespace, name), self._clock() + max(0.0, delay_s)
+        with self._guard:
+            if key in self._rechecks and self._rechecks[key] <= due:
+                return
+            self._rechecks[key] = due
+            heapq.heappush(self._queue, (due, key))
+        self._wake.set()
+
+    def _period(self) -> float:
+        """Seconds between two checks of one run: `interval`, or longer when that would exceed the check rate."""
+        return max(self.interval, len(self._watched) / self.max_checks_per_second)
+
+    def watched(self) -> dict[Key, str]:
+        with self._guard:
+            return {k: w.uri for k, w in self._watched.items()}
+
+    def pending_rechecks(self) -> dict[Key, float]:
+        with self._guard:
+            return dict(self._rechecks)
+
+    # --- the loop ---------------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Stop acting (this replica is no longer the one that acts); what is watched and due is kept."""
+        self._paused.set()
+
+    def resume(self) -> None:
+        self._paused.clear()
+        self._wake.set()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="progress-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread:
+            self._thread.join(timeout)
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                wait = self.run_due()
+            except Exception:  # the watcher must outlive any one bad check
+                log.exception("progress watcher pass failed")
+                wait = self.interval
+            self._wake.wait(timeout=wait)
+            self._wake.clear()
+
+    def run_due(self) -> float:
+        """One pass: due rechecks, then due document checks. Returns seconds until the next thing is due."""
+        if self._paused.is_set():
+            return self.interval
+        now = self._clock()
+        for key in self._due_rechecks(now):
+            self._submit(key, "recheck")
+        with self._guard:
+            due = [(k, w) for k, w in self._watched.items() if w.due <= now]
+        for key, watched in due:
+            if self._stopping.is_set():
+                break
+            self._check(key, watched)
+        with self._guard:
+            upcoming = [w.due for w in self._watched.values()] + [d for d, _ in self._queue[:1]]
+        return max(0.05, min(upcoming, default=now + self.interval) - self._clock())
+
+    def _due_rechecks(self, now: float) -> list[Key]:
+        out = []
+        with self._guard:
+            while self._queue and self._queue[0][0] <= now:
+                due, key = heapq.heappop(self._queue)
+                if self._rechecks.get(key) == due:
+                    del self._rechecks[key]
+                    out.append(key)
+        return out
+
+    def _check(self, key: Key, watched: _Watched) -> None:
+        with self._guard:
+            watched.due = self._clock() + self._period()
+        try:
+            changed, version = changed_since(watched.uri, watched.target, watched.version)
+        except StorageError as exc:
+            # The reconcile turns it into StorageReadable=False and a recheck; one reconcile, not one a check.
+            if not watched.failing:
+                watched.failing = True
+                log.info("%s/%s: %s", *key, exc)
+                self._submit(key, "storage error")
+            return
+        watched.failing = False
+        if changed:
+            watched.version = version
+            self._submit(key, "progress changed")
+
+    def _submit(self, key: Key, why: str) -> None:
+        with self._guard:
+            if key in self._busy:
+                # One in flight reads the world as it is when it runs; a second right after it would not.
+                self._rechecks.setdefault(key, self._clock() + 1.0)
+                heapq.heappush(self._queue, (self._rechecks[key], key))
+                return
+            self._busy.add(key)
+        log.debug("%s/%s: reconcile (%s)", *key, why)
+        try:
+            self._pool.submit(self._reconcile_one, key)
+        except RuntimeError:  # shutting down
+            with self._guard:
+                self._busy.discard(key)
+
+    def _reconcile_one(self, key: Key) -> None:
+        try:
+            self._reconcile(*key)
+        except Exception as exc:
+            delay = getattr(exc, "delay", None) or self.interval
+            log.warning("%s/%s: reconcile failed (%s: %s); again in %g s", *key, type(exc).__name__, exc, delay)
+            self.schedule_recheck(*key, delay)
+        finally:
+            with self._guard:
+                self._busy.discard(key)

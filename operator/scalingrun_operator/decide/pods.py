@@ -1,0 +1,355 @@
+"""What the run's pods say, pure: the root cause that holds a run up, as a PodsHealthy condition.
+
+Pods are made by others (the Job controller for preprocessing, the MPI operator for the launcher and
+workers) but carry our labels from the pod templates. The kubelet and the scheduler write why a pod
+does not run only on the pod (container waiting reasons, PodScheduled); this module turns that into
+one problem a user can act on. The interruptions of the training are counted in interruptions.py.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
+
+from .status import PODS_HEALTHY, get_condition, parse_time
+
+if TYPE_CHECKING:
+    from .draft import Draft
+
+PREPROCESS, LAUNCHER, WORKER = "preprocess", "launcher", "worker"
+TRAINING_ROLES = (LAUNCHER, WORKER)
+
+# Labels the MPI operator puts on its pods: v0.8 first, then v0.3.
+_ROLE_LABELS = ("training.kubeflow.org/job-role", "mpi-job-role")
+_COMPONENT_LABEL = "app.kubernetes.io/component"
+
+# Problem reasons (condition reasons a user sees), most blocking first.
+IMAGE_PULL_FAILED = "ImagePullFailed"
+CONTAINER_CONFIG_ERROR = "ContainerConfigError"
+UNSCHEDULABLE = "Unschedulable"
+OOM_KILLED = "OOMKilled"
+CRASH_LOOP = "CrashLoopBackOff"
+EVICTED = "Evicted"
+PENDING = "PodPending"  # Pending past PENDING_AFTER_S with no other cause known: the least specific
+_PRIORITY = (IMAGE_PULL_FAILED, CONTAINER_CONFIG_ERROR, UNSCHEDULABLE, OOM_KILLED, CRASH_LOOP, EVICTED, PENDING)
+
+# A pod still Pending this long after its creation is reported: early enough that a look at
+# PENDING_AFTER_S (plus a reconcile) says so within a minute, late enough for a normal start.
+PENDING_AFTER_S = 45.0
+
+_PULL_REASONS = {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull", "RegistryUnavailable"}
+_CONFIG_REASONS = {"CreateContainerConfigError", "CreateContainerError"}
+
+# The spec fields behind each pod role, for the advice in messages.
+_RESOURCE_FIELDS = {
+    PREPROCESS: "spec.dataset.preprocessing.resources (or spec.dataset.preprocessing.parallelism)",
+    LAUNCHER: "spec.launcher.resources",
+    WORKER: "spec.workers.cpu/memory/gpusPerWorker (or spec.workers.replicas, nodeSelector, tolerations)",
+}
+_MEMORY_FIELDS = {
+    PREPROCESS: "spec.dataset.preprocessing.resources.memory",
+    LAUNCHER: "spec.launcher.resources.memory",
+    WORKER: "spec.workers.memory (or lower spec.training.batchSizePerWorker)",
+}
+_RECREATE = "the spec is pinned when the run starts, so a changed spec needs a new ScalingRun"
+
+
+def metadata_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return pod.get("metadata") or {}
+
+
+def status_of(pod: dict[str, Any]) -> dict[str, Any]:
+    return pod.get("status") or {}
+
+
+def pod_name(pod: dict[str, Any]) -> str:
+    return metadata_of(pod).get("name", "")
+
+
+def pod_role(pod: dict[str, Any], mpijob_name: Optional[str] = None) -> str:
+    """preprocess, launcher, worker, or '' for a pod that is none of them."""
+    labels = metadata_of(pod).get("labels") or {}
+    for key in _ROLE_LABELS:
+        if labels.get(key) in TRAINING_ROLES:
+            return labels[key]
+    component = labels.get(_COMPONENT_LABEL)
+    if component == PREPROCESS:
+        return PREPROCESS
+    if component == "training" and mpijob_name:
+        # A controller that copies only the template's labels: tell the roles apart by the names it gives.
+        name = pod_name(pod)
+        if name.startswith(f"{mpijob_name}-launcher"):
+            return LAUNCHER
+        if re.fullmatch(rf"{re.escape(mpijob_name)}-worker-\d+", name):
+            return WORKER
+    return ""
+
+
+def _terminal(pod: dict[str, Any]) -> bool:
+    return status_of(pod).get("phase") in ("Succeeded", "Failed")
+
+
+def container_statuses(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    status = status_of(pod)
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def _spec_image(pod: dict[str, Any], container: str) -> str:
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if c.get("name") == container:
+            return c.get("image", "")
+    return ""
+
+
+def _memory_limit(pod: dict[str, Any], container: str) -> str:
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if c.get("name") == container:
+            return str(((c.get("resources") or {}).get("limits") or {}).get("memory") or "")
+    return ""
+
+
+def exit_text(terminated: dict[str, Any]) -> str:
+    """'exit code 137 (OOMKilled)' from a container's terminated state."""
+    text = f"exit code {terminated.get('exitCode', '?')}"
+    if terminated.get("reason"):
+        text += f" ({terminated['reason']})"
+    if terminated.get("message"):
+        text += f": {str(terminated['message']).strip()[:300]}"
+    return text
+
+
+@dataclass(frozen=True)
+class PodProblem:
+    """One reason a pod does not run, and what to do about it."""
+
+    reason: str  # one of _PRIORITY
+    pod: str
+    container: str
+    role: str
+    message: str
+
+
+def _problem(namespace: str, pod: dict[str, Any], role: str) -> Optional[PodProblem]:
+    name, status = pod_name(pod), status_of(pod)
+    where = f"pod {name}"
+    if status.get("phase") == "Failed" and status.get("reason") == "Evicted":
+        return PodProblem(EVICTED, name, "", role,
+                          f"{where} was evicted: {status.get('message') or 'no message'}; the node ran short of a "
+                          f"resource: give the pod more room ({_MEMORY_FIELDS.get(role, 'its resources')}) "
+                          "or free the node")
+    for container in container_statuses(pod):
+        cname = container.get("name", "")
+        at = f"{where} container {cname}"
+        state = container.get("state") or {}
+        waiting, terminated = state.get("waiting") or {}, state.get("terminated") or {}
+        last = (container.get("lastState") or {}).get("terminated") or {}
+        detail = str(waiting.get("message") or "").strip()[:500]
+        if waiting.get("reason") in _PULL_REASONS:
+            image = _spec_image(pod, cname) or container.get("image", "")
+            return PodProblem(IMAGE_PULL_FAILED, name, cname, role,
+                              f"{at} cannot pull image {image!r} ({waiting['reason']}"
+                              + (f": {detail}" if detail else "") + "); check spec.workers.image (the trainer "
+                              "image of every pod of the run) and that the nodes can pull it (registry, "
+                              f"credentials); the kubelet keeps retrying, {_RECREATE}")
+        if waiting.get("reason") in _CONFIG_REASONS:
+            return PodProblem(CONTAINER_CONFIG_ERROR, name, cname, role,
+                              f"{at} cannot be created ({waiting['reason']}: {detail or 'no message'}); check "
+                              "the Secrets the run names (spec.storage.credentialsSecret and its keys "
+                              "spec.storage.accessKeyIdKey/secretAccessKeyKey, spec.tracking.credentialsSecret); "
+                              "the kubelet retries once they are fixed")
+        if terminated.get("reason") == "OOMKilled" or (
+                waiting.get("reason") == "CrashLoopBackOff" and last.get("reason") == "OOMKilled"):
+            limit = _memory_limit(pod, cname)
+            what = (f"using more memory than its limit of {limit}" if limit
+                    else "running out of memory (it has no memory limit: the node ran short)")
+            return PodProblem(OOM_KILLED, name, cname, role,
+                              f"{at} was killed for {what} ({exit_text(terminated or last)}); raise "
+                              f"{_MEMORY_FIELDS.get(role, 'its memory')} ({_RECREATE})")
+        if waiting.get("reason") == "CrashLoopBackOff":
+            return PodProblem(CRASH_LOOP, name, cname, role,
+                              f"{at} keeps crashing (restarted {container.get('restartCount', 0)} times, last "
+                              f"{exit_text(last) if last else 'exit unknown'}); see its log: kubectl logs -n "
+                              f"{namespace} {name} -c {cname} --previous")
+    for condition in status.get("conditions") or []:
+        if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
+                and condition.get("reason") == "Unschedulable"):
+            return PodProblem(UNSCHEDULABLE, name, "", role,
+                              f"{where} cannot be scheduled: {str(condition.get('message') or '').strip()[:500]}; "
+                              f"lower {_RESOURCE_FIELDS.get(role, 'its requests')} or add nodes ({_RECREATE}); "
+                              "it is scheduled as soon as room appears")
+    return None
+
+
+# --- pods stuck Pending --------------------------------------------------------------------------
+
+
+def _pending_age(pod: dict[str, Any], now: dt.datetime) -> Optional[float]:
+    """Seconds since a Pending pod was created; None for a pod that is not Pending (or going away)."""
+    if metadata_of(pod).get("deletionTimestamp") or (status_of(pod).get("phase") or "Pending") != "Pending":
+        return None
+    created = parse_time(metadata_of(pod).get("creationTimestamp"))
+    return None if created is None else max(0.0, (now - created).total_seconds())
+
+
+def pending_too_long(pods: list[dict[str, Any]], now: dt.datetime,
+                     threshold_s: float = PENDING_AFTER_S) -> list[dict[str, Any]]:
+    """The pods Pending for `threshold_s` or longer since their creation, oldest first."""
+    old = [(age, pod_name(p), p) for p in pods
+           if (age := _pending_age(p, now)) is not None and age >= threshold_s]
+    return [p for _, _, p in sorted(old, key=lambda t: (-t[0], t[1]))]
+
+
+def next_pending_check(pods: list[dict[str, Any]], now: dt.datetime,
+                       threshold_s: float = PENDING_AFTER_S) -> Optional[float]:
+    """Seconds until the next Pending pod reaches `threshold_s`, or None when no pod will.
+
+    No watch event need come in that time (a pod waiting for a volume or a slow image pull changes
+    nothing the watch reports), so this is when to look again. One second more: creation times are
+    whole seconds.
+    """
+    ages = [age for p in pods if (age := _pending_age(p, now)) is not None and age < threshold_s]
+    return threshold_s - max(ages) + 1.0 if ages else None
+
+
+def _pending_problem(namespace: str, pod: dict[str, Any], role: str, threshold_s: float) -> PodProblem:
+    """What a Pending pod waits for, as far as the pod says. The message does not change while the pod
+    waits (no running age), so status is not rewritten on every look."""
+    name, status, spec = pod_name(pod), status_of(pod), pod.get("spec") or {}
+    since = metadata_of(pod).get("creationTimestamp") or "its creation"
+    scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
+    container = ""
+    if not spec.get("nodeName") and not (scheduled and scheduled.get("status") == "True"):
+        verdict = str((scheduled or {}).get("message") or "").strip()[:300]
+        waits = (f"no node was assigned ({verdict})" if verdict else
+                 f"no scheduler has placed it yet (spec.schedulerName {spec.get('schedulerName') or 'default-scheduler'})")
+        todo = (f"check that its scheduler runs and that a node matches {_RESOURCE_FIELDS.get(role, 'its requests')}"
+                f" ({_RECREATE})")
+    else:
+        waiting = [(c.get("name", ""), (c.get("state") or {}).get("waiting") or {}) for c in container_statuses(pod)]
+        waiting = [(n, w) for n, w in waiting if w]
+        on = f"on node {spec['nodeName']}" if spec.get("nodeName") else "scheduled"
+        if waiting:
+            container = waiting[0][0]
+            reasons = ", ".join(f"container {n} {w.get('reason') or 'waiting'}"
+                                + (f" ({str(w['message']).strip()[:200]})" if w.get("message") else "")
+                                for n, w in waiting)
+            waits = f"{on}, {reasons}"
+        else:
+            waits = f"{on}, its containers have not started"
+        todo = ("its Events say what the kubelet waits for (a volume, a Secret or ConfigMap, a large image "
+                "still being pulled)")
+    return PodProblem(PENDING, name, container, role,
+                      f"pod {name} has been Pending since {since} (over {threshold_s:g} s): {waits}; {todo}: "
+                      f"kubectl describe pod -n {namespace} {name}")
+
+
+def _slot(pod: dict[str, Any], role: str) -> str:
+    """Pods that replace one another: a worker by name, the launcher's pods together, a Job's pods together."""
+    return pod_name(pod) if role == WORKER else role
+
+
+def pods_of(pods: list[dict[str, Any]], roles: tuple[str, ...],
+            mpijob_name: Optional[str] = None) -> list[tuple[dict[str, Any], str]]:
+    """(pod, role) for the pods of `roles` that are not going away."""
+    mine = [(p, pod_role(p, mpijob_name)) for p in pods if not metadata_of(p).get("deletionTimestamp")]
+    return [(p, role) for p, role in mine if role in roles]
+
+
+def diagnose(namespace: str, pods: list[dict[str, Any]], roles: tuple[str, ...],
+             mpijob_name: Optional[str] = None, now: Optional[dt.datetime] = None,
+             pending_after_s: float = PENDING_AFTER_S) -> tuple[Optional[PodProblem], int]:
+    """The most blocking problem among the pods of `roles`, and how many pods have one.
+
+    A finished pod counts only while nothing newer has taken its place (a Job keeps failed pods around).
+    With `now`, a pod Pending for `pending_after_s` with no more specific cause is a problem too.
+    """
+    mine = pods_of(pods, roles, mpijob_name)
+    stuck = {pod_name(p) for p in pending_too_long([p for p, _ in mine], now, pending_after_s)} if now else set()
+    newest: dict[str, str] = {}
+    for pod, role in mine:
+        stamp = metadata_of(pod).get("creationTimestamp") or ""
+        newest[_slot(pod, role)] = max(newest.get(_slot(pod, role), ""), stamp)
+    problems = []
+    for pod, role in mine:
+        if _terminal(pod) and (metadata_of(pod).get("creationTimestamp") or "") < newest[_slot(pod, role)]:
+            continue
+        problem = _problem(namespace, pod, role)
+        if problem is None and pod_name(pod) in stuck:
+            problem = _pending_problem(namespace, pod, role, pending_after_s)
+        if problem:
+            problems.append(problem)
+    if not problems:
+        return None, 0
+    problems.sort(key=lambda p: (_PRIORITY.index(p.reason), p.pod))
+    return problems[0], len(problems)
+
+
+def problem_message(problem: PodProblem, count: int) -> str:
+    more = count - 1
+    return problem.message + (f" ({more} more pod{'s' if more > 1 else ''} with problems)" if more > 0 else "")
+
+
+def signature(pod: dict[str, Any]) -> tuple:
+    """What of a pod matters to the run: a watch event that leaves it unchanged needs no reconcile."""
+    status = status_of(pod)
+    containers = tuple(
+        (c.get("name"), c.get("restartCount"), tuple(sorted((c.get("state") or {}).keys())),
+         ((c.get("state") or {}).get("waiting") or {}).get("reason"),
+         ((c.get("state") or {}).get("terminated") or {}).get("reason"))
+        for c in container_statuses(pod))
+    scheduled = tuple((c.get("status"), c.get("reason")) for c in status.get("conditions") or []
+                      if c.get("type") == "PodScheduled")
+    meta = metadata_of(pod)
+    return (meta.get("uid"), status.get("phase"), status.get("reason"), bool(meta.get("deletionTimestamp")),
+            scheduled, containers)
+
+
+# --- the PodsHealthy condition ---------------------------------------------------------------------
+
+
+def check_pods(draft: "Draft", roles: tuple[str, ...], mpijob: Optional[str] = None) -> Optional[tuple[str, str]]:
+    """PodsHealthy from the pods of `roles`; returns the problem's (reason, message), if any.
+
+    A Warning Event goes out once per new cause (reason and pod), not on every kubelet retry.
+    """
+    update, pods = draft.update, draft.pods()
+    problem, count = diagnose(draft.namespace, pods, roles, mpijob, now=update.moment)
+    delay = next_pending_check([p for p, _ in pods_of(pods, roles, mpijob)], update.moment)
+    if delay is not None:  # a pod may stay Pending without a single watch event: look again then
+        draft.recheck(delay)
+    existing = get_condition(update.desired["conditions"], PODS_HEALTHY)
+    if problem is None:
+        if existing and existing.get("status") == "False":
+            update.condition(PODS_HEALTHY, "True", "PodsRunning", "no pod of the run reports a problem")
+        return None
+    message = problem_message(problem, count)
+    same_cause = (existing is not None and existing.get("status") == "False"
+                  and existing.get("reason") == problem.reason
+                  and str(existing.get("message") or "").startswith(f"pod {problem.pod} "))
+    if not same_cause:
+        update.warn(problem.reason, message)
+    update.condition(PODS_HEALTHY, "False", problem.reason, message)
+    draft.holdup = f"{problem.reason}: {message}"
+    return problem.reason, message
+
+
+def pod_cause(draft: "Draft", roles: tuple[str, ...], mpijob: Optional[str] = None) -> str:
+    """What the pods of `roles` say went wrong (an OOMKilled worker, say), for a failure's message; the
+    PodsHealthy condition says it too. '' when no pod says anything."""
+    problem, count = diagnose(draft.namespace, draft.pods(), roles, mpijob)
+    if problem is None:
+        return ""
+    message = problem_message(problem, count)
+    draft.update.condition(PODS_HEALTHY, "False", problem.reason, message)
+    return message
+
+
+def pods_done(draft: "Draft") -> None:
+    """A run that succeeded has no pod problem left to report."""
+    existing = get_condition(draft.update.desired["conditions"], PODS_HEALTHY)
+    if existing and existing.get("status") == "False":
+        draft.update.condition(PODS_HEALTHY, "True", "Finished", "the run's pods have finished")

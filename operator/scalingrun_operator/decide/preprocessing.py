@@ -1,0 +1,281 @@
+"""The preprocessing phase, pure: is the dataset already there, which Job to make, what the Job did, what
+to tell the user.
+
+The contract with the trainer's preprocessing: it writes `<dataset.output>/_manifest.json` with the
+source URI and the parameters that determine the content (`Params.dataset_parameters()` in
+scalingrun_trainer.preprocess, mirrored by `dataset_parameters` here without importing pyarrow).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from scalingrun_api.models import Phase, ScalingRun
+from ..builders import build_config_map, build_preprocess_job
+from ..builders.common import preprocess_job_name
+from ..builders.config import dataset_readers
+from ..builders.locations import manifest_uri, shards_uri
+from . import interruptions, pods
+from .draft import Draft, store_of
+from .snapshot import CLUSTER, Listing, Names, Where
+from .status import DATASET_REUSED, PREPROCESSED, PREPROCESSING_FAILED, Event, parse_time
+
+FORMAT_VERSION = 1  # scalingrun_trainer.preprocess.FORMAT_VERSION
+
+
+def dataset_parameters(run: ScalingRun) -> dict[str, Any]:
+    """The parameters the preprocessing records for this run's dataset (must equal the trainer's)."""
+    d = run.spec.dataset
+    return {
+        "formatVersion": FORMAT_VERSION,
+        "imageSize": d.image_size,
+        "validationFraction": d.validation_fraction,
+        "sampleFraction": d.sample_fraction,
+        "seed": d.seed,
+        # Each split has >= 2 row groups per Horovod process (petastorm shards by row group).
+        "minRowGroupsPerSplit": 2 * dataset_readers(run),
+    }
+
+
+def dataset_present(run: ScalingRun, manifest: Optional[dict[str, Any]]) -> bool:
+    """A manifest for the same source with the same parameters: the dataset can be reused as is."""
+    return (
+        manifest is not None
+        and manifest.get("source") == run.spec.dataset.source
+        and manifest.get("parameters") == dataset_parameters(run)
+    )
+
+
+def mismatch(run: ScalingRun, manifest: Optional[dict[str, Any]]) -> str:
+    """Why an existing manifest cannot be reused ('' when there is none or it matches)."""
+    if manifest is None or dataset_present(run, manifest):
+        return ""
+    if manifest.get("source") != run.spec.dataset.source:
+        return f"the dataset there was made from {manifest.get('source')!r}"
+    found = manifest.get("parameters") or {}
+    wanted = dataset_parameters(run)
+    diffs = [f"{k} {found.get(k)!r} -> {v!r}" for k, v in wanted.items() if found.get(k) != v]
+    return "the dataset there has other parameters (" + ", ".join(diffs) + ")"
+
+
+def _images(manifest: dict[str, Any]) -> tuple[int, int, int]:
+    written = manifest.get("written") or {}
+    return int(written.get("train", 0)), int(written.get("validation", 0)), int(manifest.get("skipped", 0))
+
+
+def preprocessing_status(manifest: dict[str, Any], job_name: Optional[str], reused: bool) -> dict[str, Any]:
+    """status.preprocessing from a dataset manifest."""
+    train, validation, skipped = _images(manifest)
+    out: dict[str, Any] = {
+        "reused": reused,
+        "fingerprint": manifest.get("fingerprint"),
+        "imagesWritten": train + validation,
+        "imagesSkipped": skipped,
+        "shards": manifest.get("shards"),
+        "classes": len(manifest.get("classes") or []),
+    }
+    if job_name:
+        out["jobName"] = job_name
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def preprocessed_message(run: ScalingRun, manifest: dict[str, Any], reused: bool) -> str:
+    train, validation, skipped = _images(manifest)
+    text = (f"{train + validation} images ({train} train, {validation} validation) in "
+            f"{len(manifest.get('classes') or [])} classes, {skipped} undecodable files skipped; "
+            f"fingerprint {manifest.get('fingerprint')}")
+    if reused:
+        return (f"dataset at {run.spec.dataset.output} already made from the same source with the same "
+                f"parameters, no preprocessing Job: {text}")
+    return text
+
+
+@dataclass(frozen=True)
+class JobState:
+    state: str  # Running, Complete or Failed
+    reason: str = ""
+    message: str = ""
+    succeeded: int = 0
+    failed: int = 0
+    completions: int = 1
+    finished_at: Optional[dt.datetime] = None
+
+
+def job_state(job: dict[str, Any]) -> JobState:
+    """The state of a batch/v1 Job from its conditions and counters."""
+    status = job.get("status") or {}
+    completions = int((job.get("spec") or {}).get("completions") or 1)
+    counts = {"succeeded": int(status.get("succeeded") or 0), "failed": int(status.get("failed") or 0),
+              "completions": completions}
+    for condition in status.get("conditions") or []:
+        if condition.get("status") != "True" or condition.get("type") not in ("Complete", "Failed"):
+            continue
+        state = condition["type"]
+        finished = parse_time(status.get("completionTime")) if state == "Complete" else None
+        finished = finished or parse_time(condition.get("lastTransitionTime")) or parse_time(
+            condition.get("lastProbeTime"))
+        return JobState(state, condition.get("reason") or "", condition.get("message") or "",
+                        finished_at=finished, **counts)
+    return JobState("Running", **counts)
+
+
+def job_progress_message(name: str, state: JobState, shards: Optional[int] = None) -> str:
+    if shards and shards > 1 and state.completions == 1:
+        text = f"Job {name}: one pod runs the {shards} shards in turn"
+    else:
+        text = f"Job {name}: {state.succeeded} of {state.completions} shards done"
+    return text + (f", {state.failed} pod failures so far" if state.failed else "")
+
+
+def runs_shards_in_turn(job: dict[str, Any], shards: int) -> bool:
+    """The Job was built for a server without Indexed Jobs: one completion does every shard."""
+    spec = job.get("spec") or {}
+    return shards > 1 and int(spec.get("completions") or 1) == 1
+
+
+def lacks_completion_index(job: dict[str, Any], shards: int) -> bool:
+    """Several completions but no Indexed mode: the server dropped completionMode (Kubernetes < 1.22 or the
+    IndexedJob feature off), so every pod would process shard 0 and the others never."""
+    spec = job.get("spec") or {}
+    return shards > 1 and int(spec.get("completions") or 1) > 1 and spec.get("completionMode") != "Indexed"
+
+
+def in_turn_note(shards: int, server_version: str) -> str:
+    return (f"this server ({server_version or 'version unknown'}) has no Indexed Jobs (they need Kubernetes "
+            f"1.22+), so the {shards} shards of spec.dataset.preprocessing.parallelism run one after another "
+            "in one pod")
+
+
+def no_completion_index_message(name: str, shards: int, server_version: str) -> str:
+    return (f"Job {name} has {shards} completions but no completion index: this server "
+            f"({server_version or 'version unknown'}) dropped completionMode: Indexed, so every pod would "
+            "process shard 0 and the dataset would never be complete; recreate the run: on a server without "
+            "Indexed Jobs this operator renders one pod that runs every shard in turn")
+
+
+def shard_progress(shard_names: Optional[list[str]], shards: int) -> Optional[int]:
+    """How many shards of a `shards`-shard run left a shard manifest (None when not listable)."""
+    if shard_names is None:
+        return None
+    suffix = f"-of-{shards:05d}.json"
+    return sum(1 for n in shard_names if n.startswith("shard-") and n.endswith(suffix))
+
+
+def preprocessing_failure_message(run: ScalingRun, namespace: str, job_name: str, state: JobState,
+                                  shards_done: Optional[int], manifest_note: str = "", where: Where = CLUSTER) -> str:
+    """What failed, in numbers, and where to look next."""
+    shards = run.spec.dataset.preprocessing.parallelism
+    cause = ": ".join(p for p in (state.reason, state.message) if p) or "no reason given"
+    parts = [f"Job {job_name} failed ({cause})"]
+    if shards > 1 and state.completions == 1:
+        parts.append(f"its one pod ran the {shards} shards in turn (this server has no Indexed Jobs), "
+                     f"{state.failed} pod failures")
+    else:
+        parts.append(f"{state.succeeded} of {state.completions} shards succeeded, {state.failed} pod failures")
+    if shards_done is not None:
+        parts.append(f"{shards_done} of {shards} shard manifests written under {shards_uri(run)}")
+    if manifest_note:
+        parts.append(manifest_note)
+    parts.append(
+        f"{where.job_logs(namespace, job_name)}; "
+        "undecodable files count against spec.dataset.preprocessing.maxBadFraction, and finished shards "
+        "are reused when the run is recreated")
+    return "; ".join(parts)
+
+
+# --- the phase ---------------------------------------------------------------------------------------
+
+
+def decide_preprocessing(draft: Draft, run: ScalingRun) -> None:
+    """Preprocessed from the dataset in storage and the preprocessing Job: reuse, create, wait, judge."""
+    update, job_name = draft.update, preprocess_job_name(run)
+    job = draft.child("Job", job_name)
+    recorded = update.desired.get("preprocessing") or {}
+    if job is None and recorded.get("jobName") == job_name and not recorded.get("reused"):
+        # Status names the Job only once it existed: it was deleted. Counted and written first (the name
+        # cleared), then the next look creates it: a crash in between neither loses nor repeats the count.
+        update.desired["preprocessing"] = {**recorded, "jobName": None}
+        interruptions.child_deleted(draft, run, "Job", job_name, "a new Job reuses the shards already written")
+        return
+    if job is not None and not draft.own(job, draft.built("Job", lambda: build_preprocess_job(run, draft.namespace))):
+        return
+    if job is None:
+        readable, manifest = draft.read(manifest_uri(run), store_of(run))
+        if not readable:
+            return
+        if dataset_present(run, manifest):
+            update.desired["preprocessing"] = preprocessing_status(manifest, None, reused=True)
+            update.condition(PREPROCESSED, "True", DATASET_REUSED, preprocessed_message(run, manifest, reused=True))
+            return
+        draft.ensure(draft.built("ConfigMap", lambda: build_config_map(run, draft.namespace)))
+        if draft.blocked:
+            return
+        note = mismatch(run, manifest)
+        # Posted with the Job's creation, not with the status: if the status patch conflicts, the next look finds
+        # the Job there already and would never say why it was made.
+        indexed = _indexed(draft, run)
+        job = draft.built(("Job", indexed), lambda: build_preprocess_job(run, draft.namespace, indexed=indexed))
+        draft.ensure(job, Event("Normal", "PreprocessingAgain", f"{manifest_uri(run)}: {note}") if note else None)
+    state = job_state(job)
+    shards = run.spec.dataset.preprocessing.parallelism
+    update.desired["preprocessing"] = {**(update.desired.get("preprocessing") or {}), "jobName": job_name,
+                                       "reused": False, "shards": shards}
+    if state.state == "Running" and lacks_completion_index(job, shards):
+        message = no_completion_index_message(job_name, shards, draft.server().git_version)
+        update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
+        update.fail(PREPROCESSING_FAILED, message)
+    elif state.state == "Running":
+        progress, started = job_progress_message(job_name, state, shards), f"Job {job_name}"
+        if runs_shards_in_turn(job, shards):
+            # Said in the condition and in the phase's Event: the run is slower than its spec suggests.
+            note = in_turn_note(shards, draft.server().git_version)
+            progress, started = f"{progress}; {note}", f"{started}; {note}"
+        holdup = pods.check_pods(draft, (pods.PREPROCESS,))
+        update.condition(PREPROCESSED, "Unknown", holdup[0] if holdup else "Running",
+                         f"{progress}; {holdup[1]}" if holdup else progress)
+        update.set_phase(Phase.preprocessing.value, started)
+    elif state.state == "Failed":
+        _failed(draft, run, job_name, state)
+    else:
+        _complete(draft, run, job_name, state)
+
+
+def _indexed(draft: Draft, run: ScalingRun) -> bool:
+    return run.spec.dataset.preprocessing.parallelism == 1 or draft.server().supports_indexed_jobs()
+
+
+def _complete(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> None:
+    update = draft.update
+    readable, manifest = draft.read(manifest_uri(run), store_of(run))
+    if not readable:
+        return
+    if dataset_present(run, manifest):
+        update.desired["preprocessing"] = preprocessing_status(manifest, job_name, reused=False)
+        update.condition(PREPROCESSED, "True", "Preprocessed",
+                         f"Job {job_name}: " + preprocessed_message(run, manifest, reused=False))
+        return
+    if draft.within_grace(state.finished_at):
+        draft.recheck(draft.grace_left(state.finished_at))
+        update.condition(PREPROCESSED, "Unknown", "WaitingForManifest",
+                         f"Job {job_name} completed; waiting for {manifest_uri(run)}")
+        update.set_phase(Phase.preprocessing.value)
+        return
+    found = mismatch(run, manifest) or "there is none"
+    message = (f"Job {job_name} completed but {manifest_uri(run)} does not describe this run's dataset "
+               f"({found}); check that nothing else writes to spec.dataset.output")
+    update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
+    update.fail(PREPROCESSING_FAILED, message)
+
+
+def _failed(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> None:
+    listing: Names = draft.need(Listing(shards_uri(run), store_of(run)))
+    done = shard_progress(list(listing.names) if listing.names is not None else None,
+                          run.spec.dataset.preprocessing.parallelism)
+    message = preprocessing_failure_message(run, draft.namespace, job_name, state, done, where=draft.settings.where)
+    cause = pods.pod_cause(draft, (pods.PREPROCESS,))
+    if cause:
+        message = f"{message}; {cause}"
+    draft.update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
+    draft.update.fail(PREPROCESSING_FAILED, message)

@@ -1,0 +1,133 @@
+"""The trainer's progress document, read into status, pure: status.training, the InputBound condition, and the
+messages that quote the epoch reached.
+
+Contract with the trainers: rank 0 writes `<runLocation>/progress.json`, whose schema is
+scalingrun_api.progress.Progress (read leniently: a junk value is left out, the rest kept). A resumed attempt
+starts its document at the epoch it resumed from. It is read in one place (documents.read_progress); everything
+here works on what that returns.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+from scalingrun_api.models import InputEpoch, ScalingRun, TrainingStatus
+from scalingrun_api.progress import Progress, lenient
+from ..builders.config import total_processes
+
+# What status.training mirrors from progress.json: the fields the two models share, by name.
+MIRRORED = frozenset(Progress.model_fields) & frozenset(TrainingStatus.model_fields)
+# What describes the last finished epoch: kept together, from one attempt.
+_EPOCH_FIELDS = ("epoch", "metrics", "best_epoch", "best_metrics", "images_per_second", "input_wait_fraction",
+                 "gpu_utilization", "input_history")
+_EPOCH_KEYS = tuple(TrainingStatus.model_fields[name].alias for name in _EPOCH_FIELDS)
+# InputBound: the share of step time spent waiting for input, over this many epochs in a row.
+INPUT_WAIT_THRESHOLD = 0.30
+INPUT_BOUND_EPOCHS = 2
+
+
+def _number(value: Any, kind: type) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return kind(value)
+
+
+def base_training_status(run: ScalingRun, mpijob_name: str) -> dict[str, Any]:
+    """What is known before the trainer reports anything."""
+    return {"mpiJobName": mpijob_name, "processes": total_processes(run),
+            "maxEpochs": run.spec.training.max_epochs}
+
+
+def training_status(progress: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """status.training fields mirrored from a progress document; junk values are left out, not guessed."""
+    if not progress:
+        return {}
+    read = Progress.read(progress)
+    read.input_history.sort(key=lambda entry: entry.epoch)
+    present = {name for name in MIRRORED if name in read.model_fields_set}
+    # Nested fields are the status models (status.training's schema): every set value, defaults included.
+    return read.model_dump(by_alias=True, include=present, exclude_none=True)
+
+
+def input_history(value: Any) -> list[dict[str, Any]]:
+    """progress.json's inputHistory, numbers only, in epoch order."""
+    entries = [lenient(InputEpoch, item) for item in value] if isinstance(value, list) else []
+    return [entry.model_dump(by_alias=True, exclude_none=True)
+            for entry in sorted((e for e in entries if e is not None), key=lambda e: e.epoch)]
+
+
+def input_bound(run: ScalingRun, history: Any) -> Optional[tuple[str, str, str]]:
+    """The InputBound condition (status, reason, message) from the input history; None before any epoch
+    was measured. True when the input wait exceeded INPUT_WAIT_THRESHOLD of step time in each of the
+    last INPUT_BOUND_EPOCHS consecutive epochs; False again as soon as an epoch stays below it."""
+    measured = [row for row in input_history(history) if "inputWaitFraction" in row]
+    if not measured:
+        return None
+    last = measured[-INPUT_BOUND_EPOCHS:]
+    shares = " and ".join(f"{row['inputWaitFraction']:.0%}" for row in last)
+    epochs = " and ".join(str(row["epoch"]) for row in last)
+    gpu = [row["gpuUtilization"] for row in last if "gpuUtilization" in row]
+    gpu_text = f"; GPU {gpu[-1]:.0f}% busy" if gpu else ""
+    consecutive = [row["epoch"] for row in last] == list(range(last[0]["epoch"], last[0]["epoch"] + len(last)))
+    if (len(last) == INPUT_BOUND_EPOCHS and consecutive
+            and all(row["inputWaitFraction"] > INPUT_WAIT_THRESHOLD for row in last)):
+        reading = run.spec.training.input
+        return ("True", "InputWaitHigh",
+                f"training waited for input batches {shares} of its step time in epochs {epochs} (over "
+                f"{INPUT_WAIT_THRESHOLD:.0%} {INPUT_BOUND_EPOCHS} epochs in a row{gpu_text}): the reader does not "
+                f"keep up with the model. Try more reader threads (spec.training.input.readerWorkers, now "
+                f"{reading.reader_workers}), a larger row-group read-ahead (spec.training.input.rowGroupCache, now "
+                f"{reading.row_group_cache}), or fewer, larger shards (a lower "
+                f"spec.dataset.preprocessing.parallelism, now {run.spec.dataset.preprocessing.parallelism}, "
+                "writes fewer, larger files)")
+    return ("False", "InputKeepsUp",
+            f"input wait {last[-1]['inputWaitFraction']:.0%} of step time in epoch {last[-1]['epoch']}{gpu_text} "
+            f"(InputBound above {INPUT_WAIT_THRESHOLD:.0%} for {INPUT_BOUND_EPOCHS} epochs in a row)")
+
+
+def merge_training_status(previous: dict[str, Any], base: dict[str, Any], mirrored: dict[str, Any],
+                          same_mpijob: bool) -> dict[str, Any]:
+    """status.training for this pass: the epoch never goes back while the MPIJob is the same one.
+
+    A restarted launcher (a worker lost, say) starts a new attempt whose progress document may report an
+    earlier epoch, or none yet, until it passes the one already shown; until then the figures of the last
+    epoch shown are kept. A new MPIJob (deleted and recreated) starts from what its trainer reports.
+    """
+    out = {**(previous if same_mpijob else {}), **base}
+    shown = _number(out.get("epoch"), int)
+    reported = _number(mirrored.get("epoch"), int)
+    if same_mpijob and shown is not None and (reported is None or reported < shown):
+        mirrored = {k: v for k, v in mirrored.items() if k not in _EPOCH_KEYS}
+    out.update(mirrored)
+    return out
+
+
+def model_uri(progress: Optional[dict[str, Any]]) -> Optional[str]:
+    return Progress.read(progress).model_uri or None
+
+
+def epochs_text(progress: Optional[dict[str, Any]]) -> str:
+    read = Progress.read(progress)
+    if read.epoch is None:
+        return "no epoch finished"
+    return f"epoch {read.epoch}" + (f" of {read.max_epochs}" if read.max_epochs else "")
+
+
+def running_message(name: str, progress: Optional[dict[str, Any]]) -> str:
+    text = f"MPIJob {name}: {epochs_text(progress)}"
+    metrics = Progress.read(progress).metrics
+    if "val_accuracy" in metrics:
+        text += f", val_accuracy {metrics['val_accuracy']:.4f}"
+    return text
+
+
+def succeeded_message(name: str, progress: Optional[dict[str, Any]]) -> str:
+    text = f"MPIJob {name} succeeded after {epochs_text(progress)}"
+    best = Progress.read(progress).best_metrics
+    if best:
+        text += "; best " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(best.items()))
+    uri = model_uri(progress)
+    return text + (f"; model at {uri}" if uri else "")

@@ -1,0 +1,173 @@
+"""Phases, conditions and the Events that go with them: pure helpers, no API calls, no clock.
+
+A reconcile builds a `StatusUpdate` from the run's current status, sets conditions and the phase on
+it, and hands the resulting merge patch and events to the caller, which writes them. Conditions keep
+their lastTransitionTime while their status does not change, as Kubernetes conventions ask.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from scalingrun_api.models import Phase
+
+TERMINAL = frozenset({Phase.succeeded.value, Phase.failed.value})
+
+# Condition types.
+PREPROCESSED = "Preprocessed"
+TRAINED = "Trained"
+SUSPENDED = "Suspended"
+FAILED = "Failed"
+# kstatus (Flux, kubectl wait) conventions: Ready says whether the run is done and good, Stalled that
+# it will not get there by itself.
+READY = "Ready"
+STALLED = "Stalled"
+SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
+STORAGE_READABLE = "StorageReadable"
+PODS_HEALTHY = "PodsHealthy"  # False while a pod of the run cannot run (image pull, scheduling, OOM, ...)
+CHILD_DELETED = "ChildDeleted"  # True once the Job or MPIJob was deleted mid-run (and recreated)
+INPUT_BOUND = "InputBound"  # True while training mostly waits for its input (decide.progress.input_bound)
+CHILD_CONFLICT = "ChildConflict"  # True while an object the run did not make holds a child's name
+
+# Reasons a user sees (and tests assert).
+INVALID_SPEC = "InvalidSpec"
+DATASET_REUSED = "DatasetReused"
+PREPROCESSING_FAILED = "PreprocessingFailed"
+MPIJOB_FAILED = "MPIJobFailed"
+BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+
+_PHASE_EVENTS = {
+    Phase.pending.value: ("Normal", "Pending"),
+    Phase.preprocessing.value: ("Normal", "Preprocessing"),
+    Phase.training.value: ("Normal", "Training"),
+    Phase.suspended.value: ("Normal", "Suspended"),
+    Phase.succeeded.value: ("Normal", "Succeeded"),
+    Phase.failed.value: ("Warning", "Failed"),
+}
+
+
+def rfc3339(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: Optional[str]) -> Optional[dt.datetime]:
+    if not value:
+        return None
+    try:
+        return dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, reason: str, message: str,
+                  generation: Optional[int], moment: dt.datetime) -> list[dict[str, Any]]:
+    """A new list with condition `type_` set; its transition time moves only when its status changes."""
+    old = next((c for c in conditions if c.get("type") == type_), None)
+    transition = old.get("lastTransitionTime") if old and old.get("status") == status else None
+    new = {"type": type_, "status": status, "reason": reason, "message": message[:2000],
+           "lastTransitionTime": transition or rfc3339(moment)}
+    if generation is not None:
+        new["observedGeneration"] = generation
+    if old is None:
+        return [*conditions, new]
+    return [new if c.get("type") == type_ else c for c in conditions]  # keep the order: no spurious patches
+
+
+def get_condition(conditions: list[dict[str, Any]], type_: str) -> Optional[dict[str, Any]]:
+    return next((c for c in conditions or [] if c.get("type") == type_), None)
+
+
+@dataclass
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass
+class StatusUpdate:
+    """The status a reconcile wants, starting from what the object has now."""
+
+    current: dict[str, Any]
+    generation: Optional[int]
+    moment: dt.datetime  # the time of this look (an input: decide reads no clock)
+    desired: dict[str, Any] = field(init=False)
+    events: list[Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.desired = copy.deepcopy(self.current or {})
+        self.desired.setdefault("conditions", [])
+        if self.generation is not None:
+            self.desired["observedGeneration"] = self.generation
+
+    @property
+    def phase(self) -> Optional[str]:
+        return self.desired.get("phase")
+
+    def condition(self, type_: str, status: str, reason: str, message: str) -> None:
+        self.desired["conditions"] = set_condition(self.desired["conditions"], type_, status, reason, message,
+                                                   self.generation, self.moment)
+
+    def set_phase(self, phase: str, message: str = "") -> None:
+        """Moves to `phase`; an Event records every change of phase."""
+        if self.desired.get("phase") == phase:
+            return
+        previous = self.desired.get("phase")
+        self.desired["phase"] = phase
+        if phase in TERMINAL:
+            self.desired.setdefault("completionTime", rfc3339(self.moment))
+        if phase != Phase.pending.value:
+            self.desired.setdefault("startTime", rfc3339(self.moment))
+        self.condition(READY, "True" if phase == Phase.succeeded.value else "False", phase,
+                       message or f"phase {phase}")
+        if phase == Phase.failed.value:
+            self.condition(STALLED, "True", phase, message or "the run failed")
+        kind, reason = _PHASE_EVENTS[phase]
+        text = f"{previous or 'New'} -> {phase}" + (f": {message}" if message else "")
+        self.events.append(Event(kind, reason, text))
+
+    def fail(self, reason: str, message: str) -> None:
+        """Failed is terminal: a Failed condition says why, a Warning Event says it too."""
+        self.condition(FAILED, "True", reason, message)
+        self.set_phase(Phase.failed.value, f"{reason}: {message}")
+
+    def warn(self, reason: str, message: str) -> None:
+        self.events.append(Event("Warning", reason, message))
+
+    def patch(self) -> Optional[dict[str, Any]]:
+        """The merge patch for the status subresource, or None when nothing changed.
+
+        Lists and the observed generation are replaced whole; keys the operator dropped become None.
+        """
+        if _normalised(self.desired) == _normalised(self.current or {}):
+            return None
+        patch = {k: v for k, v in self.desired.items() if (self.current or {}).get(k) != v}
+        for key in (self.current or {}):
+            if key not in self.desired:
+                patch[key] = None
+        return patch
+
+
+def _normalised(status: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in status.items() if v not in (None, [], {})}
+    return out
+
+
+def is_terminal(status: Optional[dict[str, Any]]) -> bool:
+    return (status or {}).get("phase") in TERMINAL
+
+
+def may_revalidate(status: Optional[dict[str, Any]], generation: Optional[int]) -> bool:
+    """A run that failed only because of its spec gets another look once the spec is edited."""
+    status = status or {}
+    failed = get_condition(status.get("conditions") or [], FAILED)
+    return (
+        status.get("phase") == Phase.failed.value
+        and failed is not None
+        and failed.get("reason") == INVALID_SPEC
+        and generation is not None
+        and (status.get("observedGeneration") or 0) < generation
+    )

@@ -1,0 +1,335 @@
+"""A ScalingSweep's state machine, pure: its points as child ScalingRuns, one after another, and the
+scaling table.
+
+It serves the operator and `scalingrun sweep --local` alike: from the sweep, its last status and a
+snapshot of its points (the child ScalingRuns, and the progress document of each finished one) it
+decides which points to create (owned by the sweep, so that deleting the sweep deletes them), one row
+per point, speedup, efficiency, the phase and the recommendation. Level-triggered like the run's:
+the events of the child ScalingRuns start the next look.
+
+Speedup compares time per epoch (training wall time / epochs run), not the whole run: early
+stopping may end points after different numbers of epochs.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Optional
+
+from scalingrun_api.models import API_VERSION, KIND, SWEEP_KIND, Phase, ScalingSweep, SweepPhase
+from scalingrun_api.progress import Progress
+from ..api.sweep import Point, build_point_run, sweep_points
+from ..api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
+from ..builders.locations import progress_uri
+from . import children as ownership
+from .draft import store_of
+from .snapshot import PROGRESS, Child, Create, Decision, Document, Patch, Read, Settings, Snapshot
+from .status import (
+    CHILD_CONFLICT, FAILED, INVALID_SPEC, PREPROCESSED, READY, Event, get_condition, rfc3339, set_condition,
+)
+
+TERMINAL_RUN = (Phase.succeeded.value, Phase.failed.value)
+POINT_FAILED = "PointFailed"
+
+
+# --- which points start --------------------------------------------------------------------------
+
+
+def _phase(child: Optional[dict[str, Any]]) -> Optional[str]:
+    return ((child or {}).get("status") or {}).get("phase")
+
+
+def _preprocessed(child: Optional[dict[str, Any]]) -> bool:
+    condition = get_condition(((child or {}).get("status") or {}).get("conditions") or [], PREPROCESSED)
+    return bool(condition and condition.get("status") == "True")
+
+
+def points_to_start(points: list[Point], children: dict[str, Optional[dict[str, Any]]],
+                    max_parallel: int) -> list[Point]:
+    """The points to create now, in order.
+
+    The first point alone preprocesses; the others wait until its dataset is there (Preprocessed), then
+    reuse it. At most `max_parallel` points are unfinished at once. A failed point stops the sweep.
+    """
+    if not points:
+        return []
+    if children.get(points[0].name) is None:
+        return [points[0]]
+    if any(_phase(c) == Phase.failed.value for c in children.values() if c is not None):
+        return []
+    if not _preprocessed(children[points[0].name]):
+        return []
+    active = sum(1 for c in children.values() if c is not None and _phase(c) not in TERMINAL_RUN)
+    start = []
+    for point in points[1:]:
+        if children.get(point.name) is None:
+            if active >= max_parallel:
+                break
+            start.append(point)
+            active += 1
+    return start
+
+
+# --- the table -----------------------------------------------------------------------------------
+
+
+def _number(value: Any) -> Optional[float]:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def point_row(point: Point, phase: Optional[str], training: Optional[dict[str, Any]],
+              progress: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """One row of status.points from the child's status.training and, once it finished, its progress document."""
+    row: dict[str, Any] = {"run": point.name, "workers": point.workers, "gpusPerWorker": point.gpus_per_worker,
+                           "processes": point.processes}
+    if phase:
+        row["phase"] = phase
+    training = training or {}
+    for source, target in (("effectiveBatchSize", "effectiveBatchSize"), ("learningRate", "learningRate"),
+                           ("epoch", "epochs"), ("imagesPerSecond", "imagesPerSecond")):
+        if training.get(source) is not None:
+            row[target] = training[source]
+    best = training.get("bestMetrics") or {}
+    for source, target in (("val_accuracy", "bestValAccuracy"), ("val_loss", "bestValLoss")):
+        if _number(best.get(source)) is not None:
+            row[target] = round(float(best[source]), 4)
+    if progress:
+        finished = Progress.read(progress)
+        speeds = [entry.images_per_second for entry in finished.history if entry.images_per_second]
+        if speeds:
+            row["imagesPerSecond"] = round(statistics.median(speeds), 1)
+        wall, epochs = finished.elapsed_seconds, finished.epoch
+        if wall and epochs:
+            row["epochs"] = int(epochs)
+            row["wallSeconds"] = round(wall, 1)
+            row["secondsPerEpoch"] = round(wall / epochs, 2)
+            row["workerHours"] = round(point.processes * wall / 3600, 4)
+    return row
+
+
+def add_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """speedup and efficiency of every row with a time per epoch, against the first row."""
+    base = rows[0] if rows else {}
+    for row in rows:
+        row.pop("speedup", None)
+        row.pop("efficiency", None)
+        if base.get("secondsPerEpoch") and row.get("secondsPerEpoch"):
+            speedup = base["secondsPerEpoch"] / row["secondsPerEpoch"]
+            scale = row["processes"] / base["processes"]
+            row["speedup"] = round(speedup, 3)
+            row["efficiency"] = round(speedup / scale, 3)
+    return rows
+
+
+def recommend(rows: list[dict[str, Any]], threshold: float, tolerance: float) -> Optional[dict[str, Any]]:
+    """The largest point (most processes) with efficiency >= threshold and val_accuracy within tolerance of the
+    best; None while no point has both figures, or when none qualifies."""
+    done = [r for r in rows if r.get("phase") == Phase.succeeded.value and r.get("efficiency") is not None
+            and r.get("bestValAccuracy") is not None]
+    if not done:
+        return None
+    best = max(r["bestValAccuracy"] for r in done)
+    eps = 1e-9
+    good = [r for r in done if r["efficiency"] >= threshold - eps and r["bestValAccuracy"] >= best - tolerance - eps]
+    if not good:
+        return None
+    pick = max(good, key=lambda r: r["processes"])
+    reasons = []
+    for r in sorted(done, key=lambda r: r["processes"]):
+        if r["processes"] <= pick["processes"]:
+            continue
+        why = []
+        if r["efficiency"] < threshold - eps:
+            why.append(f"efficiency {r['efficiency']:.2f} < {threshold:g}")
+        if r["bestValAccuracy"] < best - tolerance - eps:
+            why.append(f"val_accuracy {r['bestValAccuracy']:.4f} more than {tolerance:g} below the best {best:.4f}")
+        reasons.append(f"{workers_text(r['workers'])}: " + " and ".join(why))
+    message = (f"{workers_text(pick['workers'])} ({processes_text(pick['processes'])}): speedup {pick['speedup']:.2f}, efficiency "
+               f"{pick['efficiency']:.2f} >= {threshold:g}, val_accuracy {pick['bestValAccuracy']:.4f} within "
+               f"{tolerance:g} of the best {best:.4f}")
+    if reasons:
+        message += "; not larger: " + "; ".join(reasons)
+    return {"run": pick["run"], "workers": pick["workers"], "processes": pick["processes"], "message": message}
+
+
+def workers_text(count: int) -> str:
+    return f"{count} worker" + ("" if count == 1 else "s")
+
+
+def processes_text(count: int) -> str:
+    return f"{count} process" + ("" if count == 1 else "es")
+
+
+def sweep_phase(points: list[Point], children: dict[str, Optional[dict[str, Any]]]) -> tuple[str, str]:
+    """(phase, message) of the sweep from its children."""
+    phases = {p.name: _phase(children.get(p.name)) for p in points}
+    failed = [p for p in points if phases[p.name] == Phase.failed.value]
+    active = [p for p in points if children.get(p.name) is not None and phases[p.name] not in TERMINAL_RUN]
+    if failed:
+        child = children[failed[0].name] or {}
+        cause = (child.get("status") or {}).get("message") or "see kubectl describe srun " + failed[0].name
+        message = (f"point {failed[0].name} ({workers_text(failed[0].workers)}) failed: {cause}; no further point "
+                   f"starts. Fix the cause and create the sweep again.")
+        if active:
+            return SweepPhase.running.value, message + f" Waiting for {', '.join(p.name for p in active)}."
+        return SweepPhase.failed.value, message
+    if all(phases[p.name] == Phase.succeeded.value for p in points):
+        return SweepPhase.succeeded.value, f"all {len(points)} points succeeded"
+    if not any(children.get(p.name) for p in points):
+        return SweepPhase.pending.value, "creating the first point"
+    running = ", ".join(f"{p.name} ({phases[p.name] or 'created'})" for p in active) or "none"
+    return SweepPhase.running.value, f"running: {running}"
+
+
+def progress_text(points: list[Point], children: dict[str, Optional[dict[str, Any]]]) -> str:
+    done = sum(1 for p in points if _phase(children.get(p.name)) in TERMINAL_RUN)
+    return f"{done}/{len(points)}"
+
+
+def scaling(sweep: ScalingSweep, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Optional[dict[str, Any]]]:
+    """The rows with speedup and efficiency, and the recommendation: what the sweep's status, `scalingrun
+    report` and `scalingrun sweep --local` show."""
+    add_scaling(rows)
+    return rows, recommend(rows, sweep.spec.efficiency_threshold, sweep.spec.accuracy_tolerance)
+
+
+# --- the decision ------------------------------------------------------------------------------------
+
+
+class _SweepDraft:
+    def __init__(self, snapshot: Snapshot, settings: Settings):
+        self.snapshot, self.settings, self.body = snapshot, settings, snapshot.obj
+        meta = self.body["metadata"]
+        self.namespace, self.name = meta.get("namespace") or "default", meta["name"]
+        self.current = self.body.get("status") or {}
+        self.desired: dict[str, Any] = dict(self.current)
+        self.desired.setdefault("conditions", [])
+        self.generation = meta.get("generation")
+        self.moment = snapshot.now
+        self.events: list[Event] = []
+        self.actions: list[Any] = []
+        self.recheck_in: Optional[float] = None
+
+    def condition(self, type_: str, status: str, reason: str, message: str) -> None:
+        self.desired["conditions"] = set_condition(self.desired["conditions"], type_, status, reason, message,
+                                                   self.generation, self.moment)
+
+    def set_phase(self, phase: str, message: str) -> None:
+        self.condition(READY, "True" if phase == SweepPhase.succeeded.value else "False", phase, message)
+        if phase == SweepPhase.failed.value and (get_condition(self.desired["conditions"], FAILED) or {}).get(
+                "status") != "True":
+            self.condition(FAILED, "True", POINT_FAILED, message)
+        if self.desired.get("phase") == phase:
+            return
+        previous = self.desired.get("phase")
+        self.desired["phase"] = phase
+        if phase != SweepPhase.pending.value:
+            self.desired.setdefault("startTime", rfc3339(self.moment))
+        if phase in (SweepPhase.succeeded.value, SweepPhase.failed.value):
+            self.desired.setdefault("completionTime", rfc3339(self.moment))
+        kind = "Warning" if phase == SweepPhase.failed.value else "Normal"
+        self.events.append(Event(kind, phase, f"{previous or 'New'} -> {phase}: {message}"))
+
+    def decision(self) -> Decision:
+        if self.generation is not None:
+            self.desired["observedGeneration"] = self.generation
+        patch = {k: v for k, v in self.desired.items() if self.current.get(k) != v}
+        patch.update({k: None for k in self.current if k not in self.desired})
+        return Decision(phase=self.desired.get("phase"), actions=tuple(self.actions), status=patch or None,
+                        desired=self.desired, events=tuple(self.events), recheck_in=self.recheck_in)
+
+
+def decide_sweep(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
+    """What to do about the sweep in `snapshot.obj`. Raises NeedMore for a fact the snapshot lacks."""
+    draft = _SweepDraft(snapshot, settings)
+    failed = get_condition(draft.desired["conditions"], FAILED) or {}
+    if draft.current.get("phase") in (SweepPhase.succeeded.value, SweepPhase.failed.value) and not (
+            failed.get("reason") == INVALID_SPEC and (draft.current.get("observedGeneration") or 0) < (
+                draft.generation or 0)):
+        return Decision(phase=draft.current["phase"], desired=draft.current)  # finished: a point deleted later stays so
+    try:
+        sweep = parse_scalingsweep({"apiVersion": API_VERSION, "kind": SWEEP_KIND,
+                                    "metadata": draft.body["metadata"], "spec": draft.body.get("spec")})
+    except InvalidScalingRun as exc:
+        message = "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the sweep is retried on edit)."
+        draft.condition(FAILED, "True", INVALID_SPEC, message)
+        draft.set_phase(SweepPhase.failed.value, f"{INVALID_SPEC}: {message}")
+        draft.desired["message"] = f"{INVALID_SPEC}: {message}"
+        return draft.decision()
+    if (get_condition(draft.desired["conditions"], FAILED) or {}).get("reason") == INVALID_SPEC:
+        draft.condition(FAILED, "False", "SpecValid", "the spec is valid")
+        draft.desired.pop("completionTime", None)
+    points = sweep_points(sweep)
+    children = {p.name: snapshot.need(Child(KIND, p.name)) for p in points}
+    conflicts = _own_points(draft, sweep, points, children)
+    for point in points_to_start(points, children, sweep.spec.max_parallel):
+        if point.name in conflicts:
+            continue
+        children[point.name] = build_point_run(sweep, point, draft.namespace)
+        draft.actions.append(Create(children[point.name], Event(
+            "Normal", "PointCreated",
+            f"ScalingRun {point.name}: {workers_text(point.workers)}, {processes_text(point.processes)}")))
+    rows = [_row(draft, point, children[point.name]) for point in points]
+    draft.desired["points"] = add_scaling(rows)
+    draft.desired["progress"] = progress_text(points, children)
+    phase, message = sweep_phase(points, children)
+    if phase in (SweepPhase.succeeded.value, SweepPhase.failed.value):
+        recommendation = recommend(rows, sweep.spec.efficiency_threshold, sweep.spec.accuracy_tolerance)
+        if recommendation:
+            draft.desired["recommendation"] = recommendation
+            message += f"; recommended: {recommendation['message']}"
+        else:
+            draft.desired.pop("recommendation", None)
+            message += "; no point qualifies for a recommendation"
+    draft.set_phase(phase, message)
+    draft.desired["message"] = message
+    return draft.decision()
+
+
+def _own_points(draft: _SweepDraft, sweep: ScalingSweep, points: list[Point],
+                children: dict[str, Optional[dict[str, Any]]]) -> set[str]:
+    """Adopts the points' ScalingRuns that may be adopted; returns the names held by runs that are not the sweep's
+    (they are left untouched, said in a ChildConflict condition, and not counted as points)."""
+    uid, conflicts = draft.body["metadata"].get("uid"), {}
+    for point in points:
+        found = children[point.name]
+        if found is None:
+            continue
+        labels = ownership.identity_labels(build_point_run(sweep, point, draft.namespace))
+        verdict, why = ownership.ownership(found, uid, labels)
+        if verdict == ownership.ADOPTABLE:
+            draft.actions.append(Patch(found, ownership.adoption_patch(found, draft.body), adopt=True, labels=labels))
+        elif verdict == ownership.FOREIGN:
+            conflicts[point.name] = ownership.conflict_message(KIND, draft.namespace, point.name, why)
+            children[point.name] = None
+    existing = get_condition(draft.desired["conditions"], CHILD_CONFLICT) or {}
+    if conflicts:
+        message = next(iter(conflicts.values()))
+        if existing.get("status") != "True" or existing.get("message") != message:
+            draft.events.append(Event("Warning", CHILD_CONFLICT, message))
+        draft.condition(CHILD_CONFLICT, "True", "NameTaken", message)
+        draft.recheck_in = draft.settings.conflict_recheck_seconds
+    elif existing.get("status") == "True":
+        draft.condition(CHILD_CONFLICT, "False", "NameFree", "the sweep's points are its own")
+    return set(conflicts)
+
+
+def _row(draft: _SweepDraft, point: Point, child: Optional[dict[str, Any]]) -> dict[str, Any]:
+    status = (child or {}).get("status") or {}
+    phase = status.get("phase") if child else None
+    previous = next((r for r in draft.current.get("points") or [] if r.get("run") == point.name), None)
+    if previous and previous.get("phase") == Phase.succeeded.value and previous.get("wallSeconds"):
+        return {k: v for k, v in previous.items() if k not in ("speedup", "efficiency")}  # final: no re-read
+    progress = None
+    if phase == Phase.succeeded.value:
+        progress = _progress(draft, child)
+    return point_row(point, phase, status.get("training"), progress)
+
+
+def _progress(draft: _SweepDraft, child: dict[str, Any]) -> Optional[dict[str, Any]]:
+    try:
+        run = parse_scalingrun(child)
+    except InvalidScalingRun:
+        return None
+    found: Read = draft.snapshot.need(Document(progress_uri(run), store_of(run), PROGRESS))
+    return found.document

@@ -1,0 +1,179 @@
+"""One attempt of a run on one rank, as every engine makes it: the checks before training (the dataset, the class
+count, the checkpoint to resume, a run already finished), MLflow's start, the progress document, the finish, and
+the error wrapper that stops every rank with a one-line cause and marks progress and MLflow failed.
+
+What an engine gives it: a `Collective` (its rank, world size and broadcast/all-reduce) and its name for messages.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any, Callable, Optional, Protocol
+
+from scalingrun_api.config import TrainerConfig
+from scalingrun_api.progress import PROGRESS_FILE
+from ..storage import open_location
+from .checkpoints import CheckpointState, CheckpointStore
+from .dataset import Dataset, DatasetError, check_shardable, open_dataset
+from .probe import ProbeError
+from .progress import Best, ProgressWriter, best_so_far
+from .scaling import ScaledRun
+from .tracking import RunTracker, TrackingError, start_tracking
+from .weights import ModelError, WeightsError
+
+
+class TrainingError(RuntimeError):
+    """A configuration or data problem; every rank exits with its one-line cause."""
+
+
+# What stops an attempt with a one-line cause instead of a traceback.
+EXPECTED_ERRORS = (TrainingError, DatasetError, ModelError, WeightsError, TrackingError, ProbeError, ValueError,
+                   OSError)
+
+
+class Collective(Protocol):
+    """An engine's communication between its ranks. Every rank calls each operation, in the same order."""
+
+    rank: int
+    size: int
+
+    def broadcast(self, value: Any, name: str) -> Any:
+        """Rank 0's `value` (a picklable object) on every rank."""
+
+    def allreduce(self, values: list[float], op: str, name: str) -> list[float]:
+        """Element-wise "max" or "sum" of every rank's `values`."""
+
+
+class Attempt:
+    """One rank's attempt. `engine` names it in error lines ("" for the original Keras + Horovod trainer's);
+    `trained_on` adds the engine's facts to what a checkpoint must match to be resumed."""
+
+    def __init__(self, config: TrainerConfig, world: Collective, *, engine: str = "",
+                 trained_on: Optional[dict[str, Any]] = None):
+        self.config, self.world, self.engine = config, world, engine
+        self.rank, self.size = world.rank, world.size
+        self.endpoint, self.region = config.storage.endpoint, config.storage.region
+        self.extra_trained_on = trained_on or {}
+        self.progress: Optional[ProgressWriter] = None  # rank 0's, once training starts
+        self.tracker: Optional[RunTracker] = None
+        self.run_root = open_location(config.run_location, self.endpoint, self.region)
+        self.checkpoints = CheckpointStore(self.run_root.join("checkpoints"), commit=self.rank == 0)
+        self.state: Optional[CheckpointState] = None
+        self.dataset: Optional[Dataset] = None
+        self.classes = 0
+        self.started = time.monotonic()
+
+    def log(self, line: str) -> None:
+        """Rank 0 speaks for all."""
+        if self.rank == 0:
+            print(line, flush=True)
+
+    @property
+    def initial_epoch(self) -> int:
+        return self.state.epoch if self.state else 0
+
+    @property
+    def trained_on(self) -> dict[str, Any]:
+        # "input": checkpoints of models that took float input (before uint8 + in-model normalisation) are not resumed.
+        return {"dataset": self.dataset.fingerprint, "base": self.config.model.base, "classes": self.classes,
+                "input": "uint8", **self.extra_trained_on}
+
+    def run(self, train: Callable[[], int]) -> int:
+        """`train()`'s exit code; an expected error is printed on every rank as one line, and rank 0 marks
+        progress.json and the MLflow run failed with it."""
+        try:
+            return train()
+        except EXPECTED_ERRORS as exc:
+            message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            where = f"{self.engine}, " if self.engine else ""
+            print(f"scalingrun-trainer train ({where}rank {self.rank}/{self.size}): error: {message}",
+                  file=sys.stderr, flush=True)
+            if self.progress is not None:
+                self.progress.finish("failed", error=message)
+            if self.tracker is not None:
+                self.tracker.finish("FAILED", error=message)
+            return 2
+
+    def open(self, readers: Optional[int] = None) -> bool:
+        """The dataset (sharded over `readers`, default every rank), the class count, and the checkpoint to resume;
+        False when the run already finished (nothing to train)."""
+        self.dataset = open_dataset(self.config.dataset.output, self.endpoint, self.region)
+        check_shardable(self.dataset, readers or self.size)
+        self.classes = len(self.dataset.classes)
+        wanted = self.config.model.num_classes
+        if wanted and wanted != self.classes:
+            raise TrainingError(f"model.numClasses is {wanted} but the dataset has {self.classes} classes "
+                                f"({', '.join(self.dataset.classes[:5])}...): remove numClasses or fix the data")
+        state = self.checkpoints.load() if self.config.training.resume else None
+        if state and state.trained_on != self.trained_on:
+            self.log(f"the checkpoint in {self.checkpoints.root.uri} is for another dataset, model or engine "
+                     f"({state.trained_on}): starting from scratch")
+            state = None
+        self.state = state
+        if state and state.finished:
+            self.log(f"run already finished after epoch {state.epoch} (see {self.run_root.uri}/{PROGRESS_FILE}): "
+                     "nothing to train; use a new run name to train again")
+            return False
+        return True
+
+    def run_params(self, scaled: ScaledRun, **extra: Any) -> dict[str, Any]:
+        """What an MLflow user compares runs by: the spec's choices and the values scaling derived."""
+        model, training, dataset = self.config.model, self.config.training, self.dataset
+        stopping = training.early_stopping
+        return {
+            "base": model.base, "weights": model.weights, "dropout": model.dropout,
+            "trainableBase": model.trainable_base, "imageSize": dataset.image_size, "classes": self.classes,
+            "dataset": dataset.uri, "datasetFingerprint": dataset.fingerprint, "trainRows": dataset.rows["train"],
+            "validationRows": dataset.rows["validation"], "processes": self.size,
+            "batchSizePerWorker": scaled.batch_size_per_worker, "effectiveBatchSize": scaled.effective_batch_size,
+            "baseLearningRate": training.base_learning_rate, "learningRateScaling": training.learning_rate_scaling,
+            "learningRate": scaled.learning_rate, "stepsPerEpoch": scaled.steps_per_epoch,
+            "optimizer": training.optimizer, "maxEpochs": training.max_epochs, "earlyStopping": stopping.enabled,
+            "earlyStoppingMonitor": stopping.monitor, "earlyStoppingPatience": stopping.patience, **extra,
+        }
+
+    def start_tracking(self, scaled: ScaledRun, **params: Any) -> Optional[RunTracker]:
+        """Rank 0 opens (on resume, reopens) the MLflow run; its failure stops every rank."""
+        self.tracker = start_tracking(self.config, self.rank, self.run_root.uri, self.run_params(scaled, **params),
+                                      self.state.mlflow_run_id if self.state else None, self.log,
+                                      lambda error: self.world.broadcast(error, "mlflow_start"))
+        return self.tracker
+
+    def best_so_far(self) -> Best:
+        """The best epoch before this attempt (None for a fresh start)."""
+        if not self.state:
+            return None, {}
+        stopping = self.state.early_stopping
+        return best_so_far(self.state.history, stopping.best_epoch if stopping else None,
+                           self.config.training.early_stopping.monitor)
+
+    def start_progress(self, scaled: ScaledRun, probe: Optional[dict] = None) -> ProgressWriter:
+        """Rank 0: the first progress document (at the resumed epoch, when resuming)."""
+        state = self.state
+        self.progress = ProgressWriter(
+            self.run_root.join(PROGRESS_FILE), max_epochs=self.config.training.max_epochs, processes=self.size,
+            learning_rate=scaled.learning_rate, effective_batch_size=scaled.effective_batch_size,
+            history=state.history if state else None, mlflow_run_id=self.tracker.run_id if self.tracker else None,
+            resumed_from_epoch=state.epoch if state else None, batch_size_per_worker=scaled.batch_size_per_worker,
+            batch_size_probe=probe)
+        self.progress.start(best_epoch=self.best_so_far()[0])
+        if state:
+            self.log(f"resuming after epoch {state.epoch} from {self.checkpoints.root.uri}")
+        return self.progress
+
+    def resume_facts(self, **extra: Any) -> dict[str, Any]:
+        """What every checkpoint of this attempt records besides the epoch: what it was trained on (a checkpoint is
+        resumed only by a run with the same data, model and engine) and the MLflow run a resumed training
+        continues."""
+        return {"trained_on": self.trained_on, "mlflow_run_id": self.tracker.run_id if self.tracker else None, **extra}
+
+    def succeed(self, model_uri: str) -> None:
+        """Rank 0: the final progress document and MLflow status, and the last line."""
+        self.progress.finish("succeeded", model_uri=model_uri)
+        progress = self.progress.progress
+        if self.tracker is not None:
+            self.tracker.finish("FINISHED", best_epoch=progress.best_epoch, best_metrics=progress.best_metrics,
+                                model_uri=model_uri)
+        self.log(f"done in {time.monotonic() - self.started:.0f} s: best epoch {progress.best_epoch} "
+                 f"{progress.best_metrics}; model {model_uri}")

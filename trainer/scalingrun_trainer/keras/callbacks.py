@@ -1,0 +1,191 @@
+"""Keras callbacks, the same under every Keras engine: early stopping that can resume, the input-wait meter, the
+per-epoch report (rank 0) and checkpoints (written by rank 0; under an engine whose saving is a collective, every
+rank writes a local copy that only rank 0 commits)."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+import time
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import tensorflow as tf
+from scalingrun_api.progress import InputEpoch
+
+from ..core.checkpoints import CheckpointState, CheckpointStore, EarlyStoppingState
+from ..core.input_wait import GpuSampler, StepTimes, input_entry
+from ..core.progress import EpochRecorder, EpochTimer
+from .input_clock import InputClock
+
+
+class ResumableEarlyStopping(tf.keras.callbacks.EarlyStopping):
+    """EarlyStopping plus a stopping threshold, a state that survives restarts, and restoring the best
+    weights also when maxEpochs ends the training (Keras restores them only when it stops early)."""
+
+    def __init__(self, *, stopping_threshold: Optional[float] = None, **kwargs):
+        super().__init__(**kwargs)
+        self.stopping_threshold = stopping_threshold
+        self._resumed: Optional[tuple[EarlyStoppingState, Optional[list[np.ndarray]]]] = None
+
+    @property
+    def best_epoch_number(self) -> Optional[int]:
+        """1-based epoch of the best monitored value; None before any epoch counted."""
+        return self.best_epoch + 1 if np.isfinite(self.best) else None
+
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)  # resets wait, best and best_weights
+        if self._resumed and self._resumed[0].best_epoch:
+            state, self.best_weights = self._resumed
+            self.wait, self.best, self.best_epoch = state.wait, state.best, state.best_epoch - 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        super().on_epoch_end(epoch, logs)
+        current = self.get_monitor_value(logs)
+        if current is None or self.stopping_threshold is None or self.model.stop_training:
+            return
+        if self.monitor_op(current, self.stopping_threshold) or current == self.stopping_threshold:
+            self.stopped_epoch = epoch
+            self.model.stop_training = True
+            if self.restore_best_weights and self.best_weights is not None:
+                self.model.set_weights(self.best_weights)
+
+    def on_train_end(self, logs=None):
+        super().on_train_end(logs)
+        if self.restore_best_weights and self.best_weights is not None and not self.stopped_epoch:
+            self.model.set_weights(self.best_weights)
+
+    def state(self) -> EarlyStoppingState:
+        return EarlyStoppingState(wait=int(self.wait), best=float(self.best), best_epoch=self.best_epoch_number)
+
+    def resume_from(self, state: EarlyStoppingState, best_weights: Optional[list[np.ndarray]]) -> None:
+        self._resumed = (state, best_weights)
+
+
+class InputWaitMeter(tf.keras.callbacks.Callback):
+    """Every rank: the epoch's input-wait share and GPU utilisation (method in core/input_wait.py). Runs before
+    the EpochReporter, which reads `latest`; `combine(wait, gpu)` merges the ranks' figures (collective)."""
+
+    def __init__(self, clock: InputClock, gpu: Optional[GpuSampler] = None, combine=None,
+                 timer=time.perf_counter):
+        super().__init__()
+        self.clock, self.gpu, self.combine, self.timer = clock, gpu, combine, timer
+        self.times = StepTimes()
+        self.latest: Optional[InputEpoch] = None
+        self._begin = 0.0
+        self._traced = False
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.times = StepTimes()
+        if self.gpu is not None:
+            self.gpu.start()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._begin = self.timer()
+
+    def on_train_batch_end(self, batch, logs=None):
+        end = self.timer()
+        if not self._traced:  # the first step traces the graph: neither input nor compute
+            self._traced = True
+            return
+        self.times.add(self._begin, self.clock.last, end)
+
+    def on_epoch_end(self, epoch, logs=None):
+        wait = self.times.fraction()
+        gpu = self.gpu.stop() if self.gpu is not None else None
+        if self.combine is not None:
+            wait, gpu = self.combine(wait, gpu)
+        self.latest = input_entry(epoch + 1, wait, gpu)
+
+
+class EpochReporter(tf.keras.callbacks.Callback):
+    """Rank 0: measures training throughput (validation excluded) and records the epoch (core.progress)."""
+
+    def __init__(self, recorder: EpochRecorder, images_per_epoch: int,
+                 early_stopping: Optional[ResumableEarlyStopping], input_meter: Optional[InputWaitMeter] = None):
+        super().__init__()
+        self.recorder, self.images_per_epoch = recorder, images_per_epoch
+        self.early_stopping, self.input_meter = early_stopping, input_meter
+        self.timer = EpochTimer()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.timer.epoch_started()
+
+    def on_test_begin(self, logs=None):
+        self.timer.validation_started()
+
+    def on_epoch_end(self, epoch, logs=None):
+        metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
+        self.recorder.record(
+            epoch + 1, metrics, self.timer.images_per_second(self.images_per_epoch),
+            early_stopping_best=self.early_stopping.best_epoch_number if self.early_stopping else None,
+            input_figures=self.input_meter.latest if self.input_meter is not None else None)
+
+
+class Checkpointer(tf.keras.callbacks.Callback):
+    """Every N epochs: model + optimizer (tf.train.Checkpoint), best weights and the early-stopping state, into the
+    run's CheckpointStore. Where saving is a collective (MultiWorkerMirroredStrategy's variables), every rank writes
+    its local copy and only the store that commits (rank 0's) keeps one; the others' are removed at once."""
+
+    def __init__(self, store: CheckpointStore, checkpoint: tf.train.Checkpoint, every_epochs: int,
+                 early_stopping: Optional[ResumableEarlyStopping], history: Callable[[], list[dict]],
+                 resume_facts: dict):
+        super().__init__()
+        self.store, self.checkpoint, self.every_epochs = store, checkpoint, every_epochs
+        self.early_stopping, self.history, self.resume_facts = early_stopping, history, resume_facts
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if (epoch + 1) % self.every_epochs == 0 or self.model.stop_training:
+            self.save(epoch + 1)
+
+    def on_train_end(self, logs=None):
+        self.store.finish(self._epoch + 1, lambda: self.save(self._epoch + 1, finished=True))
+
+    def save(self, epoch: int, finished: bool = False) -> None:
+        workdir = tempfile.mkdtemp(prefix="ckpt-")
+        try:
+            prefix = self.checkpoint.write(os.path.join(workdir, "ckpt"))
+            best = self.early_stopping.best_weights if self.early_stopping else None
+            self.store.save(epoch, self._files(workdir, best), history=self.history(),
+                            early_stopping=self.early_stopping.state() if self.early_stopping else None,
+                            best_weights=best is not None, resume_facts=self.resume_facts,
+                            prefix=os.path.basename(prefix), finished=finished)
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    @staticmethod
+    def _files(workdir: str, best: Optional[list[np.ndarray]]) -> Iterator[tuple[str, bytes]]:
+        """The checkpoint's files and best.npz, read one at a time (only by a store that commits)."""
+        if best is not None:
+            np.savez(os.path.join(workdir, "best.npz"), *best)
+        for name in sorted(os.listdir(workdir)):
+            with open(os.path.join(workdir, name), "rb") as f:
+                yield name, f.read()
+
+
+def restore(store: CheckpointStore, state: CheckpointState,
+            checkpoint: tf.train.Checkpoint) -> Optional[list[np.ndarray]]:
+    """Loads model + optimizer into `checkpoint`'s objects; returns the saved best weights, if any.
+
+    The optimizer's slots are created at its first step and restored then (deferred restoration), so
+    the downloaded files must outlive this call: they are removed when the process exits.
+    """
+    from pyarrow import fs as pafs
+
+    workdir = tempfile.mkdtemp(prefix="restore-")
+    atexit.register(shutil.rmtree, workdir, ignore_errors=True)
+    folder = store.folder(state)
+    for info in folder.fs.get_file_info(pafs.FileSelector(folder.path)):
+        with open(os.path.join(workdir, info.base_name), "wb") as f:
+            f.write(folder.join(info.base_name).read_bytes())
+    checkpoint.read(os.path.join(workdir, state.prefix)).expect_partial()
+    if not state.best_weights:
+        return None
+    with np.load(os.path.join(workdir, "best.npz")) as saved:
+        return [saved[f"arr_{i}"] for i in range(len(saved.files))]

@@ -1,0 +1,68 @@
+"""Transfer learning: uint8 pixels, the base's normalisation, a pretrained base (include_top=False, average
+pooling), dropout, a softmax head."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..core.weights import ModelError
+
+# Each base's own preprocess_input as (scale, offset) on [0, 255] pixels: x * scale + offset.
+INPUT_SCALING = {
+    "efficientnet_lite0": (1 / 128.0, -127.0 / 128.0),  # (x - 127) / 128, see core/efficientnet_lite.py
+    "mobilenet_v2": (1 / 127.5, -1.0),  # keras.applications.mobilenet_v2.preprocess_input: x / 127.5 - 1
+    "xception": (1 / 127.5, -1.0),  # keras.applications.xception.preprocess_input ("tf" mode)
+}
+
+
+def build_base(name: str, image_size: int, weights: Optional[str]):
+    """The base model with a pooled feature output, for float pixels already normalised for it."""
+    import tensorflow as tf
+
+    shape = (image_size, image_size, 3)
+    try:
+        if name == "efficientnet_lite0":
+            from .efficientnet_lite import EfficientNetLite0
+
+            return EfficientNetLite0(input_shape=shape, include_top=False, pooling="avg", weights=weights)
+        if name == "mobilenet_v2":
+            return tf.keras.applications.MobileNetV2(input_shape=shape, include_top=False, pooling="avg", weights=weights)
+        if name == "xception":
+            return tf.keras.applications.Xception(input_shape=shape, include_top=False, pooling="avg", weights=weights)
+    except ModelError:
+        raise
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"cannot load {name} weights {weights!r}: {str(exc).splitlines()[0]}") from None
+    raise ModelError(f"unknown base network {name!r}")
+
+
+def input_normalization(name: str):
+    """The base's preprocess_input as a standard Keras layer: uint8 pixels in, the base's float range out."""
+    import tensorflow as tf
+
+    if name not in INPUT_SCALING:
+        raise ModelError(f"unknown base network {name!r}")
+    scale, offset = INPUT_SCALING[name]
+    return tf.keras.layers.Rescaling(scale, offset, name="preprocess_input")
+
+
+def build_model(base_name: str, image_size: int, num_classes: int, weights: Optional[str], dropout: float,
+                trainable_base: bool):
+    """The whole classifier, taking uint8 RGB pixels as the Parquet stores them.
+
+    The base's preprocess_input is the model's first layer, not a step of the input pipeline: on a GPU
+    worker the conversion runs on the GPU and a quarter of the bytes cross to it, the CPU input pipeline
+    delivers about 1.5x the images (bench/input_pipeline.py), and the saved model serves raw pixels.
+    """
+    import tensorflow as tf
+
+    base = build_base(base_name, image_size, weights)
+    base.trainable = trainable_base
+    inputs = tf.keras.Input((image_size, image_size, 3), dtype="uint8", name="image")
+    pixels = input_normalization(base_name)(inputs)
+    # training=False keeps a frozen base's BatchNorm in inference mode (the Keras transfer-learning rule).
+    features = base(pixels, training=False if not trainable_base else None)
+    if dropout:
+        features = tf.keras.layers.Dropout(dropout, name="head_dropout")(features)
+    outputs = tf.keras.layers.Dense(num_classes, activation="softmax", name="head")(features)
+    return tf.keras.Model(inputs, outputs, name=f"{base_name}_transfer")

@@ -1,0 +1,244 @@
+"""Data-parallel Keras transfer learning, the same flow under every Keras engine; a `KerasEngine` says what differs
+(how the replicas talk, the variables' scope, the optimizer's wrapper, the first callbacks, how a dataset reaches
+the replicas, and whether saving is a collective).
+
+Order of the callbacks matters: the engine's own first (Horovod: broadcast rank 0's initial variables, average the
+metrics across ranks), then the input-wait meter, then early stopping, so that every rank stops on the same epoch
+from the same metrics. Only rank 0 logs, writes progress and commits checkpoints and the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+import time
+from typing import Any, Callable, ContextManager, Optional
+
+from scalingrun_api.config import TrainerConfig
+from scalingrun_api.models import AUTO
+from ..core.input_wait import GpuSampler, combine_input_figures, reader_delay
+from ..core.probe import ProbeResult
+from ..core.progress import EpochRecorder
+from ..core.scaling import ScaledRun, scale_auto_run, scale_run
+from ..core.session import Attempt, Collective, TrainingError
+from ..core.weights import local_weights
+from .data import make_dataset
+from .models import build_model
+
+
+class KerasEngine:
+    """What a Keras engine supplies. The defaults are a plain single-replica run per process (Horovod's shape)."""
+
+    #: How error lines name the engine ("" keeps the original Keras + Horovod lines).
+    name = ""
+    #: What the start line calls the replicas the effective batch counts.
+    replicas_word = "processes"
+    #: True when writing a checkpoint or the model is a collective (every rank writes, rank 0's copy is kept).
+    every_rank_saves = False
+
+    def __init__(self, world: Collective, local_rank: int = 0):
+        self.world, self.local_rank = world, local_rank
+
+    @property
+    def replicas(self) -> int:
+        """Data-parallel replicas: the effective batch's and the learning rate's multiplier."""
+        return self.world.size
+
+    def trained_on(self) -> dict[str, Any]:
+        """What a checkpoint must match besides the data and the model to be resumed by this engine."""
+        return {}
+
+    def run_params(self) -> dict[str, Any]:
+        """The engine's own MLflow parameters."""
+        return {}
+
+    def scope(self) -> ContextManager:
+        """Where the model, the optimizer and their variables are created."""
+        return contextlib.nullcontext()
+
+    def distributed_optimizer(self, optimizer):
+        return optimizer
+
+    def first_callbacks(self) -> list:
+        return []
+
+    def distribute(self, make: Callable[[], Any]) -> Any:
+        """The dataset `make()` builds, as the model's fit takes it."""
+        return make()
+
+
+def train(config: TrainerConfig, engine: KerasEngine) -> int:
+    attempt = Attempt(config, engine.world, engine=engine.name, trained_on=engine.trained_on())
+    return attempt.run(lambda: _train(attempt, engine))
+
+
+def _optimizer(name: str, learning_rate: float):
+    import tensorflow as tf
+
+    # Legacy Keras optimizers: the ones Horovod 0.28's DistributedOptimizer wraps reliably on TF 2.15 (and the same
+    # under a tf.distribute strategy, so that both engines train the same way).
+    optimizers = {
+        "nadam": lambda: tf.keras.optimizers.legacy.Nadam(learning_rate),
+        "adam": lambda: tf.keras.optimizers.legacy.Adam(learning_rate),
+        "sgd": lambda: tf.keras.optimizers.legacy.SGD(learning_rate, momentum=0.9),
+    }
+    if name not in optimizers:
+        raise TrainingError(f"unknown optimizer {name!r}")
+    return optimizers[name]()
+
+
+def _scaled(attempt: Attempt, engine: KerasEngine, weights: Optional[str]) -> tuple[ScaledRun, Optional[ProbeResult]]:
+    """Batch size, learning rate and steps for this run; with batchSizePerWorker auto, after the probe (or the one
+    the checkpoint was trained with: a resumed training keeps its batch size, and so its learning rate)."""
+    import tensorflow as tf
+
+    from .probe import probe_batch_size
+
+    config, training, state = attempt.config, attempt.config.training, attempt.state
+    train_rows = attempt.dataset.rows["train"]
+    if training.batch_size_per_worker != AUTO:
+        return scale_run(train_rows, training.batch_size_per_worker, training.base_learning_rate,
+                         training.learning_rate_scaling, engine.replicas), None
+    if state and (state.batch_size_probe or {}).get("chosen"):
+        probe = ProbeResult.from_document(state.batch_size_probe)
+        attempt.log(f"scalingrun-trainer: batch size {probe.chosen} from the probe before the checkpoint")
+    else:
+        def probe_model():
+            model = _build(attempt, weights)
+            model.compile(optimizer=_optimizer(training.optimizer, training.base_learning_rate),
+                          loss="sparse_categorical_crossentropy")
+            return model
+
+        probe = probe_batch_size(attempt, probe_model, engine.replicas)
+        tf.keras.utils.set_random_seed(config.dataset.seed)  # rank 0's probe drew numbers the other ranks did not
+    return scale_auto_run(train_rows, probe.chosen, training.base_learning_rate, training.learning_rate_scaling,
+                          engine.replicas), probe
+
+
+def _build(attempt: Attempt, weights: Optional[str]):
+    model = attempt.config.model
+    return build_model(model.base, attempt.dataset.image_size, attempt.classes, weights, model.dropout,
+                       model.trainable_base)
+
+
+def _train(attempt: Attempt, engine: KerasEngine) -> int:
+    import tensorflow as tf
+
+    from .callbacks import Checkpointer, EpochReporter, InputWaitMeter, ResumableEarlyStopping, restore
+    from .input_clock import InputClock
+
+    config, rank, log = attempt.config, attempt.rank, attempt.log
+    training, seed = config.training, config.dataset.seed
+    tf.keras.utils.set_random_seed(seed)  # same initial head on every rank; rank 0's is broadcast anyway
+    if not attempt.open():
+        return 0
+    dataset, state = attempt.dataset, attempt.state
+    weights = local_weights(config.model.weights, attempt.endpoint, attempt.region)
+    scaled, probe = _scaled(attempt, engine, weights)
+    log(f"scalingrun-trainer: {scaled.describe(engine.replicas_word)}; {dataset.rows['train']} train / "
+        f"{dataset.rows['validation']} validation rows, {attempt.classes} classes")
+    tracker = attempt.start_tracking(scaled, **engine.run_params())
+
+    with engine.scope():
+        model = _build(attempt, weights)
+        optimizer = engine.distributed_optimizer(_optimizer(training.optimizer, scaled.learning_rate))
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        # Every rank reads the same checkpoint, so that all create the same optimizer variables (a rank-0-only
+        # restore leaves the ranks with different variable sets and the first broadcast waits forever);
+        # rank 0's values are then broadcast as on a fresh start.
+        best_weights = restore(attempt.checkpoints, state, checkpoint) if state else None
+
+    stopping = training.early_stopping
+    early_stopping = None
+    if stopping.enabled:
+        early_stopping = ResumableEarlyStopping(
+            monitor=stopping.monitor, patience=stopping.patience, min_delta=stopping.min_delta,
+            restore_best_weights=stopping.restore_best_weights, stopping_threshold=stopping.stopping_threshold,
+            verbose=1 if rank == 0 else 0,
+        )
+        if state and state.early_stopping:
+            early_stopping.resume_from(state.early_stopping, best_weights)
+
+    clock = InputClock()
+    gpu = GpuSampler.open(engine.local_rank) if tf.config.list_physical_devices("GPU") else None
+    input_meter = InputWaitMeter(clock, gpu, combine=lambda wait, busy: combine_input_figures(engine.world, wait, busy))
+    callbacks: list = [*engine.first_callbacks(), input_meter]
+    if early_stopping is not None:
+        callbacks.append(early_stopping)
+    progress = None
+    probe_document = probe.document() if probe else None
+    if rank == 0:
+        progress = attempt.start_progress(scaled, probe=probe_document)
+        recorder = EpochRecorder(progress, stopping.monitor, early_stopping=early_stopping is not None,
+                                 tracker=tracker, log=log, best=attempt.best_so_far())
+        callbacks.append(EpochReporter(recorder, scaled.steps_per_epoch * scaled.effective_batch_size,
+                                       early_stopping, input_meter))
+    if rank == 0 or engine.every_rank_saves:
+        callbacks.append(Checkpointer(attempt.checkpoints, checkpoint, training.checkpoint.every_epochs, early_stopping,
+                                      progress.history if progress else list,
+                                      attempt.resume_facts(batch_size_probe=probe_document)))
+    tensorboard_dir = None
+    if rank == 0:
+        tensorboard_dir = tempfile.mkdtemp(prefix="tensorboard-")
+        callbacks.append(tf.keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch", profile_batch=0))
+
+    reading = {"reader_threads": training.input.reader_workers, "row_group_cache": training.input.row_group_cache}
+    readers: list = []
+
+    def reader_of(split: str, **options):
+        def make():
+            data, reader = make_dataset(dataset, split, rank=rank, size=attempt.size,
+                                        batch_size=scaled.batch_size_per_worker, seed=seed, **reading, **options)
+            readers.append(reader)
+            return data
+
+        return make
+
+    train_data = engine.distribute(reader_of("train", clock=clock, delay=reader_delay()))
+    val_data = engine.distribute(reader_of("validation"))
+    attempt.started = time.monotonic()
+    try:
+        if attempt.initial_epoch < training.max_epochs:
+            model.fit(train_data, steps_per_epoch=scaled.steps_per_epoch, epochs=training.max_epochs,
+                      initial_epoch=attempt.initial_epoch, validation_data=val_data, callbacks=callbacks,
+                      verbose=0)  # rank 0's EpochReporter prints one line per epoch
+    finally:
+        for reader in readers:
+            reader.stop()
+            reader.join()
+
+    if tensorboard_dir is not None:
+        _upload_tree(tensorboard_dir, attempt.run_root.join("tensorboard"))
+    if rank == 0 or engine.every_rank_saves:
+        model_uri = _save_model(model, attempt.run_root.join("model"), commit=rank == 0)
+        if rank == 0:
+            attempt.succeed(model_uri)
+    return 0
+
+
+def _upload_tree(local_dir: str, target) -> None:
+    """Copies a local folder (TensorBoard event files) to the run location, then removes it."""
+    for folder, _, names in os.walk(local_dir):
+        for name in names:
+            path = os.path.join(folder, name)
+            with open(path, "rb") as f:
+                target.join(*os.path.relpath(path, local_dir).split(os.sep)).write_bytes_atomic(f.read())
+    shutil.rmtree(local_dir, ignore_errors=True)
+
+
+def _save_model(model, target, commit: bool = True) -> str:
+    """Keras native format, written locally then copied (object stores have no local paths); a rank that does not
+    commit (saving is a collective under some engines) removes its copy."""
+    workdir = tempfile.mkdtemp(prefix="model-")
+    try:
+        path = os.path.join(workdir, "model.keras")
+        model.save(path)
+        if commit:
+            with open(path, "rb") as f:
+                target.join("model.keras").write_bytes_atomic(f.read())
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return target.join("model.keras").uri
