@@ -11,11 +11,23 @@ from pydantic import Field
 from .common import DATA_URI_PATTERN, MAX_INTEGER, ApiModel, Quantity
 
 
-class Resources(ApiModel):
-    """CPU and memory for each pod; requests equal limits so the pod is Guaranteed."""
+# Measured in docs/operations.md ("CPU requests and limits"): a CPU limit equal to the request cost a 2-worker
+# run no images/s, so requests equal limits unless cpuLimit says otherwise.
+CPU_LIMIT_DESCRIPTION = (
+    "CPU limit, at least cpu: a CFS quota per 100 ms. Default: equal to cpu (with memory, Guaranteed QoS). "
+    "Set it higher to let the pod use idle CPU beyond its request, e.g. the node's cores for a quota that "
+    "never binds."
+)
 
-    cpu: Optional[Quantity] = Field(None, description="CPU cores, e.g. 4 or 3500m.")
-    memory: Optional[Quantity] = Field(None, description="Memory, e.g. 16Gi.")
+
+class Resources(ApiModel):
+    """CPU and memory for each pod: requests equal limits (Guaranteed QoS), unless cpuLimit sets another CPU
+    limit."""
+
+    cpu: Optional[Quantity] = Field(None, description="CPU cores, e.g. 4 or 3500m: request, and limit unless "
+                                   "cpuLimit is set.")
+    memory: Optional[Quantity] = Field(None, description="Memory, e.g. 16Gi: request and limit.")
+    cpu_limit: Optional[Quantity] = Field(None, description=CPU_LIMIT_DESCRIPTION)
 
 
 class DatasetFormat(str, Enum):

@@ -13,7 +13,7 @@ from .common import (
     LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, ObjectMeta, Quantity, secret_name_field,
 )
 from .status import ScalingRunStatus
-from .dataset import Dataset, Resources
+from .dataset import CPU_LIMIT_DESCRIPTION, Dataset, Resources
 from .model import Model, resolve_builtin_defaults
 from .training import Training
 
@@ -71,8 +71,10 @@ class Workers(ApiModel):
     gpus_per_worker: int = Field(
         1, ge=0, le=16, description="GPUs per worker, = Horovod slots per worker; 0 trains on CPU (1 slot)."
     )
-    cpu: Optional[Quantity] = Field(None, description="CPU per worker, e.g. 8.")
-    memory: Optional[Quantity] = Field(None, description="Memory per worker, e.g. 32Gi.")
+    cpu: Optional[Quantity] = Field(None, description="CPU per worker, e.g. 8: request, and limit unless "
+                                   "cpuLimit is set.")
+    cpu_limit: Optional[Quantity] = Field(None, description=CPU_LIMIT_DESCRIPTION)
+    memory: Optional[Quantity] = Field(None, description="Memory per worker, e.g. 32Gi: request and limit.")
     image: Optional[str] = Field(
         None,
         description=f"Trainer image (launcher, workers, preprocessing). Default: {DEFAULT_TRAINER_IMAGE} for "
@@ -86,7 +88,7 @@ class Workers(ApiModel):
 
 
 class LauncherResources(Resources):
-    """CPU and memory of the launcher pod; requests equal limits. Each field has its own default."""
+    """CPU and memory of the launcher pod, as for the other pods. Each field has its own default."""
 
     cpu: Optional[Quantity] = Field("100m", description="CPU of the launcher, e.g. 100m or 1.")
     memory: Optional[Quantity] = Field("256Mi", description="Memory of the launcher, e.g. 256Mi.")
@@ -98,7 +100,8 @@ class Launcher(ApiModel):
     resources: LauncherResources = Field(
         default_factory=LauncherResources,
         description="Resources of the launcher pod. Default cpu 100m, memory 256Mi: enough for mpirun, "
-        "and small enough to fit beside the workers on a small node. Requests equal limits.",
+        "and small enough to fit beside the workers on a small node. Requests equal limits unless cpuLimit "
+        "says otherwise.",
     )
 
 

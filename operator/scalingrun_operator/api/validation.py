@@ -18,7 +18,7 @@ import pydantic
 
 from scalingrun_api.models import (
     AUTO, FRAMEWORK_STRATEGIES, BaseNetwork, Columns, DatasetFormat, Framework, Monitor, Preprocessing, ScalingRun,
-    ScalingSweep, Strategy,
+    ScalingSweep, Strategy, quantity_value,
 )
 from scalingrun_api.models.common import MAX_INTEGER
 from scalingrun_api.models.dataset import Dataset
@@ -118,6 +118,7 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
     errors += _framework_errors(run)
     errors += _own_model_errors(run)
     errors += _dataset_format_errors(run)
+    errors += _cpu_limit_errors(run)
     gang = spec.run_policy.scheduling_policy
     pods = spec.workers.replicas + 1  # workers + launcher
     if gang and gang.min_available and gang.min_available > pods:
@@ -127,6 +128,22 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
                 f"must be <= {pods} (workers.replicas + 1 launcher), got {gang.min_available}",
             )
         )
+    return errors
+
+
+def _cpu_limit_errors(run: ScalingRun) -> list[FieldError]:
+    """A CPU limit below the request: the API server would refuse the pods only when they are created."""
+    spec = run.spec
+    errors = []
+    for path, cpu, limit in (
+        ("spec.workers", spec.workers.cpu, spec.workers.cpu_limit),
+        ("spec.launcher.resources", spec.launcher.resources.cpu, spec.launcher.resources.cpu_limit),
+        ("spec.dataset.preprocessing.resources", spec.dataset.preprocessing.resources.cpu,
+         spec.dataset.preprocessing.resources.cpu_limit),
+    ):
+        if cpu and limit and quantity_value(limit) < quantity_value(cpu):
+            errors.append(FieldError(f"{path}.cpuLimit", f"must be at least {path}.cpu ({cpu}), got {limit}: "
+                                     "raise it, or remove it for a limit equal to cpu"))
     return errors
 
 

@@ -56,7 +56,7 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
         # the operator quotes: written by the command, else the end of its log.
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "env": storage_env(run),
-        "resources": resources(pre.resources.cpu, pre.resources.memory),
+        "resources": resources(pre.resources.cpu, pre.resources.memory, cpu_limit=pre.resources.cpu_limit),
         "securityContext": container_security_context(),
         "volumeMounts": [mount, *scratch_mounts],
     }
