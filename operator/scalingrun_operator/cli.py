@@ -62,10 +62,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
+    from .api.sweep import build_point_run, sweep_points
     from .builders import build_children
 
     objects = []
-    from .builders.sweep import build_point_run, sweep_points
 
     for doc in _documents(args.filename):
         try:
@@ -110,9 +110,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
-    from .handlers.training import progress_uri
-    from .report import render_report
-    from .storage import StorageError, StorageTarget, read_json
+    from .builders.locations import progress_uri
+    from .documents import read_progress
+    from .report.run import render_report
+    from .storage import StorageError, StorageTarget
 
     if args.filename and not args.progress:
         docs = list(_documents(args.filename))
@@ -131,7 +132,7 @@ def _cmd_report(args: argparse.Namespace) -> int:
         target = StorageTarget(os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
                                None)
     try:
-        progress = read_json(uri, target)
+        progress, _ = read_progress(uri, target)
     except StorageError as exc:
         print(f"scalingrun report: {exc}", file=sys.stderr)
         return 1
@@ -145,25 +146,27 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def _sweep_report(args: argparse.Namespace, sweep) -> int:
     """The sweep's report from its points' progress documents (keys from the environment)."""
-    from .builders.sweep import build_point_run, sweep_points
-    from .handlers.sweep import add_scaling, point_row, recommend
-    from .handlers.training import progress_uri, training_status
-    from .storage import StorageError, StorageTarget, read_json
-    from .sweep_report import render_sweep_report, table_lines
+    from .api.sweep import build_point_run, sweep_points
+    from .builders.locations import progress_uri
+    from .decide.progress import training_status
+    from .decide.sweep import point_row, scaling
+    from .documents import read_progress
+    from .report.sweep import render_sweep_report, table_lines
+    from .storage import Clients, StorageError, StorageTarget
 
-    rows = []
+    rows, clients = [], Clients()
     for point in sweep_points(sweep):
         run = parse_scalingrun(build_point_run(sweep, point))
         storage = run.spec.storage
         try:
-            progress = read_json(progress_uri(run), StorageTarget(storage.endpoint, storage.region, None))
+            target = StorageTarget(storage.endpoint, storage.region, None, clients=clients)
+            progress, _ = read_progress(progress_uri(run), target)
         except StorageError as exc:
             print(f"scalingrun report: {exc}", file=sys.stderr)
             return 1
         phase = "Succeeded" if (progress or {}).get("state") == "succeeded" else (progress or {}).get("state")
         rows.append(point_row(point, phase, training_status(progress), progress if phase == "Succeeded" else None))
-    add_scaling(rows)
-    recommendation = recommend(rows, sweep.spec.efficiency_threshold, sweep.spec.accuracy_tolerance)
+    rows, recommendation = scaling(sweep, rows)
     try:
         png, md = render_sweep_report(rows, sweep.metadata.name, Path(args.output), recommendation,
                                       sweep.spec.efficiency_threshold)
@@ -178,6 +181,7 @@ def _sweep_report(args: argparse.Namespace, sweep) -> int:
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from .local.runner import LocalRunError
     from .local.sweep import LocalSweep
+    from .report.sweep import print_sweep
 
     if not args.local:
         print("scalingrun sweep: only --local is supported; in a cluster, kubectl apply -f the file", file=sys.stderr)
@@ -199,30 +203,9 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     except LocalRunError as exc:
         print(f"scalingrun sweep: {exc}", file=sys.stderr)
         return 2
-    print_sweep(local, Path(args.output or workdir))
+    print_sweep(sweep.metadata.name, local.rows, local.recommendation, local.notes, sweep.spec.efficiency_threshold,
+                Path(args.output or workdir))
     return code
-
-
-def print_sweep(local, out_dir: Path) -> None:
-    """The table, the recommendation, the core notes and the report's paths, on stdout."""
-    from .sweep_report import render_sweep_report, table_lines
-
-    sweep = local.sweep
-    print(f"\n== ScalingSweep {sweep.metadata.name} ==")
-    print("\n".join(table_lines(local.rows)))
-    if local.recommendation:
-        print(f"recommended: {local.recommendation['message']}")
-    else:
-        print("recommended: none (no finished point qualifies)")
-    for note in local.notes:
-        print(note)
-    try:
-        png, md = render_sweep_report(local.rows, sweep.metadata.name, out_dir, local.recommendation,
-                                      sweep.spec.efficiency_threshold, note="\n".join(local.notes))
-    except ValueError as exc:
-        print(f"no report: {exc}")
-        return
-    print(f"report: {png} and {md}")
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:

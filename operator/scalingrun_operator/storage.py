@@ -23,7 +23,7 @@ import random
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 from urllib.parse import urlparse
@@ -48,19 +48,57 @@ class Credentials:
         return hashlib.sha256(f"{self.access_key}\0{self.secret_key}".encode()).hexdigest()[:16]
 
 
+class Clients:
+    """botocore S3 clients by endpoint, region, keys and timeout (creating one costs tens of milliseconds and a
+    few MB, and a client holds a connection pool): the operator keeps one of these for its lifetime."""
+
+    def __init__(self, limit: int = 32):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._session: Any = None
+        self._clients: "OrderedDict[tuple, Any]" = OrderedDict()
+
+    def get(self, target: "StorageTarget") -> Any:
+        import botocore.session
+        from botocore.config import Config
+
+        key = (target.endpoint, target.region, target.credentials.fingerprint() if target.credentials else None,
+               target.timeout)
+        with self._lock:
+            if key in self._clients:
+                self._clients.move_to_end(key)
+                return self._clients[key]
+            if self._session is None:
+                self._session = botocore.session.get_session()
+            config = Config(
+                connect_timeout=target.timeout, read_timeout=target.timeout,
+                retries={"total_max_attempts": 1, "mode": "standard"},  # retried by `retrying`, to a deadline
+                # S3-compatible stores behind a plain host:port (MinIO, SeaweedFS) need path-style URLs.
+                s3={"addressing_style": "path" if target.endpoint else "auto"},
+            )
+            kwargs: dict[str, Any] = {"region_name": target.region, "config": config}
+            if target.endpoint:
+                kwargs["endpoint_url"] = target.endpoint
+            if target.credentials:
+                kwargs["aws_access_key_id"] = target.credentials.access_key
+                kwargs["aws_secret_access_key"] = target.credentials.secret_key
+            client = self._session.create_client("s3", **kwargs)
+            self._clients[key] = client
+            while len(self._clients) > self.limit:
+                self._clients.popitem(last=False)
+            return client
+
+
 @dataclass(frozen=True)
 class StorageTarget:
-    """Where and how to reach a run's objects."""
+    """Where and how to reach a run's objects (`clients`: whose client cache serves the calls)."""
 
     endpoint: Optional[str]
     region: str
     credentials: Optional[Credentials]
     timeout: float = 10.0  # connect/read timeout of one request
     deadline: float = 30.0  # retries of 5xx answers and timeouts stop this long after the first attempt
-
-
-def join(uri: str, *parts: str) -> str:
-    return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
+    clients: Clients = field(default_factory=Clients, compare=False, repr=False)
 
 
 def _split_s3(uri: str) -> tuple[str, str]:
@@ -72,43 +110,8 @@ def _local_path(uri: str) -> Path:
     return Path(urlparse(uri).path if uri.startswith("file://") else uri)
 
 
-_session_lock = threading.Lock()
-_session: Any = None
-_clients: "OrderedDict[tuple, Any]" = OrderedDict()
-_MAX_CLIENTS = 32  # one per distinct endpoint/region/key set; a client holds a connection pool
-
-
 def _client(target: StorageTarget) -> Any:
-    """A cached botocore S3 client (creating one costs tens of milliseconds and a few MB)."""
-    global _session
-    import botocore.session
-    from botocore.config import Config
-
-    key = (target.endpoint, target.region, target.credentials.fingerprint() if target.credentials else None,
-           target.timeout)
-    with _session_lock:
-        if key in _clients:
-            _clients.move_to_end(key)
-            return _clients[key]
-        if _session is None:
-            _session = botocore.session.get_session()
-        config = Config(
-            connect_timeout=target.timeout, read_timeout=target.timeout,
-            retries={"total_max_attempts": 1, "mode": "standard"},  # retried by `retrying`, to a deadline
-            # S3-compatible stores behind a plain host:port (MinIO, SeaweedFS) need path-style URLs.
-            s3={"addressing_style": "path" if target.endpoint else "auto"},
-        )
-        kwargs: dict[str, Any] = {"region_name": target.region, "config": config}
-        if target.endpoint:
-            kwargs["endpoint_url"] = target.endpoint
-        if target.credentials:
-            kwargs["aws_access_key_id"] = target.credentials.access_key
-            kwargs["aws_secret_access_key"] = target.credentials.secret_key
-        client = _session.create_client("s3", **kwargs)
-        _clients[key] = client
-        while len(_clients) > _MAX_CLIENTS:
-            _clients.popitem(last=False)
-        return client
+    return target.clients.get(target)
 
 
 def _describe(exc: Exception) -> str:
@@ -250,10 +253,6 @@ def list_names(uri: str, target: StorageTarget, limit: int = 10000) -> list[str]
     if not path.is_dir():
         return []
     return sorted(p.name for p in path.iterdir() if p.is_file())[:limit]
-
-
-def uses_s3(*uris: Optional[str]) -> bool:
-    return any(u and u.startswith("s3://") for u in uris)
 
 
 # --- versioned reads: the progress watcher's cheap check -----------------------------------------------

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from scalingrun_operator.leader import EXIT_LOST_LEASE
+from scalingrun_operator.cluster.leader import EXIT_LOST_LEASE
 from tests.integration.test_operator import (Cluster, Operator, _namespace, bucket, manifest_for, new_run,
                                              wait_for)
 

@@ -311,7 +311,7 @@ def test_a_reconcile_that_failed_on_a_child_event_is_tried_again_without_a_timer
         created = cluster.create_run(new_run(cluster.ns, "blocked", s3_server))
         wait_for(cluster.phase_is("blocked", "Preprocessing"), what="Preprocessing", operator=op)
         # The MPIJob's name is taken by an object another run controls: the reconcile that the Job's completion
-        # starts fails (ForeignObject, "try again in 10 s"), and kopf retries no event handler.
+        # starts finds it (ChildConflict, looked at again every 10 s), and kopf retries no event handler.
         foreign = build_mpijob(parse_scalingrun(created), cluster.ns)
         foreign["metadata"]["ownerReferences"] = [{
             "apiVersion": models.API_VERSION, "kind": models.KIND, "name": "other", "uid": other["metadata"]["uid"],

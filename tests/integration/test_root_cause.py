@@ -17,9 +17,10 @@ import pytest
 from kubernetes import client
 
 from scalingrun_operator.config import Config
-from scalingrun_operator.handlers import pods as pod_diagnosis, reconcile
-from scalingrun_operator.k8s import Kube
-from scalingrun_operator.status import parse_time
+from scalingrun_operator.cluster import reconcile
+from scalingrun_operator.cluster.k8s import Kube
+from scalingrun_operator.decide import pods as pod_diagnosis
+from scalingrun_operator.decide.status import parse_time
 
 from .test_operator import (
     SCHEDULED, SECRET, Cluster, Operator, bucket, manifest_for, mpijob_pod_labels, new_run,

@@ -129,10 +129,14 @@ def document(s3_server) -> tuple[str, dict]:
     return f"s3://{BUCKET}/{key}", body
 
 
+# One client cache for the module, as the operator keeps one for its lifetime (its botocore session is made once).
+CLIENTS = operator_storage.Clients()
+
+
 def target(server, endpoint: str, *, secret: Optional[str] = None, access: Optional[str] = None,
            timeout: float = 5.0, deadline: float = 20.0) -> operator_storage.StorageTarget:
     credentials = operator_storage.Credentials(access or server.access_key, secret or server.secret_key)
-    return operator_storage.StorageTarget(endpoint, "us-east-1", credentials, timeout, deadline)
+    return operator_storage.StorageTarget(endpoint, "us-east-1", credentials, timeout, deadline, clients=CLIENTS)
 
 
 # --- the operator's client (botocore) ------------------------------------------------------------

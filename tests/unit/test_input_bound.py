@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import pytest
 
 from scalingrun_api.models import TrainingStatus
 from scalingrun_operator.api.validation import parse_scalingrun
-from scalingrun_operator.handlers import training
-from scalingrun_operator.status import INPUT_BOUND, StatusUpdate, get_condition
+from scalingrun_operator.decide import progress as training
+from scalingrun_operator.decide.status import INPUT_BOUND, StatusUpdate, get_condition
 
 RUN = parse_scalingrun({
     "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "demo", "namespace": "ml"},
@@ -55,7 +57,7 @@ def test_no_measured_epoch_sets_no_condition_and_gaps_do_not_count_as_in_a_row()
 
 
 def test_condition_flips_and_keeps_its_transition_time():
-    update = StatusUpdate({}, 1)
+    update = StatusUpdate({}, 1, dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc))
     update.condition(INPUT_BOUND, *training.input_bound(RUN, history(0.5, 0.6)))
     first = get_condition(update.desired["conditions"], INPUT_BOUND)
     update.condition(INPUT_BOUND, *training.input_bound(RUN, history(0.5, 0.6, 0.7)))

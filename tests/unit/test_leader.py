@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from scalingrun_operator import config, main
-from scalingrun_operator.leader import LeaseSettings
+from scalingrun_operator.cluster.leader import LeaseSettings
 
 
 def settings(*argv: str, environ: dict | None = None) -> config.Config:

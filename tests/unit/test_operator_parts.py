@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from scalingrun_operator import config, metrics, storage
+from scalingrun_operator import config, storage
+from scalingrun_operator.cluster.metrics import Metrics
 
 
 def test_config_reads_prefixed_environment():
@@ -85,13 +86,13 @@ def test_operator_exits_naming_a_bad_variable_instead_of_a_traceback():
 @pytest.mark.parametrize("namespace, pattern", [("ml", False), ("team-a", False), ("team-*", True),
                                                 ("!kube-system", True), ("a,b", True), ("ml-?", True)])
 def test_namespace_patterns_are_told_from_names(namespace, pattern):
-    from scalingrun_operator.peering import is_pattern
+    from scalingrun_operator.cluster.peering import is_pattern
 
     assert is_pattern(namespace) is pattern
 
 
 def test_peering_refuses_namespace_patterns_before_any_call():
-    from scalingrun_operator.peering import PeeringError, ensure_peering
+    from scalingrun_operator.cluster.peering import PeeringError, ensure_peering
 
     # No API client: the refusal must come before the first request.
     with pytest.raises(PeeringError, match=r"namespace patterns \(team-\*\).*--standalone"):
@@ -121,11 +122,12 @@ def test_credentials_never_show_in_repr():
 
 
 def test_runs_gauge_counts_phases_and_forgets_deleted_runs():
+    metrics = Metrics()
     metrics.observe_run("u1", None)
     metrics.observe_run("u2", "Training")
     metrics.observe_run("u3", "Training")
     metrics.observe_run("u3", "Succeeded")
-    value = lambda phase: metrics.REGISTRY.get_sample_value("scalingrun_runs", {"phase": phase})  # noqa: E731
+    value = lambda phase: metrics.registry.get_sample_value("scalingrun_runs", {"phase": phase})  # noqa: E731
     assert (value("Pending"), value("Training"), value("Succeeded")) == (1, 1, 1)
     for uid in ("u1", "u2", "u3"):
         metrics.observe_run(uid, None, deleted=True)

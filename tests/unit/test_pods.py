@@ -7,8 +7,8 @@ import datetime as dt
 
 import pytest
 
-from scalingrun_operator.handlers import pods
-from scalingrun_operator.handlers.reconcile import deleted_pod_hints, pod_event_matters
+from scalingrun_operator.cluster.memory import Memory
+from scalingrun_operator.decide import interruptions, pods
 
 NS = "ml"
 MPIJOB = "demo-train"
@@ -222,42 +222,42 @@ def test_the_failed_launcher_is_the_one_whose_log_is_read():
                              "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}])
     retry = pod("demo-train-launcher-bbbbb", "launcher", phase="Running", created="2026-01-01T12:05:00Z")
     worker = pod("demo-train-worker-0", "worker")
-    assert pods.failed_launcher([worker], MPIJOB) is None
-    assert pods.failed_launcher([worker, retry], MPIJOB) == ("demo-train-launcher-bbbbb", "launcher", "")
-    assert pods.failed_launcher([first, retry, worker], MPIJOB) == ("demo-train-launcher-aaaaa", "launcher", "")
+    assert interruptions.failed_launcher([worker], MPIJOB) is None
+    assert interruptions.failed_launcher([worker, retry], MPIJOB) == ("demo-train-launcher-bbbbb", "launcher", "")
+    assert interruptions.failed_launcher([first, retry, worker], MPIJOB) == ("demo-train-launcher-aaaaa", "launcher", "")
     retry["status"]["phase"] = "Failed"
     retry["spec"]["nodeName"] = "node-1"
-    assert pods.failed_launcher([first, retry, worker], MPIJOB) == ("demo-train-launcher-bbbbb", "launcher", "node-1")
+    assert interruptions.failed_launcher([first, retry, worker], MPIJOB) == ("demo-train-launcher-bbbbb", "launcher", "node-1")
 
 
 def test_log_tail_keeps_the_last_lines_as_a_terminal_shows_them_and_bounds_them():
     log = "".join(f"line {i}\n" for i in range(1, 31)) + "Epoch 1/5\n 1/9 [==>...]\r 9/9 [=====] - loss: 0.5\n\n"
-    tail = pods.log_tail(log)
+    tail = interruptions.log_tail(log)
     rows = tail.split("\n")
     assert len(rows) == 20 and rows[0] == "line 13" and rows[-2:] == ["Epoch 1/5", " 9/9 [=====] - loss: 0.5"]
-    assert pods.log_tail("\x1b[31mTraceback\x1b[0m (most recent call last):\x07\r\n") == (
+    assert interruptions.log_tail("\x1b[31mTraceback\x1b[0m (most recent call last):\x07\r\n") == (
         "Traceback (most recent call last):")
-    huge = pods.log_tail("x" * 10_000 + "\n" + "".join(f"{'y' * 390}{i}\n" for i in range(19)))
+    huge = interruptions.log_tail("x" * 10_000 + "\n" + "".join(f"{'y' * 390}{i}\n" for i in range(19)))
     assert len(huge) <= 4000 and huge.endswith("y18") and "x" not in huge
-    assert len(pods.log_tail("z" * 10_000)) == 400 and pods.log_tail("") == ""
+    assert len(interruptions.log_tail("z" * 10_000)) == 400 and interruptions.log_tail("") == ""
 
 
 def failed_state():
-    from scalingrun_operator.handlers.training import MPIJobState
+    from scalingrun_operator.decide.training import MPIJobState
 
     return MPIJobState("Failed", "MPIJobFailed", "launcher exited 1")
 
 
 def test_failure_message_ends_with_the_launchers_log_and_fits_in_a_condition():
-    from scalingrun_operator.handlers.training import mpijob_failure_message
+    from scalingrun_operator.decide.training import mpijob_failure_message
 
     tail = "\n".join(f"rank 0: step {i}" for i in range(19)) + "\nRuntimeError: boom"
-    log = pods.LauncherLog("demo-train-launcher-aaaaa", "launcher", tail)
+    log = interruptions.LauncherLog("demo-train-launcher-aaaaa", "launcher", tail)
     message = mpijob_failure_message(NS, MPIJOB, failed_state(), None, log)
     assert message.startswith(f"MPIJob {MPIJOB} failed (MPIJobFailed: launcher exited 1); no epoch finished; ")
     assert message.endswith("; last 20 lines of launcher pod demo-train-launcher-aaaaa container launcher:\n"
                             + tail)
-    long = pods.LauncherLog("p", "launcher", pods.log_tail("".join(f"{i:03d} {'w' * 395}\n" for i in range(20))))
+    long = interruptions.LauncherLog("p", "launcher", interruptions.log_tail("".join(f"{i:03d} {'w' * 395}\n" for i in range(20))))
     message = mpijob_failure_message(NS, MPIJOB, failed_state(), {"error": "e" * 600}, long)
     assert len(message) <= 1900 and message.endswith("019 " + "w" * 395)
     kept = message.split(" container launcher:\n")[1].split("\n")
@@ -265,23 +265,23 @@ def test_failure_message_ends_with_the_launchers_log_and_fits_in_a_condition():
 
 
 def test_failure_message_names_what_a_pod_said_before_the_log():
-    from scalingrun_operator.handlers.training import mpijob_failure_message
+    from scalingrun_operator.decide.training import mpijob_failure_message
 
     cause = "pod demo-train-worker-1 container worker was killed for using more memory than its limit of 2Gi"
-    message = mpijob_failure_message(NS, MPIJOB, failed_state(), None, pods.LauncherLog("p", "launcher", "ORTE"),
+    message = mpijob_failure_message(NS, MPIJOB, failed_state(), None, interruptions.LauncherLog("p", "launcher", "ORTE"),
                                      cause)
     assert message.endswith(f"; {cause}; last 1 line of launcher pod p container launcher:\nORTE")
 
 
 def test_failure_message_says_why_there_is_no_log():
-    from scalingrun_operator.handlers.training import mpijob_failure_message
+    from scalingrun_operator.decide.training import mpijob_failure_message
 
-    unreadable = pods.LauncherLog("demo-train-launcher-aaaaa", "launcher", "", "HTTP 403: forbidden")
+    unreadable = interruptions.LauncherLog("demo-train-launcher-aaaaa", "launcher", "", "HTTP 403: forbidden")
     assert mpijob_failure_message(NS, MPIJOB, failed_state(), None, unreadable).endswith(
         "; the log of launcher pod demo-train-launcher-aaaaa container launcher could not be read (HTTP 403: forbidden)")
-    assert mpijob_failure_message(NS, MPIJOB, failed_state(), None, pods.LauncherLog("", "", "")).endswith(
+    assert mpijob_failure_message(NS, MPIJOB, failed_state(), None, interruptions.LauncherLog("", "", "")).endswith(
         "; no launcher pod is left to read its log from")
-    assert mpijob_failure_message(NS, MPIJOB, failed_state(), None, pods.LauncherLog("p", "launcher", "")).endswith(
+    assert mpijob_failure_message(NS, MPIJOB, failed_state(), None, interruptions.LauncherLog("p", "launcher", "")).endswith(
         "; launcher pod p container launcher logged nothing")
     assert "launcher pod" not in mpijob_failure_message(NS, MPIJOB, failed_state(), None)
 
@@ -289,7 +289,7 @@ def test_failure_message_says_why_there_is_no_log():
 def test_an_unreachable_api_server_is_a_reason_not_an_error():
     from kubernetes import client
 
-    from scalingrun_operator.k8s import Kube
+    from scalingrun_operator.cluster.k8s import Kube
 
     configuration = client.Configuration()
     configuration.host = "http://127.0.0.1:9"  # discard port: nothing listens
@@ -311,86 +311,86 @@ def training_pods(launcher_restarts: int = 0, worker1_uid: str = "w1-a") -> list
 
 
 def test_first_sight_counts_nothing_and_looking_again_counts_nothing():
-    records, found = pods.track_interruptions([], training_pods(), MPIJOB)
+    records, found = interruptions.track_interruptions([], training_pods(), MPIJOB)
     assert found == [] and [r["name"] for r in records] == [
         "demo-train-launcher-aaaaa", "demo-train-worker-0", "demo-train-worker-1"]
     assert records[2] == {"name": "demo-train-worker-1", "uid": "w1-a", "role": "worker", "restarts": 0, "lost": False}
-    again, found = pods.track_interruptions(records, training_pods(), MPIJOB)
+    again, found = interruptions.track_interruptions(records, training_pods(), MPIJOB)
     assert found == [] and again == records
 
 
 def test_a_deleted_worker_is_counted_once_with_its_last_state():
-    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
+    records, _ = interruptions.track_interruptions([], training_pods(), MPIJOB)
     without = training_pods()[:2]
-    records, found = pods.track_interruptions(records, without, MPIJOB, hints={"w1-a": "it was Running"})
+    records, found = interruptions.track_interruptions(records, without, MPIJOB, hints={"w1-a": "it was Running"})
     assert [(i.role, i.pod, i.reason) for i in found] == [("worker", "demo-train-worker-1", "WorkerPodLost")]
     assert found[0].message.startswith("worker pod demo-train-worker-1 (uid w1-a) was deleted; it was Running;")
     assert "the MPI operator recreates it and the launcher resumes from the last checkpoint" in found[0].message
     # The MPI operator recreates it under the same name: a new pod, nothing more to count.
-    records, found = pods.track_interruptions(records, training_pods(worker1_uid="w1-b"), MPIJOB)
+    records, found = interruptions.track_interruptions(records, training_pods(worker1_uid="w1-b"), MPIJOB)
     assert found == [] and records[2]["uid"] == "w1-b"
 
 
 def test_a_worker_replaced_while_nobody_watched_is_counted_as_replaced():
-    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
-    _, found = pods.track_interruptions(records, training_pods(worker1_uid="w1-b"), MPIJOB)
+    records, _ = interruptions.track_interruptions([], training_pods(), MPIJOB)
+    _, found = interruptions.track_interruptions(records, training_pods(worker1_uid="w1-b"), MPIJOB)
     assert len(found) == 1
     assert "worker pod demo-train-worker-1 (uid w1-a) was replaced (new uid w1-b)" in found[0].message
 
 
 def test_a_terminating_or_evicted_worker_is_counted_when_seen_not_again_when_gone():
-    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
+    records, _ = interruptions.track_interruptions([], training_pods(), MPIJOB)
     current = training_pods()
     current[2]["metadata"]["deletionTimestamp"] = "2026-01-01T12:05:00Z"
-    records, found = pods.track_interruptions(records, current, MPIJOB)
+    records, found = interruptions.track_interruptions(records, current, MPIJOB)
     assert len(found) == 1 and "is being deleted; it was Running" in found[0].message
-    records, found = pods.track_interruptions(records, current[:2], MPIJOB)
+    records, found = interruptions.track_interruptions(records, current[:2], MPIJOB)
     assert found == []
 
-    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
+    records, _ = interruptions.track_interruptions([], training_pods(), MPIJOB)
     current = training_pods()
     current[1]["status"].update(phase="Failed", reason="Evicted", message="The node was low on resource: memory.")
-    records, found = pods.track_interruptions(records, current, MPIJOB)
+    records, found = interruptions.track_interruptions(records, current, MPIJOB)
     assert len(found) == 1 and "worker pod demo-train-worker-0 (uid w0-a) was evicted: The node" in found[0].message
-    _, found = pods.track_interruptions(records, current, MPIJOB)
+    _, found = interruptions.track_interruptions(records, current, MPIJOB)
     assert found == []
 
 
 def test_launcher_restarts_are_counted_by_difference_with_the_exit_code():
-    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
-    records, found = pods.track_interruptions(records, training_pods(launcher_restarts=1), MPIJOB)
+    records, _ = interruptions.track_interruptions([], training_pods(), MPIJOB)
+    records, found = interruptions.track_interruptions(records, training_pods(launcher_restarts=1), MPIJOB)
     assert [(i.role, i.reason) for i in found] == [("launcher", "LauncherRestarted")]
     assert "launcher pod demo-train-launcher-aaaaa restarted: container launcher exit code 1 (Error)" in (
         found[0].message)
     assert records[0]["restarts"] == 1
     # Two more while the operator was down: one interruption record, both restarts in its text.
-    records, found = pods.track_interruptions(records, training_pods(launcher_restarts=3), MPIJOB)
+    records, found = interruptions.track_interruptions(records, training_pods(launcher_restarts=3), MPIJOB)
     assert len(found) == 1 and "restarted 2 times" in found[0].message and records[0]["restarts"] == 3
 
 
 def test_a_new_launcher_pod_counts_the_old_one_lost():
-    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
+    records, _ = interruptions.track_interruptions([], training_pods(), MPIJOB)
     current = training_pods()
     current[0]["metadata"].update(name="demo-train-launcher-bbbbb", uid="l-b")
-    records, found = pods.track_interruptions(records, current, MPIJOB)
+    records, found = interruptions.track_interruptions(records, current, MPIJOB)
     assert [(i.role, i.pod, i.reason) for i in found] == [
         ("launcher", "demo-train-launcher-aaaaa", "LauncherRestarted")]
     assert "its Job starts a new launcher pod" in found[0].message
 
 
 def test_workers_removed_after_the_launcher_succeeded_are_no_interruption():
-    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
+    records, _ = interruptions.track_interruptions([], training_pods(), MPIJOB)
     done = training_pods()[:1]
     done[0]["status"]["phase"] = "Succeeded"
-    _, found = pods.track_interruptions(records, done, MPIJOB)
+    _, found = interruptions.track_interruptions(records, done, MPIJOB)
     assert found == []
 
 
 def test_baseline_while_suspended_counts_nothing_then_or_later():
-    records, _ = pods.track_interruptions([], training_pods(), MPIJOB)
-    paused = pods.baseline(training_pods(launcher_restarts=2)[:1], MPIJOB)
+    records, _ = interruptions.track_interruptions([], training_pods(), MPIJOB)
+    paused = interruptions.baseline(training_pods(launcher_restarts=2)[:1], MPIJOB)
     assert paused[0]["restarts"] == 2
-    _, found = pods.track_interruptions(paused, training_pods(launcher_restarts=2), MPIJOB)
+    _, found = interruptions.track_interruptions(paused, training_pods(launcher_restarts=2), MPIJOB)
     assert found == []
 
 
@@ -398,6 +398,8 @@ def test_baseline_while_suspended_counts_nothing_then_or_later():
 
 
 def test_only_pod_events_that_change_something_reconcile():
+    memory = Memory()
+    pod_event_matters, deleted_pod_hints = memory.pod_event_matters, memory.deleted_pods
     first = pod("demo-train-worker-0", "worker", uid="evt-1")
     assert pod_event_matters(None, first) is False  # the initial listing primes
     assert pod_event_matters("MODIFIED", copy.deepcopy(first)) is False  # e.g. only resourceVersion moved

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from scalingrun_operator.progress_watch import ProgressWatcher
+from scalingrun_operator.cluster.progress_watch import ProgressWatcher
 from scalingrun_operator.storage import StorageError, StorageTarget, changed_since, read_json_versioned
 
 TARGET = StorageTarget(endpoint=None, region="us-east-1", credentials=None)
@@ -196,7 +196,9 @@ def test_many_runs_are_checked_less_often_not_faster_than_the_check_rate(tmp_pat
 
 
 def test_child_events_matter_only_when_what_a_reconcile_reads_changed():
-    from scalingrun_operator.handlers.reconcile import child_event_matters
+    from scalingrun_operator.cluster.memory import Memory
+
+    child_event_matters = Memory().child_event_matters
 
     job = {"metadata": {"uid": "u-job", "resourceVersion": "1", "ownerReferences": [{"uid": "run", "controller": True}]},
            "spec": {"completions": 1}}

@@ -9,8 +9,9 @@ import datetime as dt
 import pytest
 
 from scalingrun_operator.api.validation import parse_scalingrun
-from scalingrun_operator.handlers import dataset, spec as pinning, training
-from scalingrun_operator.status import StatusUpdate, may_revalidate, set_condition
+from scalingrun_operator.builders import locations
+from scalingrun_operator.decide import pinning, preprocessing as dataset, progress as mirror, training
+from scalingrun_operator.decide.status import StatusUpdate, may_revalidate, set_condition
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
 T1 = T0 + dt.timedelta(minutes=5)
@@ -214,19 +215,19 @@ def test_training_status_mirrors_progress_and_drops_junk():
                 "bestEpoch": None, "bestMetrics": {"val_accuracy": 0.9}, "imagesPerSecond": 512.5,
                 "elapsedSeconds": 60.0, "learningRate": float("nan"), "effectiveBatchSize": 256, "processes": 8,
                 "modelUri": None, "error": None}
-    assert training.training_status(progress) == {
+    assert mirror.training_status(progress) == {
         "epoch": 2, "maxEpochs": 10, "imagesPerSecond": 512.5, "effectiveBatchSize": 256, "processes": 8,
         "metrics": {"loss": 0.4, "val_accuracy": 0.9}, "bestMetrics": {"val_accuracy": 0.9}}
-    assert training.training_status(None) == {}
-    assert training.training_status({**progress, "mlflowRunId": "4f1c"})["mlflowRunId"] == "4f1c"
-    assert "mlflowRunId" not in training.training_status({**progress, "mlflowRunId": 7})
-    assert training.model_uri({"modelUri": "s3://m/model"}) == "s3://m/model"
-    assert training.model_uri({"modelUri": None}) is None
+    assert mirror.training_status(None) == {}
+    assert mirror.training_status({**progress, "mlflowRunId": "4f1c"})["mlflowRunId"] == "4f1c"
+    assert "mlflowRunId" not in mirror.training_status({**progress, "mlflowRunId": 7})
+    assert mirror.model_uri({"modelUri": "s3://m/model"}) == "s3://m/model"
+    assert mirror.model_uri({"modelUri": None}) is None
 
 
 def test_progress_uri_follows_run_location():
     run = make_run()
-    assert training.progress_uri(run) == "s3://data/parquet/runs/demo/progress.json"
+    assert locations.progress_uri(run) == "s3://data/parquet/runs/demo/progress.json"
 
 
 def test_mpijob_failure_message_has_cause_progress_and_next_step():
@@ -240,16 +241,16 @@ def test_mpijob_failure_message_has_cause_progress_and_next_step():
 
 
 def test_ready_and_stalled_follow_the_phase_for_kstatus():
-    from scalingrun_operator.status import StatusUpdate, get_condition
+    from scalingrun_operator.decide.status import StatusUpdate, get_condition
 
-    update = StatusUpdate({}, generation=1)
+    update = StatusUpdate({}, generation=1, moment=T0)
     update.set_phase("Training", "MPIJob x")
     assert get_condition(update.desired["conditions"], "Ready")["status"] == "False"
     update.set_phase("Succeeded", "done")
     ready = get_condition(update.desired["conditions"], "Ready")
     assert (ready["status"], ready["reason"]) == ("True", "Succeeded")
     assert get_condition(update.desired["conditions"], "Stalled") is None
-    failed = StatusUpdate({}, generation=1)
+    failed = StatusUpdate({}, generation=1, moment=T0)
     failed.fail("MPIJobFailed", "launcher exited 1")
     assert get_condition(failed.desired["conditions"], "Ready")["status"] == "False"
     stalled = get_condition(failed.desired["conditions"], "Stalled")
@@ -264,18 +265,18 @@ def test_the_epoch_never_goes_back_while_the_mpijob_is_the_same():
              "bestMetrics": {"val_accuracy": 0.8}, "imagesPerSecond": 100.0, "restarts": 1}
     base = {"mpiJobName": "demo-train", "processes": 6, "maxEpochs": 10}
     # An old trainer's resumed attempt starts its document at 0 with no metrics: status keeps epoch 4.
-    fresh = training.training_status({"epoch": 0, "metrics": {}, "learningRate": 0.006, "processes": 6})
-    merged = training.merge_training_status(shown, base, fresh, same_mpijob=True)
+    fresh = mirror.training_status({"epoch": 0, "metrics": {}, "learningRate": 0.006, "processes": 6})
+    merged = mirror.merge_training_status(shown, base, fresh, same_mpijob=True)
     assert (merged["epoch"], merged["metrics"], merged["bestEpoch"]) == (4, {"val_accuracy": 0.8}, 4)
     assert merged["learningRate"] == 0.006 and merged["restarts"] == 1
     # The resumed attempt reports where it resumed, then moves on.
-    resumed = training.training_status({"epoch": 4, "resumedFromEpoch": 4, "metrics": {"val_accuracy": 0.8}})
-    assert training.merge_training_status(shown, base, resumed, True)["resumedFromEpoch"] == 4
-    later = training.training_status({"epoch": 5, "metrics": {"val_accuracy": 0.85}, "resumedFromEpoch": 4})
-    merged = training.merge_training_status(shown, base, later, True)
+    resumed = mirror.training_status({"epoch": 4, "resumedFromEpoch": 4, "metrics": {"val_accuracy": 0.8}})
+    assert mirror.merge_training_status(shown, base, resumed, True)["resumedFromEpoch"] == 4
+    later = mirror.training_status({"epoch": 5, "metrics": {"val_accuracy": 0.85}, "resumedFromEpoch": 4})
+    merged = mirror.merge_training_status(shown, base, later, True)
     assert (merged["epoch"], merged["metrics"]) == (5, {"val_accuracy": 0.85})
     # A new MPIJob (the old one deleted and recreated) starts from what its trainer says, counters too.
-    merged = training.merge_training_status(shown, base, fresh, same_mpijob=False)
+    merged = mirror.merge_training_status(shown, base, fresh, same_mpijob=False)
     assert merged["epoch"] == 0 and "restarts" not in merged and "bestEpoch" not in merged
 
 
@@ -322,7 +323,8 @@ def test_a_server_without_indexed_jobs_gets_one_pod_for_every_shard():
     ({"gitVersion": "v0.0.0-master+$Format:%H$"}, (0, 0, "v0.0.0-master+$Format:%H$")),
 ])
 def test_server_version_parsing(info, expected):
-    from scalingrun_operator.k8s import INDEXED_JOBS_SINCE, parse_version
+    from scalingrun_operator.cluster.k8s import parse_version
+    from scalingrun_operator.decide.snapshot import INDEXED_JOBS_SINCE
 
     assert parse_version(info) == expected
     assert ((1, 20) >= INDEXED_JOBS_SINCE, (1, 22) >= INDEXED_JOBS_SINCE) == (False, True)

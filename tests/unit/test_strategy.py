@@ -16,7 +16,7 @@ from scalingrun_operator.api.crd import build_crd
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.builders import build_children
 from scalingrun_operator.builders.config import build_trainer_config, slots_per_worker, total_processes
-from scalingrun_operator.local.runner import training_command
+from scalingrun_operator.local.processes import Commands
 from scalingrun_trainer.core.config import ENGINES, engine_of, parse_config
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -97,8 +97,8 @@ def test_replicas_are_worker_pods_under_multi_worker_mirrored():
 
 def test_the_local_runner_starts_each_engine_as_its_mpijob_would(tmp_path):
     config = tmp_path / "config.json"
-    horovod = training_command(parse_scalingrun(MINIMAL), 2, config)
-    mirrored = training_command(parse_scalingrun(with_training(strategy="multi-worker-mirrored")), 2, config)
+    horovod = Commands().train(parse_scalingrun(MINIMAL), 2, config)
+    mirrored = Commands().train(parse_scalingrun(with_training(strategy="multi-worker-mirrored")), 2, config)
     assert Path(horovod[0]).name == "horovodrun" and horovod[1:3] == ["-np", "2"]
     assert Path(mirrored[0]).name == "mpirun"
     assert mirrored[mirrored.index("-np") + 1] == "2" and mirrored[mirrored.index("-bind-to") + 1] == "none"

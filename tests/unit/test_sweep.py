@@ -12,14 +12,14 @@ from PIL import Image
 
 from scalingrun_operator.api.crd import build_sweep_crd, render_chart_sweep_crd_template, render_sweep_crd_yaml
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
-from scalingrun_operator.builders.sweep import SWEEP_LABEL, Point, build_point_run, sweep_points
+from scalingrun_operator.api.sweep import SWEEP_LABEL, Point, build_point_run, sweep_points
 from scalingrun_operator.cli import main
-from scalingrun_operator.handlers import dataset
-from scalingrun_operator.handlers.sweep import (
+from scalingrun_operator.decide import preprocessing as dataset
+from scalingrun_operator.decide.sweep import (
     add_scaling, point_row, points_to_start, progress_text, recommend, sweep_phase,
 )
 from scalingrun_operator.local.sweep import oversubscribed_note
-from scalingrun_operator.sweep_report import render_sweep_report
+from scalingrun_operator.report.sweep import render_sweep_report
 
 ROOT = Path(__file__).resolve().parents[2]
 

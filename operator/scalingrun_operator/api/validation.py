@@ -17,6 +17,7 @@ from typing import Any, Iterable, TypeVar
 import pydantic
 
 from scalingrun_api.models import FRAMEWORK_STRATEGIES, BaseNetwork, Framework, Monitor, ScalingRun, ScalingSweep
+from .sweep import build_point_run, sweep_points
 
 Resource = TypeVar("Resource", bound=pydantic.BaseModel)
 
@@ -209,8 +210,6 @@ def parse_scalingrun(document: Any) -> ScalingRun:
 
 def sweep_semantic_errors(sweep: ScalingSweep) -> list[FieldError]:
     """The sweep's own cross-field rules, then every point's ScalingRun rules (as spec.template.* paths)."""
-    from ..builders.sweep import build_point_run, sweep_points
-
     spec = sweep.spec
     errors: list[FieldError] = []
     duplicates = sorted({w for w in spec.workers if spec.workers.count(w) > 1})

@@ -1,2 +1,4 @@
-"""Handler logic, one module per concern: pure decisions (spec, dataset, training) and the
-reconcile that reads the world, applies those decisions and writes status. main.py only wires kopf."""
+"""The kopf handlers: thin functions that hand every trigger to the operator's one Runtime (`memo.runtime`,
+made by main.py). Importing this package registers them."""
+
+from . import lifecycle, runs, sweeps  # noqa: F401

@@ -92,7 +92,7 @@ def print_summary(local: LocalRun, run, state: Path, report, total_seconds: floa
 def _sweep(run, workers: str, state: Path, started: float) -> int:
     """The quick-start run as the template of a local ScalingSweep over `workers` (e.g. "1,2")."""
     from ..api.validation import parse_scalingsweep
-    from ..cli import print_sweep
+    from ..report.sweep import print_sweep
     from .sweep import LocalSweep
 
     try:
@@ -106,7 +106,8 @@ def _sweep(run, workers: str, state: Path, started: float) -> int:
         "spec": {"workers": counts, "template": run.spec.model_dump(mode="json", by_alias=True, exclude_none=True)}})
     local = LocalSweep(sweep, state / "sweeps" / sweep.metadata.name)
     code = local.start()
-    print_sweep(local, state / "reports")
+    print_sweep(sweep.metadata.name, local.rows, local.recommendation, local.notes, sweep.spec.efficiency_threshold,
+                state / "reports")
     print(f"total time: {time.monotonic() - started:.0f} s")
     return code
 
@@ -146,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
         server.stop()
     report = None
     if Progress.read(local.progress).history:
-        from ..report import render_report
+        from ..report.run import render_report
 
         report = render_report(local.progress, run.metadata.name, state / "reports")
     print_summary(local, run, state, report, time.monotonic() - started)

@@ -1,86 +1,48 @@
-"""`scalingrun run --local`: the same ScalingRun on one machine, without Kubernetes.
+"""`scalingrun run --local`: the same ScalingRun on one machine, without Kubernetes, decided by the same decide.
 
-Preprocessing runs as `parallelism` shard processes (what the Indexed Job runs, one pod per shard);
-training runs `horovodrun -np N scalingrun-trainer train` (what the MPIJob launcher runs), or for a
-multi-worker-mirrored run `mpirun -np N`, and for a pytorch-lightning run `mpirun -np N` with the Lightning venv's
-python. Status is
-written to a local document in the same shape as the ScalingRun's status. Credentials come from the
-environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), the local stand-in for the Secret.
+The local runner looks at the run as the operator does (observe -> decide -> act, decide.run), so its phases,
+conditions and messages are the operator's. Its children are this machine's: the ConfigMap is the config
+file in the workdir, the preprocessing Job and the MPIJob are processes (processes.py), and their status is
+what those processes did, written as the Job controller and the MPI operator would write it. Status is
+written to `<workdir>/status.json` after every look, in the shape of the ScalingRun's status. Credentials
+come from the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), the local stand-in for the Secret.
 """
 
 from __future__ import annotations
 
-import datetime as dt
+import copy
+import dataclasses
 import json
 import os
-import shutil
 import subprocess
 import sys
-import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
-from scalingrun_api.models import (
-    Condition, Framework, Phase, PreprocessingStatus, ScalingRun, ScalingRunStatus, Strategy, TrainingStatus,
-)
-from scalingrun_api.progress import Progress
+from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun, ScalingRunStatus
 from ..api.validation import s3_fields
 from ..builders.common import storage_env
-from ..builders.config import build_trainer_config, total_processes
-from ..handlers.training import input_bound, progress_uri, training_status
-from ..storage import StorageError, StorageTarget, read_json
+from ..builders.config import CONFIG_KEY, total_processes
+from ..clock import now
+from ..decide import pinning
+from ..decide.children import owner_reference
+from ..decide.run import decide_run
+from ..decide.snapshot import (
+    INDEXED_JOBS_SINCE, LOCAL, PROGRESS, Child, Create, Decision, Document, Listing, Names, PodList, Pods, Read,
+    Server, ServerVersion, Settings, Snapshot, look,
+)
+from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, Event, get_condition, rfc3339
+from ..documents import read_manifest, read_progress
+from ..storage import Clients, StorageError, StorageTarget, list_names
+from .processes import Commands, LocalRunError, Shards, training_status
 
+__all__ = ["LocalRun", "LocalRunError"]
 
-def _horovodrun() -> str:
-    """The venv's horovodrun even when the venv is not activated."""
-    beside = Path(sys.executable).with_name("horovodrun")
-    found = str(beside) if beside.exists() else shutil.which("horovodrun")
-    if not found:
-        raise LocalRunError("horovodrun not found: run scripts/setup.sh (it builds Horovod)")
-    return found
-
-
-def _lightning_python() -> str:
-    """The PyTorch Lightning venv's python (SCALINGRUN_LIGHTNING_PYTHON, else .venv-lightning beside this venv):
-    torch lives in its own venv, never in the Keras one."""
-    explicit = os.environ.get("SCALINGRUN_LIGHTNING_PYTHON")
-    candidates = [Path(explicit)] if explicit else [Path(sys.prefix).parent / ".venv-lightning" / "bin" / "python"]
-    for candidate in candidates:
-        if candidate.exists():
-            return str(candidate)
-    raise LocalRunError(f"no PyTorch Lightning venv at {candidates[0]}: run SCALINGRUN_PROFILE=lightning "
-                        "scripts/setup.sh (or set SCALINGRUN_LIGHTNING_PYTHON)")
-
-
-def _mpirun(processes: int) -> list[str]:
-    """Debian Open MPI's mpirun, one process per slot on this host (root needs --allow-run-as-root)."""
-    found = shutil.which("mpirun")
-    if not found:
-        raise LocalRunError("mpirun not found: install Open MPI (scripts/setup.sh installs openmpi-bin)")
-    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-    return [found, *root, "-np", str(processes), "--oversubscribe", "-bind-to", "none"]
-
-
-def training_command(run: ScalingRun, processes: int, config: Path) -> list[str]:
-    """What the MPIJob launcher runs, here: horovodrun for Keras + Horovod; mpirun for the engines that take rank
-    and world size from MPI (Lightning DDP, with the Lightning venv's python; Keras multi-worker-mirrored)."""
-    train = ["-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
-    training = run.spec.training
-    if training.framework == Framework.pytorch_lightning.value:
-        return [*_mpirun(processes), _lightning_python(), *train]
-    if training.strategy == Strategy.multi_worker_mirrored.value:
-        return [*_mpirun(processes), sys.executable, *train]
-    return [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", sys.executable, *train]
-
-
-class LocalRunError(RuntimeError):
-    """Why a local run cannot start; the message says what to do."""
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+# Nothing here writes a document late (the processes have ended when they are judged): no grace to wait.
+SETTINGS = Settings(completion_grace_seconds=0.0, where=LOCAL)
 
 
 @dataclass
@@ -89,9 +51,30 @@ class LocalRun:
     workdir: Path
     np_override: Optional[int] = None
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+    commands: Commands = field(default_factory=Commands)
+    poll_seconds: float = 5.0  # how often the progress document is read while training runs
     status: ScalingRunStatus = field(default_factory=ScalingRunStatus)
     progress: Optional[dict] = None
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per phase
+    events: list[Event] = field(default_factory=list)  # what the operator would post as Events, in order
+
+    def __post_init__(self) -> None:
+        if self.np_override:  # N processes here: N one-process workers, so that every figure derived agrees
+            self.run = self.run.model_copy(deep=True)
+            self.run.spec.workers.replicas = self.np_override
+            self.run.spec.workers.gpus_per_worker = min(self.run.spec.workers.gpus_per_worker, 1)
+        meta = self.run.metadata
+        self.body: dict[str, Any] = {
+            "apiVersion": API_VERSION, "kind": KIND,
+            "metadata": {"name": meta.name, "namespace": meta.namespace or "default", "generation": 1,
+                         "uid": f"local-{uuid.uuid4()}", "creationTimestamp": rfc3339(now()),
+                         "labels": dict(getattr(meta, "labels", None) or {})},
+            "spec": self.run.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+            "status": {}}
+        self.children: dict[tuple[str, str], dict[str, Any]] = {}  # as this machine's controllers show them
+        self.clients = Clients()  # one botocore session for the run's reads
+        self._shards: Optional[tuple[str, Shards]] = None
+        self._training: Optional[tuple[str, subprocess.Popen]] = None
 
     @property
     def config_path(self) -> Path:
@@ -100,18 +83,6 @@ class LocalRun:
     @property
     def status_path(self) -> Path:
         return self.workdir / "status.json"
-
-    def _set(self, phase: Phase, condition: Optional[Condition] = None) -> None:
-        self.status.phase = phase.value
-        if condition is not None:
-            condition.last_transition_time = _now().isoformat()
-            self.status.conditions = [c for c in self.status.conditions if c.type != condition.type] + [condition]
-        self.write_status()
-
-    def write_status(self) -> None:
-        tmp = self.status_path.with_suffix(".tmp")
-        tmp.write_text(self.status.model_dump_json(by_alias=True, exclude_none=True, indent=2))
-        tmp.replace(self.status_path)
 
     def check_credentials(self) -> None:
         spec = self.run.spec
@@ -130,114 +101,142 @@ class LocalRun:
                 "export MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD, instead"
             )
 
+    # --- the loop --------------------------------------------------------------------------------------
+
     def start(self, stop_after: str = "training") -> int:
+        """Looks, acts and waits until the run has finished (0: Succeeded) or cannot go on (1)."""
         self.check_credentials()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        config = build_trainer_config(self.run)
-        if self.np_override:
-            config["processes"] = self.np_override
-        self.config_path.write_text(json.dumps(config, indent=2))
-        self.status.start_time = _now()
-        self._set(Phase.pending)
-        if not self.preprocess():
-            return 1
-        if stop_after == "preprocessing":
-            self.log("stopping after preprocessing (--stop-after preprocessing)")
-            return 0
-        return 0 if self.train() else 1
+        settings = dataclasses.replace(SETTINGS, train=stop_after != "preprocessing")
+        while True:
+            decision = self.look(settings)
+            phase = decision.phase
+            if phase in TERMINAL:
+                return 0 if phase == Phase.succeeded.value else 1
+            if not settings.train and self._preprocessed():
+                self.log("stopping after preprocessing (--stop-after preprocessing)")
+                return 0
+            if decision.again:
+                continue
+            if self._shards is not None:
+                self._finish_preprocessing()
+            elif self._training is not None:
+                self._follow_training()
+            else:
+                self.log(f"the run cannot go on here: {self.body['status'].get('message') or phase}")
+                return 1
+
+    def look(self, settings: Settings = SETTINGS) -> Decision:
+        """One look at the run: decide on what this machine shows, then act on it."""
+        decision = look(Snapshot(copy.deepcopy(self.body), now()), decide_run, self.read, settings)
+        self.act(decision)
+        return decision
+
+    def _preprocessed(self) -> bool:
+        condition = get_condition(self.body["status"].get("conditions") or [], PREPROCESSED) or {}
+        return condition.get("status") == "True"
+
+    # --- observe -----------------------------------------------------------------------------------------
+
+    def read(self, ask: Any) -> Any:
+        if isinstance(ask, Child):
+            found = self.children.get((ask.kind, ask.name))
+            return copy.deepcopy(found) if found else None
+        if isinstance(ask, Pods):
+            return PodList()  # processes, not pods: nothing to diagnose or count
+        if isinstance(ask, ServerVersion):
+            return Server(*INDEXED_JOBS_SINCE, "this machine")  # shards run side by side, as in an Indexed Job
+        target = StorageTarget(ask.store.endpoint, ask.store.region, None, clients=self.clients)  # keys: environment
+        try:
+            if isinstance(ask, Document) and ask.what == PROGRESS:
+                read = Read(*read_progress(ask.uri, target, ask.versioned))
+                self.progress = read.document
+                return read
+            if isinstance(ask, Document):
+                return Read(read_manifest(ask.uri, target))
+            if isinstance(ask, Listing):
+                return Names(tuple(list_names(ask.uri, target)))
+        except StorageError as exc:
+            return Names(error=str(exc)) if isinstance(ask, Listing) else Read(error=str(exc))
+        raise TypeError(f"a local run cannot read {ask!r}")
+
+    # --- act ---------------------------------------------------------------------------------------------
+
+    def act(self, decision: Decision) -> None:
+        if decision.pin is not None:
+            self.body["metadata"].setdefault("annotations", {})[pinning.PINNED_ANNOTATION] = decision.pin
+        status = copy.deepcopy(dict(decision.desired))
+        for action in decision.actions:
+            if isinstance(action, Create):
+                uid = self._create(action.obj)
+                if action.uid_at:
+                    section, key = action.uid_at
+                    status[section] = {**(status.get(section) or {}), key: uid}
+            if action.event is not None:
+                self._event(action.event)
+        before = get_condition(self.body["status"].get("conditions") or [], PREPROCESSED) or {}
+        self.body["status"] = status
+        after = get_condition(status.get("conditions") or [], PREPROCESSED) or {}
+        if after.get("status") == "True" and before.get("status") != "True":
+            reused = " (same fingerprint: reused)" if after.get("reason") == DATASET_REUSED else ""
+            self.log(f"preprocessing done: {after.get('message')}{reused}")
+        for event in decision.events:
+            self._event(event)
+        self.write_status()
+
+    def _event(self, event: Event) -> None:
+        self.events.append(event)
+        self.log(f"{event.reason}: {event.message}")
+
+    def _create(self, obj: dict[str, Any]) -> str:
+        obj = copy.deepcopy(obj)
+        meta = obj["metadata"]
+        meta.update(uid=f"local-{uuid.uuid4()}", ownerReferences=[owner_reference(self.body)])
+        self.children[(obj["kind"], meta["name"])] = obj
+        if obj["kind"] == "ConfigMap":
+            self.config_path.write_text(obj["data"][CONFIG_KEY])
+        elif obj["kind"] == "Job":
+            shards = obj["spec"]["completions"]
+            workers = max(1, (os.cpu_count() or 1) // shards)
+            commands = [self.commands.preprocess(self.config_path, shards, index, workers) for index in range(shards)]
+            self.log(f"preprocessing: {shards} shard processes")
+            self._shards = (meta["name"], Shards.start(commands, self._env(), self.log))
+            self.seconds["started"] = time.monotonic()
+        elif obj["kind"] == "MPIJob":
+            command = self.commands.train(self.run, total_processes(self.run), self.config_path)
+            self.log("training: " + " ".join(command[:4]))
+            self._training = (meta["name"], subprocess.Popen(command, env=self._env()))
+            obj["status"] = training_status(None, rfc3339(now()))
+            self.seconds["started"] = time.monotonic()
+        return meta["uid"]
 
     def _env(self) -> dict[str, str]:
         """The pods' storage settings; the keys come from this environment instead of the Secret."""
         return {**os.environ, **{e["name"]: e["value"] for e in storage_env(self.run) if "value" in e}}
 
-    def preprocess(self) -> bool:
-        shards = self.run.spec.dataset.preprocessing.parallelism
-        workers = max(1, (os.cpu_count() or 1) // shards)
-        self._set(Phase.preprocessing, Condition(type="Preprocessed", status="Unknown", reason="Running",
-                                                 message=f"{shards} shard processes"))
-        started = time.monotonic()
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-m", "scalingrun_trainer.cli", "preprocess", "--config", str(self.config_path),
-                 "--shard-count", str(shards), "--shard-index", str(index), "--workers", str(workers)],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self._env(),
-            )
-            for index in range(shards)
-        ]
-        relays = [threading.Thread(target=self._relay, args=(p.stderr,), daemon=True) for p in procs]
-        for t in relays:
-            t.start()
-        summaries = []
-        for proc in procs:
-            out = proc.stdout.read()
-            proc.wait()
-            lines = [line for line in out.splitlines() if line.startswith("{")]
-            summaries.append((proc.returncode, json.loads(lines[-1]) if lines else {"error": "no summary"}))
-        for t in relays:
-            t.join()
-        failed = [(i, s) for i, (code, s) in enumerate(summaries) if code != 0]
-        if failed:
-            message = f"{len(failed)} of {shards} shards failed; first: shard {failed[0][0]}: " \
-                      f"{failed[0][1].get('error', 'see the log')}"
-            self._set(Phase.failed, Condition(type="Failed", status="True", reason="PreprocessingFailed",
-                                              message=message))
-            self.log(f"preprocessing failed: {message}")
-            return False
-        dataset = next((s.get("dataset") or s for _, s in summaries if s.get("complete")), None)
-        if dataset is None:
-            self._set(Phase.failed, Condition(type="Failed", status="True", reason="PreprocessingIncomplete",
-                                              message="all shards finished but no dataset manifest was written"))
-            return False
-        reused = all(s.get("reused") for _, s in summaries)
-        self.status.preprocessing = PreprocessingStatus(
-            reused=reused, fingerprint=dataset["fingerprint"], shards=shards, classes=dataset.get("classes"),
-            images_written=sum(dataset["written"].values()), images_skipped=dataset["skipped"],
-        )
-        seconds = self.seconds["preprocessing"] = time.monotonic() - started
-        reason = "DatasetReused" if reused else "Preprocessed"
-        message = (f"{sum(dataset['written'].values())} images written ({dataset['written']['train']} train, "
-                   f"{dataset['written']['validation']} validation), {dataset['skipped']} skipped, "
-                   f"{seconds:.1f} s" + (" (same fingerprint: reused)" if reused else ""))
-        self._set(Phase.preprocessing, Condition(type="Preprocessed", status="True", reason=reason, message=message))
-        self.log(f"preprocessing done: {message}")
-        return True
+    # --- waiting for the processes --------------------------------------------------------------------------
 
-    def train(self) -> bool:
-        command = training_command(self.run, self.np_override or total_processes(self.run), self.config_path)
-        self._set(Phase.training, Condition(type="Trained", status="Unknown", reason="Running",
-                                            message=" ".join(command[:4])))
-        started = time.monotonic()
-        result = subprocess.run(command, env=self._env())
-        self.seconds["training"] = time.monotonic() - started
-        self.progress = self._read_progress()
-        progress = Progress.read(self.progress)
-        if self.progress:
-            mirrored = training_status(self.progress)
-            self.status.training = TrainingStatus.model_validate(mirrored)
-            self.status.model_uri = progress.model_uri
-            bound = input_bound(self.run, mirrored.get("inputHistory"))
-            if bound:  # as the operator sets it, from the same progress document
-                self.status.conditions = [c for c in self.status.conditions if c.type != "InputBound"] + [Condition(
-                    type="InputBound", status=bound[0], reason=bound[1], message=bound[2],
-                    last_transition_time=_now().isoformat())]
-        self.status.completion_time = _now()
-        if result.returncode != 0:
-            cause = progress.error or f"{Path(command[0]).name} exited {result.returncode}"
-            self._set(Phase.failed, Condition(type="Failed", status="True", reason="TrainingFailed", message=cause))
-            return False
-        message = (f"{progress.epoch} epochs in {time.monotonic() - started:.0f} s, best epoch "
-                   f"{progress.best_epoch}: val_accuracy {progress.best_metrics.get('val_accuracy')}")
-        self._set(Phase.succeeded, Condition(type="Trained", status="True", reason="Trained", message=message))
-        return True
+    def _finish_preprocessing(self) -> None:
+        name, shards = self._shards
+        self.children[("Job", name)]["status"] = shards.finish(rfc3339(now()))
+        self.seconds["preprocessing"] = time.monotonic() - self.seconds.pop("started")
+        self._shards = None
 
-    def _read_progress(self) -> Optional[dict]:
-        """The trainer's progress document, read like the operator reads it (keys from the environment)."""
-        storage = self.run.spec.storage
+    def _follow_training(self) -> None:
+        """Waits for the training, looking at its progress document meanwhile."""
+        name, process = self._training
         try:
-            return read_json(progress_uri(self.run), StorageTarget(storage.endpoint, storage.region, None))
-        except StorageError:
-            return None
+            code = process.wait(timeout=self.poll_seconds)
+        except subprocess.TimeoutExpired:
+            return  # the next look reads the progress so far
+        self.children[("MPIJob", name)]["status"] = training_status(code, rfc3339(now()))
+        self.seconds["training"] = time.monotonic() - self.seconds.pop("started")
+        self._training = None
 
-    def _relay(self, stream) -> None:
-        for line in stream:
-            self.log("  " + line.rstrip())
+    def write_status(self) -> None:
+        status = self.body["status"]
+        self.status = ScalingRunStatus.model_validate(status)
+        tmp = self.status_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(status, indent=2))
+        tmp.replace(self.status_path)
+

@@ -1,25 +1,33 @@
-"""`scalingrun sweep --local`: a ScalingSweep's points on this machine, one after another.
+"""`scalingrun sweep --local`: a ScalingSweep's points on this machine, one after another, decided by the
+operator's decide (decide.sweep).
 
 Each point is the same child ScalingRun the operator would create, run by the local runner
 (`horovodrun -np N`). They share one preprocessed dataset: the first point writes it, laid out for the
-largest point; the others find the same fingerprint and reuse it. The table and the recommendation come
-from the same pure functions as the operator's status.
+largest point; the others find it there and reuse it. The sweep's status (its rows, phase and
+recommendation) is the operator's, written to `<workdir>/status.json`.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import sys
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
-from scalingrun_api.models import Phase, ScalingSweep
+from scalingrun_api.models import KIND, SWEEP_KIND, ScalingSweep, SweepPhase
+from ..api.sweep import Point, sweep_points
 from ..api.validation import parse_scalingrun
-from ..builders.sweep import Point, build_point_run, sweep_points
-from ..handlers.sweep import add_scaling, point_row, processes_text, recommend, workers_text
-from ..handlers.training import training_status
-from .runner import LocalRun
+from ..clock import now
+from ..decide.children import owner_reference
+from ..decide.snapshot import PROGRESS, Child, Create, Document, Read, Snapshot, look
+from ..decide.sweep import decide_sweep, processes_text, workers_text
+from ..documents import read_progress
+from ..storage import Clients, StorageError, StorageTarget
+from .runner import SETTINGS, LocalRun
 
 
 def usable_cores() -> int:
@@ -60,26 +68,54 @@ class LocalSweep:
     recommendation: Optional[dict] = None
     notes: list[str] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        meta = self.sweep.metadata
+        self.body: dict[str, Any] = {
+            "apiVersion": self.sweep.api_version, "kind": SWEEP_KIND,
+            "metadata": {"name": meta.name, "namespace": meta.namespace or "default", "generation": 1,
+                         "uid": f"local-{uuid.uuid4()}"},
+            "spec": self.sweep.spec.model_dump(mode="json", by_alias=True, exclude_none=True), "status": {}}
+        self.points: dict[str, LocalRun] = {}
+        self.clients = Clients()
+
     def start(self) -> int:
-        cores = usable_cores()
-        code = 0
-        points = sweep_points(self.sweep)
-        for point in points:
-            run = parse_scalingrun(build_point_run(self.sweep, point))
-            note = core_note(point, points[0], cores)
+        """Runs the points decide starts, one at a time, until it starts none; 0 when the sweep Succeeded."""
+        cores, points = usable_cores(), {p.name: p for p in sweep_points(self.sweep)}
+        first = next(iter(points.values()))
+        while True:
+            decision = look(Snapshot(copy.deepcopy(self.body), now()), decide_sweep, self.read, SETTINGS)
+            self.body["status"] = copy.deepcopy(dict(decision.desired))
+            self.write_status()
+            created = [a for a in decision.actions if isinstance(a, Create)]
+            if not created:
+                break
+            point = points[created[0].obj["metadata"]["name"]]
+            note = core_note(point, first, cores)
             if note:
                 self.notes.append(note)
                 self.log(note)
             self.log(f"== point {point.name}: {workers_text(point.workers)}, {processes_text(point.processes)} ==")
-            local = LocalRun(run, self.workdir / point.name, log=self.log)
-            code = local.start()
-            phase = local.status.phase
-            progress = local.progress if phase == Phase.succeeded.value else None
-            self.rows.append(point_row(point, phase, training_status(local.progress), progress))
-            if code != 0:
-                self.log(f"point {point.name} failed ({phase}); no further point runs")
-                break
-        add_scaling(self.rows)
-        spec = self.sweep.spec
-        self.recommendation = recommend(self.rows, spec.efficiency_threshold, spec.accuracy_tolerance)
-        return code
+            run = parse_scalingrun(created[0].obj)
+            local = self.points[point.name] = LocalRun(run, self.workdir / point.name, log=self.log)
+            local.body["metadata"]["ownerReferences"] = [owner_reference(self.body)]
+            if local.start() != 0:
+                self.log(f"point {point.name} failed ({local.status.phase})")
+        status = self.body["status"]
+        self.rows, self.recommendation = list(status.get("points") or []), status.get("recommendation")
+        return 0 if status.get("phase") == SweepPhase.succeeded.value else 1
+
+    def read(self, ask: Any) -> Any:
+        if isinstance(ask, Child) and ask.kind == KIND:
+            local = self.points.get(ask.name)
+            return copy.deepcopy(local.body) if local else None
+        if isinstance(ask, Document) and ask.what == PROGRESS:
+            try:
+                target = StorageTarget(ask.store.endpoint, ask.store.region, None, clients=self.clients)
+                return Read(*read_progress(ask.uri, target))
+            except StorageError as exc:
+                return Read(error=str(exc))
+        raise TypeError(f"a local sweep cannot read {ask!r}")
+
+    def write_status(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        (self.workdir / "status.json").write_text(json.dumps(self.body["status"], indent=2))

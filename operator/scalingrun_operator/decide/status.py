@@ -1,4 +1,4 @@
-"""Phases, conditions and the Events that go with them: pure helpers, no API calls.
+"""Phases, conditions and the Events that go with them: pure helpers, no API calls, no clock.
 
 A reconcile builds a `StatusUpdate` from the run's current status, sets conditions and the phase on
 it, and hands the resulting merge patch and events to the caller, which writes them. Conditions keep
@@ -29,7 +29,8 @@ SPEC_CHANGE_IGNORED = "SpecChangeIgnored"
 STORAGE_READABLE = "StorageReadable"
 PODS_HEALTHY = "PodsHealthy"  # False while a pod of the run cannot run (image pull, scheduling, OOM, ...)
 CHILD_DELETED = "ChildDeleted"  # True once the Job or MPIJob was deleted mid-run (and recreated)
-INPUT_BOUND = "InputBound"  # True while training mostly waits for its input (handlers.training.input_bound)
+INPUT_BOUND = "InputBound"  # True while training mostly waits for its input (decide.progress.input_bound)
+CHILD_CONFLICT = "ChildConflict"  # True while an object the run did not make holds a child's name
 
 # Reasons a user sees (and tests assert).
 INVALID_SPEC = "InvalidSpec"
@@ -46,10 +47,6 @@ _PHASE_EVENTS = {
     Phase.succeeded.value: ("Normal", "Succeeded"),
     Phase.failed.value: ("Warning", "Failed"),
 }
-
-
-def now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
 
 
 def rfc3339(moment: dt.datetime) -> str:
@@ -96,7 +93,7 @@ class StatusUpdate:
 
     current: dict[str, Any]
     generation: Optional[int]
-    moment: dt.datetime = field(default_factory=now)
+    moment: dt.datetime  # the time of this look (an input: decide reads no clock)
     desired: dict[str, Any] = field(init=False)
     events: list[Event] = field(default_factory=list)
 

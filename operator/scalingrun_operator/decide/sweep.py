@@ -1,11 +1,11 @@
-"""A ScalingSweep: its points as child ScalingRuns, one after another, and the scaling table.
+"""A ScalingSweep's state machine, pure: its points as child ScalingRuns, one after another, and the
+scaling table.
 
-The pure part (which points to start, one row per point, speedup, efficiency, the recommendation)
-serves the operator and `scalingrun sweep --local` alike. The reconcile is level-triggered like the
-run's (handlers/reconcile.py): it reads the sweep and its children as they are, creates the points
-that may start (create-or-adopt, owned by the sweep, so that deleting the sweep deletes them), and
-writes status with the resourceVersion it read. It needs no finalizer, timer or daemon: the events
-of the child ScalingRuns trigger it.
+It serves the operator and `scalingrun sweep --local` alike: from the sweep, its last status and a
+snapshot of its points (the child ScalingRuns, and the progress document of each finished one) it
+decides which points to create (owned by the sweep, so that deleting the sweep deletes them), one row
+per point, speedup, efficiency, the phase and the recommendation. Level-triggered like the run's:
+the events of the child ScalingRuns start the next look.
 
 Speedup compares time per epoch (training wall time / epochs run), not the whole run: early
 stopping may end points after different numbers of epochs.
@@ -13,25 +13,20 @@ stopping may end points after different numbers of epochs.
 
 from __future__ import annotations
 
-import logging
 import statistics
-import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-from scalingrun_api.models import API_VERSION, SWEEP_KIND, Phase, ScalingSweep, SweepPhase
+from scalingrun_api.models import API_VERSION, KIND, SWEEP_KIND, Phase, ScalingSweep, SweepPhase
 from scalingrun_api.progress import Progress
+from ..api.sweep import Point, build_point_run, sweep_points
 from ..api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
-from ..builders.sweep import SWEEP_LABEL, Point, build_point_run, sweep_points
-from ..status import FAILED, INVALID_SPEC, PREPROCESSED, READY, get_condition, now, rfc3339, set_condition
-from ..storage import StorageError, StorageTarget, read_json
-from .training import progress_uri
-
-if TYPE_CHECKING:
-    from ..config import Config
-    from ..k8s import Kube
-
-log = logging.getLogger(__name__)
+from ..builders.locations import progress_uri
+from . import children as ownership
+from .draft import store_of
+from .snapshot import PROGRESS, Child, Create, Decision, Document, Patch, Read, Settings, Snapshot
+from .status import (
+    CHILD_CONFLICT, FAILED, INVALID_SPEC, PREPROCESSED, READY, Event, get_condition, rfc3339, set_condition,
+)
 
 TERMINAL_RUN = (Phase.succeeded.value, Phase.failed.value)
 POINT_FAILED = "PointFailed"
@@ -191,150 +186,39 @@ def progress_text(points: list[Point], children: dict[str, Optional[dict[str, An
     return f"{done}/{len(points)}"
 
 
-# --- the reconcile -------------------------------------------------------------------------------
-
-_locks_guard = threading.Lock()
-_locks: dict[tuple[str, str], threading.Lock] = {}
-
-
-def _lock(namespace: str, name: str) -> threading.Lock:
-    with _locks_guard:
-        return _locks.setdefault((namespace, name), threading.Lock())
+def scaling(sweep: ScalingSweep, rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], Optional[dict[str, Any]]]:
+    """The rows with speedup and efficiency, and the recommendation: what the sweep's status, `scalingrun
+    report` and `scalingrun sweep --local` show."""
+    add_scaling(rows)
+    return rows, recommend(rows, sweep.spec.efficiency_threshold, sweep.spec.accuracy_tolerance)
 
 
-def sweep_of(body: dict[str, Any]) -> Optional[str]:
-    """The ScalingSweep that controls a child ScalingRun (by owner reference)."""
-    for ref in (body.get("metadata") or {}).get("ownerReferences") or []:
-        if ref.get("kind") == SWEEP_KIND and ref.get("apiVersion") == API_VERSION and ref.get("controller"):
-            return ref.get("name")
-    return None
+# --- the decision ------------------------------------------------------------------------------------
 
 
-@dataclass
-class SweepReconciler:
-    kube: "Kube"
-    config: "Config"
-
-    def __call__(self, namespace: str, name: str) -> Optional[str]:
-        """Reconciles one sweep; returns its phase (None when it is gone)."""
-        from kubernetes.client.rest import ApiException
-
-        with _lock(namespace, name):
-            for attempt in range(4):
-                body = self.kube.get_sweep(namespace, name)
-                if body is None or body["metadata"].get("deletionTimestamp"):
-                    return None
-                try:
-                    return _SweepPass(self, body).run()
-                except ApiException as exc:
-                    if exc.status == 409 and attempt < 3:
-                        continue
-                    if exc.status == 403 and "being terminated" in str(exc.body):
-                        return None
-                    raise
-        return None
-
-
-class _SweepPass:
-    def __init__(self, reconciler: SweepReconciler, body: dict[str, Any]):
-        self.kube, self.config, self.body = reconciler.kube, reconciler.config, body
-        meta = body["metadata"]
-        self.namespace, self.name = meta["namespace"], meta["name"]
-        self.current = body.get("status") or {}
-        self.desired: dict[str, Any] = {k: v for k, v in self.current.items()}
+class _SweepDraft:
+    def __init__(self, snapshot: Snapshot, settings: Settings):
+        self.snapshot, self.settings, self.body = snapshot, settings, snapshot.obj
+        meta = self.body["metadata"]
+        self.namespace, self.name = meta.get("namespace") or "default", meta["name"]
+        self.current = self.body.get("status") or {}
+        self.desired: dict[str, Any] = dict(self.current)
         self.desired.setdefault("conditions", [])
         self.generation = meta.get("generation")
-        self.moment = now()
-        self.events: list[tuple[str, str, str]] = []
+        self.moment = snapshot.now
+        self.events: list[Event] = []
+        self.actions: list[Any] = []
+        self.recheck_in: Optional[float] = None
 
-    def run(self) -> Optional[str]:
-        failed = get_condition(self.desired["conditions"], FAILED) or {}
-        if self.current.get("phase") in (SweepPhase.succeeded.value, SweepPhase.failed.value) and not (
-                failed.get("reason") == INVALID_SPEC and (self.current.get("observedGeneration") or 0) < (
-                    self.generation or 0)):
-            return self.current["phase"]  # finished: a point deleted afterwards is not run again
-        try:
-            sweep = parse_scalingsweep({"apiVersion": API_VERSION, "kind": SWEEP_KIND,
-                                        "metadata": self.body["metadata"], "spec": self.body.get("spec")})
-        except InvalidScalingRun as exc:
-            message = "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the sweep is retried on edit)."
-            self._condition(FAILED, "True", INVALID_SPEC, message)
-            self._set_phase(SweepPhase.failed.value, f"{INVALID_SPEC}: {message}")
-            self.desired["message"] = f"{INVALID_SPEC}: {message}"
-            return self._write()
-        if (get_condition(self.desired["conditions"], FAILED) or {}).get("reason") == INVALID_SPEC:
-            self._condition(FAILED, "False", "SpecValid", "the spec is valid")
-            self.desired.pop("completionTime", None)
-        points = sweep_points(sweep)
-        children = {p.name: self.kube.get_run(self.namespace, p.name) for p in points}
-        for point in points:
-            child = children[point.name]
-            if child is not None and sweep_of(child) != self.name:
-                children[point.name] = self._ensure(sweep, point)  # adopt (or wait for a foreign owner to go)
-        for point in points_to_start(points, children, sweep.spec.max_parallel):
-            children[point.name] = self._ensure(sweep, point)
-        rows = [self._row(sweep, point, children[point.name]) for point in points]
-        self.desired["points"] = add_scaling(rows)
-        self.desired["progress"] = progress_text(points, children)
-        phase, message = sweep_phase(points, children)
-        if phase in (SweepPhase.succeeded.value, SweepPhase.failed.value):
-            recommendation = recommend(rows, sweep.spec.efficiency_threshold, sweep.spec.accuracy_tolerance)
-            if recommendation:
-                self.desired["recommendation"] = recommendation
-                message += f"; recommended: {recommendation['message']}"
-            else:
-                self.desired.pop("recommendation", None)
-                message += "; no point qualifies for a recommendation"
-        self._set_phase(phase, message)
-        self.desired["message"] = message
-        return self._write()
-
-    def _ensure(self, sweep: ScalingSweep, point: Point) -> dict[str, Any]:
-        child, created = self.kube.ensure_child(build_point_run(sweep, point, self.namespace), owner=self.body)
-        if created:
-            self.events.append(("Normal", "PointCreated",
-                                f"ScalingRun {point.name}: {workers_text(point.workers)}, {processes_text(point.processes)}"))
-            log.info("created ScalingRun %s/%s for sweep %s", self.namespace, point.name, self.name)
-        return child
-
-    def _row(self, sweep: ScalingSweep, point: Point, child: Optional[dict[str, Any]]) -> dict[str, Any]:
-        status = (child or {}).get("status") or {}
-        phase = status.get("phase") if child else None
-        previous = next((r for r in self.current.get("points") or [] if r.get("run") == point.name), None)
-        if previous and previous.get("phase") == Phase.succeeded.value and previous.get("wallSeconds"):
-            return {k: v for k, v in previous.items() if k not in ("speedup", "efficiency")}  # final: no re-read
-        progress = None
-        if phase == Phase.succeeded.value:
-            progress = self._progress(child)
-        return point_row(point, phase, status.get("training"), progress)
-
-    def _progress(self, child: dict[str, Any]) -> Optional[dict[str, Any]]:
-        try:
-            run = parse_scalingrun(child)
-        except InvalidScalingRun:
-            return None
-        storage = run.spec.storage
-        try:
-            credentials = None
-            if storage.credentials_secret:
-                credentials = self.kube.read_credentials(self.namespace, storage.credentials_secret,
-                                                         storage.access_key_id_key, storage.secret_access_key_key)
-            target = StorageTarget(storage.endpoint, storage.region, credentials, self.config.storage_timeout_seconds)
-            return read_json(progress_uri(run), target)
-        except StorageError as exc:
-            log.warning("sweep %s/%s cannot read the progress of %s: %s", self.namespace, self.name,
-                        run.metadata.name, exc)
-            return None
-
-    def _condition(self, type_: str, status: str, reason: str, message: str) -> None:
+    def condition(self, type_: str, status: str, reason: str, message: str) -> None:
         self.desired["conditions"] = set_condition(self.desired["conditions"], type_, status, reason, message,
                                                    self.generation, self.moment)
 
-    def _set_phase(self, phase: str, message: str) -> None:
-        self._condition(READY, "True" if phase == SweepPhase.succeeded.value else "False", phase, message)
+    def set_phase(self, phase: str, message: str) -> None:
+        self.condition(READY, "True" if phase == SweepPhase.succeeded.value else "False", phase, message)
         if phase == SweepPhase.failed.value and (get_condition(self.desired["conditions"], FAILED) or {}).get(
                 "status") != "True":
-            self._condition(FAILED, "True", POINT_FAILED, message)
+            self.condition(FAILED, "True", POINT_FAILED, message)
         if self.desired.get("phase") == phase:
             return
         previous = self.desired.get("phase")
@@ -344,17 +228,108 @@ class _SweepPass:
         if phase in (SweepPhase.succeeded.value, SweepPhase.failed.value):
             self.desired.setdefault("completionTime", rfc3339(self.moment))
         kind = "Warning" if phase == SweepPhase.failed.value else "Normal"
-        self.events.append((kind, phase, f"{previous or 'New'} -> {phase}: {message}"))
+        self.events.append(Event(kind, phase, f"{previous or 'New'} -> {phase}: {message}"))
 
-    def _write(self) -> Optional[str]:
+    def decision(self) -> Decision:
         if self.generation is not None:
             self.desired["observedGeneration"] = self.generation
         patch = {k: v for k, v in self.desired.items() if self.current.get(k) != v}
         patch.update({k: None for k in self.current if k not in self.desired})
-        if patch:
-            self.kube.patch_sweep_status(self.namespace, self.name, patch,
-                                         resource_version=self.body["metadata"].get("resourceVersion"))
-        for type_, reason, message in self.events:
-            self.kube.post_event(self.body, type_, reason, message)
-        return self.desired.get("phase")
+        return Decision(phase=self.desired.get("phase"), actions=tuple(self.actions), status=patch or None,
+                        desired=self.desired, events=tuple(self.events), recheck_in=self.recheck_in)
 
+
+def decide_sweep(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
+    """What to do about the sweep in `snapshot.obj`. Raises NeedMore for a fact the snapshot lacks."""
+    draft = _SweepDraft(snapshot, settings)
+    failed = get_condition(draft.desired["conditions"], FAILED) or {}
+    if draft.current.get("phase") in (SweepPhase.succeeded.value, SweepPhase.failed.value) and not (
+            failed.get("reason") == INVALID_SPEC and (draft.current.get("observedGeneration") or 0) < (
+                draft.generation or 0)):
+        return Decision(phase=draft.current["phase"], desired=draft.current)  # finished: a point deleted later stays so
+    try:
+        sweep = parse_scalingsweep({"apiVersion": API_VERSION, "kind": SWEEP_KIND,
+                                    "metadata": draft.body["metadata"], "spec": draft.body.get("spec")})
+    except InvalidScalingRun as exc:
+        message = "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the sweep is retried on edit)."
+        draft.condition(FAILED, "True", INVALID_SPEC, message)
+        draft.set_phase(SweepPhase.failed.value, f"{INVALID_SPEC}: {message}")
+        draft.desired["message"] = f"{INVALID_SPEC}: {message}"
+        return draft.decision()
+    if (get_condition(draft.desired["conditions"], FAILED) or {}).get("reason") == INVALID_SPEC:
+        draft.condition(FAILED, "False", "SpecValid", "the spec is valid")
+        draft.desired.pop("completionTime", None)
+    points = sweep_points(sweep)
+    children = {p.name: snapshot.need(Child(KIND, p.name)) for p in points}
+    conflicts = _own_points(draft, sweep, points, children)
+    for point in points_to_start(points, children, sweep.spec.max_parallel):
+        if point.name in conflicts:
+            continue
+        children[point.name] = build_point_run(sweep, point, draft.namespace)
+        draft.actions.append(Create(children[point.name], Event(
+            "Normal", "PointCreated",
+            f"ScalingRun {point.name}: {workers_text(point.workers)}, {processes_text(point.processes)}")))
+    rows = [_row(draft, point, children[point.name]) for point in points]
+    draft.desired["points"] = add_scaling(rows)
+    draft.desired["progress"] = progress_text(points, children)
+    phase, message = sweep_phase(points, children)
+    if phase in (SweepPhase.succeeded.value, SweepPhase.failed.value):
+        recommendation = recommend(rows, sweep.spec.efficiency_threshold, sweep.spec.accuracy_tolerance)
+        if recommendation:
+            draft.desired["recommendation"] = recommendation
+            message += f"; recommended: {recommendation['message']}"
+        else:
+            draft.desired.pop("recommendation", None)
+            message += "; no point qualifies for a recommendation"
+    draft.set_phase(phase, message)
+    draft.desired["message"] = message
+    return draft.decision()
+
+
+def _own_points(draft: _SweepDraft, sweep: ScalingSweep, points: list[Point],
+                children: dict[str, Optional[dict[str, Any]]]) -> set[str]:
+    """Adopts the points' ScalingRuns that may be adopted; returns the names held by runs that are not the sweep's
+    (they are left untouched, said in a ChildConflict condition, and not counted as points)."""
+    uid, conflicts = draft.body["metadata"].get("uid"), {}
+    for point in points:
+        found = children[point.name]
+        if found is None:
+            continue
+        labels = ownership.identity_labels(build_point_run(sweep, point, draft.namespace))
+        verdict, why = ownership.ownership(found, uid, labels)
+        if verdict == ownership.ADOPTABLE:
+            draft.actions.append(Patch(found, ownership.adoption_patch(found, draft.body), adopt=True, labels=labels))
+        elif verdict == ownership.FOREIGN:
+            conflicts[point.name] = ownership.conflict_message(KIND, draft.namespace, point.name, why)
+            children[point.name] = None
+    existing = get_condition(draft.desired["conditions"], CHILD_CONFLICT) or {}
+    if conflicts:
+        message = next(iter(conflicts.values()))
+        if existing.get("status") != "True" or existing.get("message") != message:
+            draft.events.append(Event("Warning", CHILD_CONFLICT, message))
+        draft.condition(CHILD_CONFLICT, "True", "NameTaken", message)
+        draft.recheck_in = draft.settings.conflict_recheck_seconds
+    elif existing.get("status") == "True":
+        draft.condition(CHILD_CONFLICT, "False", "NameFree", "the sweep's points are its own")
+    return set(conflicts)
+
+
+def _row(draft: _SweepDraft, point: Point, child: Optional[dict[str, Any]]) -> dict[str, Any]:
+    status = (child or {}).get("status") or {}
+    phase = status.get("phase") if child else None
+    previous = next((r for r in draft.current.get("points") or [] if r.get("run") == point.name), None)
+    if previous and previous.get("phase") == Phase.succeeded.value and previous.get("wallSeconds"):
+        return {k: v for k, v in previous.items() if k not in ("speedup", "efficiency")}  # final: no re-read
+    progress = None
+    if phase == Phase.succeeded.value:
+        progress = _progress(draft, child)
+    return point_row(point, phase, status.get("training"), progress)
+
+
+def _progress(draft: _SweepDraft, child: dict[str, Any]) -> Optional[dict[str, Any]]:
+    try:
+        run = parse_scalingrun(child)
+    except InvalidScalingRun:
+        return None
+    found: Read = draft.snapshot.need(Document(progress_uri(run), store_of(run), PROGRESS))
+    return found.document

@@ -1,10 +1,9 @@
-"""What the run's pods say, pure: root causes that hold a run up, and restarts of the training.
+"""What the run's pods say, pure: the root cause that holds a run up, as a PodsHealthy condition.
 
 Pods are made by others (the Job controller for preprocessing, the MPI operator for the launcher and
 workers) but carry our labels from the pod templates. The kubelet and the scheduler write why a pod
 does not run only on the pod (container waiting reasons, PodScheduled); this module turns that into
-one problem a user can act on, and counts the training's interruptions against a record kept in
-status, so that counting survives operator restarts.
+one problem a user can act on. The interruptions of the training are counted in interruptions.py.
 """
 
 from __future__ import annotations
@@ -12,9 +11,12 @@ from __future__ import annotations
 import datetime as dt
 import re
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from ..status import parse_time
+from .status import PODS_HEALTHY, get_condition, parse_time
+
+if TYPE_CHECKING:
+    from .draft import Draft
 
 PREPROCESS, LAUNCHER, WORKER = "preprocess", "launcher", "worker"
 TRAINING_ROLES = (LAUNCHER, WORKER)
@@ -54,21 +56,21 @@ _MEMORY_FIELDS = {
 _RECREATE = "the spec is pinned when the run starts, so a changed spec needs a new ScalingRun"
 
 
-def _meta(pod: dict[str, Any]) -> dict[str, Any]:
+def metadata_of(pod: dict[str, Any]) -> dict[str, Any]:
     return pod.get("metadata") or {}
 
 
-def _status(pod: dict[str, Any]) -> dict[str, Any]:
+def status_of(pod: dict[str, Any]) -> dict[str, Any]:
     return pod.get("status") or {}
 
 
 def pod_name(pod: dict[str, Any]) -> str:
-    return _meta(pod).get("name", "")
+    return metadata_of(pod).get("name", "")
 
 
 def pod_role(pod: dict[str, Any], mpijob_name: Optional[str] = None) -> str:
     """preprocess, launcher, worker, or '' for a pod that is none of them."""
-    labels = _meta(pod).get("labels") or {}
+    labels = metadata_of(pod).get("labels") or {}
     for key in _ROLE_LABELS:
         if labels.get(key) in TRAINING_ROLES:
             return labels[key]
@@ -86,11 +88,11 @@ def pod_role(pod: dict[str, Any], mpijob_name: Optional[str] = None) -> str:
 
 
 def _terminal(pod: dict[str, Any]) -> bool:
-    return _status(pod).get("phase") in ("Succeeded", "Failed")
+    return status_of(pod).get("phase") in ("Succeeded", "Failed")
 
 
-def _container_statuses(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    status = _status(pod)
+def container_statuses(pod: dict[str, Any]) -> list[dict[str, Any]]:
+    status = status_of(pod)
     return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
 
 
@@ -110,7 +112,7 @@ def _memory_limit(pod: dict[str, Any], container: str) -> str:
     return ""
 
 
-def _exit(terminated: dict[str, Any]) -> str:
+def exit_text(terminated: dict[str, Any]) -> str:
     """'exit code 137 (OOMKilled)' from a container's terminated state."""
     text = f"exit code {terminated.get('exitCode', '?')}"
     if terminated.get("reason"):
@@ -132,14 +134,14 @@ class PodProblem:
 
 
 def _problem(namespace: str, pod: dict[str, Any], role: str) -> Optional[PodProblem]:
-    name, status = pod_name(pod), _status(pod)
+    name, status = pod_name(pod), status_of(pod)
     where = f"pod {name}"
     if status.get("phase") == "Failed" and status.get("reason") == "Evicted":
         return PodProblem(EVICTED, name, "", role,
                           f"{where} was evicted: {status.get('message') or 'no message'}; the node ran short of a "
                           f"resource: give the pod more room ({_MEMORY_FIELDS.get(role, 'its resources')}) "
                           "or free the node")
-    for container in _container_statuses(pod):
+    for container in container_statuses(pod):
         cname = container.get("name", "")
         at = f"{where} container {cname}"
         state = container.get("state") or {}
@@ -165,12 +167,12 @@ def _problem(namespace: str, pod: dict[str, Any], role: str) -> Optional[PodProb
             what = (f"using more memory than its limit of {limit}" if limit
                     else "running out of memory (it has no memory limit: the node ran short)")
             return PodProblem(OOM_KILLED, name, cname, role,
-                              f"{at} was killed for {what} ({_exit(terminated or last)}); raise "
+                              f"{at} was killed for {what} ({exit_text(terminated or last)}); raise "
                               f"{_MEMORY_FIELDS.get(role, 'its memory')} ({_RECREATE})")
         if waiting.get("reason") == "CrashLoopBackOff":
             return PodProblem(CRASH_LOOP, name, cname, role,
                               f"{at} keeps crashing (restarted {container.get('restartCount', 0)} times, last "
-                              f"{_exit(last) if last else 'exit unknown'}); see its log: kubectl logs -n "
+                              f"{exit_text(last) if last else 'exit unknown'}); see its log: kubectl logs -n "
                               f"{namespace} {name} -c {cname} --previous")
     for condition in status.get("conditions") or []:
         if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
@@ -187,9 +189,9 @@ def _problem(namespace: str, pod: dict[str, Any], role: str) -> Optional[PodProb
 
 def _pending_age(pod: dict[str, Any], now: dt.datetime) -> Optional[float]:
     """Seconds since a Pending pod was created; None for a pod that is not Pending (or going away)."""
-    if _meta(pod).get("deletionTimestamp") or (_status(pod).get("phase") or "Pending") != "Pending":
+    if metadata_of(pod).get("deletionTimestamp") or (status_of(pod).get("phase") or "Pending") != "Pending":
         return None
-    created = parse_time(_meta(pod).get("creationTimestamp"))
+    created = parse_time(metadata_of(pod).get("creationTimestamp"))
     return None if created is None else max(0.0, (now - created).total_seconds())
 
 
@@ -216,8 +218,8 @@ def next_pending_check(pods: list[dict[str, Any]], now: dt.datetime,
 def _pending_problem(namespace: str, pod: dict[str, Any], role: str, threshold_s: float) -> PodProblem:
     """What a Pending pod waits for, as far as the pod says. The message does not change while the pod
     waits (no running age), so status is not rewritten on every look."""
-    name, status, spec = pod_name(pod), _status(pod), pod.get("spec") or {}
-    since = _meta(pod).get("creationTimestamp") or "its creation"
+    name, status, spec = pod_name(pod), status_of(pod), pod.get("spec") or {}
+    since = metadata_of(pod).get("creationTimestamp") or "its creation"
     scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), None)
     container = ""
     if not spec.get("nodeName") and not (scheduled and scheduled.get("status") == "True"):
@@ -227,7 +229,7 @@ def _pending_problem(namespace: str, pod: dict[str, Any], role: str, threshold_s
         todo = (f"check that its scheduler runs and that a node matches {_RESOURCE_FIELDS.get(role, 'its requests')}"
                 f" ({_RECREATE})")
     else:
-        waiting = [(c.get("name", ""), (c.get("state") or {}).get("waiting") or {}) for c in _container_statuses(pod)]
+        waiting = [(c.get("name", ""), (c.get("state") or {}).get("waiting") or {}) for c in container_statuses(pod)]
         waiting = [(n, w) for n, w in waiting if w]
         on = f"on node {spec['nodeName']}" if spec.get("nodeName") else "scheduled"
         if waiting:
@@ -253,7 +255,7 @@ def _slot(pod: dict[str, Any], role: str) -> str:
 def pods_of(pods: list[dict[str, Any]], roles: tuple[str, ...],
             mpijob_name: Optional[str] = None) -> list[tuple[dict[str, Any], str]]:
     """(pod, role) for the pods of `roles` that are not going away."""
-    mine = [(p, pod_role(p, mpijob_name)) for p in pods if not _meta(p).get("deletionTimestamp")]
+    mine = [(p, pod_role(p, mpijob_name)) for p in pods if not metadata_of(p).get("deletionTimestamp")]
     return [(p, role) for p, role in mine if role in roles]
 
 
@@ -269,11 +271,11 @@ def diagnose(namespace: str, pods: list[dict[str, Any]], roles: tuple[str, ...],
     stuck = {pod_name(p) for p in pending_too_long([p for p, _ in mine], now, pending_after_s)} if now else set()
     newest: dict[str, str] = {}
     for pod, role in mine:
-        stamp = _meta(pod).get("creationTimestamp") or ""
+        stamp = metadata_of(pod).get("creationTimestamp") or ""
         newest[_slot(pod, role)] = max(newest.get(_slot(pod, role), ""), stamp)
     problems = []
     for pod, role in mine:
-        if _terminal(pod) and (_meta(pod).get("creationTimestamp") or "") < newest[_slot(pod, role)]:
+        if _terminal(pod) and (metadata_of(pod).get("creationTimestamp") or "") < newest[_slot(pod, role)]:
             continue
         problem = _problem(namespace, pod, role)
         if problem is None and pod_name(pod) in stuck:
@@ -291,206 +293,62 @@ def problem_message(problem: PodProblem, count: int) -> str:
     return problem.message + (f" ({more} more pod{'s' if more > 1 else ''} with problems)" if more > 0 else "")
 
 
-# --- the failed launcher's log ---------------------------------------------------------------------
-
-LOG_LINES = 20  # lines of the failed launcher's log that status carries
-_LOG_LINE_CHARS = 400
-_LOG_CHARS = 4000  # status.training.launcherLogTail at most; the Failed message keeps what fits
-# Colour codes and control characters (a tab and newlines apart) say nothing in a status field.
-_NOISE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f]")
-
-
-@dataclass(frozen=True)
-class LauncherLog:
-    """The end of a launcher's log, or why there is none."""
-
-    pod: str
-    container: str
-    tail: str  # bounded, see log_tail
-    error: str = ""  # why the log could not be read
-
-
-def _failed(pod: dict[str, Any]) -> bool:
-    if _status(pod).get("phase") == "Failed":
-        return True
-    for container in _container_statuses(pod):
-        for terminated in ((container.get("state") or {}).get("terminated"),
-                           (container.get("lastState") or {}).get("terminated")):
-            if terminated and terminated.get("exitCode", 0) != 0:
-                return True
-    return False
-
-
-def failed_launcher(pods: list[dict[str, Any]], mpijob_name: str) -> Optional[tuple[str, str, str]]:
-    """(pod, container, node) whose log tells why the training failed: the newest launcher pod, a failed one
-    before one that did not fail (the launcher's Job may have started another after it). The node is ''
-    for a pod that never ran: it has no log (the API server answers an empty one)."""
-    launchers = [p for p in pods if pod_role(p, mpijob_name) == LAUNCHER]
-    if not launchers:
-        return None
-    pod = max(launchers, key=lambda p: (_failed(p), _meta(p).get("creationTimestamp") or "", pod_name(p)))
-    names = [c.get("name", "") for c in (pod.get("spec") or {}).get("containers") or []]
-    return (pod_name(pod), LAUNCHER if LAUNCHER in names or not names else names[0],
-            str((pod.get("spec") or {}).get("nodeName") or ""))
-
-
-def log_tail(text: str, lines: int = LOG_LINES, max_chars: int = _LOG_CHARS) -> str:
-    """The last `lines` lines of a log as a terminal shows them (a carriage return redraws the line, as
-    Keras' progress bars do), without colour codes; each line and the whole bounded, the end kept."""
-    rows = []
-    for line in text.replace("\r\n", "\n").split("\n"):
-        line = _NOISE.sub("", line.rstrip("\r").split("\r")[-1]).rstrip()
-        rows.append(line if len(line) <= _LOG_LINE_CHARS else line[:_LOG_LINE_CHARS - 3] + "...")
-    while rows and not rows[-1]:
-        rows.pop()
-    tail = "\n".join(rows[-lines:]) if lines > 0 else ""
-    if len(tail) > max_chars:
-        tail = tail[-max_chars:]
-        tail = tail[tail.find("\n") + 1:] if "\n" in tail else tail
-    return tail
-
-
-# --- restarts of the training ----------------------------------------------------------------------
-
-
-def last_words(pod: dict[str, Any]) -> str:
-    """How a pod was doing when last seen, for the Event that reports it lost: 'it was Running'."""
-    status = _status(pod)
-    if status.get("reason") == "Evicted":
-        return f"it was evicted: {status.get('message') or 'no message'}"
-    for container in _container_statuses(pod):
-        terminated = (container.get("state") or {}).get("terminated")
-        if terminated and terminated.get("exitCode", 0) != 0:
-            return f"container {container.get('name')} had ended with {_exit(terminated)}"
-    return f"it was {status.get('phase') or 'Pending'}"
-
-
-def _restart_count(pod: dict[str, Any]) -> int:
-    return sum(int(c.get("restartCount") or 0) for c in _container_statuses(pod))
-
-
-def _last_exit(pod: dict[str, Any]) -> str:
-    for container in _container_statuses(pod):
-        last = (container.get("lastState") or {}).get("terminated")
-        if last:
-            return f"container {container.get('name')} {_exit(last)}"
-    return "no exit status recorded"
-
-
-@dataclass(frozen=True)
-class Interruption:
-    """A worker pod lost or a launcher restart: counted in status, reported in a Warning Event."""
-
-    role: str
-    pod: str
-    reason: str  # the Event's reason
-    message: str
-
-
-WORKER_LOST = "WorkerPodLost"
-LAUNCHER_RESTARTED = "LauncherRestarted"
-_RESUMES = "the launcher resumes from the last checkpoint"
-
-
-def _lost(record: dict[str, Any], how: str) -> Interruption:
-    role, name, uid = record["role"], record["name"], record["uid"]
-    if role == WORKER:
-        return Interruption(WORKER, name, WORKER_LOST,
-                            f"worker pod {name} (uid {uid}) {how}; the MPI operator recreates it and {_RESUMES}")
-    return Interruption(LAUNCHER, name, LAUNCHER_RESTARTED,
-                        f"launcher pod {name} (uid {uid}) {how}; its Job starts a new launcher pod, which "
-                        "resumes from the last checkpoint")
-
-
-def _gone_how(record: dict[str, Any], replacement: Optional[dict[str, Any]], hint: Optional[str]) -> str:
-    if replacement is not None:
-        return f"was replaced (new uid {_meta(replacement).get('uid')})"
-    return "was deleted" + (f"; {hint}" if hint else "")
-
-
-def _failed_how(pod: dict[str, Any]) -> Optional[str]:
-    """Why a pod that still exists is lost to the training, or None while it is not."""
-    status = _status(pod)
-    if _meta(pod).get("deletionTimestamp"):
-        return f"is being deleted; {last_words(pod)}"
-    if status.get("phase") == "Failed":
-        if status.get("reason") == "Evicted":
-            return f"was evicted: {status.get('message') or 'no message'}"
-        return f"failed; {last_words(pod)}"
-    return None
-
-
-def track_interruptions(records: list[dict[str, Any]], pods: list[dict[str, Any]], mpijob_name: str,
-                        hints: Optional[dict[str, str]] = None) -> tuple[list[dict[str, Any]], list[Interruption]]:
-    """New records of the training's pods and the interruptions since `records` were written.
-
-    A record is {"name", "uid", "role", "restarts" (container restarts counted), "lost" (counted as lost)}.
-    Level-triggered: whatever happened between two looks (a worker deleted and recreated under the same
-    name, a launcher container restarted twice) is counted once, from the difference. `hints` are the
-    last states of deleted pods by uid, when a watch event delivered them.
-    """
-    hints = hints or {}
-    current = {pod_name(p): p for p in pods if pod_role(p, mpijob_name) in TRAINING_ROLES}
-    launcher_done = any(pod_role(p, mpijob_name) == LAUNCHER and _status(p).get("phase") == "Succeeded"
-                        for p in current.values())
-    interruptions: list[Interruption] = []
-    kept: dict[str, dict[str, Any]] = {}
-    for record in records:
-        pod = current.get(record.get("name", ""))
-        if pod is not None and _meta(pod).get("uid") == record.get("uid"):
-            kept[record["name"]] = record
-            continue
-        # The pod of this record is gone (or another took its name): lost, unless already counted or the
-        # training finished (the MPI operator then deletes the workers on purpose).
-        if not record.get("lost") and not launcher_done:
-            interruptions.append(_lost(record, _gone_how(record, pod, hints.get(record.get("uid", "")))))
-    out: list[dict[str, Any]] = []
-    for name in sorted(current):
-        pod = current[name]
-        role = pod_role(pod, mpijob_name)
-        record = kept.get(name) or {"name": name, "uid": _meta(pod).get("uid", ""), "role": role,
-                                    "restarts": 0, "lost": False}
-        record = dict(record)
-        restarts = _restart_count(pod)
-        if restarts > record["restarts"]:
-            times = restarts - record["restarts"]
-            what = f"restarted{f' {times} times' if times > 1 else ''}: {_last_exit(pod)}"
-            if role == LAUNCHER:
-                interruptions.append(Interruption(LAUNCHER, name, LAUNCHER_RESTARTED,
-                                                  f"launcher pod {name} {what}; {_RESUMES}"))
-            else:
-                interruptions.append(Interruption(WORKER, name, WORKER_LOST,
-                                                  f"worker pod {name} {what}; {_RESUMES}"))
-            record["restarts"] = restarts
-        how = _failed_how(pod)
-        if how and not record["lost"] and not launcher_done:
-            interruptions.append(_lost(record, how))
-            record["lost"] = True
-        out.append(record)
-    return out, interruptions
-
-
-def baseline(pods: list[dict[str, Any]], mpijob_name: str) -> list[dict[str, Any]]:
-    """Records of the pods as they are, counting nothing: while the training is suspended its pods go away
-    on purpose, and what they did before is not an interruption either."""
-    by_name = {pod_name(p): p for p in pods}
-    records, _ = track_interruptions([], pods, mpijob_name)
-    for record in records:
-        pod = by_name[record["name"]]
-        record["restarts"] = _restart_count(pod)
-        record["lost"] = _failed_how(pod) is not None
-    return records
-
-
 def signature(pod: dict[str, Any]) -> tuple:
     """What of a pod matters to the run: a watch event that leaves it unchanged needs no reconcile."""
-    status = _status(pod)
+    status = status_of(pod)
     containers = tuple(
         (c.get("name"), c.get("restartCount"), tuple(sorted((c.get("state") or {}).keys())),
          ((c.get("state") or {}).get("waiting") or {}).get("reason"),
          ((c.get("state") or {}).get("terminated") or {}).get("reason"))
-        for c in _container_statuses(pod))
+        for c in container_statuses(pod))
     scheduled = tuple((c.get("status"), c.get("reason")) for c in status.get("conditions") or []
                       if c.get("type") == "PodScheduled")
-    return (_meta(pod).get("uid"), status.get("phase"), status.get("reason"), bool(_meta(pod).get("deletionTimestamp")),
+    return (metadata_of(pod).get("uid"), status.get("phase"), status.get("reason"), bool(metadata_of(pod).get("deletionTimestamp")),
             scheduled, containers)
+
+
+# --- the PodsHealthy condition ---------------------------------------------------------------------
+
+
+def check_pods(draft: "Draft", roles: tuple[str, ...], mpijob: Optional[str] = None) -> Optional[tuple[str, str]]:
+    """PodsHealthy from the pods of `roles`; returns the problem's (reason, message), if any.
+
+    A Warning Event goes out once per new cause (reason and pod), not on every kubelet retry.
+    """
+    update, pods = draft.update, draft.pods()
+    problem, count = diagnose(draft.namespace, pods, roles, mpijob, now=update.moment)
+    delay = next_pending_check([p for p, _ in pods_of(pods, roles, mpijob)], update.moment)
+    if delay is not None:  # a pod may stay Pending without a single watch event: look again then
+        draft.recheck(delay)
+    existing = get_condition(update.desired["conditions"], PODS_HEALTHY)
+    if problem is None:
+        if existing and existing.get("status") == "False":
+            update.condition(PODS_HEALTHY, "True", "PodsRunning", "no pod of the run reports a problem")
+        return None
+    message = problem_message(problem, count)
+    same_cause = (existing is not None and existing.get("status") == "False"
+                  and existing.get("reason") == problem.reason
+                  and str(existing.get("message") or "").startswith(f"pod {problem.pod} "))
+    if not same_cause:
+        update.warn(problem.reason, message)
+    update.condition(PODS_HEALTHY, "False", problem.reason, message)
+    draft.holdup = f"{problem.reason}: {message}"
+    return problem.reason, message
+
+
+def pod_cause(draft: "Draft", roles: tuple[str, ...], mpijob: Optional[str] = None) -> str:
+    """What the pods of `roles` say went wrong (an OOMKilled worker, say), for a failure's message; the
+    PodsHealthy condition says it too. '' when no pod says anything."""
+    problem, count = diagnose(draft.namespace, draft.pods(), roles, mpijob)
+    if problem is None:
+        return ""
+    message = problem_message(problem, count)
+    draft.update.condition(PODS_HEALTHY, "False", problem.reason, message)
+    return message
+
+
+def pods_done(draft: "Draft") -> None:
+    """A run that succeeded has no pod problem left to report."""
+    existing = get_condition(draft.update.desired["conditions"], PODS_HEALTHY)
+    if existing and existing.get("status") == "False":
+        draft.update.condition(PODS_HEALTHY, "True", "Finished", "the run's pods have finished")

@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from .storage import StorageError, StorageTarget, changed_since
+from ..storage import StorageError, StorageTarget, changed_since
 
 log = logging.getLogger(__name__)
 
@@ -209,14 +209,3 @@ class ProgressWatcher:
         finally:
             with self._guard:
                 self._busy.discard(key)
-
-
-# The operator's one watcher, set by the start-up handler; None in tools and tests that do not start one. A replica
-# that stops acting (peering, leader election) must pause() it: its reconciles bypass kopf's handlers.
-WATCHER: Optional[ProgressWatcher] = None
-
-
-def schedule_recheck(namespace: str, name: str, delay_s: float) -> None:
-    """Have the run reconciled once after `delay_s` seconds (e.g. a pod still Pending); a no-op without a watcher."""
-    if WATCHER is not None:
-        WATCHER.schedule_recheck(namespace, name, delay_s)

@@ -1,4 +1,5 @@
-"""Preprocessing decisions, pure: is the dataset already there, what did the Job do, what to tell the user.
+"""The preprocessing phase, pure: is the dataset already there, which Job to make, what the Job did, what
+to tell the user.
 
 The contract with the trainer's preprocessing: it writes `<dataset.output>/_manifest.json` with the
 source URI and the parameters that determine the content (`Params.dataset_parameters()` in
@@ -11,10 +12,15 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from scalingrun_api.models import ScalingRun
+from scalingrun_api.models import Phase, ScalingRun
+from ..builders import build_config_map, build_preprocess_job
+from ..builders.common import preprocess_job_name
 from ..builders.config import dataset_readers
-from ..status import parse_time
-from ..storage import join
+from ..builders.locations import manifest_uri, shards_uri
+from . import interruptions, pods
+from .draft import Draft, store_of
+from .snapshot import CLUSTER, Listing, Names, Where
+from .status import DATASET_REUSED, PREPROCESSED, PREPROCESSING_FAILED, Event, parse_time
 
 FORMAT_VERSION = 1  # scalingrun_trainer.preprocess.FORMAT_VERSION
 
@@ -31,14 +37,6 @@ def dataset_parameters(run: ScalingRun) -> dict[str, Any]:
         # Each split has >= 2 row groups per Horovod process (petastorm shards by row group).
         "minRowGroupsPerSplit": 2 * dataset_readers(run),
     }
-
-
-def manifest_uri(run: ScalingRun) -> str:
-    return join(run.spec.dataset.output, "_manifest.json")
-
-
-def shards_uri(run: ScalingRun) -> str:
-    return join(run.spec.dataset.output, "_shards")
 
 
 def dataset_present(run: ScalingRun, manifest: Optional[dict[str, Any]]) -> bool:
@@ -166,7 +164,7 @@ def shard_progress(shard_names: Optional[list[str]], shards: int) -> Optional[in
 
 
 def preprocessing_failure_message(run: ScalingRun, namespace: str, job_name: str, state: JobState,
-                                  shards_done: Optional[int], manifest_note: str = "") -> str:
+                                  shards_done: Optional[int], manifest_note: str = "", where: Where = CLUSTER) -> str:
     """What failed, in numbers, and where to look next."""
     shards = run.spec.dataset.preprocessing.parallelism
     cause = ": ".join(p for p in (state.reason, state.message) if p) or "no reason given"
@@ -181,7 +179,103 @@ def preprocessing_failure_message(run: ScalingRun, namespace: str, job_name: str
     if manifest_note:
         parts.append(manifest_note)
     parts.append(
-        f"see the failed pods' logs (kubectl logs -n {namespace} -l job-name={job_name} --tail=50); "
+        f"{where.job_logs(namespace, job_name)}; "
         "undecodable files count against spec.dataset.preprocessing.maxBadFraction, and finished shards "
         "are reused when the run is recreated")
     return "; ".join(parts)
+
+
+# --- the phase ---------------------------------------------------------------------------------------
+
+
+def decide_preprocessing(draft: Draft, run: ScalingRun) -> None:
+    """Preprocessed from the dataset in storage and the preprocessing Job: reuse, create, wait, judge."""
+    update, job_name = draft.update, preprocess_job_name(run)
+    job = draft.child("Job", job_name)
+    recorded = update.desired.get("preprocessing") or {}
+    if job is None and recorded.get("jobName") == job_name and not recorded.get("reused"):
+        # Status names the Job only once it existed: it was deleted. Counted and written first (the name
+        # cleared), then the next look creates it: a crash in between neither loses nor repeats the count.
+        update.desired["preprocessing"] = {**recorded, "jobName": None}
+        interruptions.child_deleted(draft, run, "Job", job_name, "a new Job reuses the shards already written")
+        return
+    if job is not None and not draft.own(job, draft.built("Job", lambda: build_preprocess_job(run, draft.namespace))):
+        return
+    if job is None:
+        readable, manifest = draft.read(manifest_uri(run), store_of(run))
+        if not readable:
+            return
+        if dataset_present(run, manifest):
+            update.desired["preprocessing"] = preprocessing_status(manifest, None, reused=True)
+            update.condition(PREPROCESSED, "True", DATASET_REUSED, preprocessed_message(run, manifest, reused=True))
+            return
+        draft.ensure(draft.built("ConfigMap", lambda: build_config_map(run, draft.namespace)))
+        if draft.blocked:
+            return
+        note = mismatch(run, manifest)
+        # Posted with the Job's creation, not with the status: if the status patch conflicts, the next look finds
+        # the Job there already and would never say why it was made.
+        indexed = _indexed(draft, run)
+        job = draft.built(("Job", indexed), lambda: build_preprocess_job(run, draft.namespace, indexed=indexed))
+        draft.ensure(job, Event("Normal", "PreprocessingAgain", f"{manifest_uri(run)}: {note}") if note else None)
+    state = job_state(job)
+    shards = run.spec.dataset.preprocessing.parallelism
+    update.desired["preprocessing"] = {**(update.desired.get("preprocessing") or {}), "jobName": job_name,
+                                       "reused": False, "shards": shards}
+    if state.state == "Running" and lacks_completion_index(job, shards):
+        message = no_completion_index_message(job_name, shards, draft.server().git_version)
+        update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
+        update.fail(PREPROCESSING_FAILED, message)
+    elif state.state == "Running":
+        progress, started = job_progress_message(job_name, state, shards), f"Job {job_name}"
+        if runs_shards_in_turn(job, shards):
+            # Said in the condition and in the phase's Event: the run is slower than its spec suggests.
+            note = in_turn_note(shards, draft.server().git_version)
+            progress, started = f"{progress}; {note}", f"{started}; {note}"
+        holdup = pods.check_pods(draft, (pods.PREPROCESS,))
+        update.condition(PREPROCESSED, "Unknown", holdup[0] if holdup else "Running",
+                         f"{progress}; {holdup[1]}" if holdup else progress)
+        update.set_phase(Phase.preprocessing.value, started)
+    elif state.state == "Failed":
+        _failed(draft, run, job_name, state)
+    else:
+        _complete(draft, run, job_name, state)
+
+
+def _indexed(draft: Draft, run: ScalingRun) -> bool:
+    return run.spec.dataset.preprocessing.parallelism == 1 or draft.server().supports_indexed_jobs()
+
+
+def _complete(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> None:
+    update = draft.update
+    readable, manifest = draft.read(manifest_uri(run), store_of(run))
+    if not readable:
+        return
+    if dataset_present(run, manifest):
+        update.desired["preprocessing"] = preprocessing_status(manifest, job_name, reused=False)
+        update.condition(PREPROCESSED, "True", "Preprocessed",
+                         f"Job {job_name}: " + preprocessed_message(run, manifest, reused=False))
+        return
+    if draft.within_grace(state.finished_at):
+        draft.recheck(draft.grace_left(state.finished_at))
+        update.condition(PREPROCESSED, "Unknown", "WaitingForManifest",
+                         f"Job {job_name} completed; waiting for {manifest_uri(run)}")
+        update.set_phase(Phase.preprocessing.value)
+        return
+    found = mismatch(run, manifest) or "there is none"
+    message = (f"Job {job_name} completed but {manifest_uri(run)} does not describe this run's dataset "
+               f"({found}); check that nothing else writes to spec.dataset.output")
+    update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
+    update.fail(PREPROCESSING_FAILED, message)
+
+
+def _failed(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> None:
+    listing: Names = draft.need(Listing(shards_uri(run), store_of(run)))
+    done = shard_progress(list(listing.names) if listing.names is not None else None,
+                          run.spec.dataset.preprocessing.parallelism)
+    message = preprocessing_failure_message(run, draft.namespace, job_name, state, done, where=draft.settings.where)
+    cause = pods.pod_cause(draft, (pods.PREPROCESS,))
+    if cause:
+        message = f"{message}; {cause}"
+    draft.update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
+    draft.update.fail(PREPROCESSING_FAILED, message)

@@ -1,8 +1,5 @@
-"""Kubernetes API calls of the operator, tolerant of the races an operator lives with.
-
-Children are created if absent; a 409 means the object is already there (created by an earlier
-incarnation of this operator, or by a peer): it is read and adopted, never duplicated. Objects are
-plain dicts as the builders return them (raw JSON in and out, no client models in between).
+"""Kubernetes API calls of the operator: raw JSON in and out (objects are plain dicts, as the builders
+return them), no client models in between. Which calls to make is decided elsewhere (decide/, act.py).
 """
 
 from __future__ import annotations
@@ -16,25 +13,17 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-import kopf
 import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from scalingrun_api import models
-from .builders.common import RUN_LABEL
-from .storage import Credentials, StorageError
+from ..builders.common import RUN_LABEL
+from ..storage import Credentials, StorageError
 
 log = logging.getLogger(__name__)
 
 MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
-# Indexed Jobs: alpha (off by default) in 1.21, on by default from 1.22. Older servers drop
-# completionMode without a word, and every pod then sees no completion index.
-INDEXED_JOBS_SINCE = (1, 22)
-
-
-class ForeignObject(kopf.TemporaryError):
-    """A child's name is taken by an object another ScalingRun (e.g. a deleted one) owns."""
 
 
 def _raw(response: Any) -> dict[str, Any]:
@@ -73,10 +62,6 @@ class Kube:
                 info = _raw(client.VersionApi(self.api_client).get_code(_preload_content=False))
                 self._version = parse_version(info)
             return self._version
-
-    def supports_indexed_jobs(self) -> bool:
-        major, minor, _ = self.server_version()
-        return (major, minor) >= INDEXED_JOBS_SINCE
 
     # --- pods ----------------------------------------------------------------------------------
 
@@ -178,7 +163,8 @@ class Kube:
             return self.get_run(namespace, name)
         raise ValueError(f"unknown child kind {kind}")
 
-    def _create(self, obj: dict[str, Any]) -> dict[str, Any]:
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Creates a child; a 409 (it exists after all) is raised: the reconcile then looks again."""
         namespace = obj["metadata"]["namespace"]
         kind = obj["kind"]
         if kind == "ConfigMap":
@@ -193,7 +179,8 @@ class Kube:
                 models.GROUP, models.VERSION, namespace, models.PLURAL, obj, _preload_content=False))
         raise ValueError(f"unknown child kind {kind}")
 
-    def _patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+    def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
+        """A merge patch of a child. Only act.py calls this, after its check that the run controls the object."""
         if kind == "ConfigMap":
             return _raw(self.core.patch_namespaced_config_map(name, namespace, patch, _preload_content=False))
         if kind == "Job":
@@ -205,46 +192,6 @@ class Kube:
             return _raw(self.custom.patch_namespaced_custom_object(
                 models.GROUP, models.VERSION, namespace, models.PLURAL, name, patch, _preload_content=False))
         raise ValueError(f"unknown child kind {kind}")
-
-    def patch_mpijob(self, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return self._patch("MPIJob", namespace, name, patch)
-
-    def ensure_child(self, obj: dict[str, Any], owner: dict[str, Any],
-                     observe: Optional[Callable[[str, float], None]] = None) -> tuple[dict[str, Any], bool]:
-        """Creates `obj` owned by `owner` unless it exists; returns (object, created).
-
-        An existing object without a controller is adopted; one controlled by another owner (a
-        ScalingRun of the same name that was deleted and whose children GC has not removed yet) is
-        waited for, never taken over.
-        """
-        kopf.adopt(obj, owner=owner)
-        kind, meta = obj["kind"], obj["metadata"]
-        started = time.monotonic()
-        try:
-            created = self._create(obj)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-        else:
-            if observe:
-                observe(kind, time.monotonic() - started)
-            return created, True
-        existing = self.get_child(kind, meta["namespace"], meta["name"])
-        if existing is None:  # deleted between our create and read: try again on the next pass
-            raise kopf.TemporaryError(f"{kind} {meta['name']} vanished while being adopted", delay=2)
-        owner_uid = owner["metadata"]["uid"]
-        controllers = [r for r in existing["metadata"].get("ownerReferences") or [] if r.get("controller")]
-        if any(r.get("uid") == owner_uid for r in controllers):
-            return existing, False
-        if controllers:
-            raise ForeignObject(
-                f"{kind} {meta['name']} belongs to {controllers[0].get('kind')} {controllers[0].get('name')} "
-                f"(uid {controllers[0].get('uid')}); waiting for it to be deleted", delay=10)
-        refs = (existing["metadata"].get("ownerReferences") or []) + obj["metadata"]["ownerReferences"]
-        adopted = self._patch(kind, meta["namespace"], meta["name"], {
-            "metadata": {"ownerReferences": refs, "resourceVersion": existing["metadata"]["resourceVersion"]}})
-        log.info("adopted existing %s %s/%s", kind, meta["namespace"], meta["name"])
-        return adopted, False
 
     # --- credentials ---------------------------------------------------------------------------
 

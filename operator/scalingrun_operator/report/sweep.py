@@ -117,3 +117,22 @@ def render_sweep_report(rows: list[dict[str, Any]], sweep_name: str, out_dir: Pa
     md = out_dir / f"{sweep_name}-sweep.md"
     md.write_text("\n".join(lines))
     return png, md
+
+
+def print_sweep(sweep_name: str, rows: list[dict[str, Any]], recommendation: Optional[dict[str, Any]],
+                notes: list[str], threshold: float, out_dir: Path) -> None:
+    """The table, the recommendation, the notes and the report's paths, on stdout."""
+    print(f"\n== ScalingSweep {sweep_name} ==")
+    print("\n".join(table_lines(rows)))
+    if recommendation:
+        print(f"recommended: {recommendation['message']}")
+    else:
+        print("recommended: none (no finished point qualifies)")
+    for note in notes:
+        print(note)
+    try:
+        png, md = render_sweep_report(rows, sweep_name, out_dir, recommendation, threshold, note="\n".join(notes))
+    except ValueError as exc:
+        print(f"no report: {exc}")
+        return
+    print(f"report: {png} and {md}")

@@ -1,0 +1,24 @@
+"""Where a run's documents live in storage: the dataset manifest and shard manifests the preprocessing
+writes, and the progress document the trainer writes in the run location."""
+
+from __future__ import annotations
+
+from scalingrun_api.models import ScalingRun
+from scalingrun_api.progress import PROGRESS_FILE
+from .config import run_location
+
+
+def join(uri: str, *parts: str) -> str:
+    return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def manifest_uri(run: ScalingRun) -> str:
+    return join(run.spec.dataset.output, "_manifest.json")
+
+
+def shards_uri(run: ScalingRun) -> str:
+    return join(run.spec.dataset.output, "_shards")
+
+
+def progress_uri(run: ScalingRun) -> str:
+    return join(run_location(run), PROGRESS_FILE)

@@ -1,0 +1,98 @@
+"""act: applies a Decision to the cluster, and nothing else: the pinned spec, children created or patched,
+the status, Events.
+
+Order matters for what a crash in between leaves behind: the pin first (the status is written with the
+resourceVersion it returns), children next (an Event that explains a child goes out with it), the status
+after them (a conflict there re-runs the whole look, which finds the children made), and the status's
+Events last: at most once, since posting them first would repeat them on a retry.
+
+Every patch of a child goes through `patch_child`, which refuses an object the owner does not control
+(or, for an adoption, one with a controller or without the owner's labels) and patches only the
+resourceVersion it checked.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import logging
+import time
+from typing import Any, Callable, Optional
+
+import kopf
+
+from ..decide import children, pinning
+from ..decide.snapshot import Create, Decision, Patch
+from ..decide.status import parse_time
+from .k8s import Kube
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class NotControlled(RuntimeError):
+    """A patch was about to reach an object its owner does not control; it was not sent."""
+
+
+def apply(kube: Kube, metrics: Metrics, owner: dict[str, Any], decision: Decision, now: dt.datetime,
+          patch_status: Callable[..., Any]) -> None:
+    """Applies `decision` about `owner` (a ScalingRun or ScalingSweep); `patch_status(namespace, name, patch,
+    resource_version=)` writes its status. ApiException (a 409 above all) propagates: the caller looks again."""
+    meta = owner["metadata"]
+    namespace, name, version = meta["namespace"], meta["name"], meta.get("resourceVersion")
+    if decision.pin is not None:
+        patched = kube.patch_run_annotations(namespace, name, {pinning.PINNED_ANNOTATION: decision.pin},
+                                             resource_version=version)
+        version = patched["metadata"]["resourceVersion"]
+    status = copy.deepcopy(decision.status) if decision.status else None
+    for action in decision.actions:
+        if isinstance(action, Create):
+            created = create_child(kube, metrics, owner, action.obj, now)
+            if action.uid_at:
+                section, key = action.uid_at
+                status = status or {}
+                status[section] = {**(status.get(section) or {}), key: created["metadata"]["uid"]}
+        else:
+            patch_child(kube, owner, action)
+        if action.event is not None:
+            # With the change itself: if the status patch below conflicts, the next look finds the change made
+            # and would never say why.
+            _post(kube, metrics, owner, action.event)
+    if status:
+        patch_status(namespace, name, status, resource_version=version)
+    for event in decision.events:
+        _post(kube, metrics, owner, event)
+
+
+def create_child(kube: Kube, metrics: Metrics, owner: dict[str, Any], obj: dict[str, Any],
+                 now: dt.datetime) -> dict[str, Any]:
+    obj = copy.deepcopy(obj)
+    kopf.adopt(obj, owner=owner)
+    started = time.monotonic()
+    created = kube.create(obj)
+    metrics.child_create_seconds.labels(kind=obj["kind"]).observe(time.monotonic() - started)
+    born = parse_time(owner["metadata"].get("creationTimestamp"))
+    if born:
+        metrics.run_to_child_seconds.labels(kind=obj["kind"]).observe(max(0.0, (now - born).total_seconds()))
+    log.info("created %s %s/%s", obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+    return created
+
+
+def patch_child(kube: Kube, owner: dict[str, Any], action: Patch) -> Optional[dict[str, Any]]:
+    """The one way a child is patched: only one its owner controls (or may adopt), at the version checked."""
+    found, meta = action.found, action.found["metadata"]
+    kind, namespace, name = found.get("kind") or "", meta.get("namespace") or owner["metadata"]["namespace"], meta["name"]
+    why = children.refusal(found, owner["metadata"].get("uid"), action.adopt, action.labels)
+    if why:
+        raise NotControlled(f"{kind} {namespace}/{name} {why}; not patched")
+    body = {**action.patch, "metadata": {**(action.patch.get("metadata") or {}),
+                                         "resourceVersion": meta.get("resourceVersion")}}
+    patched = kube.patch(kind, namespace, name, body)
+    log.info("%s %s %s/%s", "adopted" if action.adopt else "patched", kind, namespace, name)
+    return patched
+
+
+def _post(kube: Kube, metrics: Metrics, owner: dict[str, Any], event) -> None:
+    kube.post_event(owner, event.type, event.reason, event.message)
+    metrics.events.labels(type=event.type, reason=event.reason).inc()
+    log.info("%s/%s: %s %s", owner["metadata"]["namespace"], owner["metadata"]["name"], event.reason, event.message)

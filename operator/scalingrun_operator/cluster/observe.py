@@ -1,0 +1,71 @@
+"""observe: the facts decide asks for, read from the API server and object storage for one look.
+
+One Observer serves one look at one run or sweep: it reads the Secret of a store once, however many
+documents the look reads with it. Failures that decide reports as conditions (storage that cannot be
+read, a log that cannot be fetched) become facts; API errors propagate to the reconcile.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Union
+
+from ..config import Config
+from ..decide.snapshot import (
+    PROGRESS, Child, Document, Listing, Log, LogTail, Names, PodList, Pods, Read, Server, ServerVersion, Store,
+)
+from ..documents import read_manifest, read_progress
+from ..storage import Clients, StorageError, StorageTarget, list_names
+from .k8s import Kube
+from .memory import Memory
+
+
+class Observer:
+    def __init__(self, kube: Kube, config: Config, memory: Memory, clients: Clients, namespace: str, name: str):
+        self.kube, self.config, self.memory, self.clients = kube, config, memory, clients
+        self.namespace, self.name = namespace, name
+        self._targets: dict[Store, Union[StorageTarget, StorageError]] = {}
+
+    def read(self, ask: Any) -> Any:
+        if isinstance(ask, Child):
+            return self.kube.get_child(ask.kind, self.namespace, ask.name)
+        if isinstance(ask, Pods):
+            return PodList(tuple(self.kube.list_pods(self.namespace, self.name)),
+                           MappingProxyType(self.memory.deleted_pods()))
+        if isinstance(ask, Document):
+            try:
+                target = self.target(ask.store)
+                if ask.what == PROGRESS:
+                    return Read(*read_progress(ask.uri, target, ask.versioned))
+                return Read(read_manifest(ask.uri, target))
+            except StorageError as exc:
+                return Read(error=str(exc))
+        if isinstance(ask, Listing):
+            try:
+                return Names(tuple(list_names(ask.uri, self.target(ask.store))))
+            except StorageError as exc:
+                return Names(error=str(exc))
+        if isinstance(ask, Log):
+            text, error = self.kube.read_pod_log_tail(self.namespace, ask.pod, ask.container, ask.lines)
+            return LogTail(text, error)
+        if isinstance(ask, ServerVersion):
+            return Server(*self.kube.server_version())
+        raise TypeError(f"observe cannot read {ask!r}")
+
+    def target(self, store: Store) -> StorageTarget:
+        """The storage target of `store`, with the keys from its Secret (read once per look)."""
+        if store not in self._targets:
+            try:
+                credentials = None
+                if store.secret:
+                    credentials = self.kube.read_credentials(self.namespace, store.secret, store.access_key_id_key,
+                                                             store.secret_access_key_key)
+                self._targets[store] = StorageTarget(
+                    store.endpoint, store.region, credentials, self.config.storage_timeout_seconds,
+                    deadline=self.config.storage_deadline_seconds, clients=self.clients)
+            except StorageError as exc:
+                self._targets[store] = exc
+        found = self._targets[store]
+        if isinstance(found, StorageError):
+            raise found
+        return found

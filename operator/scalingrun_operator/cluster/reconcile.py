@@ -1,0 +1,145 @@
+"""One reconcile of one ScalingRun or ScalingSweep: observe -> decide -> act.
+
+Level-triggered on purpose: every trigger (create, resume, spec change, a child's or pod's event, a
+changed progress document, a recheck) runs the same look at the object, its children and its storage
+documents as they are now. An operator killed at any point therefore converges on restart: children
+are created only if absent, the phase is derived from what the children report, and status is written
+with the resourceVersion it was computed from; a conflict (409) anywhere reads again and decides again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from kubernetes.client.rest import ApiException
+
+from .. import clock
+from ..config import Config
+from ..decide.run import decide_run
+from ..decide.snapshot import Decision, Settings, Snapshot, look
+from ..decide.sweep import decide_sweep
+from ..storage import Clients
+from . import act
+from .k8s import Kube
+from .memory import Memory
+from .metrics import Metrics
+from .observe import Observer
+from .progress_watch import ProgressWatcher
+
+log = logging.getLogger(__name__)
+
+ATTEMPTS = 4  # looks at one object per trigger when conflicts keep coming
+
+
+def settings_of(config: Config) -> Settings:
+    return Settings(completion_grace_seconds=config.completion_grace_seconds,
+                    recheck_interval_seconds=config.recheck_interval_seconds)
+
+
+@dataclass
+class _Reconciler:
+    kube: Kube
+    config: Config
+    watcher: Optional[ProgressWatcher] = None  # follows documents and rechecks; none in tools
+    memory: Memory = field(default_factory=Memory)
+    metrics: Metrics = field(default_factory=Metrics)
+    clients: Clients = field(default_factory=Clients)
+
+    kind = ""
+
+    def _get(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        raise NotImplementedError
+
+    def _decide(self, snapshot: Snapshot, settings: Settings) -> Decision:
+        raise NotImplementedError
+
+    def _patch_status(self) -> Callable[..., Any]:
+        raise NotImplementedError
+
+    def _followed(self, namespace: str, name: str, decision: Optional[Decision],
+                  observer: Optional[Observer]) -> None:
+        """What the object waits on that no Kubernetes event will announce (runs only)."""
+
+    def __call__(self, namespace: str, name: str) -> Optional[str]:
+        """Reconciles one object; returns its phase (None when it is gone)."""
+        with self.memory.lock((self.kind, namespace, name)):
+            attempt = passes = 0
+            while attempt < ATTEMPTS:
+                body = self._get(namespace, name)
+                if body is None or body["metadata"].get("deletionTimestamp"):
+                    self._followed(namespace, name, None, None)
+                    return None
+                observer = Observer(self.kube, self.config, self.memory, self.clients, namespace, name)
+                moment = clock.now()
+                try:
+                    decision = look(Snapshot(body, moment), self._decide, observer.read, settings_of(self.config))
+                    act.apply(self.kube, self.metrics, body, decision, moment, self._patch_status())
+                except ApiException as exc:
+                    if exc.status == 409 and attempt < ATTEMPTS - 1:
+                        log.debug("%s/%s changed while reconciling; again", namespace, name)
+                        attempt += 1
+                        continue
+                    if exc.status == 403 and "being terminated" in str(exc.body):
+                        return None  # the namespace is going away, and the object with it
+                    raise
+                self._followed(namespace, name, decision, observer)
+                if decision.again and passes < 2:
+                    passes += 1  # a deleted child was counted (and that written): now make it anew
+                    continue
+                return decision.phase
+        return None
+
+
+@dataclass
+class Reconciler(_Reconciler):
+    """ScalingRuns; `watcher` follows their progress documents and looks again when they wait."""
+
+    kind = "run"
+
+    def _get(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        return self.kube.get_run(namespace, name)
+
+    def _decide(self, snapshot: Snapshot, settings: Settings) -> Decision:
+        return decide_run(snapshot, settings)
+
+    def _patch_status(self) -> Callable[..., Any]:
+        return self.kube.patch_run_status
+
+    def _followed(self, namespace: str, name: str, decision: Optional[Decision],
+                  observer: Optional[Observer]) -> None:
+        if self.watcher is None:
+            return
+        if decision is None or observer is None:
+            self.watcher.forget(namespace, name)
+            return
+        if decision.follow is not None:
+            document, version = decision.follow
+            self.watcher.watch(namespace, name, document.uri, observer.target(document.store), version)
+        else:
+            self.watcher.unwatch(namespace, name)
+        if decision.recheck_in is not None:
+            self.watcher.schedule_recheck(namespace, name, decision.recheck_in)
+
+
+@dataclass
+class SweepReconciler(_Reconciler):
+    """ScalingSweeps: no finalizer, timer or daemon; the events of their points move them on, and `watcher` (one
+    of their own: it calls this reconciler) looks again when a point's name is taken."""
+
+    kind = "sweep"
+
+    def _get(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        return self.kube.get_sweep(namespace, name)
+
+    def _decide(self, snapshot: Snapshot, settings: Settings) -> Decision:
+        return decide_sweep(snapshot, settings)
+
+    def _patch_status(self) -> Callable[..., Any]:
+        return self.kube.patch_sweep_status
+
+    def _followed(self, namespace: str, name: str, decision: Optional[Decision],
+                  observer: Optional[Observer]) -> None:
+        if self.watcher is not None and decision is not None and decision.recheck_in is not None:
+            self.watcher.schedule_recheck(namespace, name, decision.recheck_in)

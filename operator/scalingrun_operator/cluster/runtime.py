@@ -1,0 +1,64 @@
+"""The operator's one object: its settings, what it remembers, and the parts it acts with.
+
+main.py makes it at start-up and hands it to kopf, which passes it to every handler (`memo.runtime`);
+nothing in the operator keeps state at module level, and a test makes its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from ..config import Config
+from ..storage import Clients
+from .k8s import Kube, new_api_client
+from .memory import Memory
+from .metrics import Metrics
+from .progress_watch import ProgressWatcher
+from .reconcile import Reconciler, SweepReconciler
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(self, config: Config, kube: Optional[Kube] = None):
+        self.config = config
+        self.memory, self.metrics, self.clients = Memory(), Metrics(), Clients()
+        kube = kube or Kube(new_api_client(), config.component)
+        # What no Kubernetes event announces: progress documents and rechecks of runs; rechecks of sweeps.
+        self.watcher = ProgressWatcher(lambda namespace, name: self.reconcile_run(namespace, name, "watcher"),
+                                       config.poll_interval_seconds, config.progress_checks_per_second)
+        self.sweep_rechecks = ProgressWatcher(lambda namespace, name: self.reconcile_sweep(namespace, name, "recheck"),
+                                              config.recheck_interval_seconds, workers=1)
+        self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients)
+        self.sweeps = SweepReconciler(kube, config, self.sweep_rechecks, self.memory, self.metrics, self.clients)
+
+    def start(self) -> None:
+        self.watcher.start()
+        self.sweep_rechecks.start()
+        self.metrics.serve(self.config.metrics_port_number)
+
+    def stop(self) -> None:
+        self.watcher.stop()
+        self.sweep_rechecks.stop()
+
+    def reconcile_run(self, namespace: str, name: str, handler: str) -> None:
+        try:
+            self.runs(namespace, name)
+        except Exception as exc:
+            self.metrics.reconcile_errors.labels(handler=handler).inc()
+            # kopf retries no event handler, and no timer comes by: the watcher tries again (TemporaryError's delay).
+            delay = getattr(exc, "delay", None) or self.config.recheck_interval_seconds
+            self.watcher.schedule_recheck(namespace, name, delay)
+            raise
+
+    def reconcile_sweep(self, namespace: str, name: str, handler: str) -> None:
+        try:
+            self.sweeps(namespace, name)
+        except Exception:
+            self.metrics.reconcile_errors.labels(handler=f"sweep-{handler}").inc()
+            raise
+
+    def forget_run(self, namespace: str, name: str) -> None:
+        self.memory.forget(("run", namespace, name))
+        self.watcher.forget(namespace, name)

@@ -1,0 +1,244 @@
+"""What interrupts a run, pure: its training's pods (a worker lost, a launcher restarted), counted against
+a record kept in status so that counting survives operator restarts, and its children deleted; past
+spec.training.backoffLimit the run fails. Also the end of a failed launcher's log, for the Failed message.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from scalingrun_api.models import ScalingRun
+from .draft import Draft
+from .pods import LAUNCHER, TRAINING_ROLES, WORKER, container_statuses, exit_text, metadata_of, pod_name, pod_role, status_of
+from .status import BACKOFF_LIMIT_EXCEEDED, CHILD_DELETED
+
+
+# --- the failed launcher's log ---------------------------------------------------------------------
+
+LOG_LINES = 20  # lines of the failed launcher's log that status carries
+_LOG_LINE_CHARS = 400
+_LOG_CHARS = 4000  # status.training.launcherLogTail at most; the Failed message keeps what fits
+# Colour codes and control characters (a tab and newlines apart) say nothing in a status field.
+_NOISE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f]")
+
+
+@dataclass(frozen=True)
+class LauncherLog:
+    """The end of a launcher's log, or why there is none."""
+
+    pod: str
+    container: str
+    tail: str  # bounded, see log_tail
+    error: str = ""  # why the log could not be read
+
+
+def _failed(pod: dict[str, Any]) -> bool:
+    if status_of(pod).get("phase") == "Failed":
+        return True
+    for container in container_statuses(pod):
+        for terminated in ((container.get("state") or {}).get("terminated"),
+                           (container.get("lastState") or {}).get("terminated")):
+            if terminated and terminated.get("exitCode", 0) != 0:
+                return True
+    return False
+
+
+def failed_launcher(pods: list[dict[str, Any]], mpijob_name: str) -> Optional[tuple[str, str, str]]:
+    """(pod, container, node) whose log tells why the training failed: the newest launcher pod, a failed one
+    before one that did not fail (the launcher's Job may have started another after it). The node is ''
+    for a pod that never ran: it has no log (the API server answers an empty one)."""
+    launchers = [p for p in pods if pod_role(p, mpijob_name) == LAUNCHER]
+    if not launchers:
+        return None
+    pod = max(launchers, key=lambda p: (_failed(p), metadata_of(p).get("creationTimestamp") or "", pod_name(p)))
+    names = [c.get("name", "") for c in (pod.get("spec") or {}).get("containers") or []]
+    return (pod_name(pod), LAUNCHER if LAUNCHER in names or not names else names[0],
+            str((pod.get("spec") or {}).get("nodeName") or ""))
+
+
+def log_tail(text: str, lines: int = LOG_LINES, max_chars: int = _LOG_CHARS) -> str:
+    """The last `lines` lines of a log as a terminal shows them (a carriage return redraws the line, as
+    Keras' progress bars do), without colour codes; each line and the whole bounded, the end kept."""
+    rows = []
+    for line in text.replace("\r\n", "\n").split("\n"):
+        line = _NOISE.sub("", line.rstrip("\r").split("\r")[-1]).rstrip()
+        rows.append(line if len(line) <= _LOG_LINE_CHARS else line[:_LOG_LINE_CHARS - 3] + "...")
+    while rows and not rows[-1]:
+        rows.pop()
+    tail = "\n".join(rows[-lines:]) if lines > 0 else ""
+    if len(tail) > max_chars:
+        tail = tail[-max_chars:]
+        tail = tail[tail.find("\n") + 1:] if "\n" in tail else tail
+    return tail
+
+
+# --- restarts of the training ----------------------------------------------------------------------
+
+
+def last_words(pod: dict[str, Any]) -> str:
+    """How a pod was doing when last seen, for the Event that reports it lost: 'it was Running'."""
+    status = status_of(pod)
+    if status.get("reason") == "Evicted":
+        return f"it was evicted: {status.get('message') or 'no message'}"
+    for container in container_statuses(pod):
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated and terminated.get("exitCode", 0) != 0:
+            return f"container {container.get('name')} had ended with {exit_text(terminated)}"
+    return f"it was {status.get('phase') or 'Pending'}"
+
+
+def _restart_count(pod: dict[str, Any]) -> int:
+    return sum(int(c.get("restartCount") or 0) for c in container_statuses(pod))
+
+
+def _last_exit(pod: dict[str, Any]) -> str:
+    for container in container_statuses(pod):
+        last = (container.get("lastState") or {}).get("terminated")
+        if last:
+            return f"container {container.get('name')} {exit_text(last)}"
+    return "no exit status recorded"
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """A worker pod lost or a launcher restart: counted in status, reported in a Warning Event."""
+
+    role: str
+    pod: str
+    reason: str  # the Event's reason
+    message: str
+
+
+WORKER_LOST = "WorkerPodLost"
+LAUNCHER_RESTARTED = "LauncherRestarted"
+_RESUMES = "the launcher resumes from the last checkpoint"
+
+
+def _lost(record: dict[str, Any], how: str) -> Interruption:
+    role, name, uid = record["role"], record["name"], record["uid"]
+    if role == WORKER:
+        return Interruption(WORKER, name, WORKER_LOST,
+                            f"worker pod {name} (uid {uid}) {how}; the MPI operator recreates it and {_RESUMES}")
+    return Interruption(LAUNCHER, name, LAUNCHER_RESTARTED,
+                        f"launcher pod {name} (uid {uid}) {how}; its Job starts a new launcher pod, which "
+                        "resumes from the last checkpoint")
+
+
+def _gone_how(record: dict[str, Any], replacement: Optional[dict[str, Any]], hint: Optional[str]) -> str:
+    if replacement is not None:
+        return f"was replaced (new uid {metadata_of(replacement).get('uid')})"
+    return "was deleted" + (f"; {hint}" if hint else "")
+
+
+def _failed_how(pod: dict[str, Any]) -> Optional[str]:
+    """Why a pod that still exists is lost to the training, or None while it is not."""
+    status = status_of(pod)
+    if metadata_of(pod).get("deletionTimestamp"):
+        return f"is being deleted; {last_words(pod)}"
+    if status.get("phase") == "Failed":
+        if status.get("reason") == "Evicted":
+            return f"was evicted: {status.get('message') or 'no message'}"
+        return f"failed; {last_words(pod)}"
+    return None
+
+
+def track_interruptions(records: list[dict[str, Any]], pods: list[dict[str, Any]], mpijob_name: str,
+                        hints: Optional[dict[str, str]] = None) -> tuple[list[dict[str, Any]], list[Interruption]]:
+    """New records of the training's pods and the interruptions since `records` were written.
+
+    A record is {"name", "uid", "role", "restarts" (container restarts counted), "lost" (counted as lost)}.
+    Level-triggered: whatever happened between two looks (a worker deleted and recreated under the same
+    name, a launcher container restarted twice) is counted once, from the difference. `hints` are the
+    last states of deleted pods by uid, when a watch event delivered them.
+    """
+    hints = hints or {}
+    current = {pod_name(p): p for p in pods if pod_role(p, mpijob_name) in TRAINING_ROLES}
+    launcher_done = any(pod_role(p, mpijob_name) == LAUNCHER and status_of(p).get("phase") == "Succeeded"
+                        for p in current.values())
+    interruptions: list[Interruption] = []
+    kept: dict[str, dict[str, Any]] = {}
+    for record in records:
+        pod = current.get(record.get("name", ""))
+        if pod is not None and metadata_of(pod).get("uid") == record.get("uid"):
+            kept[record["name"]] = record
+            continue
+        # The pod of this record is gone (or another took its name): lost, unless already counted or the
+        # training finished (the MPI operator then deletes the workers on purpose).
+        if not record.get("lost") and not launcher_done:
+            interruptions.append(_lost(record, _gone_how(record, pod, hints.get(record.get("uid", "")))))
+    out: list[dict[str, Any]] = []
+    for name in sorted(current):
+        pod = current[name]
+        role = pod_role(pod, mpijob_name)
+        record = kept.get(name) or {"name": name, "uid": metadata_of(pod).get("uid", ""), "role": role,
+                                    "restarts": 0, "lost": False}
+        record = dict(record)
+        restarts = _restart_count(pod)
+        if restarts > record["restarts"]:
+            times = restarts - record["restarts"]
+            what = f"restarted{f' {times} times' if times > 1 else ''}: {_last_exit(pod)}"
+            if role == LAUNCHER:
+                interruptions.append(Interruption(LAUNCHER, name, LAUNCHER_RESTARTED,
+                                                  f"launcher pod {name} {what}; {_RESUMES}"))
+            else:
+                interruptions.append(Interruption(WORKER, name, WORKER_LOST,
+                                                  f"worker pod {name} {what}; {_RESUMES}"))
+            record["restarts"] = restarts
+        how = _failed_how(pod)
+        if how and not record["lost"] and not launcher_done:
+            interruptions.append(_lost(record, how))
+            record["lost"] = True
+        out.append(record)
+    return out, interruptions
+
+
+def baseline(pods: list[dict[str, Any]], mpijob_name: str) -> list[dict[str, Any]]:
+    """Records of the pods as they are, counting nothing: while the training is suspended its pods go away
+    on purpose, and what they did before is not an interruption either."""
+    by_name = {pod_name(p): p for p in pods}
+    records, _ = track_interruptions([], pods, mpijob_name)
+    for record in records:
+        pod = by_name[record["name"]]
+        record["restarts"] = _restart_count(pod)
+        record["lost"] = _failed_how(pod) is not None
+    return records
+
+
+# --- children deleted, and the limit -----------------------------------------------------------------
+
+
+def child_deleted(draft: Draft, run: ScalingRun, kind: str, name: str, next_step: str, replaced: bool = False) -> bool:
+    """Reports and counts a deleted child; True when that was one too many (the run failed)."""
+    update = draft.update
+    training_status = dict(update.desired.get("training") or {})
+    restarts = int(training_status.get("restarts") or 0) + 1
+    training_status["restarts"] = restarts
+    update.desired["training"] = training_status
+    limit = run.spec.training.backoff_limit
+    how = "was deleted and replaced" if replaced else "was deleted"
+    message = (f"{kind} {name} {how} while the run was {update.phase}; counted as interruption "
+               f"{restarts} of the {limit} allowed (spec.training.backoffLimit); {next_step}")
+    update.condition(CHILD_DELETED, "True", f"{kind}Deleted", message)
+    update.warn("ChildDeleted", message)
+    if over_backoff_limit(draft, run, training_status, message):
+        return True
+    draft.again = draft.again or not replaced
+    return False
+
+
+def over_backoff_limit(draft: Draft, run: ScalingRun, training_status: dict[str, Any], last: str = "") -> bool:
+    """Fails the run once its interruptions (pods lost, launcher restarts, children deleted) exceed the limit."""
+    limit = run.spec.training.backoff_limit
+    restarts = int(training_status.get("restarts") or 0)
+    if restarts <= limit:
+        return False
+    last = last or "see the run's Warning Events for each one"
+    counted = "1 interruption exceeds" if restarts == 1 else f"{restarts} interruptions exceed"
+    message = (f"{counted} spec.training.backoffLimit ({limit}); the last: {last}. "
+               f"Find what deletes or interrupts the run's children and pods "
+               f"({draft.settings.where.events(draft.namespace)}), then recreate the run, which resumes from its "
+               "last checkpoint when spec.training.resume is true, or allow more with spec.training.backoffLimit")
+    draft.update.fail(BACKOFF_LIMIT_EXCEEDED, message)
+    return True

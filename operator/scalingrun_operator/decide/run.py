@@ -1,0 +1,79 @@
+"""A ScalingRun's state machine, pure: from its spec, its last status and a snapshot, the decision.
+
+Pending -> Preprocessing -> Training (<-> Suspended) -> Succeeded, or Failed from any of them. Every
+look runs the whole machine on the run as it is now (level-triggered), so a look that comes late,
+twice, or after a restart of the operator decides the same. The phases live in preprocessing.py and
+training.py; this module checks the spec, pins it, and hands over to the phase the conditions call
+for.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun
+from ..api.validation import InvalidScalingRun, parse_scalingrun
+from . import pinning
+from .draft import Draft
+from .preprocessing import decide_preprocessing
+from .snapshot import Decision, Settings, Snapshot
+from .status import FAILED, INVALID_SPEC, PREPROCESSED, SPEC_CHANGE_IGNORED, StatusUpdate, get_condition, is_terminal, may_revalidate
+from .training import decide_training
+
+
+def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
+    """What to do about the run in `snapshot.obj`. Raises NeedMore for a fact the snapshot lacks."""
+    body = snapshot.obj
+    meta, status = body["metadata"], body.get("status") or {}
+    if is_terminal(status) and not may_revalidate(status, meta.get("generation")):
+        return Decision(phase=status.get("phase"), desired=status)  # finished: nothing changes it any more
+    draft = Draft(snapshot, settings)
+    if is_terminal(status):
+        _restart_after_invalid_spec(draft.update)
+    pinned = (meta.get("annotations") or {}).get(pinning.PINNED_ANNOTATION)
+    run, invalid = snapshot.derive("run", lambda: _parse(body, pinning.effective_spec(body["spec"], pinned)))
+    if run is None:
+        draft.update.fail(INVALID_SPEC, invalid)
+    else:
+        if draft.update.phase is None:
+            draft.update.set_phase(Phase.pending.value, "accepted")
+        if pinned is None:
+            draft.pin = pinning.pin(body["spec"])
+        else:
+            _record_ignored_changes(draft.update, body["spec"], pinned)
+        if not draft.condition_true(PREPROCESSED):
+            decide_preprocessing(draft, run)
+        if (draft.condition_true(PREPROCESSED) and settings.train and not draft.blocked
+                and not is_terminal(draft.update.desired)):
+            decide_training(draft, run)
+    if is_terminal(draft.update.desired):
+        draft.follow, draft.recheck_in, draft.again = None, None, False  # nothing left to wait for
+    return draft.decision()
+
+
+def _parse(body: dict[str, Any], spec: dict[str, Any]) -> tuple[Optional[ScalingRun], str]:
+    """(the run, '') or (None, what is wrong with its spec)."""
+    document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": body["metadata"], "spec": spec}
+    try:
+        return parse_scalingrun(document), ""
+    except InvalidScalingRun as exc:
+        return None, "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the run is retried on edit)."
+
+
+def _restart_after_invalid_spec(update: StatusUpdate) -> None:
+    desired = update.desired
+    desired["conditions"] = [c for c in desired["conditions"] if c.get("type") != FAILED]
+    desired.pop("completionTime", None)
+    update.set_phase(Phase.pending.value, "spec edited after InvalidSpec; validating again")
+
+
+def _record_ignored_changes(update: StatusUpdate, spec: dict[str, Any], pinned: str) -> None:
+    changed = pinning.ignored_changes(spec, pinned)
+    existing = get_condition(update.desired["conditions"], SPEC_CHANGE_IGNORED)
+    if changed:
+        message = pinning.ignored_message(changed)
+        if not existing or existing.get("status") != "True" or existing.get("message") != message:
+            update.warn("SpecChangeIgnored", message)
+        update.condition(SPEC_CHANGE_IGNORED, "True", "ImmutableFieldChanged", message)
+    elif existing and existing.get("status") == "True":
+        update.condition(SPEC_CHANGE_IGNORED, "False", "SpecMatches", "the spec matches the one the run started with")

@@ -1,0 +1,261 @@
+"""The training phase, pure: the MPIJob's state, its creation, suspend and resume, the interruptions it
+survives (workers lost, launcher restarts, the MPIJob deleted) up to spec.training.backoffLimit, and
+what its end means for the run.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from scalingrun_api.models import Phase, ScalingRun
+from scalingrun_api.progress import Progress
+from ..builders import build_config_map, build_mpijob
+from ..builders.common import mpijob_name
+from ..builders.locations import progress_uri
+from . import interruptions, pods, progress as mirror
+from .draft import Draft, store_of
+from .snapshot import CLUSTER, PROGRESS, Log, Where
+from .status import INPUT_BOUND, MPIJOB_FAILED, SUSPENDED, TRAINED, Event, get_condition, parse_time
+
+@dataclass(frozen=True)
+class MPIJobState:
+    state: str  # Pending, Created, Running, Restarting, Suspended, Succeeded or Failed
+    reason: str = ""
+    message: str = ""
+    suspended: bool = False  # spec.runPolicy.suspend as the MPIJob has it
+    finished_at: Optional[dt.datetime] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in ("Succeeded", "Failed")
+
+
+_ORDER = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")
+
+
+def mpijob_state(mpijob: dict[str, Any]) -> MPIJobState:
+    """The MPIJob's state from its conditions (set by the mpi-operator); a finished state wins."""
+    status = mpijob.get("status") or {}
+    suspended = bool(((mpijob.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
+    true = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
+    for kind in _ORDER:
+        if kind in true:
+            condition = true[kind]
+            finished = None
+            if kind in ("Failed", "Succeeded"):
+                finished = parse_time(status.get("completionTime")) or parse_time(condition.get("lastTransitionTime"))
+            return MPIJobState(kind, condition.get("reason") or "", condition.get("message") or "", suspended,
+                               finished)
+    return MPIJobState("Pending", suspended=suspended)
+
+
+def suspend_patch(desired: bool, state: MPIJobState) -> Optional[dict[str, Any]]:
+    """The patch that makes the MPIJob's suspend match the run's, if one is needed."""
+    if state.finished or state.suspended == desired:
+        return None
+    return {"spec": {"runPolicy": {"suspend": desired}}}
+
+
+# Conditions keep 2000 characters (status.set_condition) and status.message adds the reason: the log's end
+# must fit in what is left, or the lines that matter most are the ones cut.
+_FAILURE_MESSAGE_CHARS = 1900
+
+
+def _launcher_log_text(log: Any, room: int) -> str:
+    """The launcher's log as the Failed message says it, in about `room` characters (whole lines from the
+    end); `log` is a pods.LauncherLog."""
+    if log.error:
+        where = f"launcher pod {log.pod} container {log.container}" if log.pod else "the launcher"
+        return f"the log of {where} could not be read ({log.error})"
+    if not log.pod:
+        return "no launcher pod is left to read its log from"
+    if not log.tail:
+        return f"launcher pod {log.pod} container {log.container} logged nothing"
+    header = f" of launcher pod {log.pod} container {log.container}:\n"
+    lines = log.tail.split("\n")
+    while len(lines) > 1 and len(header) + 20 + len("\n".join(lines)) > room:
+        lines.pop(0)
+    tail = "\n".join(lines)[-max(0, room - len(header) - 20):]
+    return f"last {len(lines)} line{'s' if len(lines) > 1 else ''}{header}{tail}"
+
+
+def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progress: Optional[dict[str, Any]],
+                           launcher_log: Any = None, pod_cause: str = "", where: Where = CLUSTER) -> str:
+    """Why the MPIJob failed: its condition, the epoch reached, the trainer's error, what a pod says (e.g. a
+    worker OOMKilled) and, with `launcher_log` (an interruptions.LauncherLog), the end of the launcher's log, cut
+    from the front to fit."""
+    cause = ": ".join(p for p in (state.reason, state.message) if p)[:500] or "no reason given"
+    parts = [f"MPIJob {name} failed ({cause})", mirror.epochs_text(progress)]
+    error = Progress.read(progress).error
+    if error:
+        parts.append(f"trainer reported: {error[:500]}")
+    parts.append(f"{where.launcher_logs(namespace, name)}; recreating the run under the same name "
+                 "resumes from its last checkpoint when spec.training.resume is true")
+    if pod_cause:
+        parts.append(pod_cause[:700])
+    if launcher_log is not None:
+        head = "; ".join(parts)
+        parts.append(_launcher_log_text(launcher_log, _FAILURE_MESSAGE_CHARS - len(head) - 2))
+    return "; ".join(parts)
+
+
+# --- the phase ---------------------------------------------------------------------------------------
+
+
+def decide_training(draft: Draft, run: ScalingRun) -> None:
+    """Trained from the MPIJob, the trainer's progress document and the training's pods."""
+    update, name = draft.update, mpijob_name(run)
+    wanted = draft.built("MPIJob", lambda: build_mpijob(run, draft.namespace))
+    mpijob = draft.child("MPIJob", name)
+    if mpijob is not None and not draft.own(mpijob, wanted):
+        return
+    recorded = (update.desired.get("training") or {}).get("mpiJobUid")
+    resumes = ("a new MPIJob resumes from the last checkpoint" if run.spec.training.resume
+               else "a new MPIJob starts over (spec.training.resume is false)")
+    trained = get_condition(update.desired["conditions"], TRAINED) or {}
+    if mpijob is None and recorded and trained.get("reason") == "WaitingForProgress":
+        # It had succeeded, and its ttlSecondsAfterFinished removed it: no interruption, judged on what is there.
+        _, progress = draft.read(progress_uri(run), store_of(run), PROGRESS)
+        _succeeded(draft, name, progress)
+        return
+    if mpijob is None and recorded:
+        # As for the Job: counted and written (the uid cleared), then the next look creates a new one.
+        _forget_mpijob(draft, mpijob=None)
+        interruptions.child_deleted(draft, run, "MPIJob", name, resumes)
+        return
+    if mpijob is not None and recorded and recorded != mpijob["metadata"].get("uid"):
+        # Deleted and created again by someone else while nobody looked: counted all the same.
+        _forget_mpijob(draft, mpijob)
+        if interruptions.child_deleted(draft, run, "MPIJob", name,
+                                       "the MPIJob there now resumes from the last checkpoint", replaced=True):
+            _stop(draft, mpijob)
+            return
+    if mpijob is None:
+        draft.ensure(draft.built("ConfigMap", lambda: build_config_map(run, draft.namespace)))
+        if draft.blocked:
+            return
+        draft.ensure(wanted, uid_at=("training", "mpiJobUid"))
+    current_mpijob = mpijob or wanted  # one created now is as it will be read: no status yet
+    state = mpijob_state(current_mpijob)
+    wanted_suspend = run.spec.run_policy.suspend
+    patch = suspend_patch(wanted_suspend, state)
+    if patch and mpijob is not None:
+        # Posted with the change itself (a conflicting status patch must not lose it).
+        draft.patch(mpijob, patch, Event("Normal", "Suspending" if wanted_suspend else "Resuming",
+                                         f"MPIJob {name}: spec.runPolicy.suspend={str(wanted_suspend).lower()}"))
+    _, progress = draft.read(progress_uri(run), store_of(run), PROGRESS, versioned=True)
+    current = update.desired.get("training") or {}
+    uid = current_mpijob["metadata"].get("uid")
+    same_mpijob = current.get("mpiJobUid") in (None, uid)
+    merged = mirror.merge_training_status(current, mirror.base_training_status(run, name),
+                                          mirror.training_status(progress), same_mpijob)
+    merged["mpiJobUid"] = uid
+    if not state.finished:
+        _track_interruptions(draft, merged, name, paused=wanted_suspend or state.suspended)
+    update.desired["training"] = merged
+    if not state.finished and interruptions.over_backoff_limit(draft, run, merged):
+        if mpijob is not None:
+            _stop(draft, mpijob)
+        return
+    _input_bound(draft, run, merged.get("inputHistory"))
+    uri = mirror.model_uri(progress)
+    if uri:
+        update.desired["modelUri"] = uri
+    if state.state == "Succeeded":
+        if (progress or {}).get("state") != "succeeded" and draft.within_grace(state.finished_at):
+            draft.recheck(draft.grace_left(state.finished_at))
+            update.condition(TRAINED, "Unknown", "WaitingForProgress",
+                             f"MPIJob {name} succeeded; waiting for the final {progress_uri(run)}")
+            update.set_phase(Phase.training.value)
+            return
+        _succeeded(draft, name, progress)
+    elif state.state == "Failed":
+        launcher_log = _launcher_log(draft, name)
+        if launcher_log is not None and launcher_log.tail:
+            merged["launcherLogTail"] = launcher_log.tail
+        message = mpijob_failure_message(draft.namespace, name, state, progress, launcher_log,
+                                         pods.pod_cause(draft, pods.TRAINING_ROLES, name), draft.settings.where)
+        update.condition(TRAINED, "False", MPIJOB_FAILED, message)
+        update.fail(MPIJOB_FAILED, message)
+    elif wanted_suspend:
+        update.condition(SUSPENDED, "True", "Suspended",
+                         f"MPIJob {name} is suspended (spec.runPolicy.suspend); set it to false to resume from the "
+                         "last checkpoint")
+        update.condition(TRAINED, "Unknown", "Suspended", mirror.running_message(name, progress))
+        update.set_phase(Phase.suspended.value, "spec.runPolicy.suspend is true")
+    else:
+        if draft.condition_true(SUSPENDED):
+            update.condition(SUSPENDED, "False", "Resumed", f"MPIJob {name} resumed")
+        running = mirror.running_message(name, progress)
+        holdup = pods.check_pods(draft, pods.TRAINING_ROLES, name)
+        update.condition(TRAINED, "Unknown", holdup[0] if holdup else "Running",
+                         f"{running}; {holdup[1]}" if holdup else running)
+        update.set_phase(Phase.training.value, f"MPIJob {name}")
+
+
+def _succeeded(draft: Draft, name: str, progress: Optional[dict[str, Any]]) -> None:
+    message = mirror.succeeded_message(name, progress)
+    draft.update.condition(TRAINED, "True", "Succeeded", message)
+    pods.pods_done(draft)
+    draft.update.set_phase(Phase.succeeded.value, message)
+
+
+def _launcher_log(draft: Draft, mpijob: str) -> Optional[interruptions.LauncherLog]:
+    """The end of the failed launcher's log, or why it cannot be read; None where the log is the user's terminal."""
+    if draft.settings.where.local:
+        return None
+    found = interruptions.failed_launcher(draft.pods(), mpijob)
+    if found is None:
+        return interruptions.LauncherLog("", "", "")
+    pod, container, node = found
+    if not node:
+        return interruptions.LauncherLog(pod, container, "", "it never ran on a node, so it has no log")
+    tail = draft.need(Log(pod, container, interruptions.LOG_LINES))
+    return interruptions.LauncherLog(pod, container, interruptions.log_tail(tail.text or ""), tail.error)
+
+
+def _input_bound(draft: Draft, run: ScalingRun, history: Any) -> None:
+    decision = mirror.input_bound(run, history)
+    if decision is None:
+        return
+    before = get_condition(draft.update.desired["conditions"], INPUT_BOUND)
+    draft.update.condition(INPUT_BOUND, *decision)
+    if decision[0] == "True" and (before or {}).get("status") != "True":
+        draft.update.warn(decision[1], decision[2])
+
+
+def _track_interruptions(draft: Draft, training_status: dict[str, Any], mpijob: str, paused: bool) -> None:
+    """Counts worker pods lost and launcher restarts against the pods recorded in status (one Event each)."""
+    found = draft.pods()
+    if paused:  # suspending deletes the pods on purpose
+        training_status["pods"] = interruptions.baseline(found, mpijob)
+        return
+    records, lost = interruptions.track_interruptions(training_status.get("pods") or [], found, mpijob,
+                                                      draft.deleted_pods())
+    training_status["pods"] = records
+    for key in ("restarts", "workerPodsLost", "launcherRestarts"):
+        training_status.setdefault(key, 0)
+    for interruption in lost:
+        key = "workerPodsLost" if interruption.role == pods.WORKER else "launcherRestarts"
+        training_status[key] += 1
+        training_status["restarts"] += 1
+        draft.update.warn(interruption.reason, interruption.message)
+
+
+def _forget_mpijob(draft: Draft, mpijob: Optional[dict[str, Any]]) -> None:
+    """The recorded MPIJob is gone: its pods' losses are part of that, not interruptions of their own."""
+    training_status = dict(draft.update.desired.get("training") or {})
+    training_status["pods"] = [{**r, "lost": True} for r in training_status.get("pods") or []]
+    training_status["mpiJobUid"] = mpijob["metadata"].get("uid") if mpijob else None
+    draft.update.desired["training"] = training_status
+
+
+def _stop(draft: Draft, mpijob: dict[str, Any]) -> None:
+    """A run that failed while its MPIJob still runs: suspend it, so its pods stop holding nodes (and GPUs)."""
+    patch = suspend_patch(True, mpijob_state(mpijob))
+    if patch:
+        name = mpijob["metadata"]["name"]
+        draft.patch(mpijob, patch, Event("Normal", "Suspending",
+                                         f"MPIJob {name}: suspended because the run failed; delete the run to remove it"))

@@ -1,0 +1,44 @@
+"""The operator's own life: kopf settings and the Runtime's threads at start-up, their end at cleanup, the
+liveness probe.
+
+There is no timer, daemon or deletion handler per run: kopf would put a finalizer on every run for one,
+and a run (or its namespace) could then not be deleted while the operator is down. kopf keeps its own
+bookkeeping in annotations under scalingrun.dev/, because the status schema is structural and would
+prune status.kopf.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+ANNOTATION_PREFIX = "scalingrun.dev"
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    config = memo.runtime.config
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=ANNOTATION_PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"  # unused: deletion is left to GC
+    settings.posting.enabled = False  # our Events are written by Kube.post_event, one per phase change
+    settings.execution.max_workers = config.max_workers
+    settings.peering.lifetime = config.peering_lifetime_seconds
+    # Re-list now and then (no watch lives forever); a re-list reconciles only what changed (Memory).
+    settings.watching.server_timeout = config.watch_timeout_seconds
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    memo.runtime.start()
+
+
+@kopf.on.cleanup()
+def stop_watching(memo: kopf.Memo, **_: Any) -> None:
+    memo.runtime.stop()
+
+
+@kopf.on.probe(id="runs")
+def runs_probe(memo: kopf.Memo, **_: Any) -> int:
+    """Liveness: kopf answers on its endpoint while its loop is alive; this adds the runs tracked."""
+    return memo.runtime.metrics.tracked_runs()

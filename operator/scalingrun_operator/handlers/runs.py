@@ -1,0 +1,59 @@
+"""kopf handlers of ScalingRuns and of what a run is made of: every trigger runs the same reconcile.
+
+What a handler saw last does not matter: the reconcile (cluster/reconcile.py) reads the world again.
+What no event announces (object storage) is watched by one operator-wide thread (cluster/progress_watch.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import kopf
+
+from scalingrun_api.models import GROUP, KIND, PLURAL, VERSION
+from ..builders.common import RUN_LABEL
+from ..cluster.k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION
+from ..decide.children import controller_name
+
+MANAGED = {"app.kubernetes.io/managed-by": "scalingrun-operator"}
+
+
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+def run_created(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.runtime.reconcile_run(namespace, name, "create")
+
+
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
+def spec_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    memo.runtime.reconcile_run(namespace, name, "update")
+
+
+@kopf.on.event(GROUP, VERSION, PLURAL)
+def track(type: Optional[str], uid: str, namespace: str, name: str, status: dict[str, Any], memo: kopf.Memo,
+          **_: Any) -> None:
+    deleted = type == "DELETED"
+    memo.runtime.metrics.observe_run(uid, status.get("phase"), deleted=deleted)
+    if deleted:
+        memo.runtime.forget_run(namespace, name)
+
+
+@kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
+@kopf.on.event(MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL, labels=MANAGED)
+def child_changed(type: Optional[str], body: kopf.Body, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+    """A child's status moved (Job complete, MPIJob failed) or it was deleted: reconcile its run now.
+
+    A deleted child is found by the reconcile itself (status records it), so one deleted while the operator
+    was down counts too."""
+    owner = controller_name(dict(body), KIND)
+    if owner and memo.runtime.memory.child_event_matters(type, dict(body)):
+        memo.runtime.reconcile_run(namespace, owner, "child")
+
+
+@kopf.on.event("v1", "pods", labels=MANAGED)
+def pod_changed(type: Optional[str], body: kopf.Body, namespace: str, labels: kopf.Labels, memo: kopf.Memo,
+                **_: Any) -> None:
+    """A run's pod cannot pull its image, cannot be scheduled, restarted or is gone: say so in seconds."""
+    run = labels.get(RUN_LABEL)
+    if run and memo.runtime.memory.pod_event_matters(type, dict(body)):
+        memo.runtime.reconcile_run(namespace, run, "pod")

@@ -1,0 +1,134 @@
+"""The processes a local run starts in place of its children: the preprocessing Job's shards and the
+MPIJob's training, and what they leave behind, written as those children's status as their controllers
+(the Job controller, the MPI operator) would write it.
+
+Preprocessing runs as `parallelism` shard processes (what the Indexed Job runs, one pod per shard);
+training runs `horovodrun -np N scalingrun-trainer train` (what the MPIJob launcher runs), or for a
+multi-worker-mirrored run `mpirun -np N`, and for a pytorch-lightning run `mpirun -np N` with the Lightning venv's
+python.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from scalingrun_api.models import Framework, ScalingRun, Strategy
+
+
+class LocalRunError(RuntimeError):
+    """Why a local run cannot start; the message says what to do."""
+
+
+def _horovodrun() -> str:
+    """The venv's horovodrun even when the venv is not activated."""
+    beside = Path(sys.executable).with_name("horovodrun")
+    found = str(beside) if beside.exists() else shutil.which("horovodrun")
+    if not found:
+        raise LocalRunError("horovodrun not found: run scripts/setup.sh (it builds Horovod)")
+    return found
+
+
+def _lightning_python() -> str:
+    """The PyTorch Lightning venv's python (SCALINGRUN_LIGHTNING_PYTHON, else .venv-lightning beside this venv):
+    torch lives in its own venv, never in the Keras one."""
+    explicit = os.environ.get("SCALINGRUN_LIGHTNING_PYTHON")
+    candidates = [Path(explicit)] if explicit else [Path(sys.prefix).parent / ".venv-lightning" / "bin" / "python"]
+    for candidate in candidates:
+        if candidate.exists():
+            return str(candidate)
+    raise LocalRunError(f"no PyTorch Lightning venv at {candidates[0]}: run SCALINGRUN_PROFILE=lightning "
+                        "scripts/setup.sh (or set SCALINGRUN_LIGHTNING_PYTHON)")
+
+
+def _mpirun(processes: int) -> list[str]:
+    """Debian Open MPI's mpirun, one process per slot on this host (root needs --allow-run-as-root)."""
+    found = shutil.which("mpirun")
+    if not found:
+        raise LocalRunError("mpirun not found: install Open MPI (scripts/setup.sh installs openmpi-bin)")
+    root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+    return [found, *root, "-np", str(processes), "--oversubscribe", "-bind-to", "none"]
+
+
+@dataclass(frozen=True)
+class Commands:
+    """The command lines of a local run's processes."""
+
+    def preprocess(self, config: Path, shards: int, index: int, workers: int) -> list[str]:
+        return [sys.executable, "-m", "scalingrun_trainer.cli", "preprocess", "--config", str(config),
+                "--shard-count", str(shards), "--shard-index", str(index), "--workers", str(workers)]
+
+    def train(self, run: ScalingRun, processes: int, config: Path) -> list[str]:
+        """horovodrun for Keras + Horovod; mpirun for the engines that take rank and world size from MPI, as the
+        MPIJob launcher starts them too: Lightning DDP (with the Lightning venv's python), Keras
+        multi-worker-mirrored."""
+        train = ["-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
+        training = run.spec.training
+        if training.framework == Framework.pytorch_lightning.value:
+            return [*_mpirun(processes), _lightning_python(), *train]
+        if training.strategy == Strategy.multi_worker_mirrored.value:
+            return [*_mpirun(processes), sys.executable, *train]
+        return [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", sys.executable, *train]
+
+
+@dataclass
+class Shards:
+    """The preprocessing's shard processes; `finish()` waits for them and says how they ended as a Job's status."""
+
+    procs: list[subprocess.Popen]
+    relay: Callable[[str], None]
+    relays: list[threading.Thread] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, commands: list[list[str]], env: dict[str, str], relay: Callable[[str], None]) -> "Shards":
+        procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                 for c in commands]
+        shards = cls(procs, relay)
+        shards.relays = [threading.Thread(target=shards._relay, args=(p.stderr,), daemon=True) for p in procs]
+        for thread in shards.relays:
+            thread.start()
+        return shards
+
+    def _relay(self, stream) -> None:
+        for line in stream:
+            self.relay("  " + line.rstrip())
+
+    def finish(self, stamp: str) -> dict:
+        """Waits for every shard; the Job status the Job controller would write for them."""
+        summaries = []
+        for proc in self.procs:
+            out = proc.stdout.read()
+            proc.wait()
+            lines = [line for line in out.splitlines() if line.startswith("{")]
+            summaries.append((proc.returncode, json.loads(lines[-1]) if lines else {"error": "no summary"}))
+        for thread in self.relays:
+            thread.join()
+        failed = [(index, summary) for index, (code, summary) in enumerate(summaries) if code != 0]
+        status = {"succeeded": len(summaries) - len(failed), "failed": len(failed)}
+        if failed:
+            index, summary = failed[0]
+            message = (f"{len(failed)} of {len(summaries)} shards failed; first: shard {index}: "
+                       f"{summary.get('error', 'see the log')}")
+            return {**status, "conditions": [{"type": "Failed", "status": "True", "reason": "ShardsFailed",
+                                              "message": message, "lastTransitionTime": stamp}]}
+        return {**status, "completionTime": stamp,
+                "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": stamp}]}
+
+
+def training_status(code: Optional[int], stamp: str) -> dict:
+    """The MPIJob status the MPI operator would write: Running while `code` is None, then how it ended."""
+    if code is None:
+        return {"conditions": [{"type": "Running", "status": "True", "reason": "Started",
+                                "lastTransitionTime": stamp}]}
+    if code == 0:
+        return {"completionTime": stamp, "conditions": [{"type": "Succeeded", "status": "True", "reason": "Exited",
+                                                          "lastTransitionTime": stamp}]}
+    return {"conditions": [{"type": "Failed", "status": "True", "reason": "TrainerExited",
+                            "message": f"the training exited with code {code}", "lastTransitionTime": stamp}]}

@@ -1,0 +1,443 @@
+"""decide_run as a table: for each phase, a world in (the run's last status, its children, pods and documents)
+and what decide returns out (the phase, the actions on children, conditions, Events, when to look again).
+Every root cause and interruption the operator reports has a row; so do the children it may not touch."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import pytest
+
+from scalingrun_operator.decide.snapshot import Patch, Server, Settings
+from tests.unit.decide_world import (
+    NOW, OWNER, World, condition, config_map, conditions, done, job, manifest, mpijob, preprocessing_status,
+    progress, stamp, training_status, actions,
+)
+from tests.unit.test_pods import pod, unschedulable, waiting
+
+OTHER = {**OWNER, "name": "other", "uid": "other-uid"}
+OOM = {"exitCode": 137, "reason": "OOMKilled"}
+RECORDS = [{"name": "demo-train-launcher-aaaaa", "uid": "l-a", "role": "launcher", "restarts": 0, "lost": False},
+           {"name": "demo-train-worker-0", "uid": "w0-a", "role": "worker", "restarts": 0, "lost": False},
+           {"name": "demo-train-worker-1", "uid": "w1-a", "role": "worker", "restarts": 0, "lost": False}]
+
+
+def training_pods(launcher_restarts: int = 0, worker1: Optional[dict] = None, launcher: str = "demo-train-launcher-aaaaa",
+                  **worker0: Any) -> list[dict]:
+    """The launcher and two workers as the MPI operator makes them (their node assigned)."""
+    restarted = {"lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}} if launcher_restarts else {}
+    pods = [pod(launcher, "launcher", uid="l-a" if launcher.endswith("aaaaa") else "l-b",
+                containers=[{"name": "launcher", "restartCount": launcher_restarts, "state": {"running": {}},
+                             **restarted}]),
+            pod("demo-train-worker-0", "worker", uid="w0-a", **worker0),
+            worker1 if worker1 is not None else pod("demo-train-worker-1", "worker", uid="w1-a")]
+    for p in pods:
+        p["spec"]["nodeName"] = "node-1"
+    return pods
+
+
+def preprocess_pod(**kwargs: Any) -> dict:
+    found = pod("demo-preprocess-0-abcde", "preprocess", **kwargs)
+    found["spec"]["containers"][0]["resources"] = {"limits": {"memory": "256Mi"}}
+    return found
+
+
+def preprocessing(**changes: Any) -> World:
+    base: dict[str, Any] = dict(status=preprocessing_status(), children={"ConfigMap": config_map(), "Job": job()})
+    base.update(changes)
+    return World(**base)
+
+
+def training(**changes: Any) -> World:
+    base: dict[str, Any] = dict(status=training_status(pods=copy.deepcopy(RECORDS)), pods=training_pods(),
+                                children={"ConfigMap": config_map(), "Job": job(done("Complete"), succeeded=2),
+                                          "MPIJob": mpijob(done("Running"))},
+                                manifest=manifest(), progress=progress())
+    base.update(changes)
+    return World(**base)
+
+
+@dataclass
+class Row:
+    name: str
+    world: Callable[[], World]
+    phase: Optional[str]
+    actions: list[tuple[str, str]] = field(default_factory=list)
+    conditions: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # type -> (status, reason, in message)
+    events: list[str] = field(default_factory=list)
+    recheck: Optional[float] = None
+    again: bool = False
+    settings: Settings = Settings()
+    check: Optional[Callable[[Any], None]] = None
+
+
+def pod_problem(name: str, world: Callable[[], World], reason: str, words: str, phase: str, held: str,
+                events: Optional[list[str]] = None) -> Row:
+    return Row(name, world, phase, conditions={"PodsHealthy": ("False", reason, words), held: ("Unknown", reason, words)},
+               events=events or [reason], check=lambda d: d.desired["message"].startswith(f"{reason}: pod "))
+
+
+def _pin(decision) -> None:
+    assert decision.pin and '"replicas":2' in decision.pin
+
+
+def _not_indexed(decision) -> None:
+    created = [a.obj for a in decision.actions if a.obj.get("kind") == "Job"]
+    assert created[0]["spec"]["completions"] == 1 and "--all-shards" in created[0]["spec"]["template"]["spec"][
+        "containers"][0]["command"]
+
+
+def _mpijob_uid_recorded(decision) -> None:
+    created = [a for a in decision.actions if a.obj.get("kind") == "MPIJob"]
+    assert created[0].uid_at == ("training", "mpiJobUid")
+
+
+def _suspend(value: bool, event: str) -> Callable[[Any], None]:
+    def check(decision) -> None:
+        patch = [a for a in decision.actions if isinstance(a, Patch)][0]
+        assert patch.patch == {"spec": {"runPolicy": {"suspend": value}}} and patch.event.reason == event
+    return check
+
+
+def _adopted(extra: Optional[dict] = None) -> Callable[[Any], None]:
+    def check(decision) -> None:
+        patch = [a for a in decision.actions if isinstance(a, Patch)][0]
+        assert patch.adopt and patch.patch["metadata"]["ownerReferences"][-1]["uid"] == "run-uid"
+        for key, value in (extra or {}).items():
+            assert patch.patch[key] == value
+    return check
+
+
+def _follows_progress(decision) -> None:
+    document, version = decision.follow
+    assert document.uri == "s3://data/parquet/runs/demo/progress.json" and version == "v1"
+
+
+def _stalled(decision) -> None:
+    assert decision.follow is None and decision.recheck_in is None and decision.status["completionTime"]
+
+
+def _with(world: World, **status: Any) -> World:
+    world.status.update(status)
+    return world
+
+
+def _spec(world: World, section: str, **values: Any) -> World:
+    world.spec.setdefault(section, {}).update(values)
+    return world
+
+
+def _records(**changes: Any) -> list[dict]:
+    records = copy.deepcopy(RECORDS)
+    for record in records:
+        record.update(changes.get(record["name"], {}))
+    return records
+
+
+CM_DATA = config_map()["data"]
+ROWS = [
+    # --- Pending --------------------------------------------------------------------------------------
+    Row("a new run pins its spec and makes its ConfigMap and preprocessing Job",
+        lambda: World(pinned=False), "Preprocessing", [("create", "ConfigMap"), ("create", "Job")],
+        {"Preprocessed": ("Unknown", "Running", "Job demo-preprocess: 0 of 2 shards done"),
+         "Ready": ("False", "Preprocessing", "Job demo-preprocess")}, ["Pending", "Preprocessing"], check=_pin),
+    Row("a dataset made with the same parameters is reused: no Job, straight to training",
+        lambda: World(manifest=manifest()), "Training", [("create", "ConfigMap"), ("create", "MPIJob")],
+        {"Preprocessed": ("True", "DatasetReused", "already made from the same source with the same parameters"),
+         "Trained": ("Unknown", "Running", "MPIJob demo-train: no epoch finished")},
+        ["Pending", "Training"], check=_mpijob_uid_recorded),
+    Row("a dataset made with other parameters is made again, and the Job says why",
+        lambda: World(manifest=manifest(parameters={"imageSize": 64})), "Preprocessing",
+        [("create", "ConfigMap"), ("create", "Job")], {"Preprocessed": ("Unknown", "Running", "0 of 2")},
+        ["Pending", "Preprocessing"],
+        check=lambda d: d.actions[1].event.reason == "PreprocessingAgain" and "other parameters" in d.actions[1].event.message),
+    Row("a server without Indexed Jobs gets one pod that runs every shard in turn",
+        lambda: World(server=Server(1, 20, "v1.20.2")), "Preprocessing", [("create", "ConfigMap"), ("create", "Job")],
+        {"Preprocessed": ("Unknown", "Running", "one pod runs the 2 shards in turn; this server (v1.20.2) has no "
+                                                "Indexed Jobs")}, ["Pending", "Preprocessing"], check=_not_indexed),
+    Row("an invalid spec fails the run, names the field and touches nothing",
+        lambda: _spec(World(pinned=False), "workers", replicas=0), "Failed", [],
+        {"Failed": ("True", "InvalidSpec", "spec.workers.replicas"), "Stalled": ("True", "Failed", "InvalidSpec")},
+        ["Failed"], check=lambda d: d.pin is None),
+    Row("storage that cannot be read is a condition, a Warning and a look again later",
+        lambda: World(storage_error="NoSuchBucket: bucket data does not exist"), "Pending", [],
+        {"StorageReadable": ("False", "StorageError", "NoSuchBucket")}, ["Pending", "StorageUnreadable"], recheck=30),
+    Row("a storage error already reported is not reported again",
+        lambda: World(storage_error="NoSuchBucket", status={"phase": "Pending", "conditions": [
+            condition("StorageReadable", "False", "StorageError", "NoSuchBucket; retrying every 30 s")]}),
+        "Pending", [], {"StorageReadable": ("False", "StorageError", "NoSuchBucket")}, [], recheck=30),
+    # --- Preprocessing ----------------------------------------------------------------------------------
+    Row("shards done are counted while the Job runs",
+        lambda: preprocessing(children={"ConfigMap": config_map(), "Job": job(succeeded=1)}), "Preprocessing", [],
+        {"Preprocessed": ("Unknown", "Running", "Job demo-preprocess: 1 of 2 shards done")}),
+    pod_problem("a preprocessing pod that cannot pull its image",
+                lambda: preprocessing(pods=[preprocess_pod(phase="Pending", containers=waiting(
+                    "preprocess", "ImagePullBackOff", "not found"))]),
+                "ImagePullFailed", "cannot pull image 'registry.example/trainer:missing'", "Preprocessing",
+                "Preprocessed"),
+    pod_problem("a preprocessing pod whose Secret key is missing",
+                lambda: preprocessing(pods=[preprocess_pod(phase="Pending", containers=waiting(
+                    "preprocess", "CreateContainerConfigError", 'couldn\'t find key AWS_KEY in Secret ml/creds'))]),
+                "ContainerConfigError", "check the Secrets the run names", "Preprocessing", "Preprocessed"),
+    pod_problem("a preprocessing pod that cannot be scheduled",
+                lambda: preprocessing(pods=[preprocess_pod(phase="Pending", containers=[], conditions=unschedulable(
+                    "0/3 nodes are available: 3 Insufficient memory."))]),
+                "Unschedulable", "spec.dataset.preprocessing.resources", "Preprocessing", "Preprocessed"),
+    pod_problem("a preprocessing pod killed for memory",
+                lambda: preprocessing(pods=[preprocess_pod(containers=waiting(
+                    "preprocess", "CrashLoopBackOff", restarts=2, last=OOM))]),
+                "OOMKilled", "its limit of 256Mi", "Preprocessing", "Preprocessed"),
+    pod_problem("a preprocessing pod that keeps crashing",
+                lambda: preprocessing(pods=[preprocess_pod(containers=waiting(
+                    "preprocess", "CrashLoopBackOff", restarts=3, last={"exitCode": 2, "reason": "Error"}))]),
+                "CrashLoopBackOff", "keeps crashing (restarted 3 times", "Preprocessing", "Preprocessed"),
+    pod_problem("an evicted preprocessing pod",
+                lambda: preprocessing(pods=[preprocess_pod(phase="Failed", reason="Evicted",
+                                                           message="The node was low on resource: memory.")]),
+                "Evicted", "was evicted: The node was low on resource", "Preprocessing", "Preprocessed"),
+    pod_problem("a preprocessing pod Pending past 45 s with nothing else known",
+                lambda: preprocessing(pods=[preprocess_pod(phase="Pending", containers=[], created=stamp(1))]),
+                "PodPending", "has been Pending since", "Preprocessing", "Preprocessed"),
+    Row("a pod Pending for less than 45 s is looked at again when it reaches them",
+        lambda: preprocessing(pods=[preprocess_pod(phase="Pending", containers=[], created=stamp(0.5))]),
+        "Preprocessing", [], {"Preprocessed": ("Unknown", "Running", "0 of 2")}, recheck=16),
+    Row("a pod problem that went away is said to be gone",
+        lambda: _with(preprocessing(), conditions=preprocessing_status(condition(
+            "PodsHealthy", "False", "ImagePullFailed", "pod x cannot pull"))["conditions"]),
+        "Preprocessing", [], {"PodsHealthy": ("True", "PodsRunning", "no pod of the run reports a problem")}),
+    Row("a Job that completed with its manifest written: preprocessed, and the MPIJob is made",
+        lambda: preprocessing(children={"ConfigMap": config_map(), "Job": job(done("Complete"), succeeded=2)},
+                              manifest=manifest()), "Training", [("create", "MPIJob")],
+        {"Preprocessed": ("True", "Preprocessed", "Job demo-preprocess: 45 images (40 train, 5 validation) in 3 "
+                                                  "classes, 1 undecodable files skipped")}, ["Training"]),
+    Row("a Job that completed waits a while for its manifest",
+        lambda: preprocessing(children={"ConfigMap": config_map(), "Job": job(done("Complete", minutes_ago=1),
+                                                                              succeeded=2)}),
+        "Preprocessing", [], {"Preprocessed": ("Unknown", "WaitingForManifest", "waiting for "
+                                                                               "s3://data/parquet/_manifest.json")},
+        recheck=30),
+    Row("a Job that completed without a manifest after the grace fails the run",
+        lambda: preprocessing(children={"ConfigMap": config_map(), "Job": job(done("Complete", minutes_ago=5),
+                                                                              succeeded=2)}),
+        "Failed", [], {"Preprocessed": ("False", "PreprocessingFailed", "does not describe this run's dataset "
+                                                                         "(there is none)")}, ["Failed"]),
+    Row("a failed Job fails the run with the shards done and what its pod said",
+        lambda: preprocessing(children={"ConfigMap": config_map(), "Job": job(done(
+            "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"), succeeded=1, failed=4)},
+            shards=("shard-00000-of-00002.json",),
+            pods=[preprocess_pod(phase="Failed", containers=[{"name": "preprocess", "restartCount": 0,
+                                                              "state": {"terminated": OOM}}])]),
+        "Failed", [], {"Preprocessed": ("False", "PreprocessingFailed", "1 of 2 shards succeeded, 4 pod failures; 1 of "
+                                                                        "2 shard manifests written"),
+                       "Failed": ("True", "PreprocessingFailed", "its limit of 256Mi"),
+                       "PodsHealthy": ("False", "OOMKilled", "killed for using more memory")}, ["Failed"], check=_stalled),
+    Row("a Job whose completion index the server dropped fails the run",
+        lambda: preprocessing(children={"ConfigMap": config_map(), "Job": _drop_index(job())}),
+        "Failed", [], {"Failed": ("True", "PreprocessingFailed", "has 2 completions but no completion index")},
+        ["Failed"]),
+    Row("a deleted Job is counted, said, and made anew on the next look",
+        lambda: preprocessing(children={"ConfigMap": config_map()}), "Preprocessing", [],
+        {"ChildDeleted": ("True", "JobDeleted", "Job demo-preprocess was deleted while the run was Preprocessing; "
+                                                "counted as interruption 1 of the 2 allowed")}, ["ChildDeleted"],
+        again=True, check=lambda d: d.desired["preprocessing"]["jobName"] is None and d.desired["training"]["restarts"] == 1),
+    Row("a Job deleted once too often fails the run",
+        lambda: _with(preprocessing(children={"ConfigMap": config_map()}), training={"restarts": 2}), "Failed", [],
+        {"Failed": ("True", "BackoffLimitExceeded", "3 interruptions exceed spec.training.backoffLimit (2)")},
+        ["ChildDeleted", "Failed"]),
+    # --- Training --------------------------------------------------------------------------------------
+    Row("training mirrors the progress document and follows it",
+        training, "Training", [], {"Trained": ("Unknown", "Running", "MPIJob demo-train: epoch 2 of 5, val_accuracy "
+                                                                     "0.7500")},
+        check=lambda d: (_follows_progress(d), d.desired["training"]["epoch"] == 2)),
+    pod_problem("a worker that cannot pull its image",
+                lambda: training(pods=training_pods(phase="Pending", containers=waiting("worker", "ErrImagePull"))),
+                "ImagePullFailed", "pod demo-train-worker-0 container worker cannot pull image", "Training", "Trained"),
+    pod_problem("a worker that cannot be scheduled names the workers' fields",
+                lambda: training(pods=training_pods(phase="Pending", containers=[], conditions=unschedulable(
+                    "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."))),
+                "Unschedulable", "spec.workers.cpu/memory/gpusPerWorker", "Training", "Trained"),
+    pod_problem("a worker killed for memory: its restart is an interruption too",
+                lambda: training(pods=training_pods(containers=waiting("worker", "CrashLoopBackOff", restarts=1,
+                                                                       last=OOM))),
+                "OOMKilled", "raise spec.workers.memory", "Training", "Trained", ["WorkerPodLost", "OOMKilled"]),
+    Row("a deleted worker is an interruption with its last state",
+        lambda: training(pods=training_pods()[:2], deleted={"w1-a": "it was Running"}), "Training", [],
+        {"Trained": ("Unknown", "Running", "epoch 2")}, ["WorkerPodLost"],
+        check=lambda d: d.desired["training"]["restarts"] == 1 and d.desired["training"]["workerPodsLost"] == 1),
+    Row("a worker replaced while nobody looked is an interruption",
+        lambda: training(pods=training_pods(worker1=pod("demo-train-worker-1", "worker", uid="w1-b"))), "Training", [],
+        {}, ["WorkerPodLost"], check=lambda d: d.desired["training"]["pods"][2]["uid"] == "w1-b"),
+    Row("an evicted worker is an interruption, counted once",
+        lambda: training(pods=training_pods(phase="Failed", reason="Evicted", message="low on memory")), "Training",
+        [], {"PodsHealthy": ("False", "Evicted", "was evicted")}, ["WorkerPodLost", "Evicted"]),
+    Row("a launcher restart is an interruption with its exit code",
+        lambda: training(pods=training_pods(launcher_restarts=1)), "Training", [], {}, ["LauncherRestarted"],
+        check=lambda d: d.desired["training"]["launcherRestarts"] == 1),
+    Row("a new launcher pod counts the old one lost",
+        lambda: training(pods=training_pods(launcher="demo-train-launcher-bbbbb")), "Training", [], {},
+        ["LauncherRestarted"]),
+    Row("interruptions over the limit fail the run and suspend its MPIJob",
+        lambda: training(status=training_status(pods=copy.deepcopy(RECORDS), restarts=2),
+                         pods=training_pods()[:2]), "Failed", [("patch", "MPIJob")],
+        {"Failed": ("True", "BackoffLimitExceeded", "3 interruptions exceed")}, ["WorkerPodLost", "Failed"],
+        check=_suspend(True, "Suspending")),
+    Row("a deleted MPIJob is counted, said, and made anew on the next look",
+        lambda: training(children={"ConfigMap": config_map(), "Job": job(done("Complete"), succeeded=2)}),
+        "Training", [], {"ChildDeleted": ("True", "MPIJobDeleted", "a new MPIJob resumes from the last checkpoint")},
+        ["ChildDeleted"], again=True, check=lambda d: d.desired["training"]["mpiJobUid"] is None),
+    Row("an MPIJob replaced by someone else is counted and kept",
+        lambda: training(children={"ConfigMap": config_map(), "MPIJob": mpijob(done("Running"), uid="mpi-2")}),
+        "Training", [], {"ChildDeleted": ("True", "MPIJobDeleted", "was deleted and replaced")}, ["ChildDeleted"],
+        check=lambda d: d.desired["training"]["mpiJobUid"] == "mpi-2"),
+    Row("a succeeded MPIJob with its final progress: the run succeeded",
+        lambda: training(children={"ConfigMap": config_map(), "MPIJob": mpijob(done("Succeeded"),
+                                                                               completion=stamp(1))},
+                         progress=progress("succeeded", 5, modelUri="s3://data/model.keras")),
+        "Succeeded", [], {"Trained": ("True", "Succeeded", "succeeded after epoch 5 of 5; best val_accuracy 0.7500; "
+                                                           "model at s3://data/model.keras"),
+                          "Ready": ("True", "Succeeded", "MPIJob demo-train succeeded")}, ["Succeeded"],
+        check=lambda d: d.desired["modelUri"] == "s3://data/model.keras" and d.follow is None),
+    Row("a succeeded MPIJob waits a while for the final progress",
+        lambda: training(children={"ConfigMap": config_map(), "MPIJob": mpijob(done("Succeeded"),
+                                                                               completion=stamp(0.5))}),
+        "Training", [], {"Trained": ("Unknown", "WaitingForProgress", "waiting for the final")}, recheck=30),
+    Row("an MPIJob removed by its TTL after it succeeded is no interruption",
+        lambda: training(status=training_status(condition("Trained", "Unknown", "WaitingForProgress", "")),
+                         children={"ConfigMap": config_map()}, progress=progress("succeeded", 5)),
+        "Succeeded", [], {"Trained": ("True", "Succeeded", "after epoch 5 of 5")}, ["Succeeded"],
+        check=lambda d: "ChildDeleted" not in conditions(d)),
+    Row("a failed MPIJob fails the run with the trainer's error, what a pod said and the launcher's log",
+        lambda: training(children={"ConfigMap": config_map(), "MPIJob": mpijob(done(
+            "Failed", "MPIJobFailed", "launcher exited 1"))}, progress=progress(error="ValueError: bad weights"),
+            pods=training_pods(containers=[{"name": "worker", "restartCount": 0,
+                                            "state": {"terminated": OOM}}], phase="Failed")),
+        "Failed", [], {"Trained": ("False", "MPIJobFailed", "trainer reported: ValueError: bad weights"),
+                       "Failed": ("True", "MPIJobFailed", "line 1\nline 2")}, ["Failed"],
+        check=lambda d: d.desired["training"]["launcherLogTail"] == "line 1\nline 2"),
+    Row("suspending the run suspends its MPIJob, with an Event",
+        lambda: _spec(training(), "runPolicy", suspend=True), "Suspended", [("patch", "MPIJob")],
+        {"Suspended": ("True", "Suspended", "set it to false to resume")}, ["Suspended"],
+        check=_suspend(True, "Suspending")),
+    Row("resuming the run resumes its MPIJob",
+        lambda: training(status=training_status(condition("Suspended", "True", "Suspended", "")),
+                         children={"ConfigMap": config_map(), "MPIJob": mpijob(done("Suspended"), suspend=True)}),
+        "Training", [("patch", "MPIJob")], {"Suspended": ("False", "Resumed", "MPIJob demo-train resumed")},
+        check=_suspend(False, "Resuming")),
+    Row("training that waits for its input is InputBound, said once",
+        lambda: training(progress=progress(inputHistory=[{"epoch": 1, "inputWaitFraction": 0.5},
+                                                         {"epoch": 2, "inputWaitFraction": 0.6}])),
+        "Training", [], {"InputBound": ("True", "InputWaitHigh", "spec.training.input.readerWorkers")},
+        ["InputWaitHigh"]),
+    Row("a spec changed after the start is recorded, not applied",
+        lambda: _spec(training(), "workers", replicas=4), "Training", [],
+        {"SpecChangeIgnored": ("True", "ImmutableFieldChanged", "spec.workers.replicas changed after the run started")},
+        ["SpecChangeIgnored"]),
+    Row("a finished run is left as it is",
+        lambda: training(status={**training_status(), "phase": "Succeeded"}, children={}), "Succeeded", [],
+        check=lambda d: d.status is None and d.actions == () and d.events == ()),
+    Row("a run that failed for its spec is looked at again once the spec is edited",
+        lambda: World(generation=2, pinned=False, status={"phase": "Failed", "observedGeneration": 1, "conditions": [
+            condition("Failed", "True", "InvalidSpec", "spec.workers.replicas")]}),
+        "Preprocessing", [("create", "ConfigMap"), ("create", "Job")], {}, ["Pending", "Preprocessing"],
+        check=lambda d: "Failed" not in conditions(d)),
+    # --- children that are not the run's (issue 23, item 2) -----------------------------------------------
+    Row("a Job of the run's name that another run controls is left alone, and said",
+        lambda: World(children={"Job": job(owner=OTHER)}), "Pending", [],
+        {"ChildConflict": ("True", "NameTaken", "Job demo-preprocess already exists in namespace ml and belongs to "
+                                                "ScalingRun other (uid other-uid): it is left untouched")},
+        ["Pending", "ChildConflict"], recheck=10,
+        check=lambda d: d.desired["message"].startswith("ChildConflict: Job demo-preprocess")),
+    Row("a Job of the run's name without its labels is left alone, and said",
+        lambda: World(children={"Job": _unlabelled(job(owner=None))}), "Pending", [],
+        {"ChildConflict": ("True", "NameTaken", "has no controller but lacks this owner's labels "
+                                                "(scalingrun.dev/run=demo")}, ["Pending", "ChildConflict"], recheck=10),
+    Row("an orphaned Job with the run's labels is adopted",
+        lambda: World(children={"Job": job(owner=None)}), "Preprocessing", [("adopt", "Job")],
+        {"Preprocessed": ("Unknown", "Running", "0 of 2")}, ["Pending", "Preprocessing"], check=_adopted()),
+    Row("the run's ConfigMap is brought to what its spec renders",
+        lambda: World(children={"ConfigMap": config_map(data={"config.json": "{}", "stale": "x"})}), "Preprocessing",
+        [("patch", "ConfigMap"), ("create", "Job")], {}, ["Pending", "Preprocessing"],
+        check=lambda d: d.actions[0].patch == {"data": {"stale": None, **CM_DATA}}),
+    Row("an orphaned ConfigMap with the run's labels is adopted and brought to the spec in one patch",
+        lambda: World(children={"ConfigMap": _orphan(config_map(data={"config.json": "{}"}))}), "Preprocessing",
+        [("adopt", "ConfigMap"), ("create", "Job")], {}, ["Pending", "Preprocessing"],
+        check=_adopted({"data": CM_DATA})),
+    Row("a ConfigMap of the run's name that another run controls blocks the Job",
+        lambda: World(children={"ConfigMap": owned_by_other(config_map())}), "Pending", [],
+        {"ChildConflict": ("True", "NameTaken", "ConfigMap demo-config already exists")}, ["Pending", "ChildConflict"],
+        recheck=10),
+    Row("an MPIJob of the run's name that another run controls holds the run before training",
+        lambda: preprocessing(children={"ConfigMap": config_map(), "Job": job(done("Complete"), succeeded=2),
+                                        "MPIJob": mpijob(owner=OTHER)}, manifest=manifest()),
+        "Preprocessing", [], {"Preprocessed": ("True", "Preprocessed", "45 images"),
+                              "ChildConflict": ("True", "NameTaken", "MPIJob demo-train already exists in namespace "
+                                                                     "ml and belongs to ScalingRun other")},
+        ["ChildConflict"], recheck=10),
+    Row("once the name is free the conflict is over",
+        lambda: World(status={"phase": "Pending", "conditions": [condition(
+            "ChildConflict", "True", "NameTaken", "Job demo-preprocess already exists")]}),
+        "Preprocessing", [("create", "ConfigMap"), ("create", "Job")],
+        {"ChildConflict": ("False", "NameFree", "the run's children are its own")}, ["Preprocessing"]),
+]
+
+
+def _drop_index(found: dict) -> dict:
+    found["spec"].pop("completionMode")
+    return found
+
+
+def _unlabelled(found: dict) -> dict:
+    found["metadata"]["labels"] = {"app": "something-else"}
+    return found
+
+
+def _orphan(found: dict) -> dict:
+    found["metadata"]["ownerReferences"] = []
+    return found
+
+
+def owned_by_other(found: dict) -> dict:
+    found["metadata"]["ownerReferences"] = [OTHER]
+    return found
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[row.name for row in ROWS])
+def test_decide_run(row: Row):
+    world = row.world()
+    decision = world.decide(row.settings)
+    assert decision.phase == row.phase
+    assert actions(decision) == row.actions
+    found = conditions(decision)
+    for type_, (status, reason, words) in row.conditions.items():
+        assert type_ in found, f"no {type_} condition in {sorted(found)}"
+        assert found[type_][:2] == (status, reason), found[type_]
+        assert words in found[type_][2], found[type_][2]
+    assert [e.reason for e in decision.events] == row.events, [(e.reason, e.message) for e in decision.events]
+    if row.recheck is None:
+        assert decision.recheck_in is None
+    else:
+        assert decision.recheck_in == pytest.approx(row.recheck, abs=1)
+    assert decision.again is row.again
+    if row.check:
+        assert row.check(decision) is not False
+
+
+def test_decide_is_the_same_on_the_same_snapshot_and_reads_no_clock():
+    """Level-triggered: a look that comes twice decides the same; the time is the snapshot's."""
+    first, second = training(pods=training_pods()[:2]).decide(), training(pods=training_pods()[:2]).decide()
+    assert first == second
+    stamps = {c["lastTransitionTime"] for c in first.desired["conditions"] if c["type"] == "PodsHealthy"} | {
+        first.desired["startTime"]}
+    assert stamps <= {stamp(10), NOW.strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def test_what_decide_wrote_is_what_it_reads_next_time():
+    """Applying a decision's status and looking again changes nothing more: no second Event, no patch."""
+    world = training(pods=training_pods()[:2], deleted={"w1-a": "it was Running"})
+    first = world.decide()
+    world.status = copy.deepcopy(dict(first.desired))
+    again = world.decide()
+    assert [e.reason for e in first.events] == ["WorkerPodLost"]
+    assert again.events == () and again.status is None and again.actions == ()
