@@ -72,7 +72,7 @@ class Preprocessing(ApiModel):
         None,
         ge=1,
         le=16384,
-        description="Horovod processes the dataset is laid out for (>= 2 row groups per process and split); "
+        description="Training processes the dataset is laid out for (>= 2 row groups per process and split); "
         "default and minimum: this run's processes. A ScalingSweep sets its largest point's, so that every "
         "point reads one dataset.",
     )
@@ -135,11 +135,13 @@ class Toleration(ApiModel):
 
 
 class Workers(ApiModel):
-    """The MPIJob workers: one Horovod process per GPU (slotsPerWorker = gpusPerWorker)."""
+    """The MPIJob workers: one training process per GPU (slotsPerWorker = gpusPerWorker), or one per worker using
+    all of its GPUs under training.strategy multi-worker-mirrored (slotsPerWorker = 1)."""
 
     replicas: int = Field(1, ge=1, le=1024, description="Number of worker pods (usually nodes).")
     gpus_per_worker: int = Field(
-        1, ge=0, le=16, description="GPUs per worker, = Horovod slots per worker; 0 trains on CPU (1 slot)."
+        1, ge=0, le=16, description="GPUs per worker, = training processes (MPI slots) per worker, except under "
+        "multi-worker-mirrored (one process using them all); 0 trains on CPU (1 slot)."
     )
     cpu: Optional[Quantity] = Field(None, description="CPU per worker, e.g. 8.")
     memory: Optional[Quantity] = Field(None, description="Memory per worker, e.g. 32Gi.")

@@ -84,7 +84,8 @@ class TrainingStatus(ApiModel):
     """Progress of the training, mirrored from the trainer's progress document."""
 
     mpi_job_name: Optional[str] = Field(None, description="Name of the MPIJob.")
-    processes: Optional[int] = Field(None, description="Horovod processes (replicas x slots).")
+    processes: Optional[int] = Field(None, description="Training processes (replicas x slots): one per GPU, or one "
+                                     "per worker under multi-worker-mirrored.")
     epoch: Optional[int] = Field(None, description="Last finished epoch (1-based).")
     max_epochs: Optional[int] = Field(None, description="Epoch limit.")
     best_epoch: Optional[int] = Field(None, description="Epoch with the best monitored metric.")
