@@ -80,8 +80,8 @@ def check_shardable(dataset: Dataset, readers: int) -> None:
 
 
 def open_reader(dataset: Dataset, split: str, *, shard: int, shards: int, seed: int, reader_threads: int,
-                **petastorm_options: Any):
-    """A Petastorm batch reader of (image, label) over `split`, shard `shard` of `shards`, by the module's rules;
+                fields: tuple[str, ...] = ("image", "label"), **petastorm_options: Any):
+    """A Petastorm batch reader of `fields` over `split`, shard `shard` of `shards`, by the module's rules;
     `petastorm_options` are the engine's own (results_queue_size, transform_spec)."""
     from petastorm import make_batch_reader
 
@@ -89,8 +89,20 @@ def open_reader(dataset: Dataset, split: str, *, shard: int, shards: int, seed: 
     warnings.filterwarnings("ignore", category=FutureWarning, module="petastorm")
     training = split == "train"
     return make_batch_reader(
-        dataset.urls(split), schema_fields=["image", "label"], cur_shard=shard, shard_count=shards,
+        dataset.urls(split), schema_fields=list(fields), cur_shard=shard, shard_count=shards,
         # The same seed on every rank: row groups are shuffled identically, then split into disjoint shards.
         seed=seed, shuffle_row_groups=training, num_epochs=None if training else 1,
         workers_count=reader_threads, storage_options=dataset.storage_options(), **petastorm_options,
     )
+
+
+def validation_rows(dataset: Dataset, *, shard: int, shards: int, seed: int) -> int:
+    """The rows of the validation split in shard `shard`: what its reader delivers each epoch (the labels only are
+    read, to count them)."""
+    reader = open_reader(dataset, "validation", shard=shard, shards=shards, seed=seed, reader_threads=1,
+                         fields=("label",))
+    try:
+        return sum(len(batch.label) for batch in reader)
+    finally:
+        reader.stop()
+        reader.join()

@@ -10,6 +10,7 @@ from the same metrics. Only rank 0 logs, writes progress and commits checkpoints
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
@@ -18,6 +19,7 @@ from typing import Any, Callable, ContextManager, Optional
 
 from scalingrun_api.config import TrainerConfig
 from scalingrun_api.models import AUTO
+from ..core.dataset import validation_rows
 from ..core.input_wait import GpuSampler, combine_input_figures, reader_delay
 from ..core.probe import ProbeResult
 from ..core.progress import EpochRecorder
@@ -67,6 +69,11 @@ class KerasEngine:
     def distribute(self, make: Callable[[], Any]) -> Any:
         """The dataset `make()` builds, as the model's fit takes it."""
         return make()
+
+    def validation_steps(self, batches: Callable[[], int]) -> Optional[int]:
+        """The validation steps every rank takes (None: each rank reads its shard to the end); `batches()` counts
+        this rank's validation batches."""
+        return None
 
 
 def train(config: TrainerConfig, engine: KerasEngine) -> int:
@@ -199,11 +206,14 @@ def _train(attempt: Attempt, engine: KerasEngine) -> int:
 
     train_data = engine.distribute(reader_of("train", clock=clock, delay=reader_delay()))
     val_data = engine.distribute(reader_of("validation"))
+    validation_steps = engine.validation_steps(lambda: math.ceil(
+        validation_rows(dataset, shard=rank, shards=attempt.size, seed=seed) / scaled.batch_size_per_worker))
     attempt.started = time.monotonic()
     try:
         if attempt.initial_epoch < training.max_epochs:
             model.fit(train_data, steps_per_epoch=scaled.steps_per_epoch, epochs=training.max_epochs,
-                      initial_epoch=attempt.initial_epoch, validation_data=val_data, callbacks=callbacks,
+                      initial_epoch=attempt.initial_epoch, validation_data=val_data,
+                      validation_steps=validation_steps, callbacks=callbacks,
                       verbose=0)  # rank 0's EpochReporter prints one line per epoch
     finally:
         for reader in readers:
