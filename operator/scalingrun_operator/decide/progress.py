@@ -17,7 +17,7 @@ from scalingrun_api.progress import Progress, lenient
 from ..builders.config import total_processes
 
 # What status.training mirrors from progress.json: the fields the two models share, by name.
-MIRRORED = frozenset(Progress.model_fields.keys() & TrainingStatus.model_fields.keys())
+MIRRORED = frozenset(Progress.model_fields) & frozenset(TrainingStatus.model_fields)
 # What describes the last finished epoch: kept together, from one attempt.
 _EPOCH_FIELDS = ("epoch", "metrics", "best_epoch", "best_metrics", "images_per_second", "input_wait_fraction",
                  "gpu_utilization", "input_history")

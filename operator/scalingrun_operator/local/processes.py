@@ -66,9 +66,8 @@ class Commands:
                 "--shard-count", str(shards), "--shard-index", str(index), "--workers", str(workers)]
 
     def train(self, run: ScalingRun, processes: int, config: Path) -> list[str]:
-        """horovodrun for Keras + Horovod; mpirun for the engines that take rank and world size from MPI, as the
-        MPIJob launcher starts them too: Lightning DDP (with the Lightning venv's python), Keras
-        multi-worker-mirrored."""
+        """What the MPIJob launcher runs, here: horovodrun for Keras + Horovod; mpirun for the engines that take
+        rank and world size from MPI (Lightning DDP, with the Lightning venv's python; Keras multi-worker-mirrored)."""
         train = ["-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
         training = run.spec.training
         if training.framework == Framework.pytorch_lightning.value:
