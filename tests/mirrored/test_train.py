@@ -194,9 +194,10 @@ def test_auto_batch_size_and_a_slow_reader_show_in_progress(s3_server, dataset, 
     run = f"s3://{BUCKET}/runs/auto-slow"
     config = write_config(tmp_path / "config.json", s3_server, dataset, run, batchSizePerWorker="auto", maxEpochs=2,
                           earlyStopping={"enabled": False})
-    # Sizes >= 32 raise TensorFlow's ResourceExhaustedError, as a too-small GPU would; every batch waits 0.3 s.
+    # Sizes >= 32 raise TensorFlow's ResourceExhaustedError, as a too-small GPU would; every batch waits 1 s (a
+    # step of batch 16 took up to 0.3 s on the loaded 2-core machine, where a 0.3 s wait measured only 21%).
     result = run_training(mpirun, s3_server, config, without_horovod,
-                          {"SCALINGRUN_PROBE_OOM_AT": "32", "SCALINGRUN_DIAGNOSTIC_READER_DELAY": "0.3"})
+                          {"SCALINGRUN_PROBE_OOM_AT": "32", "SCALINGRUN_DIAGNOSTIC_READER_DELAY": "1.0"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     progress = read_json(s3_server, f"{run}/progress.json")
     probe = progress["batchSizeProbe"]
