@@ -80,17 +80,18 @@ def check_shardable(dataset: Dataset, readers: int) -> None:
 
 
 def open_reader(dataset: Dataset, split: str, *, shard: int, shards: int, seed: int, reader_threads: int,
-                **petastorm_options: Any):
+                in_order: bool = False, **petastorm_options: Any):
     """A Petastorm batch reader of (image, label) over `split`, shard `shard` of `shards`, by the module's rules;
-    `petastorm_options` are the engine's own (results_queue_size, transform_spec)."""
+    in_order: the shard once, unshuffled, whatever the split (the feature cache's pass; the shard is the same, since
+    the seed alone decides it); `petastorm_options` are the engine's own (results_queue_size, transform_spec)."""
     from petastorm import make_batch_reader
 
     # petastorm 0.13 on pyarrow 10 warns about deprecated pyarrow APIs on every reader.
     warnings.filterwarnings("ignore", category=FutureWarning, module="petastorm")
-    training = split == "train"
+    endless = split == "train" and not in_order
     return make_batch_reader(
         dataset.urls(split), schema_fields=["image", "label"], cur_shard=shard, shard_count=shards,
         # The same seed on every rank: row groups are shuffled identically, then split into disjoint shards.
-        seed=seed, shuffle_row_groups=training, num_epochs=None if training else 1,
+        seed=seed, shuffle_row_groups=endless, num_epochs=None if endless else 1,
         workers_count=reader_threads, storage_options=dataset.storage_options(), **petastorm_options,
     )
