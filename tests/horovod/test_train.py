@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pyarrow import fs as pafs
 
@@ -101,10 +102,11 @@ def test_two_ranks_train_report_checkpoint_and_save(s3_server, dataset, tmp_path
     assert any("tfevents" in i.base_name for i in events)  # TensorBoard logs, from rank 0 only
 
 
-def test_early_stopping_stops_both_ranks_on_the_same_epoch(s3_server, dataset, tmp_path):
-    run = f"s3://{BUCKET}/runs/early"
+@pytest.mark.parametrize("feature_cache", ["auto", "off"])
+def test_early_stopping_stops_both_ranks_on_the_same_epoch(s3_server, dataset, tmp_path, feature_cache):
+    run = f"s3://{BUCKET}/runs/early-{feature_cache}"
     # An unreachable minDelta: no epoch after the first counts as an improvement.
-    config = write_config(tmp_path, s3_server, dataset, run, maxEpochs=8,
+    config = write_config(tmp_path, s3_server, dataset, run, maxEpochs=8, featureCache=feature_cache,
                           earlyStopping={"monitor": "val_loss", "patience": 1, "minDelta": 100.0})
     result = run_training(s3_server, config)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -112,6 +114,42 @@ def test_early_stopping_stops_both_ranks_on_the_same_epoch(s3_server, dataset, t
     assert progress["epoch"] == 2 and progress["bestEpoch"] == 1
     assert progress["bestMetrics"]["val_loss"] == pytest.approx(progress["history"][0]["val_loss"], rel=1e-4)
     assert "Epoch 2: early stopping" in result.stdout
+    cache = progress["featureCache"]
+    if feature_cache == "auto":
+        # Both ranks cached their shards of both splits (240 images, 1280 float32 features each) once.
+        assert cache["used"] is True and cache["rows"] == 240 and cache["bytes"] == 240 * 1280 * 4
+        assert cache["seconds"] > 0 and cache["onDisk"] is False and "reason" not in cache
+        assert result.stdout.count("feature cache: the frozen base ran once over 240 images") == 1
+        assert re.search(r"\[0\]<stdout>:epoch 2/8: .*cached features", result.stdout)
+    else:
+        assert cache == {"used": False, "reason": "spec.training.featureCache is off"}
+        assert "feature cache" not in result.stdout and "cached features" not in result.stdout
+    # The saved model is the whole network (uint8 pixels in, probabilities out) with the best epoch's head.
+    saved, best = saved_model_and_best_weights(s3_server, run, tmp_path)
+    assert saved.input.dtype == "uint8" and tuple(saved.input.shape) == (None, SIZE, SIZE, 3)
+    assert saved.get_layer("preprocess_input") and saved.get_layer("mobilenetv2_1.00_32")
+    kernel, bias = saved.get_layer("head").get_weights()
+    np.testing.assert_array_equal(kernel, best[-2])
+    np.testing.assert_array_equal(bias, best[-1])
+    pixels = np.random.default_rng(0).integers(0, 256, (4, SIZE, SIZE, 3), dtype=np.uint8)
+    np.testing.assert_allclose(saved.predict(pixels, verbose=0).sum(axis=1), 1.0, rtol=1e-5)
+
+
+def saved_model_and_best_weights(server, run: str, tmp_path: Path):
+    """The run's model.keras loaded with plain Keras, and the best weights its last checkpoint kept."""
+    import tensorflow as tf
+
+    fs = s3(server)
+    state = read_json(server, f"{run}/checkpoints/state.json")
+    assert state["bestWeights"], state
+    folder = f"{run}/checkpoints/{state['checkpoint']}"[len("s3://"):]
+    best_file, model_file = tmp_path / "best.npz", tmp_path / "model.keras"
+    best_file.write_bytes(fs.open_input_stream(f"{folder}/best.npz").read())
+    model_file.write_bytes(fs.open_input_stream(f"{run}/model/model.keras"[len("s3://"):]).read())
+    with np.load(best_file) as saved:
+        best = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    # compile=False: the file's optimizer is Horovod's DistributedOptimizer, which plain Keras cannot rebuild.
+    return tf.keras.models.load_model(model_file, compile=False), best
 
 
 @pytest.mark.mlflow
@@ -152,6 +190,8 @@ def test_resume_continues_after_a_kill_in_the_same_mlflow_run(s3_server, mlflow_
             time.sleep(0.1)
     assert second.returncode == 0, err.read_text()[-3000:]
     assert f"resuming after epoch {saved}" in out.read_text()
+    # The resumed attempt built its feature cache again before its first epoch.
+    assert "[0]<stdout>:scalingrun-trainer: feature cache: the frozen base ran once over 240 images" in out.read_text()
     assert epochs_seen[0] == saved and epochs_seen == sorted(epochs_seen), epochs_seen
     progress = read_json(s3_server, f"{run}/progress.json")
     assert [h["epoch"] for h in progress["history"]] == [1, 2, 3, 4, 5]
@@ -166,6 +206,7 @@ def test_resume_continues_after_a_kill_in_the_same_mlflow_run(s3_server, mlflow_
     assert info["status"] == "FINISHED" and info["run_name"] == "hvd-test"
     params = {p["key"]: p["value"] for p in data["params"]}
     assert params["processes"] == "2" and params["effectiveBatchSize"] == "32" and float(params["learningRate"]) == 0.002
+    assert params["featureCache"] == "auto" and params["featureCacheUsed"] == "True"
     history = client.call("GET", "metrics/get-history", {"run_id": info["run_id"], "metric_key": "val_loss"})["metrics"]
     # The epoch after the last checkpoint may have been logged before the kill too: it then has two values,
     # and the later one (the resumed training's) is the one progress.json kept.
