@@ -199,8 +199,8 @@ def test_the_ranks_rows_must_add_up_to_the_dataset(dataset, extract):
         share(half, data, OneProcess())
 
 
-def config(feature_cache="auto", trainable_base=False, builder=None):
-    return SimpleNamespace(training=SimpleNamespace(feature_cache=feature_cache),
+def config(feature_cache="auto", trainable_base=False, builder=None, strategy="horovod"):
+    return SimpleNamespace(training=SimpleNamespace(feature_cache=feature_cache, strategy=strategy),
                            model=SimpleNamespace(trainable_base=trainable_base, builder=builder))
 
 
@@ -209,3 +209,5 @@ def test_the_cache_applies_to_a_frozen_built_in_base_only():
     assert reason_not_used(config(feature_cache="off")) == "spec.training.featureCache is off"
     assert "trainableBase is true" in reason_not_used(config(trainable_base=True))
     assert "spec.model.builder" in reason_not_used(config(builder="teamnets:build"))
+    assert reason_not_used(config(strategy="ddp")) is None
+    assert "multi-worker-mirrored does not support" in reason_not_used(config(strategy="multi-worker-mirrored"))

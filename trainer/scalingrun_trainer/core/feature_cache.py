@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
 from scalingrun_api.config import TrainerConfig
-from scalingrun_api.models import FeatureCache
+from scalingrun_api.models import FeatureCache, Strategy
 
 from .dataset import Dataset, DatasetError, open_reader
 
@@ -47,6 +47,9 @@ def reason_not_used(config: TrainerConfig) -> Optional[str]:
         return "spec.training.featureCache is off"
     if config.model.trainable_base:
         return "spec.model.trainableBase is true: the base's features change every step"
+    if config.training.strategy == Strategy.multi_worker_mirrored:
+        # Not yet run under the strategy's own dataset distribution and collectives: the whole network trains.
+        return "spec.training.strategy multi-worker-mirrored does not support the feature cache yet"
     if getattr(config.model, "builder", None):
         return "spec.model.builder: a custom network has no frozen base to cache"
     return None
