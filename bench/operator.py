@@ -11,9 +11,17 @@ Measures, each against a baseline taken in the same run:
 - --concurrent runs created at once: time until every one has its Job, peak RSS;
 - those runs all in Training with nothing changing: API requests per minute caused by the operator
   (the API server's request counter, minus the rate measured before the operator started) and its CPU;
-- RSS after each of --cycles cycles of --cycle-runs runs (created, trained to Training, deleted).
+- RSS after each of --cycles cycles of --cycle-runs runs (created, trained to Training, deleted);
+- the chart's default topology too (--topology both, the default, or deployed): the standalone operator
+  stopped, two replicas started as the chart starts them (`--lease`, the Lease in their namespace, the
+  chart's lease timings, the kubelet's probes), one leading, the other a standby; with the same runs in
+  Training: API requests per minute (the Lease's renewals and the standby's retries included) and the
+  leader's CPU.
+Both topologies also count the operator's S3 requests per minute at rest: the runs' storage endpoint is a
+counting proxy in front of SeaweedFS (the script's own writes go to SeaweedFS directly).
 
 Run: KUBEBUILDER_ASSETS=... .venv/bin/python bench/operator.py [--runs 100] [--concurrent 300]
+     [--topology standalone|deployed|both] [--only-rest: skip the latency and RSS-cycle measurements]
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from tests.conftest import api_server, install_crd  # noqa: E402
 from tests.integration.test_operator import (  # noqa: E402
     BUCKET, SECRET, Bucket, Cluster, manifest_for, new_run, progress, progress_uri,
 )
+from tests.integration.test_storage_retry import FlakyS3  # noqa: E402  (fail=0: a counting proxy)
 
 TARGETS = {"p50_ms": 100.0, "p95_ms": 250.0, "all_children_s": 15.0, "peak_rss_mib": 200.0,
            "requests_per_min": 300.0, "cpu_millicores": 25.0, "rss_drift": 0.10}
@@ -55,12 +64,15 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class OperatorProcess:
-    def __init__(self, kubeconfig: str, log_path: Path):
+    """One operator process: standalone by default; with a Lease, as the chart starts each replica."""
+
+    def __init__(self, kubeconfig: str, log_path: Path, peers: Optional[list[str]] = None,
+                 env_extra: Optional[dict[str, str]] = None):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SCALINGRUN_"))}
-        env.update(KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1")
+        env.update(KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1", **(env_extra or {}))
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--all-namespaces", "--standalone",
-             "--log-format", "plain", "--liveness", "", "--metrics-port", "0"],
+            [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--all-namespaces",
+             *(peers or ["--standalone", "--liveness", ""]), "--log-format", "plain", "--metrics-port", "0"],
             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.log_path = log_path
         self.peak_rss = 0
@@ -171,8 +183,8 @@ def requests_per_minute(api: client.ApiClient, seconds: float) -> float:
 
 
 class Bench:
-    def __init__(self, api: client.ApiClient, s3: S3Server, bucket: Bucket):
-        self.api, self.s3, self.bucket = api, s3, bucket
+    def __init__(self, api: client.ApiClient, s3: S3Server, bucket: Bucket, storage: FlakyS3):
+        self.api, self.s3, self.bucket, self.storage = api, s3, bucket, storage  # storage: the runs' endpoint
         self.core = client.CoreV1Api(api)
         self.batch = client.BatchV1Api(api)
         self.custom = client.CustomObjectsApi(api)
@@ -212,7 +224,7 @@ def measure_latency(bench: Bench, operator: OperatorProcess, runs: int) -> dict[
 
         run = f"lat-{index}"
         start = time.monotonic()
-        cluster.create_run(new_run(cluster.ns, run, bench.s3))
+        cluster.create_run(new_run(cluster.ns, run, bench.storage))
         to_job.append(jobs.wait([bench.job_name(cluster, run)], 60) - start)
         bench.finish_preprocessing(cluster, run)
         start = time.monotonic()
@@ -227,7 +239,7 @@ def measure_latency(bench: Bench, operator: OperatorProcess, runs: int) -> dict[
 
 def create_all(bench: Bench, cluster: Cluster, names: list[str]) -> None:
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda n: cluster.create_run(new_run(cluster.ns, n, bench.s3)), names))
+        list(pool.map(lambda n: cluster.create_run(new_run(cluster.ns, n, bench.storage)), names))
 
 
 def drive_to_training(bench: Bench, cluster: Cluster, names: list[str], operator: OperatorProcess) -> None:
@@ -252,6 +264,116 @@ def drive_to_training(bench: Bench, cluster: Cluster, names: list[str], operator
         time.sleep(2)
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class DeployedReplicas:
+    """The chart's default: two replicas electing a leader with a Lease named after the release in its
+    namespace (holder = pod name), the chart's lease timings, and the kubelet's liveness (every 20 s) and
+    readiness (every 10 s) probes on each replica's health endpoint."""
+
+    RELEASE, NAMESPACE = "scalingrun", "scalingrun-system"
+    LEASE_TIMINGS = {"SCALINGRUN_LEASE_DURATION_SECONDS": "15", "SCALINGRUN_LEASE_RENEW_DEADLINE_SECONDS": "10",
+                     "SCALINGRUN_LEASE_RENEW_SECONDS": "5"}  # charts/scalingrun/values.yaml
+
+    def __init__(self, bench: "Bench", kubeconfig: str, folder: Path):
+        import yaml
+
+        chart = yaml.safe_load((ROOT / "charts/scalingrun/values.yaml").read_text())
+        timings = chart["leaderElection"]
+        assert [self.LEASE_TIMINGS[k] for k in sorted(self.LEASE_TIMINGS)] == [
+            str(timings[k]) for k in ("leaseDurationSeconds", "renewDeadlineSeconds", "renewSeconds")], timings
+        self.replicas = chart["replicaCount"]
+        bench.core.create_namespace({"metadata": {"name": self.NAMESPACE}})
+        self.coordination = client.CoordinationV1Api(bench.api)
+        self.ports = [_free_port() for _ in range(self.replicas)]
+        self.operators = [
+            OperatorProcess(kubeconfig, folder / f"replica-{i}.log",
+                            peers=[f"--lease={self.RELEASE}", f"--liveness=http://127.0.0.1:{port}/healthz"],
+                            env_extra={"SCALINGRUN_LEASE_NAMESPACE": self.NAMESPACE,
+                                       "SCALINGRUN_LEASE_HOLDER": f"{self.RELEASE}-replica-{i}", **self.LEASE_TIMINGS})
+            for i, port in enumerate(self.ports)]
+        self._probing = True
+        threading.Thread(target=self._probe, daemon=True).start()
+
+    def _probe(self) -> None:
+        import urllib.request
+
+        tick = 0
+        while self._probing:
+            for port in self.ports:
+                for _ in range(2 if tick % 2 == 0 else 1):  # readiness every 10 s, liveness every 20 s
+                    with contextlib.suppress(OSError):
+                        urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5).read()
+            tick += 1
+            time.sleep(10)
+
+    def leader(self, timeout: float = 60) -> OperatorProcess:
+        """The replica holding the Lease, once one does."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for operator in self.operators:
+                operator.check()
+            with contextlib.suppress(client.ApiException):
+                holder = self.coordination.read_namespaced_lease(self.RELEASE, self.NAMESPACE).spec.holder_identity
+                for i, operator in enumerate(self.operators):
+                    if holder and holder.startswith(f"{self.RELEASE}-replica-{i}"):
+                        return operator
+            time.sleep(1)
+        raise TimeoutError(f"no replica took the Lease {self.NAMESPACE}/{self.RELEASE} within {timeout:.0f} s")
+
+    def stop(self) -> None:
+        self._probing = False
+        for operator in self.operators:
+            operator.stop()
+
+
+def measure_rest(bench: Bench, operator: OperatorProcess, rest_seconds: float, baseline_rpm: float) -> dict[str, Any]:
+    """API and S3 requests per minute, and the acting operator's CPU, with nothing changing."""
+    cpu_before, wall_before = operator.cpu_seconds(), time.monotonic()
+    s3_before = len(bench.storage.requests)
+    rpm = requests_per_minute(bench.api, rest_seconds)
+    elapsed = time.monotonic() - wall_before
+    cpu = (operator.cpu_seconds() - cpu_before) / elapsed
+    return {"rest_requests_per_min": rpm - baseline_rpm, "baseline_requests_per_min": baseline_rpm,
+            "rest_s3_requests_per_min": (len(bench.storage.requests) - s3_before) * 60 / elapsed,
+            "rest_cpu_millicores": 1000 * cpu, "rest_seconds": rest_seconds}
+
+
+def measure_deployed(bench: Bench, kubeconfig: str, folder: Path, count: int, rest_seconds: float,
+                     baseline_rpm: float, settle_seconds: float) -> dict[str, Any]:
+    """The same runs at rest under the chart's two replicas (the standalone operator stopped before)."""
+    replicas = DeployedReplicas(bench, kubeconfig, folder)
+    try:
+        started = time.monotonic()
+        leader = replicas.leader()
+        took = time.monotonic() - started
+        # kopf resumes every run once at start: not rest. Settled: a 10 s window of the leader below 50 m CPU.
+        settled = time.monotonic() + settle_seconds
+        while time.monotonic() < settled:
+            before = leader.cpu_seconds()
+            time.sleep(10)
+            if (leader.cpu_seconds() - before) / 10 < 0.05:
+                break
+        print(f"  a replica held the Lease after {took:.1f} s; runs resumed after {time.monotonic() - started:.0f} s",
+              flush=True)
+        for operator in replicas.operators:
+            operator.check()
+        standby = next(o for o in replicas.operators if o is not leader)
+        standby_before, wall_before = standby.cpu_seconds(), time.monotonic()
+        rest = measure_rest(bench, leader, rest_seconds, baseline_rpm)
+        rest["standby_cpu_millicores"] = 1000 * (standby.cpu_seconds() - standby_before) / (
+            time.monotonic() - wall_before)
+        return {**rest, "runs": count, "replicas": replicas.replicas, "lease_taken_s": took}
+    finally:
+        replicas.stop()
+
+
 def measure_scale(bench: Bench, operator: OperatorProcess, count: int, rest_seconds: float,
                   baseline_rpm: float) -> dict[str, Any]:
     cluster = bench.namespace("bench-scale")
@@ -266,13 +388,9 @@ def measure_scale(bench: Bench, operator: OperatorProcess, count: int, rest_seco
     peak_creating = operator.peak_rss
     drive_to_training(bench, cluster, names, operator)
     time.sleep(20)  # let the last status patches and Events settle
-    cpu_before, wall_before = operator.cpu_seconds(), time.monotonic()
-    rpm = requests_per_minute(bench.api, rest_seconds)
-    cpu = (operator.cpu_seconds() - cpu_before) / (time.monotonic() - wall_before)
     return {"runs": count, "create_calls_s": created, "all_children_s": all_children,
-            "peak_rss_mib": max(peak_creating, operator.peak_rss), "rest_requests_per_min": rpm - baseline_rpm,
-            "baseline_requests_per_min": baseline_rpm, "rest_cpu_millicores": 1000 * cpu,
-            "rest_seconds": rest_seconds}
+            "peak_rss_mib": max(peak_creating, operator.peak_rss),
+            **measure_rest(bench, operator, rest_seconds, baseline_rpm)}
 
 
 def measure_drift(bench: Bench, operator: OperatorProcess, cycles: int, per_cycle: int) -> dict[str, Any]:
@@ -323,32 +441,60 @@ def main() -> int:
     parser.add_argument("--rest-seconds", type=float, default=60, help="how long to count requests at rest")
     parser.add_argument("--cycles", type=int, default=5)
     parser.add_argument("--cycle-runs", type=int, default=100)
+    parser.add_argument("--topology", choices=("standalone", "deployed", "both"), default="both",
+                        help="standalone: one operator without a Lease (the figures before issue 23); deployed: "
+                             "the chart's two replicas with the Lease, at rest only; both (default)")
+    parser.add_argument("--only-rest", action="store_true",
+                        help="only the runs created at once and the figures at rest (no latency, no RSS cycles)")
+    parser.add_argument("--settle-seconds", type=float, default=180,
+                        help="deployed: at most this long for the new leader to resume every run (until a 10 s "
+                             "window of it below 50 m CPU)")
     args = parser.parse_args()
     if not os.environ.get("KUBEBUILDER_ASSETS"):
         parser.error("set KUBEBUILDER_ASSETS (the envtest binaries: ../shared/envtest/build-assets.sh | tail -n1)")
+    latency = drift = deployed = None
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp, environment(Path(tmp)) as (api, kubeconfig, s3, bucket):
-        bench = Bench(api, s3, bucket)
+        storage = FlakyS3(s3.endpoint)  # counts the operator's S3 requests (the runs' endpoint)
+        storage.server.handle_error = lambda *_: None  # clients dropping idle keep-alive connections: not news
+        bench = Bench(api, s3, bucket, storage)
         print(f"baseline: API requests at rest without the operator ({args.rest_seconds:.0f} s)...", flush=True)
         baseline_rpm = requests_per_minute(api, args.rest_seconds)
         operator = OperatorProcess(kubeconfig, Path(tmp) / "operator.log")
         try:
             time.sleep(3)
-            print(f"latency over {args.runs} runs...", flush=True)
-            latency = measure_latency(bench, operator, args.runs)
+            if not args.only_rest:
+                print(f"latency over {args.runs} runs...", flush=True)
+                latency = measure_latency(bench, operator, args.runs)
             print(f"{args.concurrent} runs at once...", flush=True)
             scale = measure_scale(bench, operator, args.concurrent, args.rest_seconds, baseline_rpm)
-            print(f"RSS over {args.cycles} cycles of {args.cycle_runs} runs...", flush=True)
-            drift = measure_drift(bench, operator, args.cycles, args.cycle_runs)
+            if not args.only_rest:
+                print(f"RSS over {args.cycles} cycles of {args.cycle_runs} runs...", flush=True)
+                drift = measure_drift(bench, operator, args.cycles, args.cycle_runs)
         finally:
             operator.stop()
+        if args.topology != "standalone":
+            print(f"the chart's topology: two replicas with the Lease, the same {args.concurrent} runs at rest...",
+                  flush=True)
+            deployed = measure_deployed(bench, kubeconfig, Path(tmp), args.concurrent, args.rest_seconds,
+                                        baseline_rpm, args.settle_seconds)
+        storage.close()
     print()
+    if args.topology != "deployed":
+        print_standalone(args, latency, scale, drift)
+    if deployed:
+        print_deployed(scale, deployed)
+    return 0
+
+
+def print_standalone(args: argparse.Namespace, latency: Optional[dict], scale: dict, drift: Optional[dict]) -> None:
     print("| measure | value | baseline | against target |")
     print("|---|---|---|---|")
-    floor = f"{latency['floor_p50_ms']:.0f} / {latency['floor_p95_ms']:.0f} ms (watch floor)"
-    for key, label in (("create_to_job", "create -> Job"), ("job_done_to_mpijob", "Job done -> MPIJob")):
-        p50, p95 = latency[f"{key}_p50_ms"], latency[f"{key}_p95_ms"]
-        print(f"| {label}, p50 / p95 over {args.runs} runs | {p50:.0f} / {p95:.0f} ms | {floor} | "
-              f"p50 {verdict(p50, TARGETS['p50_ms'])}, p95 {verdict(p95, TARGETS['p95_ms'])} |")
+    if latency:
+        floor = f"{latency['floor_p50_ms']:.0f} / {latency['floor_p95_ms']:.0f} ms (watch floor)"
+        for key, label in (("create_to_job", "create -> Job"), ("job_done_to_mpijob", "Job done -> MPIJob")):
+            p50, p95 = latency[f"{key}_p50_ms"], latency[f"{key}_p95_ms"]
+            print(f"| {label}, p50 / p95 over {args.runs} runs | {p50:.0f} / {p95:.0f} ms | {floor} | "
+                  f"p50 {verdict(p50, TARGETS['p50_ms'])}, p95 {verdict(p95, TARGETS['p95_ms'])} |")
     print(f"| {scale['runs']} runs at once: all Jobs exist | {scale['all_children_s']:.1f} s | "
           f"creates took {scale['create_calls_s']:.1f} s | {verdict(scale['all_children_s'], TARGETS['all_children_s'])} |")
     print(f"| peak RSS | {scale['peak_rss_mib']:.0f} MiB | | {verdict(scale['peak_rss_mib'], TARGETS['peak_rss_mib'])} |")
@@ -357,10 +503,32 @@ def main() -> int:
           f"{verdict(max(scale['rest_requests_per_min'], 0), TARGETS['requests_per_min'])} |")
     print(f"| at rest: operator CPU | {scale['rest_cpu_millicores']:.1f} m | | "
           f"{verdict(scale['rest_cpu_millicores'], TARGETS['cpu_millicores'])} |")
-    rss = " -> ".join(f"{v:.0f}" for v in drift["rss_mib"])
-    print(f"| RSS over {args.cycles} cycles of {args.cycle_runs} runs | {rss} MiB ({100 * drift['rss_drift']:+.1f} %) | "
-          f"first cycle | {verdict(max(drift['rss_drift'], 0), TARGETS['rss_drift'])} |")
-    return 0
+    if drift:
+        rss = " -> ".join(f"{v:.0f}" for v in drift["rss_mib"])
+        print(f"| RSS over {args.cycles} cycles of {args.cycle_runs} runs | {rss} MiB ({100 * drift['rss_drift']:+.1f} %) | "
+              f"first cycle | {verdict(max(drift['rss_drift'], 0), TARGETS['rss_drift'])} |")
+    print(f"| at rest, {scale['runs']} runs Training: S3 requests/min by the operator | "
+          f"{scale['rest_s3_requests_per_min']:.0f} | | |")
+
+
+def print_deployed(standalone: dict, deployed: dict) -> None:
+    """The chart's topology beside the standalone figures of the same run (the baseline)."""
+    print()
+    print(f"At rest, {deployed['runs']} runs in Training, {deployed['rest_seconds']:.0f} s each "
+          f"(the Lease was taken {deployed['lease_taken_s']:.1f} s after the replicas started):")
+    print()
+    print("| at rest | standalone (1 operator, no Lease) | chart default "
+          f"({deployed['replicas']} replicas, Lease) | ratio |")
+    print("|---|---|---|---|")
+    for key, label, unit in (("rest_requests_per_min", "API requests/min by the operator", ""),
+                             ("rest_s3_requests_per_min", "S3 requests/min by the operator", ""),
+                             ("rest_cpu_millicores", "CPU of the acting operator", " m")):
+        a, b = standalone[key], deployed[key]
+        ratio = f"{b / a:.2f}" if a > 0 else "-"
+        print(f"| {label} | {a:.1f}{unit} | {b:.1f}{unit} | {ratio} |")
+    print(f"| CPU of the standby | | {deployed['standby_cpu_millicores']:.1f} m | |")
+    print(f"| API requests/min without any operator (subtracted) | {standalone['baseline_requests_per_min']:.0f} | "
+          f"{deployed['baseline_requests_per_min']:.0f} | |")
 
 
 if __name__ == "__main__":

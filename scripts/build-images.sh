@@ -11,15 +11,18 @@
 #   project version), SCALINGRUN_CACHE (where setup.sh caches the Horovod wheel), DOCKER (default:
 #   /usr/bin/docker when present, the Debian client, else docker).
 # A Horovod wheel cached by scripts/setup.sh is handed to the build (build/wheels), so a build on a
-# machine that ran setup.sh does not compile Horovod again. The GPU trainer flavour: see Dockerfile.trainer.
+# machine that ran setup.sh does not compile Horovod again.
+# --gpu-commands prints, instead, the build commands of the GPU flavours (Keras, Lightning; see Dockerfile.trainer):
+# their CUDA images cannot be pulled here, so tests/unit/test_dockerfiles.py checks them against the locks.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 CHECK=1
 case "${1:-}" in
   --no-check) CHECK=0 ;;
+  --gpu-commands) CHECK=gpu-commands ;;
   "") ;;
-  *) echo "usage: $0 [--no-check]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--no-check | --gpu-commands]" >&2; exit 2 ;;
 esac
 # BuildKit (built into Docker 20.10+, no frontend image to pull) skips the stages a build does not need.
 export DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-1}"
@@ -30,6 +33,17 @@ TRAINER="scalingrun/trainer:$VERSION-cpu"
 TRAINER_LIGHTNING="scalingrun/trainer:$VERSION-lightning-cpu"
 OPERATOR="scalingrun/operator:$VERSION"
 NODE_CLUSTER="$ROOT/../shared/node/cluster.sh"
+# The CUDA build of the lock's torch: the index's CUDA version is the cuda-torch-runtime stage's.
+TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu126
+
+if [[ "$CHECK" == gpu-commands ]]; then
+  echo "DOCKER_BUILDKIT=1 docker build -f Dockerfile.trainer --build-arg BUILD_IMAGE=cuda-tf-devel" \
+    "--build-arg BASE_IMAGE=cuda-tf-runtime --build-arg SCALINGRUN_GPU=1 -t scalingrun/trainer:$VERSION-gpu ."
+  echo "DOCKER_BUILDKIT=1 docker build -f Dockerfile.trainer --build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning" \
+    "--build-arg BASE_IMAGE=cuda-torch-runtime --build-arg SCALINGRUN_GPU=1 --build-arg TORCH_INDEX=$TORCH_CUDA_INDEX" \
+    "-t scalingrun/trainer:$VERSION-lightning-gpu ."
+  exit 0
+fi
 
 log() { printf '[build-images] %s\n' "$*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }
@@ -51,7 +65,9 @@ base_args=()
 # setup.sh in the image takes the one it would build. It links the host's Open MPI (libmpi.so.40): fine from a
 # Debian/Ubuntu host, and the trainer check below imports it.
 rm -rf build/wheels && mkdir -p build/wheels
-for wheels in "$CACHE"/wheels/horovod-*-cpu-py311; do
+# Only a wheel built from the sdist whose hash requirements/horovod.txt pins (setup.sh names its folder after it).
+HOROVOD_SDIST_HASH="$(sed -n 's/.*--hash=sha256:\([0-9a-f]*\).*/\1/p' requirements/horovod.txt)"
+for wheels in "$CACHE"/wheels/horovod-*-"${HOROVOD_SDIST_HASH:0:12}"-*-cpu-py311; do
   if ls "$wheels"/horovod-*.whl >/dev/null 2>&1; then
     cp -r "$wheels" build/wheels/ && log "using the cached Horovod wheel $(basename "$wheels")"
   fi
@@ -59,7 +75,7 @@ done
 
 # The Lightning flavour's torch: the CPU wheel of the lock's version when the host has it (pip's find-links,
 # SCALINGRUN_TORCH_WHEELS, default /opt/wheels); else the image takes it from PyTorch's CPU index.
-TORCH_VERSION="$(sed -n 's/^torch==//p' requirements/lightning.txt)"
+TORCH_VERSION="$(sed -n 's/^torch==\([0-9.]*\)+cpu.*/\1/p' requirements/torch-cpu.txt)"
 torch_args=()
 for wheel in "${SCALINGRUN_TORCH_WHEELS:-/opt/wheels}"/torch-"$TORCH_VERSION"+cpu-cp311-*.whl; do
   if [[ -f "$wheel" ]]; then

@@ -3,6 +3,11 @@
 #   Debian Open MPI + Fashion-MNIST, requirements/lock.txt (--no-deps: the lock is the full closure),
 #   petastorm without its declared deps, Horovod 0.28.1 built from source with TF + Gloo + MPI
 #   (the wheel is cached, so a second setup does not rebuild it), and this project in editable mode.
+# Every download is checked against the hashes in requirements/ (pip --require-hashes; scripts/lock.sh writes
+# them): the locks, pip/setuptools/wheel (bootstrap.txt), petastorm.txt, torch-cpu.txt, tensorflow-gpu.txt, and
+# Horovod's source distribution (horovod.txt) before it is built. Not hashed: the Horovod wheel built here from
+# that checked source (a local build has no published hash; its cache folder is named after the sdist's hash)
+# and this project itself (the checkout).
 # A second run with unchanged inputs returns in about a second.
 # Env: SCALINGRUN_VENV (default .venv), SCALINGRUN_CACHE (default ~/.cache/scalingrun), PYTHON (python3),
 #   SCALINGRUN_PROFILE: full (default: everything, for development and tests), operator or trainer
@@ -11,6 +16,8 @@
 #     Horovod, into SCALINGRUN_VENV default .venv-lightning; quickstart.sh and test.sh call it when needed),
 #   SCALINGRUN_TORCH_INDEX (lightning): an extra index for torch, e.g. https://download.pytorch.org/whl/cpu
 #     (images); a torch wheel in $SCALINGRUN_CACHE/wheels/torch is used first,
+#   SCALINGRUN_TORCH_LOCK (lightning): the hashed torch pin (default requirements/torch-cpu.txt; a GPU image
+#     names a file with the CUDA build's pin and hash from its index),
 #   SCALINGRUN_GPU=1: TensorFlow's GPU wheel (same version) and Horovod built with NCCL,
 #   SCALINGRUN_EDITABLE=0: install the project itself non-editable (images).
 # The full profile also installs the MLflow tracking server the tests run, in its own venv
@@ -22,11 +29,13 @@ PROFILE="${SCALINGRUN_PROFILE:-full}"
 if [[ "$PROFILE" == lightning ]]; then VENV="${SCALINGRUN_VENV:-$ROOT/.venv-lightning}"; else VENV="${SCALINGRUN_VENV:-$ROOT/.venv}"; fi
 CACHE="${SCALINGRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scalingrun}"
 PYTHON="${PYTHON:-python3}"
-HOROVOD_VERSION=0.28.1
-PETASTORM_VERSION=0.13.1
-PIP_BOOTSTRAP=("pip==25.3" "setuptools==80.9.0" "wheel==0.45.1")  # the same in every venv this script makes
+REQ="$ROOT/requirements"
+HOROVOD_VERSION="$(sed -n 's/^horovod==\([^ ]*\).*/\1/p' "$REQ/horovod.txt")"
+HOROVOD_SDIST_HASH="$(sed -n 's/.*--hash=sha256:\([0-9a-f]*\).*/\1/p' "$REQ/horovod.txt")"
+TORCH_LOCK="${SCALINGRUN_TORCH_LOCK:-$REQ/torch-cpu.txt}"
+PIP=(--disable-pip-version-check --require-hashes)  # every install below checks the hashes of what it downloads
 GPU="${SCALINGRUN_GPU:-0}"
-TF_VERSION="$(sed -n 's/^tensorflow-cpu==//p' "$ROOT/requirements/lock.txt")"
+TF_VERSION="$(sed -n 's/^tensorflow-cpu==\([^ ]*\).*/\1/p' "$REQ/lock.txt")"
 case "$PROFILE" in
   full) LOCK="$ROOT/requirements/lock.txt"; APT_PACKAGES=(openmpi-bin libopenmpi-dev dataset-fashion-mnist) ;;
   trainer) LOCK="$ROOT/requirements/trainer.txt"; APT_PACKAGES=(openmpi-bin libopenmpi-dev) ;;
@@ -52,20 +61,22 @@ install_system_packages() {
 
 # Inputs whose change must trigger a reinstall; their hash is stamped into the venv.
 stack_fingerprint() {
-  { cat "$LOCK" "$ROOT/pyproject.toml" "${BASH_SOURCE[0]}"; echo "$PROFILE $GPU"; } | sha256sum | cut -c1-16
+  { cat "$LOCK" "$REQ"/{bootstrap,petastorm,horovod,tensorflow-gpu}.txt "$ROOT/pyproject.toml" "${BASH_SOURCE[0]}"
+    [[ "$PROFILE" != lightning ]] || cat "$TORCH_LOCK"; echo "$PROFILE $GPU"; } | sha256sum | cut -c1-16
 }
 
 horovod_wheel() {
   local flavour=cpu gpu_ops=()
   if [[ "$GPU" == 1 ]]; then flavour=gpu; gpu_ops=(HOROVOD_GPU_OPERATIONS=NCCL); fi
-  local dir="$CACHE/wheels/horovod-$HOROVOD_VERSION-tf$TF_VERSION-$flavour-py$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')"
+  local dir="$CACHE/wheels/horovod-$HOROVOD_VERSION-${HOROVOD_SDIST_HASH:0:12}-tf$TF_VERSION-$flavour-py$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')"
   if ! ls "$dir"/horovod-*.whl >/dev/null 2>&1; then
     log "building Horovod $HOROVOD_VERSION against TF $TF_VERSION (about 7 minutes, once)"
     mkdir -p "$dir.tmp"
-    # --no-build-isolation: cmake must see the installed TensorFlow.
+    # --no-build-isolation: cmake must see the installed TensorFlow. The sdist is checked against its hash.
     env "${gpu_ops[@]}" HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 \
       HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$(nproc)" \
-      "$VENV/bin/pip" wheel -q --no-build-isolation --no-deps -w "$dir.tmp" "horovod==$HOROVOD_VERSION" >&2
+      "$VENV/bin/pip" wheel -q "${PIP[@]}" --no-binary horovod --no-build-isolation --no-deps -w "$dir.tmp" \
+      -r "$REQ/horovod.txt" >&2
     rm -rf "$dir" && mv "$dir.tmp" "$dir"
   fi
   ls "$dir"/horovod-*.whl
@@ -78,8 +89,8 @@ install_mlflow_server() {
   [[ -f "$venv/.scalingrun-stack" && "$(cat "$venv/.scalingrun-stack")" == "$want" ]] && return 0
   log "installing the MLflow tracking server for the tests into ${venv#"$ROOT/"}"
   [[ -x "$venv/bin/python" ]] || "$PYTHON" -m venv "$venv"
-  "$venv/bin/pip" install -q --disable-pip-version-check "${PIP_BOOTSTRAP[@]}"
-  "$venv/bin/pip" install -q --disable-pip-version-check --no-deps -r "$lock"
+  "$venv/bin/pip" install -q "${PIP[@]}" -r "$REQ/bootstrap.txt"
+  "$venv/bin/pip" install -q "${PIP[@]}" --no-deps -r "$lock"
   echo "$want" > "$venv/.scalingrun-stack"
 }
 
@@ -92,27 +103,30 @@ main() {
     return 0
   fi
   [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/pip" install -q --disable-pip-version-check "${PIP_BOOTSTRAP[@]}"
+  "$VENV/bin/pip" install -q "${PIP[@]}" -r "$REQ/bootstrap.txt"
   log "installing ${LOCK#"$ROOT/"}"
   local sources=()
   if [[ "$PROFILE" == lightning ]]; then
     [[ ! -d "$CACHE/wheels/torch" ]] || sources+=(--find-links "$CACHE/wheels/torch")
     [[ -z "${SCALINGRUN_TORCH_INDEX:-}" ]] || sources+=(--extra-index-url "$SCALINGRUN_TORCH_INDEX")
   fi
-  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "${sources[@]}" -r "$LOCK"
+  "$VENV/bin/pip" install -q "${PIP[@]}" --no-deps -r "$LOCK"
   if [[ "$PROFILE" == lightning ]]; then
-    # The lock's torch==2.13.0 is the CPU build here; a GPU image installs the CUDA build of the same version
+    # torch-cpu.txt is the CPU build; a GPU image names the CUDA build of the same version (SCALINGRUN_TORCH_LOCK)
     # from PyTorch's index (README, "PyTorch Lightning"). No Horovod: DDP runs over gloo/nccl.
-    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "petastorm==$PETASTORM_VERSION"
+    "$VENV/bin/pip" install -q "${PIP[@]}" --no-deps "${sources[@]}" -r "$TORCH_LOCK"
+    "$VENV/bin/pip" install -q "${PIP[@]}" --no-deps -r "$REQ/petastorm.txt"
   elif [[ "$PROFILE" != operator ]]; then
     if [[ "$GPU" == 1 ]]; then
       # Same version and dependencies as tensorflow-cpu; the GPU wheel uses the image's CUDA 12.2 / cuDNN 8.9.
       "$VENV/bin/pip" uninstall -q -y tensorflow-cpu
-      "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "tensorflow==$TF_VERSION"
+      "$VENV/bin/pip" install -q "${PIP[@]}" --no-deps -r "$REQ/tensorflow-gpu.txt"
     fi
-    "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "petastorm==$PETASTORM_VERSION"
+    "$VENV/bin/pip" install -q "${PIP[@]}" --no-deps -r "$REQ/petastorm.txt"
+    # Built here from the hash-checked sdist: a local wheel has no published hash to check against.
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "$(horovod_wheel)"
   fi
+  # This project itself: the checkout, not a download.
   local editable=(-e); [[ "${SCALINGRUN_EDITABLE:-1}" == 1 ]] || editable=()
   "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation "${editable[@]}" "$ROOT"
   echo "$want" > "$VENV/.scalingrun-stack"

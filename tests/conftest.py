@@ -1,7 +1,7 @@
 """Session fixtures for the real parts: a Kubernetes API server, SeaweedFS, an MLflow tracking server.
 
-Tests that need a part missing here are skipped on a developer machine, but with CI=true a missing
-part fails the test: CI must run them all.
+Tests that need a part missing here are skipped on a developer machine, but with CI set (any truthy
+value: true, 1, yes...) a missing part fails the test: CI must run them all.
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ from typing import Iterator
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-IN_CI = os.environ.get("CI") == "true"
+
+
+def in_ci(value: "str | None") -> bool:
+    """Any truthy CI (true, 1, yes, a CI system's own word): only unset, empty, 0, false, no or off is not CI.
+    scripts/e2e.sh reads CI the same way."""
+    return (value or "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+IN_CI = in_ci(os.environ.get("CI"))
 
 # Tests reach only a cluster named for them: their own API server, or SCALINGRUN_TEST_KUBECONFIG (an explicit
 # opt-in, like envtest's USE_EXISTING_CLUSTER). An ambient KUBECONFIG, ~/.kube/config or in-cluster account
@@ -37,7 +45,7 @@ def require(condition: bool, reason: str) -> None:
     if condition:
         return
     if IN_CI:
-        pytest.fail(f"{reason}; CI=true requires it", pytrace=False)
+        pytest.fail(f"{reason}; CI={os.environ.get('CI')} requires it", pytrace=False)
     pytest.skip(reason)
 
 
@@ -122,6 +130,10 @@ def api_client(kubeconfig):
     return config.new_client_from_config(config_file=kubeconfig)
 
 
+# The CRDs this session created (on a named cluster, the only ones a test may delete and then put back).
+CREATED_CRDS: dict[str, dict] = {}
+
+
 def install_crd(api_client, crd: dict, *, replace: bool = False) -> dict:
     """Creates a CRD (or, with replace, updates an existing one) and waits until it is established."""
     import time
@@ -133,10 +145,13 @@ def install_crd(api_client, crd: dict, *, replace: bool = False) -> dict:
     name = crd["metadata"]["name"]
     try:
         ext.create_custom_resource_definition(crd)
+        CREATED_CRDS[name] = crd
     except ApiException as exc:
         if exc.status != 409:
             raise
         if replace:
+            if name in CREATED_CRDS:
+                CREATED_CRDS[name] = crd
             crd = {**crd, "metadata": {**crd["metadata"],
                                        "resourceVersion": ext.read_custom_resource_definition(name).metadata.resource_version}}
             ext.replace_custom_resource_definition(name, crd)
@@ -199,15 +214,20 @@ def s3_server(tmp_path_factory):
         server.stop()
 
 
-@pytest.fixture(scope="session")
-def mpijob_crd(api_client):
-    """The kubeflow MPIJob v2beta1 CRD (mpi-operator v0.8.2), created through the API: it is too large
-    for client-side apply. Only the CRD: the mpi-operator itself does not run, tests play its part."""
+def mpijob_crd_document() -> dict:
+    """The kubeflow MPIJob v2beta1 CRD (mpi-operator v0.8.2)."""
     import yaml
 
     path = Path(os.environ.get("SCALINGRUN_MPIJOB_CRD", ROOT.parent / "shared/crds/kubeflow.org_mpijobs.yaml"))
     require(path.exists(), f"MPIJob CRD {path} not found (set SCALINGRUN_MPIJOB_CRD)")
-    return install_crd(api_client, yaml.safe_load(path.read_text()))
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.fixture(scope="session")
+def mpijob_crd(api_client):
+    """The MPIJob CRD, created through the API: it is too large for client-side apply. Only the CRD: the
+    mpi-operator itself does not run, tests play its part."""
+    return install_crd(api_client, mpijob_crd_document())
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,9 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
+from urllib.parse import urlparse
+
+from .storage import DEFAULT_MAX_DOCUMENT_BYTES, Clients, Credentials, StorageTarget
 
 PREFIX = "SCALINGRUN_"
 
@@ -46,6 +49,12 @@ class Config:
     storage_timeout_seconds: float = 10.0
     #: 5xx answers and timeouts of object storage are retried (exponential backoff) until this deadline.
     storage_deadline_seconds: float = 30.0
+    #: Largest document the operator reads from object storage (the dataset manifest, a progress document):
+    #: a larger one is not read and the run says so (StorageReadable=False, DocumentTooLarge).
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
+    #: Object-storage endpoints runs may use (spec.storage.endpoint, e.g. http://minio.storage:9000;
+    #: https://s3.amazonaws.com for runs that name none); empty: any. Others are refused (InvalidSpec).
+    allowed_storage_endpoints: tuple[str, ...] = ()
     #: Port of the Prometheus /metrics endpoint; 0 turns it off.
     metrics_port_number: int = 9090
     #: kopf liveness endpoint (served by kopf, answered by the on.probe handlers); empty turns it off.
@@ -81,6 +90,13 @@ class Config:
     #: How often a standby tries to take the Lease.
     lease_retry_seconds: float = 2.0
 
+    def storage_target(self, endpoint: Optional[str], region: str, credentials: Optional[Credentials],
+                       clients: Clients) -> StorageTarget:
+        """A run's store (spec.storage), read under these settings: timeouts, size cap, allow-list."""
+        return StorageTarget(endpoint, region, credentials, self.storage_timeout_seconds,
+                             deadline=self.storage_deadline_seconds, max_document_bytes=self.max_document_bytes,
+                             allowed_endpoints=self.allowed_storage_endpoints, clients=clients)
+
 
 def _parse(name: str, raw: str, kind: type, default: object) -> object:
     try:
@@ -112,7 +128,7 @@ _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str,
           "lease_name": str, "lease_namespace": str, "lease_holder": str, "lease_duration_seconds": float,
           "lease_renew_seconds": float, "lease_renew_deadline_seconds": float, "lease_retry_seconds": float,
-          "storage_deadline_seconds": float}
+          "storage_deadline_seconds": float, "max_document_bytes": int, "allowed_storage_endpoints": tuple}
 
 
 def variable_names() -> list[str]:
@@ -142,6 +158,12 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
         raise ConfigError(f"{PREFIX}WATCH_TIMEOUT_SECONDS must be >= 1, not {config.watch_timeout_seconds}")
     if not 0 <= config.metrics_port_number <= 65535:
         raise ConfigError(f"{PREFIX}METRICS_PORT_NUMBER must be a port number, not {config.metrics_port_number}")
+    if config.max_document_bytes < 1024:
+        raise ConfigError(f"{PREFIX}MAX_DOCUMENT_BYTES must be >= 1024, not {config.max_document_bytes}")
+    for endpoint in config.allowed_storage_endpoints:
+        parsed = urlparse(endpoint)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ConfigError(f"{PREFIX}ALLOWED_STORAGE_ENDPOINTS: {endpoint!r} is not an http(s):// URL")
     if config.lease_name and not (0 < config.lease_renew_seconds < config.lease_renew_deadline_seconds
                                   < config.lease_duration_seconds):
         raise ConfigError(f"{PREFIX}LEASE_RENEW_SECONDS ({config.lease_renew_seconds}) < "

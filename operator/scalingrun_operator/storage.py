@@ -10,6 +10,11 @@ Every S3 call goes through `retrying`: 5xx answers, throttling and timeouts are 
 exponential backoff until the target's deadline; a permanent 4xx (unknown key, wrong secret, access
 denied, no bucket) fails at once with what to check. botocore's own retries are off, so that the
 deadline and the message are ours.
+
+Bounded, because a run chooses its store and the operator serves every tenant from one pod: a document
+is read only up to the target's `max_document_bytes` (1 MiB unless the operator is configured otherwise;
+parsed JSON can take 20 times its size), a listing stops at `limit` names, and with `allowed_endpoints`
+set no request goes to any other endpoint.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -28,12 +34,34 @@ from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 from urllib.parse import urlparse
 
+from .api.endpoints import endpoint_refusal
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
 class StorageError(RuntimeError):
     """Storage could not be read; the message names the URI and the cause, never a key."""
+
+    reason = "StorageError"  # a condition's reason
+
+
+class DocumentTooLarge(StorageError):
+    """A document is over the operator's size cap: not read, not parsed."""
+
+    reason = "DocumentTooLarge"
+
+
+class EndpointNotAllowed(StorageError):
+    """The run's endpoint is not on the operator's allow-list: no request is sent to it."""
+
+    reason = "EndpointNotAllowed"
+
+
+# Big enough for a manifest of 20,000 classes and 256 shards (~0.5 MiB) and a progress document with about
+# 5,000 epochs of history; small enough that the 12 reads the operator may run at once fit in its 512Mi
+# limit beside its usual 200 MiB, whatever the documents hold (1 MiB of "[[],[],...]" parses into ~20 MiB).
+DEFAULT_MAX_DOCUMENT_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -98,6 +126,8 @@ class StorageTarget:
     credentials: Optional[Credentials]
     timeout: float = 10.0  # connect/read timeout of one request
     deadline: float = 30.0  # retries of 5xx answers and timeouts stop this long after the first attempt
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES  # a larger document is refused, not read
+    allowed_endpoints: tuple[str, ...] = ()  # non-empty: the only endpoints requests may go to
     clients: Clients = field(default_factory=Clients, compare=False, repr=False)
 
 
@@ -111,6 +141,10 @@ def _local_path(uri: str) -> Path:
 
 
 def _client(target: StorageTarget) -> Any:
+    """The client of the target's cache; none for an endpoint the allow-list does not name."""
+    refusal = endpoint_refusal(target.endpoint, target.allowed_endpoints)
+    if refusal:
+        raise EndpointNotAllowed(refusal)
     return target.clients.get(target)
 
 
@@ -191,30 +225,67 @@ def retrying(what: str, uri: str, target: StorageTarget, call: Callable[[], T]) 
             delay = min(delay * 2, 4.0)
 
 
-def read_bytes(uri: str, target: StorageTarget) -> Optional[bytes]:
-    """The object's bytes, or None when it does not exist."""
-    if uri.startswith("s3://"):
-        from botocore.exceptions import ClientError
+def _too_large(uri: str, size: int, target: StorageTarget) -> DocumentTooLarge:
+    return DocumentTooLarge(
+        f"{uri} is {_size(size)}{'+' if size > target.max_document_bytes else ''}, over the operator's limit of "
+        f"{_size(target.max_document_bytes)} for one document (SCALINGRUN_MAX_DOCUMENT_BYTES, chart value "
+        "operator.maxDocumentBytes); it was not read. Check what writes it, or raise the limit together with the "
+        "operator's memory limit")
 
-        bucket, key = _split_s3(uri)
 
-        def get() -> Optional[bytes]:
-            try:
-                response = _client(target).get_object(Bucket=bucket, Key=key)
-                return response["Body"].read()  # inside the retry: a body cut short is tried again
-            except ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                    return None
-                raise
+def _size(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 1024:.0f} KiB" if size >= 1024 else f"{size} B"
 
-        return retrying("read", uri, target, get)
-    path = _local_path(uri)
+
+def _read_capped(uri: str, stream: Any, length: Optional[int], target: StorageTarget) -> bytes:
+    """At most `target.max_document_bytes` of `stream`; DocumentTooLarge (the stream closed) beyond that, by the
+    announced length before any byte is read, or by what arrives (a length may be missing or wrong)."""
+    cap = target.max_document_bytes
     try:
-        return path.read_bytes()
+        if length is not None and length > cap:
+            raise _too_large(uri, length, target)
+        data = stream.read(cap + 1)
+        if len(data) > cap:
+            raise _too_large(uri, len(data), target)
+        return data
+    finally:
+        stream.close()
+
+
+def _get_object(uri: str, target: StorageTarget) -> tuple[Optional[bytes], Optional[str]]:
+    """(the object's bytes, its ETag), or (None, None) when it does not exist. S3 only."""
+    from botocore.exceptions import ClientError
+
+    bucket, key = _split_s3(uri)
+
+    def get() -> tuple[Optional[bytes], Optional[str]]:
+        try:
+            response = _client(target).get_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None, None
+            raise
+        # Inside the retry: a body cut short is tried again.
+        return _read_capped(uri, response["Body"], response.get("ContentLength"), target), response.get("ETag")
+
+    return retrying("read", uri, target, get)
+
+
+def _read_file(uri: str, target: StorageTarget) -> Optional[bytes]:
+    try:
+        with _local_path(uri).open("rb") as stream:
+            return _read_capped(uri, stream, os.fstat(stream.fileno()).st_size, target)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise StorageError(f"cannot read {uri}: {exc.strerror or exc}") from None
+
+
+def read_bytes(uri: str, target: StorageTarget) -> Optional[bytes]:
+    """The object's bytes (at most `target.max_document_bytes`), or None when it does not exist."""
+    if uri.startswith("s3://"):
+        return _get_object(uri, target)[0]
+    return _read_file(uri, target)
 
 
 def read_json(uri: str, target: StorageTarget) -> Optional[dict[str, Any]]:
@@ -233,15 +304,18 @@ def _json_object(uri: str, data: bytes) -> dict[str, Any]:
     return document
 
 
-def list_names(uri: str, target: StorageTarget, limit: int = 10000) -> list[str]:
-    """Names of the objects directly under the folder `uri` (non-recursive for local paths)."""
+def list_names(uri: str, target: StorageTarget, limit: int = 1000) -> list[str]:
+    """Names of the objects directly under the folder `uri` (non-recursive for local paths); at most `limit`,
+    read in pages of at most 1000 keys (S3 allows 1024 bytes a key: one page is at most ~1.5 MB of XML)."""
     if uri.startswith("s3://"):
         bucket, prefix = _split_s3(uri)
         prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
 
         def listing() -> list[str]:
             names: list[str] = []
-            for page in _client(target).get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            pages = _client(target).get_paginator("list_objects_v2").paginate(
+                Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": min(limit, 1000)})
+            for page in pages:
                 names += [item["Key"][len(prefix):] for item in page.get("Contents", [])]
                 if len(names) >= limit:
                     break
@@ -273,20 +347,7 @@ def read_json_versioned(uri: str, target: StorageTarget) -> tuple[Optional[dict[
     if not uri.startswith("s3://"):
         version = _file_version(_local_path(uri))  # before the read: a write in between costs one more reconcile
         return read_json(uri, target), version
-    from botocore.exceptions import ClientError
-
-    bucket, key = _split_s3(uri)
-
-    def get() -> tuple[Optional[bytes], Optional[str]]:
-        try:
-            response = _client(target).get_object(Bucket=bucket, Key=key)
-            return response["Body"].read(), response.get("ETag")
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
-                return None, None
-            raise
-
-    data, etag = retrying("read", uri, target, get)
+    data, etag = _get_object(uri, target)
     if data is None:
         return None, None
     return _json_object(uri, data), etag

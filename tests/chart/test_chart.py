@@ -25,8 +25,9 @@ def helm() -> str:
     return str(Path(result.stdout.strip()) / "helm")
 
 
-def render(helm: str, values: Path | None = None, *extra: str, release: str = "t") -> list[dict]:
-    args = [helm, "template", release, str(CHART), "--namespace", "scalingrun-system", *extra]
+def render(helm: str, values: Path | None = None, *extra: str, release: str = "t",
+           namespace: str = "scalingrun-system") -> list[dict]:
+    args = [helm, "template", release, str(CHART), "--namespace", namespace, *extra]
     if values:
         args += ["-f", str(values)]
     result = subprocess.run(args, capture_output=True, text=True, check=True)
@@ -82,7 +83,8 @@ def test_operator_pod_is_locked_down(helm):
 def test_namespaced_install_uses_roles_only(helm):
     objects = render(helm, CHART / "ci/namespaced-values.yaml")
     bindings = [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRoleBinding"]
-    assert bindings == ["t-scalingrun-crd-watch"]  # only CRD list/watch is cluster-wide
+    # Cluster-wide: only CRD and namespace list/watch.
+    assert bindings == ["t-scalingrun-namespace-watch", "t-scalingrun-crd-watch"]
     roles = [o for o in objects if o["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team-a", "ml-team-b", "scalingrun-system"]
     for role in roles:
@@ -124,7 +126,7 @@ def test_operator_reads_pods_and_needs_no_peering_objects(helm):
     role = next(o for o in render(helm) if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "t-scalingrun-operator")
     verbs = {resource: set(rule["verbs"]) for rule in role["rules"] for resource in rule["resources"]}
     assert "clusterkopfpeerings" not in verbs and "kopfpeerings" not in verbs  # a Lease, not kopf peering
-    assert verbs["pods"] == {"get", "list", "watch"}
+    assert verbs["pods"] == {"list", "watch"}  # listed and watched: never read one by one
     assert verbs["pods/log"] == {"get"}  # the failed launcher's last lines, nothing more
 
 
@@ -199,3 +201,73 @@ def test_kustomize_base_is_the_rendered_chart(helm):
                       release="scalingrun")
     base = [d for d in yaml.safe_load_all((ROOT / "manifests/base/scalingrun.yaml").read_text()) if d]
     assert base == rendered, "manifests/base is out of date: run scripts/generate.sh"
+
+
+def test_no_network_policy_unless_enabled(helm):
+    for values in VALUES:
+        enabled = values is not None and yaml.safe_load(values.read_text()).get("networkPolicy", {}).get("enabled")
+        policies = [o for o in render(helm, values) if o["kind"] == "NetworkPolicy"]
+        assert bool(policies) == bool(enabled), values
+
+
+def test_network_policy_lets_run_pods_reach_each_other_dns_storage_and_tracking_only(helm):
+    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.builders import build_children
+    from scalingrun_operator.builders.common import RUN_LABEL
+
+    values_file = CHART / "ci/networkpolicy-values.yaml"
+    values = yaml.safe_load(values_file.read_text())["networkPolicy"]
+    policies = [o for o in render(helm, values_file) if o["kind"] == "NetworkPolicy"]
+    assert [p["metadata"]["namespace"] for p in policies] == ["ml-team-a", "ml-team-b"]  # watch.namespaces
+    runs = {"matchExpressions": [{"key": RUN_LABEL, "operator": "Exists"}]}
+    for policy in policies:
+        spec = policy["spec"]
+        assert spec["podSelector"] == runs and spec["policyTypes"] == ["Ingress", "Egress"]
+        assert spec["ingress"] == [{"from": [{"podSelector": runs}], "ports": [{"protocol": "TCP"}]}]
+        defaults = yaml.safe_load((CHART / "values.yaml").read_text())["networkPolicy"]
+        assert spec["egress"] == [{"to": [{"podSelector": runs}], "ports": [{"protocol": "TCP"}]},
+                                  *defaults["dns"], *values["storage"], *values["tracking"]]
+    # Every pod a run makes carries the label the policy selects (the MPI operator copies the templates' labels).
+    run = parse_scalingrun(yaml.safe_load((ROOT / "examples/quickstart.yaml").read_text()))
+    job, mpijob = build_children(run, "ml-team-a")[1:]
+    templates = [job["spec"]["template"], *(r["template"] for r in mpijob["spec"]["mpiReplicaSpecs"].values())]
+    assert all(RUN_LABEL in t["metadata"]["labels"] for t in templates)
+
+
+@pytest.mark.parametrize("values,message", [
+    (["--set", "networkPolicy.enabled=true"], "needs the runs' namespaces: networkPolicy.namespaces"),
+    (["--set", "networkPolicy.enabled=true", "--set", "networkPolicy.namespaces={ml}"],
+     "needs networkPolicy.storage"),
+])
+def test_network_policy_refuses_to_render_without_namespaces_or_storage(helm, values, message):
+    result = subprocess.run([helm, "template", "t", str(CHART), *values], capture_output=True, text=True)
+    assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def test_storage_settings_reach_the_operator(helm):
+    deployment = next(o for o in render(helm, CHART / "ci/networkpolicy-values.yaml") if o["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS"] == "http://minio.storage:9000"
+    assert env["SCALINGRUN_MAX_DOCUMENT_BYTES"] == "1048576"
+    default = next(o for o in render(helm) if o["kind"] == "Deployment")
+    assert "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS" not in {
+        e["name"] for e in default["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+
+def test_the_security_page_lists_exactly_what_the_chart_grants_the_operator(helm):
+    """docs/security.md says why each grant is needed: its table and the chart must not drift apart."""
+    from tests.integration.test_rbac import bound_rules, grants
+
+    text = (ROOT / "docs/security.md").read_text()
+    table = text[text.index("| Resource | API group | Verbs |"):].split("\n\n")[0].splitlines()[2:]
+    documented = set()
+    for row in table:
+        resource, group, verbs = (cell.strip().strip("`") for cell in row.strip("|").split("|")[:3])
+        documented |= {(verb.strip(), "" if group == "core" else group, resource) for verb in verbs.split(",")}
+    granted = set()
+    for values in VALUES:
+        objects = render(helm, values)
+        deployment = next(o for o in objects if o["kind"] == "Deployment")
+        granted |= grants(bound_rules(objects, deployment["spec"]["template"]["spec"]["serviceAccountName"],
+                                      "scalingrun-system"))
+    assert documented == granted, (sorted(documented - granted), sorted(granted - documented))

@@ -1,6 +1,6 @@
 """The cluster the e2e runs in, as scripts/e2e.sh leaves it: its export lines name the kubeconfig, the
 namespace for ScalingRuns, the S3 endpoint and Secret, and the trainer image. Without them the in-cluster
-tests are skipped (a failure with CI=true); scripts/e2e.sh sets them."""
+tests are skipped (a failure with any truthy CI); scripts/e2e.sh sets them."""
 
 from __future__ import annotations
 

@@ -269,6 +269,16 @@ class Bucket:
             "s3", endpoint_url=server.endpoint, region_name="us-east-1", aws_access_key_id=server.access_key,
             aws_secret_access_key=server.secret_key, config=Config(s3={"addressing_style": "path"}))
 
+    @classmethod
+    def created(cls, server, name: str) -> "Bucket":
+        """A client of `server` whose bucket `name` exists (created unless it does)."""
+        bucket = cls(server)
+        try:
+            bucket.client.create_bucket(Bucket=name)
+        except (bucket.client.exceptions.BucketAlreadyOwnedByYou, bucket.client.exceptions.BucketAlreadyExists):
+            pass
+        return bucket
+
     @staticmethod
     def _split(uri: str) -> tuple[str, str]:
         bucket, _, key = uri[len("s3://"):].partition("/")
@@ -344,12 +354,7 @@ def reach_training(cluster: Cluster, bucket: Bucket, name: str, operator: Operat
 
 @pytest.fixture(scope="module")
 def bucket(s3_server) -> Bucket:
-    b = Bucket(s3_server)
-    try:
-        b.client.create_bucket(Bucket=BUCKET)
-    except (b.client.exceptions.BucketAlreadyOwnedByYou, b.client.exceptions.BucketAlreadyExists):
-        pass
-    return b
+    return Bucket.created(s3_server, BUCKET)
 
 
 @pytest.fixture(scope="module")

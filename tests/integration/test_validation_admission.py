@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import enum
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass
@@ -49,7 +50,13 @@ BASE = {
 # Strings tried in every string field: URIs, quantities, names, and ones no pattern should take.
 STRINGS = ["a", "s3://bucket/data", "file:///data/x", "/data/x", "http://host.example:9000", "gs://b/w.h5",
            "imagenet", "none", "500m", "2Gi", "4", "1.5", "0", "0m", "-1", "1e3", "lots", "Bad_Name", "a b", ""]
-NOT_STRINGS = [5, 0, -1, 2.5, 2.0, True, False, ["a"], {"a": "b"}]
+# The API server's integers are int64: the edges, and just beyond them (a JSON number it reads as "number").
+INT64_EDGES = [2**63 - 1, 2**63, -(2**63), -(2**63) - 1]
+# Whole numbers written as floats: integers to the API server only below 2^53.
+WHOLE_FLOATS = [2.0**53 - 1, 2.0**53, 1e16, -(2.0**53)]
+NOT_STRINGS = [5, 0, -1, 2.5, 2.0, True, False, ["a"], {"a": "b"}, *INT64_EDGES]
+# \s is Unicode to pydantic's regexps (Rust) and ASCII to the API server's (RE2): these are spaces to one only.
+UNICODE_SPACES = ["\u00a0", "\u2003", "\x0b"]
 BOOLEAN_LOOKALIKES = ["yes", "no", "true", "false", "True", "on", 1, 0, 1.0, "1"]
 
 
@@ -96,12 +103,15 @@ def value_candidates(annotation: Any, metadata: list) -> list[Any]:
         if kind is bool:
             values += [True, False, *BOOLEAN_LOOKALIKES]
         elif kind is int:
-            values += [*_numbers(bounds, 1), 2.0, 2.5, "4", "2.0", True, "x"]
+            values += [*_numbers(bounds, 1), *INT64_EDGES, *WHOLE_FLOATS, 2.0, 2.5, "4", "2.0", True, "x"]
         elif kind is float:
             numbers = _numbers(bounds, 0.5)
             values += [*numbers, *[float(n) for n in numbers if isinstance(n, int)], 0.5, "0.5", "1", True, "x"]
         elif kind is str:
             values += [*STRINGS, *NOT_STRINGS]
+            if "pattern" in bounds:  # what the pattern takes, with a space inside that regexp engines disagree on
+                valid = [v for v in STRINGS if re.fullmatch(bounds["pattern"], v)]
+                values += [v[:len(v) // 2] + space + v[len(v) // 2:] for v in valid for space in UNICODE_SPACES]
             for name in ("min_length", "max_length"):
                 if name in bounds:
                     values += ["x" * (bounds[name] + d) for d in (-1, 0, 1) if bounds[name] + d >= 0]
@@ -240,9 +250,10 @@ class Resource:
                 return True, [e.path for e in exc.errors]
         return True, []
 
-    def document(self, field: Field, value: Any) -> dict[str, Any]:
-        """The base document with the field set to value; missing parents are created as their minimal object."""
-        doc = self.base()
+    def document(self, field: Field, value: Any, doc: "dict[str, Any] | None" = None) -> dict[str, Any]:
+        """The base document (or doc, changed in place) with the field set to value; missing parents are
+        created as their minimal object."""
+        doc = self.base() if doc is None else doc
         node: Any = doc
         model: Any = None
         for depth, part in enumerate(field.path[:-1]):

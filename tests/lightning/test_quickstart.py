@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.horovod.test_quickstart import LEARNS
+
 pytestmark = [pytest.mark.lightning, pytest.mark.s3]
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +26,7 @@ def test_reduced_lightning_quickstart_ends_with_the_same_summary(tmp_path, light
     for section in ("dataset", "model", "workers"):
         assert spec["spec"][section] == keras["spec"][section], section
     assert {k: v for k, v in spec["spec"]["training"].items() if k != "framework"} == keras["spec"]["training"]
-    spec["spec"]["dataset"]["imageSize"] = 32
+    spec["spec"]["dataset"]["imageSize"] = 96  # as the Keras test: the threshold's measurements are at 96 px
     spec["spec"]["training"].update(maxEpochs=2, batchSizePerWorker=16)
     run_file = tmp_path / "quickstart-lightning-small.yaml"
     run_file.write_text(yaml.safe_dump(spec))
@@ -40,7 +42,9 @@ def test_reduced_lightning_quickstart_ends_with_the_same_summary(tmp_path, light
     assert "preprocessing: 200 images written, 0 skipped, 10 classes" in out
     training = re.search(r"training: (\d) of 2 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes", out)
     assert training, out
-    assert 1 <= int(training.group(2)) <= int(training.group(1)) and 0 <= float(training.group(3)) <= 1
+    # A model that learns (tests/horovod/test_quickstart.py: LEARNS). Lightning, this configuration, 2026-11-24:
+    # 0.7727; with learning rate 1e-12 (does not learn) 0.1818; at 32 px (the test before) 0.4091.
+    assert 1 <= int(training.group(2)) <= int(training.group(1)) and float(training.group(3)) >= LEARNS, out
     assert "scalingrun-trainer (pytorch-lightning, cpu): 2 processes x batch 16" in out
     status = json.loads((state / "runs/quickstart-lightning/status.json").read_text())
     assert status["phase"] == "Succeeded" and status["training"]["processes"] == 2

@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from scalingrun_operator.decide.snapshot import Patch, Server, Settings
+from scalingrun_operator.decide.snapshot import LogTail, Patch, Server, Settings
 from tests.unit.decide_world import (
     NOW, OWNER, World, condition, config_map, conditions, done, job, manifest, mpijob, preprocessing_status,
     progress, stamp, training_status, actions,
@@ -272,6 +272,11 @@ ROWS = [
     Row("an evicted worker is an interruption, counted once",
         lambda: training(pods=training_pods(phase="Failed", reason="Evicted", message="low on memory")), "Training",
         [], {"PodsHealthy": ("False", "Evicted", "was evicted")}, ["WorkerPodLost", "Evicted"]),
+    Row("a worker being deleted is an interruption as soon as it is seen",
+        lambda: training(pods=[*training_pods()[:2], {**pod("demo-train-worker-1", "worker", uid="w1-a"), "metadata": {
+            **pod("demo-train-worker-1", "worker", uid="w1-a")["metadata"], "deletionTimestamp": stamp(0)}}]),
+        "Training", [], {}, ["WorkerPodLost"],
+        check=lambda d: [r["lost"] for r in d.desired["training"]["pods"]] == [False, False, True]),
     Row("a launcher restart is an interruption with its exit code",
         lambda: training(pods=training_pods(launcher_restarts=1)), "Training", [], {}, ["LauncherRestarted"],
         check=lambda d: d.desired["training"]["launcherRestarts"] == 1),
@@ -316,6 +321,22 @@ ROWS = [
         "Failed", [], {"Trained": ("False", "MPIJobFailed", "trainer reported: ValueError: bad weights"),
                        "Failed": ("True", "MPIJobFailed", "line 1\nline 2")}, ["Failed"],
         check=lambda d: d.desired["training"]["launcherLogTail"] == "line 1\nline 2"),
+    Row("a failed launcher that never ran on a node has no log, and the message says so",
+        lambda: training(children={"ConfigMap": config_map(), "MPIJob": mpijob(done("Failed", "MPIJobFailed", "x"))},
+                         pods=[pod("demo-train-launcher-aaaaa", "launcher", uid="l-a", phase="Failed")]),
+        "Failed", [], {"Failed": ("True", "MPIJobFailed", "the log of launcher pod demo-train-launcher-aaaaa container "
+                                                          "launcher could not be read (it never ran on a node, so it "
+                                                          "has no log)")}, ["Failed"]),
+    Row("a launcher log that cannot be read is said with the API server's words",
+        lambda: training(children={"ConfigMap": config_map(), "MPIJob": mpijob(done("Failed", "MPIJobFailed", "x"))},
+                         log=LogTail(None, "HTTP 403: forbidden; the operator needs get on pods/log")),
+        "Failed", [], {"Failed": ("True", "MPIJobFailed", "could not be read (HTTP 403: forbidden; the operator needs "
+                                                          "get on pods/log)")}, ["Failed"]),
+    Row("a run that succeeded has no pod problem left",
+        lambda: training(status=training_status(condition("PodsHealthy", "False", "ImagePullFailed", "pod x")),
+                         children={"ConfigMap": config_map(), "MPIJob": mpijob(done("Succeeded"), completion=stamp(1))},
+                         progress=progress("succeeded", 5)),
+        "Succeeded", [], {"PodsHealthy": ("True", "Finished", "the run's pods have finished")}, ["Succeeded"]),
     Row("suspending the run suspends its MPIJob, with an Event",
         lambda: _spec(training(), "runPolicy", suspend=True), "Suspended", [("patch", "MPIJob")],
         {"Suspended": ("True", "Suspended", "set it to false to resume")}, ["Suspended"],

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from scalingrun_operator.builders.mpijob import MPI_USER_HOME, SSH_PORT, WORKER_COMMAND
+from scalingrun_operator.builders.mpijob import MPI_USER_HOME, SSH_PORT, SSHD_STATE_DIR, WORKER_COMMAND
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILES = ["Dockerfile.operator", "Dockerfile.trainer"]
@@ -62,12 +62,21 @@ def test_base_image_is_a_build_arg_with_a_pullable_debian_python_default(dockerf
     text = (ROOT / dockerfile).read_text()
     assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim-bookworm$", text, re.M)
     for stage in stages(dockerfile):
-        assert re.match(r"FROM \$\{(BASE_IMAGE|BUILD_IMAGE)\}( AS \w+)?$", stage.splitlines()[0]), stage.splitlines()[0]
+        first = stage.splitlines()[0]
+        # Besides the build args: the GPU flavours' pinned CUDA bases, named stages that only they reach.
+        assert re.match(r"FROM (\$\{(BASE_IMAGE|BUILD_IMAGE)\}( AS \w+)?|nvidia/cuda:\S+ AS cuda-[\w-]+)$", first), first
+
+
+def stage_named(dockerfile: str, name: str) -> str:
+    found = [stage for stage in stages(dockerfile) if re.match(rf"FROM \S+ AS {name}$", stage.splitlines()[0])]
+    assert len(found) == 1, f"{dockerfile} has {len(found)} stages named {name}"
+    return found[0]
 
 
 def test_trainer_final_stage_has_no_compilers():
-    builder, final = stages("Dockerfile.trainer")
+    builder, final = stage_named("Dockerfile.trainer", "builder"), stage_named("Dockerfile.trainer", "trainer")
     assert builder.startswith("FROM ${BUILD_IMAGE} AS builder") and "image-packages.sh build" in builder
+    assert final.startswith("FROM ${BASE_IMAGE} AS trainer") and final == stages("Dockerfile.trainer")[-1]
     assert "bash scripts/setup.sh" in builder and "bash scripts/setup.sh" not in final
     assert "COPY --from=builder /opt/scalingrun /opt/scalingrun" in final
     assert "image-packages.sh runtime" in final and "image-packages.sh build" not in final
@@ -75,11 +84,79 @@ def test_trainer_final_stage_has_no_compilers():
     assert not COMPILERS.search(final)
 
 
-def test_gpu_flavour_is_documented_with_its_cuda_tags():
+def gpu_flavours() -> dict[str, dict[str, str]]:
+    """The GPU flavours' build args, as `scripts/build-images.sh --gpu-commands` prints their docker builds."""
+    result = subprocess.run(["bash", str(ROOT / "scripts/build-images.sh"), "--gpu-commands"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    flavours = {}
+    for line in result.stdout.splitlines():
+        assert line.startswith("DOCKER_BUILDKIT=1 docker build -f Dockerfile.trainer "), line  # BuildKit: no unused stage
+        tag = re.search(r" -t \S+:[\d.]+-(\S+) \.$", line).group(1)
+        flavours[tag] = dict(re.findall(r"--build-arg (\w+)=(\S*)", line))
+    assert set(flavours) == {"gpu", "lightning-gpu"}
+    return flavours
+
+
+def cuda_stage(name: str) -> dict[str, str]:
+    """CUDA version, cuDNN major, kind and OS of a pinned nvidia/cuda stage of Dockerfile.trainer."""
+    first = stage_named("Dockerfile.trainer", name).splitlines()[0]
+    tag = re.match(r"FROM nvidia/cuda:(\d+\.\d+)\.\d+-cudnn(\d*)-(devel|runtime)-(ubuntu[\d.]+) AS", first)
+    assert tag, first
+    return dict(zip(("cuda", "cudnn", "kind", "os"), tag.groups()))
+
+
+def locked(lock: str, package: str) -> str:
+    """The version a lock pins (hash lines and a local version such as +cpu left out)."""
+    text = (ROOT / "requirements" / lock).read_text()
+    return re.search(rf"^{re.escape(package)}==([^\s+\\]+)", text, re.M).group(1)
+
+
+# TensorFlow's tested build configurations (tensorflow.org/install/source#gpu): CUDA and cuDNN per release.
+TENSORFLOW_TESTED_CUDA = {"2.15": ("12.2", "8.9"), "2.16": ("12.3", "8.9"), "2.17": ("12.3", "8.9")}
+
+
+def test_keras_gpu_flavour_is_tensorflows_tested_cuda_and_cudnn():
+    flavour = gpu_flavours()["gpu"]
+    assert flavour["SCALINGRUN_GPU"] == "1" and "SCALINGRUN_FRAMEWORK" not in flavour
+    version = locked("lock.txt", "tensorflow-cpu")
+    assert locked("trainer.txt", "tensorflow-cpu") == version
+    cuda, cudnn = TENSORFLOW_TESTED_CUDA[".".join(version.split(".")[:2])]
+    build, base = cuda_stage(flavour["BUILD_IMAGE"]), cuda_stage(flavour["BASE_IMAGE"])
+    for stage in (build, base):
+        # The cudnn8 images of CUDA 12.2 carry cuDNN 8.9.
+        assert (stage["cuda"], stage["cudnn"]) == (cuda, cudnn.split(".")[0]), stage
+    assert build["kind"] == "devel" and base["kind"] == "runtime"  # nvcc for Horovod's NCCL ops; no compilers
+    assert build["os"] == base["os"]  # the venv moves from one to the other
+    setup = (ROOT / "scripts/setup.sh").read_text()
+    assert '--no-deps -r "$REQ/tensorflow-gpu.txt"' in setup and locked("tensorflow-gpu.txt", "tensorflow") == version
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in setup
+
+
+def test_lightning_gpu_flavour_installs_the_locks_torch_built_for_its_cuda():
+    flavour = gpu_flavours()["lightning-gpu"]
+    assert flavour["SCALINGRUN_FRAMEWORK"] == "pytorch-lightning" and flavour["SCALINGRUN_GPU"] == "1"
+    index = re.fullmatch(r"https://download\.pytorch\.org/whl/cu(\d+)(\d)", flavour["TORCH_INDEX"])
+    assert index, flavour["TORCH_INDEX"]
+    base = cuda_stage(flavour["BASE_IMAGE"])
+    assert base["cuda"] == f"{index.group(1)}.{index.group(2)}" and base["kind"] == "runtime"
+    assert "BUILD_IMAGE" not in flavour  # built on the same image: the venv's Python is the final one's
+    # The locked torch's version, from that index: setup.sh takes its hashed pin from SCALINGRUN_TORCH_LOCK.
+    assert re.match(r"2\.\d+\.\d+$", locked("torch-cpu.txt", "torch"))
+    assert "SCALINGRUN_TORCH_INDEX=\"$TORCH_INDEX\"" in stage_named("Dockerfile.trainer", "builder")
+    assert 'TORCH_LOCK="${SCALINGRUN_TORCH_LOCK:-$REQ/torch-cpu.txt}"' in (ROOT / "scripts/setup.sh").read_text()
+
+
+def test_hadolint_checks_the_gpu_stages_too(tmp_path):
+    """The CUDA stages are real FROM lines: hadolint reads their images (an unpinned one fails the lint)."""
     text = (ROOT / "Dockerfile.trainer").read_text()
-    assert "BUILD_IMAGE=nvidia/cuda:12.2.2-cudnn8-devel-ubuntu22.04" in text
-    assert "BASE_IMAGE=nvidia/cuda:12.2.2-cudnn8-runtime-ubuntu22.04" in text
-    assert "SCALINGRUN_GPU=1" in text and re.search(r"^ARG SCALINGRUN_GPU=0$", text, re.M)
+    for name in ("cuda-tf-devel", "cuda-tf-runtime", "cuda-torch-runtime"):
+        image = re.search(rf"^FROM (\S+) AS {name}$", text, re.M).group(1)
+        broken = tmp_path / f"Dockerfile.{name}"
+        broken.write_text(text.replace(f"FROM {image} AS {name}", f"FROM {image.split(':')[0]}:latest AS {name}"))
+        result = subprocess.run([hadolint(), "--config", str(ROOT / ".hadolint.yaml"), str(broken)],
+                                capture_output=True, text=True)
+        assert result.returncode != 0 and "DL3007" in result.stdout, (name, result.stdout)
 
 
 def test_trainer_image_serves_what_the_mpijob_expects():
@@ -95,6 +172,9 @@ def test_trainer_image_serves_what_the_mpijob_expects():
     host_key = re.search(r'"HostKey (\S+)"', sshd_config).group(1)
     entrypoint = (ROOT / "scripts/trainer-entrypoint.sh").read_text()
     assert f"key={host_key}\n" in entrypoint and 'exec "$@"' in entrypoint
+    # What sshd writes (host key, pid file) is in the one folder workers get writable besides /tmp.
+    assert host_key.startswith(SSHD_STATE_DIR + "/")
+    assert re.search(r'"PidFile (\S+)"', sshd_config).group(1).startswith(SSHD_STATE_DIR + "/")
     # No key baked in: none generated at build time, and the ones openssh-server's install makes are removed.
     assert "ssh-keygen" not in (ROOT / "Dockerfile.trainer").read_text()
     assert "rm -f /etc/ssh/ssh_host_*" in (ROOT / "scripts/image-packages.sh").read_text()
@@ -114,11 +194,12 @@ def test_build_context_is_an_allowlist_of_what_the_dockerfiles_copy():
 
 def test_lightning_flavour_is_a_build_arg_installing_the_lightning_profile():
     text = (ROOT / "Dockerfile.trainer").read_text()
-    builder = stages("Dockerfile.trainer")[0]
+    builder = stage_named("Dockerfile.trainer", "builder")
     assert re.search(r"^ARG SCALINGRUN_FRAMEWORK=keras$", builder, re.M)
     assert 'if [ "$SCALINGRUN_FRAMEWORK" = pytorch-lightning ]' in builder
     assert "SCALINGRUN_PROFILE=lightning" in builder and "TORCH_INDEX=https://download.pytorch.org/whl/cpu" in builder
     assert "TORCH_INDEX=https://download.pytorch.org/whl/cu126" in text  # the GPU flavour, documented
+    assert "TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu126" in (ROOT / "scripts/build-images.sh").read_text()
     script = (ROOT / "scripts/build-images.sh").read_text()
     assert "--build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning" in script
     assert 'echo "trainer-lightning=$TRAINER_LIGHTNING"' in script

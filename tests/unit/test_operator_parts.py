@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from scalingrun_operator import config, storage
+from scalingrun_operator.api import endpoints
 from scalingrun_operator.cluster.metrics import Metrics
 
 
@@ -174,3 +175,93 @@ def test_local_run_needs_exported_credentials_for_each_secret_it_names(monkeypat
     else:
         with pytest.raises(LocalRunError, match=error):
             run.check_credentials()
+
+
+# --- bounded storage reads and the endpoint allow-list ---------------------------------------------
+
+
+class _Stream:
+    """A response body that counts what is read from it (and may announce a wrong length)."""
+
+    def __init__(self, data: bytes):
+        self.data, self.read_bytes, self.closed = data, 0, False
+
+    def read(self, amount: int) -> bytes:
+        chunk = self.data[self.read_bytes:self.read_bytes + amount]
+        self.read_bytes += len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_a_document_announced_over_the_cap_is_refused_before_a_byte_is_read():
+    target = storage.StorageTarget(None, "us-east-1", None, max_document_bytes=1024)
+    body = _Stream(b"x" * 10_000)
+    with pytest.raises(storage.DocumentTooLarge, match=r"s3://b/p\.json is 10 KiB\+, over the operator's limit of "
+                                                      r"1 KiB .*SCALINGRUN_MAX_DOCUMENT_BYTES.*maxDocumentBytes"):
+        storage._read_capped("s3://b/p.json", body, 10_000, target)
+    assert body.read_bytes == 0 and body.closed
+
+
+@pytest.mark.parametrize("announced", [None, 100], ids=["no length", "a wrong length"])
+def test_a_store_that_hides_the_length_gets_one_byte_past_the_cap_read(announced):
+    target = storage.StorageTarget(None, "us-east-1", None, max_document_bytes=1024)
+    body = _Stream(b"x" * 5000)
+    with pytest.raises(storage.DocumentTooLarge):
+        storage._read_capped("s3://b/p.json", body, announced, target)
+    assert body.read_bytes == 1025 and body.closed
+    exact = _Stream(b"y" * 1024)
+    assert storage._read_capped("s3://b/p.json", exact, None, target) == b"y" * 1024
+
+
+def test_local_documents_are_capped_too(tmp_path):
+    target = storage.StorageTarget(None, "us-east-1", None, max_document_bytes=2048)
+    (tmp_path / "small.json").write_text(json.dumps({"pad": "x" * 2000}))
+    (tmp_path / "big.json").write_text(json.dumps({"pad": "x" * 3000}))
+    assert storage.read_json(str(tmp_path / "small.json"), target)["pad"] == "x" * 2000
+    with pytest.raises(storage.DocumentTooLarge, match="big.json is 3 KiB"):
+        storage.read_json(str(tmp_path / "big.json"), target)
+    with pytest.raises(storage.DocumentTooLarge):
+        storage.read_json_versioned(str(tmp_path / "big.json"), target)
+    assert storage.DocumentTooLarge.reason == "DocumentTooLarge" and storage.StorageError.reason == "StorageError"
+
+
+@pytest.mark.parametrize("endpoint,allowed", [
+    ("http://minio.storage:9000", True),
+    ("HTTP://Minio.Storage:9000/", True),  # scheme and host are case-insensitive, a trailing slash is nothing
+    ("https://s3.amazonaws.com", True),
+    (None, True),  # no endpoint: AWS S3, listed as https://s3.amazonaws.com
+    ("https://s3.amazonaws.com:443", True),
+    ("http://minio.storage", False),  # port 80, not 9000
+    ("https://minio.storage:9000", False),
+    ("http://minio.storage.evil:9000", False),
+    ("http://minio.storage:9000/other", False),
+])
+def test_the_endpoint_allow_list_compares_scheme_host_port_and_path(endpoint, allowed):
+    allow = ("http://minio.storage:9000", "https://s3.amazonaws.com")
+    refusal = endpoints.endpoint_refusal(endpoint, allow)
+    assert (refusal is None) == allowed, refusal
+    if refusal:
+        assert refusal.startswith("spec.storage.endpoint: ") and "operator.allowedStorageEndpoints" in refusal
+    assert endpoints.endpoint_refusal(endpoint, ()) is None  # no list: any endpoint
+
+
+def test_no_client_is_made_for_an_endpoint_off_the_list():
+    target = storage.StorageTarget("http://elsewhere:9000", "us-east-1", None,
+                                   allowed_endpoints=("http://minio.storage:9000",))
+    with pytest.raises(storage.EndpointNotAllowed, match="spec.storage.endpoint: http://elsewhere:9000 is not"):
+        storage.read_json("s3://bucket/progress.json", target)
+
+
+def test_config_carries_the_cap_and_the_allow_list_into_storage_targets():
+    loaded = config.load({"SCALINGRUN_MAX_DOCUMENT_BYTES": "4096",
+                          "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": "http://minio.storage:9000, https://s3.amazonaws.com"})
+    assert config.Config().max_document_bytes == storage.DEFAULT_MAX_DOCUMENT_BYTES == 1024 * 1024
+    target = loaded.storage_target("http://minio.storage:9000", "us-east-1", None, storage.Clients())
+    assert target.max_document_bytes == 4096
+    assert target.allowed_endpoints == ("http://minio.storage:9000", "https://s3.amazonaws.com")
+    with pytest.raises(config.ConfigError, match="SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS: 'minio:9000' is not"):
+        config.load({"SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": "minio:9000"})
+    with pytest.raises(config.ConfigError, match="SCALINGRUN_MAX_DOCUMENT_BYTES must be >= 1024"):
+        config.load({"SCALINGRUN_MAX_DOCUMENT_BYTES": "10"})

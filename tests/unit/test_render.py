@@ -15,7 +15,9 @@ from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders import build_children
 from scalingrun_operator.builders.common import CONFIG_FILE
 from scalingrun_operator.builders.config import build_trainer_config
-from scalingrun_operator.builders.mpijob import HOSTFILE, SSH_PORT, WORKER_COMMAND, WORKER_WAIT_SECONDS
+from scalingrun_operator.builders.mpijob import (
+    HOSTFILE, SSH_PORT, SSHD_STATE_DIR, WORKER_COMMAND, WORKER_WAIT_SECONDS,
+)
 from scalingrun_operator.cli import main
 from scalingrun_trainer.cli import build_parser
 from tests.conftest import require
@@ -141,6 +143,20 @@ def test_no_pod_gets_a_service_account_token(example):
     assert sorted(specs) == ["Launcher", "Worker", "preprocess"]
     for role, pod in specs.items():
         assert pod["automountServiceAccountToken"] is False, role
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_container_has_a_read_only_root_and_writes_only_to_its_own_empty_dirs(example):
+    specs = _pod_specs(build_children(load(example), "ml"))
+    writable = {"preprocess": {"/tmp"}, "Launcher": {"/tmp"}, "Worker": {"/tmp", SSHD_STATE_DIR}}
+    for role, pod in specs.items():
+        container = pod["containers"][0]
+        assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                                "capabilities": {"drop": ["ALL"]}}, role
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+        assert {path for path, volume in mounts.items() if volume.get("emptyDir") == {}} == writable[role], role
+        assert mounts["/etc/scalingrun"]["configMap"]  # the rest is read-only: the config, and mpi-operator's mounts
 
 
 def test_credentials_only_as_secret_references():

@@ -29,7 +29,7 @@ def test_report_from_a_progress_file(tmp_path, capsys):
         image.verify()
     page = (tmp_path / "out/demo-report.md").read_text()
     assert "after 3 of 5 epochs (early stopping)" in page and "validation accuracy **0.7800**" in page
-    assert "| 2 | 0.5000 | 0.8000 | 0.6000 | 0.7800 | 300 **best** |" in page
+    assert "| 2 **best** | 0.5000 | 0.8000 | 0.6000 | 0.7800 | 300 |" in page
 
 
 def test_report_shows_the_probe_and_the_input_wait(tmp_path, capsys):
@@ -46,7 +46,7 @@ def test_report_shows_the_probe_and_the_input_wait(tmp_path, capsys):
     page = (tmp_path / "out/auto-report.md").read_text()
     assert "| epoch | loss | accuracy | val_loss | val_accuracy | imagesPerSecond | input wait | GPU % |" in page
     assert "| 1 | 0.9000 | 0.6000 | 0.8000 | 0.7000 | 100 |  |  |" in page
-    assert "| 2 | 0.5000 | 0.8000 | 0.6000 | 0.7800 | 300 | 45% | 38 **best** |" in page
+    assert "| 2 **best** | 0.5000 | 0.8000 | 0.6000 | 0.7800 | 300 | 45% | 38 |" in page
     assert "| 3 | 0.4000 | 0.8500 | 0.7000 | 0.7600 | 310 | 5% |  |" in page
     assert "Chosen: **16** per process" in page and "the probe took 4.2 s and stopped at out-of-memory" in page
     assert "| 16 | 170 **chosen** |" in page and "| 32 | out of memory |" in page

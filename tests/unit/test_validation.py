@@ -187,6 +187,16 @@ def test_values_read_as_the_api_server_reads_them():
     assert run.spec.model.dropout == 0.0
 
 
+def test_a_whole_float_from_2_to_the_53_is_a_float_as_to_the_api_server():
+    """Found by the Hypothesis parity test: `cpu: 2.5e16` was an integer quantity to validate and a "number"
+    (neither integer nor string) to the API server."""
+    assert parse_scalingrun(with_value("spec.workers.cpu", float(2**53 - 1))).spec.workers.cpu == str(2**53 - 1)
+    for path in ("spec.workers.cpu", "spec.launcher.resources.memory"):
+        with pytest.raises(InvalidScalingRun) as caught:
+            parse_scalingrun(with_value(path, 2.5449075234664388e16))
+        assert [e.path for e in caught.value.errors] == [path], caught.value.errors
+
+
 def test_every_bad_field_is_reported_at_once():
     doc = with_value("spec.training.batchSizePerWorker", 0)
     doc["spec"]["workers"] = {"replicas": 0}

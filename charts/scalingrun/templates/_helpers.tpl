@@ -31,14 +31,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 {{- end }}
 
-{{/* What the operator does, and nothing more: kept in one place for the ClusterRole and the Roles. */}}
+{{/* What the operator calls, and nothing more (tests/integration/test_rbac.py records its requests and
+compares them with these rules; docs/security.md says why each is needed). One place for the ClusterRole and
+the Roles. */}}
 {{- define "scalingrun.operatorRules" -}}
+# Runs: watched (kopf), read before each reconcile, the started spec pinned in an annotation (patch).
 - apiGroups: ["scalingrun.dev"]
   resources: ["scalingruns"]
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["scalingrun.dev"]
   resources: ["scalingruns/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
 # A ScalingSweep's points are ScalingRuns it creates (deleted by GC through their owner references).
 - apiGroups: ["scalingrun.dev"]
   resources: ["scalingruns"]
@@ -48,26 +51,29 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["scalingrun.dev"]
   resources: ["scalingsweeps/status"]
-  verbs: ["get", "patch"]
+  verbs: ["patch"]
+# Children: created if absent, read and adopted (patch: owner reference) when found without a controller.
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# MPIJobs are patched for spec.runPolicy.suspend too.
 - apiGroups: ["kubeflow.org"]
   resources: ["mpijobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
+# The storage keys of the Secret a run names (spec.storage.credentialsSecret), to read its manifest and progress.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
-- apiGroups: ["", "events.k8s.io"]
+- apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
 # Pods of its children, read only: to tell why a run is stuck (image pull, scheduling, a lost worker).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["get", "list", "watch"]
+  verbs: ["list", "watch"]
 # The failed launcher's last log lines, for the Failed condition.
 - apiGroups: [""]
   resources: ["pods/log"]

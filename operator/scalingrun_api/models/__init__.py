@@ -5,9 +5,10 @@ become `kubectl explain` text. One module per part of the resource; this package
 """
 
 from .common import (
-    API_VERSION, AUTO, DATA_URI_PATTERN, DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, DNS_SUBDOMAIN_PATTERN,
-    GROUP, HTTP_URL_PATTERN, KIND, LABEL_VALUE_PATTERN, MAX_BATCH_SIZE, PLURAL, QUANTITY_PATTERN, SECRET_NAME_PATTERN,
-    SHORT_NAMES, SINGULAR, VERSION, WEIGHTS_PATTERN, ApiModel, BatchSize, ObjectMeta, Quantity, secret_name_field,
+    API_VERSION, AUTO, CATEGORIES, DATA_URI_PATTERN, DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE,
+    DNS_SUBDOMAIN_PATTERN, GROUP, HTTP_URL_PATTERN, INT64_MAX, KIND, LABEL_VALUE_PATTERN, MAX_BATCH_SIZE, MAX_INTEGER,
+    PLURAL, QUANTITY_PATTERN, SECRET_NAME_PATTERN, SHORT_NAMES, SINGULAR, VERSION, WEIGHTS_PATTERN, ApiModel,
+    BatchSize, ObjectMeta, Quantity, secret_name_field,
 )
 from .run import (
     CleanPodPolicy, Dataset, Launcher, LauncherResources, Preprocessing, Resources, RunPolicy, ScalingRun,

@@ -15,6 +15,9 @@ KIND = "ScalingRun"
 PLURAL = "scalingruns"
 SINGULAR = "scalingrun"
 SHORT_NAMES = ["srun"]
+# `kubectl get scaling` lists runs and sweeps. A category named like a resource ("scalingrun") would be
+# expanded by kubectl before the resource, so `kubectl get scalingrun NAME` would ask for two resources.
+CATEGORIES = ["all", "scaling"]
 
 DEFAULT_TRAINER_IMAGE = "ghcr.io/scalingrun/trainer:0.1.0"
 # The trainer image of a pytorch-lightning run when spec.workers.image is not set (torch, no TensorFlow/Horovod).
@@ -22,19 +25,39 @@ DEFAULT_LIGHTNING_TRAINER_IMAGE = "ghcr.io/scalingrun/trainer:0.1.0-lightning-cp
 
 # s3:// (any S3-compatible store), file:// or an absolute local path.
 DATA_URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|file:///.*|/.*)$"
-WEIGHTS_PATTERN = r"^(imagenet|none|s3://.+|gs://.+|https?://.+|file:///.+|/.+)$"
+# What the trainer reads (scalingrun_trainer.core.weights.local_weights checks the same pattern): no gs:// or https://.
+WEIGHTS_PATTERN = r"^(imagenet|none|s3://.+|file:///.+|/.+)$"
 SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # a DNS subdomain, as Secret names are
-HTTP_URL_PATTERN = r"^https?://[^\s/]+(/.*)?$"
+# The host part in ASCII (RFC 3986 authority characters): no \s, which is Unicode to pydantic's regexps and
+# ASCII to the API server's (a non-breaking space was taken by one and refused by the other).
+HTTP_URL_PATTERN = r"^https?://[-A-Za-z0-9._~%!$&'()*+,;=:@\[\]]+(/.*)?$"
 DNS_SUBDOMAIN_PATTERN = SECRET_NAME_PATTERN  # PriorityClass and Volcano queue names too
 LABEL_VALUE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"  # at most 63 characters
 # A positive Kubernetes resource quantity, e.g. 500m, 4, 16Gi: some digit other than 0 (no zero CPU or memory).
 # No lookahead: the API server's regexps (RE2) and pydantic's (Rust) have none.
 QUANTITY_PATTERN = r"^([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"
 
+# The API server's integers are int64: a larger JSON number decodes as a float and is refused as "number".
+INT64_MAX = 2**63 - 1
+# And a number written as a float (1e16, 2.0) is an integer to it only below 2^53 (JSON's safe integers),
+# while pydantic takes any whole float. Every integer field without a smaller bound carries this one
+# (le=MAX_INTEGER, maximum in the CRD), so both refuse what lies beyond, however it is written.
+MAX_INTEGER = 2**53 - 1
+
+
+def _quantity(value: object) -> object:
+    """An integer quantity becomes its string; one beyond int64 is refused, as the API server refuses it."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        if value > INT64_MAX:
+            raise PydanticCustomError("quantity", f"Input should be at most {INT64_MAX} (int64), or a string")
+        return str(value)
+    return value
+
+
 # Users write `cpu: 4` or `memory: 16Gi`; kept as a string, declared int-or-string in the CRD.
 Quantity = Annotated[
     str,
-    BeforeValidator(lambda v: str(v) if isinstance(v, int) and not isinstance(v, bool) else v),
+    BeforeValidator(_quantity),
     Field(pattern=QUANTITY_PATTERN),
     WithJsonSchema(
         {"anyOf": [{"type": "integer", "minimum": 1}, {"type": "string"}], "pattern": QUANTITY_PATTERN}

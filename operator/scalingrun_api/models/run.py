@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .common import (
     DATA_URI_PATTERN, DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, DNS_SUBDOMAIN_PATTERN, HTTP_URL_PATTERN,
-    LABEL_VALUE_PATTERN, ApiModel, ObjectMeta, Quantity, secret_name_field,
+    LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, ObjectMeta, Quantity, secret_name_field,
 )
 from .status import ScalingRunStatus
 from .training import Model, Training
@@ -107,7 +107,7 @@ class Dataset(ApiModel):
         le=1,
         description="Deterministic fraction of the source to use; start small, then grow.",
     )
-    seed: int = Field(42, ge=0, description="Seed of the per-file split and sample.")
+    seed: int = Field(42, ge=0, le=MAX_INTEGER, description="Seed of the per-file split and sample.")
     preprocessing: Preprocessing = Field(
         default_factory=Preprocessing, description="The preprocessing Job."
     )
@@ -131,7 +131,8 @@ class Toleration(ApiModel):
     operator: TolerationOperator = Field(TolerationOperator.equal, description="Exists or Equal.")
     value: Optional[str] = Field(None, description="Taint value for Equal.", pattern=LABEL_VALUE_PATTERN, max_length=63)
     effect: Optional[TaintEffect] = Field(None, description="Taint effect to match; empty matches all.")
-    toleration_seconds: Optional[int] = Field(None, ge=0, description="For NoExecute: how long to stay bound.")
+    toleration_seconds: Optional[int] = Field(
+        None, ge=0, le=MAX_INTEGER, description="For NoExecute: how long to stay bound.")
 
 
 class Workers(ApiModel):
@@ -181,11 +182,12 @@ class CleanPodPolicy(str, Enum):
 class SchedulingPolicy(ApiModel):
     """Gang scheduling, passed through to Volcano or scheduler-plugins."""
 
-    min_available: Optional[int] = Field(None, ge=1, description="Pods that must be schedulable together.")
+    min_available: Optional[int] = Field(
+        None, ge=1, le=MAX_INTEGER, description="Pods that must be schedulable together.")
     queue: Optional[str] = Field(None, description="Volcano queue.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
     priority_class: Optional[str] = Field(
         None, description="PriorityClass of the gang.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
-    schedule_timeout_seconds: Optional[int] = Field(None, ge=1, description="Gang scheduling timeout.")
+    schedule_timeout_seconds: Optional[int] = Field(None, ge=1, le=MAX_INTEGER, description="Gang scheduling timeout.")
 
 
 class RunPolicy(ApiModel):
@@ -193,10 +195,10 @@ class RunPolicy(ApiModel):
 
     backoff_limit: int = Field(3, ge=0, le=100, description="Launcher retries before the run fails.")
     active_deadline_seconds: Optional[int] = Field(
-        None, ge=1, description="Fail the training after this many seconds."
+        None, ge=1, le=MAX_INTEGER, description="Fail the training after this many seconds."
     )
     ttl_seconds_after_finished: Optional[int] = Field(
-        None, ge=0, description="Delete the MPIJob this long after it finishes."
+        None, ge=0, le=MAX_INTEGER, description="Delete the MPIJob this long after it finishes."
     )
     clean_pod_policy: CleanPodPolicy = Field(
         CleanPodPolicy.running,

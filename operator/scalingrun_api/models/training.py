@@ -24,7 +24,8 @@ class Model(ApiModel):
     )
     weights: str = Field(
         "imagenet",
-        description="imagenet, none (random init), or the URI of a weights file.",
+        description="imagenet, none (random init), or a weights file: s3://bucket/key (the run's storage), "
+        "file:///path or /path (in the trainer image or a mounted volume).",
         pattern=WEIGHTS_PATTERN,
     )
     trainable_base: bool = Field(

@@ -147,7 +147,7 @@ def build_crd() -> dict[str, Any]:
                 "plural": models.PLURAL,
                 "singular": models.SINGULAR,
                 "shortNames": models.SHORT_NAMES,
-                "categories": ["all", "scalingrun"],
+                "categories": models.CATEGORIES,
             },
             "versions": [
                 {

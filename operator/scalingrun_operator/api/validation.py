@@ -17,6 +17,7 @@ from typing import Any, Iterable, TypeVar
 import pydantic
 
 from scalingrun_api.models import FRAMEWORK_STRATEGIES, BaseNetwork, Framework, Monitor, ScalingRun, ScalingSweep
+from scalingrun_api.models.common import MAX_INTEGER
 from .sweep import build_point_run, sweep_points
 
 Resource = TypeVar("Resource", bound=pydantic.BaseModel)
@@ -125,12 +126,13 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
 
 def _as_admitted(node: Any) -> Any:
     """The document as the API server reads it: nulls pruned (nothing in the schema is nullable, so a null
-    field takes its default), and a whole float such as 2.0 is the JSON number 2, an integer."""
+    field takes its default), and a whole float such as 2.0 is the JSON number 2, an integer, below 2^53 only:
+    beyond, the server keeps it a float (refused where an integer or a quantity is due)."""
     if isinstance(node, Mapping):
         return {key: _as_admitted(value) for key, value in node.items() if value is not None}
     if isinstance(node, list):
         return [_as_admitted(value) for value in node]
-    if isinstance(node, float) and node.is_integer():
+    if isinstance(node, float) and node.is_integer() and abs(node) <= MAX_INTEGER:
         return int(node)
     return node
 

@@ -93,7 +93,20 @@ def pod_security_context() -> dict[str, Any]:
 
 
 def container_security_context() -> dict[str, Any]:
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    """Nothing gained, nothing dropped back, nothing written outside `writable_dirs`' emptyDirs."""
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "capabilities": {"drop": ["ALL"]}}
+
+
+# What a trainer container writes, with a read-only root filesystem: temporary files (TensorFlow, Petastorm,
+# Lightning, checkpoints and the model before their upload, Open MPI's session directory).
+TMP_DIR = "/tmp"
+
+
+def writable_dirs(*paths: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """An emptyDir for each path (the pod's own, gone with it): (volumes, volumeMounts)."""
+    names = [path.strip("/").replace("/", "-").replace(".", "") for path in paths]
+    return ([{"name": name, "emptyDir": {}} for name in names],
+            [{"name": name, "mountPath": path} for name, path in zip(names, paths)])
 
 
 def config_volume(run: ScalingRun) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -8,6 +8,7 @@ from typing import Any
 from scalingrun_api.models import Framework, ScalingRun
 from .common import (
     CONFIG_FILE,
+    TMP_DIR,
     config_volume,
     container_security_context,
     metadata,
@@ -17,6 +18,7 @@ from .common import (
     storage_env,
     tracking_env,
     trainer_image,
+    writable_dirs,
 )
 from .config import slots_per_worker, total_processes
 
@@ -24,6 +26,9 @@ MPI_USER_HOME = "/home/mpiuser"
 HOSTFILE = "/etc/mpi/hostfile"
 # The trainer image's non-root sshd listens here (Dockerfile.trainer, /etc/ssh/sshd_config).
 SSH_PORT = 2222
+# ... and keeps its host key (made by the entrypoint at start) and pid file here: a worker's one writable
+# folder besides /tmp (the root filesystem is read-only; ~/.ssh is mpi-operator's Secret, read-only).
+SSHD_STATE_DIR = f"{MPI_USER_HOME}/.sshd"
 # The image's entrypoint creates this pod's own ssh host key (none is baked in), then execs sshd. Rendering
 # a command keeps mpi-operator from substituting its default `sshd -De`, which would bypass the entrypoint.
 WORKER_COMMAND = ["/usr/local/bin/scalingrun-entrypoint", "/usr/sbin/sshd", "-De"]
@@ -107,6 +112,8 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
     if run.spec.run_policy.kueue_queue_name:
         meta["labels"]["kueue.x-k8s.io/queue-name"] = run.spec.run_policy.kueue_queue_name
     volume, mount = config_volume(run)
+    launcher_scratch, launcher_mounts = writable_dirs(TMP_DIR)
+    worker_scratch, worker_mounts = writable_dirs(TMP_DIR, SSHD_STATE_DIR)
     launcher = {
         "name": "launcher",
         "image": trainer_image(run),
@@ -114,7 +121,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "env": storage_env(run) + tracking_env(run) + framework_env(run),
         "resources": resources(run.spec.launcher.resources.cpu, run.spec.launcher.resources.memory),
         "securityContext": container_security_context(),
-        "volumeMounts": [mount],
+        "volumeMounts": [mount, *launcher_mounts],
     }
     worker = {
         "name": "worker",
@@ -123,7 +130,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "env": storage_env(run) + tracking_env(run) + framework_env(run),
         "resources": resources(w.cpu, w.memory, w.gpus_per_worker),
         "securityContext": container_security_context(),
-        "volumeMounts": [mount],
+        "volumeMounts": [mount, *worker_mounts],
     }
     return {
         "apiVersion": "kubeflow.org/v2beta1",
@@ -142,12 +149,13 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
                 "Launcher": {
                     "replicas": 1,
                     "restartPolicy": "OnFailure",
-                    "template": _pod_template(run, meta["labels"], launcher, [volume], workers=False),
+                    "template": _pod_template(run, meta["labels"], launcher, [volume, *launcher_scratch],
+                                             workers=False),
                 },
                 "Worker": {
                     "replicas": w.replicas,
                     "restartPolicy": "Never",
-                    "template": _pod_template(run, meta["labels"], worker, [volume], workers=True),
+                    "template": _pod_template(run, meta["labels"], worker, [volume, *worker_scratch], workers=True),
                 },
             },
         },

@@ -7,6 +7,7 @@ from typing import Any
 from scalingrun_api.models import ScalingRun
 from .common import (
     CONFIG_FILE,
+    TMP_DIR,
     config_volume,
     container_security_context,
     metadata,
@@ -15,6 +16,7 @@ from .common import (
     resources,
     storage_env,
     trainer_image,
+    writable_dirs,
 )
 
 
@@ -23,6 +25,7 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
     pre = run.spec.dataset.preprocessing
     shards = pre.parallelism
     volume, mount = config_volume(run)
+    scratch, scratch_mounts = writable_dirs(TMP_DIR)
     meta = metadata(run, preprocess_job_name(run), namespace, "preprocess")
     container = {
         "name": "preprocess",
@@ -33,8 +36,8 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
                     *([] if indexed else ["--all-shards"])],
         "env": storage_env(run),
         "resources": resources(pre.resources.cpu, pre.resources.memory),
-        "securityContext": {**container_security_context(), "readOnlyRootFilesystem": True},
-        "volumeMounts": [mount, {"name": "tmp", "mountPath": "/tmp"}],
+        "securityContext": container_security_context(),
+        "volumeMounts": [mount, *scratch_mounts],
     }
     return {
         "apiVersion": "batch/v1",
@@ -52,7 +55,7 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
                     "automountServiceAccountToken": False,  # it reads storage, never the Kubernetes API
                     "securityContext": pod_security_context(),
                     "containers": [container],
-                    "volumes": [volume, {"name": "tmp", "emptyDir": {}}],
+                    "volumes": [volume, *scratch],
                 },
             },
         },

@@ -81,7 +81,8 @@ def create_child(kube: Kube, metrics: Metrics, owner: dict[str, Any], obj: dict[
 def patch_child(kube: Kube, owner: dict[str, Any], action: Patch) -> Optional[dict[str, Any]]:
     """The one way a child is patched: only one its owner controls (or may adopt), at the version checked."""
     found, meta = action.found, action.found["metadata"]
-    kind, namespace, name = found.get("kind") or "", meta.get("namespace") or owner["metadata"]["namespace"], meta["name"]
+    kind, name = found.get("kind") or "", meta["name"]
+    namespace = meta.get("namespace") or owner["metadata"]["namespace"]
     why = children.refusal(found, owner["metadata"].get("uid"), action.adopt, action.labels)
     if why:
         raise NotControlled(f"{kind} {namespace}/{name} {why}; not patched")

@@ -39,7 +39,7 @@ class Observer:
                     return Read(*read_progress(ask.uri, target, ask.versioned))
                 return Read(read_manifest(ask.uri, target))
             except StorageError as exc:
-                return Read(error=str(exc))
+                return Read(error=str(exc), reason=exc.reason)
         if isinstance(ask, Listing):
             try:
                 return Names(tuple(list_names(ask.uri, self.target(ask.store))))
@@ -60,9 +60,8 @@ class Observer:
                 if store.secret:
                     credentials = self.kube.read_credentials(self.namespace, store.secret, store.access_key_id_key,
                                                              store.secret_access_key_key)
-                self._targets[store] = StorageTarget(
-                    store.endpoint, store.region, credentials, self.config.storage_timeout_seconds,
-                    deadline=self.config.storage_deadline_seconds, clients=self.clients)
+                self._targets[store] = self.config.storage_target(store.endpoint, store.region, credentials,
+                                                                  self.clients)
             except StorageError as exc:
                 self._targets[store] = exc
         found = self._targets[store]

@@ -69,7 +69,8 @@ class Draft:
             if not existing or existing.get("status") != "False":
                 self.update.warn("StorageUnreadable", found.error)
             every = self.settings.recheck_interval_seconds
-            self.update.condition(STORAGE_READABLE, "False", "StorageError", f"{found.error}; retrying every {every:g} s")
+            self.update.condition(STORAGE_READABLE, "False", found.reason,
+                                  f"{found.error}; retrying every {every:g} s")
             self.recheck(every)
             return False, None
         if versioned:
@@ -177,6 +178,7 @@ class Draft:
 def store_of(run: ScalingRun) -> Store:
     """Where the run's documents are read, with its Secret only when s3:// needs it."""
     s = run.spec.storage
-    s3 = any(uri and uri.startswith("s3://") for uri in (run.spec.dataset.output, run.spec.training.checkpoint.location))
+    read = (run.spec.dataset.output, run.spec.training.checkpoint.location)
+    s3 = any(uri and uri.startswith("s3://") for uri in read)
     return Store(s.endpoint, s.region, s.credentials_secret if s3 else None, s.access_key_id_key,
                  s.secret_access_key_key)

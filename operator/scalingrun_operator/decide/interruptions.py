@@ -11,7 +11,9 @@ from typing import Any, Optional
 
 from scalingrun_api.models import ScalingRun
 from .draft import Draft
-from .pods import LAUNCHER, TRAINING_ROLES, WORKER, container_statuses, exit_text, metadata_of, pod_name, pod_role, status_of
+from .pods import (
+    LAUNCHER, TRAINING_ROLES, WORKER, container_statuses, exit_text, metadata_of, pod_name, pod_role, status_of,
+)
 from .status import BACKOFF_LIMIT_EXCEEDED, CHILD_DELETED
 
 

@@ -303,7 +303,8 @@ def signature(pod: dict[str, Any]) -> tuple:
         for c in container_statuses(pod))
     scheduled = tuple((c.get("status"), c.get("reason")) for c in status.get("conditions") or []
                       if c.get("type") == "PodScheduled")
-    return (metadata_of(pod).get("uid"), status.get("phase"), status.get("reason"), bool(metadata_of(pod).get("deletionTimestamp")),
+    meta = metadata_of(pod)
+    return (meta.get("uid"), status.get("phase"), status.get("reason"), bool(meta.get("deletionTimestamp")),
             scheduled, containers)
 
 

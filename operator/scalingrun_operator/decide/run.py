@@ -12,12 +12,15 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun
+from ..api.endpoints import endpoint_refusal
 from ..api.validation import InvalidScalingRun, parse_scalingrun
 from . import pinning
 from .draft import Draft
 from .preprocessing import decide_preprocessing
 from .snapshot import Decision, Settings, Snapshot
-from .status import FAILED, INVALID_SPEC, PREPROCESSED, SPEC_CHANGE_IGNORED, StatusUpdate, get_condition, is_terminal, may_revalidate
+from .status import (
+    FAILED, INVALID_SPEC, PREPROCESSED, SPEC_CHANGE_IGNORED, StatusUpdate, get_condition, is_terminal, may_revalidate,
+)
 from .training import decide_training
 
 
@@ -32,6 +35,9 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
         _restart_after_invalid_spec(draft.update)
     pinned = (meta.get("annotations") or {}).get(pinning.PINNED_ANNOTATION)
     run, invalid = snapshot.derive("run", lambda: _parse(body, pinning.effective_spec(body["spec"], pinned)))
+    refusal = run and endpoint_refusal(run.spec.storage.endpoint, settings.allowed_storage_endpoints)
+    if refusal:  # the operator's own rule: refused before any child is made or storage asked
+        run, invalid = None, f"{refusal} (the run is retried on edit)."
     if run is None:
         draft.update.fail(INVALID_SPEC, invalid)
     else:

@@ -98,6 +98,7 @@ class Read:
     document: Optional[dict[str, Any]] = None
     version: Optional[str] = None
     error: str = ""
+    reason: str = "StorageError"  # the condition's reason when `error` (DocumentTooLarge, EndpointNotAllowed)
 
 
 @dataclass(frozen=True)
@@ -204,6 +205,8 @@ class Settings:
     where: Where = CLUSTER
     #: False: the run stops once its dataset is ready (`scalingrun run --local --stop-after preprocessing`).
     train: bool = True
+    #: The operator's allow-list of storage endpoints (api/endpoints.py); empty: any.
+    allowed_storage_endpoints: tuple[str, ...] = ()
 
 
 # --- the decision -------------------------------------------------------------------------------------

@@ -257,5 +257,5 @@ def _stop(draft: Draft, mpijob: dict[str, Any]) -> None:
     patch = suspend_patch(True, mpijob_state(mpijob))
     if patch:
         name = mpijob["metadata"]["name"]
-        draft.patch(mpijob, patch, Event("Normal", "Suspending",
-                                         f"MPIJob {name}: suspended because the run failed; delete the run to remove it"))
+        why = f"MPIJob {name}: suspended because the run failed; delete the run to remove it"
+        draft.patch(mpijob, patch, Event("Normal", "Suspending", why))

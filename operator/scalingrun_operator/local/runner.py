@@ -146,7 +146,8 @@ class LocalRun:
             return PodList()  # processes, not pods: nothing to diagnose or count
         if isinstance(ask, ServerVersion):
             return Server(*INDEXED_JOBS_SINCE, "this machine")  # shards run side by side, as in an Indexed Job
-        target = StorageTarget(ask.store.endpoint, ask.store.region, None, clients=self.clients)  # keys: environment
+        # The keys come from the environment.
+        target = StorageTarget(ask.store.endpoint, ask.store.region, None, clients=self.clients)
         try:
             if isinstance(ask, Document) and ask.what == PROGRESS:
                 read = Read(*read_progress(ask.uri, target, ask.versioned))

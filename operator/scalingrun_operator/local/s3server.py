@@ -77,6 +77,10 @@ def weed_binary() -> str:
     return found
 
 
+# Volumes are files that grow as written (nothing is preallocated): the count only caps how many buckets.
+MAX_VOLUMES = 1000
+
+
 @dataclass
 class S3Server:
     data_dir: Path
@@ -106,6 +110,9 @@ class S3Server:
             f"-s3.config={config}", f"-master.port={base}", f"-volume.port={base + 1}",
             f"-filer.port={base + 2}", f"-s3.port={self.s3_port}", f"-admin.port={base + 4}",
             f"-metricsPort={base + 5}", f"-debug.port={base + 6}",
+            # Every bucket takes a volume of its own; left at 0, the count is free disk / volume size, and a
+            # machine short of disk refuses the tenth bucket's writes (INTERNAL_FAILURE on upload).
+            f"-volume.max={MAX_VOLUMES}",
         ]
         log = open(self.data_dir / "weed.log", "ab")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

@@ -59,13 +59,15 @@ def render_report(document: dict[str, Any], run_name: str, out_dir: Path) -> tup
     header = columns + [{"inputWaitFraction": "input wait", "gpuUtilization": "GPU %"}[key] for key in extra]
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for h in history:
-        cells = [str(h["epoch"])] + [f"{h.get(c, float('nan')):.4f}" for c in columns[1:-1]] + [
+        # The marker belongs to the epoch (the row), not to the last column, whichever that is.
+        cells = [str(h["epoch"]) + (" **best**" if h["epoch"] == best else "")] + [
+            f"{h.get(c, float('nan')):.4f}" for c in columns[1:-1]] + [
             f"{h.get('imagesPerSecond', float('nan')):.0f}"]
         measured = inputs.get(h["epoch"], {})
         for key in extra:
             value = measured.get(key)
             cells.append("" if value is None else f"{value:.0%}" if key == "inputWaitFraction" else f"{value:.0f}")
-        rows.append("| " + " | ".join(cells) + (" **best**" if h["epoch"] == best else "") + " |")
+        rows.append("| " + " | ".join(cells) + " |")
     best_metrics = progress.best_metrics
     markdown = "\n".join([
         f"# ScalingRun {run_name}",

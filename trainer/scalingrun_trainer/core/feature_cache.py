@@ -28,7 +28,7 @@ import numpy as np
 from scalingrun_api.config import TrainerConfig
 from scalingrun_api.models import FeatureCache, Strategy
 
-from .dataset import Dataset, DatasetError, open_reader
+from .dataset import Dataset, DatasetError, batches, open_reader
 
 if TYPE_CHECKING:
     from .session import Attempt, Collective
@@ -89,7 +89,7 @@ class FeatureStore:
             raise ValueError(f"features of shape {features.shape} for {len(labels)} labels")
         if self.width is None:
             self.width = features.shape[1]
-        self._labels.append(np.asarray(labels, dtype=np.int64))
+        self._labels.append(np.array(labels, dtype=np.int64))  # a copy: the reader reuses its buffers
         self.rows += len(features)
         self.nbytes += features.nbytes
         if self._file is None and self.nbytes > self.limit:
@@ -178,41 +178,14 @@ class FeatureCacheData:
 def shard_pixels(dataset: Dataset, split: str, *, rank: int, size: int, seed: int, batch_size: int,
                  reader_threads: int = 2) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """This rank's shard of `split` read once, in order, as uint8 (n, side, side, 3) pixel batches of `batch_size`
-    rows (the last one shorter) with their labels."""
-    side = dataset.image_size
+    rows (the last one shorter) with their labels. A batch's buffers are reused once it is dropped."""
     reader = open_reader(dataset, split, shard=rank, shards=size, seed=seed, reader_threads=reader_threads,
                          in_order=True)
-    pending: list[tuple[np.ndarray, np.ndarray]] = []
-    held = 0
     try:
-        for group in reader:
-            pixels = np.frombuffer(b"".join(group.image), dtype=np.uint8).reshape(-1, side, side, 3)
-            pending.append((pixels, np.asarray(group.label)))
-            held += len(pixels)
-            while held >= batch_size:
-                held -= batch_size
-                yield _take(pending, batch_size)
-        if held:
-            yield _take(pending, held)
+        yield from batches(((group.image, group.label) for group in reader), batch_size)
     finally:
         reader.stop()
         reader.join()
-
-
-def _take(pending: list[tuple[np.ndarray, np.ndarray]], count: int) -> tuple[np.ndarray, np.ndarray]:
-    """The first `count` rows of `pending` (consumed from it)."""
-    pixels, labels = [], []
-    while count:
-        group_pixels, group_labels = pending[0]
-        taken = min(count, len(group_pixels))
-        pixels.append(group_pixels[:taken])
-        labels.append(group_labels[:taken])
-        if taken == len(group_pixels):
-            pending.pop(0)
-        else:
-            pending[0] = (group_pixels[taken:], group_labels[taken:])
-        count -= taken
-    return np.concatenate(pixels), np.concatenate(labels)
 
 
 def build_feature_cache(dataset: Dataset, extract: Callable[[np.ndarray], np.ndarray], *, rank: int, size: int,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import collections
 import os
 import pickle
+import re
 import struct
 import tempfile
 import zipfile
@@ -29,6 +30,7 @@ from typing import Any, BinaryIO, Optional
 
 import numpy as np
 
+from scalingrun_api.models import WEIGHTS_PATTERN
 from ..storage import open_location
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # torch.serialization.MAGIC_NUMBER
@@ -57,7 +59,11 @@ class ModelError(RuntimeError):
 
 
 def local_weights(weights: str, endpoint: Optional[str] = None, region: Optional[str] = None) -> Optional[str]:
-    """None, 'imagenet', or a local path for a weights URI (s3:// files are downloaded)."""
+    """None, 'imagenet', or a local path for a weights URI (s3:// files are downloaded). Only the URIs that
+    validate and admission accept (the API's pattern): anything else fails here, before any download."""
+    if not re.fullmatch(WEIGHTS_PATTERN, weights):
+        raise ModelError(f"spec.model.weights {weights!r} is not supported: use imagenet, none, s3://bucket/key, "
+                         "file:///path or /path")
     if weights == "none":
         return None
     if weights == "imagenet":

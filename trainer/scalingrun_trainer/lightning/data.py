@@ -1,55 +1,99 @@
-"""Petastorm's PyTorch reader over the preprocessed Parquet, sharded per rank by the rules of ../core/dataset.py
-(the same as the Keras reader's): an epoch is `steps_per_epoch` batches of the endless training reader; validation
-is read completely, unshuffled, once per epoch. Pixels stay uint8 (the model normalises).
+"""The shared Petastorm reader (../core/dataset.py: open_reader, batches) as PyTorch batches, sharded per rank.
+
+The rules of ../core/dataset.py: row groups shuffled with one seed on every rank, then split into disjoint shards
+(cur_shard/shard_count); training readers loop forever (`num_epochs=None`, a Petastorm bug drops rows from
+shuffled finite readers) and an epoch is `steps_per_epoch` batches; validation is read completely,
+unshuffled, once per epoch. Batches are whole tensors: uint8 (N, H, W, 3) pixels (the model normalises) and
+int64 labels, assembled in a background thread while the model trains, in pinned memory when a GPU is present.
+
+Petastorm's own `petastorm.pytorch.BatchedDataLoader` is not used: its shuffling buffer copies every row that
+stays in it again for each row group added (docs/benchmarks.md, "Input pipeline (Lightning)").
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Iterator
+import queue
+import threading
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
 
-from ..core.dataset import Dataset, open_reader
+from ..core.dataset import Dataset, batches, open_reader
+
+# Reader threads per process: 2 keep some S3 requests overlapping without crowding 2 cores (the pixels are
+# zero-copy views: the threads only read and decompress).
+READER_THREADS = 2
 
 
-def _reader(dataset: Dataset, split: str, *, rank: int, size: int, seed: int, reader_threads: int):
-    from petastorm.transform import TransformSpec
-
-    side = dataset.image_size
-
-    def decode(frame):
-        # Raw bytes to a flat uint8 vector per row (zero-copy views); the loader stacks and reshapes them.
-        frame["image"] = [np.frombuffer(raw, dtype=np.uint8) for raw in frame["image"]]
-        return frame
-
-    return open_reader(dataset, split, shard=rank, shards=size, seed=seed, reader_threads=reader_threads,
-                       transform_spec=TransformSpec(decode, edit_fields=[("image", np.uint8, (side * side * 3,), False)]))
+def _pinned_empty(shape, dtype) -> np.ndarray:
+    """Page-locked batch buffers (with a GPU): the copy to the device can then run asynchronously."""
+    return torch.empty(shape, dtype=torch.from_numpy(np.empty(0, dtype)).dtype, pin_memory=True).numpy()
 
 
-def _loader(reader, batch_size: int, side: int, shuffle_rows: int):
-    from petastorm.pytorch import DataLoader
-
-    def collate(rows: list[dict]) -> tuple[torch.Tensor, torch.Tensor]:
-        pixels = torch.from_numpy(np.stack([row["image"] for row in rows])).view(-1, side, side, 3)
-        labels = torch.as_tensor(np.fromiter((row["label"] for row in rows), dtype=np.int64, count=len(rows)))
-        return pixels, labels
-
-    return DataLoader(reader, batch_size=batch_size, collate_fn=collate, shuffling_queue_capacity=shuffle_rows)
+def _tensors(reader, batch_size: int, shuffle_rows: int, seed, drop_remainder: bool, pinned: bool):
+    row_groups = ((group.image, group.label) for group in reader)
+    for pixels, labels in batches(row_groups, batch_size, shuffle_rows=shuffle_rows, seed=seed,
+                                  drop_remainder=drop_remainder,
+                                  empty=_pinned_empty if pinned else None):
+        yield torch.from_numpy(pixels), torch.from_numpy(labels).long()
 
 
-# Reader threads per process: the decode runs in Python under the GIL, and with 4 threads the reader delivered
-# half of what 1 or 2 did on 2 cores (bench/lightning.py); 2 keep some S3 requests overlapping.
+class _Prefetched:
+    """Runs an iterator in a thread, `depth` items ahead; close() stops it, also while it waits to hand one over."""
+
+    _END = object()
+
+    def __init__(self, items: Iterator, depth: int = 2):
+        self._queue: queue.Queue = queue.Queue(depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(items,), daemon=True, name="scalingrun-batches")
+        self._thread.start()
+
+    def _run(self, items: Iterator) -> None:
+        try:
+            for item in items:
+                if not self._put(item):
+                    return
+            self._put(self._END)
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(exc)
+
+    def _put(self, item) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self._queue.get()
+        if item is self._END:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 class TrainBatches:
     """An endless sharded reader cut into epochs of `steps` batches (len() is what Lightning counts)."""
 
     def __init__(self, dataset: Dataset, *, rank: int, size: int, batch_size: int, steps: int, seed: int,
-                 shuffle_rows: int = 256, reader_threads: int = 2):
-        # Rows are mixed across row groups by the loader's shuffling buffer, seeded per rank.
-        np.random.seed(seed + rank)
-        self.reader = _reader(dataset, "train", rank=rank, size=size, seed=seed, reader_threads=reader_threads)
-        self._batches = iter(_loader(self.reader, batch_size, dataset.image_size, shuffle_rows))
+                 shuffle_rows: int = 256, reader_threads: int = READER_THREADS, pinned: Optional[bool] = None):
+        # Rows are mixed across row groups by a shuffling buffer, seeded per rank.
+        self.reader = open_reader(dataset, "train", shard=rank, shards=size, seed=seed, reader_threads=reader_threads)
+        pinned = torch.cuda.is_available() if pinned is None else pinned
+        self._batches = _Prefetched(_tensors(self.reader, batch_size, shuffle_rows, (seed, rank), True, pinned))
         self.steps = steps
 
     def __len__(self) -> int:
@@ -60,6 +104,7 @@ class TrainBatches:
             yield next(self._batches)
 
     def close(self) -> None:
+        self._batches.close()
         self.reader.stop()
         self.reader.join()
 
@@ -67,16 +112,18 @@ class TrainBatches:
 class ValidationBatches:
     """This rank's share of the validation split, read once per iteration by a fresh unshuffled reader."""
 
-    def __init__(self, dataset: Dataset, *, rank: int, size: int, batch_size: int, seed: int, reader_threads: int = 2):
+    def __init__(self, dataset: Dataset, *, rank: int, size: int, batch_size: int, seed: int,
+                 reader_threads: int = READER_THREADS, pinned: Optional[bool] = None):
         self.dataset, self.rank, self.size, self.batch_size = dataset, rank, size, batch_size
         self.seed, self.reader_threads = seed, reader_threads
+        self.pinned = torch.cuda.is_available() if pinned is None else pinned
         logging.getLogger("petastorm").setLevel(logging.ERROR)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        reader = _reader(self.dataset, "validation", rank=self.rank, size=self.size, seed=self.seed,
-                         reader_threads=self.reader_threads)
+        reader = open_reader(self.dataset, "validation", shard=self.rank, shards=self.size, seed=self.seed,
+                             reader_threads=self.reader_threads)
         try:
-            yield from _loader(reader, self.batch_size, self.dataset.image_size, 0)
+            yield from _tensors(reader, self.batch_size, 0, None, False, self.pinned)
         finally:
             reader.stop()
             reader.join()
