@@ -4,11 +4,13 @@ tests are skipped (a failure with any truthy CI); scripts/e2e.sh sets them."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
@@ -65,6 +67,16 @@ class InCluster:
             time.sleep(1)
         pytest.fail(f"pods of {name} still there {timeout:.0f} s after its deletion: {self.run_pods(name)}")
 
+    @contextlib.contextmanager
+    def s3(self) -> Iterator[Any]:
+        """The run's object store (the e2e's SeaweedFS) as a pyarrow S3FileSystem, with the runs' Secret."""
+        from tests.e2e.environment import s3_filesystem
+
+        data = self.core().read_namespaced_secret(self.s3_secret, self.namespace).data
+        keys = [base64.b64decode(data[k]).decode() for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+        with s3_filesystem(self.kubectl, self.namespace, *keys) as fs:
+            yield fs
+
     def run_pods(self, name: str) -> list[Any]:
         return self.core().list_namespaced_pod(self.namespace, label_selector=f"scalingrun.dev/run={name}").items
 
@@ -90,10 +102,12 @@ class InCluster:
         pytest.fail(f"{name}: not {what} within {timeout:.0f} s; status: {run.get('status')}\npods:\n{pods}")
 
 
-@pytest.fixture(scope="session")
-def cluster() -> InCluster:
-    missing = [v for v in E2E_VARIABLES if not os.environ.get(v)]
-    require(not missing, f"the in-cluster e2e needs {', '.join(missing)}: run it with scripts/e2e.sh")
+def missing_variables() -> list[str]:
+    return [v for v in E2E_VARIABLES if not os.environ.get(v)]
+
+
+def connect() -> InCluster:
+    """The cluster the exports of `scripts/e2e.sh --keep` name (bench/cpu_limits.py uses it too)."""
     from kubernetes import config
 
     tools = Path(os.environ["SCALINGRUN_TOOLS"])
@@ -105,3 +119,10 @@ def cluster() -> InCluster:
                      lightning_image=os.environ["SCALINGRUN_E2E_LIGHTNING_IMAGE"],
                      kubectl=[str(tools / "kubectl"), "--kubeconfig", kubeconfig],
                      api=config.new_client_from_config(config_file=kubeconfig))
+
+
+@pytest.fixture(scope="session")
+def cluster() -> InCluster:
+    missing = missing_variables()
+    require(not missing, f"the in-cluster e2e needs {', '.join(missing)}: run it with scripts/e2e.sh")
+    return connect()

@@ -39,6 +39,10 @@ README_HELM_INSTALL = ["helm", "install", RELEASE, "charts/scalingrun", "-n", SY
 
 S3_SERVICE = "seaweedfs"
 S3_PORT = 8333
+# SeaweedFS keeps its data on the node, outside the pod: deleting the pod (a fault the e2e injects) loses
+# nothing. One folder per e2e namespace (by uid); an init container removes the others' (no PV provisioner
+# here to do it). hostPath: the e2e's clusters have one node.
+S3_DATA_ROOT = "/var/tmp/scalingrun-e2e-seaweedfs"
 S3_SECRET = "e2e-s3"
 BUCKET = "scalingrun-e2e"
 DATA_SOURCE = f"s3://{BUCKET}/fashion-mnist/jpeg"
@@ -106,6 +110,10 @@ class Cluster:
         self.apps = client.AppsV1Api(self.api)
         self.ext = client.ApiextensionsV1Api(self.api)
 
+    @property
+    def kubectl(self) -> list[str]:
+        return [str(self.settings.tools / "kubectl"), "--kubeconfig", self.settings.kubeconfig]
+
     def tool(self, name: str, *args: str, check: bool = True, input: Optional[str] = None,
              timeout: float = 600) -> subprocess.CompletedProcess:
         command = [str(self.settings.tools / name), "--kubeconfig", self.settings.kubeconfig, *args]
@@ -137,6 +145,17 @@ class Cluster:
             time.sleep(1)
         pods = self.tool("kubectl", "get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
         raise RuntimeError(f"deployment {namespace}/{name} not ready within {timeout:.0f} s:\n{pods}")
+
+    def wait_statefulset(self, namespace: str, name: str, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.apps.read_namespaced_stateful_set(name, namespace)
+            if (s.status.ready_replicas or 0) >= s.spec.replicas and s.status.update_revision == s.status.current_revision \
+                    and (s.status.observed_generation or 0) >= s.metadata.generation:
+                return
+            time.sleep(1)
+        pods = self.tool("kubectl", "get", "pods", "-n", namespace, "-o", "wide", check=False).stdout
+        raise RuntimeError(f"statefulset {namespace}/{name} not ready within {timeout:.0f} s:\n{pods}")
 
     def has_crd(self, name: str) -> bool:
         from kubernetes.client.rest import ApiException
@@ -218,7 +237,9 @@ def _credentials(cluster: Cluster) -> tuple[str, str]:
     return "e2e-" + secrets.token_hex(6), secrets.token_hex(20)
 
 
-def seaweedfs_manifests(settings: Settings, access_key: str, secret_key: str) -> list[dict[str, Any]]:
+def seaweedfs_manifests(settings: Settings, access_key: str, secret_key: str, data_folder: str) -> list[dict[str, Any]]:
+    """A StatefulSet: after its pod is deleted, the next starts only once the old one is gone (one server on the
+    folder at a time)."""
     ns = settings.namespace
     labels = {"app.kubernetes.io/name": S3_SERVICE, "app.kubernetes.io/part-of": "scalingrun-e2e"}
     identities = {"identities": [{"name": "e2e", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
@@ -233,27 +254,39 @@ def seaweedfs_manifests(settings: Settings, access_key: str, secret_key: str) ->
          "stringData": {"s3.json": json.dumps(identities)}},
         {"apiVersion": "v1", "kind": "Service", "metadata": {"name": S3_SERVICE, "namespace": ns, "labels": labels},
          "spec": {"selector": labels, "ports": [{"name": "s3", "port": S3_PORT, "targetPort": "s3", "protocol": "TCP"}]}},
-        {"apiVersion": "apps/v1", "kind": "Deployment",
+        {"apiVersion": "apps/v1", "kind": "StatefulSet",
          "metadata": {"name": S3_SERVICE, "namespace": ns, "labels": labels},
          "spec": {
-             "replicas": 1, "strategy": {"type": "Recreate"}, "selector": {"matchLabels": labels},
+             "replicas": 1, "serviceName": S3_SERVICE, "selector": {"matchLabels": labels},
              "template": {"metadata": {"labels": labels}, "spec": {
                  # weed reads environment variables as flags: a service link S3_PORT=tcp://... stops it.
                  "enableServiceLinks": False,
+                 # weed stops serving at SIGTERM but lingers until killed: 30 s of the e2e's outage otherwise.
+                 "terminationGracePeriodSeconds": 5,
                  "automountServiceAccountToken": False,
-                 "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
-                                     "seccompProfile": {"type": "RuntimeDefault"}},
+                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+                 # Root only here: a hostPath folder is root's; the server itself runs as 1000.
+                 "initContainers": [{
+                     "name": "data-folder", "image": settings.seaweedfs_image, "imagePullPolicy": "IfNotPresent",
+                     "command": ["sh", "-c", 'mkdir -p "$1" && chown 1000:1000 "$1" && '
+                                 'find /data-root -mindepth 1 -maxdepth 1 ! -name "${1##*/}" -exec rm -rf {} +',
+                                 "sh", f"/data-root/{data_folder}"],
+                     "securityContext": {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
+                                         "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]}},
+                     "volumeMounts": [{"name": "data-root", "mountPath": "/data-root"}],
+                 }],
                  "containers": [{
                      "name": "seaweedfs", "image": settings.seaweedfs_image, "imagePullPolicy": "IfNotPresent",
                      "args": args,
                      "ports": [{"name": "s3", "containerPort": S3_PORT, "protocol": "TCP"}],
                      "readinessProbe": {"tcpSocket": {"port": "s3"}, "periodSeconds": 2},
                      "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-                     "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                     "volumeMounts": [{"name": "data", "mountPath": "/data"},
+                     "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                         "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                     "volumeMounts": [{"name": "data-root", "mountPath": "/data", "subPath": data_folder},
                                       {"name": "identities", "mountPath": "/etc/seaweedfs", "readOnly": True}],
                  }],
-                 "volumes": [{"name": "data", "emptyDir": {}},
+                 "volumes": [{"name": "data-root", "hostPath": {"path": S3_DATA_ROOT, "type": "DirectoryOrCreate"}},
                              {"name": "identities", "secret": {"secretName": f"{S3_SERVICE}-identities"}}],
              }},
          }},
@@ -263,17 +296,17 @@ def seaweedfs_manifests(settings: Settings, access_key: str, secret_key: str) ->
 def install_seaweedfs(cluster: Cluster) -> tuple[str, str]:
     access_key, secret_key = _credentials(cluster)
     cluster.ensure_namespace(cluster.settings.namespace)
-    cluster.apply(seaweedfs_manifests(cluster.settings, access_key, secret_key))
-    cluster.wait_deployment(cluster.settings.namespace, S3_SERVICE)
+    data_folder = cluster.core.read_namespace(cluster.settings.namespace).metadata.uid
+    cluster.apply(seaweedfs_manifests(cluster.settings, access_key, secret_key, data_folder))
+    cluster.wait_statefulset(cluster.settings.namespace, S3_SERVICE)
     log(f"SeaweedFS serving {cluster.settings.s3_endpoint}")
     return access_key, secret_key
 
 
 @contextlib.contextmanager
-def port_forward(cluster: Cluster, namespace: str, target: str, port: int) -> Iterator[int]:
+def port_forward(kubectl: list[str], namespace: str, target: str, port: int) -> Iterator[int]:
     """`kubectl port-forward` to a free local port; yields that port. Works on any cluster."""
-    command = [str(cluster.settings.tools / "kubectl"), "--kubeconfig", cluster.settings.kubeconfig,
-               "port-forward", "-n", namespace, "--address", "127.0.0.1", target, f":{port}"]
+    command = [*kubectl, "port-forward", "-n", namespace, "--address", "127.0.0.1", target, f":{port}"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         line = process.stdout.readline()
@@ -286,45 +319,59 @@ def port_forward(cluster: Cluster, namespace: str, target: str, port: int) -> It
         process.wait(timeout=10)
 
 
+@contextlib.contextmanager
+def s3_filesystem(kubectl: list[str], namespace: str, access_key: str, secret_key: str) -> Iterator[Any]:
+    """The e2e's SeaweedFS as a pyarrow S3FileSystem, through `kubectl port-forward` to its Service."""
+    from pyarrow import fs as pafs
+
+    with port_forward(kubectl, namespace, f"svc/{S3_SERVICE}", S3_PORT) as port:
+        yield pafs.S3FileSystem(access_key=access_key, secret_key=secret_key, endpoint_override=f"127.0.0.1:{port}",
+                                scheme="http", region="us-east-1", allow_bucket_creation=True,
+                                connect_timeout=5, request_timeout=30)
+
+
 def corrupt_jpeg(payload: bytes) -> bytes:
     """A JPEG cut in the middle of its entropy-coded data: its header reads, its pixels do not."""
     return payload[: len(payload) // 3]
 
 
-def upload_dataset(cluster: Cluster, access_key: str, secret_key: str) -> int:
-    """Fashion-MNIST (Debian's dataset-fashion-mnist) as JPEGs, plus a few corrupt ones; skipped if there."""
+def upload_jpegs(s3: Any, source: str, per_class: int, side: int, corrupt: int = 0) -> int:
+    """Fashion-MNIST (Debian's dataset-fashion-mnist) as JPEGs under `source`, the first `corrupt` of them cut
+    short; skipped (0) when a marker says they are there already."""
     from pyarrow import fs as pafs
 
     from scalingrun_trainer.sample_data import fashion_mnist_jpegs
 
-    prefix = DATA_SOURCE[len("s3://"):]
-    marker = f"{prefix}/_uploaded.json"
-    wanted = {"perClass": IMAGES_PER_CLASS, "side": IMAGE_SIDE, "corrupt": CORRUPT_FILES}
-    with port_forward(cluster, cluster.settings.namespace, f"svc/{S3_SERVICE}", S3_PORT) as port:
-        s3 = pafs.S3FileSystem(access_key=access_key, secret_key=secret_key, endpoint_override=f"127.0.0.1:{port}",
-                               scheme="http", region="us-east-1", allow_bucket_creation=True,
-                               connect_timeout=5, request_timeout=30)
-        for attempt in range(30):  # a just-started filer may answer 500 for a few seconds
-            try:
-                s3.create_dir(BUCKET)
-                if s3.get_file_info(marker).type == pafs.FileType.File:
-                    if json.loads(s3.open_input_stream(marker).read()) == wanted:
-                        return 0
-                break
-            except OSError as exc:
-                if attempt == 29:
-                    raise
-                log(f"S3 not ready yet ({str(exc)[:120]}); retrying")
-                time.sleep(2)
-        files = list(fashion_mnist_jpegs(IMAGES_PER_CLASS, size=IMAGE_SIDE))
-        for index, (name, payload) in enumerate(files):
-            if index < CORRUPT_FILES:
-                name, payload = name.replace(".jpg", "-corrupt.jpg"), corrupt_jpeg(payload)
-            with s3.open_output_stream(f"{prefix}/{name}") as stream:
-                stream.write(payload)
-        with s3.open_output_stream(marker) as stream:
-            stream.write(json.dumps(wanted).encode())
+    prefix = source[len("s3://"):]
+    bucket, marker = prefix.split("/", 1)[0], f"{prefix}/_uploaded.json"
+    wanted = {"perClass": per_class, "side": side, "corrupt": corrupt}
+    for attempt in range(30):  # a just-started filer may answer 500 for a few seconds
+        try:
+            s3.create_dir(bucket)
+            if s3.get_file_info(marker).type == pafs.FileType.File:
+                if json.loads(s3.open_input_stream(marker).read()) == wanted:
+                    return 0
+            break
+        except OSError as exc:
+            if attempt == 29:
+                raise
+            log(f"S3 not ready yet ({str(exc)[:120]}); retrying")
+            time.sleep(2)
+    files = list(fashion_mnist_jpegs(per_class, size=side))
+    for index, (name, payload) in enumerate(files):
+        if index < corrupt:
+            name, payload = name.replace(".jpg", "-corrupt.jpg"), corrupt_jpeg(payload)
+        with s3.open_output_stream(f"{prefix}/{name}") as stream:
+            stream.write(payload)
+    with s3.open_output_stream(marker) as stream:
+        stream.write(json.dumps(wanted).encode())
     return len(files)
+
+
+def upload_dataset(cluster: Cluster, access_key: str, secret_key: str) -> int:
+    """The e2e's dataset: a few hundred JPEGs, a few corrupt."""
+    with s3_filesystem(cluster.kubectl, cluster.settings.namespace, access_key, secret_key) as s3:
+        return upload_jpegs(s3, DATA_SOURCE, IMAGES_PER_CLASS, IMAGE_SIDE, CORRUPT_FILES)
 
 
 # --- entry points ------------------------------------------------------------------------------------------

@@ -916,9 +916,16 @@ def test_restarts_are_counted_once_across_operator_restarts_and_the_epoch_never_
             r == "WorkerPodLost" and m.startswith(f"worker pod {workers[1]} (uid ") and "was deleted" in m
             for _, r, m in ev), op)
 
-        # The MPI operator recreates it; the launcher's mpirun lost its ssh connection and restarts.
+        # The MPI operator recreates it; the launcher's mpirun lost its ssh connection and restarts: the same
+        # interruption, not a second one.
         start_pod(workers[1], "worker")
         cluster.set_pod_status(launcher, phase="Running", containers=running("launcher", restarts=1, last_exit=1),
+                               conditions=SCHEDULED)
+        status = wait_for(lambda: len(training().get("pods") or []) == 3 and training(), what="the new worker",
+                          operator=op)
+        assert (status["restarts"], status["workerPodsLost"], status["launcherRestarts"]) == (1, 1, 0)
+        # A restart of the launcher's own (its container failed again) is one.
+        cluster.set_pod_status(launcher, phase="Running", containers=running("launcher", restarts=2, last_exit=1),
                                conditions=SCHEDULED)
         status = wait_for(lambda: training().get("restarts") == 2 and training(), what="2 restarts", operator=op)
         assert (status["workerPodsLost"], status["launcherRestarts"]) == (1, 1)

@@ -368,6 +368,26 @@ def test_launcher_restarts_are_counted_by_difference_with_the_exit_code():
     assert len(found) == 1 and "restarted 2 times" in found[0].message and records[0]["restarts"] == 3
 
 
+def test_a_lost_worker_and_the_launcher_restart_it_causes_are_one_interruption():
+    """A deleted worker ends mpirun, and the launcher's container restarts: one fault, counted once, whether the
+    operator sees the restart later or in the same look; a restart beyond that one is counted on its own."""
+    records, _ = interruptions.track_interruptions([], training_pods(), MPIJOB)
+    records, found = interruptions.track_interruptions(records, training_pods()[:2], MPIJOB)
+    assert [i.reason for i in found] == ["WorkerPodLost"] and records[0]["restarts"] == 1
+    records, found = interruptions.track_interruptions(records, training_pods(launcher_restarts=1, worker1_uid="w1-b"), MPIJOB)
+    assert found == []
+    # The same worker lost again, and the restart seen in the same look.
+    records, found = interruptions.track_interruptions(records, training_pods(launcher_restarts=2, worker1_uid="w1-c"), MPIJOB)
+    assert [i.reason for i in found] == ["WorkerPodLost"] and records[0]["restarts"] == 2
+    # A restart of the launcher's own: counted.
+    _, found = interruptions.track_interruptions(records, training_pods(launcher_restarts=3, worker1_uid="w1-c"), MPIJOB)
+    assert [i.reason for i in found] == ["LauncherRestarted"]
+    # Two restarts after one worker lost: the second is an interruption of its own.
+    records, _ = interruptions.track_interruptions([], training_pods(), MPIJOB)
+    records, found = interruptions.track_interruptions(records, training_pods(launcher_restarts=2, worker1_uid="w1-b"), MPIJOB)
+    assert sorted(i.reason for i in found) == ["LauncherRestarted", "WorkerPodLost"]
+
+
 def test_a_new_launcher_pod_counts_the_old_one_lost():
     records, _ = interruptions.track_interruptions([], training_pods(), MPIJOB)
     current = training_pods()

@@ -136,6 +136,43 @@ def test_launcher_requests_are_small_by_default_and_settable():
     assert settable["containers"][0]["resources"] == {"requests": chosen, "limits": chosen}
 
 
+def _with_cpu_limits(**limits):
+    doc = yaml.safe_load((ROOT / "examples/quickstart.yaml").read_text())
+    spec = doc["spec"]
+    spec["workers"].update(cpu="2", memory="4Gi", gpusPerWorker=0)
+    spec["dataset"]["preprocessing"]["resources"] = {"cpu": "1", "memory": "2Gi"}
+    for path, limit in limits.items():
+        part = {"workers": spec["workers"], "launcher": spec.setdefault("launcher", {}).setdefault("resources", {}),
+                "preprocessing": spec["dataset"]["preprocessing"]["resources"]}[path]
+        part["cpuLimit"] = limit
+    return parse_scalingrun(doc)
+
+
+def test_requests_equal_limits_unless_a_cpu_limit_is_asked_for(mpijob_schema):
+    """Guaranteed QoS by default (a CPU limit equal to the request cost no images/s: docs/operations.md);
+    cpuLimit sets another CPU limit, the memory stays request and limit."""
+    default = _pod_specs(build_children(_with_cpu_limits(), "ml"))
+    for role, pod in default.items():
+        resources = pod["containers"][0]["resources"]
+        assert resources["limits"] == resources["requests"], (role, resources)
+    objects = build_children(_with_cpu_limits(workers="4", launcher="1", preprocessing="3"), "ml")
+    jsonschema.validate(objects[2], mpijob_schema)
+    kubernetes_validate.validate(objects[1], K8S_SCHEMA_VERSION, strict=True)
+    asked = {role: pod["containers"][0]["resources"] for role, pod in _pod_specs(objects).items()}
+    assert asked["Worker"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "4", "memory": "4Gi"}}
+    assert asked["Launcher"]["limits"]["cpu"] == "1" and asked["preprocess"]["limits"]["cpu"] == "3"
+    assert asked["preprocess"]["requests"]["cpu"] == "1"
+
+
+@pytest.mark.parametrize("path", ["workers", "launcher", "preprocessing"])
+def test_a_cpu_limit_below_the_request_is_refused_with_its_field(path):
+    with pytest.raises(ValueError) as caught:
+        _with_cpu_limits(**{path: "50m"})
+    field = {"workers": "spec.workers", "launcher": "spec.launcher.resources",
+             "preprocessing": "spec.dataset.preprocessing.resources"}[path]
+    assert f"{field}.cpuLimit: must be at least {field}.cpu" in str(caught.value)
+
+
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_no_pod_gets_a_service_account_token(example):
     """None of them calls the Kubernetes API: a mounted token would only be something to steal."""
@@ -235,7 +272,7 @@ def test_lightning_run_renders_its_image_threads_and_the_same_launcher(mpijob_sc
     # The Lightning image everywhere, the preprocessing Job included (it needs no TensorFlow).
     images = {launcher["image"], worker["image"], job["spec"]["template"]["spec"]["containers"][0]["image"]}
     assert images == {"ghcr.io/scalingrun/trainer:0.1.0-lightning-cpu"}
-    # torch threads from the CPU limit, forwarded by mpirun to every rank.
+    # torch threads from the CPU limit (the request unless cpuLimit is set), forwarded by mpirun to every rank.
     for container in (launcher, worker):
         assert {"name": "OMP_NUM_THREADS", "value": "3"} in container["env"]
     argv = shlex.split(launcher["command"][-1])
@@ -254,6 +291,14 @@ def test_lightning_image_is_settable_and_keras_runs_are_unchanged():
     keras_worker = keras["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert keras_worker["image"] == "ghcr.io/scalingrun/trainer:0.1.0"
     assert "OMP_NUM_THREADS" not in json.dumps(keras)
+
+
+@pytest.mark.parametrize("cpu, cpu_limit, threads", [("500m", None, "1"), ("2", "3500m", "3"), (None, "2", "2"),
+                                                      ("1500m", "1500m", "1")])
+def test_lightning_threads_follow_the_cpu_limit(cpu, cpu_limit, threads):
+    workers = {"cpu": cpu, "gpusPerWorker": 0, **({"cpuLimit": cpu_limit} if cpu_limit else {})}
+    worker = build_children(lightning_run(**workers), "ml")[2]["spec"]["mpiReplicaSpecs"]["Worker"]
+    assert {"name": "OMP_NUM_THREADS", "value": threads} in worker["template"]["spec"]["containers"][0]["env"]
 
 
 def test_cli_render_shows_a_lightning_run(capsys):

@@ -230,3 +230,18 @@ def test_cli_validate_unreadable_file(tmp_path, capsys):
     assert main(["validate", "-f", str(broken)]) == 1
     assert "cannot read" in capsys.readouterr().err
     assert main(["validate", "-f", str(tmp_path / "missing.yaml")]) == 1
+
+
+@pytest.mark.parametrize("quantity, value", [("500m", 0.5), ("2", 2.0), (3, 3.0), ("1.5", 1.5), ("1k", 1000.0),
+                                             ("16Gi", 16 * 2.0 ** 30), ("250M", 250e6)])
+def test_quantities_compare_as_numbers(quantity, value):
+    from scalingrun_api.models import quantity_value
+
+    assert quantity_value(quantity) == pytest.approx(value)
+
+
+def test_a_cpu_limit_compares_with_the_request_across_units():
+    ok = parse_scalingrun(with_value("spec.workers", {"cpu": "1500m", "cpuLimit": "1.5", "gpusPerWorker": 0}))
+    assert ok.spec.workers.cpu_limit == "1.5"
+    with pytest.raises(InvalidScalingRun, match=r"spec.workers.cpuLimit: must be at least spec.workers.cpu \(2\)"):
+        parse_scalingrun(with_value("spec.workers", {"cpu": 2, "cpuLimit": "1999m", "gpusPerWorker": 0}))

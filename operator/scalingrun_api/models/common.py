@@ -64,6 +64,16 @@ Quantity = Annotated[
     ),
 ]
 
+_QUANTITY_SUFFIXES = {"": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+                      "Ki": 2.0 ** 10, "Mi": 2.0 ** 20, "Gi": 2.0 ** 30, "Ti": 2.0 ** 40, "Pi": 2.0 ** 50, "Ei": 2.0 ** 60}
+
+
+def quantity_value(quantity: str | int) -> float:
+    """A Quantity as a number: '500m' -> 0.5 (cores), '2' -> 2.0, '1Ki' -> 1024.0."""
+    text = str(quantity)
+    number = text.rstrip("kMGTPEimi")
+    return float(number) * _QUANTITY_SUFFIXES[text[len(number):]]
+
 
 AUTO = "auto"
 MAX_BATCH_SIZE = 65536

@@ -39,11 +39,23 @@ class Storage(ApiModel):
     )
 
 
-class Resources(ApiModel):
-    """CPU and memory for each pod; requests equal limits so the pod is Guaranteed."""
+# Measured in docs/operations.md ("CPU requests and limits"): a CPU limit equal to the request cost a 2-worker
+# run no images/s, so requests equal limits unless cpuLimit says otherwise.
+CPU_LIMIT_DESCRIPTION = (
+    "CPU limit, at least cpu: a CFS quota per 100 ms. Default: equal to cpu (with memory, Guaranteed QoS). "
+    "Set it higher to let the pod use idle CPU beyond its request, e.g. the node's cores for a quota that "
+    "never binds."
+)
 
-    cpu: Optional[Quantity] = Field(None, description="CPU cores, e.g. 4 or 3500m.")
-    memory: Optional[Quantity] = Field(None, description="Memory, e.g. 16Gi.")
+
+class Resources(ApiModel):
+    """CPU and memory for each pod: requests equal limits (Guaranteed QoS), unless cpuLimit sets another CPU
+    limit."""
+
+    cpu: Optional[Quantity] = Field(None, description="CPU cores, e.g. 4 or 3500m: request, and limit unless "
+                                   "cpuLimit is set.")
+    memory: Optional[Quantity] = Field(None, description="Memory, e.g. 16Gi: request and limit.")
+    cpu_limit: Optional[Quantity] = Field(None, description=CPU_LIMIT_DESCRIPTION)
 
 
 class Preprocessing(ApiModel):
@@ -142,8 +154,10 @@ class Workers(ApiModel):
     gpus_per_worker: int = Field(
         1, ge=0, le=16, description="GPUs per worker, = Horovod slots per worker; 0 trains on CPU (1 slot)."
     )
-    cpu: Optional[Quantity] = Field(None, description="CPU per worker, e.g. 8.")
-    memory: Optional[Quantity] = Field(None, description="Memory per worker, e.g. 32Gi.")
+    cpu: Optional[Quantity] = Field(None, description="CPU per worker, e.g. 8: request, and limit unless "
+                                   "cpuLimit is set.")
+    cpu_limit: Optional[Quantity] = Field(None, description=CPU_LIMIT_DESCRIPTION)
+    memory: Optional[Quantity] = Field(None, description="Memory per worker, e.g. 32Gi: request and limit.")
     image: Optional[str] = Field(
         None,
         description=f"Trainer image (launcher, workers, preprocessing). Default: {DEFAULT_TRAINER_IMAGE} for "
@@ -157,7 +171,7 @@ class Workers(ApiModel):
 
 
 class LauncherResources(Resources):
-    """CPU and memory of the launcher pod; requests equal limits. Each field has its own default."""
+    """CPU and memory of the launcher pod, as for the other pods. Each field has its own default."""
 
     cpu: Optional[Quantity] = Field("100m", description="CPU of the launcher, e.g. 100m or 1.")
     memory: Optional[Quantity] = Field("256Mi", description="Memory of the launcher, e.g. 256Mi.")
@@ -169,7 +183,8 @@ class Launcher(ApiModel):
     resources: LauncherResources = Field(
         default_factory=LauncherResources,
         description="Resources of the launcher pod. Default cpu 100m, memory 256Mi: enough for mpirun, "
-        "and small enough to fit beside the workers on a small node. Requests equal limits.",
+        "and small enough to fit beside the workers on a small node. Requests equal limits unless cpuLimit "
+        "says otherwise.",
     )
 
 

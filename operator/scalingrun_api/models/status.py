@@ -117,10 +117,11 @@ class TrainingStatus(ApiModel):
     resumed_from_epoch: Optional[int] = Field(
         None, description="Epoch the current attempt resumed from (its last checkpoint); none for a fresh start.")
     restarts: Optional[int] = Field(
-        None, description="Interruptions of the training: worker pods lost plus launcher restarts. Each has an "
-        "Event naming the pod and the reason.")
+        None, description="Interruptions of the training: worker pods lost plus launcher restarts of their own (a "
+        "worker lost and the launcher restart it causes are one). Each has an Event naming the pod and the reason.")
     worker_pods_lost: Optional[int] = Field(None, description="Worker pods deleted, evicted or failed.")
-    launcher_restarts: Optional[int] = Field(None, description="Launcher restarts (container or new pod).")
+    launcher_restarts: Optional[int] = Field(
+        None, description="Launcher restarts (container or new pod), but for those a worker's loss caused.")
     mpi_job_uid: Optional[str] = Field(
         None, description="UID of the MPIJob these figures belong to; a new MPIJob starts them again.")
     batch_size_per_worker: Optional[int] = Field(

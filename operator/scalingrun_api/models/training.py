@@ -165,7 +165,8 @@ class Training(ApiModel):
     resume: bool = Field(True, description="Continue from the latest checkpoint of this run when one exists.")
     backoff_limit: int = Field(
         3, ge=0, le=1000, description="Interruptions allowed before the run fails: worker pods lost, launcher "
-        "restarts and children (Job, MPIJob) deleted mid-run, all counted in status.training.restarts.")
+        "restarts and children (Job, MPIJob) deleted mid-run, all counted in status.training.restarts (a worker lost "
+        "and the launcher restart it causes count once).")
     input: InputPipeline = Field(default_factory=InputPipeline, description="The training reader's threads and "
                                  "read-ahead.")
     feature_cache: FeatureCacheMode = Field(

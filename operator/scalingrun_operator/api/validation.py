@@ -16,7 +16,9 @@ from typing import Any, Iterable, TypeVar
 
 import pydantic
 
-from scalingrun_api.models import FRAMEWORK_STRATEGIES, BaseNetwork, Framework, Monitor, ScalingRun, ScalingSweep
+from scalingrun_api.models import (
+    FRAMEWORK_STRATEGIES, BaseNetwork, Framework, Monitor, ScalingRun, ScalingSweep, quantity_value,
+)
 from scalingrun_api.models.common import MAX_INTEGER
 from .sweep import build_point_run, sweep_points
 
@@ -112,6 +114,7 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
                 )
             )
     errors += _framework_errors(run)
+    errors += _cpu_limit_errors(run)
     gang = spec.run_policy.scheduling_policy
     pods = spec.workers.replicas + 1  # workers + launcher
     if gang and gang.min_available and gang.min_available > pods:
@@ -121,6 +124,22 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
                 f"must be <= {pods} (workers.replicas + 1 launcher), got {gang.min_available}",
             )
         )
+    return errors
+
+
+def _cpu_limit_errors(run: ScalingRun) -> list[FieldError]:
+    """A CPU limit below the request: the API server would refuse the pods only when they are created."""
+    spec = run.spec
+    errors = []
+    for path, cpu, limit in (
+        ("spec.workers", spec.workers.cpu, spec.workers.cpu_limit),
+        ("spec.launcher.resources", spec.launcher.resources.cpu, spec.launcher.resources.cpu_limit),
+        ("spec.dataset.preprocessing.resources", spec.dataset.preprocessing.resources.cpu,
+         spec.dataset.preprocessing.resources.cpu_limit),
+    ):
+        if cpu and limit and quantity_value(limit) < quantity_value(cpu):
+            errors.append(FieldError(f"{path}.cpuLimit", f"must be at least {path}.cpu ({cpu}), got {limit}: "
+                                     "raise it, or remove it for a limit equal to cpu"))
     return errors
 
 

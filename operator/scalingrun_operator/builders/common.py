@@ -117,15 +117,17 @@ def config_volume(run: ScalingRun) -> tuple[dict[str, Any], dict[str, Any]]:
     )
 
 
-def resources(cpu: str | None, memory: str | None, gpus: int = 0) -> dict[str, Any]:
-    """Requests equal limits (Guaranteed QoS); GPUs only as limits, as the device plugin expects."""
-    amounts = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
-    limits = dict(amounts)
+def resources(cpu: str | None, memory: str | None, gpus: int = 0, cpu_limit: str | None = None) -> dict[str, Any]:
+    """Requests equal limits by default (Guaranteed QoS): measured, a CPU limit equal to the request cost a
+    2-worker run no images/s (docs/operations.md, "CPU requests and limits"). `cpu_limit` sets another CPU
+    limit (at least the request). GPUs only as limits, as the device plugin expects."""
+    requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
+    limits = {k: v for k, v in (("cpu", cpu_limit or cpu), ("memory", memory)) if v is not None}
     if gpus:
         limits["nvidia.com/gpu"] = gpus
     out: dict[str, Any] = {}
-    if amounts:
-        out["requests"] = amounts
+    if requests:
+        out["requests"] = requests
     if limits:
         out["limits"] = limits
     return out

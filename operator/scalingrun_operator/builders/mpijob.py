@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from scalingrun_api.models import Framework, ScalingRun
+from scalingrun_api.models import Framework, ScalingRun, quantity_value
 from .common import (
     CONFIG_FILE,
     TMP_DIR,
@@ -37,17 +37,15 @@ FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", 
                  "PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 
 
-def _cpu_cores(quantity: str) -> float:
-    return float(quantity[:-1]) / 1000 if quantity.endswith("m") else float(quantity)
-
-
 def framework_env(run: ScalingRun) -> list[dict[str, Any]]:
-    """Lightning: torch's CPU threads per process from the worker's CPU limit (torch would otherwise start one
-    per node core and oversubscribe the pod). The Keras trainer's settings are unchanged."""
+    """Lightning: torch's CPU threads per process from the worker's CPU (torch would otherwise start one per node
+    core and oversubscribe the pod): its CPU limit (cpuLimit, else cpu), rounded down. The Keras trainer's
+    settings are unchanged."""
     w = run.spec.workers
-    if run.spec.training.framework != Framework.pytorch_lightning.value or not w.cpu:
+    cores = w.cpu_limit or w.cpu
+    if run.spec.training.framework != Framework.pytorch_lightning.value or not cores:
         return []
-    threads = max(1, int(_cpu_cores(str(w.cpu)) // slots_per_worker(run)))
+    threads = max(1, int(quantity_value(cores) // slots_per_worker(run)))
     return [{"name": "OMP_NUM_THREADS", "value": str(threads)}]
 
 
@@ -119,7 +117,8 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "image": trainer_image(run),
         "command": ["/bin/sh", "-c", launcher_script(run)],
         "env": storage_env(run) + tracking_env(run) + framework_env(run),
-        "resources": resources(run.spec.launcher.resources.cpu, run.spec.launcher.resources.memory),
+        "resources": resources(run.spec.launcher.resources.cpu, run.spec.launcher.resources.memory,
+                               cpu_limit=run.spec.launcher.resources.cpu_limit),
         "securityContext": container_security_context(),
         "volumeMounts": [mount, *launcher_mounts],
     }
@@ -128,7 +127,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "image": trainer_image(run),
         "command": WORKER_COMMAND,
         "env": storage_env(run) + tracking_env(run) + framework_env(run),
-        "resources": resources(w.cpu, w.memory, w.gpus_per_worker),
+        "resources": resources(w.cpu, w.memory, w.gpus_per_worker, cpu_limit=w.cpu_limit),
         "securityContext": container_security_context(),
         "volumeMounts": [mount, *worker_mounts],
     }

@@ -35,7 +35,7 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
         "command": ["scalingrun-trainer", "preprocess", "--config", CONFIG_FILE, "--shard-count", str(shards),
                     *([] if indexed else ["--all-shards"])],
         "env": storage_env(run),
-        "resources": resources(pre.resources.cpu, pre.resources.memory),
+        "resources": resources(pre.resources.cpu, pre.resources.memory, cpu_limit=pre.resources.cpu_limit),
         "securityContext": container_security_context(),
         "volumeMounts": [mount, *scratch_mounts],
     }

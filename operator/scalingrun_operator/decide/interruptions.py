@@ -151,6 +151,7 @@ def track_interruptions(records: list[dict[str, Any]], pods: list[dict[str, Any]
     """New records of the training's pods and the interruptions since `records` were written.
 
     A record is {"name", "uid", "role", "restarts" (container restarts counted), "lost" (counted as lost)}.
+    One fault, one interruption: a worker lost and the launcher restart it causes count once.
     Level-triggered: whatever happened between two looks (a worker deleted and recreated under the same
     name, a launcher container restarted twice) is counted once, from the difference. `hints` are the
     last states of deleted pods by uid, when a watch event delivered them.
@@ -171,12 +172,16 @@ def track_interruptions(records: list[dict[str, Any]], pods: list[dict[str, Any]
         if not record.get("lost") and not launcher_done:
             interruptions.append(_lost(record, _gone_how(record, pod, hints.get(record.get("uid", "")))))
     out: list[dict[str, Any]] = []
-    for name in sorted(current):
+    # Workers first: a worker lost ends mpirun, so the launcher restart that follows is the same interruption,
+    # counted once, with the worker (taken as one of the launcher's restarts already counted).
+    for name in sorted(current, key=lambda n: (pod_role(current[n], mpijob_name) == LAUNCHER, n)):
         pod = current[name]
         role = pod_role(pod, mpijob_name)
         record = kept.get(name) or {"name": name, "uid": metadata_of(pod).get("uid", ""), "role": role,
                                     "restarts": 0, "lost": False}
         record = dict(record)
+        if role == LAUNCHER and not record["lost"] and any(i.role == WORKER for i in interruptions):
+            record["restarts"] += 1
         restarts = _restart_count(pod)
         if restarts > record["restarts"]:
             times = restarts - record["restarts"]
@@ -193,7 +198,7 @@ def track_interruptions(records: list[dict[str, Any]], pods: list[dict[str, Any]
             interruptions.append(_lost(record, how))
             record["lost"] = True
         out.append(record)
-    return out, interruptions
+    return sorted(out, key=lambda r: r["name"]), interruptions
 
 
 def baseline(pods: list[dict[str, Any]], mpijob_name: str) -> list[dict[str, Any]]:
