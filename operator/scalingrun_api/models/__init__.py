@@ -15,7 +15,7 @@ from .run import (
     ScalingRunSpec, SchedulingPolicy, Storage, TaintEffect, Toleration, TolerationOperator, Tracking, Workers,
 )
 from .status import (
-    BatchSizeProbe, Condition, InputEpoch, Phase, PreprocessingStatus, ProbedBatchSize, ScalingRunStatus,
+    BatchSizeProbe, Condition, FeatureCache, InputEpoch, Phase, PreprocessingStatus, ProbedBatchSize, ScalingRunStatus,
     TrainingPod, TrainingStatus,
 )
 from .sweep import (
@@ -23,7 +23,7 @@ from .sweep import (
     SweepPhase, SweepPoint, SweepRecommendation,
 )
 from .training import (
-    FRAMEWORK_STRATEGIES, BaseNetwork, Checkpoint, EarlyStopping, Framework, InputPipeline, LearningRateScaling, Model,
-    Monitor, Optimizer, Strategy, Training,
+    FRAMEWORK_STRATEGIES, BaseNetwork, Checkpoint, EarlyStopping, FeatureCacheMode, Framework, InputPipeline,
+    LearningRateScaling, Model, Monitor, Optimizer, Strategy, Training,
 )
 
