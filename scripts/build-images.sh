@@ -154,7 +154,7 @@ if [[ "$CHECK" == 1 ]]; then
     '[ "$(id -u)" = 1000 ] && ! python -c "import tensorflow"'
   # The builder contract (import, signature, output shape) holds in the examples' images, as the trainer checks it.
   check "teamnets.keras_cnn:build in $EXAMPLE_MODEL" "$DOCKER" run --rm "$EXAMPLE_MODEL" python -c \
-    'from scalingrun_trainer.core.builder import Builder; from scalingrun_trainer.keras.models import build_network; build_network(Builder("teamnets.keras_cnn:build"), 32, 10)'
+    'from scalingrun_trainer.core.builder import Builder; from scalingrun_trainer.keras.models import build_user_network; build_user_network(Builder("teamnets.keras_cnn:build"), 32, 10)'
   check "teamnets.torch_cnn:build in $EXAMPLE_MODEL_LIGHTNING" "$DOCKER" run --rm "$EXAMPLE_MODEL_LIGHTNING" python -c \
     'from scalingrun_trainer.core.builder import Builder; from scalingrun_trainer.lightning.network import build_network; build_network(Builder("teamnets.torch_cnn:build"), 32, 10)'
   check "teamtrain.keras_horovod imports in $EXAMPLE_TRAINING" "$DOCKER" run --rm "$EXAMPLE_TRAINING" python -c \

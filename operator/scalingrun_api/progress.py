@@ -7,7 +7,8 @@ bool where a number belongs is left out (the field keeps its default), not the w
 one junk value never hides the rest of a run's progress. `Progress.read(...).model_fields_set` says which fields
 the document really had.
 
-The parts that status.training mirrors as they are (the batch-size probe, the input history) are its models.
+The parts that status.training mirrors as they are (the batch-size probe, the input history, the feature cache) are
+its models.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Optional, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from .models.status import BatchSizeProbe, InputEpoch, ProbedBatchSize  # the status mirrors them as they are
+from .models.status import BatchSizeProbe, FeatureCache, InputEpoch, ProbedBatchSize  # mirrored as they are
 
 PROGRESS_FILE = "progress.json"
 # Epochs of input figures kept in inputHistory (InputBound needs the last 2).
@@ -80,6 +81,8 @@ class Progress(BaseModel):
     input_wait_fraction: Optional[float] = None
     gpu_utilization: Optional[float] = None
     input_history: list[InputEpoch] = Field(default_factory=list)
+    # Whether this attempt trains the head on cached features, and their cost (once they are computed).
+    feature_cache: Optional[FeatureCache] = None
 
     @classmethod
     def read(cls, document: Any) -> "Progress":
@@ -88,11 +91,13 @@ class Progress(BaseModel):
 
     def document(self) -> dict[str, Any]:
         """The JSON document the trainer writes: every key, None included; inputHistory entries with the figures
-        measured; batchSizeProbe only when the probe ran."""
-        out = self.model_dump(by_alias=True, exclude={"batch_size_probe", "input_history"})
+        measured; batchSizeProbe only when the probe ran; featureCache with the figures known."""
+        out = self.model_dump(by_alias=True, exclude={"batch_size_probe", "input_history", "feature_cache"})
         out["inputHistory"] = [entry.model_dump(by_alias=True, exclude_none=True) for entry in self.input_history]
         if self.batch_size_probe is not None:
             out["batchSizeProbe"] = probe_document(self.batch_size_probe)
+        if self.feature_cache is not None:
+            out["featureCache"] = self.feature_cache.model_dump(by_alias=True, exclude_none=True)
         return out
 
     def history_entry(self, epoch: Optional[int]) -> Optional[Epoch]:

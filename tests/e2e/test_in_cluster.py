@@ -437,3 +437,27 @@ def test_a_lightning_run_trains_with_ddp_across_two_worker_pods(cluster):
         assert images == {cluster.lightning_image}, images
     finally:
         cluster.delete_run(name)
+
+
+def test_a_multi_worker_mirrored_run_trains_across_two_worker_pods(cluster):
+    """The third engine over the same MPIJob, from the Keras image: mpirun starts one process per worker pod (one
+    slot each), each builds TF_CONFIG from the MPI world, and TensorFlow's ring all-reduce connects the pods."""
+    name = _name("mirrored")
+    output = f"s3://scalingrun-e2e/runs/{name}/parquet"
+    body = run_body(cluster, name, output=output, epochs=2)
+    body["spec"]["dataset"]["imageSize"] = 32
+    body["spec"]["training"]["strategy"] = "multi-worker-mirrored"
+    cluster.create_run(body)
+    try:
+        run = cluster.wait(name, finished, timeout=900, what="Succeeded")
+        training = run["status"]["training"]
+        assert training["processes"] == 2 and training["epoch"] == 2, training
+        assert training["effectiveBatchSize"] == 32 and 0 < training["metrics"]["val_accuracy"] <= 1, training
+        assert run["status"]["modelUri"] == f"{output}/runs/{name}/model/model.keras", run["status"]["modelUri"]
+        mpijob = cluster.custom().get_namespaced_custom_object("kubeflow.org", "v2beta1", cluster.namespace,
+                                                               "mpijobs", f"{name}-train")
+        assert mpijob["spec"]["slotsPerWorker"] == 1 and mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+        log = launcher_log(cluster, name)
+        assert "2 replicas x batch 16 = effective batch 32" in log, log[-3000:]
+    finally:
+        cluster.delete_run(name)

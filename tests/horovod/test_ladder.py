@@ -33,6 +33,8 @@ def test_auto_batch_size_backs_off_from_an_out_of_memory_size_and_scales_the_lea
     assert "[0]<stdout>:scalingrun-trainer: batch-size probe" in result.stdout and "32: OOM" in result.stdout
     assert "[1]<stdout>:scalingrun-trainer: batch-size probe" not in result.stdout  # one worker probes
     assert progress["state"] == "succeeded"
+    # The probe measured the whole network; the head then trained on cached features at the chosen size.
+    assert progress["featureCache"]["used"] is True and progress["featureCache"]["rows"] == 240
     # The input figures of every epoch; no GPU here, so no utilisation.
     assert [entry["epoch"] for entry in progress["inputHistory"]] == [1]
     assert 0 <= progress["inputWaitFraction"] <= 1 and progress["gpuUtilization"] is None
@@ -47,7 +49,8 @@ def test_a_slow_reader_shows_as_a_high_input_wait_share(s3_server, dataset, tmp_
     progress = read_json(s3_server, f"{run}/progress.json")
     history = progress["inputHistory"]
     assert [entry["epoch"] for entry in history] == [1, 2]
-    # 0.3 s per batch against a few milliseconds of compute on 32x32 images: most of each step is waiting.
+    # 0.3 s per batch against a few milliseconds of compute on cached features: most of each step is waiting.
+    assert progress["featureCache"]["used"] is True
     assert all(entry["inputWaitFraction"] > 0.5 for entry in history), history
     assert progress["inputWaitFraction"] == history[-1]["inputWaitFraction"]
     assert "input wait" in result.stdout

@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from pyarrow import fs as pafs
 
@@ -23,6 +24,9 @@ from tests.horovod.test_stack import horovodrun
 pytestmark = [pytest.mark.horovod, pytest.mark.s3]
 BUCKET = "train"
 SIZE = 32
+# How far the cached head's epoch losses may be from the whole network's (the test that compares them says why).
+LOSS_TOLERANCE = 0.05
+PRETRAINED = {"base": "efficientnet_lite0", "weights": "imagenet"}
 
 
 def s3(server) -> pafs.S3FileSystem:
@@ -47,13 +51,13 @@ def dataset(s3_server) -> str:
 
 
 def write_config(tmp_path: Path, server, dataset: str, run_location: str, tracking: dict | None = None,
-                 **training) -> Path:
+                 model: dict | None = None, **training) -> Path:
     spec = {
         "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "hvd-test"},
         "spec": {
             "storage": {"endpoint": server.endpoint, "credentialsSecret": "unused-locally"},
             "dataset": {"source": f"s3://{BUCKET}/jpeg", "output": dataset, "imageSize": SIZE},
-            "model": {"base": "mobilenet_v2", "weights": "none", "dropout": 0.1},
+            "model": {"base": "mobilenet_v2", "weights": "none", "dropout": 0.1, **(model or {})},
             "training": {"batchSizePerWorker": 16, "maxEpochs": 2, "checkpoint": {"location": run_location},
                          **training},
             "workers": {"replicas": 2, "gpusPerWorker": 0},
@@ -65,13 +69,14 @@ def write_config(tmp_path: Path, server, dataset: str, run_location: str, tracki
     return path
 
 
-def train_command(config: Path) -> list[str]:
-    return [horovodrun(), "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+def train_command(config: Path, processes: int = 2) -> list[str]:
+    return [horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", sys.executable, "-m",
             "scalingrun_trainer.cli", "train", "--config", str(config)]
 
 
-def run_training(server, config: Path, timeout: int = 400, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(train_command(config), capture_output=True, text=True, timeout=timeout,
+def run_training(server, config: Path, timeout: int = 400, env: dict | None = None,
+                 processes: int = 2) -> subprocess.CompletedProcess:
+    return subprocess.run(train_command(config, processes), capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **server.env(), "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
 
 
@@ -81,7 +86,9 @@ def read_json(server, uri: str) -> dict:
 
 def test_two_ranks_train_report_checkpoint_and_save(s3_server, dataset, tmp_path):
     run = f"s3://{BUCKET}/runs/basic"
-    result = run_training(s3_server, write_config(tmp_path, s3_server, dataset, run, maxEpochs=2))
+    # A trainable base: the whole network trains on images every epoch (the other tests' frozen base caches).
+    result = run_training(s3_server, write_config(tmp_path, s3_server, dataset, run, model={"trainableBase": True},
+                                                  maxEpochs=2))
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     # Only rank 0 reports; the effective values are logged at start.
     assert "[0]<stdout>:scalingrun-trainer: 2 processes x batch 16 = effective batch 32; learning rate 0.002" in result.stdout
@@ -93,6 +100,9 @@ def test_two_ranks_train_report_checkpoint_and_save(s3_server, dataset, tmp_path
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(progress["metrics"])
     assert progress["imagesPerSecond"] > 0 and progress["bestEpoch"] in range(1, progress["epoch"] + 1)
     assert progress["modelUri"] == f"{run}/model/model.keras"
+    assert progress["featureCache"] == {
+        "used": False, "reason": "spec.model.trainableBase is true: the base's features change every step"}
+    assert "feature cache" not in result.stdout and "cached features" not in result.stdout
     state = read_json(s3_server, f"{run}/checkpoints/state.json")
     assert state["epoch"] == progress["epoch"]
     fs = s3(s3_server)
@@ -101,10 +111,11 @@ def test_two_ranks_train_report_checkpoint_and_save(s3_server, dataset, tmp_path
     assert any("tfevents" in i.base_name for i in events)  # TensorBoard logs, from rank 0 only
 
 
-def test_early_stopping_stops_both_ranks_on_the_same_epoch(s3_server, dataset, tmp_path):
-    run = f"s3://{BUCKET}/runs/early"
+@pytest.mark.parametrize("feature_cache", ["auto", "off"])
+def test_early_stopping_stops_both_ranks_on_the_same_epoch(s3_server, dataset, tmp_path, feature_cache):
+    run = f"s3://{BUCKET}/runs/early-{feature_cache}"
     # An unreachable minDelta: no epoch after the first counts as an improvement.
-    config = write_config(tmp_path, s3_server, dataset, run, maxEpochs=8,
+    config = write_config(tmp_path, s3_server, dataset, run, maxEpochs=8, featureCache=feature_cache,
                           earlyStopping={"monitor": "val_loss", "patience": 1, "minDelta": 100.0})
     result = run_training(s3_server, config)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -112,6 +123,99 @@ def test_early_stopping_stops_both_ranks_on_the_same_epoch(s3_server, dataset, t
     assert progress["epoch"] == 2 and progress["bestEpoch"] == 1
     assert progress["bestMetrics"]["val_loss"] == pytest.approx(progress["history"][0]["val_loss"], rel=1e-4)
     assert "Epoch 2: early stopping" in result.stdout
+    cache = progress["featureCache"]
+    if feature_cache == "auto":
+        # Both ranks cached their shards of both splits (240 images, 1280 float32 features each) once.
+        assert cache["used"] is True and cache["rows"] == 240 and cache["bytes"] == 240 * 1280 * 4
+        assert cache["seconds"] > 0 and cache["onDisk"] is False and "reason" not in cache
+        assert result.stdout.count("feature cache: the frozen base ran once over 240 images") == 1
+        assert re.search(r"\[0\]<stdout>:epoch 2/8: .*cached features", result.stdout)
+    else:
+        assert cache == {"used": False, "reason": "spec.training.featureCache is off"}
+        assert "feature cache" not in result.stdout and "cached features" not in result.stdout
+    # The saved model is the whole network (uint8 pixels in, probabilities out) with the best epoch's head.
+    saved, best = saved_model_and_best_weights(s3_server, run, tmp_path)
+    assert saved.input.dtype == "uint8" and tuple(saved.input.shape) == (None, SIZE, SIZE, 3)
+    assert saved.get_layer("preprocess_input") and saved.get_layer("mobilenetv2_1.00_32")
+    kernel, bias = saved.get_layer("head").get_weights()
+    np.testing.assert_array_equal(kernel, best[-2])
+    np.testing.assert_array_equal(bias, best[-1])
+    pixels = np.random.default_rng(0).integers(0, 256, (4, SIZE, SIZE, 3), dtype=np.uint8)
+    np.testing.assert_allclose(saved.predict(pixels, verbose=0).sum(axis=1), 1.0, rtol=1e-5)
+
+
+def saved_model(server, run: str, tmp_path: Path):
+    """The run's model.keras loaded with plain Keras."""
+    import tensorflow as tf
+
+    model_file = tmp_path / "model.keras"
+    model_file.write_bytes(s3(server).open_input_stream(f"{run}/model/model.keras"[len("s3://"):]).read())
+    # compile=False: the file's optimizer is Horovod's DistributedOptimizer, which plain Keras cannot rebuild.
+    return tf.keras.models.load_model(model_file, compile=False)
+
+
+def saved_model_and_best_weights(server, run: str, tmp_path: Path):
+    """The run's saved model, and the best weights its last checkpoint kept."""
+    state = read_json(server, f"{run}/checkpoints/state.json")
+    assert state["bestWeights"], state
+    folder = f"{run}/checkpoints/{state['checkpoint']}"[len("s3://"):]
+    best_file = tmp_path / "best.npz"
+    best_file.write_bytes(s3(server).open_input_stream(f"{folder}/best.npz").read())
+    with np.load(best_file) as saved:
+        best = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    return saved_model(server, run, tmp_path), best
+
+
+def validation_split(server, dataset: str) -> tuple[np.ndarray, np.ndarray]:
+    """The whole validation split as uint8 pixels and labels, read with pyarrow alone."""
+    import pyarrow.parquet as pq
+
+    fs = s3(server)
+    manifest = json.loads(fs.open_input_stream(f"{dataset[len('s3://'):]}/_manifest.json").read())
+    tables = [pq.read_table(fs.open_input_file(f"{dataset[len('s3://'):]}/{name}"), columns=["image", "label"])
+              for name in manifest["files"]["validation"]]
+    pixels = np.stack([np.frombuffer(image, np.uint8) for t in tables for image in t.column("image").to_pylist()])
+    labels = np.array([label for t in tables for label in t.column("label").to_pylist()])
+    return pixels.reshape(-1, SIZE, SIZE, 3), labels
+
+
+def test_the_cached_head_trains_the_same_network_as_whole_images(s3_server, dataset, tmp_path):
+    """One process each, so that the reported validation figures are over the whole split, not a mean of ranks'."""
+    import tensorflow as tf
+
+    histories = {}
+    for mode in ("auto", "off"):
+        run = f"s3://{BUCKET}/runs/same-{mode}"
+        folder = tmp_path / mode
+        folder.mkdir()
+        # ImageNet weights: a head on a random base stays at chance, which any features or labels would match.
+        config = write_config(folder, s3_server, dataset, run, model=PRETRAINED, maxEpochs=2, featureCache=mode,
+                              earlyStopping={"enabled": False})
+        result = run_training(s3_server, config, processes=1)
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        progress = read_json(s3_server, f"{run}/progress.json")
+        assert progress["featureCache"]["used"] is (mode == "auto"), progress["featureCache"]
+        histories[mode] = progress["history"]
+        if mode == "auto":
+            # Exactness: the saved whole network, run on the validation images, scores what the head scored on the
+            # cached features of the last epoch (float32 rounding apart; an argmax near a tie may flip).
+            saved = saved_model(s3_server, run, folder)
+            pixels, labels = validation_split(s3_server, dataset)
+            probabilities = saved.predict(pixels, verbose=0)
+            loss = float(tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, probabilities)))
+            accuracy = float(np.mean(probabilities.argmax(axis=1) == labels))
+            assert loss == pytest.approx(progress["metrics"]["val_loss"], rel=1e-4)
+            assert accuracy == pytest.approx(progress["metrics"]["val_accuracy"], abs=1.01 / len(labels))
+    # The same network from the same initial weights, on batches drawn in another order (the cache's seeded
+    # permutations, the reader's shuffled row groups) with other dropout masks: the epochs' losses differ by that
+    # sampling noise only, measured 0.02-0.03 (LOSS_TOLERANCE is about twice that), while both learn more than
+    # that tolerance in two epochs; a head on wrong features or labels stays near ln 10 = 2.303, 0.1 above.
+    cached, whole = histories["auto"], histories["off"]
+    for epoch_cached, epoch_whole in zip(cached, whole):
+        assert epoch_cached["loss"] == pytest.approx(epoch_whole["loss"], abs=LOSS_TOLERANCE), (cached, whole)
+        assert epoch_cached["val_loss"] == pytest.approx(epoch_whole["val_loss"], abs=LOSS_TOLERANCE), (cached, whole)
+    for history in (cached, whole):
+        assert history[-1]["loss"] < history[0]["loss"] - LOSS_TOLERANCE, history
 
 
 @pytest.mark.mlflow
@@ -152,6 +256,8 @@ def test_resume_continues_after_a_kill_in_the_same_mlflow_run(s3_server, mlflow_
             time.sleep(0.1)
     assert second.returncode == 0, err.read_text()[-3000:]
     assert f"resuming after epoch {saved}" in out.read_text()
+    # The resumed attempt built its feature cache again before its first epoch.
+    assert "[0]<stdout>:scalingrun-trainer: feature cache: the frozen base ran once over 240 images" in out.read_text()
     assert epochs_seen[0] == saved and epochs_seen == sorted(epochs_seen), epochs_seen
     progress = read_json(s3_server, f"{run}/progress.json")
     assert [h["epoch"] for h in progress["history"]] == [1, 2, 3, 4, 5]
@@ -166,6 +272,7 @@ def test_resume_continues_after_a_kill_in_the_same_mlflow_run(s3_server, mlflow_
     assert info["status"] == "FINISHED" and info["run_name"] == "hvd-test"
     params = {p["key"]: p["value"] for p in data["params"]}
     assert params["processes"] == "2" and params["effectiveBatchSize"] == "32" and float(params["learningRate"]) == 0.002
+    assert params["featureCache"] == "auto" and params["featureCacheUsed"] == "True"
     history = client.call("GET", "metrics/get-history", {"run_id": info["run_id"], "metric_key": "val_loss"})["metrics"]
     # The epoch after the last checkpoint may have been logged before the kill too: it then has two values,
     # and the later one (the resumed training's) is the one progress.json kept.

@@ -98,11 +98,12 @@ print(correct / rows)
     return float(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.parametrize("feature_cache", ["auto", "off"])
 def test_two_ranks_stop_early_on_the_same_epoch_and_save_the_best_weights(s3_server, dataset, tmp_path, mpirun,
-                                                                           lightning_python):
-    run = f"s3://{BUCKET}/runs/early"
+                                                                           lightning_python, feature_cache):
+    run = f"s3://{BUCKET}/runs/early-{feature_cache}"
     # An unreachable minDelta: no epoch after the first counts as an improvement, so epoch 2 stops it.
-    config = write_config(tmp_path / "config.json", s3_server, dataset, run, maxEpochs=6,
+    config = write_config(tmp_path / "config.json", s3_server, dataset, run, maxEpochs=6, featureCache=feature_cache,
                           earlyStopping={"monitor": "val_loss", "patience": 1, "minDelta": 100.0})
     result = subprocess.run(command(mpirun, lightning_python, config), capture_output=True, text=True, timeout=600,
                             env={**os.environ, **s3_server.env()})
@@ -119,9 +120,20 @@ def test_two_ranks_stop_early_on_the_same_epoch_and_save_the_best_weights(s3_ser
     assert [h["epoch"] for h in progress["history"]] == [1, 2] and progress["imagesPerSecond"] > 0
     assert progress["bestEpoch"] == 1 and progress["bestMetrics"]["val_loss"] == progress["history"][0]["val_loss"]
     assert progress["modelUri"] == f"{run}/model/model.pt"
+    cache = progress["featureCache"]
+    if feature_cache == "auto":
+        # Both ranks ran the frozen base once over their shards of both splits (240 images, 1280 features each).
+        assert cache["used"] is True and cache["rows"] == 240 and cache["bytes"] == 240 * 1280 * 4
+        assert cache["seconds"] > 0 and cache["onDisk"] is False and "reason" not in cache
+        assert out.count("feature cache: the frozen base ran once over 240 images") == 1
+        assert "cached features" in out.split("epoch 2/6:")[1].splitlines()[0]
+    else:
+        assert cache == {"used": False, "reason": "spec.training.featureCache is off"}
+        assert "feature cache" not in out and "cached features" not in out
     state = read_json(s3_server, f"{run}/checkpoints/state.json")
     assert state["epoch"] == 2 and state["finished"] and state["trainedOn"]["framework"] == "pytorch-lightning"
-    # The saved model has epoch 1's weights (restored), not epoch 2's: its accuracy is epoch 1's val_accuracy.
+    # The saved model is the whole network with epoch 1's weights (restored), not epoch 2's: run on the images, its
+    # accuracy is epoch 1's val_accuracy (with the cache: measured on the cached features, so they are the base's).
     accuracy = evaluate_saved_model(lightning_python, s3_server, progress["modelUri"], dataset)
     assert accuracy == pytest.approx(progress["history"][0]["val_accuracy"], abs=1e-6)
 
@@ -163,6 +175,8 @@ def test_a_killed_rank_resumes_from_the_last_checkpoint_in_the_same_mlflow_run(s
                             env=env)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert f"resuming after epoch {saved}" in second.stdout
+    # The resumed attempt built its feature cache again before its first epoch.
+    assert "feature cache: the frozen base ran once over 240 images" in second.stdout
     assert f"epoch {saved + 1}/{saved + 2}:" in second.stdout and "epoch 1/" not in second.stdout
     progress = read_json(s3_server, f"{run}/progress.json")
     assert progress["resumedFromEpoch"] == saved and progress["epoch"] == saved + 2 and progress["state"] == "succeeded"

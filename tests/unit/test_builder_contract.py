@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from scalingrun_trainer.core.builder import Builder, BuilderError
-from scalingrun_trainer.keras.models import build_network, user_classifier
+from scalingrun_trainer.keras.models import build_user_network, user_classifier
 from tests.conftest import require
 
 LIGHTNING_PYTHON = Path(__file__).resolve().parents[2] / ".venv-lightning/bin/python"
@@ -73,14 +73,14 @@ def package(tmp_path, monkeypatch) -> str:
 
 def failure(path: str, **params) -> str:
     with pytest.raises(BuilderError) as caught:
-        build_network(Builder(path, params, IMAGE), 32, 5)
+        build_user_network(Builder(path, params, IMAGE), 32, 5)
     message = str(caught.value)
     assert message.startswith(f"spec.model.builder {path!r} in image {IMAGE}: "), message
     return message
 
 
 def test_a_good_builder_is_built_and_checked(package):
-    network = build_network(Builder("teamnets.keras_models:build", {"width": 4}, IMAGE), 32, 5)
+    network = build_user_network(Builder("teamnets.keras_models:build", {"width": 4}, IMAGE), 32, 5)
     assert network.output_shape == (None, 5)
     assert network.optimizer is None  # uncompiled: the trainer compiles it
 

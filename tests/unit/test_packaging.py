@@ -30,6 +30,10 @@ LIGHTNING_PYTHON = Path(__file__).resolve().parents[2] / ".venv-lightning/bin/py
         ("scalingrun_operator", ["tensorflow", "horovod", "petastorm", "pyarrow", "mpi4py"]),
         ("scalingrun_trainer", ["kopf", "kubernetes"]),
         ("scalingrun_api", ["kopf", "kubernetes", "tensorflow", "horovod", "torch", "petastorm", "pyarrow"]),
+        # The trainer's core is framework-free; the Keras layer and the multi-worker-mirrored engine need no Horovod.
+        ("scalingrun_trainer.core", ["tensorflow", "keras", "horovod", "torch", "pytorch_lightning", "kopf"]),
+        ("scalingrun_trainer.keras", ["horovod", "torch", "kopf", "kubernetes"]),
+        ("scalingrun_trainer.keras_mirrored", ["horovod", "torch", "kopf", "kubernetes"]),
     ],
 )
 def test_package_imports_without_the_other_side(package, blocked):

@@ -17,7 +17,7 @@ from .run import (
     TaintEffect, Toleration, TolerationOperator, Tracking, Workers,
 )
 from .status import (
-    BatchSizeProbe, Condition, InputEpoch, Phase, PreprocessingStatus, ProbedBatchSize, ScalingRunStatus,
+    BatchSizeProbe, Condition, FeatureCache, InputEpoch, Phase, PreprocessingStatus, ProbedBatchSize, ScalingRunStatus,
     TrainingPod, TrainingStatus,
 )
 from .sweep import (
@@ -25,7 +25,7 @@ from .sweep import (
     SweepPhase, SweepPoint, SweepRecommendation,
 )
 from .training import (
-    FRAMEWORK_STRATEGIES, Checkpoint, EarlyStopping, Framework, InputPipeline, LearningRateScaling, Monitor, Optimizer,
-    Strategy, Training,
+    FRAMEWORK_STRATEGIES, Checkpoint, EarlyStopping, FeatureCacheMode, Framework, InputPipeline, LearningRateScaling,
+    Monitor, Optimizer, Strategy, Training,
 )
 

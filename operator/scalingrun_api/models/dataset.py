@@ -77,7 +77,7 @@ class Preprocessing(ApiModel):
         None,
         ge=1,
         le=16384,
-        description="Horovod processes the dataset is laid out for (>= 2 row groups per process and split); "
+        description="Training processes the dataset is laid out for (>= 2 row groups per process and split); "
         "default and minimum: this run's processes. A ScalingSweep sets its largest point's, so that every "
         "point reads one dataset.",
     )

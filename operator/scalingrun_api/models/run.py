@@ -65,11 +65,13 @@ class Toleration(ApiModel):
 
 
 class Workers(ApiModel):
-    """The MPIJob workers: one Horovod process per GPU (slotsPerWorker = gpusPerWorker)."""
+    """The MPIJob workers: one training process per GPU (slotsPerWorker = gpusPerWorker), or one per worker using
+    all of its GPUs under training.strategy multi-worker-mirrored (slotsPerWorker = 1)."""
 
     replicas: int = Field(1, ge=1, le=1024, description="Number of worker pods (usually nodes).")
     gpus_per_worker: int = Field(
-        1, ge=0, le=16, description="GPUs per worker, = Horovod slots per worker; 0 trains on CPU (1 slot)."
+        1, ge=0, le=16, description="GPUs per worker, = training processes (MPI slots) per worker, except under "
+        "multi-worker-mirrored (one process using them all); 0 trains on CPU (1 slot)."
     )
     cpu: Optional[Quantity] = Field(None, description="CPU per worker, e.g. 8: request, and limit unless "
                                    "cpuLimit is set.")

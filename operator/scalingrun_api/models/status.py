@@ -80,11 +80,29 @@ class InputEpoch(ApiModel):
     gpu_utilization: Optional[float] = Field(None, description="Mean GPU utilisation in percent (NVML); none on CPU.")
 
 
+class FeatureCache(ApiModel):
+    """spec.training.featureCache: whether this attempt trained the head on features the frozen base computed once,
+    and what computing them cost."""
+
+    used: bool = Field(..., description="True when the head trained on cached features.")
+    reason: Optional[str] = Field(
+        None, description="Why not, when not used: featureCache off, a trainable base, a custom network, or a strategy "
+        "without it (multi-worker-mirrored).")
+    seconds: Optional[float] = Field(
+        None, description="Wall time of computing the features (the slowest process), before the first epoch.")
+    bytes: Optional[int] = Field(None, description="Size of the cached features, all processes together.")
+    rows: Optional[int] = Field(None, description="Images whose features were cached (training and validation).")
+    on_disk: Optional[bool] = Field(
+        None, description="True when some process kept its features in a local file (beyond 512 MiB) instead of "
+        "memory.")
+
+
 class TrainingStatus(ApiModel):
     """Progress of the training, mirrored from the trainer's progress document."""
 
     mpi_job_name: Optional[str] = Field(None, description="Name of the MPIJob.")
-    processes: Optional[int] = Field(None, description="Horovod processes (replicas x slots).")
+    processes: Optional[int] = Field(None, description="Training processes (replicas x slots): one per GPU, or one "
+                                     "per worker under multi-worker-mirrored.")
     epoch: Optional[int] = Field(None, description="Last finished epoch (1-based).")
     max_epochs: Optional[int] = Field(None, description="Epoch limit.")
     best_epoch: Optional[int] = Field(None, description="Epoch with the best monitored metric.")
@@ -115,6 +133,8 @@ class TrainingStatus(ApiModel):
     gpu_utilization: Optional[float] = Field(None, description="Last epoch's mean GPU utilisation in percent.")
     input_history: list[InputEpoch] = Field(
         default_factory=list, description="Input wait and GPU utilisation of the last epochs (InputBound reads it).")
+    feature_cache: Optional[FeatureCache] = Field(
+        None, description="Whether the head trained on features the frozen base computed once, and what that cost.")
     pods: list[TrainingPod] = Field(
         default_factory=list, description="Launcher and worker pods as last seen, so that a restarted operator "
         "neither counts an interruption twice nor misses one.")

@@ -70,6 +70,10 @@ class SweepPoint(ApiModel):
     efficiency: Optional[float] = Field(
         None, description="speedup / scale, where scale = processes / the first point's processes; 1 is linear.")
     worker_hours: Optional[float] = Field(None, description="processes x wall time, in hours: the cost.")
+    feature_cache: Optional[bool] = Field(
+        None, description="True when the point trained the head on features its frozen base computed once.")
+    feature_cache_seconds: Optional[float] = Field(
+        None, description="Seconds the point spent computing those features (part of wallSeconds).")
 
 
 class SweepRecommendation(ApiModel):

@@ -48,6 +48,11 @@ FRAMEWORK_STRATEGIES: dict[str, tuple[str, ...]] = {
 }
 
 
+class FeatureCacheMode(str, Enum):
+    auto = "auto"
+    off = "off"
+
+
 class Monitor(str, Enum):
     val_loss = "val_loss"
     val_accuracy = "val_accuracy"
@@ -151,6 +156,14 @@ class Training(ApiModel):
         "(scalingrun_trainer.sdk: context(), report_epoch(), finish()). framework picks the default image "
         "(keras: TensorFlow + Horovod; pytorch-lightning: torch). Excludes model.builder, base, weights, "
         "trainableBase and dropout, and batchSizePerWorker auto.")
+    feature_cache: FeatureCacheMode = Field(
+        FeatureCacheMode.auto,
+        description="auto: with a frozen built-in base (model.trainableBase false), each process runs the base once "
+        "over its share of the data, keeps the pooled features (in memory, on local disk beyond 512 MiB) and trains "
+        "the head on them in every epoch; the same result, without the base's forward pass in every epoch. off: "
+        "every epoch runs the whole network. Rebuilt by every attempt (a resumed one too); "
+        "status.training.featureCache says whether it was used and what it cost.",
+    )
 
     @model_validator(mode="after")
     def _framework_default_strategy(self) -> "Training":

@@ -47,7 +47,7 @@ def training_status(progress: Optional[dict[str, Any]]) -> dict[str, Any]:
         return {}
     read = Progress.read(progress)
     read.input_history.sort(key=lambda entry: entry.epoch)
-    present = {name for name in MIRRORED if name in read.model_fields_set}
+    present = MIRRORED & read.model_fields_set
     # Nested fields are the status models (status.training's schema): every set value, defaults included.
     return read.model_dump(by_alias=True, include=present, exclude_none=True)
 

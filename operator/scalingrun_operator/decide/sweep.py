@@ -89,6 +89,11 @@ def point_row(point: Point, phase: Optional[str], training: Optional[dict[str, A
                            ("epoch", "epochs"), ("imagesPerSecond", "imagesPerSecond")):
         if training.get(source) is not None:
             row[target] = training[source]
+    cache = training.get("featureCache") or {}
+    if isinstance(cache.get("used"), bool):
+        row["featureCache"] = cache["used"]
+        if cache["used"] and _number(cache.get("seconds")) is not None:
+            row["featureCacheSeconds"] = round(float(cache["seconds"]), 1)
     best = training.get("bestMetrics") or {}
     for source, target in (("val_accuracy", "bestValAccuracy"), ("val_loss", "bestValLoss")):
         if _number(best.get(source)) is not None:

@@ -7,7 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Optional
 
-# (row key, Markdown heading, format)
+
+def _feature_cache(row: dict[str, Any]) -> str:
+    """The point's feature cache: its seconds when used, "off" when not, "-" when unknown."""
+    if row.get("featureCache") is None:
+        return "-"
+    return f"{row.get('featureCacheSeconds') or 0:.0f} s" if row["featureCache"] else "off"
+
+
+# (row key, Markdown heading, format or a function of the row)
 COLUMNS = [
     ("workers", "workers", "{}"),
     ("processes", "processes", "{}"),
@@ -22,10 +30,13 @@ COLUMNS = [
     ("speedup", "speedup", "{:.2f}"),
     ("efficiency", "efficiency", "{:.2f}"),
     ("workerHours", "worker-hours", "{:.3f}"),
+    ("featureCache", "feature cache", _feature_cache),
 ]
 
 
-def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
+def _cell(row: dict[str, Any], key: str, fmt) -> str:
+    if callable(fmt):
+        return fmt(row)
     value = row.get(key)
     return "-" if value is None else fmt.format(value)
 

@@ -141,9 +141,10 @@ def _pixel_worker(image: str, label: str):
 
 
 def open_reader(dataset: Dataset, split: str, *, shard: int, shards: int, seed: int, reader_threads: int,
-                results_queue_size: int = 50):
+                results_queue_size: int = 50, in_order: bool = False):
     """Petastorm's reader of this rank's shard of a split, yielding (image, label) per row group: uint8
-    (rows, side, side, 3) pixels and int32 labels.
+    (rows, side, side, 3) pixels and int32 labels. in_order: the shard once, unshuffled, whatever the split (the
+    feature cache's pass; the shard is the same, since the seed alone decides it).
 
     What make_batch_reader(schema_fields=[image column, label column]) makes, with its worker ending in arrays. The same
     seed on every rank: row groups are shuffled identically, then split into disjoint shards by row group
@@ -156,7 +157,7 @@ def open_reader(dataset: Dataset, split: str, *, shard: int, shards: int, seed: 
 
     # petastorm 0.13 on pyarrow 10 warns about deprecated pyarrow APIs on every reader.
     warnings.filterwarnings("ignore", category=FutureWarning, module="petastorm")
-    training = split == "train"
+    training = split == "train" and not in_order
     filesystem, paths = get_filesystem_and_path_or_paths(normalize_dataset_url_or_urls(dataset.urls(split)),
                                                          storage_options=dataset.storage_options())
     image, label = dataset.columns["image"], dataset.columns["label"]
@@ -172,6 +173,15 @@ def pixel_groups(reader, dataset: Dataset):
     image, label = dataset.columns["image"], dataset.columns["label"]
     return ((getattr(group, image), getattr(group, label)) for group in reader)
 
+
+def validation_rows(dataset: Dataset, *, shard: int, shards: int, seed: int) -> int:
+    """The rows of the validation split in shard `shard`: what its reader delivers each epoch."""
+    reader = open_reader(dataset, "validation", shard=shard, shards=shards, seed=seed, reader_threads=1)
+    try:
+        return sum(len(labels) for _, labels in pixel_groups(reader, dataset))
+    finally:
+        reader.stop()
+        reader.join()
 
 def batches(row_groups, batch_size: int, *, shuffle_rows: int = 0, seed=None, drop_remainder: bool = False,
             empty=None):

@@ -13,7 +13,9 @@ import json
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
-from scalingrun_api.progress import INPUT_HISTORY_EPOCHS, BatchSizeProbe, Epoch, InputEpoch, Progress, ProgressState
+from scalingrun_api.progress import (
+    INPUT_HISTORY_EPOCHS, BatchSizeProbe, Epoch, FeatureCache, InputEpoch, Progress, ProgressState,
+)
 from ..storage import Location
 
 if TYPE_CHECKING:
@@ -26,7 +28,7 @@ class ProgressWriter:
     def __init__(self, location: Location, *, max_epochs: int, processes: int, learning_rate: float,
                  effective_batch_size: int, history: Optional[list[dict]] = None, mlflow_run_id: Optional[str] = None,
                  resumed_from_epoch: Optional[int] = None, batch_size_per_worker: Optional[int] = None,
-                 batch_size_probe: Optional[dict] = None):
+                 batch_size_probe: Optional[dict] = None, feature_cache: Optional[FeatureCache] = None):
         self.location = location
         self.started = time.monotonic()
         self.progress = Progress(
@@ -36,6 +38,7 @@ class ProgressWriter:
             history=[Epoch.model_validate(entry) for entry in history or []],
             batch_size_per_worker=batch_size_per_worker,
             batch_size_probe=None if batch_size_probe is None else BatchSizeProbe.model_validate(batch_size_probe),
+            feature_cache=feature_cache,
         )
         resumed = self.progress.history_entry(resumed_from_epoch)
         if resumed:
@@ -54,6 +57,11 @@ class ProgressWriter:
         best = self.progress.history_entry(best_epoch)
         if best:
             self.progress.best_epoch, self.progress.best_metrics = best_epoch, best.metrics
+        self._write()
+
+    def feature_cache_built(self, feature_cache: FeatureCache) -> None:
+        """The cache's figures, once every rank has built its share (before the first epoch of the attempt)."""
+        self.progress.feature_cache = feature_cache
         self._write()
 
     def epoch(self, epoch: int, metrics: dict[str, float], images_per_second: float,
@@ -142,5 +150,7 @@ class EpochRecorder:
             extra += f", input wait {input_figures.input_wait_fraction:.0%}"
         if input_figures is not None and input_figures.gpu_utilization is not None:
             extra += f", GPU {input_figures.gpu_utilization:.0f}%"
+        if self.progress.progress.feature_cache and self.progress.progress.feature_cache.used:
+            extra += ", cached features"
         self.log(f"epoch {epoch}/{self.progress.progress.max_epochs}: {shown} ({images_per_second:.0f} img/s{extra})"
                  + (f"; early stopping, best epoch {self.best[0]}" if stopped else ""))

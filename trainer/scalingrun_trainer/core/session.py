@@ -12,11 +12,12 @@ import time
 from typing import Any, Callable, Optional, Protocol
 
 from scalingrun_api.config import TrainerConfig
-from scalingrun_api.progress import PROGRESS_FILE
+from scalingrun_api.progress import PROGRESS_FILE, FeatureCache
 from ..storage import open_location
 from .builder import BuilderError, network_name
 from .checkpoints import CheckpointState, CheckpointStore
 from .dataset import Dataset, DatasetError, check_shardable, open_dataset
+from .feature_cache import reason_not_used
 from .probe import ProbeError
 from .progress import Best, ProgressWriter, best_so_far
 from .scaling import ScaledRun
@@ -69,6 +70,8 @@ class Attempt:
         self.dataset: Optional[Dataset] = None
         self.classes = 0
         self.started = time.monotonic()
+        # None when the head trains on cached features (core/feature_cache.py), else why not.
+        self.feature_cache_reason = reason_not_used(config)
 
     def log(self, line: str) -> None:
         """Rank 0 speaks for all."""
@@ -80,10 +83,16 @@ class Attempt:
         return self.state.epoch if self.state else 0
 
     @property
+    def caches_features(self) -> bool:
+        return self.feature_cache_reason is None
+
+    @property
     def trained_on(self) -> dict[str, Any]:
         # "input": checkpoints of models that took float input (before uint8 + in-model normalisation) are not resumed.
+        # "features": a head trained on cached features keeps the head's best weights only (Keras).
+        cached = {"features": "cached"} if self.caches_features else {}
         return {"dataset": self.dataset.fingerprint, "base": network_name(self.config.model), "classes": self.classes,
-                "input": "uint8", **self.extra_trained_on}
+                "input": "uint8", **cached, **self.extra_trained_on}
 
     def run(self, train: Callable[[], int]) -> int:
         """`train()`'s exit code; an expected error is printed on every rank as one line, and rank 0 marks
@@ -140,7 +149,8 @@ class Attempt:
             "baseLearningRate": training.base_learning_rate, "learningRateScaling": training.learning_rate_scaling,
             "learningRate": scaled.learning_rate, "stepsPerEpoch": scaled.steps_per_epoch,
             "optimizer": training.optimizer, "maxEpochs": training.max_epochs, "earlyStopping": stopping.enabled,
-            "earlyStoppingMonitor": stopping.monitor, "earlyStoppingPatience": stopping.patience, **extra,
+            "earlyStoppingMonitor": stopping.monitor, "earlyStoppingPatience": stopping.patience,
+            "featureCache": training.feature_cache, "featureCacheUsed": self.caches_features, **extra,
         }
 
     def start_tracking(self, scaled: ScaledRun, **params: Any) -> Optional[RunTracker]:
@@ -166,7 +176,8 @@ class Attempt:
             learning_rate=scaled.learning_rate, effective_batch_size=scaled.effective_batch_size,
             history=state.history if state else None, mlflow_run_id=self.tracker.run_id if self.tracker else None,
             resumed_from_epoch=state.epoch if state else None, batch_size_per_worker=scaled.batch_size_per_worker,
-            batch_size_probe=probe)
+            batch_size_probe=probe, feature_cache=FeatureCache(used=self.caches_features,
+                                                                reason=self.feature_cache_reason))
         self.progress.start(best_epoch=self.best_so_far()[0])
         if state:
             self.log(f"resuming after epoch {state.epoch} from {self.checkpoints.root.uri}")

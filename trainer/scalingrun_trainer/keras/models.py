@@ -4,7 +4,8 @@ uint8 pixels in and a softmax out."""
 
 from __future__ import annotations
 
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 from ..core.builder import PROBE_BATCH, Builder
 from ..core.weights import ModelError
@@ -48,8 +49,17 @@ def input_normalization(name: str):
     return tf.keras.layers.Rescaling(scale, offset, name="preprocess_input")
 
 
-def build_model(base_name: str, image_size: int, num_classes: int, weights: Optional[str], dropout: float,
-                trainable_base: bool):
+@dataclass(frozen=True)
+class TransferNetwork:
+    """The classifier and its two halves, sharing their layers (training one trains the other)."""
+
+    model: Any  # uint8 pixels -> class probabilities: what is saved (and trained without the feature cache)
+    features: Any  # uint8 pixels -> the base's pooled features (normalisation and base, inference mode when frozen)
+    head: Any  # pooled features -> class probabilities: the model's own dropout and softmax layers
+
+
+def build_network(base_name: str, image_size: int, num_classes: int, weights: Optional[str], dropout: float,
+                  trainable_base: bool) -> TransferNetwork:
     """The whole classifier, taking uint8 RGB pixels as the Parquet stores them.
 
     The base's preprocess_input is the model's first layer, not a step of the input pipeline: on a GPU
@@ -64,13 +74,27 @@ def build_model(base_name: str, image_size: int, num_classes: int, weights: Opti
     pixels = input_normalization(base_name)(inputs)
     # training=False keeps a frozen base's BatchNorm in inference mode (the Keras transfer-learning rule).
     features = base(pixels, training=False if not trainable_base else None)
-    if dropout:
-        features = tf.keras.layers.Dropout(dropout, name="head_dropout")(features)
-    outputs = tf.keras.layers.Dense(num_classes, activation="softmax", name="head")(features)
-    return tf.keras.Model(inputs, outputs, name=f"{base_name}_transfer")
+    head_layers = [tf.keras.layers.Dropout(dropout, name="head_dropout")] if dropout else []
+    head_layers.append(tf.keras.layers.Dense(num_classes, activation="softmax", name="head"))
+
+    def head(x):
+        for layer in head_layers:
+            x = layer(x)
+        return x
+
+    pooled = tf.keras.Input(features.shape[1:], name="features")
+    return TransferNetwork(model=tf.keras.Model(inputs, head(features), name=f"{base_name}_transfer"),
+                           features=tf.keras.Model(inputs, features, name=f"{base_name}_features"),
+                           head=tf.keras.Model(pooled, head(pooled), name=f"{base_name}_head"))
 
 
-def build_network(builder: Builder, image_size: int, num_classes: int):
+def build_model(base_name: str, image_size: int, num_classes: int, weights: Optional[str], dropout: float,
+                trainable_base: bool):
+    """The whole classifier (see build_network)."""
+    return build_network(base_name, image_size, num_classes, weights, dropout, trainable_base).model
+
+
+def build_user_network(builder: Builder, image_size: int, num_classes: int):
     """The user's tf.keras.Model, checked on a batch of zero NHWC float32 images (core/builder.py's contract)."""
     import tensorflow as tf
 

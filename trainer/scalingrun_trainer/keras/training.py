@@ -10,6 +10,7 @@ from the same metrics. Only rank 0 logs, writes progress and commits checkpoints
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import shutil
 import tempfile
@@ -19,6 +20,8 @@ from typing import Any, Callable, ContextManager, Optional
 from scalingrun_api.config import TrainerConfig
 from scalingrun_api.models import AUTO
 from ..core.builder import Builder
+from ..core.dataset import validation_rows
+from ..core.feature_cache import cache_features
 from ..core.input_wait import GpuSampler, combine_input_figures, reader_delay
 from ..core.probe import ProbeResult
 from ..core.progress import EpochRecorder
@@ -26,7 +29,7 @@ from ..core.scaling import ScaledRun, scale_auto_run, scale_run
 from ..core.session import Attempt, Collective, TrainingError
 from ..core.weights import local_weights
 from .data import make_dataset
-from .models import build_model, build_network, user_classifier
+from .models import TransferNetwork, build_network, build_user_network, user_classifier
 
 
 class KerasEngine:
@@ -69,6 +72,11 @@ class KerasEngine:
         """The dataset `make()` builds, as the model's fit takes it."""
         return make()
 
+    def validation_steps(self, batches: Callable[[], int]) -> Optional[int]:
+        """The validation steps every rank takes (None: each rank reads its shard to the end); `batches()` counts
+        this rank's validation batches."""
+        return None
+
 
 def train(config: TrainerConfig, engine: KerasEngine) -> int:
     attempt = Attempt(config, engine.world, engine=engine.name, trained_on=engine.trained_on())
@@ -107,7 +115,9 @@ def _scaled(attempt: Attempt, engine: KerasEngine, weights: Optional[str]) -> tu
         attempt.log(f"scalingrun-trainer: batch size {probe.chosen} from the probe before the checkpoint")
     else:
         def probe_model():
-            model = _build(attempt, weights)
+            # The whole network, also when the head trains on cached features: the batch size (and so the learning
+            # rate) stays what it would be without the cache, and the base's forward pass that fills it fits.
+            model = _build(attempt, weights).model
             model.compile(optimizer=_optimizer(training.optimizer, training.base_learning_rate),
                           loss="sparse_categorical_crossentropy")
             return model
@@ -118,13 +128,14 @@ def _scaled(attempt: Attempt, engine: KerasEngine, weights: Optional[str]) -> tu
                           engine.replicas), probe
 
 
-def _build(attempt: Attempt, weights: Optional[str]):
-    """The classifier to train, uint8 pixels in and probabilities out: the base and head, or the user's network."""
+def _build(attempt: Attempt, weights: Optional[str]) -> TransferNetwork:
+    """The classifier to train, uint8 pixels in and probabilities out: the base and head, or the user's network
+    (no halves: a builder's network has no frozen base to cache, core/feature_cache.py)."""
     model, image_size = attempt.config.model, attempt.dataset.image_size
     if model.builder:
-        network = build_network(Builder.of(model, attempt.config.image), image_size, attempt.classes)
-        return user_classifier(network, image_size)
-    return build_model(model.base, image_size, attempt.classes, weights, model.dropout, model.trainable_base)
+        network = build_user_network(Builder.of(model, attempt.config.image), image_size, attempt.classes)
+        return TransferNetwork(model=user_classifier(network, image_size), features=None, head=None)
+    return build_network(model.base, image_size, attempt.classes, weights, model.dropout, model.trainable_base)
 
 
 def _train(attempt: Attempt, engine: KerasEngine) -> int:
@@ -150,9 +161,13 @@ def _train(attempt: Attempt, engine: KerasEngine) -> int:
     tracker = attempt.start_tracking(scaled, **engine.run_params())
 
     with engine.scope():
-        model = _build(attempt, weights)
+        network = _build(attempt, weights)
+        model = network.model
+        # With the feature cache the head alone trains (its layers are the model's); the model is saved.
+        trained = network.head if attempt.caches_features else model
         optimizer = engine.distributed_optimizer(_optimizer(training.optimizer, scaled.learning_rate))
-        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        for compiled in {id(model): model, id(trained): trained}.values():
+            compiled.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         # Every rank reads the same checkpoint, so that all create the same optimizer variables (a rank-0-only
         # restore leaves the ranks with different variable sets and the first broadcast waits forever);
@@ -193,30 +208,15 @@ def _train(attempt: Attempt, engine: KerasEngine) -> int:
         tensorboard_dir = tempfile.mkdtemp(prefix="tensorboard-")
         callbacks.append(tf.keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch", profile_batch=0))
 
-    reading = {"reader_threads": training.input.reader_workers, "row_group_cache": training.input.row_group_cache}
-    readers: list = []
-
-    def reader_of(split: str, **options):
-        def make():
-            data, reader = make_dataset(dataset, split, rank=rank, size=attempt.size,
-                                        batch_size=scaled.batch_size_per_worker, seed=seed, **reading, **options)
-            readers.append(reader)
-            return data
-
-        return make
-
-    train_data = engine.distribute(reader_of("train", clock=clock, delay=reader_delay()))
-    val_data = engine.distribute(reader_of("validation"))
+    validation_steps = engine.validation_steps(lambda: math.ceil(
+        validation_rows(dataset, shard=rank, shards=attempt.size, seed=seed) / scaled.batch_size_per_worker))
     attempt.started = time.monotonic()
-    try:
-        if attempt.initial_epoch < training.max_epochs:
-            model.fit(train_data, steps_per_epoch=scaled.steps_per_epoch, epochs=training.max_epochs,
-                      initial_epoch=attempt.initial_epoch, validation_data=val_data, callbacks=callbacks,
-                      verbose=0)  # rank 0's EpochReporter prints one line per epoch
-    finally:
-        for reader in readers:
-            reader.stop()
-            reader.join()
+    if attempt.initial_epoch < training.max_epochs:
+        with _inputs(attempt, engine, network, scaled, clock) as (train_data, val_data):
+            trained.fit(train_data, steps_per_epoch=scaled.steps_per_epoch, epochs=training.max_epochs,
+                        initial_epoch=attempt.initial_epoch, validation_data=val_data,
+                        validation_steps=validation_steps, callbacks=callbacks,
+                        verbose=0)  # rank 0's EpochReporter prints one line per epoch
 
     if tensorboard_dir is not None:
         _upload_tree(tensorboard_dir, attempt.run_root.join("tensorboard"))
@@ -225,6 +225,45 @@ def _train(attempt: Attempt, engine: KerasEngine) -> int:
         if rank == 0:
             attempt.succeed(model_uri)
     return 0
+
+
+@contextlib.contextmanager
+def _inputs(attempt: Attempt, engine: KerasEngine, network: TransferNetwork, scaled: ScaledRun, clock):
+    """(training, validation) data as the trained model takes it: Petastorm readers of pixels, or this rank's
+    cached features (built here, every rank)."""
+    from . import feature_cache
+
+    batch_size, delay = scaled.batch_size_per_worker, reader_delay()
+    if attempt.caches_features:
+        cache = cache_features(attempt, feature_cache.extractor(network.features, attempt.dataset.image_size),
+                               batch_size, feature_cache.ModelWeights(network.model))
+        try:
+            yield (engine.distribute(lambda: feature_cache.train_dataset(
+                       cache, first_epoch=attempt.initial_epoch, steps=scaled.steps_per_epoch, batch_size=batch_size,
+                       clock=clock, delay=delay)),
+                   engine.distribute(lambda: feature_cache.validation_dataset(cache, batch_size=batch_size)))
+        finally:
+            cache.close()
+        return
+    input_spec = attempt.config.training.input
+    reading = {"reader_threads": input_spec.reader_workers, "row_group_cache": input_spec.row_group_cache}
+    readers: list = []
+
+    def reader_of(split: str, **options):
+        def make():
+            data, reader = make_dataset(attempt.dataset, split, rank=attempt.rank, size=attempt.size,
+                                        batch_size=batch_size, seed=attempt.config.dataset.seed, **reading, **options)
+            readers.append(reader)
+            return data
+
+        return make
+
+    try:
+        yield engine.distribute(reader_of("train", clock=clock, delay=delay)), engine.distribute(reader_of("validation"))
+    finally:
+        for reader in readers:
+            reader.stop()
+            reader.join()
 
 
 def _upload_tree(local_dir: str, target) -> None:

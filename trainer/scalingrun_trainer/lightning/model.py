@@ -31,11 +31,18 @@ class TransferNet(nn.Module):
         self.head = nn.Linear(1280, num_classes)
         self.frozen_base = False
 
-    def logits(self, pixels: torch.Tensor) -> torch.Tensor:
+    def features(self, pixels: torch.Tensor) -> torch.Tensor:
+        """The base's pooled features of uint8 NHWC pixels (what the feature cache keeps)."""
         x = ((pixels.permute(0, 3, 1, 2).float() - MEAN) / STDDEV).contiguous(memory_format=torch.channels_last)
         with torch.set_grad_enabled(torch.is_grad_enabled() and not self.frozen_base):
-            features = self.base(x)
+            return self.base(x)
+
+    def classify(self, features: torch.Tensor) -> torch.Tensor:
+        """Logits of pooled features: the head (dropout, linear)."""
         return self.head(self.dropout(features))
+
+    def logits(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.classify(self.features(pixels))
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         return torch.softmax(self.logits(pixels), dim=1)
@@ -54,7 +61,8 @@ def _optimizer(name: str, parameters, learning_rate: float) -> torch.optim.Optim
 
 class TransferClassifier(pl.LightningModule):
     """Sums loss and correct predictions per epoch on each rank; `epoch_metrics()` all-reduces them, so every
-    rank sees the same loss/accuracy/val_loss/val_accuracy (exact, weighted by rows) and stops on the same epoch."""
+    rank sees the same loss/accuracy/val_loss/val_accuracy (exact, weighted by rows) and stops on the same epoch.
+    With `on_features` its batches are the frozen base's cached features, not pixels (../core/feature_cache.py)."""
 
     def __init__(self, num_classes: int, dropout: float, weights: Optional[str], trainable_base: bool,
                  optimizer: str, learning_rate: float, net: Optional[nn.Module] = None):
@@ -70,14 +78,15 @@ class TransferClassifier(pl.LightningModule):
                 self.net.frozen_base = True
         self.optimizer_name, self.learning_rate = optimizer, learning_rate
         self.resume_optimizer: Optional[dict] = None  # a checkpoint's optimizer state, loaded once it exists
+        self.on_features = False
         self._sums = {"train": torch.zeros(3, dtype=torch.float64), "val": torch.zeros(3, dtype=torch.float64)}
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         return self.net(pixels)
 
     def _step(self, batch, split: str) -> torch.Tensor:
-        pixels, labels = batch
-        logits = self.net.logits(pixels)
+        inputs, labels = batch
+        logits = self.net.classify(inputs) if self.on_features else self.net.logits(inputs)
         loss = F.cross_entropy(logits, labels)
         with torch.no_grad():
             correct = (logits.argmax(dim=1) == labels).sum()

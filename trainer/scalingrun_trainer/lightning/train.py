@@ -14,6 +14,7 @@ import warnings
 
 from scalingrun_api.config import TrainerConfig
 from ..core.builder import Builder
+from ..core.feature_cache import cache_features
 from ..core.mpi import MpiWorld, host_address, local_rank_and_size
 from ..core.scaling import scale_run
 from ..core.session import Attempt, TrainingError
@@ -57,7 +58,6 @@ def _train(attempt: Attempt) -> int:
 
     from ..core.progress import EpochRecorder
     from .callbacks import Checkpointer, EarlyStopping, EpochEnd, load_checkpoint
-    from .data import TrainBatches, ValidationBatches
     from .model import BASES, TransferClassifier
     from .network import BuilderNet, build_network
 
@@ -114,9 +114,6 @@ def _train(attempt: Attempt) -> int:
                          images_per_epoch=scaled.steps_per_epoch * scaled.effective_batch_size,
                          early_stopping=early_stopping, recorder=recorder, checkpointer=checkpointer)
 
-    train_data = TrainBatches(dataset, rank=rank, size=size, batch_size=scaled.batch_size_per_worker,
-                              steps=scaled.steps_per_epoch, seed=seed)
-    val_data = ValidationBatches(dataset, rank=rank, size=size, batch_size=scaled.batch_size_per_worker, seed=seed)
     strategy = DDPStrategy(
         cluster_environment=_mpi_environment(), process_group_backend="nccl" if accelerator == "gpu" else "gloo",
         # No buffer sync in forward: it is a collective, and ranks hold different numbers of validation
@@ -135,15 +132,33 @@ def _train(attempt: Attempt) -> int:
     warnings.filterwarnings("ignore", message=".*isinstance.treespec, LeafSpec.*")
     warnings.filterwarnings("ignore", message=".*Total length of .* across ranks is zero.*")
     attempt.started = time.monotonic()
-    try:
-        if attempt.initial_epoch < training.max_epochs:
+    if attempt.initial_epoch < training.max_epochs:
+        train_data, val_data = _inputs(attempt, module, scaled)
+        try:
             trainer.fit(module, train_dataloaders=train_data, val_dataloaders=val_data)
-    finally:
-        train_data.close()
+        finally:
+            train_data.close()
 
     if rank == 0:
         attempt.succeed(_save_model(module, dataset.image_size, attempt.run_root.join("model")))
     return 0
+
+
+def _inputs(attempt: Attempt, module, scaled):
+    """(training, validation) batches as the module takes them: Petastorm readers of pixels, or this rank's cached
+    features (built here, every rank)."""
+    from .data import TrainBatches, ValidationBatches
+    from .feature_cache import CachedTrainBatches, CachedValidationBatches, ModuleWeights, extractor
+
+    dataset, rank, size, seed = attempt.dataset, attempt.rank, attempt.size, attempt.config.dataset.seed
+    batch_size, steps = scaled.batch_size_per_worker, scaled.steps_per_epoch
+    if attempt.caches_features:
+        cache = cache_features(attempt, extractor(module.net), batch_size, ModuleWeights(module))
+        module.on_features = True
+        return (CachedTrainBatches(cache, first_epoch=attempt.initial_epoch, steps=steps, batch_size=batch_size),
+                CachedValidationBatches(cache, batch_size=batch_size))
+    return (TrainBatches(dataset, rank=rank, size=size, batch_size=batch_size, steps=steps, seed=seed),
+            ValidationBatches(dataset, rank=rank, size=size, batch_size=batch_size, seed=seed))
 
 
 def _save_model(module, image_size: int, target) -> str:
