@@ -27,7 +27,7 @@ from tests.conftest import ROOT, require
 pytestmark = pytest.mark.k8s
 
 DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "charts/scalingrun/templates/NOTES.txt",
-             *sorted((ROOT / "examples").glob("*"))]
+             *sorted((ROOT / "examples").glob("**/*.yaml"))]
 COMMAND = re.compile(r"kubectl (?:get|describe|explain) [^`#\n]*")
 PLACEHOLDERS = {"<name>": "my-run"}
 RUN_NAMES = {models.SINGULAR, models.PLURAL, *models.SHORT_NAMES, models.KIND}
@@ -141,6 +141,8 @@ def check(command: str, code: int, out: str) -> None:
     if verb == "explain":
         assert "FIELDS:" in out or "FIELD:" in out, out
         return
+    if any(w.startswith("jsonpath=") for w in words):
+        return  # one status field, empty until an operator writes it: that the command runs is what is checked
     names = [w for w in words[3:] if not w.startswith("-") and "=" not in w and w != "yaml"]
     resource = words[2]
     if verb == "describe":
