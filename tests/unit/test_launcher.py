@@ -130,6 +130,7 @@ def test_launch_execs_the_command_once_every_worker_answers(tmp_path, port):
     assert result.stdout == "mpirun stand-in ['-np', '2']\n"
     assert f"waiting up to 10 s for 1 workers' sshd on port {port}" in result.stderr
     assert "all 1 workers answer ssh after " in result.stderr
+    assert "; starting " + sys.executable + " -c 'import sys; print(" in result.stderr  # the whole command line
 
 
 def test_launch_fails_at_the_deadline_without_running_the_command(tmp_path, port):

@@ -11,6 +11,7 @@ Standard library only: the launcher starts in well under a second (no TensorFlow
 from __future__ import annotations
 
 import os
+import shlex
 import socket
 import sys
 import time
@@ -135,7 +136,8 @@ def launch(command: list[str], hostfile: str = DEFAULT_HOSTFILE, port: int = DEF
     except LaunchError as exc:
         log(f"error: {exc}")
         return 3
-    log(f"all {len(hosts)} workers answer ssh after {waited:.1f} s; starting {command[0]}")
+    # The whole command line: a run's log then shows what every rank was started with (our trainer or the team's).
+    log(f"all {len(hosts)} workers answer ssh after {waited:.1f} s; starting {shlex.join(command)}")
     try:
         os.execvp(command[0], command)  # replaces this process; comes back only by raising
     except OSError as exc:
