@@ -62,6 +62,7 @@ def train(folder: Path, strategy: str, run_name: str, args) -> list[float]:
                              "preprocessing": {"parallelism": 1}},
                  "model": {"base": "efficientnet_lite0", "weights": "imagenet", "dropout": 0.2},
                  "training": {"strategy": strategy, "batchSizePerWorker": args.batch, "maxEpochs": args.epochs,
+                              "featureCache": "off",  # the whole network every epoch, under both engines
                               "earlyStopping": {"enabled": False}, "resume": False},
                  "workers": {"replicas": args.np, "gpusPerWorker": 0}}})
     log = folder / f"{run_name}.log"

@@ -169,6 +169,7 @@ def config_for(folder: Path, output: str, framework: str, args) -> Path:
             "spec": {"dataset": {"source": str(folder / "jpeg"), "output": output, "imageSize": args.size},
                      "model": {"base": "efficientnet_lite0", "weights": "imagenet", "dropout": 0.2},
                      "training": {"framework": framework, "batchSizePerWorker": args.batch, "maxEpochs": args.epochs,
+                                  "featureCache": "off",  # the whole network every epoch: what is compared
                                   "earlyStopping": {"enabled": False}, "resume": False,
                                   "checkpoint": {"location": str(folder / "runs" / framework)}},
                      "workers": {"replicas": args.np, "gpusPerWorker": 0}}}
