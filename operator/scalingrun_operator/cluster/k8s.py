@@ -113,18 +113,25 @@ class Kube:
 
     # --- the ScalingRun ------------------------------------------------------------------------
 
-    def get_run(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+    def _get_ours(self, plural: str, namespace: str, name: str) -> Optional[dict[str, Any]]:
         return _absent_is_none(lambda: self.custom.get_namespaced_custom_object(
-            models.GROUP, models.VERSION, namespace, models.PLURAL, name, _preload_content=False))
+            models.GROUP, models.VERSION, namespace, plural, name, _preload_content=False))
 
-    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any],
-                         resource_version: Optional[str] = None) -> dict[str, Any]:
+    def _patch_our_status(self, plural: str, namespace: str, name: str, status: dict[str, Any],
+                          resource_version: Optional[str]) -> dict[str, Any]:
         """Merge-patches status; with `resource_version` it fails with 409 if the object moved on."""
         body: dict[str, Any] = {"status": status}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
         return _raw(self.custom.patch_namespaced_custom_object_status(
-            models.GROUP, models.VERSION, namespace, models.PLURAL, name, body, _preload_content=False))
+            models.GROUP, models.VERSION, namespace, plural, name, body, _preload_content=False))
+
+    def get_run(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        return self._get_ours(models.PLURAL, namespace, name)
+
+    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any],
+                         resource_version: Optional[str] = None) -> dict[str, Any]:
+        return self._patch_our_status(models.PLURAL, namespace, name, status, resource_version)
 
     def patch_run_annotations(self, namespace: str, name: str, annotations: dict[str, Optional[str]],
                               resource_version: Optional[str] = None) -> dict[str, Any]:
@@ -138,16 +145,11 @@ class Kube:
     # --- the ScalingSweep ----------------------------------------------------------------------
 
     def get_sweep(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
-        return _absent_is_none(lambda: self.custom.get_namespaced_custom_object(
-            models.GROUP, models.VERSION, namespace, models.SWEEP_PLURAL, name, _preload_content=False))
+        return self._get_ours(models.SWEEP_PLURAL, namespace, name)
 
     def patch_sweep_status(self, namespace: str, name: str, status: dict[str, Any],
                            resource_version: Optional[str] = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"status": status}
-        if resource_version:
-            body["metadata"] = {"resourceVersion": resource_version}
-        return _raw(self.custom.patch_namespaced_custom_object_status(
-            models.GROUP, models.VERSION, namespace, models.SWEEP_PLURAL, name, body, _preload_content=False))
+        return self._patch_our_status(models.SWEEP_PLURAL, namespace, name, status, resource_version)
 
     # --- children ------------------------------------------------------------------------------
 
