@@ -11,24 +11,12 @@ from scalingrun_operator.api.crd import build_crd
 from scalingrun_api.models import DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.builders.common import trainer_image
+from tests.unit.specs import MINIMAL, run_document
 
-MINIMAL = {
-    "apiVersion": "scalingrun.dev/v1alpha1",
-    "kind": "ScalingRun",
-    "metadata": {"name": "demo"},
-    "spec": {
-        "storage": {"credentialsSecret": "s3-creds"},
-        "dataset": {"source": "s3://bucket/raw", "output": "s3://bucket/parquet"},
-    },
-}
 
 
 def lightning(**sections) -> dict:
-    doc = copy.deepcopy(MINIMAL)
-    doc["spec"]["training"] = {"framework": "pytorch-lightning"}
-    for name, value in sections.items():
-        doc["spec"].setdefault(name, {}).update(value)
-    return doc
+    return run_document(**{**sections, "training": {"framework": "pytorch-lightning", **sections.get("training", {})}})
 
 
 def errors_of(doc: dict) -> list[str]:

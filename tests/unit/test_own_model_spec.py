@@ -3,30 +3,17 @@ beside the fields it excludes, naming them (validate and the operator share thes
 
 from __future__ import annotations
 
-import copy
 
 import pytest
 
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_operator.api.sweep import build_point_run, sweep_points
-
-MINIMAL = {
-    "apiVersion": "scalingrun.dev/v1alpha1",
-    "kind": "ScalingRun",
-    "metadata": {"name": "demo"},
-    "spec": {
-        "storage": {"credentialsSecret": "s3-creds"},
-        "dataset": {"source": "s3://bucket/raw", "output": "s3://bucket/parquet"},
-    },
-}
+from tests.unit.specs import MINIMAL, run_document
 
 
-def spec(**sections) -> dict:
-    doc = copy.deepcopy(MINIMAL)
-    for section, value in sections.items():
-        doc["spec"].setdefault(section, {}).update(value)
-    return doc
+
+spec = run_document
 
 
 def errors_of(doc: dict) -> dict[str, str]:

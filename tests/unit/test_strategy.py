@@ -3,7 +3,6 @@ the MPIJob, the local command and the trainer's engine of each strategy."""
 
 from __future__ import annotations
 
-import copy
 import shlex
 import sys
 from pathlib import Path
@@ -18,23 +17,13 @@ from scalingrun_operator.builders import build_children
 from scalingrun_operator.builders.config import build_trainer_config, slots_per_worker, total_processes
 from scalingrun_operator.local.processes import Commands
 from scalingrun_trainer.core.config import ENGINES, engine_of, parse_config
+from tests.unit.specs import MINIMAL, run_document
 
 ROOT = Path(__file__).resolve().parents[2]
-MINIMAL = {
-    "apiVersion": "scalingrun.dev/v1alpha1",
-    "kind": "ScalingRun",
-    "metadata": {"name": "demo"},
-    "spec": {
-        "storage": {"credentialsSecret": "s3-creds"},
-        "dataset": {"source": "s3://bucket/raw", "output": "s3://bucket/parquet"},
-    },
-}
 
 
 def with_training(**training) -> dict:
-    doc = copy.deepcopy(MINIMAL)
-    doc["spec"]["training"] = training
-    return doc
+    return run_document(training=training)
 
 
 @pytest.mark.parametrize("framework,strategy", [("keras", "horovod"), ("pytorch-lightning", "ddp")])

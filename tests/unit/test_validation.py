@@ -11,18 +11,10 @@ import yaml
 from scalingrun_api.models import ScalingRun
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.cli import main
+from tests.unit.specs import MINIMAL
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("**/*.yaml"))
 
-MINIMAL = {
-    "apiVersion": "scalingrun.dev/v1alpha1",
-    "kind": "ScalingRun",
-    "metadata": {"name": "demo"},
-    "spec": {
-        "storage": {"credentialsSecret": "s3-creds"},
-        "dataset": {"source": "s3://bucket/raw", "output": "s3://bucket/parquet"},
-    },
-}
 
 
 def with_value(path: str, value) -> dict:
