@@ -306,3 +306,50 @@ def mlflow_server(tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+def preprocessed_fashion_mnist(s3_server, bucket: str, per_class: int, size: int) -> str:
+    """Fashion-MNIST JPEGs uploaded to `bucket`, preprocessed for 2 readers (20 % validation); the Parquet's URI."""
+    import sys
+
+    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+
+    s3_server.create_bucket(bucket)
+    fs = s3_server.filesystem()
+    for relative, data in fashion_mnist_jpegs(per_class):
+        with fs.open_output_stream(f"{bucket}/jpeg/{relative}") as stream:
+            stream.write(data)
+    output = f"s3://{bucket}/parquet"
+    result = subprocess.run(
+        [sys.executable, "-m", "scalingrun_trainer.cli", "preprocess", "--source", f"s3://{bucket}/jpeg",
+         "--output", output, "--image-size", str(size), "--max-readers", "2", "--validation-fraction", "0.2"],
+        capture_output=True, text=True, env={**os.environ, **s3_server.env()}, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return output
+
+
+def kill_a_rank_after_the_first_checkpoint(job: subprocess.Popen, s3_server, state_at: str, deadline_s: float,
+                                           exit_s: float) -> None:
+    """Waits for the run's first committed checkpoint (`state_at`, bucket/key), then kills one of the two ranks
+    (not mpirun), as a worker pod's loss kills the job, and waits for the job to end."""
+    import signal
+    import time
+
+    import psutil
+    from pyarrow import fs as pafs
+
+    deadline = time.monotonic() + deadline_s
+    try:
+        while time.monotonic() < deadline and job.poll() is None:
+            if s3_server.filesystem().get_file_info(state_at).type == pafs.FileType.File:
+                break
+            time.sleep(0.2)
+        ranks = [p for p in psutil.Process(job.pid).children(recursive=True) if "scalingrun_trainer.cli" in
+                 " ".join(p.cmdline())]
+        assert len(ranks) == 2, "both ranks should be running after the first checkpoint"
+        ranks[-1].kill()
+        job.wait(timeout=exit_s)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()

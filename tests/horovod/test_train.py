@@ -17,7 +17,7 @@ from pyarrow import fs as pafs
 
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
-from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+from tests.conftest import preprocessed_fashion_mnist
 from scalingrun_trainer.core.tracking import MlflowClient
 from tests.horovod.test_stack import horovodrun
 
@@ -36,18 +36,7 @@ def s3(server) -> pafs.S3FileSystem:
 @pytest.fixture(scope="module")
 def dataset(s3_server) -> str:
     """Fashion-MNIST, 24 images per class, preprocessed for 2 readers."""
-    s3_server.create_bucket(BUCKET)
-    fs = s3(s3_server)
-    for relative, data in fashion_mnist_jpegs(24):
-        with fs.open_output_stream(f"{BUCKET}/jpeg/{relative}") as stream:
-            stream.write(data)
-    output = f"s3://{BUCKET}/parquet"
-    result = subprocess.run(
-        [sys.executable, "-m", "scalingrun_trainer.cli", "preprocess", "--source", f"s3://{BUCKET}/jpeg",
-         "--output", output, "--image-size", str(SIZE), "--max-readers", "2", "--validation-fraction", "0.2"],
-        capture_output=True, text=True, env={**os.environ, **s3_server.env()}, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return output
+    return preprocessed_fashion_mnist(s3_server, BUCKET, per_class=24, size=SIZE)
 
 
 def write_config(tmp_path: Path, server, dataset: str, run_location: str, tracking: dict | None = None,

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
-import psutil
 import pytest
-from pyarrow import fs as pafs
 
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
-from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+from tests.conftest import kill_a_rank_after_the_first_checkpoint, preprocessed_fashion_mnist
 from scalingrun_trainer.core.tracking import MlflowClient
 
 pytestmark = [pytest.mark.lightning, pytest.mark.s3]
@@ -27,18 +22,7 @@ SIZE = 32
 @pytest.fixture(scope="module")
 def dataset(s3_server) -> str:
     """Fashion-MNIST, 24 images per class, preprocessed for 2 readers (the preprocessing is shared)."""
-    s3_server.create_bucket(BUCKET)
-    fs = s3_server.filesystem()
-    for relative, data in fashion_mnist_jpegs(24):
-        with fs.open_output_stream(f"{BUCKET}/jpeg/{relative}") as stream:
-            stream.write(data)
-    output = f"s3://{BUCKET}/parquet"
-    result = subprocess.run(
-        [sys.executable, "-m", "scalingrun_trainer.cli", "preprocess", "--source", f"s3://{BUCKET}/jpeg",
-         "--output", output, "--image-size", str(SIZE), "--max-readers", "2", "--validation-fraction", "0.2"],
-        capture_output=True, text=True, env={**os.environ, **s3_server.env()}, timeout=300)
-    assert result.returncode == 0, result.stderr
-    return output
+    return preprocessed_fashion_mnist(s3_server, BUCKET, per_class=24, size=SIZE)
 
 
 def write_config(path: Path, server, dataset: str, run_location: str, tracking: dict | None = None,
@@ -149,22 +133,7 @@ def test_a_killed_rank_resumes_from_the_last_checkpoint_in_the_same_mlflow_run(s
     first = subprocess.Popen(command(mpirun, lightning_python, config), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     state_at = f"{BUCKET}/runs/resume/checkpoints/state.json"
-    deadline = time.monotonic() + 400
-    try:
-        while time.monotonic() < deadline and first.poll() is None:
-            if s3_server.filesystem().get_file_info(state_at).type == pafs.FileType.File:
-                break
-            time.sleep(0.2)
-        # Kill one rank (not mpirun): the job dies as a worker pod's loss kills it.
-        ranks = [p for p in psutil.Process(first.pid).children(recursive=True) if "scalingrun_trainer.cli" in
-                 " ".join(p.cmdline())]
-        assert len(ranks) == 2, "both ranks should be running after the first checkpoint"
-        ranks[-1].kill()
-        first.wait(timeout=120)
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait()
+    kill_a_rank_after_the_first_checkpoint(first, s3_server, state_at, deadline_s=400, exit_s=120)
     assert first.returncode != 0
     saved = read_json(s3_server, f"s3://{state_at}")["epoch"]
     assert 1 <= saved < 30
