@@ -233,9 +233,9 @@ def test_the_feature_caches_forward_pass_runs_on_each_workers_own_batches(mpirun
     result = subprocess.run([*mpirun, *script] if launch == "workers" else script, capture_output=True, text=True,
                             timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ranks = (0, 1) if launch == "workers" else (0,)
-    assert sorted(line.split(":")[0] for line in result.stdout.splitlines() if line.startswith("forward ok")) == [
-        f"forward ok on rank {rank}" for rank in ranks], result.stdout
+    # Searched, not split in lines: mpirun may join the two ranks' lines.
+    assert sorted(re.findall(r"forward ok on rank (\d)", result.stdout)) == (
+        ["0", "1"] if launch == "workers" else ["0"]), result.stdout
 
 
 @pytest.mark.parametrize("batch", [4, 16])
