@@ -38,16 +38,19 @@ SIDE = 299
 BATCH = 32
 
 
-def preprocess(folder: Path, per_class: int, side: int, readers: int) -> str:
+def preprocess(folder: Path, per_class: int, side: int, readers: int, seed: int = 42) -> str:
+    """Fashion-MNIST JPEGs under folder/jpeg (written once), preprocessed with `seed` (the split and row order)."""
     from scalingrun_trainer.preprocess import Params, process_shard
     from scalingrun_trainer.sample_data import fashion_mnist_jpegs
 
     source = folder / "jpeg"
-    for relative, data in fashion_mnist_jpegs(per_class):
-        (source / relative).parent.mkdir(parents=True, exist_ok=True)
-        (source / relative).write_bytes(data)
-    output = folder / "parquet"
-    process_shard(Params(str(source), str(output), image_size=side, validation_fraction=0.1, max_readers=readers), 0, 1)
+    if not source.exists():
+        for relative, data in fashion_mnist_jpegs(per_class):
+            (source / relative).parent.mkdir(parents=True, exist_ok=True)
+            (source / relative).write_bytes(data)
+    output = folder / f"parquet-{seed}"
+    process_shard(Params(str(source), str(output), image_size=side, validation_fraction=0.1, max_readers=readers,
+                         seed=seed), 0, 1)
     return str(output)
 
 
