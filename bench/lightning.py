@@ -150,7 +150,7 @@ def model_bench(args) -> None:
     print(f"model: the frozen EfficientNet-Lite0 base's forward, batch {args.batch} at {args.size}x{args.size}, one "
           f"thread; medians of {len(rates['keras'])}")
     for name, label in (("keras", "Keras (TensorFlow)"), ("previous", "PyTorch, previous layout"),
-                        ("now", "PyTorch, channels-last")):
+                        ("now", "PyTorch now (BN folded)")):
         print(f"  {label:26s} : {medians[name]:8.1f} img/s  {medians[name] / medians['keras']:.2f} x Keras  "
               f"({' '.join(f'{r:.0f}' for r in rates[name])})")
 
