@@ -7,13 +7,15 @@
 - the last epoch's val_accuracy of both (the cache changes the speed, not the model).
 
 With --rounds N the two modes alternate N times (load from other work spreads over both); figures are the median
-round's by training seconds (of two, the faster).
+round's by training seconds (of two, the faster). With --seeds A,B,... the data is preprocessed once per seed
+(another split, row order, head initialisation, batch order and dropout masks) and both modes train on each:
+every pair's val_accuracy is printed, and their differences, auto minus off.
 
 Keras runs under horovodrun (.venv), Lightning under mpirun (.venv-lightning); the model is EfficientNet-Lite0 with
 the ImageNet weights, frozen (the quick start's), on Fashion-MNIST preprocessed to --size.
 
 Run: .venv/bin/python bench/feature_cache.py [--per-class 30] [--size 96] [--batch 32] [--np 2] [--epochs 3]
-     [--rounds 1] [--frameworks keras,pytorch-lightning]
+     [--rounds 1] [--seeds 42] [--frameworks keras,pytorch-lightning]
 """
 
 from __future__ import annotations
@@ -36,12 +38,12 @@ from scalingrun_api.progress import PROGRESS_FILE, Progress  # noqa: E402
 MODES = ("off", "auto")
 
 
-def config_for(folder: Path, output: str, name: str, framework: str, mode: str, args) -> Path:
+def config_for(folder: Path, output: str, name: str, framework: str, mode: str, args, seed: int) -> Path:
     from scalingrun_operator.api.validation import parse_scalingrun
     from scalingrun_operator.builders.config import build_trainer_config
 
     spec = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": f"bench-{name}"},
-            "spec": {"dataset": {"source": str(folder / "jpeg"), "output": output, "imageSize": args.size},
+            "spec": {"dataset": {"source": str(folder / "jpeg"), "output": output, "imageSize": args.size, "seed": seed},
                      "model": {"base": "efficientnet_lite0", "weights": "imagenet", "dropout": 0.2},
                      "training": {"framework": framework, "batchSizePerWorker": args.batch, "maxEpochs": args.epochs,
                                   "featureCache": mode, "earlyStopping": {"enabled": False}, "resume": False,
@@ -62,10 +64,10 @@ def command(framework: str, processes: int, config: Path) -> list[str]:
     return [*mpirun, str(LIGHTNING_PYTHON), *train]
 
 
-def train(framework: str, mode: str, folder: Path, output: str, args, round_: int) -> tuple[Progress, float]:
+def train(framework: str, mode: str, folder: Path, output: str, args, round_: int, seed: int) -> tuple[Progress, float]:
     """The finished run's progress document and the command's wall seconds (process start-up included)."""
-    name = f"{framework}-{mode}-{round_}"
-    config = config_for(folder, output, name, framework, mode, args)
+    name = f"{framework}-{mode}-{seed}-{round_}"
+    config = config_for(folder, output, name, framework, mode, args, seed)
     started = time.monotonic()
     result = subprocess.run(command(framework, args.np, config), capture_output=True, text=True,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
@@ -97,6 +99,7 @@ def main() -> None:
     parser.add_argument("--np", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--seeds", default="42", help="comma-separated dataset seeds, one preprocessing each")
     parser.add_argument("--frameworks", default="keras,pytorch-lightning")
     args = parser.parse_args()
     frameworks = args.frameworks.split(",")
@@ -105,15 +108,28 @@ def main() -> None:
         frameworks.remove("pytorch-lightning")
     with tempfile.TemporaryDirectory(prefix="bench-feature-cache-") as folder:
         data_dir = Path(folder)
-        output = preprocess(data_dir, args.per_class, args.size, args.np)
+        seeds = [int(seed) for seed in args.seeds.split(",")]
+        outputs = {seed: preprocess(data_dir, args.per_class, args.size, args.np, seed) for seed in seeds}
         print(f"{args.per_class * 10} Fashion-MNIST images at {args.size}x{args.size}, EfficientNet-Lite0 frozen "
-              f"(ImageNet), {args.np} processes x batch {args.batch}, {args.epochs} epochs, {args.rounds} round(s); "
-              "featureCache off is the baseline")
+              f"(ImageNet), {args.np} processes x batch {args.batch}, {args.epochs} epochs, {args.rounds} round(s), "
+              f"seeds {seeds}; featureCache off is the baseline", flush=True)
         for framework in frameworks:
             rounds: dict[str, list[tuple[Progress, float]]] = {mode: [] for mode in MODES}
-            for round_ in range(args.rounds):
-                for mode in MODES:
-                    rounds[mode].append(train(framework, mode, data_dir, output, args, round_))
+            differences = []
+            for seed in seeds:
+                for round_ in range(args.rounds):
+                    pair = {}
+                    for mode in MODES:
+                        pair[mode] = train(framework, mode, data_dir, outputs[seed], args, round_, seed)
+                        rounds[mode].append(pair[mode])
+                    accuracy = {mode: progress.metrics.get("val_accuracy", float("nan"))
+                                for mode, (progress, _) in pair.items()}
+                    differences.append(accuracy["auto"] - accuracy["off"])
+                    if len(seeds) > 1 or args.rounds > 1:
+                        print(f"    {framework} seed {seed} round {round_ + 1}: val_accuracy off {accuracy['off']:.3f}, "
+                              f"auto {accuracy['auto']:.3f} ({differences[-1]:+.3f}); training "
+                              f"{pair['off'][0].elapsed_seconds:.1f} s against {pair['auto'][0].elapsed_seconds:.1f} s",
+                              flush=True)
             runs = {mode: median_round(found) for mode, found in rounds.items()}
             (off, off_wall), (auto, auto_wall) = runs["off"], runs["auto"]
             print(f"  {framework}")
@@ -127,6 +143,9 @@ def main() -> None:
             print(f"    ratio: {epoch_rate(auto) / epoch_rate(off):.1f} x the epoch images/s, "
                   f"{off.elapsed_seconds / auto.elapsed_seconds:.2f} x faster training, "
                   f"{off_wall / auto_wall:.2f} x faster command (auto against off)")
+            if len(differences) > 1:
+                print(f"    val_accuracy, auto minus off, per pair: {' '.join(f'{d:+.3f}' for d in differences)}; "
+                      f"mean {statistics.mean(differences):+.3f}, largest {max(differences, key=abs):+.3f}")
 
 
 if __name__ == "__main__":

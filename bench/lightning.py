@@ -38,16 +38,19 @@ SIDE = 299
 BATCH = 32
 
 
-def preprocess(folder: Path, per_class: int, side: int, readers: int) -> str:
+def preprocess(folder: Path, per_class: int, side: int, readers: int, seed: int = 42) -> str:
+    """Fashion-MNIST JPEGs under folder/jpeg (written once), preprocessed with `seed` (the split and row order)."""
     from scalingrun_trainer.preprocess import Params, process_shard
     from scalingrun_trainer.sample_data import fashion_mnist_jpegs
 
     source = folder / "jpeg"
-    for relative, data in fashion_mnist_jpegs(per_class):
-        (source / relative).parent.mkdir(parents=True, exist_ok=True)
-        (source / relative).write_bytes(data)
-    output = folder / "parquet"
-    process_shard(Params(str(source), str(output), image_size=side, validation_fraction=0.1, max_readers=readers), 0, 1)
+    if not source.exists():
+        for relative, data in fashion_mnist_jpegs(per_class):
+            (source / relative).parent.mkdir(parents=True, exist_ok=True)
+            (source / relative).write_bytes(data)
+    output = folder / f"parquet-{seed}"
+    process_shard(Params(str(source), str(output), image_size=side, validation_fraction=0.1, max_readers=readers,
+                         seed=seed), 0, 1)
     return str(output)
 
 
@@ -147,7 +150,7 @@ def model_bench(args) -> None:
     print(f"model: the frozen EfficientNet-Lite0 base's forward, batch {args.batch} at {args.size}x{args.size}, one "
           f"thread; medians of {len(rates['keras'])}")
     for name, label in (("keras", "Keras (TensorFlow)"), ("previous", "PyTorch, previous layout"),
-                        ("now", "PyTorch, channels-last")):
+                        ("now", "PyTorch now (BN folded)")):
         print(f"  {label:26s} : {medians[name]:8.1f} img/s  {medians[name] / medians['keras']:.2f} x Keras  "
               f"({' '.join(f'{r:.0f}' for r in rates[name])})")
 

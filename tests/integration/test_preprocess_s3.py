@@ -164,6 +164,37 @@ def test_row_groups_allow_two_per_reader(s3_server, source_tree):
         assert groups >= 8, split
 
 
+def row_groups(server, output: str, split: str) -> list[list[tuple[str, int]]]:
+    """Each row group's (path, label) rows, in the order they were written."""
+    fs = s3fs(server)
+    manifest = json.loads(fs.open_input_stream(f"{output[5:]}/_manifest.json").read())
+    groups = []
+    for name in manifest["files"][split]:
+        parquet = pq.ParquetFile(fs.open_input_file(f"{output[5:]}/{name}"))
+        for i in range(parquet.num_row_groups):
+            group = parquet.read_row_group(i, columns=["path", "label"])
+            groups.append(list(zip(group.column("path").to_pylist(), group.column("label").to_pylist())))
+    return groups
+
+
+def test_rows_are_written_in_a_seeded_order_that_mixes_the_classes(s3_server, source_tree):
+    """In the tree's (path) order a row group held a few classes and the readers' batches one or two."""
+    preprocess(s3_server, f"s3://{BUCKET}/out-order-a", "--seed", "5")
+    preprocess(s3_server, f"s3://{BUCKET}/out-order-b", "--seed", "5", "--max-bad-fraction", "0.5")
+    preprocess(s3_server, f"s3://{BUCKET}/out-order-c", "--seed", "6")
+    groups = row_groups(s3_server, f"s3://{BUCKET}/out-order-a", "train")
+    rows = [row for group in groups for row in group]
+    assert len(groups) >= 2 and len(rows) > 80
+    assert [path for path, _ in rows] != sorted(path for path, _ in rows)
+    classes = len({label for _, label in rows})
+    for group in groups:  # ~50 rows drawn from 10 classes, against 4-5 classes in path order
+        assert len({label for _, label in group}) >= classes - 2, group
+    # The seed decides the order: the same seed writes the same order (other parameters aside), another seed another.
+    assert row_groups(s3_server, f"s3://{BUCKET}/out-order-b", "train") == groups
+    other = [path for group in row_groups(s3_server, f"s3://{BUCKET}/out-order-c", "train") for path, _ in group]
+    assert other != [path for path, _ in rows]
+
+
 def test_too_many_bad_files_publishes_nothing(s3_server, source_tree):
     output = f"s3://{BUCKET}/out-strict"
     summary, result = preprocess(s3_server, output, "--max-bad-fraction", "0.01", check=False)

@@ -122,7 +122,7 @@ def test_a_checked_table_is_preprocessed_with_its_warnings_and_training_starts()
     assert message.startswith("Job demo-preprocess: Parquet table at s3://data/table checked: 45 images (40 train, "
                               "5 validation) in 3 classes, row groups 4 train / 2 validation")
     assert "warning: validation has 2 row groups" in message
-    assert [e.reason for e in decision.events].count("FewRowGroups") == 1
+    assert [e.reason for e in decision.events].count("TableWarning") == 1
 
 
 def test_a_table_without_its_label_column_fails_before_any_mpijob_naming_it():

@@ -119,6 +119,19 @@ def test_fixed_size_binary_images_and_few_row_groups_warn_but_pass(tmp_path):
     assert manifest["classes"] == ["0", "1", "2"]
 
 
+def test_training_rows_in_class_order_warn_and_a_random_order_does_not(tmp_path):
+    in_order = sorted(i % 4 for i in range(200))
+    mixed = np.random.default_rng(1).permutation(in_order).tolist()
+    sorted_table = inspect_table(params(write_table(tmp_path / "sorted", rows=200, labels=in_order), tmp_path))
+    assert [w for w in sorted_table["warnings"] if w.startswith("train: ")] == [
+        "train: 98% of consecutive rows have the same label (25% in a random order): the rows look sorted by class, "
+        "and the readers shuffle across a few row groups at a time, so batches would hold one or two classes and "
+        "train worse; write the rows in a random order (pyarrow: "
+        "table.take(numpy.random.default_rng(0).permutation(len(table))))"]
+    mixed_table = inspect_table(params(write_table(tmp_path / "mixed", rows=200, labels=mixed), tmp_path))
+    assert mixed_table["warnings"] == []
+
+
 @pytest.mark.parametrize("image_type", [pa.binary(), pa.binary(SIDE * SIDE * 3)], ids=["binary", "fixed-size"])
 def test_the_trainers_reader_reads_the_tables_own_columns(tmp_path, image_type):
     from scalingrun_trainer.keras.data import make_dataset

@@ -12,7 +12,9 @@ The check (`scalingrun-trainer inspect`, the Job in the preprocessing Job's plac
 columns with those types; each split's first row group holds images of exactly imageSize x imageSize x 3 bytes;
 labels have no nulls and lie in 0 .. classes - 1; every split has a row group for each process (else training
 could not shard it: an error) and at least 2 per process (else a warning: "at least as many partitions as GPUs",
-with room to shuffle). Then `<dataset.output>/_manifest.json` (with "dataRoot": SOURCE and "columns").
+with room to shuffle); training rows in class order are a warning too (the readers shuffle across a few row
+groups at a time, so their batches would hold one or two classes). Then `<dataset.output>/_manifest.json` (with
+"dataRoot": SOURCE and "columns").
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Optional
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -33,6 +36,7 @@ from .storage import Location, open_location
 FORMAT = "parquet"
 FORMAT_VERSION = 1  # of this manifest's parameters (the operator's handlers/dataset.py mirrors them)
 LABEL_TYPES = (pa.int8(), pa.uint8(), pa.int16(), pa.int32(), pa.int64())  # what the readers take as labels
+MIN_ROWS_TO_JUDGE_ORDER = 100  # fewer rows say little about their order
 
 
 class TableError(PreprocessError):
@@ -66,6 +70,15 @@ class SplitFacts:
     rows: int = 0
     row_groups: int = 0
     max_label: int = -1
+    label_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    neighbours: int = 0  # pairs of consecutive rows within a file
+    same_label_neighbours: int = 0
+
+    def share_of_neighbours_alike(self) -> tuple[float, float]:
+        """Consecutive rows with the same label: the share in the files' order, and what a random order would give
+        (the sum of the squared class shares)."""
+        shares = self.label_counts / max(self.label_counts.sum(), 1)
+        return self.same_label_neighbours / max(self.neighbours, 1), float(np.sum(shares ** 2))
 
 
 def list_split(source: Location, split: str) -> tuple[list[str], list[int]]:
@@ -131,6 +144,14 @@ def _inspect_file(location: Location, params: TableParams, facts: SplitFacts, fi
                 raise TableError(f"spec.dataset.columns.label: column {params.label_column!r} of {location.uri} "
                                  f"has label {low.as_py()}; labels are class indexes 0 .. classes - 1")
             facts.max_label = max(facts.max_label, high.as_py())
+            values = labels.to_numpy()
+            counts = np.bincount(values)
+            grown = np.zeros(max(len(counts), len(facts.label_counts)), np.int64)
+            grown[:len(counts)] += counts
+            grown[:len(facts.label_counts)] += facts.label_counts
+            facts.label_counts = grown
+            facts.neighbours += len(values) - 1
+            facts.same_label_neighbours += int(np.count_nonzero(values[1:] == values[:-1]))
         if first and metadata.num_row_groups and not pa.types.is_fixed_size_binary(
                 parquet.schema_arrow.field(params.image_column).type):
             images = parquet.read_row_group(0, columns=[params.image_column]).column(0)
@@ -168,6 +189,12 @@ def inspect_table(params: TableParams) -> dict:
         if groups < 2 * params.readers:
             warnings.append(f"{split} has {groups} row groups for {params.readers} processes: fewer than 2 per "
                             "process leaves little to shuffle and to balance; write smaller row groups")
+    alike, at_random = facts["train"].share_of_neighbours_alike()
+    if facts["train"].neighbours >= MIN_ROWS_TO_JUDGE_ORDER and alike > (1 + at_random) / 2:
+        warnings.append(f"train: {alike:.0%} of consecutive rows have the same label ({at_random:.0%} in a random "
+                        "order): the rows look sorted by class, and the readers shuffle across a few row groups at "
+                        "a time, so batches would hold one or two classes and train worse; write the rows in a "
+                        "random order (pyarrow: table.take(numpy.random.default_rng(0).permutation(len(table))))")
     digest = hashlib.sha256(json.dumps(params.dataset_parameters(), sort_keys=True).encode())
     digest.update(json.dumps(classes).encode())
     for split in SPLITS:

@@ -1,12 +1,14 @@
 """Preprocessing: a JPEG tree (one folder per class) -> labelled Parquet shards with a seeded split.
 
-Every decision about a file (in the sample? train or validation? which shard?) is a hash of its
-path and the seed, so the result is the same whatever the number of shards. Shard i of n writes only
-its own Parquet files, under a temporary name first, then a shard manifest; whichever shard finds
-all n manifests checks the share of undecodable files over the whole dataset, writes the dataset
-manifest `_manifest.json` (atomically) and removes files that an earlier run with other parameters
-left behind. Readers take the file list from the manifest, so nothing is visible before it exists. A rerun with the same fingerprint does nothing; a
-crashed shard can be rerun alone.
+Every decision about a file (in the sample? train or validation? which shard? where in its shard?) is a hash
+of its path and the seed, so the result is the same whatever the number of shards. Rows are written in that
+seeded order, not the tree's: each row group then mixes the classes, and the readers' shuffling buffer, which
+spans only a few row groups, draws batches of mixed classes (in the tree's order a batch held one or two).
+Shard i of n writes only its own Parquet files, under a temporary name first, then a shard manifest; whichever
+shard finds all n manifests checks the share of undecodable files over the whole dataset, writes the dataset
+manifest `_manifest.json` (atomically) and removes files that an earlier run with other parameters left behind.
+Readers take the file list from the manifest, so nothing is visible before it exists. A rerun with the same
+fingerprint does nothing; a crashed shard can be rerun alone.
 
 Layout under OUTPUT:
   train/part-SSSSS-of-NNNNN-<fp>.parquet, validation/...   columns image (binary, S x S x 3 uint8,
@@ -41,7 +43,7 @@ SPLITS = ("train", "validation")
 # 256 rows of 299 x 299 x 3 are about 70 MB: small enough to stream, large enough to read fast.
 MAX_ROWS_PER_GROUP = 256
 SCHEMA = pa.schema([("image", pa.binary()), ("label", pa.int32()), ("path", pa.string())])
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: rows in a seeded order within each shard (1: in path order, so class order)
 
 
 class PreprocessError(RuntimeError):
@@ -95,6 +97,7 @@ class SourceFile:
 class Assignment:
     split: str
     shard: int
+    place: int  # the row's position in its shard: rows are written by increasing place
 
 
 def assign(path: str, seed: int, sample_fraction: float, validation_fraction: float,
@@ -105,7 +108,7 @@ def assign(path: str, seed: int, sample_fraction: float, validation_fraction: fl
     if unit(digest[0:8]) >= sample_fraction:
         return None
     split = "validation" if unit(digest[8:16]) < validation_fraction else "train"
-    return Assignment(split, int.from_bytes(digest[16:24], "big") % shard_count)
+    return Assignment(split, int.from_bytes(digest[16:24], "big") % shard_count, int.from_bytes(digest[24:32], "big"))
 
 
 def list_source(source: Location) -> tuple[list[str], list[SourceFile]]:
@@ -297,11 +300,13 @@ def process_shard(params: Params, shard_index: int, shard_count: int, workers: O
 def _write_shard(params: Params, source: Location, output: Location, classes: list[str],
                  files: list[SourceFile], fp: str, shard_index: int, shard_count: int,
                  workers: Optional[int]) -> ShardResult:
-    mine: dict[str, list[SourceFile]] = {s: [] for s in SPLITS}
+    mine: dict[str, list[tuple[int, SourceFile]]] = {s: [] for s in SPLITS}
     for f in files:
         a = assign(f.path, params.seed, params.sample_fraction, params.validation_fraction, shard_count)
         if a is not None and a.shard == shard_index:
-            mine[a.split].append(f)
+            mine[a.split].append((a.place, f))
+    for rows in mine.values():
+        rows.sort(key=lambda placed: (placed[0], placed[1].path))
     result = ShardResult(shard_index, shard_count, fp)
     name = f"part-{shard_index:05d}-of-{shard_count:05d}-{fp[:12]}.parquet"
     writers = {
@@ -311,7 +316,7 @@ def _write_shard(params: Params, source: Location, output: Location, classes: li
         )
         for split in SPLITS
     }
-    ordered = [(split, f) for split in SPLITS for f in mine[split]]
+    ordered = [(split, f) for split in SPLITS for _, f in mine[split]]
     total = len(ordered)
     workers = workers or os.cpu_count() or 1
     _progress(f"shard {shard_index}/{shard_count}: {total} of {len(files)} files, {len(classes)} classes, "

@@ -23,7 +23,7 @@ from .draft import Draft, store_of
 from .snapshot import CLUSTER, Listing, Names, Where
 from .status import DATASET_REUSED, PREPROCESSED, PREPROCESSING_FAILED, TABLE_INVALID, Event, parse_time
 
-FORMAT_VERSION = 1  # scalingrun_trainer.preprocess.FORMAT_VERSION
+FORMAT_VERSION = 2  # scalingrun_trainer.preprocess.FORMAT_VERSION
 TABLE_FORMAT_VERSION = 1  # scalingrun_trainer.parquet_table.FORMAT_VERSION
 
 
@@ -275,8 +275,8 @@ def _complete(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> 
         update.desired["preprocessing"] = preprocessing_status(manifest, job_name, reused=False)
         update.condition(PREPROCESSED, "True", "Preprocessed",
                          f"Job {job_name}: " + preprocessed_message(run, manifest, reused=False))
-        for warning in manifest.get("warnings") or []:  # a Parquet table's row groups: worth an Event once
-            update.warn("FewRowGroups", f"Parquet table at {run.spec.dataset.source}: {warning}")
+        for warning in manifest.get("warnings") or []:  # a Parquet table's row groups or row order: an Event once
+            update.warn("TableWarning", f"Parquet table at {run.spec.dataset.source}: {warning}")
         return
     if draft.within_grace(state.finished_at):
         draft.recheck(draft.grace_left(state.finished_at))

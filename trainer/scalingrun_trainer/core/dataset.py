@@ -188,7 +188,8 @@ def batches(row_groups, batch_size: int, *, shuffle_rows: int = 0, seed=None, dr
     """(pixels, labels) batches from (pixels, labels) row groups, each row copied once: into its batch.
 
     shuffle_rows > 0: each batch is drawn at random (seeded) from a buffer of at least shuffle_rows rows that
-    spans row groups (they arrive shuffled, but the rows inside one are in class order); 0: rows in order.
+    spans row groups (they arrive shuffled; our preprocessing mixes the classes inside one, a team's own table
+    may not); 0: rows in order.
     The buffer holds the row groups themselves, not copies of their rows. empty(shape, dtype): the batches'
     allocator (numpy.empty; page-locked memory for a GPU), recycled.
     """

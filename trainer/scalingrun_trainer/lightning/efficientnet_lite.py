@@ -4,6 +4,11 @@ The same network (../core/efficientnet_lite.py) as ../keras/efficientnet_lite.py
 docstring): ReLU6, no squeeze-excite, BatchNorm epsilon 1e-3, TF 'same' padding (more at the bottom/right for
 stride 2), inputs scaled (x - 127) / 128.
 The module names are the PyTorch port's, so the file's state dict loads directly; every tensor must fit.
+
+A frozen base in inference mode runs `frozen_forward`: each BatchNorm folded into the convolution before it (the
+scale into the weights, the shift into a bias), recomputed on every call from the stored weights, so nothing goes
+stale. One pass over memory instead of two per convolution: 1.4x the images/s on one CPU thread
+(docs/benchmarks.md); the results differ from the unfolded ones in the last bits only (float rounding).
 """
 
 from __future__ import annotations
@@ -26,9 +31,13 @@ class Conv2dSame(nn.Conv2d):
     """A bias-free convolution with TensorFlow's 'same' padding, computed for the input's size."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.same(x, self.weight, None)
+
+    def same(self, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """This convolution's geometry with other weights (and a bias): what the folded BatchNorm needs."""
         if self.stride == (1, 1):
             # Odd kernels at stride 1 pad symmetrically: the convolution's own padding, no copy of x.
-            return F.conv2d(x, self.weight, None, 1, (self.kernel_size[0] // 2, self.kernel_size[1] // 2),
+            return F.conv2d(x, weight, bias, 1, (self.kernel_size[0] // 2, self.kernel_size[1] // 2),
                             self.dilation, self.groups)
         pads = []
         for size, kernel, stride in ((x.shape[-1], self.kernel_size[1], self.stride[1]),
@@ -37,7 +46,13 @@ class Conv2dSame(nn.Conv2d):
             pads += [total // 2, total - total // 2]
         if any(pads):
             x = F.pad(x, pads)
-        return F.conv2d(x, self.weight, None, self.stride, 0, self.dilation, self.groups)
+        return F.conv2d(x, weight, bias, self.stride, 0, self.dilation, self.groups)
+
+    def folded(self, x: torch.Tensor, bn: nn.BatchNorm2d) -> torch.Tensor:
+        """bn(self(x)) with bn in inference mode (its stored statistics), as one convolution with a bias."""
+        scale = bn.weight * torch.rsqrt(bn.running_var + bn.eps)
+        weight = (self.weight * scale.reshape(-1, 1, 1, 1)).contiguous(memory_format=torch.channels_last)
+        return self.same(x, weight, bn.bias - bn.running_mean * scale)
 
 
 def _conv(in_channels: int, out_channels: int, kernel: int, stride: int = 1, groups: int = 1) -> Conv2dSame:
@@ -72,6 +87,14 @@ class MBConv(nn.Module):
         x = self._bn2(self._project_conv(x))
         return x + inputs if self.residual else x
 
+    def frozen_forward(self, x: torch.Tensor) -> torch.Tensor:
+        inputs = x
+        if self.expand:
+            x = F.relu6(self._expand_conv.folded(x, self._bn0))
+        x = F.relu6(self._depthwise_conv.folded(x, self._bn1))
+        x = self._project_conv.folded(x, self._bn2)
+        return x + inputs if self.residual else x
+
 
 class EfficientNetLite0Features(nn.Module):
     """The base without its classifier: NCHW floats scaled (x - 127) / 128 in, (N, 1280) pooled features out."""
@@ -95,6 +118,15 @@ class EfficientNetLite0Features(nn.Module):
             x = block(x)
         x = F.relu6(self._bn1(self._conv_head(x)))
         return torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+
+    def frozen_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """forward() in inference mode with every BatchNorm folded into its convolution (no autograd: frozen)."""
+        with torch.no_grad():
+            x = F.relu6(self._conv_stem.folded(x, self._bn0))
+            for block in self._blocks:
+                x = block.frozen_forward(x)
+            x = F.relu6(self._conv_head.folded(x, self._bn1))
+            return torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
 
 
 def load_base_weights(base: EfficientNetLite0Features, weights: Optional[str]) -> None:
