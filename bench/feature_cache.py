@@ -11,11 +11,12 @@ round's by training seconds (of two, the faster). With --seeds A,B,... the data 
 (another split, row order, head initialisation, batch order and dropout masks) and both modes train on each:
 every pair's val_accuracy is printed, and their differences, auto minus off.
 
-Keras runs under horovodrun (.venv), Lightning under mpirun (.venv-lightning); the model is EfficientNet-Lite0 with
+Keras runs under horovodrun (.venv), Keras + MultiWorkerMirroredStrategy (`--frameworks keras-mirrored`) under
+mpirun (.venv), Lightning under mpirun (.venv-lightning); the model is EfficientNet-Lite0 with
 the ImageNet weights, frozen (the quick start's), on Fashion-MNIST preprocessed to --size.
 
 Run: .venv/bin/python bench/feature_cache.py [--per-class 30] [--size 96] [--batch 32] [--np 2] [--epochs 3]
-     [--rounds 1] [--seeds 42] [--frameworks keras,pytorch-lightning]
+     [--rounds 1] [--seeds 42] [--frameworks keras,pytorch-lightning,keras-mirrored]
 """
 
 from __future__ import annotations
@@ -36,6 +37,9 @@ from bench.lightning import LIGHTNING_PYTHON, preprocess  # noqa: E402 - the sam
 from scalingrun_api.progress import PROGRESS_FILE, Progress  # noqa: E402
 
 MODES = ("off", "auto")
+# --frameworks names an engine: the spec's framework and strategy.
+ENGINES = {"keras": ("keras", "horovod"), "keras-mirrored": ("keras", "multi-worker-mirrored"),
+           "pytorch-lightning": ("pytorch-lightning", "ddp")}
 
 
 def config_for(folder: Path, output: str, name: str, framework: str, mode: str, args, seed: int) -> Path:
@@ -45,7 +49,8 @@ def config_for(folder: Path, output: str, name: str, framework: str, mode: str, 
     spec = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": f"bench-{name}"},
             "spec": {"dataset": {"source": str(folder / "jpeg"), "output": output, "imageSize": args.size, "seed": seed},
                      "model": {"base": "efficientnet_lite0", "weights": "imagenet", "dropout": 0.2},
-                     "training": {"framework": framework, "batchSizePerWorker": args.batch, "maxEpochs": args.epochs,
+                     "training": {"framework": ENGINES[framework][0], "strategy": ENGINES[framework][1],
+                                  "batchSizePerWorker": args.batch, "maxEpochs": args.epochs,
                                   "featureCache": mode, "earlyStopping": {"enabled": False}, "resume": False,
                                   "checkpoint": {"location": str(folder / "runs" / name)}},
                      "workers": {"replicas": args.np, "gpusPerWorker": 0}}}
@@ -61,7 +66,7 @@ def command(framework: str, processes: int, config: Path) -> list[str]:
         return [horovodrun, "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", sys.executable, *train]
     mpirun = ["mpirun", *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "-np", str(processes),
               "--oversubscribe", "-bind-to", "none"]
-    return [*mpirun, str(LIGHTNING_PYTHON), *train]
+    return [*mpirun, sys.executable if framework == "keras-mirrored" else str(LIGHTNING_PYTHON), *train]
 
 
 def train(framework: str, mode: str, folder: Path, output: str, args, round_: int, seed: int) -> tuple[Progress, float]:

@@ -11,13 +11,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 from pyarrow import fs as pafs
 
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
-from tests.conftest import preprocessed_fashion_mnist
+from tests.conftest import (assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores,
+                            preprocessed_fashion_mnist, saved_keras_model, validation_split)
 from scalingrun_trainer.core.tracking import MlflowClient
 from tests.horovod.test_stack import horovodrun
 
@@ -123,55 +123,12 @@ def test_early_stopping_stops_both_ranks_on_the_same_epoch(s3_server, dataset, t
         assert cache == {"used": False, "reason": "spec.training.featureCache is off"}
         assert "feature cache" not in result.stdout and "cached features" not in result.stdout
     # The saved model is the whole network (uint8 pixels in, probabilities out) with the best epoch's head.
-    saved, best = saved_model_and_best_weights(s3_server, run, tmp_path)
-    assert saved.input.dtype == "uint8" and tuple(saved.input.shape) == (None, SIZE, SIZE, 3)
-    assert saved.get_layer("preprocess_input") and saved.get_layer("mobilenetv2_1.00_32")
-    kernel, bias = saved.get_layer("head").get_weights()
-    np.testing.assert_array_equal(kernel, best[-2])
-    np.testing.assert_array_equal(bias, best[-1])
-    pixels = np.random.default_rng(0).integers(0, 256, (4, SIZE, SIZE, 3), dtype=np.uint8)
-    np.testing.assert_allclose(saved.predict(pixels, verbose=0).sum(axis=1), 1.0, rtol=1e-5)
-
-
-def saved_model(server, run: str, tmp_path: Path):
-    """The run's model.keras loaded with plain Keras."""
-    import tensorflow as tf
-
-    model_file = tmp_path / "model.keras"
-    model_file.write_bytes(s3(server).open_input_stream(f"{run}/model/model.keras"[len("s3://"):]).read())
-    # compile=False: the file's optimizer is Horovod's DistributedOptimizer, which plain Keras cannot rebuild.
-    return tf.keras.models.load_model(model_file, compile=False)
-
-
-def saved_model_and_best_weights(server, run: str, tmp_path: Path):
-    """The run's saved model, and the best weights its last checkpoint kept."""
-    state = read_json(server, f"{run}/checkpoints/state.json")
-    assert state["bestWeights"], state
-    folder = f"{run}/checkpoints/{state['checkpoint']}"[len("s3://"):]
-    best_file = tmp_path / "best.npz"
-    best_file.write_bytes(s3(server).open_input_stream(f"{folder}/best.npz").read())
-    with np.load(best_file) as saved:
-        best = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-    return saved_model(server, run, tmp_path), best
-
-
-def validation_split(server, dataset: str) -> tuple[np.ndarray, np.ndarray]:
-    """The whole validation split as uint8 pixels and labels, read with pyarrow alone."""
-    import pyarrow.parquet as pq
-
-    fs = s3(server)
-    manifest = json.loads(fs.open_input_stream(f"{dataset[len('s3://'):]}/_manifest.json").read())
-    tables = [pq.read_table(fs.open_input_file(f"{dataset[len('s3://'):]}/{name}"), columns=["image", "label"])
-              for name in manifest["files"]["validation"]]
-    pixels = np.stack([np.frombuffer(image, np.uint8) for t in tables for image in t.column("image").to_pylist()])
-    labels = np.array([label for t in tables for label in t.column("label").to_pylist()])
-    return pixels.reshape(-1, SIZE, SIZE, 3), labels
+    assert_saved_keras_model_is_the_whole_network_with_the_best_head(s3_server, run, tmp_path, SIZE,
+                                                                     "mobilenetv2_1.00_32")
 
 
 def test_the_cached_head_trains_the_same_network_as_whole_images(s3_server, dataset, tmp_path):
     """One process each, so that the reported validation figures are over the whole split, not a mean of ranks'."""
-    import tensorflow as tf
-
     histories = {}
     for mode in ("auto", "off"):
         run = f"s3://{BUCKET}/runs/same-{mode}"
@@ -188,11 +145,8 @@ def test_the_cached_head_trains_the_same_network_as_whole_images(s3_server, data
         if mode == "auto":
             # Exactness: the saved whole network, run on the validation images, scores what the head scored on the
             # cached features of the last epoch (float32 rounding apart; an argmax near a tie may flip).
-            saved = saved_model(s3_server, run, folder)
-            pixels, labels = validation_split(s3_server, dataset)
-            probabilities = saved.predict(pixels, verbose=0)
-            loss = float(tf.reduce_mean(tf.keras.losses.sparse_categorical_crossentropy(labels, probabilities)))
-            accuracy = float(np.mean(probabilities.argmax(axis=1) == labels))
+            pixels, labels = validation_split(s3_server, dataset, SIZE)
+            loss, accuracy = keras_scores(saved_keras_model(s3_server, run, folder), pixels, labels)
             assert loss == pytest.approx(progress["metrics"]["val_loss"], rel=1e-4)
             assert accuracy == pytest.approx(progress["metrics"]["val_accuracy"], abs=1.01 / len(labels))
     # The same network from the same initial weights, on batches drawn in another order (the cache's seeded

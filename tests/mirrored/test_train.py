@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,12 +18,15 @@ from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.core.scaling import scale_run
 from scalingrun_trainer.core.tracking import MlflowClient
-from tests.conftest import kill_a_rank_after_the_first_checkpoint, preprocessed_fashion_mnist
+from tests.conftest import (assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores,
+                            kill_a_rank_after_the_first_checkpoint, preprocessed_fashion_mnist, validation_split)
 
 pytestmark = [pytest.mark.mirrored, pytest.mark.s3]
 BUCKET = "mirrored"
 SIZE = 32
 HERE = Path(__file__).resolve().parent
+# ImageNet weights: a head on a random base stays near chance, which any features would score alike.
+PRETRAINED = {"base": "efficientnet_lite0", "weights": "imagenet"}
 
 
 @pytest.fixture(scope="module")
@@ -40,13 +44,13 @@ def without_horovod(tmp_path_factory) -> dict[str, str]:
 
 
 def write_config(path: Path, server, dataset: str, run_location: str, tracking: dict | None = None,
-                 **training) -> Path:
+                 model: dict | None = None, **training) -> Path:
     spec = {
         "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "mirrored-test"},
         "spec": {
             "storage": {"endpoint": server.endpoint, "credentialsSecret": "unused-locally"},
             "dataset": {"source": f"s3://{BUCKET}/jpeg", "output": dataset, "imageSize": SIZE},
-            "model": {"base": "mobilenet_v2", "weights": "none", "dropout": 0.1},
+            "model": {"base": "mobilenet_v2", "weights": "none", "dropout": 0.1, **(model or {})},
             "training": {"strategy": "multi-worker-mirrored", "batchSizePerWorker": 16, "maxEpochs": 2,
                          "checkpoint": {"location": run_location}, **training},
             "workers": {"replicas": 2, "gpusPerWorker": 0},
@@ -86,11 +90,13 @@ def listing(server, uri: str) -> list[str]:
                   if info.type == pafs.FileType.File)
 
 
+@pytest.mark.parametrize("feature_cache", ["auto", "off"])
 def test_two_workers_train_stop_early_on_the_same_epoch_and_keep_one_checkpoint_set(
-        s3_server, dataset, tmp_path, mpirun, without_horovod):
-    run = f"s3://{BUCKET}/runs/early"
+        s3_server, dataset, tmp_path, mpirun, without_horovod, feature_cache):
+    run = f"s3://{BUCKET}/runs/early-{feature_cache}"
     # An unreachable minDelta: no epoch after the first counts as an improvement, so epoch 2 stops it.
-    config = write_config(tmp_path / "config.json", s3_server, dataset, run, maxEpochs=6,
+    config = write_config(tmp_path / "config.json", s3_server, dataset, run, model=PRETRAINED, maxEpochs=6,
+                          featureCache=feature_cache,
                           earlyStopping={"monitor": "val_loss", "patience": 1, "minDelta": 100.0})
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -117,8 +123,27 @@ def test_two_workers_train_stop_early_on_the_same_epoch_and_keep_one_checkpoint_
     assert state["epoch"] == 2 and state["finished"] and state["earlyStopping"]["bestEpoch"] == 1
     assert state["trainedOn"]["strategy"] == "multi-worker-mirrored"
     assert listing(s3_server, f"{run}/model") == ["model.keras"]
-    # Every worker wrote local copies (saving is a collective here); none is left behind.
+    # Every worker wrote local copies (saving is a collective here), its cache's too; none is left behind.
     assert not [p for p in scratch.rglob("*") if p.is_file()], list(scratch.rglob("*"))
+    cache = progress["featureCache"]
+    if feature_cache == "auto":
+        # Both workers cached their shards of both splits (240 images, 1280 float32 features each) once.
+        assert cache["used"] is True and cache["rows"] == 240 and cache["bytes"] == 240 * 1280 * 4
+        assert cache["seconds"] > 0 and cache["onDisk"] is False and "reason" not in cache
+        assert out.count("feature cache: the frozen base ran once over 240 images") == 1
+        assert re.search(r"epoch 2/6: .*cached features", out), out
+    else:
+        assert cache == {"used": False, "reason": "spec.training.featureCache is off"}
+        assert "feature cache" not in out and "cached features" not in out
+    # The saved model is the whole network with the best epoch's head (epoch 1's, restored), and on the validation
+    # images it scores what epoch 1 reported: the strategy sums the metrics over every replica's rows, each row
+    # once, so the figures are the whole split's (float32 rounding apart; an argmax near a tie may flip).
+    saved = assert_saved_keras_model_is_the_whole_network_with_the_best_head(
+        s3_server, run, tmp_path, SIZE, "efficientnet_lite0")
+    pixels, labels = validation_split(s3_server, dataset, SIZE)
+    loss, accuracy = keras_scores(saved, pixels, labels)
+    assert loss == pytest.approx(progress["history"][0]["val_loss"], rel=1e-4)
+    assert accuracy == pytest.approx(progress["history"][0]["val_accuracy"], abs=1.01 / len(labels))
 
 
 @pytest.mark.mlflow
@@ -142,9 +167,12 @@ def test_a_killed_worker_resumes_after_the_last_checkpoint_in_the_same_mlflow_ru
     second = run_training(mpirun, s3_server, config, mlflow_server.env(), without_horovod)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert f"resuming after epoch {saved}" in second.stdout
+    # The resumed attempt built its feature cache again before its first epoch (the default, auto).
+    assert second.stdout.count("feature cache: the frozen base ran once over 240 images") == 1
     assert f"epoch {saved + 1}/{saved + 2}:" in second.stdout and "epoch 1/" not in second.stdout
     progress = read_json(s3_server, f"{run}/progress.json")
     assert progress["resumedFromEpoch"] == saved and progress["epoch"] == saved + 2 and progress["state"] == "succeeded"
+    assert progress["featureCache"]["used"] is True and progress["featureCache"]["rows"] == 240
     assert [h["epoch"] for h in progress["history"]] == list(range(1, saved + 3))
     assert {f.split("/")[0] for f in listing(s3_server, f"{run}/checkpoints")} == {
         f"epoch-{saved + 2:05d}", "state.json"}
@@ -156,6 +184,7 @@ def test_a_killed_worker_resumes_after_the_last_checkpoint_in_the_same_mlflow_ru
     assert info["status"] == "FINISHED"
     params = {p["key"]: p["value"] for p in data["params"]}
     assert params["strategy"] == "multi-worker-mirrored" and params["replicas"] == "2" and params["processes"] == "2"
+    assert params["featureCache"] == "auto" and params["featureCacheUsed"] == "True"
     history = client.call("GET", "metrics/get-history", {"run_id": info["run_id"], "metric_key": "val_loss"})["metrics"]
     assert sorted({m["step"] for m in history}) == list(range(1, saved + 3))
     assert {t["key"]: t["value"] for t in data["tags"]}["scalingrun.dev/model-uri"] == f"{run}/model/model.keras"
@@ -178,6 +207,8 @@ def test_auto_batch_size_and_a_slow_reader_show_in_progress(s3_server, dataset, 
     assert progress["effectiveBatchSize"] == 2 * chosen
     assert progress["learningRate"] == pytest.approx(0.001 * 2 * chosen / 32)
     assert result.stdout.count("scalingrun-trainer: batch-size probe") == 1  # one worker probes
+    # The probe measured the whole network; the head then trained on the cached features, batch by batch delayed.
+    assert progress["featureCache"]["used"] is True
     history = progress["inputHistory"]
     assert [entry["epoch"] for entry in history] == [1, 2]
     assert all(entry["inputWaitFraction"] > 0.5 for entry in history), history
@@ -192,6 +223,19 @@ def test_clear_error_on_every_rank_for_a_missing_dataset(s3_server, dataset, tmp
     for rank in (0, 1):
         assert (f"(keras multi-worker-mirrored, rank {rank}/2): error: DatasetError: no dataset manifest at "
                 f"s3://{BUCKET}/no-such-dataset/_manifest.json") in result.stderr
+
+
+@pytest.mark.parametrize("launch", ["workers", "replicas"])
+def test_the_feature_caches_forward_pass_runs_on_each_workers_own_batches(mpirun, launch):
+    """Workers with different numbers of batches (shards of different sizes) each compute their features without
+    waiting for the others; one worker's replicas share a batch and give its rows back in order."""
+    script = [sys.executable, str(HERE / "forward_worker.py"), launch]
+    result = subprocess.run([*mpirun, *script] if launch == "workers" else script, capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # Searched, not split in lines: mpirun may join the two ranks' lines.
+    assert sorted(re.findall(r"forward ok on rank (\d)", result.stdout)) == (
+        ["0", "1"] if launch == "workers" else ["0"]), result.stdout
 
 
 @pytest.mark.parametrize("batch", [4, 16])

@@ -86,8 +86,7 @@ class FeatureCache(ApiModel):
 
     used: bool = Field(..., description="True when the head trained on cached features.")
     reason: Optional[str] = Field(
-        None, description="Why not, when not used: featureCache off, a trainable base, a custom network, or a strategy "
-        "without it (multi-worker-mirrored).")
+        None, description="Why not, when not used: featureCache off, a trainable base, or a custom network.")
     seconds: Optional[float] = Field(
         None, description="Wall time of computing the features (the slowest process), before the first epoch.")
     bytes: Optional[int] = Field(None, description="Size of the cached features, all processes together.")

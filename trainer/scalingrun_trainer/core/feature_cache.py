@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
 from scalingrun_api.config import TrainerConfig
-from scalingrun_api.models import FeatureCache, Strategy
+from scalingrun_api.models import FeatureCache
 
 from .dataset import Dataset, DatasetError, batches, open_reader, pixel_groups
 
@@ -47,9 +47,6 @@ def reason_not_used(config: TrainerConfig) -> Optional[str]:
         return "spec.training.featureCache is off"
     if config.model.trainable_base:
         return "spec.model.trainableBase is true: the base's features change every step"
-    if config.training.strategy == Strategy.multi_worker_mirrored:
-        # Not yet run under the strategy's own dataset distribution and collectives: the whole network trains.
-        return "spec.training.strategy multi-worker-mirrored does not support the feature cache yet"
     if getattr(config.model, "builder", None):
         return "spec.model.builder: a custom network has no frozen base to cache"
     return None
@@ -235,11 +232,12 @@ class Weights(Protocol):
 
 
 def cache_features(attempt: "Attempt", extract: Callable[[np.ndarray], np.ndarray], batch_size: int,
-                   base_weights: Weights) -> FeatureCacheData:
+                   base_weights: Optional[Weights]) -> FeatureCacheData:
     """Every rank: builds its cache with `extract`, then (a collective) the run's figures, logged and (rank 0) in
-    progress.json. `base_weights`: the network's, made rank 0's first when they are random."""
+    progress.json. `base_weights`: the network's, made rank 0's first when they are random; None when the engine
+    created them with rank 0's values (MultiWorkerMirroredStrategy broadcasts every variable's initial value)."""
     config = attempt.config
-    if config.model.weights == "none" and not attempt.state and attempt.size > 1:
+    if base_weights is not None and config.model.weights == "none" and not attempt.state and attempt.size > 1:
         # A randomly initialised base must be rank 0's everywhere before any rank computes features with it (without
         # the cache, the framework synchronises it at the first step, after the last use of a rank's own).
         weights = attempt.world.broadcast(base_weights.get() if attempt.rank == 0 else None, "base_weights")

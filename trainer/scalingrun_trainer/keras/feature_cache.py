@@ -23,15 +23,17 @@ class ModelWeights:
         self.model.set_weights(value)
 
 
-def extractor(features_model, image_size: int) -> Callable[[np.ndarray], np.ndarray]:
-    """uint8 (n, side, side, 3) pixels -> float32 (n, width) pooled features, traced once for any n."""
+def extractor(features_model, image_size: int,
+              local: Callable[[Callable], Callable] = lambda forward: forward) -> Callable[[np.ndarray], np.ndarray]:
+    """uint8 (n, side, side, 3) pixels -> float32 (n, width) pooled features, traced once for any n; `local`: the
+    engine's way of running it on this process alone (KerasEngine.local_forward)."""
     import tensorflow as tf
 
-    @tf.function(input_signature=[tf.TensorSpec((None, image_size, image_size, 3), tf.uint8)])
     def forward(pixels):
         return features_model(pixels, training=False)
 
-    return lambda pixels: forward(pixels).numpy()
+    traced = tf.function(local(forward), input_signature=[tf.TensorSpec((None, image_size, image_size, 3), tf.uint8)])
+    return lambda pixels: traced(pixels).numpy()
 
 
 def _dataset(batches: Callable, width: int):

@@ -41,6 +41,8 @@ class KerasEngine:
     replicas_word = "processes"
     #: True when writing a checkpoint or the model is a collective (every rank writes, rank 0's copy is kept).
     every_rank_saves = False
+    #: True when creating a variable gives it rank 0's initial value on every rank (no broadcast needed after).
+    variables_start_equal = False
 
     def __init__(self, world: Collective, local_rank: int = 0):
         self.world, self.local_rank = world, local_rank
@@ -71,6 +73,11 @@ class KerasEngine:
     def distribute(self, make: Callable[[], Any]) -> Any:
         """The dataset `make()` builds, as the model's fit takes it."""
         return make()
+
+    def local_forward(self, forward: Callable) -> Callable:
+        """`forward` (inference on a batch of this process's rows, traced by the caller) as this engine runs it
+        apart from the other processes, each on its own shard: as it is by default."""
+        return forward
 
     def validation_steps(self, batches: Callable[[], int]) -> Optional[int]:
         """The validation steps every rank takes (None: each rank reads its shard to the end); `batches()` counts
@@ -235,8 +242,9 @@ def _inputs(attempt: Attempt, engine: KerasEngine, network: TransferNetwork, sca
 
     batch_size, delay = scaled.batch_size_per_worker, reader_delay()
     if attempt.caches_features:
-        cache = cache_features(attempt, feature_cache.extractor(network.features, attempt.dataset.image_size),
-                               batch_size, feature_cache.ModelWeights(network.model))
+        extract = feature_cache.extractor(network.features, attempt.dataset.image_size, engine.local_forward)
+        cache = cache_features(attempt, extract, batch_size,
+                               None if engine.variables_start_equal else feature_cache.ModelWeights(network.model))
         try:
             yield (engine.distribute(lambda: feature_cache.train_dataset(
                        cache, first_epoch=attempt.initial_epoch, steps=scaled.steps_per_epoch, batch_size=batch_size,

@@ -8,7 +8,9 @@ Batches: every worker reads its own Petastorm shard (core/dataset.py), batched p
 strategy with distribute_datasets_from_function (no auto-sharding, AutoShardPolicy.OFF, no rebatching): each of
 its replicas takes batchSizePerWorker rows a step, and the effective batch counts every replica of every worker,
 as under Horovod, where a replica is a process. Validation: every worker reads its shard of the validation split,
-and all take the steps of the worker with the most batches (validation_steps), so each row counts once.
+and all take the steps of the worker with the most batches (validation_steps), so each row counts once. With the
+feature cache a worker's cached features take its reader's place; the base fills the cache in the replica context
+(replicas_forward), apart from the other workers.
 
 Saving is a collective here (mirrored and sync-on-read variables are read on every worker): every worker writes
 its checkpoints and the model, rank 0's copy is kept in the run's storage, the others' temporary copies removed.
@@ -32,6 +34,7 @@ class MirroredEngine(KerasEngine):
     name = f"keras {STRATEGY}"
     replicas_word = "replicas"
     every_rank_saves = True
+    variables_start_equal = True  # the strategy broadcasts worker 0's initial value of every variable it creates
 
     def __init__(self, world: MpiWorld, strategy, local_rank: int):
         super().__init__(world, local_rank)
@@ -60,12 +63,38 @@ class MirroredEngine(KerasEngine):
 
         return self.strategy.distribute_datasets_from_function(per_worker)
 
+    def local_forward(self, forward: Callable) -> Callable:
+        return replicas_forward(self.strategy, forward)
+
     def validation_steps(self, batches: Callable[[], int]) -> Optional[int]:
         """Every worker takes as many validation steps as the worker with the most batches has; one that runs out
         first hands its replicas empty batches (the strategy's partial-batch handling), so that the metrics count
         every row once, weighted by rows."""
         (most,) = self.world.allreduce([batches()], "max", name="validation_steps")
         return int(most)
+
+
+def replicas_forward(strategy, forward: Callable) -> Callable:
+    """`forward` on this worker's replicas alone, each on its slice of the batch, the results concatenated in order.
+
+    In the replica context a variable reads its local copy. Called outside it (in the cross-replica context), a
+    model reads each BatchNorm's moving statistics (sync-on-read variables) as their mean over all workers, an
+    all-reduce at every call, which waits forever when the workers' shards have different numbers of batches."""
+    import tensorflow as tf
+
+    local = len(strategy.extended.worker_devices)
+
+    def on_replicas(batch):
+        rows = tf.shape(batch)[0]
+
+        def part(context: tf.distribute.experimental.ValueContext):
+            index = context.replica_id_in_sync_group % local  # replica ids run on from worker to worker
+            return batch[index * rows // local:(index + 1) * rows // local]
+
+        outputs = strategy.run(forward, args=(strategy.experimental_distribute_values_from_function(part),))
+        return tf.concat(strategy.experimental_local_results(outputs), axis=0)
+
+    return on_replicas
 
 
 def _use_gpus(local_rank: int, local_size: int) -> list:
