@@ -7,7 +7,7 @@ The module names are the PyTorch port's, so the file's state dict loads directly
 
 A frozen base in inference mode runs `frozen_forward`: each BatchNorm folded into the convolution before it (the
 scale into the weights, the shift into a bias), recomputed on every call from the stored weights, so nothing goes
-stale. One pass over memory instead of two per convolution: 1.4x the images/s on one CPU thread
+stale. One pass over memory instead of two per convolution: 1.19x the images/s on one CPU thread
 (docs/benchmarks.md); the results differ from the unfolded ones in the last bits only (float rounding).
 """
 

@@ -22,7 +22,7 @@ class TransferNet(nn.Module):
     The base's weights are channels-last, as the pixels arrive (NHWC), so oneDNN does not reorder them per call
     (bit-identical results). frozen_base: the base runs without autograd (no graph is kept for it; the head trains
     as before) and, in inference mode, with its BatchNorms folded into the convolutions (efficientnet_lite.py:
-    1.4x on CPU, equal up to float rounding).
+    1.19x on CPU, equal up to float rounding).
     """
 
     def __init__(self, num_classes: int, dropout: float):
