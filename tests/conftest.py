@@ -115,12 +115,13 @@ def kubeconfig(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def kubectl(kubeconfig) -> list[str]:
-    """A kubectl command bound to the test cluster."""
+def kubectl(kubeconfig, tmp_path_factory) -> list[str]:
+    """A kubectl command bound to the test cluster, with its own discovery cache: ~/.kube/cache is keyed by
+    host:port, and an API server of an earlier session on the same port would leave kubectl a stale one."""
     assets = os.environ.get("KUBEBUILDER_ASSETS", "")
     binary = Path(assets, "kubectl") if assets and Path(assets, "kubectl").exists() else shutil.which("kubectl")
     require(binary is not None, "kubectl not found")
-    return [str(binary), "--kubeconfig", kubeconfig]
+    return [str(binary), "--kubeconfig", kubeconfig, "--cache-dir", str(tmp_path_factory.mktemp("kubectl-cache"))]
 
 
 @pytest.fixture(scope="session")
@@ -158,10 +159,28 @@ def install_crd(api_client, crd: dict, *, replace: bool = False) -> dict:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         status = ext.read_custom_resource_definition(name).status
-        if any(c.type == "Established" and c.status == "True" for c in (status.conditions or [])):
+        if any(c.type == "Established" and c.status == "True" for c in (status.conditions or [])) and _discovered(
+                api_client, crd):
             return crd
         time.sleep(0.2)
-    pytest.fail(f"CRD {name} not established within 30 s")
+    pytest.fail(f"CRD {name} not established and served by discovery within 30 s")
+
+
+def _discovered(api_client, crd: dict) -> bool:
+    """Whether discovery lists the CRD's resource in each served version: Established can come first (the API
+    server's discovery controller syncs on its own), and kubectl finds `ssweep` and the like only through discovery."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    group, plural = crd["spec"]["group"], crd["spec"]["names"]["plural"]
+    for version in (v["name"] for v in crd["spec"]["versions"] if v.get("served", True)):
+        try:
+            resources = client.CustomObjectsApi(api_client).get_api_resources(group, version).resources
+        except ApiException:
+            return False
+        if plural not in {r.name for r in resources}:
+            return False
+    return True
 
 
 @pytest.fixture(scope="session")
