@@ -145,11 +145,9 @@ def _inspect_file(location: Location, params: TableParams, facts: SplitFacts, fi
                                  f"has label {low.as_py()}; labels are class indexes 0 .. classes - 1")
             facts.max_label = max(facts.max_label, high.as_py())
             values = labels.to_numpy()
-            counts = np.bincount(values)
-            grown = np.zeros(max(len(counts), len(facts.label_counts)), np.int64)
-            grown[:len(counts)] += counts
-            grown[:len(facts.label_counts)] += facts.label_counts
-            facts.label_counts = grown
+            counts = np.bincount(values, minlength=len(facts.label_counts))
+            counts[:len(facts.label_counts)] += facts.label_counts
+            facts.label_counts = counts
             facts.neighbours += len(values) - 1
             facts.same_label_neighbours += int(np.count_nonzero(values[1:] == values[:-1]))
         if first and metadata.num_row_groups and not pa.types.is_fixed_size_binary(

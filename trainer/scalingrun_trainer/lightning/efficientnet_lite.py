@@ -63,6 +63,14 @@ def _bn(channels: int) -> nn.BatchNorm2d:
     return nn.BatchNorm2d(channels, eps=BN_EPSILON, momentum=BN_MOMENTUM)
 
 
+def _normalized(conv: Conv2dSame, bn: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
+    return bn(conv(x))
+
+
+def _folded(conv: Conv2dSame, bn: nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
+    return conv.folded(x, bn)
+
+
 class MBConv(nn.Module):
     """1x1 expand, depthwise, linear 1x1 project, residual when shapes allow (no squeeze-excite)."""
 
@@ -79,20 +87,13 @@ class MBConv(nn.Module):
         self._bn2 = _bn(out_channels)
         self.residual = stride == 1 and in_channels == out_channels
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, conv_bn=_normalized) -> torch.Tensor:
+        """conv_bn(conv, bn, x): each convolution with its BatchNorm (as layers, or folded)."""
         inputs = x
         if self.expand:
-            x = F.relu6(self._bn0(self._expand_conv(x)))
-        x = F.relu6(self._bn1(self._depthwise_conv(x)))
-        x = self._bn2(self._project_conv(x))
-        return x + inputs if self.residual else x
-
-    def frozen_forward(self, x: torch.Tensor) -> torch.Tensor:
-        inputs = x
-        if self.expand:
-            x = F.relu6(self._expand_conv.folded(x, self._bn0))
-        x = F.relu6(self._depthwise_conv.folded(x, self._bn1))
-        x = self._project_conv.folded(x, self._bn2)
+            x = F.relu6(conv_bn(self._expand_conv, self._bn0, x))
+        x = F.relu6(conv_bn(self._depthwise_conv, self._bn1, x))
+        x = conv_bn(self._project_conv, self._bn2, x)
         return x + inputs if self.residual else x
 
 
@@ -112,21 +113,17 @@ class EfficientNetLite0Features(nn.Module):
         self._conv_head = _conv(channels, HEAD_CHANNELS, 1)
         self._bn1 = _bn(HEAD_CHANNELS)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.relu6(self._bn0(self._conv_stem(x)))
+    def forward(self, x: torch.Tensor, conv_bn=_normalized) -> torch.Tensor:
+        x = F.relu6(conv_bn(self._conv_stem, self._bn0, x))
         for block in self._blocks:
-            x = block(x)
-        x = F.relu6(self._bn1(self._conv_head(x)))
+            x = block(x, conv_bn)
+        x = F.relu6(conv_bn(self._conv_head, self._bn1, x))
         return torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
 
     def frozen_forward(self, x: torch.Tensor) -> torch.Tensor:
         """forward() in inference mode with every BatchNorm folded into its convolution (no autograd: frozen)."""
         with torch.no_grad():
-            x = F.relu6(self._conv_stem.folded(x, self._bn0))
-            for block in self._blocks:
-                x = block.frozen_forward(x)
-            x = F.relu6(self._conv_head.folded(x, self._bn1))
-            return torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+            return self.forward(x, _folded)
 
 
 def load_base_weights(base: EfficientNetLite0Features, weights: Optional[str]) -> None:
