@@ -382,8 +382,10 @@ def test_a_sweep_over_one_and_two_workers_shares_one_dataset_and_recommends_a_po
     template = run_body(cluster, "template", output=f"s3://scalingrun-e2e/runs/{name}/parquet", epochs=1)["spec"]
     # One epoch over 400 images: the points' val_accuracies differ by chance by more than the default tolerance
     # (0.01), so that no point might qualify; with it wide, efficiency decides (tests/unit covers the tolerance).
+    threshold = 0.7
     sweep = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingSweep", "metadata": {"name": name},
-             "spec": {"workers": [1, 2], "template": template, "accuracyTolerance": 1.0}}
+             "spec": {"workers": [1, 2], "template": template, "accuracyTolerance": 1.0,
+                      "efficiencyThreshold": threshold}}
     custom = cluster.custom()
     custom.create_namespaced_custom_object("scalingrun.dev", "v1alpha1", cluster.namespace, "scalingsweeps", sweep)
     points = [f"{name}-w1", f"{name}-w2"]
@@ -401,7 +403,7 @@ def test_a_sweep_over_one_and_two_workers_shares_one_dataset_and_recommends_a_po
         assert [(r["run"], r["workers"], r["processes"]) for r in rows] == [(points[0], 1, 1), (points[1], 2, 2)]
         assert rows[0]["speedup"] == 1.0 and rows[1]["speedup"] > 0 and rows[1]["efficiency"] > 0, rows
         assert all(r["bestValAccuracy"] > 0 and r["workerHours"] > 0 for r in rows), rows
-        expected = points[1] if rows[1]["efficiency"] >= 0.7 else points[0]  # the default efficiencyThreshold
+        expected = points[1] if rows[1]["efficiency"] >= threshold else points[0]
         assert status.get("recommendation", {}).get("run") == expected, (status.get("message"), rows)
         # One preprocessing for both points: the second reused the first's dataset.
         assert children(cluster, points[0])["Job"] == [f"{points[0]}-preprocess"]
