@@ -237,3 +237,28 @@ def test_a_cpu_limit_compares_with_the_request_across_units():
     assert ok.spec.workers.cpu_limit == "1.5"
     with pytest.raises(InvalidScalingRun, match=r"spec.workers.cpuLimit: must be at least spec.workers.cpu \(2\)"):
         parse_scalingrun(with_value("spec.workers", {"cpu": 2, "cpuLimit": "1999m", "gpusPerWorker": 0}))
+
+
+@pytest.mark.parametrize("value, seconds", [(90, 90), ("90s", 90), ("10m", 600), ("1h30m", 5400), (0, 0)])
+def test_durations_are_seconds_or_go_units(value, seconds):
+    from scalingrun_api.models import duration_seconds
+
+    run = parse_scalingrun(with_value("spec.training.nodeLossGracePeriod", value))
+    assert duration_seconds(run.spec.training.node_loss_grace_period) == seconds
+
+
+@pytest.mark.parametrize("value", ["10 minutes", "1m1h", "", -5, True, 1.5])
+def test_a_duration_in_other_words_is_refused_naming_the_field(value):
+    with pytest.raises(InvalidScalingRun) as error:
+        parse_scalingrun(with_value("spec.training.stallTimeout", value))
+    assert "spec.training.stallTimeout" in str(error.value)
+
+
+def test_the_stall_timeout_in_force():
+    from scalingrun_api.heartbeat import stall_timeout_seconds
+
+    assert stall_timeout_seconds("auto", 0.0) == 600.0  # the floor
+    assert stall_timeout_seconds("auto", 400.0) == 1200.0  # 3x the longest gap between beats
+    assert stall_timeout_seconds("2m", 400.0) == 120.0
+    assert stall_timeout_seconds(0, 400.0) is None  # off
+    assert parse_scalingrun(MINIMAL).spec.training.stall_timeout == "auto"

@@ -8,7 +8,7 @@ from .common import (
     API_VERSION, AUTO, CATEGORIES, DATA_URI_PATTERN, DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE,
     DNS_SUBDOMAIN_PATTERN, GROUP, HTTP_URL_PATTERN, INT64_MAX, KIND, LABEL_VALUE_PATTERN, MAX_BATCH_SIZE, MAX_INTEGER,
     PLURAL, QUANTITY_PATTERN, SECRET_NAME_PATTERN, SHORT_NAMES, SINGULAR, VERSION, WEIGHTS_PATTERN, ApiModel,
-    BatchSize, ObjectMeta, Quantity, quantity_value, secret_name_field,
+    BatchSize, Duration, DurationOrAuto, ObjectMeta, Quantity, duration_seconds, quantity_value, secret_name_field,
 )
 from .dataset import Columns, Dataset, DatasetFormat, Preprocessing, Resources
 from .model import BUILDER_PATTERN, BUILTIN_DEFAULTS, BaseNetwork, Model
@@ -26,6 +26,6 @@ from .sweep import (
 )
 from .training import (
     FRAMEWORK_STRATEGIES, Checkpoint, EarlyStopping, FeatureCacheMode, Framework, InputPipeline, LearningRateScaling,
-    Monitor, Optimizer, Strategy, Training,
+    Monitor, OnStall, Optimizer, Strategy, Training,
 )
 

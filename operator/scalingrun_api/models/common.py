@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, WithJsonSchema
@@ -100,6 +101,53 @@ BatchSize = Annotated[
                     "pattern": f"^{AUTO}$"}),
 ]
 
+
+# A length of time: whole seconds (90), or Go's units in order (1h30m, 10m, 45s). Int-or-string in the CRD.
+DURATION_PATTERN = r"^([0-9]+h)?([0-9]+m)?([0-9]+s)?$"
+_DURATION_PART = re.compile(r"([0-9]+)([hms])")
+_DURATION_UNITS = {"h": 3600, "m": 60, "s": 1}
+
+
+def duration_seconds(value: int | str) -> int:
+    """A Duration in seconds: 90 -> 90, '1h30m' -> 5400, '45s' -> 45."""
+    if isinstance(value, int):
+        return value
+    return sum(int(number) * _DURATION_UNITS[unit] for number, unit in _DURATION_PART.findall(value))
+
+
+def _duration(value: object) -> int | str:
+    if isinstance(value, bool):
+        raise PydanticCustomError("duration", "Input should be seconds (90) or a duration such as 10m or 1h30m")
+    if isinstance(value, int):
+        if not 0 <= value <= MAX_INTEGER:
+            raise PydanticCustomError("duration", f"Input should be between 0 and {MAX_INTEGER} seconds")
+        return value
+    if isinstance(value, str) and value and re.fullmatch(DURATION_PATTERN, value):
+        if duration_seconds(value) > MAX_INTEGER:
+            raise PydanticCustomError("duration", f"Input should be at most {MAX_INTEGER} seconds")
+        return value
+    raise PydanticCustomError("duration", "Input should be seconds (90) or a duration such as 10m or 1h30m")
+
+
+Duration = Annotated[
+    int | str,
+    PlainValidator(_duration),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "minimum": 0, "maximum": MAX_INTEGER,
+                    "pattern": DURATION_PATTERN}),
+]
+
+
+def _duration_or_auto(value: object) -> int | str:
+    return AUTO if value == AUTO else _duration(value)
+
+
+# A duration, or "auto" (the field says what auto means).
+DurationOrAuto = Annotated[
+    int | str,
+    PlainValidator(_duration_or_auto),
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "minimum": 0, "maximum": MAX_INTEGER,
+                    "pattern": f"^({AUTO}|([0-9]+h)?([0-9]+m)?([0-9]+s)?)$"}),
+]
 
 
 class ApiModel(BaseModel):

@@ -73,6 +73,11 @@ class Preprocessing(ApiModel):
         default_factory=lambda: Resources(cpu=1, memory="2Gi"),
         description="Resources of each preprocessing pod.",
     )
+    active_deadline_seconds: Optional[int] = Field(
+        None, ge=1, le=MAX_INTEGER,
+        description="Fail the preprocessing Job after this many seconds (the Job's activeDeadlineSeconds). "
+        "Default: no deadline; a shard that stops beating is caught by its heartbeat instead.",
+    )
     readers: Optional[int] = Field(
         None,
         ge=1,

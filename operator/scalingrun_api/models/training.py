@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 from pydantic import Field, model_validator
 
-from .common import BatchSize, DATA_URI_PATTERN, ApiModel
+from .common import BatchSize, DATA_URI_PATTERN, ApiModel, Duration, DurationOrAuto
 
 # Where every pod of a run finds the trainer config (the operator mounts its ConfigMap there), and the variable that
 # tells a training.command's ranks (the SDK) where it is; the local runner points it at its own file.
@@ -51,6 +51,11 @@ FRAMEWORK_STRATEGIES: dict[str, tuple[str, ...]] = {
 class FeatureCacheMode(str, Enum):
     auto = "auto"
     off = "off"
+
+
+class OnStall(str, Enum):
+    restart = "restart"
+    fail = "fail"
 
 
 class Monitor(str, Enum):
@@ -163,6 +168,30 @@ class Training(ApiModel):
         "the head on them in every epoch; the same result, without the base's forward pass in every epoch. off: "
         "every epoch runs the whole network. Rebuilt by every attempt (a resumed one too); "
         "status.training.featureCache says whether it was used and what it cost.",
+    )
+    stall_timeout: DurationOrAuto = Field(
+        "auto",
+        description="How long the training may go without a heartbeat (rank 0 beats from the training loop at most "
+        "every 30 s) before the run is Stalled: seconds or a duration (10m). auto: the larger of 10 minutes and 3x "
+        "the longest gap between heartbeats seen in this attempt. 0 turns stall detection off.",
+    )
+    on_stall: OnStall = Field(
+        OnStall.restart,
+        description="What a stall does. restart: delete the suspect pods (or all workers when none stands out), so "
+        "that the MPIJob starts them and the launcher again, resuming from the checkpoint; counted against "
+        "maxInterruptions. fail: the run fails.",
+    )
+    node_loss_grace_period: Duration = Field(
+        60,
+        description="How long a worker or launcher pod's node may be NotReady or Unknown before its pods are taken "
+        "as lost and force-deleted so that they start elsewhere (seconds or a duration). Workers also tolerate "
+        "the unreachable and not-ready taints for this long.",
+    )
+    max_interruptions: int = Field(
+        10, ge=0, le=10000,
+        description="Interruptions by the infrastructure allowed before the run fails: pods deleted, nodes lost, "
+        "evictions and preemptions, stalls, children deleted. Failures of the code (a non-zero exit on a healthy "
+        "node) count against backoffLimit instead.",
     )
 
     @model_validator(mode="after")

@@ -1,0 +1,68 @@
+"""The heartbeat document, `<runLocation>/heartbeat.json`: rank 0 of every engine (and the SDK's `heartbeat(step)`)
+writes it from the training loop itself, at most every HEARTBEAT_INTERVAL_SECONDS, never from a thread of its own
+(a thread would keep beating while the loop is stuck). Every long phase beats: the batch-size probe, a checkpoint
+restore, the feature cache's pass, training steps. The operator and the local runner read it to tell a slow run
+from a stalled one (spec.training.stallTimeout).
+
+A separate small document, not a field of progress.json: a beat every 30 s must not make every reader of the
+progress document (status, sweeps, the report) reconcile, and its reads stay small and bounded.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from .models.common import AUTO, duration_seconds
+from .progress import lenient
+
+HEARTBEAT_FILE = "heartbeat.json"
+HEARTBEAT_INTERVAL_SECONDS = 30.0
+# stallTimeout auto: the larger of this floor and STALL_GAP_FACTOR x the longest gap seen in the attempt.
+STALL_TIMEOUT_FLOOR_SECONDS = 600.0
+STALL_GAP_FACTOR = 3.0
+
+
+class HeartbeatPhase(str, Enum):
+    starting = "starting"
+    restore = "restore"
+    probe = "probe"
+    feature_cache = "feature-cache"
+    training = "training"
+    validation = "validation"
+    saving = "saving"
+    preprocessing = "preprocessing"
+
+
+class Heartbeat(BaseModel):
+    """heartbeat.json. `time` is the writer's clock (Unix seconds); `attemptStarted` tells one attempt's beats from
+    the next one's; `longestGapSeconds` is the longest time between two beats of this attempt so far."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore",
+                              use_enum_values=True)
+
+    phase: HeartbeatPhase = HeartbeatPhase.training
+    epoch: Optional[int] = None
+    step: int = Field(0, ge=0)
+    time: float = 0.0
+    attempt_started: Optional[float] = None
+    longest_gap_seconds: float = Field(0.0, ge=0)
+    rank: int = 0
+
+    @classmethod
+    def read(cls, document: Any) -> "Heartbeat":
+        return lenient(cls, document) or cls()
+
+    def document(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True)
+
+
+def stall_timeout_seconds(setting: int | str, longest_gap_seconds: float) -> Optional[float]:
+    """The stall timeout in force: None when off (0), the floor or 3x the longest gap for auto."""
+    if setting == AUTO:
+        return max(STALL_TIMEOUT_FLOOR_SECONDS, STALL_GAP_FACTOR * longest_gap_seconds)
+    seconds = duration_seconds(setting)
+    return float(seconds) if seconds > 0 else None
