@@ -13,6 +13,7 @@ from PIL import Image
 from scalingrun_operator.api.crd import build_sweep_crd, render_chart_sweep_crd_template, render_sweep_crd_yaml
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
 from scalingrun_operator.api.sweep import SWEEP_LABEL, Point, build_point_run, sweep_points
+from scalingrun_operator.builders.config import total_processes
 from scalingrun_operator.cli import main
 from scalingrun_operator.decide import preprocessing as dataset
 from scalingrun_operator.decide.sweep import (
@@ -112,6 +113,18 @@ def test_points_are_children_with_their_worker_count_and_one_dataset():
         "s3://bucket/ckpt/demo-w1", "s3://bucket/ckpt/demo-w2", "s3://bucket/ckpt/demo-w4"]
 
 
+def test_multi_worker_mirrored_points_count_one_process_per_pod():
+    """MultiWorkerMirroredStrategy runs one process per worker pod that drives all of its GPUs: a point's processes
+    (and so its workerHours, speedup and dataset layout) are its pods, as the MPIJob's slotsPerWorker says."""
+    s = sweep(gpusPerWorker=[1, 2, 2])
+    s.spec.template.training.strategy = "multi-worker-mirrored"
+    points = sweep_points(s)
+    assert [(p.workers, p.gpus_per_worker, p.processes) for p in points] == [(1, 1, 1), (2, 2, 2), (4, 2, 4)]
+    runs = [parse_scalingrun(build_point_run(s, p, "ns")) for p in points]
+    assert [total_processes(r) for r in runs] == [p.processes for p in points]
+    assert runs[0].spec.dataset.preprocessing.readers == 4
+
+
 def test_a_plain_run_keeps_its_own_dataset_layout():
     run = parse_scalingrun(build_point_run(sweep(), sweep_points(sweep())[0]))
     run.spec.dataset.preprocessing.readers = None
@@ -121,7 +134,7 @@ def test_a_plain_run_keeps_its_own_dataset_layout():
 
 # --- which point starts when -----------------------------------------------------------------------
 
-POINTS = [Point("demo-w1", 1, 1), Point("demo-w2", 2, 1), Point("demo-w4", 4, 1)]
+POINTS = [Point("demo-w1", 1, 1, 1), Point("demo-w2", 2, 1, 1), Point("demo-w4", 4, 1, 1)]
 
 
 def child(phase, preprocessed=True, message=None):

@@ -55,7 +55,7 @@ class SweepPoint(ApiModel):
     run: str = Field(..., description="Name of the child ScalingRun.")
     workers: int = Field(..., description="Worker pods.")
     gpus_per_worker: int = Field(..., description="GPUs per worker (0: CPU, one process per worker).")
-    processes: int = Field(..., description="Horovod processes (workers x slots).")
+    processes: int = Field(..., description="Training processes: workers x the engine's processes per worker (one per GPU; one per pod for multi-worker-mirrored).")
     phase: Optional[str] = Field(None, description="Phase of the child ScalingRun; none before it exists.")
     effective_batch_size: Optional[int] = Field(None, description="Batch size across all processes.")
     learning_rate: Optional[float] = Field(None, description="Scaled learning rate the point trained with.")
@@ -81,7 +81,7 @@ class SweepRecommendation(ApiModel):
 
     run: str = Field(..., description="The recommended point's ScalingRun.")
     workers: int = Field(..., description="Its worker count.")
-    processes: int = Field(..., description="Its Horovod processes.")
+    processes: int = Field(..., description="Its training processes.")
     message: str = Field(..., description="Why this point, and what the larger points lost.")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from scalingrun_api.engines import engine
 from scalingrun_api.models import API_VERSION, KIND, ScalingSweep
 
 SWEEP_LABEL = "scalingrun.dev/sweep"
@@ -21,10 +22,11 @@ class Point:
     name: str  # the child ScalingRun
     workers: int
     gpus_per_worker: int
+    slots_per_worker: int  # training processes per worker pod: the engine's rule (scalingrun_api.engines)
 
     @property
     def processes(self) -> int:
-        return self.workers * max(self.gpus_per_worker, 1)
+        return self.workers * self.slots_per_worker
 
 
 def point_name(sweep_name: str, workers: int) -> str:
@@ -35,7 +37,9 @@ def sweep_points(sweep: ScalingSweep) -> list[Point]:
     """One point per worker count, in spec order (the first is the baseline)."""
     spec = sweep.spec
     gpus = spec.gpus_per_worker or [spec.template.workers.gpus_per_worker] * len(spec.workers)
-    return [Point(point_name(sweep.metadata.name, w), w, g) for w, g in zip(spec.workers, gpus)]
+    chosen = engine(spec.template.training.framework, spec.template.training.strategy)
+    return [Point(point_name(sweep.metadata.name, w), w, g, chosen.slots_per_worker(g))
+            for w, g in zip(spec.workers, gpus)]
 
 
 def build_point_run(sweep: ScalingSweep, point: Point, namespace: Optional[str] = None) -> dict[str, Any]:

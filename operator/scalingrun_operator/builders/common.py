@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from scalingrun_api.models import DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, Framework, ScalingRun
+from scalingrun_api.engines import engine
+from scalingrun_api.models import ScalingRun
 from scalingrun_api.models.training import CONFIG_PATH
 
 CONFIG_FILE = CONFIG_PATH
@@ -15,11 +16,8 @@ NON_ROOT_UID = 1000
 
 def trainer_image(run: ScalingRun) -> str:
     """spec.workers.image, else the framework's default image (the Lightning one has torch, no TensorFlow)."""
-    if run.spec.workers.image:
-        return run.spec.workers.image
-    if run.spec.training.framework == Framework.pytorch_lightning.value:
-        return DEFAULT_LIGHTNING_TRAINER_IMAGE
-    return DEFAULT_TRAINER_IMAGE
+    training = run.spec.training
+    return run.spec.workers.image or engine(training.framework, training.strategy).default_image
 
 
 def config_map_name(run: ScalingRun) -> str:

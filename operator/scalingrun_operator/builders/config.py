@@ -6,7 +6,8 @@ import json
 from typing import Any
 
 from scalingrun_api.config import CONFIG_FILE_NAME, TrainerConfig
-from scalingrun_api.models import ScalingRun, Strategy
+from scalingrun_api.engines import engine
+from scalingrun_api.models import ScalingRun
 from .common import config_map_name, metadata, trainer_image
 
 CONFIG_KEY = CONFIG_FILE_NAME
@@ -15,9 +16,8 @@ CONFIG_KEY = CONFIG_FILE_NAME
 def slots_per_worker(run: ScalingRun) -> int:
     """MPI slots, = training processes, per worker pod: one per GPU; multi-worker-mirrored runs one process per pod
     that drives all of the pod's GPUs."""
-    if run.spec.training.strategy == Strategy.multi_worker_mirrored.value:
-        return 1
-    return max(run.spec.workers.gpus_per_worker, 1)
+    training = run.spec.training
+    return engine(training.framework, training.strategy).slots_per_worker(run.spec.workers.gpus_per_worker)
 
 
 def total_processes(run: ScalingRun) -> int:

@@ -41,7 +41,7 @@ def dataset_parameters(run: ScalingRun) -> dict[str, Any]:
         "validationFraction": d.validation_fraction,
         "sampleFraction": d.sample_fraction,
         "seed": d.seed,
-        # Each split has >= 2 row groups per Horovod process (petastorm shards by row group).
+        # Each split has >= 2 row groups per training process (petastorm shards by row group).
         "minRowGroupsPerSplit": 2 * dataset_readers(run),
     }
 

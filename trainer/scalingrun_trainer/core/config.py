@@ -8,14 +8,11 @@ import sys
 from typing import Any, Optional
 
 from scalingrun_api.config import TrainerConfig
-from scalingrun_api.models import Framework, Strategy, Training
+from scalingrun_api.engines import ENGINES as ENGINE_ROWS
+from scalingrun_api.models import Training
 
 # (training.framework, training.strategy) -> the module whose train(config) runs it.
-ENGINES = {
-    (Framework.keras.value, Strategy.horovod.value): "scalingrun_trainer.keras_horovod.train",
-    (Framework.keras.value, Strategy.multi_worker_mirrored.value): "scalingrun_trainer.keras_mirrored.train",
-    (Framework.pytorch_lightning.value, Strategy.ddp.value): "scalingrun_trainer.lightning.train",
-}
+ENGINES = {pair: row.trainer_module for pair, row in ENGINE_ROWS.items()}
 
 
 def read_document(path: Optional[str]) -> dict[str, Any]:
