@@ -43,6 +43,7 @@ def run(status=None, generation=1):
     (run({"phase": "Training", "observedGeneration": 1}, generation=2), "Progressing", "not yet observed"),
     (run({"phase": "Succeeded", "observedGeneration": 1, "modelUri": "s3://b/m.keras"}), "Healthy", "s3://b/m.keras"),
     (run({"phase": "Suspended", "observedGeneration": 1}), "Suspended", "suspend"),
+    (run({"phase": "Queued", "observedGeneration": 1}), "Progressing", "Queued"),
     (run({"phase": "Failed", "observedGeneration": 1, "conditions": [
         {"type": "Failed", "status": "True", "reason": "MPIJobFailed", "message": "launcher exited 1"}]}),
      "Degraded", "MPIJobFailed: launcher exited 1"),

@@ -19,6 +19,7 @@ class Phase(str, Enum):
     succeeded = "Succeeded"
     failed = "Failed"
     suspended = "Suspended"
+    queued = "Queued"
 
 
 class Condition(ApiModel):
@@ -122,6 +123,10 @@ class TrainingStatus(ApiModel):
     worker_pods_lost: Optional[int] = Field(None, description="Worker pods deleted, evicted or failed.")
     launcher_restarts: Optional[int] = Field(
         None, description="Launcher restarts (container or new pod), but for those a worker's loss caused.")
+    suspend_applied: Optional[bool] = Field(
+        None, description="spec.runPolicy.suspend as last applied to the MPIJob. With runPolicy.kueueQueueName, Kueue "
+        "suspends and resumes the MPIJob, and the operator changes its suspend only when spec.runPolicy.suspend "
+        "differs from this.")
     mpi_job_uid: Optional[str] = Field(
         None, description="UID of the MPIJob these figures belong to; a new MPIJob starts them again.")
     batch_size_per_worker: Optional[int] = Field(

@@ -110,7 +110,8 @@ def _run_policy(run: ScalingRun) -> dict[str, Any]:
     out: dict[str, Any] = {
         "cleanPodPolicy": policy.clean_pod_policy,
         "backoffLimit": policy.backoff_limit,
-        "suspend": policy.suspend,
+        # Kueue admits a job by un-suspending it: created running, it would start before its quota is granted.
+        "suspend": policy.suspend or bool(policy.kueue_queue_name),
     }
     if policy.active_deadline_seconds is not None:
         out["activeDeadlineSeconds"] = policy.active_deadline_seconds

@@ -20,6 +20,7 @@ TERMINAL = frozenset({Phase.succeeded.value, Phase.failed.value})
 PREPROCESSED = "Preprocessed"
 TRAINED = "Trained"
 SUSPENDED = "Suspended"
+QUEUED = "Queued"  # True while Kueue holds the MPIJob (suspended, waiting for quota or preempted)
 FAILED = "Failed"
 # kstatus (Flux, kubectl wait) conventions: Ready says whether the run is done and good, Stalled that
 # it will not get there by itself.
@@ -46,6 +47,7 @@ _PHASE_EVENTS = {
     Phase.preprocessing.value: ("Normal", "Preprocessing"),
     Phase.training.value: ("Normal", "Training"),
     Phase.suspended.value: ("Normal", "Suspended"),
+    Phase.queued.value: ("Normal", "Queued"),
     Phase.succeeded.value: ("Normal", "Succeeded"),
     Phase.failed.value: ("Warning", "Failed"),
 }

@@ -17,8 +17,8 @@ from ..builders.locations import progress_uri
 from . import interruptions, pods, progress as mirror
 from .draft import Draft, store_of
 from .snapshot import CLUSTER, PROGRESS, Log, Where
-from .status import (BUILDER_FAILED, INPUT_BOUND, MPIJOB_FAILED, SUSPENDED, TRAINED, Event, get_condition,
-                     parse_time)
+from .status import (BUILDER_FAILED, INPUT_BOUND, MPIJOB_FAILED, QUEUED, SUSPENDED, TRAINED, Event,
+                     get_condition, parse_time)
 
 @dataclass(frozen=True)
 class MPIJobState:
@@ -154,18 +154,19 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
     current_mpijob = mpijob or wanted  # one created now is as it will be read: no status yet
     state = mpijob_state(current_mpijob)
     wanted_suspend = run.spec.run_policy.suspend
-    patch = suspend_patch(wanted_suspend, state)
+    current = update.desired.get("training") or {}
+    patch = _suspend_change(run, state, current.get("suspendApplied"))
     if patch and mpijob is not None:
         # Posted with the change itself (a conflicting status patch must not lose it).
         draft.patch(mpijob, patch, Event("Normal", "Suspending" if wanted_suspend else "Resuming",
                                          f"MPIJob {name}: spec.runPolicy.suspend={str(wanted_suspend).lower()}"))
     _, progress = draft.read(progress_uri(run), store_of(run), PROGRESS, versioned=True)
-    current = update.desired.get("training") or {}
     uid = current_mpijob["metadata"].get("uid")
     same_mpijob = current.get("mpiJobUid") in (None, uid)
     merged = mirror.merge_training_status(current, mirror.base_training_status(run, name),
                                           mirror.training_status(progress), same_mpijob)
     merged["mpiJobUid"] = uid
+    merged["suspendApplied"] = wanted_suspend
     if not state.finished:
         _track_interruptions(draft, merged, name, paused=wanted_suspend or state.suspended)
     update.desired["training"] = merged
@@ -200,14 +201,46 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
                          "last checkpoint")
         update.condition(TRAINED, "Unknown", "Suspended", mirror.running_message(name, progress))
         update.set_phase(Phase.suspended.value, "spec.runPolicy.suspend is true")
+    elif state.suspended and run.spec.run_policy.kueue_queue_name:
+        _queued(draft, run, name, progress)
     else:
         if draft.condition_true(SUSPENDED):
             update.condition(SUSPENDED, "False", "Resumed", f"MPIJob {name} resumed")
+        if draft.condition_true(QUEUED):
+            update.condition(QUEUED, "False", "Admitted", f"Kueue admitted MPIJob {name}")
         running = mirror.running_message(name, progress)
         holdup = pods.check_pods(draft, pods.TRAINING_ROLES, name)
         update.condition(TRAINED, "Unknown", holdup[0] if holdup else "Running",
                          f"{running}; {holdup[1]}" if holdup else running)
         update.set_phase(Phase.training.value, f"MPIJob {name}")
+
+
+def _suspend_change(run: ScalingRun, state: MPIJobState, applied: Optional[bool]) -> Optional[dict[str, Any]]:
+    """The patch of the MPIJob's suspend this look makes, if any. Without Kueue the MPIJob follows
+    spec.runPolicy.suspend at every look. With a Kueue queue, Kueue suspends (for quota, or to preempt) and resumes
+    the MPIJob: the operator changes it only when the user changes spec.runPolicy.suspend."""
+    wanted = run.spec.run_policy.suspend
+    if run.spec.run_policy.kueue_queue_name and (applied is None or applied == wanted):
+        return None
+    return suspend_patch(wanted, state)
+
+
+def _queued(draft: Draft, run: ScalingRun, name: str, progress: Optional[dict[str, Any]]) -> None:
+    """Kueue holds the MPIJob: waiting for quota, or preempted (its pods are gone; admitted again, the training
+    resumes from the last checkpoint). Neither is an interruption."""
+    queue = run.spec.run_policy.kueue_queue_name
+    before = get_condition(draft.update.desired["conditions"], QUEUED) or {}
+    if before.get("status") == "True":
+        preempted = before.get("reason") == "Preempted"
+    else:  # held again after it trained: preempted
+        preempted = draft.update.phase == Phase.training.value
+    reason = "Preempted" if preempted else "WaitingForAdmission"
+    what = ("was preempted; it resumes from the last checkpoint when admitted again" if preempted
+            else "waits for admission (quota)")
+    message = f"MPIJob {name} is suspended by Kueue: LocalQueue {queue} {what}"
+    draft.update.condition(QUEUED, "True", reason, message)
+    draft.update.condition(TRAINED, "Unknown", "Queued", mirror.running_message(name, progress))
+    draft.update.set_phase(Phase.queued.value, message)
 
 
 def _succeeded(draft: Draft, name: str, progress: Optional[dict[str, Any]]) -> None:
