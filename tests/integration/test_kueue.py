@@ -1,0 +1,96 @@
+"""Kueue as Kueue expects, against a real API server, with the test playing Kueue (no Kueue can be installed here):
+it admits a held MPIJob by resuming it and preempts it by suspending it again, as Kueue's job integration does. The
+run is Queued while held, Training once admitted, Queued (Preempted) again with no interruption counted, and the
+operator never un-suspends what Kueue holds."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from kubernetes import client
+
+from .test_operator import SECRET, Cluster, Operator, bucket, manifest_for, new_run, wait_for  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.k8s
+
+SERVED = "srz"  # namespaces srz-* are served by this module's operator
+QUEUE = "team-a"
+KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+@pytest.fixture(scope="module")
+def operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
+    op = Operator(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", [f"{SERVED}-*"], "--standalone")
+    op.start()
+    yield op
+    op.stop()
+
+
+@pytest.fixture
+def cluster(api_client, s3_server, scalingrun_crd, mpijob_crd):
+    core = client.CoreV1Api(api_client)
+    name = f"{SERVED}-kueue-{uuid.uuid4().hex[:5]}"
+    core.create_namespace({"metadata": {"name": name}})
+    core.create_namespaced_secret(name, {"metadata": {"name": SECRET}, "stringData": {
+        "AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}})
+    yield Cluster(api_client, name)
+    core.delete_namespace(name)
+
+
+class PlayedKueue:
+    """What Kueue's MPIJob integration does to a job of a LocalQueue: admit (resume) and preempt (suspend)."""
+
+    def __init__(self, cluster: Cluster, name: str):
+        self.cluster, self.name = cluster, name
+
+    def _suspend(self, value: bool) -> None:
+        self.cluster.custom.patch_namespaced_custom_object("kubeflow.org", "v2beta1", self.cluster.ns, "mpijobs",
+                                                           self.name, {"spec": {"runPolicy": {"suspend": value}}})
+
+    def admit(self) -> None:
+        self._suspend(False)
+        self.cluster.set_mpijob_condition(self.name, "Running", "", "")
+
+    def preempt(self) -> None:
+        self._suspend(True)
+
+
+def test_kueue_holds_admits_and_preempts_and_the_operator_leaves_suspend_to_it(cluster, operator, bucket, s3_server):
+    cluster.create_run(new_run(cluster.ns, "queued", s3_server, runPolicy={"kueueQueueName": QUEUE}))
+    job = wait_for(lambda: cluster.job("queued-preprocess"), what="the preprocessing Job", operator=operator)
+    run = cluster.run("queued")
+    bucket.put_json(f"{run['spec']['dataset']['output']}/_manifest.json", manifest_for(run))
+    cluster.complete_job(job["metadata"]["name"], succeeded=2)
+
+    wait_for(cluster.phase_is("queued", "Queued"), what="Queued", operator=operator)
+    mpijob = cluster.mpijob("queued-train")
+    assert mpijob["spec"]["runPolicy"]["suspend"] is True, "created suspended: Kueue admits it by resuming it"
+    assert mpijob["metadata"]["labels"][KUEUE_LABEL] == QUEUE
+    assert cluster.condition("queued", "Queued")["reason"] == "WaitingForAdmission"
+
+    # Another look at the held job (a spec change makes one, and says so): it stays suspended.
+    cluster.patch_run("queued", {"spec": {"training": {"maxEpochs": 7}}})
+    wait_for(lambda: cluster.condition("queued", "SpecChangeIgnored").get("status") == "True",
+             what="the look at the spec change", operator=operator)
+    assert cluster.mpijob("queued-train")["spec"]["runPolicy"]["suspend"] is True
+    assert cluster.status("queued")["phase"] == "Queued"
+
+    kueue = PlayedKueue(cluster, "queued-train")
+    kueue.admit()
+    wait_for(cluster.phase_is("queued", "Training"), what="Training once admitted", operator=operator)
+    assert cluster.condition("queued", "Queued")["reason"] == "Admitted"
+
+    kueue.preempt()
+    wait_for(cluster.phase_is("queued", "Queued"), what="Queued again after the preemption", operator=operator)
+    assert cluster.condition("queued", "Queued")["reason"] == "Preempted"
+    assert not (cluster.status("queued").get("training") or {}).get("restarts"), "a preemption is no interruption"
+    assert cluster.mpijob("queued-train")["spec"]["runPolicy"]["suspend"] is True
+
+    kueue.admit()
+    wait_for(cluster.phase_is("queued", "Training"), what="Training again", operator=operator)
+
+    # The user's own suspend still works, once: the operator suspends the MPIJob and leaves it there.
+    cluster.patch_run("queued", {"spec": {"runPolicy": {"suspend": True}}})
+    wait_for(cluster.phase_is("queued", "Suspended"), what="Suspended by the user", operator=operator)
+    assert cluster.mpijob("queued-train")["spec"]["runPolicy"]["suspend"] is True
