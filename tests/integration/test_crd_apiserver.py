@@ -137,11 +137,12 @@ def test_kubectl_get_shows_printer_columns(api_client, scalingrun_crd, namespace
     api = client.CustomObjectsApi(api_client)
     api.patch_namespaced_custom_object_status(
         models.GROUP, models.VERSION, namespace, models.PLURAL, "minimal",
-        {"status": {"phase": "Training", "training": {"epoch": 3, "metrics": {"val_accuracy": 0.875}}}})
+        {"status": {"phase": "Training", "training": {"epoch": 3, "metrics": {"val_accuracy": 0.8},
+                                                      "bestEpoch": 2, "bestMetrics": {"val_accuracy": 0.875}}}})
     out = subprocess.run([*kubectl, "get", "srun", "-n", namespace], capture_output=True, text=True, check=True).stdout
     header, row = out.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "WORKERS", "EPOCH", "VAL-ACCURACY", "AGE"]
-    assert row.split()[:5] == ["minimal", "Training", "1", "3", "0.875"]
+    assert header.split() == ["NAME", "PHASE", "WORKERS", "EPOCH", "BEST-EPOCH", "VAL-ACCURACY", "AGE"]
+    assert row.split()[:6] == ["minimal", "Training", "1", "3", "2", "0.875"], "the best epoch's, not the last"
 
 
 def test_kubectl_explain_describes_training(scalingrun_crd, kubectl):

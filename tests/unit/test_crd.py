@@ -74,7 +74,7 @@ def test_printer_columns_and_names():
     crd = build_crd()
     version = crd["spec"]["versions"][0]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Phase", "Workers", "Epoch", "Val-Accuracy", "Age"]
+        "Phase", "Workers", "Epoch", "Best-Epoch", "Val-Accuracy", "Age"]
     assert version["subresources"] == {"status": {}}
     assert crd["spec"]["names"]["shortNames"] == ["srun"]
     assert crd["metadata"]["name"] == "scalingruns.scalingrun.dev"

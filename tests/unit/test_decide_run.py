@@ -299,9 +299,10 @@ ROWS = [
     Row("a succeeded MPIJob with its final progress: the run succeeded",
         lambda: training(children={"ConfigMap": config_map(), "MPIJob": mpijob(done("Succeeded"),
                                                                                completion=stamp(1))},
-                         progress=progress("succeeded", 5, modelUri="s3://data/model.keras")),
-        "Succeeded", [], {"Trained": ("True", "Succeeded", "succeeded after epoch 5 of 5; best val_accuracy 0.7500; "
-                                                           "model at s3://data/model.keras"),
+                         progress=progress("succeeded", 5, modelUri="s3://data/model.keras", bestEpoch=4,
+                                           bestMetrics={"val_accuracy": 0.75, "accuracy": 0.875})),
+        "Succeeded", [], {"Trained": ("True", "Succeeded", "succeeded after epoch 5 of 5; the model is epoch 4's: "
+                                      "val_accuracy 0.7500, training accuracy 0.8750; model at s3://data/model.keras"),
                           "Ready": ("True", "Succeeded", "MPIJob demo-train succeeded")}, ["Succeeded"],
         check=lambda d: d.desired["modelUri"] == "s3://data/model.keras" and d.follow is None),
     Row("a succeeded MPIJob waits a while for the final progress",

@@ -19,7 +19,10 @@ PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Workers", "type": "integer", "jsonPath": ".spec.workers.replicas"},
     {"name": "Epoch", "type": "integer", "jsonPath": ".status.training.epoch"},
-    {"name": "Val-Accuracy", "type": "number", "jsonPath": ".status.training.metrics.val_accuracy"},
+    {"name": "Best-Epoch", "type": "integer", "description": "the epoch whose weights the model keeps",
+     "jsonPath": ".status.training.bestEpoch"},
+    {"name": "Val-Accuracy", "type": "number", "description": "val_accuracy of the best epoch (the model's)",
+     "jsonPath": ".status.training.bestMetrics.val_accuracy"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 

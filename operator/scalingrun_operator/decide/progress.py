@@ -125,9 +125,17 @@ def running_message(name: str, progress: Optional[dict[str, Any]]) -> str:
 
 
 def succeeded_message(name: str, progress: Optional[dict[str, Any]]) -> str:
+    """Names each figure it quotes: the kept model is the best epoch's, and its training accuracy is not its
+    validation accuracy."""
     text = f"MPIJob {name} succeeded after {epochs_text(progress)}"
-    best = Progress.read(progress).best_metrics
+    read = Progress.read(progress)
+    best = read.best_metrics
     if best:
-        text += "; best " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(best.items()))
+        validation = sorted(k for k in best if k.startswith("val_"))
+        training = sorted(k for k in best if not k.startswith("val_"))
+        text += f"; the model is epoch {read.best_epoch}'s" if read.best_epoch else "; the model's"
+        text += ": " + ", ".join(f"{k} {best[k]:.4f}" for k in validation)
+        if training:
+            text += (", " if validation else "") + "training " + ", ".join(f"{k} {best[k]:.4f}" for k in training)
     uri = model_uri(progress)
     return text + (f"; model at {uri}" if uri else "")
