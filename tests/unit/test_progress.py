@@ -49,3 +49,24 @@ def test_a_resumed_epoch_missing_from_history_keeps_the_epoch_without_inventing_
     first = read(tmp_path)
     assert first["epoch"] == 2 and first["metrics"] == {} and first["imagesPerSecond"] is None
     assert first["bestEpoch"] is None and first["bestMetrics"] == {}
+
+
+def test_the_estimated_completion_follows_the_mean_epoch_time_and_holds_between_epochs():
+    import datetime as dt
+
+    from scalingrun_operator.decide.progress import estimated_completion
+
+    now = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.timezone.utc)
+    document = {"epoch": 4, "maxEpochs": 10, "elapsedSeconds": 300.0, "resumedFromEpoch": 1}
+    shown = {"epoch": 4, "maxEpochs": 10}
+    # 3 epochs timed in this attempt, 100 s each, 6 left.
+    assert estimated_completion({}, shown, document, now) == "2026-11-25T12:10:00Z"
+    # A later look at the same epoch keeps it (no status change without news)...
+    later = now + dt.timedelta(minutes=3)
+    assert estimated_completion({"epoch": 4, "estimatedCompletion": "2026-11-25T12:10:00Z"}, shown, document,
+                                later) == "2026-11-25T12:10:00Z"
+    # ... a new epoch recomputes it; nothing timed yet in this attempt, or no epoch shown, says nothing.
+    assert estimated_completion({"epoch": 4, "estimatedCompletion": "x"}, {"epoch": 5, "maxEpochs": 10},
+                                {**document, "epoch": 5, "elapsedSeconds": 400.0}, later) == "2026-11-25T12:11:20Z"
+    assert estimated_completion({}, shown, {**document, "resumedFromEpoch": 4}, now) is None
+    assert estimated_completion({}, {"maxEpochs": 10}, None, now) is None

@@ -115,6 +115,9 @@ class TrainingStatus(ApiModel):
     launcher_log_tail: Optional[str] = Field(
         None, description="When the MPIJob failed: the last 20 lines of the failed launcher's log (at most 4000 "
         "characters, the end kept).")
+    estimated_completion: Optional[str] = Field(
+        None, description="When the training would end at maxEpochs, at this attempt's mean epoch time (RFC 3339); "
+        "early stopping may end it sooner. Recomputed at each new epoch.")
     resumed_from_epoch: Optional[int] = Field(
         None, description="Epoch the current attempt resumed from (its last checkpoint); none for a fresh start.")
     restarts: Optional[int] = Field(

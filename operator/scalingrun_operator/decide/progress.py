@@ -9,12 +9,14 @@ here works on what that returns.
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 from typing import Any, Optional
 
 from scalingrun_api.models import InputEpoch, ScalingRun, TrainingStatus
 from scalingrun_api.progress import Progress, lenient
 from ..builders.config import total_processes
+from .status import rfc3339
 
 # What status.training mirrors from progress.json: the fields the two models share, by name.
 MIRRORED = frozenset(Progress.model_fields) & frozenset(TrainingStatus.model_fields)
@@ -103,6 +105,21 @@ def merge_training_status(previous: dict[str, Any], base: dict[str, Any], mirror
         mirrored = {k: v for k, v in mirrored.items() if k not in _EPOCH_KEYS}
     out.update(mirrored)
     return out
+
+
+def estimated_completion(previous: dict[str, Any], shown: dict[str, Any], progress: Optional[dict[str, Any]],
+                         moment: dt.datetime) -> Optional[str]:
+    """When the training would reach maxEpochs at this attempt's mean epoch time. Computed when a new epoch is shown
+    and kept until the next one: a look that brings no news must not change status."""
+    epoch, max_epochs = _number(shown.get("epoch"), int), _number(shown.get("maxEpochs"), int)
+    if previous.get("estimatedCompletion") and _number(previous.get("epoch"), int) == epoch:
+        return previous["estimatedCompletion"]
+    read = Progress.read(progress)
+    epochs_timed = (read.epoch or 0) - (read.resumed_from_epoch or 0)
+    if not epoch or not max_epochs or read.epoch != epoch or epochs_timed <= 0 or not read.elapsed_seconds:
+        return None
+    left = read.elapsed_seconds / epochs_timed * max(max_epochs - epoch, 0)
+    return rfc3339(moment + dt.timedelta(seconds=round(left)))
 
 
 def model_uri(progress: Optional[dict[str, Any]]) -> Optional[str]:

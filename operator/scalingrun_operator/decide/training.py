@@ -167,6 +167,8 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
                                           mirror.training_status(progress), same_mpijob)
     merged["mpiJobUid"] = uid
     merged["suspendApplied"] = wanted_suspend
+    merged["estimatedCompletion"] = (None if state.finished else
+                                     mirror.estimated_completion(current, merged, progress, update.moment))
     if not state.finished:
         _track_interruptions(draft, merged, name, paused=wanted_suspend or state.suspended)
     update.desired["training"] = merged
