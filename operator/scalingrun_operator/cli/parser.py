@@ -1,0 +1,124 @@
+"""The argparse parser of `scalingrun`: a description and an example for every subcommand, the exit codes in
+the help. The completion scripts are generated from it (completion.py)."""
+
+from __future__ import annotations
+
+import argparse
+from importlib import metadata
+
+from scalingrun_api.models import API_VERSION
+from . import commands, completion as completion_scripts
+
+EXIT_CODES = """exit codes:
+  0  done: the files are valid, the objects printed, the run succeeded
+  1  failed: an invalid spec, a file that cannot be read or holds no ScalingRun, a failed run
+  2  usage: a wrong flag or argument, a ScalingSweep given to run (or the reverse)"""
+
+OUTPUTS = ("yaml", "json")
+
+
+def version() -> str:
+    try:
+        number = metadata.version("scalingrun")
+    except metadata.PackageNotFoundError:  # run from a source tree without installing
+        number = "unknown"
+    return f"scalingrun {number} (API {API_VERSION})"
+
+
+def _add(sub, name: str, summary: str, description: str, examples: str, func) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=summary, description=description, epilog=f"examples:\n{examples}",
+                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(func=func)
+    return parser
+
+
+def _filename(parser: argparse.ArgumentParser, repeatable: bool = False, required: bool = True) -> None:
+    if repeatable:
+        parser.add_argument("-f", "--filename", action="append", required=required, metavar="FILE",
+                            help="a file, a folder (its *.yaml, *.yml and *.json) or - for stdin; repeatable")
+    else:
+        parser.add_argument("-f", "--filename", required=required, metavar="FILE", help="a file or - for stdin")
+
+
+def _python_path(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument("--python-path", action="append", metavar="DIR",
+                        help=f"a folder with your packages (model.builder, training.command), first on {what}'s "
+                             "PYTHONPATH as in your image (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="scalingrun", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES,
+        description="Check, render and run ScalingRuns and ScalingSweeps; crd, validate and render need no cluster.")
+    parser.add_argument("--version", action="version", version=version())
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    crd = _add(sub, "crd", "print the ScalingRun and ScalingSweep CustomResourceDefinitions",
+               "Print both CustomResourceDefinitions (the chart installs the same ones).",
+               "  scalingrun crd | kubectl apply -f -", commands.cmd_crd)
+    crd.add_argument("-o", "--output", choices=OUTPUTS, default="yaml", help="output format (default yaml)")
+
+    validate = _add(sub, "validate", "check ScalingRun and ScalingSweep files; name every bad field",
+                    "Check every ScalingRun and ScalingSweep as the API server and the operator will, naming every "
+                    "bad field. Other kinds in the same files are skipped and named.",
+                    "  scalingrun validate -f my-run.yaml\n  scalingrun validate -f examples/",
+                    commands.cmd_validate)
+    _filename(validate, repeatable=True)
+
+    render = _add(sub, "render", "print every Kubernetes object the operator would create",
+                  "Print the objects the operator would create: a run's ConfigMap, preprocessing Job and MPIJob; a "
+                  "sweep's ScalingRuns.",
+                  "  scalingrun render -f examples/quickstart.yaml -n team-a\n"
+                  "  scalingrun render -f examples/sweep.yaml -o json", commands.cmd_render)
+    _filename(render, repeatable=True)
+    render.add_argument("-n", "--namespace", help="namespace (default: the object's, else default)")
+    render.add_argument("-o", "--output", choices=OUTPUTS, default="yaml", help="output format (default yaml)")
+
+    run = _add(sub, "run", "run a ScalingRun on this machine (--local), without Kubernetes",
+               "Run one ScalingRun here: preprocess the dataset, then train with horovodrun (or mpirun), as the "
+               "operator would in a cluster. In a cluster, kubectl apply -f the file instead.",
+               "  scalingrun run --local -f examples/quickstart.yaml\n"
+               "  scalingrun run --local -f my-run.yaml --np 2 --python-path src/", commands.cmd_run)
+    run.add_argument("--local", action="store_true", required=True, help="preprocess, then horovodrun here")
+    _filename(run)
+    run.add_argument("--np", type=int, help="processes (default: workers.replicas x slots)")
+    run.add_argument("--workdir", help="where config and status go (default .scalingrun/runs/NAME)")
+    run.add_argument("--stop-after", choices=["preprocessing", "training"], default="training",
+                     help="stop after this step (default training)")
+    _python_path(run, "the processes")
+
+    sweep = _add(sub, "sweep", "run a ScalingSweep's points on this machine (--local), one after another",
+                 "Run a ScalingSweep's points here one after another (each with N processes), then print the scaling "
+                 "table and draw the report.",
+                 "  scalingrun sweep --local -f examples/sweep.yaml -o reports/", commands.cmd_sweep)
+    sweep.add_argument("--local", action="store_true", required=True, help="each point with horovodrun -np N here")
+    _filename(sweep)
+    sweep.add_argument("--workdir", help="where the points' config and status go (default .scalingrun/sweeps/NAME)")
+    sweep.add_argument("-o", "--output", metavar="DIR", help="folder for the report (default: the workdir)")
+    _python_path(sweep, "the points")
+
+    report = _add(sub, "report", "draw a run's curves or a sweep's scaling (PNG + Markdown) from progress documents",
+                  "Draw a run's training curves and epoch table, or a sweep's scaling, from the progress documents "
+                  "in the run's location (S3 keys from the environment, as for any S3 client).",
+                  "  scalingrun report -f examples/quickstart.yaml -o reports/\n"
+                  "  scalingrun report --progress s3://bucket/runs/demo/progress.json --name demo",
+                  commands.cmd_report)
+    _filename(report, required=False)
+    report.add_argument("--progress", help="or a progress.json path or URI")
+    report.add_argument("--name", default="run", help="run name for the titles (with --progress)")
+    report.add_argument("-o", "--output", metavar="DIR", default=".", help="folder for the report files")
+
+    completion = _add(sub, "completion", "print a shell completion script (bash, zsh or fish)",
+                      "Print a completion script for your shell.",
+                      "  source <(scalingrun completion bash)            # bash, in ~/.bashrc\n"
+                      "  scalingrun completion zsh > \"${fpath[1]}/_scalingrun\"  # zsh\n"
+                      "  scalingrun completion fish > ~/.config/fish/completions/scalingrun.fish",
+                      completion_scripts.cmd_completion)
+    completion.add_argument("shell", choices=tuple(completion_scripts.SHELLS))
+    completion.set_defaults(root=parser)
+
+    operator = _add(sub, "operator", "run the Kubernetes operator (same as scalingrun-operator)",
+                    "Run the operator; its flags are scalingrun-operator's (scalingrun operator --help).",
+                    "  scalingrun operator --all-namespaces", commands.cmd_operator)
+    operator.add_argument("operator_args", nargs=argparse.REMAINDER, help="scalingrun-operator flags")
+    return parser
