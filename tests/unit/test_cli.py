@@ -212,3 +212,26 @@ def test_every_shell_script_names_every_command_and_flag(capsys, shell):
                 assert (flag if shell != "fish" else (f"-l {flag[2:]}" if flag.startswith("--") else
                                                       f"-s {flag[1:]}")) in script, (command.name, flag)
     assert "'" not in "".join(c.help for c in commands)  # every description quotes safely
+
+
+def test_an_unquoted_off_for_the_feature_cache_is_taken_as_meant(tmp_path, capsys):
+    doc = named("cache")
+    path = tmp_path / "cache.yaml"
+    path.write_text(yaml.safe_dump(doc) + "  training:\n    featureCache: off\n")
+    assert yaml.safe_load(path.read_text())["spec"]["training"]["featureCache"] is False  # YAML 1.1
+    assert main(["validate", "-f", str(path)]) == 0
+    assert "ScalingRun cache is valid" in capsys.readouterr().out
+    assert main(["render", "-f", str(path), "-o", "json"]) == 0
+    config_map = next(o for o in json.loads(capsys.readouterr().out)["items"] if o["kind"] == "ConfigMap")
+    assert json.loads(config_map["data"]["config.json"])["training"]["featureCache"] == "off"
+
+
+def test_a_boolean_where_a_word_is_due_is_explained_as_yaml_quoting(tmp_path, capsys):
+    doc = named("selector")
+    doc["spec"]["workers"] = {"nodeSelector": {"gpu": True}}
+    path = tmp_path / "selector.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["validate", "-f", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "spec.workers.nodeSelector.gpu: Input should be a valid string (got True): YAML reads an unquoted yes, " \
+           "no, on, off, true or false as a boolean; quote the word" in err

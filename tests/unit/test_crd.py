@@ -35,7 +35,9 @@ def test_schema_is_structural():
     for path, node in _walk(root):
         assert not {"$ref", "$defs", "title", "const", "anyOf", "oneOf"} & set(node), path
         assert node.get("type") != "null", path
-        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        untyped = node.get("x-kubernetes-int-or-string") or (  # an untyped leaf may only be an enum's
+            node.get("x-kubernetes-preserve-unknown-fields") and "enum" in node and "properties" not in node)
+        assert "type" in node or untyped, f"{path} has no type"
         for bound in ("exclusiveMinimum", "exclusiveMaximum"):
             assert bound not in node or isinstance(node[bound], bool), path
 
@@ -109,7 +111,9 @@ def test_sweep_crd_checked_in_structural_and_in_the_chart():
     root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _walk(root):
         assert not {"$ref", "$defs", "title", "const", "anyOf", "oneOf"} & set(node), path
-        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        untyped = node.get("x-kubernetes-int-or-string") or (  # an untyped leaf may only be an enum's
+            node.get("x-kubernetes-preserve-unknown-fields") and "enum" in node and "properties" not in node)
+        assert "type" in node or untyped, f"{path} has no type"
     for key in ("spec", "status"):
         for path, node in _walk(root["properties"][key], key):
             if not path.endswith((".*", "[]")):  # map values and list items are described by their field

@@ -59,6 +59,9 @@ _MESSAGES = {
 }
 
 
+# Errors where a word was due: a boolean there is most often YAML 1.1's reading of an unquoted word.
+_WORD_EXPECTED = ("string_type", "enum", "literal_error", "string_pattern_mismatch")
+
 # A pattern said in words: a user reads "a positive quantity such as 500m", not the regular expression.
 _PATTERN_WORDS = {
     QUANTITY_PATTERN: "must be a positive quantity such as 500m, 2 or 16Gi",
@@ -82,6 +85,9 @@ def _pydantic_errors(exc: pydantic.ValidationError) -> list[FieldError]:
             message = _PATTERN_WORDS.get((err.get("ctx") or {}).get("pattern"), message)
         if err["type"] not in ("missing",):
             message += f" (got {err['input']!r})" if not isinstance(err["input"], dict) else ""
+        if isinstance(err.get("input"), bool) and err["type"] in _WORD_EXPECTED:
+            message += (": YAML reads an unquoted yes, no, on, off, true or false as a boolean; quote the word, "
+                        "e.g. \"on\"")
         errors.append(FieldError(_path(err["loc"]), message))
     return errors
 
