@@ -235,3 +235,51 @@ def test_a_boolean_where_a_word_is_due_is_explained_as_yaml_quoting(tmp_path, ca
     err = capsys.readouterr().err
     assert "spec.workers.nodeSelector.gpu: Input should be a valid string (got True): YAML reads an unquoted yes, " \
            "no, on, off, true or false as a boolean; quote the word" in err
+
+
+def test_run_and_sweep_without_local_say_what_to_do_in_a_cluster(capsys):
+    assert main(["run", "-f", "my-run.yaml"]) == 2
+    assert "only --local is supported (on this machine); in a cluster, kubectl apply -f my-run.yaml" in \
+        capsys.readouterr().err
+    assert main(["sweep", "-f", str(SWEEP)]) == 2
+
+
+def test_stdin_is_read_with_dash(monkeypatch, capsys):
+    import io
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO(yaml.safe_dump_all([SECRET, named("piped")])))
+    assert main(["validate", "-f", "-"]) == 0
+    captured = capsys.readouterr()
+    assert "-: ScalingRun piped is valid" in captured.out and "-: skipped Secret/my-s3" in captured.err
+
+
+def test_as_a_kubectl_plugin_it_names_itself_so(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["/usr/local/bin/kubectl-scalingrun"])
+    with pytest.raises(SystemExit):
+        main(["validate", "--help"])
+    assert capsys.readouterr().out.startswith("usage: kubectl scalingrun validate")
+    assert 'kubectl-scalingrun = "scalingrun_operator.cli:main"' in (ROOT / "pyproject.toml").read_text()
+
+
+def test_a_reader_that_leaves_early_is_no_error(tmp_path, monkeypatch):
+    """`scalingrun render ... | head`: the write breaks (EPIPE); no traceback, exit 0, as kubectl."""
+    import io
+    import os
+
+    class LeftReader(io.StringIO):
+        def __init__(self, fd: int):
+            super().__init__()
+            self.fd = fd
+
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self) -> int:
+            return self.fd
+
+    descriptor = os.open(tmp_path / "stdout", os.O_WRONLY | os.O_CREAT)
+    monkeypatch.setattr(sys, "stdout", LeftReader(descriptor))
+    try:
+        assert main(["render", "-f", str(SWEEP)]) == 0
+    finally:
+        os.close(descriptor)

@@ -5,7 +5,9 @@ Exit codes as kubectl's and helm's: 0 done, 1 failed (an invalid spec, a file th
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+from pathlib import Path
 
 from .loading import UserError
 from .parser import build_parser
@@ -19,9 +21,14 @@ def main(argv: list[str] | None = None) -> int:
         from .commands import cmd_operator
 
         return cmd_operator(argparse.Namespace(operator_args=argv[1:]))
-    args = build_parser().parse_args(argv)
+    # Installed as kubectl-scalingrun, kubectl runs it as a plugin: `kubectl scalingrun validate -f ...`.
+    plugin = Path(sys.argv[0]).name.startswith("kubectl-")
+    args = build_parser("kubectl scalingrun" if plugin else "scalingrun").parse_args(argv)
     try:
         return args.func(args)
     except UserError as exc:  # the user's mistake: one line (or one per bad field), no traceback
         print(exc, file=sys.stderr)
         return exc.code
+    except BrokenPipeError:  # `scalingrun render ... | head`: the reader left, as for kubectl
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0

@@ -90,9 +90,16 @@ def _python_path(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(args.python_path or ())
 
 
+def _local_only(args: argparse.Namespace, command: str) -> None:
+    if not args.local:
+        raise UserError(f"scalingrun {command}: only --local is supported (on this machine); in a cluster, "
+                        f"kubectl apply -f {args.filename}", USAGE)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from ..local.runner import LocalRun, LocalRunError
 
+    _local_only(args, "run")
     doc = read_one([args.filename], (KIND,), "run")
     try:
         run = parse_scalingrun(doc.body)
@@ -113,6 +120,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from ..local.sweep import LocalSweep
     from ..report.sweep import print_sweep
 
+    _local_only(args, "sweep")
     doc = read_one([args.filename], (SWEEP_KIND,), "sweep")
     try:
         sweep = parse_scalingsweep(doc.body)

@@ -46,9 +46,9 @@ def _python_path(parser: argparse.ArgumentParser, what: str) -> None:
                              "PYTHONPATH as in your image (repeatable)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="scalingrun", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES,
+        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES,
         description="Check, render and run ScalingRuns and ScalingSweeps; crd, validate and render need no cluster.")
     parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
                "operator would in a cluster. In a cluster, kubectl apply -f the file instead.",
                "  scalingrun run --local -f examples/quickstart.yaml\n"
                "  scalingrun run --local -f my-run.yaml --np 2 --python-path src/", commands.cmd_run)
-    run.add_argument("--local", action="store_true", required=True, help="preprocess, then horovodrun here")
+    run.add_argument("--local", action="store_true", help="preprocess, then horovodrun here (required)")
     _filename(run)
     run.add_argument("--np", type=int, help="processes (default: workers.replicas x slots)")
     run.add_argument("--workdir", help="where config and status go (default .scalingrun/runs/NAME)")
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                  "Run a ScalingSweep's points here one after another (each with N processes), then print the scaling "
                  "table and draw the report.",
                  "  scalingrun sweep --local -f examples/sweep.yaml -o reports/", commands.cmd_sweep)
-    sweep.add_argument("--local", action="store_true", required=True, help="each point with horovodrun -np N here")
+    sweep.add_argument("--local", action="store_true", help="each point with horovodrun -np N here (required)")
     _filename(sweep)
     sweep.add_argument("--workdir", help="where the points' config and status go (default .scalingrun/sweeps/NAME)")
     sweep.add_argument("-o", "--output", metavar="DIR", help="folder for the report (default: the workdir)")
