@@ -18,8 +18,8 @@ import pydantic
 
 from scalingrun_api.models import (
     AUTO, BUILDER_PATTERN, DATA_URI_PATTERN, DNS_SUBDOMAIN_PATTERN, FRAMEWORK_STRATEGIES, HTTP_URL_PATTERN,
-    LABEL_VALUE_PATTERN, QUANTITY_PATTERN, WEIGHTS_PATTERN, BaseNetwork, Columns, DatasetFormat, Framework, Monitor, Preprocessing, ScalingRun,
-    ScalingSweep, Strategy, quantity_value,
+    LABEL_VALUE_PATTERN, QUANTITY_PATTERN, WEIGHTS_PATTERN, BaseNetwork, Columns, DatasetFormat, Framework, Monitor,
+    Preprocessing, ScalingRun, ScalingSweep, Strategy, quantity_value,
 )
 from scalingrun_api.models.common import DURATION_PATTERN, MAX_INTEGER
 from scalingrun_api.models.dataset import Dataset

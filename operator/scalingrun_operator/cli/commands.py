@@ -13,7 +13,9 @@ import yaml
 from scalingrun_api.models import KIND, SWEEP_KIND
 from ..api.crd import render_crd_yaml, render_sweep_crd_yaml
 from ..api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
-from .loading import FAILED, OK, USAGE, Document, UserError, dump, files, is_ours, read, read_file, read_one, skipped_note
+from .loading import (
+    FAILED, OK, USAGE, Document, UserError, dump, files, is_ours, read, read_file, read_one, skipped_note,
+)
 
 
 def _parse(doc: Document):

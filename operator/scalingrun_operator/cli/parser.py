@@ -82,7 +82,7 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
     run.add_argument("--local", action="store_true", help="preprocess, then horovodrun here (required)")
     _filename(run)
     run.add_argument("--np", type=int, help="processes (default: workers.replicas x slots)")
-    run.add_argument("--workdir", help="where config and status go (default .scalingrun/runs/NAME)")
+    run.add_argument("--workdir", metavar="DIR", help="where config and status go (default .scalingrun/runs/NAME)")
     run.add_argument("--stop-after", choices=["preprocessing", "training"], default="training",
                      help="stop after this step (default training)")
     _python_path(run, "the processes")
@@ -93,7 +93,8 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
                  "  scalingrun sweep --local -f examples/sweep.yaml -o reports/", commands.cmd_sweep)
     sweep.add_argument("--local", action="store_true", help="each point with horovodrun -np N here (required)")
     _filename(sweep)
-    sweep.add_argument("--workdir", help="where the points' config and status go (default .scalingrun/sweeps/NAME)")
+    sweep.add_argument("--workdir", metavar="DIR",
+                       help="where the points' config and status go (default .scalingrun/sweeps/NAME)")
     sweep.add_argument("-o", "--output", metavar="DIR", help="folder for the report (default: the workdir)")
     _python_path(sweep, "the points")
 
