@@ -41,7 +41,7 @@ def _quoted(text: str, shell: str) -> str:
 
 def _option(action: argparse.Action) -> Option:
     return Option(tuple(action.option_strings), _summary(action.help), action.nargs != 0,
-                  tuple(str(c) for c in action.choices or ()), action.dest == "filename", action.metavar == "DIR",
+                  tuple(str(c) for c in action.choices or ()), action.metavar == "FILE", action.metavar == "DIR",
                   isinstance(action, argparse._AppendAction))
 
 

@@ -7,11 +7,12 @@ import argparse
 from importlib import metadata
 
 from scalingrun_api.models import API_VERSION
-from . import commands, completion as completion_scripts
+from . import cluster, commands, completion as completion_scripts
 
 EXIT_CODES = """exit codes:
   0  done: the files are valid, the objects printed, the run succeeded
-  1  failed: an invalid spec, a file that cannot be read or holds no ScalingRun, a failed run
+  1  failed: an invalid spec, a file that cannot be read or holds no ScalingRun, a failed run,
+     a wait that ends otherwise or times out, a run not found
   2  usage: a wrong flag or argument, a ScalingSweep given to run (or the reverse)"""
 
 OUTPUTS = ("yaml", "json")
@@ -25,9 +26,17 @@ def version() -> str:
     return f"scalingrun {number} (API {API_VERSION})"
 
 
+class _Formatter(argparse.HelpFormatter):
+    """Descriptions wrapped to the terminal; text with its own line breaks (examples, exit codes) kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        return "".join(indent + line for line in text.splitlines(keepends=True)) if "\n" in text else \
+            super()._fill_text(text, width, indent)
+
+
 def _add(sub, name: str, summary: str, description: str, examples: str, func) -> argparse.ArgumentParser:
     parser = sub.add_parser(name, help=summary, description=description, epilog=f"examples:\n{examples}",
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+                            formatter_class=_Formatter)
     parser.set_defaults(func=func)
     return parser
 
@@ -46,10 +55,19 @@ def _python_path(parser: argparse.ArgumentParser, what: str) -> None:
                              "PYTHONPATH as in your image (repeatable)")
 
 
+def _cluster_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("-n", "--namespace", help="namespace (default: the context's, else default)")
+    parser.add_argument("--kind", choices=("ScalingRun", "ScalingSweep"), help="only this kind (default: both; a "
+                        "name is looked up as a run first)")
+    parser.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)")
+    parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+
+
 def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXIT_CODES,
-        description="Check, render and run ScalingRuns and ScalingSweeps; crd, validate and render need no cluster.")
+        prog=prog, formatter_class=_Formatter, epilog=EXIT_CODES,
+        description="Check, render and run ScalingRuns and ScalingSweeps, and follow them in a cluster; crd, validate, "
+                    "render, run and sweep need no cluster.")
     parser.add_argument("--version", action="version", version=version())
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -108,6 +126,31 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
     report.add_argument("--progress", help="or a progress.json path or URI")
     report.add_argument("--name", default="run", help="run name for the titles (with --progress)")
     report.add_argument("-o", "--output", metavar="DIR", default=".", help="folder for the report files")
+
+    get = _add(sub, "get", "show runs and sweeps from the cluster: phase, epoch, img/s, input wait, best val_accuracy",
+               "Show ScalingRuns and ScalingSweeps from the cluster (the kubeconfig's current context and namespace): "
+               "phase, workers, epoch, images/s, input wait, the best epoch's val_accuracy, ETA, restarts and message; "
+               "-w prints a row at every change.",
+               "  scalingrun get\n  scalingrun get quickstart -w\n  scalingrun get flowers-sweep -o yaml",
+               cluster.cmd_get)
+    get.add_argument("name", nargs="?", help="a run's or a sweep's name (default: all of them)")
+    get.add_argument("-w", "--watch", action="store_true", help="after the table, a row at every change")
+    get.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
+    get.add_argument("-o", "--output", choices=(*OUTPUTS, "wide"), help="json or yaml: the objects; wide: whole "
+                     "messages")
+    _cluster_flags(get)
+
+    wait = _add(sub, "wait", "wait until a run or sweep reaches a phase or condition",
+                "Wait until a run (or sweep) reaches a phase (--for Succeeded) or a condition (--for condition=Ready, "
+                "or condition=Ready=False). Exits 0 when it does, 1 when it ends otherwise (Failed when Succeeded "
+                "was wanted) or the timeout passes.",
+                "  scalingrun wait quickstart --for Succeeded --timeout 30m\n"
+                "  scalingrun wait flowers-sweep --for Succeeded", cluster.cmd_wait)
+    wait.add_argument("name", help="the run's (or sweep's) name")
+    wait.add_argument("--for", dest="wanted", default="Succeeded", metavar="PHASE|condition=TYPE[=STATUS]",
+                      help="a phase (default Succeeded) or condition=TYPE[=STATUS]")
+    wait.add_argument("--timeout", help="seconds or a duration such as 90s, 10m or 1h30m (default: no limit)")
+    _cluster_flags(wait)
 
     completion = _add(sub, "completion", "print a shell completion script (bash, zsh or fish)",
                       "Print a completion script for your shell.",
