@@ -286,3 +286,13 @@ def test_a_reader_that_leaves_early_is_no_error(tmp_path, monkeypatch):
         assert main(["render", "-f", str(SWEEP)]) == 0
     finally:
         os.close(descriptor)
+
+
+def test_validate_goes_on_past_a_bad_file_in_a_folder(tmp_path, capsys):
+    (tmp_path / "a-broken.yaml").write_text("spec: [unclosed\n")
+    (tmp_path / "b-empty.yaml").write_text("")
+    (tmp_path / "c-run.yaml").write_text(yaml.safe_dump(named("after")))
+    assert main(["validate", "-f", str(tmp_path)]) == 1
+    captured = capsys.readouterr()
+    assert "ScalingRun after is valid" in captured.out
+    assert "a-broken.yaml: not valid YAML" in captured.err and "b-empty" not in captured.err  # as kubectl: skipped

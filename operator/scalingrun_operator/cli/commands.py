@@ -7,6 +7,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Iterator
 
 import yaml
 
@@ -40,32 +41,46 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return OK
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    """Every file is checked, a bad one does not stop the others."""
-    status, found = OK, 0
-    for path in args.filename:
+def _readable(path: str) -> Iterator[Document | None]:
+    """The documents of every file of one -f; None for a file that cannot be read (reported here)."""
+    try:
+        names = files(path)
+    except UserError as exc:
+        print(exc, file=sys.stderr)
+        yield None
+        return
+    for name in names:
         try:
-            docs = [doc for file in files(path) for doc in read_file(file)]
+            yield from read_file(name)
         except UserError as exc:
             print(exc, file=sys.stderr)
-            status = FAILED
-            continue
-        ours = [doc for doc in docs if is_ours(doc)]
-        for doc in docs:
-            if doc not in ours:
+            yield None
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Every file is checked: a bad one does not stop the others."""
+    status = OK
+    for path in args.filename:
+        ours = unreadable = 0
+        for doc in _readable(path):
+            if doc is None:
+                unreadable += 1
+            elif not is_ours(doc):
                 print(skipped_note(doc), file=sys.stderr)
-        if not ours:
+            else:
+                ours += 1
+                try:
+                    _parse(doc)
+                except InvalidScalingRun as exc:
+                    status = FAILED
+                    print(_invalid(doc, exc), file=sys.stderr)
+                else:
+                    print(f"{doc.source}: {doc.kind} {doc.name} is valid")
+        if unreadable:
+            status = FAILED
+        elif not ours:  # an unreadable file has said why already
             print(f"{path}: no {KIND} or {SWEEP_KIND} found", file=sys.stderr)
             status = FAILED
-        for doc in ours:
-            found += 1
-            try:
-                _parse(doc)
-            except InvalidScalingRun as exc:
-                status = FAILED
-                print(_invalid(doc, exc), file=sys.stderr)
-            else:
-                print(f"{doc.source}: {doc.kind} {doc.name} is valid")
     return status
 
 
