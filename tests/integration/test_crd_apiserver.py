@@ -158,3 +158,35 @@ def test_kubectl_explain_describes_training(scalingrun_crd, kubectl):
     out = subprocess.run([*kubectl, "explain", "scalingrun.spec.launcher.resources"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     assert "Default cpu 100m, memory 256Mi" in " ".join(out.stdout.split())
+
+
+@pytest.mark.parametrize("written, stored, meant", [("off", False, "off"), ("no", False, "off"), ("on", True, "auto"),
+                                                    ('"off"', "off", "off"), ("auto", "auto", "auto")])
+def test_feature_cache_as_yaml_reads_it_is_admitted_and_taken_as_meant(api_client, scalingrun_crd, namespace,
+                                                                       kubectl, written, stored, meant):
+    """kubectl's YAML parser (YAML 1.1, like PyYAML) reads an unquoted off as false: the CRD admits it and the
+    operator's parse takes it as off."""
+    from scalingrun_operator.api.validation import parse_scalingrun
+
+    name = f"cache-{written.strip(chr(34))}"
+    text = yaml.safe_dump({**MINIMAL, "metadata": {"name": name}}) + f"  training:\n    featureCache: {written}\n"
+    assert yaml.safe_load(text)["spec"]["training"]["featureCache"] == stored  # as PyYAML reads it too
+    subprocess.run([*kubectl, "apply", "-n", namespace, "-f", "-"], input=text, capture_output=True, text=True,
+                   check=True)
+    api = client.CustomObjectsApi(api_client)
+    body = api.get_namespaced_custom_object(models.GROUP, models.VERSION, namespace, models.PLURAL, name)
+    assert body["spec"]["training"]["featureCache"] == stored
+    assert parse_scalingrun(body).spec.training.feature_cache == meant
+
+
+@pytest.mark.parametrize("value", ["maybe", 5, "yes", {"on": True}])
+def test_feature_cache_other_values_are_refused_naming_the_field(api_client, scalingrun_crd, namespace, value):
+    body = copy.deepcopy(MINIMAL)
+    body["spec"]["training"] = {"featureCache": value}
+    with pytest.raises(ApiException) as caught:
+        create(api_client, namespace, body)
+    assert caught.value.status == 422 and "spec.training.featureCache" in caught.value.body
+
+
+def test_feature_cache_defaults_to_auto(api_client, scalingrun_crd, namespace):
+    assert create(api_client, namespace, MINIMAL)["spec"]["training"]["featureCache"] == "auto"

@@ -35,7 +35,9 @@ def test_schema_is_structural():
     for path, node in _walk(root):
         assert not {"$ref", "$defs", "title", "const", "anyOf", "oneOf"} & set(node), path
         assert node.get("type") != "null", path
-        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        untyped = node.get("x-kubernetes-int-or-string") or (  # an untyped leaf may only be an enum's
+            node.get("x-kubernetes-preserve-unknown-fields") and "enum" in node and "properties" not in node)
+        assert "type" in node or untyped, f"{path} has no type"
         for bound in ("exclusiveMinimum", "exclusiveMaximum"):
             assert bound not in node or isinstance(node[bound], bool), path
 
@@ -109,7 +111,9 @@ def test_sweep_crd_checked_in_structural_and_in_the_chart():
     root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     for path, node in _walk(root):
         assert not {"$ref", "$defs", "title", "const", "anyOf", "oneOf"} & set(node), path
-        assert "type" in node or node.get("x-kubernetes-int-or-string"), f"{path} has no type"
+        untyped = node.get("x-kubernetes-int-or-string") or (  # an untyped leaf may only be an enum's
+            node.get("x-kubernetes-preserve-unknown-fields") and "enum" in node and "properties" not in node)
+        assert "type" in node or untyped, f"{path} has no type"
     for key in ("spec", "status"):
         for path, node in _walk(root["properties"][key], key):
             if not path.endswith((".*", "[]")):  # map values and list items are described by their field
@@ -117,3 +121,24 @@ def test_sweep_crd_checked_in_structural_and_in_the_chart():
     plain = "\n".join(line for line in template.read_text().splitlines() if "{{" not in line and "helm.sh" not in line
                       and line.strip() != "annotations:")
     assert yaml.safe_load(plain) == crd
+
+
+# YAML 1.1 booleans: PyYAML's, and go-yaml's (kubectl) y and n besides.
+YAML_BOOLEAN_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false"}
+
+
+def test_a_spec_word_that_yaml_reads_as_a_boolean_admits_the_boolean():
+    """An enum word such as `off`, written unquoted, arrives as a boolean: the CRD must admit it (and the model
+    takes it as meant: tests/integration/test_crd_apiserver.py); status is the operator's, not a user's YAML."""
+    from scalingrun_operator.api.crd import build_sweep_crd
+
+    found = []
+    for crd in (build_crd(), build_sweep_crd()):
+        spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        for path, node in _walk(spec):
+            words = [w for w in node.get("enum", []) if isinstance(w, str) and w.lower() in YAML_BOOLEAN_WORDS]
+            for word in words:
+                found.append(path)
+                meant = word.lower() in ("y", "yes", "on", "true")
+                assert meant in node["enum"], f"{path}: {word!r} arrives as {meant}, which the CRD refuses"
+    assert found == ["spec.training.featureCache", "spec.template.training.featureCache"]

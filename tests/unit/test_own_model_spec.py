@@ -50,7 +50,7 @@ def test_builder_and_a_builtin_field_are_refused_naming_both(field, value):
                                      "mypkg..models:build", "mypkg.models:build()"])
 def test_a_builder_that_is_not_an_import_path_is_refused(builder):
     errors = errors_of(spec(model={"builder": builder}))
-    assert "spec.model.builder" in errors and "pattern" in errors["spec.model.builder"]
+    assert "spec.model.builder" in errors and "must be module.path:function" in errors["spec.model.builder"]
 
 
 def test_params_without_builder_or_command_are_refused():

@@ -89,7 +89,7 @@ BAD_INPUTS = [
     ("spec.training.earlyStopping.monitor", "f1", "spec.training.earlyStopping.monitor", "val_loss"),
     ("spec.training.earlyStopping.minDelta", -0.1, "spec.training.earlyStopping.minDelta", "greater than or equal to 0"),
     ("spec.training.checkpoint.everyEpochs", 0, "spec.training.checkpoint.everyEpochs", "greater than or equal to 1"),
-    ("spec.training.checkpoint.location", "ftp://x/y", "spec.training.checkpoint.location", "match pattern"),
+    ("spec.training.checkpoint.location", "ftp://x/y", "spec.training.checkpoint.location", "s3://bucket/path"),
     ("spec.training.resume", "maybe", "spec.training.resume", "valid boolean"),
     ("spec.dataset.validationFraction", 0, "spec.dataset.validationFraction", "greater than 0"),
     ("spec.dataset.validationFraction", 1, "spec.dataset.validationFraction", "less than 1"),
@@ -99,20 +99,20 @@ BAD_INPUTS = [
     ("spec.dataset.imageSize", 16, "spec.dataset.imageSize", "greater than or equal to 32"),
     ("spec.dataset.imageSize", 5000, "spec.dataset.imageSize", "less than or equal to 1024"),
     ("spec.dataset.seed", -1, "spec.dataset.seed", "greater than or equal to 0"),
-    ("spec.dataset.source", "bucket/raw", "spec.dataset.source", "match pattern"),
+    ("spec.dataset.source", "bucket/raw", "spec.dataset.source", "s3://bucket/path"),
     ("spec.dataset.source", ..., "spec.dataset.source", "required field is missing"),
-    ("spec.dataset.output", "http://x/y", "spec.dataset.output", "match pattern"),
+    ("spec.dataset.output", "http://x/y", "spec.dataset.output", "s3://bucket/path"),
     ("spec.dataset.preprocessing.parallelism", 0, "spec.dataset.preprocessing.parallelism", "greater than or equal to 1"),
     ("spec.dataset.preprocessing.maxBadFraction", 2, "spec.dataset.preprocessing.maxBadFraction", "less than or equal to 1"),
-    ("spec.dataset.preprocessing.resources.memory", "lots", "spec.dataset.preprocessing.resources.memory", "match pattern"),
+    ("spec.dataset.preprocessing.resources.memory", "lots", "spec.dataset.preprocessing.resources.memory", "positive quantity such as 500m"),
     ("spec.model.base", "resnet9000", "spec.model.base", "efficientnet_lite0"),
-    ("spec.model.weights", "imagenet21k", "spec.model.weights", "match pattern"),
+    ("spec.model.weights", "imagenet21k", "spec.model.weights", "must be imagenet, none"),
     ("spec.model.dropout", 1.0, "spec.model.dropout", "less than 1"),
     ("spec.model.numClasses", 1, "spec.model.numClasses", "greater than or equal to 2"),
     ("spec.workers.replicas", 0, "spec.workers.replicas", "greater than or equal to 1"),
     ("spec.workers.gpusPerWorker", -1, "spec.workers.gpusPerWorker", "greater than or equal to 0"),
-    ("spec.workers.cpu", "four", "spec.workers.cpu", "match pattern"),
-    ("spec.launcher.resources", {"cpu": "lots"}, "spec.launcher.resources.cpu", "match pattern"),
+    ("spec.workers.cpu", "four", "spec.workers.cpu", "positive quantity such as 500m"),
+    ("spec.launcher.resources", {"cpu": "lots"}, "spec.launcher.resources.cpu", "positive quantity such as 500m"),
     ("spec.launcher.resources", {"gpu": 1}, "spec.launcher.resources.gpu", "unknown field"),
     ("spec.workers.nodeSelector", {"gpu": 1}, "spec.workers.nodeSelector.gpu", "valid string"),
     ("spec.workers.tolerations", [{"effect": "Sometimes"}], "spec.workers.tolerations[0].effect", "NoSchedule"),
@@ -120,15 +120,15 @@ BAD_INPUTS = [
     ("spec.runPolicy.backoffLimit", -1, "spec.runPolicy.backoffLimit", "greater than or equal to 0"),
     ("spec.runPolicy.activeDeadlineSeconds", 0, "spec.runPolicy.activeDeadlineSeconds", "greater than or equal to 1"),
     ("spec.runPolicy.schedulingPolicy", {"minAvailable": 0}, "spec.runPolicy.schedulingPolicy.minAvailable", "greater than or equal to 1"),
-    ("spec.storage.endpoint", "minio:9000", "spec.storage.endpoint", "match pattern"),
-    ("spec.storage.credentialsSecret", "Bad_Name", "spec.storage.credentialsSecret", "match pattern"),
+    ("spec.storage.endpoint", "minio:9000", "spec.storage.endpoint", "http:// or https:// URL"),
+    ("spec.storage.credentialsSecret", "Bad_Name", "spec.storage.credentialsSecret", "must be a Kubernetes name"),
     ("spec.storage.accessKey", "AKIA...", "spec.storage.accessKey", "unknown field"),
     ("spec.training.batchsize", 64, "spec.training.batchsize", "unknown field"),
-    ("spec.tracking", {"mlflowTrackingUri": "mlflow:5000"}, "spec.tracking.mlflowTrackingUri", "match pattern"),
-    ("spec.tracking", {"mlflowTrackingUri": "file:///mlruns"}, "spec.tracking.mlflowTrackingUri", "match pattern"),
+    ("spec.tracking", {"mlflowTrackingUri": "mlflow:5000"}, "spec.tracking.mlflowTrackingUri", "http:// or https:// URL"),
+    ("spec.tracking", {"mlflowTrackingUri": "file:///mlruns"}, "spec.tracking.mlflowTrackingUri", "http:// or https:// URL"),
     ("spec.tracking", {"experimentName": "x"}, "spec.tracking.mlflowTrackingUri", "required field is missing"),
     ("spec.tracking", {"mlflowTrackingUri": "http://mlflow:5000", "credentialsSecret": "Bad_Name"},
-     "spec.tracking.credentialsSecret", "match pattern"),
+     "spec.tracking.credentialsSecret", "must be a Kubernetes name"),
     ("spec.tracking", {"mlflowTrackingUri": "http://mlflow:5000", "token": "t0k"}, "spec.tracking.token", "unknown field"),
     ("metadata.name", "Bad_Name", "metadata.name", "match pattern"),
     ("metadata.name", "x" * 41, "metadata.name", "at most 40 characters"),
@@ -144,13 +144,13 @@ BAD_INPUTS = [
     ("spec.workers.image", 5, "spec.workers.image", "valid string"),
     ("spec.workers.tolerations", [{"key": ""}], "spec.workers.tolerations[0].key", "must not be empty"),
     # names that become Kubernetes names or label values
-    ("spec.workers.priorityClassName", "High_Priority", "spec.workers.priorityClassName", "match pattern"),
+    ("spec.workers.priorityClassName", "High_Priority", "spec.workers.priorityClassName", "must be a Kubernetes name"),
     ("spec.runPolicy.kueueQueueName", "q" * 64, "spec.runPolicy.kueueQueueName", "at most 63 characters"),
     # quantities are positive
-    ("spec.workers.cpu", 0, "spec.workers.cpu", "match pattern"),
-    ("spec.workers.cpu", -2, "spec.workers.cpu", "match pattern"),
-    ("spec.workers.memory", "0Gi", "spec.workers.memory", "match pattern"),
-    ("spec.launcher.resources", {"cpu": "0m"}, "spec.launcher.resources.cpu", "match pattern"),
+    ("spec.workers.cpu", 0, "spec.workers.cpu", "positive quantity such as 500m"),
+    ("spec.workers.cpu", -2, "spec.workers.cpu", "positive quantity such as 500m"),
+    ("spec.workers.memory", "0Gi", "spec.workers.memory", "positive quantity such as 500m"),
+    ("spec.launcher.resources", {"cpu": "0m"}, "spec.launcher.resources.cpu", "positive quantity such as 500m"),
     ("spec.workers.cpu", 0.5, "spec.workers.cpu", "valid string"),
     # cross-field rules the CRD schema cannot express
     ("spec.storage.credentialsSecret", ..., "spec.storage.credentialsSecret", "s3:// is used by spec.dataset.source"),
@@ -220,8 +220,9 @@ def test_cli_validate_unreadable_file(tmp_path, capsys):
     broken = tmp_path / "broken.yaml"
     broken.write_text("spec: [unclosed")
     assert main(["validate", "-f", str(broken)]) == 1
-    assert "cannot read" in capsys.readouterr().err
+    assert "broken.yaml: not valid YAML (line 1, column 16)" in capsys.readouterr().err
     assert main(["validate", "-f", str(tmp_path / "missing.yaml")]) == 1
+    assert "missing.yaml: no such file or directory" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("quantity, value", [("500m", 0.5), ("2", 2.0), (3, 3.0), ("1.5", 1.5), ("1k", 1000.0),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import Annotated, Optional
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, WithJsonSchema, model_validator
 
 from .common import BatchSize, DATA_URI_PATTERN, ApiModel, Duration, DurationOrAuto
 
@@ -51,6 +51,24 @@ FRAMEWORK_STRATEGIES: dict[str, tuple[str, ...]] = {
 class FeatureCacheMode(str, Enum):
     auto = "auto"
     off = "off"
+
+
+def _feature_cache_word(value: object) -> object:
+    """YAML 1.1 (PyYAML, and kubectl's parser) reads an unquoted `off` or `no` as false, `on` or `yes` as true:
+    taken as meant, false as off and true as auto (the cache on)."""
+    if isinstance(value, bool):
+        return FeatureCacheMode.auto if value else FeatureCacheMode.off
+    return value
+
+
+# The CRD admits the booleans too: a 1.20 structural schema has no anyOf of types, so the node is untyped
+# (x-kubernetes-preserve-unknown-fields) and its enum holds both words and both booleans.
+FeatureCacheWord = Annotated[
+    FeatureCacheMode,
+    BeforeValidator(_feature_cache_word),
+    WithJsonSchema({"enum": [FeatureCacheMode.auto.value, FeatureCacheMode.off.value, False, True],
+                    "x-kubernetes-preserve-unknown-fields": True}),
+]
 
 
 class OnStall(str, Enum):
@@ -161,12 +179,13 @@ class Training(ApiModel):
         "(scalingrun_trainer.sdk: context(), report_epoch(), finish()). framework picks the default image "
         "(keras: TensorFlow + Horovod; pytorch-lightning: torch). Excludes model.builder, base, weights, "
         "trainableBase and dropout, and batchSizePerWorker auto.")
-    feature_cache: FeatureCacheMode = Field(
+    feature_cache: FeatureCacheWord = Field(
         FeatureCacheMode.auto,
         description="auto: with a frozen built-in base (model.trainableBase false), each process runs the base once "
         "over its share of the data, keeps the pooled features (in memory, on local disk beyond 512 MiB) and trains "
         "the head on them in every epoch; the same result, without the base's forward pass in every epoch. off: "
-        "every epoch runs the whole network. Rebuilt by every attempt (a resumed one too); "
+        "every epoch runs the whole network (an unquoted off, which YAML reads as false, is off; true is auto). "
+        "Rebuilt by every attempt (a resumed one too); "
         "status.training.featureCache says whether it was used and what it cost.",
     )
     stall_timeout: DurationOrAuto = Field(

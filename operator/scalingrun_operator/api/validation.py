@@ -17,10 +17,11 @@ from typing import Any, Iterable, TypeVar
 import pydantic
 
 from scalingrun_api.models import (
-    AUTO, FRAMEWORK_STRATEGIES, BaseNetwork, Columns, DatasetFormat, Framework, Monitor, Preprocessing, ScalingRun,
-    ScalingSweep, Strategy, quantity_value,
+    AUTO, BUILDER_PATTERN, DATA_URI_PATTERN, DNS_SUBDOMAIN_PATTERN, FRAMEWORK_STRATEGIES, HTTP_URL_PATTERN,
+    LABEL_VALUE_PATTERN, QUANTITY_PATTERN, WEIGHTS_PATTERN, BaseNetwork, Columns, DatasetFormat, Framework, Monitor,
+    Preprocessing, ScalingRun, ScalingSweep, Strategy, quantity_value,
 )
-from scalingrun_api.models.common import MAX_INTEGER
+from scalingrun_api.models.common import DURATION_PATTERN, MAX_INTEGER
 from scalingrun_api.models.dataset import Dataset
 from .sweep import build_point_run, sweep_points
 
@@ -58,12 +59,35 @@ _MESSAGES = {
 }
 
 
+# Errors where a word was due: a boolean there is most often YAML 1.1's reading of an unquoted word.
+_WORD_EXPECTED = ("string_type", "enum", "literal_error", "string_pattern_mismatch")
+
+# A pattern said in words: a user reads "a positive quantity such as 500m", not the regular expression.
+_PATTERN_WORDS = {
+    QUANTITY_PATTERN: "must be a positive quantity such as 500m, 2 or 16Gi",
+    DURATION_PATTERN: "must be seconds or a duration such as 90s, 10m or 1h30m",
+    DATA_URI_PATTERN: "must be an s3://bucket/path, file:///path or /absolute/path URI",
+    WEIGHTS_PATTERN: "must be imagenet, none, or an s3://, file:/// or /absolute path to a weights file",
+    DNS_SUBDOMAIN_PATTERN: "must be a Kubernetes name: lower-case letters, digits, '-' and '.', starting and ending "
+                           "with a letter or digit",
+    LABEL_VALUE_PATTERN: "must be a label value: letters, digits, '-', '_' and '.', starting and ending with a "
+                         "letter or digit",
+    HTTP_URL_PATTERN: "must be an http:// or https:// URL",
+    BUILDER_PATTERN: "must be module.path:function, e.g. my_models.heads:build",
+}
+
+
 def _pydantic_errors(exc: pydantic.ValidationError) -> list[FieldError]:
     errors = []
     for err in exc.errors(include_url=False):
         message = _MESSAGES.get(err["type"], err["msg"])
+        if err["type"] == "string_pattern_mismatch":
+            message = _PATTERN_WORDS.get((err.get("ctx") or {}).get("pattern"), message)
         if err["type"] not in ("missing",):
             message += f" (got {err['input']!r})" if not isinstance(err["input"], dict) else ""
+        if isinstance(err.get("input"), bool) and err["type"] in _WORD_EXPECTED:
+            message += (": YAML reads an unquoted yes, no, on, off, true or false as a boolean; quote the word, "
+                        "e.g. \"on\"")
         errors.append(FieldError(_path(err["loc"]), message))
     return errors
 

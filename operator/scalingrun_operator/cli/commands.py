@@ -1,0 +1,226 @@
+"""The subcommands of `scalingrun`: each takes the parsed arguments and returns the exit code (0 ok, 1 failed or
+invalid, 2 usage). A user's mistake raises loading.UserError, which main() prints as one line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import yaml
+
+from scalingrun_api.models import KIND, SWEEP_KIND
+from ..api.crd import render_crd_yaml, render_sweep_crd_yaml
+from ..api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
+from .loading import (
+    FAILED, OK, USAGE, Document, UserError, dump, files, is_ours, read, read_file, read_one, skipped_note,
+)
+
+
+def _parse(doc: Document):
+    """A ScalingRun or a ScalingSweep, by its kind."""
+    if doc.kind == SWEEP_KIND:
+        return parse_scalingsweep(doc.body)
+    return parse_scalingrun(doc.body)
+
+
+def _invalid(doc: Document, exc: InvalidScalingRun) -> UserError:
+    kind = doc.kind if doc.kind in (KIND, SWEEP_KIND) else KIND
+    lines = [f"{doc.source}: {kind} {doc.name} is invalid:"] + [f"  {error}" for error in exc.errors]
+    return UserError("\n".join(lines))
+
+
+def cmd_crd(args: argparse.Namespace) -> int:
+    crds = [yaml.safe_load(render_crd_yaml()), yaml.safe_load(render_sweep_crd_yaml())]
+    if args.output == "json":
+        sys.stdout.write(dump(crds, "json"))
+    else:  # as generated (and checked in), byte for byte
+        sys.stdout.write(render_crd_yaml() + "---\n" + render_sweep_crd_yaml())
+    return OK
+
+
+def _readable(path: str) -> Iterator[Document | None]:
+    """The documents of every file of one -f; None for a file that cannot be read (reported here)."""
+    try:
+        names = files(path)
+    except UserError as exc:
+        print(exc, file=sys.stderr)
+        yield None
+        return
+    for name in names:
+        try:
+            yield from read_file(name)
+        except UserError as exc:
+            print(exc, file=sys.stderr)
+            yield None
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    """Every file is checked: a bad one does not stop the others."""
+    status = OK
+    for path in args.filename:
+        ours = unreadable = 0
+        for doc in _readable(path):
+            if doc is None:
+                unreadable += 1
+            elif not is_ours(doc):
+                print(skipped_note(doc), file=sys.stderr)
+            else:
+                ours += 1
+                try:
+                    _parse(doc)
+                except InvalidScalingRun as exc:
+                    status = FAILED
+                    print(_invalid(doc, exc), file=sys.stderr)
+                else:
+                    print(f"{doc.source}: {doc.kind} {doc.name} is valid")
+        if unreadable:
+            status = FAILED
+        elif not ours:  # an unreadable file has said why already
+            print(f"{path}: no {KIND} or {SWEEP_KIND} found", file=sys.stderr)
+            status = FAILED
+    return status
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from ..api.sweep import build_point_run, sweep_points
+    from ..builders import build_children
+
+    objects = []
+    for doc in read(args.filename):
+        try:
+            resource = _parse(doc)
+        except InvalidScalingRun as exc:
+            raise _invalid(doc, exc) from None
+        namespace = args.namespace or resource.metadata.namespace or "default"
+        if resource.kind == SWEEP_KIND:  # its points; the operator adds the owner reference when it creates them
+            objects.extend(build_point_run(resource, point, namespace) for point in sweep_points(resource))
+        else:
+            objects.extend(build_children(resource, namespace=namespace))
+    sys.stdout.write(dump(objects, args.output))
+    return OK
+
+
+def _python_path(args: argparse.Namespace) -> tuple[str, ...]:
+    return tuple(args.python_path or ())
+
+
+def _local_only(args: argparse.Namespace, command: str) -> None:
+    if not args.local:
+        raise UserError(f"scalingrun {command}: only --local is supported (on this machine); in a cluster, "
+                        f"kubectl apply -f {args.filename}", USAGE)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..local.runner import LocalRun, LocalRunError
+
+    _local_only(args, "run")
+    doc = read_one([args.filename], (KIND,), "run")
+    try:
+        run = parse_scalingrun(doc.body)
+    except InvalidScalingRun as exc:
+        raise _invalid(doc, exc) from None
+    workdir = Path(args.workdir or Path(".scalingrun/runs") / run.metadata.name)
+    try:
+        code = LocalRun(run, workdir, np_override=args.np, python_path=_python_path(args)).start(
+            stop_after=args.stop_after)
+    except LocalRunError as exc:
+        raise UserError(f"scalingrun run: {exc}", USAGE) from None
+    print(f"status: {workdir / 'status.json'}", file=sys.stderr)
+    return code
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from ..local.runner import LocalRunError
+    from ..local.sweep import LocalSweep
+    from ..report.sweep import print_sweep
+
+    _local_only(args, "sweep")
+    doc = read_one([args.filename], (SWEEP_KIND,), "sweep")
+    try:
+        sweep = parse_scalingsweep(doc.body)
+    except InvalidScalingRun as exc:
+        raise _invalid(doc, exc) from None
+    workdir = Path(args.workdir or Path(".scalingrun/sweeps") / sweep.metadata.name)
+    local = LocalSweep(sweep, workdir, python_path=_python_path(args))
+    try:
+        code = local.start()
+    except LocalRunError as exc:
+        raise UserError(f"scalingrun sweep: {exc}", USAGE) from None
+    print_sweep(sweep.metadata.name, local.rows, local.recommendation, local.notes, sweep.spec.efficiency_threshold,
+                Path(args.output or workdir))
+    return code
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ..builders.locations import progress_uri
+    from ..documents import read_progress
+    from ..report.run import render_report
+    from ..storage import StorageError, StorageTarget
+
+    if bool(args.filename) == bool(args.progress):
+        raise UserError("scalingrun report: give either -f RUN.yaml or --progress PATH_OR_URI", USAGE)
+    if args.filename:
+        doc = read_one([args.filename], (KIND, SWEEP_KIND), "report")
+        try:
+            resource = _parse(doc)
+        except InvalidScalingRun as exc:
+            raise _invalid(doc, exc) from None
+        if resource.kind == SWEEP_KIND:
+            return _sweep_report(args, resource)
+        name, storage = resource.metadata.name, resource.spec.storage
+        uri, target = progress_uri(resource), StorageTarget(storage.endpoint, storage.region, None)
+    else:
+        # Keys (and an endpoint) from the environment, as for any S3 client.
+        name, uri = args.name, args.progress
+        target = StorageTarget(os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
+                               None)
+    try:
+        progress, _ = read_progress(uri, target)
+    except StorageError as exc:
+        raise UserError(f"scalingrun report: {exc}") from None
+    if progress is None:
+        raise UserError(f"scalingrun report: no progress document at {uri}")
+    png, md = render_report(progress, name, Path(args.output))
+    print(f"report: {png} and {md}")
+    return OK
+
+
+def _sweep_report(args: argparse.Namespace, sweep) -> int:
+    """The sweep's report from its points' progress documents (keys from the environment)."""
+    from ..api.sweep import build_point_run, sweep_points
+    from ..builders.locations import progress_uri
+    from ..decide.progress import training_status
+    from ..decide.sweep import point_row, scaling
+    from ..documents import read_progress
+    from ..report.sweep import render_sweep_report, table_lines
+    from ..storage import Clients, StorageError, StorageTarget
+
+    rows, clients = [], Clients()
+    for point in sweep_points(sweep):
+        run = parse_scalingrun(build_point_run(sweep, point))
+        storage = run.spec.storage
+        try:
+            target = StorageTarget(storage.endpoint, storage.region, None, clients=clients)
+            progress, _ = read_progress(progress_uri(run), target)
+        except StorageError as exc:
+            raise UserError(f"scalingrun report: {exc}") from None
+        phase = "Succeeded" if (progress or {}).get("state") == "succeeded" else (progress or {}).get("state")
+        rows.append(point_row(point, phase, training_status(progress), progress if phase == "Succeeded" else None))
+    rows, recommendation = scaling(sweep, rows)
+    try:
+        png, md = render_sweep_report(rows, sweep.metadata.name, Path(args.output), recommendation,
+                                      sweep.spec.efficiency_threshold)
+    except ValueError as exc:
+        raise UserError(f"scalingrun report: {exc}") from None
+    print("\n".join(table_lines(rows)))
+    print(f"report: {png} and {md}")
+    return OK
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    from ..main import run as run_operator  # imports kopf: only for this subcommand
+
+    return run_operator(args.operator_args)

@@ -1,0 +1,40 @@
+"""The rows of `scalingrun get` (the command against an API server: tests/integration/test_cli_cluster.py)."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from scalingrun_operator.cli.cluster import RUN_COLUMNS, SWEEP_COLUMNS, _reached, run_row, sweep_row, table
+
+NOW = dt.datetime(2026, 11, 25, 20, 0, tzinfo=dt.timezone.utc)
+
+
+def test_a_run_without_status_shows_dashes_not_errors():
+    assert run_row({"metadata": {"name": "new"}, "spec": {}}, NOW) == ["new", "-", "-", "-", "-", "-", "-", "-", "0",
+                                                                        ""]
+
+
+def test_eta_and_a_long_message_cut_unless_wide():
+    run = {"metadata": {"name": "r"}, "spec": {"workers": {"replicas": 4}},
+           "status": {"phase": "Training", "message": "x" * 100,
+                      "training": {"estimatedCompletion": "2026-11-25T21:35:00Z", "epoch": 1}}}
+    row = run_row(run, NOW)
+    assert row[2:4] == ["4", "1"] and row[7] == "1h35m" and len(row[-1]) == 60 and row[-1].endswith("…")
+    assert run_row(run, NOW, wide=True)[-1] == "x" * 100
+    run["status"]["training"]["estimatedCompletion"] = "2026-11-25T20:12:30Z"
+    assert run_row(run, NOW)[7] == "12m"
+
+
+def test_a_sweep_row_names_its_progress_and_recommendation():
+    sweep = {"metadata": {"name": "s"}, "status": {"phase": "Succeeded", "progress": "4/4", "message": "done",
+                                                   "recommendation": {"run": "s-w4"}}}
+    assert sweep_row(sweep, NOW) == ["s", "Succeeded", "4/4", "s-w4", "done"]
+    assert table([sweep_row(sweep, NOW)], SWEEP_COLUMNS).splitlines() == [
+        "NAME   PHASE       POINTS   RECOMMENDED   MESSAGE", "s      Succeeded   4/4      s-w4          done"]
+    assert len(RUN_COLUMNS) == len(run_row({"metadata": {"name": "x"}}, NOW))
+
+
+def test_wait_reads_phases_and_conditions():
+    run = {"status": {"phase": "Training", "conditions": [{"type": "Ready", "status": "False"}]}}
+    assert _reached(run, "Training") and not _reached(run, "Succeeded")
+    assert _reached(run, "condition=Ready=False") and not _reached(run, "condition=Ready")
