@@ -85,6 +85,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from .local.runner import LocalRun, LocalRunError
+    from .local.signals import Stopped, stop_on_signals
 
     if not args.local:
         print("scalingrun run: only --local is supported; in a cluster, kubectl apply -f the file", file=sys.stderr)
@@ -101,11 +102,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 1
     workdir = Path(args.workdir or Path(".scalingrun/runs") / run.metadata.name)
     try:
-        code = LocalRun(run, workdir, np_override=args.np, python_path=tuple(args.python_path or ())).start(
-            stop_after=args.stop_after)
+        with stop_on_signals():
+            code = LocalRun(run, workdir, np_override=args.np, python_path=tuple(args.python_path or ())).start(
+                stop_after=args.stop_after)
     except LocalRunError as exc:
         print(f"scalingrun run: {exc}", file=sys.stderr)
         return 2
+    except Stopped as stopped:
+        print(f"scalingrun run: stopped by {stopped.name}; the processes it started are stopped", file=sys.stderr)
+        return stopped.exit_code
     print(f"status: {workdir / 'status.json'}", file=sys.stderr)
     return code
 
@@ -181,6 +186,7 @@ def _sweep_report(args: argparse.Namespace, sweep) -> int:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from .local.runner import LocalRunError
+    from .local.signals import Stopped, stop_on_signals
     from .local.sweep import LocalSweep
     from .report.sweep import print_sweep
 
@@ -200,10 +206,14 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir or Path(".scalingrun/sweeps") / sweep.metadata.name)
     local = LocalSweep(sweep, workdir, python_path=tuple(args.python_path or ()))
     try:
-        code = local.start()
+        with stop_on_signals():
+            code = local.start()
     except LocalRunError as exc:
         print(f"scalingrun sweep: {exc}", file=sys.stderr)
         return 2
+    except Stopped as stopped:
+        print(f"scalingrun sweep: stopped by {stopped.name}; the processes it started are stopped", file=sys.stderr)
+        return stopped.exit_code
     print_sweep(sweep.metadata.name, local.rows, local.recommendation, local.notes, sweep.spec.efficiency_threshold,
                 Path(args.output or workdir))
     return code
