@@ -8,6 +8,7 @@ which writes nothing.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from typing import Any, Callable, Optional
@@ -95,7 +96,10 @@ class Session:
 
 
 def install_excepthook(session: Session) -> None:
-    """An exception that escapes the script is reported on the run (rank 0), then printed as Python would."""
+    """An exception that escapes the script is reported on the run (rank 0), printed as Python would, and ends the
+    process even where a thread that is not a daemon (a data reader's, a tracker's) would keep it alive: a rank
+    that raised but lives on never exits non-zero, so mpirun never stops the other ranks, which wait for it in
+    their first collective for ever."""
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
@@ -105,8 +109,18 @@ def install_excepthook(session: Session) -> None:
             except Exception as exc:  # noqa: BLE001 - the original error must still be printed
                 print(f"scalingrun sdk: could not report the error on the run: {exc}", file=sys.stderr)
         previous(kind, value, traceback)
+        if threading.current_thread() is threading.main_thread() and _threads_holding_exit():
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
 
     sys.excepthook = hook
+
+
+def _threads_holding_exit() -> list[str]:
+    """Threads other than this one that Python would wait for before it exits."""
+    return [t.name for t in threading.enumerate()
+            if t is not threading.current_thread() and not t.daemon and t.is_alive()]
 
 
 def _run_params(context: Context) -> dict[str, Any]:
