@@ -39,3 +39,14 @@ def test_without_an_escaping_exception_python_still_waits_for_its_threads(config
         threading.Thread(target=lambda: (time.sleep(0.5), print("thread done", flush=True))).start()
     """)
     assert result.returncode == 0 and "thread done" in result.stdout, result.stderr
+
+
+def test_a_rank_that_raised_exits_without_waiting_on_its_exit_handlers(config):  # noqa: F811
+    """What mpi4py's MPI_Finalize does at exit, waiting for ranks that wait for this one, played by a handler."""
+    result = rank_1(config, """
+        import atexit, time
+        sdk.context()
+        atexit.register(time.sleep, 3600)
+        raise IndexError("list index out of range")
+    """)
+    assert result.returncode == 1 and "IndexError: list index out of range" in result.stderr

@@ -100,13 +100,17 @@ class TrainingProcess:
                 return int(signalled.group(1)), f"was killed by signal {signalled.group(2)}"
         return None
 
+    def rank_log(self, rank: int) -> Optional[Path]:
+        """The rank's stderr file: <logs>/1/rank.N/stderr from mpirun, <logs>/rank.N/stderr from horovodrun."""
+        files = sorted(self.logs.glob(f"**/rank.{rank}/stderr"))
+        return files[-1] if files else None
+
     def rank_lines(self, rank: int, count: int = RANK_LOG_LINES) -> list[str]:
         """The last non-empty lines the rank wrote to stderr (its traceback's end), from its log file."""
-        files = sorted(self.logs.glob(f"**/rank.{rank}/stderr"))
-        if not files:
+        log = self.rank_log(rank)
+        if log is None:
             return []
-        text = files[-1].read_text(errors="replace")
-        return [line for line in text.splitlines() if line.strip()][-count:]
+        return [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-count:]
 
     def failure_message(self, code: int) -> str:
         """The MPIJob's Failed message: the rank that failed and its last lines, where mpirun named it."""
@@ -117,7 +121,9 @@ class TrainingProcess:
         lines = self.rank_lines(rank)
         error = next((line for line in reversed(lines) if not line.startswith(" ")), "")
         quoted = f": {error[:200]}" if error else ""
-        return f"rank {rank} {how}{quoted} (its log: {self.logs}/**/rank.{rank}/stderr); the other ranks were stopped"
+        log = self.rank_log(rank)
+        where = f" (its log: {log})" if log else ""
+        return f"rank {rank} {how}{quoted}{where}; the other ranks were stopped"
 
 
 @dataclass

@@ -97,9 +97,11 @@ class Session:
 
 def install_excepthook(session: Session) -> None:
     """An exception that escapes the script is reported on the run (rank 0), printed as Python would, and ends the
-    process even where a thread that is not a daemon (a data reader's, a tracker's) would keep it alive: a rank
-    that raised but lives on never exits non-zero, so mpirun never stops the other ranks, which wait for it in
-    their first collective for ever."""
+    process at once (os._exit(1)) when it is one rank of several, or when a thread that is not a daemon (a data
+    reader's) would keep it alive. Python's own way out hangs there: mpi4py's exit handler runs MPI_Finalize, a
+    fence that waits for the other ranks, which wait for this one in their first collective (DDP's rendezvous), so
+    the rank never exits non-zero and mpirun never stops the others. Measured: a Lightning script whose rank 1
+    raised at start-up hung in ompi_mpi_finalize for as long as it was left."""
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
@@ -109,7 +111,8 @@ def install_excepthook(session: Session) -> None:
             except Exception as exc:  # noqa: BLE001 - the original error must still be printed
                 print(f"scalingrun sdk: could not report the error on the run: {exc}", file=sys.stderr)
         previous(kind, value, traceback)
-        if threading.current_thread() is threading.main_thread() and _threads_holding_exit():
+        if threading.current_thread() is threading.main_thread() and (
+                session.context.size > 1 or _threads_holding_exit()):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(1)
