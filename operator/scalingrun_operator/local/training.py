@@ -27,6 +27,7 @@ _TAIL_LINES = 400  # mpirun's stderr kept to find which rank failed
 _PROCESS_NAME = re.compile(r"Process name:\s*\S*?(\d+)\]*\s*$")  # mpirun [[13319,1],1]; horovodrun 1
 _EXIT_CODE = re.compile(r"Exit code:\s*(-?\d+)")
 _RANK_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
+_RANK_TAG = re.compile(r"^\[\d+\]<std(?:out|err)>:")  # horovodrun's prefix, in its files too
 _LAUNCHERS = ("mpirun", "horovodrun")
 
 
@@ -102,7 +103,8 @@ class TrainingProcess:
 
     def rank_log(self, rank: int) -> Optional[Path]:
         """The rank's stderr file: <logs>/1/rank.N/stderr from mpirun, <logs>/rank.N/stderr from horovodrun."""
-        files = sorted(self.logs.glob(f"**/rank.{rank}/stderr"))
+        files = sorted(f for f in self.logs.glob("**/rank.*/stderr")  # horovodrun pads: rank.01 of 12
+                       if f.parent.name.split(".", 1)[1].isdigit() and int(f.parent.name.split(".", 1)[1]) == rank)
         return files[-1] if files else None
 
     def rank_lines(self, rank: int, count: int = RANK_LOG_LINES) -> list[str]:
@@ -110,7 +112,8 @@ class TrainingProcess:
         log = self.rank_log(rank)
         if log is None:
             return []
-        return [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-count:]
+        lines = (_RANK_TAG.sub("", line, count=1) for line in log.read_text(errors="replace").splitlines())
+        return [line for line in lines if line.strip()][-count:]
 
     def failure_message(self, code: int) -> str:
         """The MPIJob's Failed message: the rank that failed and its last lines, where mpirun named it."""
