@@ -3,7 +3,7 @@
 Each test runs the real CLI on a training.command under the real mpirun -np 2 (no framework: plain Python ranks),
 on a dataset that is there already (no preprocessing):
 - a rank that raises ends the run: the others are stopped, the run fails naming the rank and its error;
-- SIGTERM and SIGINT to the runner stop mpirun and every rank, and the runner exits 128 + the signal;
+- SIGTERM, SIGINT and SIGHUP to the runner stop mpirun and every rank, and the runner exits 128 + the signal;
 - no heartbeat for spec.training.stallTimeout stops the ranks and fails the run as Stalled;
 and the quick start's SeaweedFS is stopped on SIGTERM too, so that the next one starts on the same data folder.
 Every wait is on a cause (a file a rank writes, a line the runner prints, the runner's exit).
@@ -135,7 +135,7 @@ def test_a_rank_that_raises_fails_the_run_with_its_error_and_stops_the_others(tm
     assert len(pids) == 2 and not [pid for pid in pids if running(pid)], "a rank outlived the run"
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=lambda s: s.name)
 def test_a_signal_to_the_runner_stops_mpirun_and_every_rank(tmp_path, signum):
     runner = start_runner(tmp_path, run_spec(tmp_path, "stopped", ("sleep", "sleep")))
     wait_for(lambda: len(rank_pids(tmp_path)) == 2, "two ranks")

@@ -1,7 +1,8 @@
-"""SIGTERM and SIGINT to a local run, sweep or quick start: raised as Stopped in the main thread, so that every
-`finally` on the way out runs (the ranks, mpirun, the preprocessing shards and the SeaweedFS it started are
-stopped), then the command exits 128 + the signal's number (143 for SIGTERM, 130 for SIGINT), as a shell reports a
-process a signal ended. A second signal during that clean-up is ignored: the clean-up is bounded on its own."""
+"""SIGTERM, SIGINT and SIGHUP (the terminal closed) to a local run, sweep or quick start: raised as Stopped in the
+main thread, so that every `finally` on the way out runs (the ranks, mpirun, the preprocessing shards and the
+SeaweedFS it started are stopped), then the command exits 128 + the signal's number (143 for SIGTERM, 130 for
+SIGINT, 129 for SIGHUP), as a shell reports a process a signal ended. A second signal during that clean-up is
+ignored: the clean-up is bounded on its own."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import signal
 from contextlib import contextmanager
 from typing import Iterator
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT)
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 class Stopped(BaseException):
@@ -31,7 +32,7 @@ class Stopped(BaseException):
 
 @contextmanager
 def stop_on_signals() -> Iterator[None]:
-    """Within: SIGTERM and SIGINT raise Stopped once; the handlers before are restored after."""
+    """Within: SIGTERM, SIGINT and SIGHUP raise Stopped once; the handlers before are restored after."""
     previous = {signum: signal.getsignal(signum) for signum in SIGNALS}
 
     def raise_stopped(signum, frame) -> None:
