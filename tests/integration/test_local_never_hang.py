@@ -94,6 +94,17 @@ def rank_pids(root: Path) -> list[int]:
     return [int(p.read_text()) for p in sorted((root / "marks").glob("rank-*.pid")) if p.read_text()]
 
 
+def named(processes: list) -> list[str]:
+    """Their names ("" for one that has ended meanwhile)."""
+    names = []
+    for process in processes:
+        try:
+            names.append(process.name())
+        except psutil.NoSuchProcess:
+            names.append("")
+    return names
+
+
 def running(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -140,7 +151,7 @@ def test_a_signal_to_the_runner_stops_mpirun_and_every_rank(tmp_path, signum):
     runner = start_runner(tmp_path, run_spec(tmp_path, "stopped", ("sleep", "sleep")))
     wait_for(lambda: len(rank_pids(tmp_path)) == 2, "two ranks")
     below = psutil.Process(runner.pid).children(recursive=True)
-    assert any(p.name() == "mpirun" for p in below), [p.name() for p in below]
+    assert "mpirun" in named(below), named(below)
     sent = time.monotonic()
     runner.send_signal(signum)
     code, output = finish(runner)
@@ -148,7 +159,7 @@ def test_a_signal_to_the_runner_stops_mpirun_and_every_rank(tmp_path, signum):
           f"{time.monotonic() - sent:.1f} s after the signal")
     assert code == 128 + signum, output[-3000:]
     assert f"stopped by {signal.Signals(signum).name}" in output
-    left = [p for p in below if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    left = [p for p in below if p.is_running() and running(p.pid)]
     assert not left, f"left behind: {[(p.pid, p.name()) for p in left]}"
     assert not [pid for pid in rank_pids(tmp_path) if running(pid)]
 
@@ -182,12 +193,13 @@ def test_sigterm_to_the_quick_start_stops_its_seaweedfs_and_the_next_one_starts(
                                   env={**os.environ, "PYTHONUNBUFFERED": "1"})
     weed = _wait_for_line(quickstart, "S3 server (SeaweedFS) on ")
     assert weed is not None, "the quick start printed no SeaweedFS line"
-    servers = [p for p in psutil.Process(quickstart.pid).children(recursive=True) if p.name() == "weed"]
-    assert servers
+    below = psutil.Process(quickstart.pid).children(recursive=True)
+    servers = [p for p, name in zip(below, named(below)) if name == "weed"]
+    assert servers, named(below)
     quickstart.send_signal(signal.SIGTERM)
     out, _ = quickstart.communicate(timeout=120)
     assert quickstart.returncode == 143, out[-3000:]
-    assert not [p for p in servers if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not [p for p in servers if p.is_running() and running(p.pid)]
     keys = json.loads((state / "credentials.json").read_text())
     server = S3Server(state / "seaweedfs", keys["accessKey"], keys["secretKey"]).start()  # the folder is free
     server.stop()
