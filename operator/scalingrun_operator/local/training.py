@@ -60,10 +60,15 @@ class TrainingProcess:
         return training
 
     def _relay(self) -> None:
-        for line in self.process.stderr:
+        shown = True
+        for line in self.process.stderr:  # read to the end even when it cannot be shown: a full pipe blocks mpirun
             self.tail.append(line.rstrip("\n"))
-            sys.stderr.write(line)
-            sys.stderr.flush()
+            if shown:
+                try:
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+                except (OSError, ValueError):  # our stderr closed (a pipe into `head`)
+                    shown = False
 
     def wait(self, timeout: float) -> Optional[int]:
         """The exit code, or None while it runs after `timeout` s. Once the launcher has ended, any rank it left
