@@ -32,21 +32,30 @@ from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Each rank notes its pid, then does what the test asks of its rank: "raise", "beat" (one heartbeat, then silence)
-# or "sleep" (for ever, as a rank blocked in a collective).
+# Each rank notes its pid, then does what the test asks of its rank: "raise", "beat" (one heartbeat, then silence),
+# "sleep" (for ever, as a rank blocked in a collective), or "stall once" (the first attempt beats once and goes
+# silent; the next one finishes the run).
 RANK = """
 import json, os, pathlib, sys, time
 rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
 marks = pathlib.Path(os.environ["MARKS"])
 (marks / f"rank-{rank}.pid").write_text(str(os.getpid()))
+location = pathlib.Path(json.loads(pathlib.Path(os.environ["SCALINGRUN_CONFIG"]).read_text())["runLocation"])
 todo = sys.argv[1 + rank]
 if todo == "raise":
     time.sleep(0.5)  # rank 0 is asleep by then
     raise IndexError("list index out of range (devices=1 under two ranks on one host)")
-if todo == "beat":
-    config = json.loads(pathlib.Path(os.environ["SCALINGRUN_CONFIG"]).read_text())
+if todo == "stall once" and (marks / "attempt-1").exists():
+    if rank == 0:
+        (location / "progress.json").write_text(json.dumps({
+            "state": "succeeded", "epoch": 3, "maxEpochs": 3, "metrics": {"val_accuracy": 0.5}, "bestEpoch": 3,
+            "bestMetrics": {"val_accuracy": 0.5}, "processes": 2}))
+    sys.exit(0)
+if todo == "stall once" and rank == 0:
+    (marks / "attempt-1").write_text("")
+if todo == "beat" or (todo == "stall once" and rank == 0):
     beat = {"phase": "training", "epoch": 2, "step": 7, "time": time.time(), "rank": 0}
-    pathlib.Path(config["runLocation"], "heartbeat.json").write_text(json.dumps(beat))
+    (location / "heartbeat.json").write_text(json.dumps(beat))
 time.sleep(3600)
 """
 
@@ -165,7 +174,7 @@ def test_a_signal_to_the_runner_stops_mpirun_and_every_rank(tmp_path, signum):
 
 
 def test_no_heartbeat_for_the_stall_timeout_stops_the_ranks_and_fails_the_run_as_stalled(tmp_path):
-    runner = start_runner(tmp_path, run_spec(tmp_path, "stalls", ("beat", "sleep"), stallTimeout="3s"))
+    runner = start_runner(tmp_path, run_spec(tmp_path, "stalls", ("beat", "sleep"), stallTimeout="3s", onStall="fail"))
     heartbeat = tmp_path / "data/runs/stalls/heartbeat.json"
     wait_for(heartbeat.exists, "heartbeat")
     beat = time.monotonic()
@@ -176,6 +185,25 @@ def test_no_heartbeat_for_the_stall_timeout_stops_the_ranks_and_fails_the_run_as
     message = failed_message(tmp_path)
     assert "(Stalled: no heartbeat for" in message and "stallTimeout 3 s" in message, message
     assert "the last was epoch 2, step 7 (training) from rank 0" in message
+    assert "the ranks were stopped (onStall is fail)" in message
+    assert not [pid for pid in rank_pids(tmp_path) if running(pid)]
+
+
+def test_on_stall_restart_starts_the_ranks_again_and_the_run_goes_on(tmp_path):
+    runner = start_runner(tmp_path, run_spec(tmp_path, "restarts", ("stall once", "stall once"), stallTimeout="3s"))
+    code, output = finish(runner)
+    assert code == 0, output[-3000:]
+    assert status(tmp_path)["phase"] == "Succeeded"
+    assert "the ranks were stopped and start again (onStall restart, 1 of maxInterruptions 10)" in output
+
+
+def test_a_run_that_keeps_stalling_fails_once_max_interruptions_are_used_up(tmp_path):
+    runner = start_runner(tmp_path, run_spec(tmp_path, "keeps-stalling", ("beat", "sleep"), stallTimeout="2s",
+                                             maxInterruptions=1))
+    code, output = finish(runner)
+    assert code == 1, output[-3000:]
+    assert output.count("start again (onStall restart") == 1
+    assert "the ranks were stopped (maxInterruptions (1) used up)" in failed_message(tmp_path)
     assert not [pid for pid in rank_pids(tmp_path) if running(pid)]
 
 

@@ -81,6 +81,8 @@ class LocalRun:
         self._shards: Optional[tuple[str, Shards]] = None
         self._training: Optional[tuple[str, TrainingProcess]] = None
         self._stall: Optional[StallWatch] = None
+        self._training_start: Optional[tuple[list[str], dict[str, str], Path]] = None  # to start it again
+        self.stall_restarts = 0
 
     @property
     def config_path(self) -> Path:
@@ -225,10 +227,8 @@ class LocalRun:
             command = self.commands.train(self.run, total_processes(self.run), self.config_path)
             self.log("training: " + " ".join(command[:4] if not self.run.spec.training.command else command))
             env = {**self._env(), **train_env(self.run, self.config_path)}
-            logs = self.workdir / "logs" / meta["name"]
-            shutil.rmtree(logs, ignore_errors=True)  # an earlier attempt's rank logs would be quoted as this one's
-            self._stall = StallWatch(self.run.spec.training.stall_timeout)
-            self._training = (meta["name"], TrainingProcess.start(command, env, logs))
+            self._training_start = (command, env, self.workdir / "logs" / meta["name"])
+            self._training = (meta["name"], self._start_training())
             obj["status"] = training_status(None, rfc3339(now()))
             self.seconds["started"] = time.monotonic()
         return meta["uid"]
@@ -257,16 +257,36 @@ class LocalRun:
         code = training.wait(timeout=self.poll_seconds)
         if code is None:
             stalled = self._stall.stalled(self._heartbeat()) if self._stall else None
-            if stalled is None:
-                return  # the next look reads the progress so far
-            self.log(f"Stalled: {stalled}")
-            training.stop()
-            status = training_status(1, rfc3339(now()), reason="Stalled", message=stalled)
+            status = self._stalled(name, training, stalled) if stalled is not None else None
+            if status is None:
+                return  # still training (or again): the next look reads the progress so far
         else:
             status = training_status(code, rfc3339(now()), message=training.failure_message(code) if code else None)
         self.children[("MPIJob", name)]["status"] = status
         self.seconds["training"] = time.monotonic() - self.seconds.pop("started")
         self._training = None
+
+    def _start_training(self) -> TrainingProcess:
+        command, env, logs = self._training_start
+        shutil.rmtree(logs, ignore_errors=True)  # an earlier attempt's rank logs would be quoted as this one's
+        self._stall = StallWatch(self.run.spec.training.stall_timeout)
+        return TrainingProcess.start(command, env, logs)
+
+    def _stalled(self, name: str, training: TrainingProcess, stalled: str) -> Optional[dict]:
+        """Stops the ranks; onStall restart starts the training again (it resumes from its last checkpoint), at most
+        maxInterruptions times; otherwise the MPIJob status that fails the run as Stalled."""
+        training.stop()
+        spec = self.run.spec.training
+        if spec.on_stall == "restart" and self.stall_restarts < spec.max_interruptions:
+            self.stall_restarts += 1
+            self.log(f"Stalled: {stalled}; the ranks were stopped and start again (onStall restart, "
+                     f"{self.stall_restarts} of maxInterruptions {spec.max_interruptions}), from the last checkpoint")
+            self._training = (name, self._start_training())
+            return None
+        why = "onStall is fail" if spec.on_stall != "restart" else f"maxInterruptions ({spec.max_interruptions}) used up"
+        message = f"{stalled}; the ranks were stopped ({why}): run it again to resume from its last checkpoint"
+        self.log(f"Stalled: {message}")
+        return training_status(1, rfc3339(now()), reason="Stalled", message=message)
 
     def _heartbeat(self) -> Optional[dict]:
         """heartbeat.json beside progress.json (rank 0 writes it from its training loop), or None."""

@@ -156,5 +156,4 @@ class StallWatch:
             return None
         epoch = f"epoch {beat.epoch}, " if beat.epoch is not None else ""
         return (f"no heartbeat for {age:.0f} s (stallTimeout {timeout:.0f} s): the last was {epoch}step {beat.step} "
-                f"({beat.phase}) from rank {beat.rank}; the ranks were stopped. Locally a stall "
-                "fails the run (no onStall restart here): run it again to resume from its last checkpoint")
+                f"({beat.phase}) from rank {beat.rank}")
