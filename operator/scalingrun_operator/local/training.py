@@ -2,9 +2,10 @@
 rank ended the run and why, and the heartbeat that tells a slow run from a stalled one.
 
 mpirun ends the job when a rank exits non-zero, and so does horovodrun; a rank that raised but cannot exit
-(a non-daemon thread of a reader keeps Python alive) is the SDK's to end (sdk/session.py), and a rank that
-only hangs is caught by the stall timeout. Each rank's output also goes to `<workdir>/logs/<attempt>/` (mpirun's
-and horovodrun's --output-filename), so that the failure can quote the rank's own last lines.
+(mpi4py's MPI_Finalize waiting for the other ranks, a reader's thread that is not a daemon) is the SDK's to end
+(sdk/session.py), and a rank that only hangs is caught by the stall timeout. Each rank's output also goes to
+`<workdir>/logs/<run>-train/` (mpirun's and horovodrun's --output-filename), so that the failure can quote the
+rank's own last lines.
 """
 
 from __future__ import annotations
