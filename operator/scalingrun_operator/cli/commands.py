@@ -115,6 +115,7 @@ def _local_only(args: argparse.Namespace, command: str) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from ..local.runner import LocalRun, LocalRunError
+    from ..local.signals import Stopped, stop_on_signals
 
     _local_only(args, "run")
     doc = read_one([args.filename], (KIND,), "run")
@@ -124,16 +125,21 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise _invalid(doc, exc) from None
     workdir = Path(args.workdir or Path(".scalingrun/runs") / run.metadata.name)
     try:
-        code = LocalRun(run, workdir, np_override=args.np, python_path=_python_path(args)).start(
-            stop_after=args.stop_after)
+        with stop_on_signals():
+            code = LocalRun(run, workdir, np_override=args.np, python_path=_python_path(args)).start(
+                stop_after=args.stop_after)
     except LocalRunError as exc:
         raise UserError(f"scalingrun run: {exc}", USAGE) from None
+    except Stopped as stopped:
+        print(f"scalingrun run: stopped by {stopped.name}; the processes it started are stopped", file=sys.stderr)
+        return stopped.exit_code
     print(f"status: {workdir / 'status.json'}", file=sys.stderr)
     return code
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from ..local.runner import LocalRunError
+    from ..local.signals import Stopped, stop_on_signals
     from ..local.sweep import LocalSweep
     from ..report.sweep import print_sweep
 
@@ -146,9 +152,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     workdir = Path(args.workdir or Path(".scalingrun/sweeps") / sweep.metadata.name)
     local = LocalSweep(sweep, workdir, python_path=_python_path(args))
     try:
-        code = local.start()
+        with stop_on_signals():
+            code = local.start()
     except LocalRunError as exc:
         raise UserError(f"scalingrun sweep: {exc}", USAGE) from None
+    except Stopped as stopped:
+        print(f"scalingrun sweep: stopped by {stopped.name}; the processes it started are stopped", file=sys.stderr)
+        return stopped.exit_code
     print_sweep(sweep.metadata.name, local.rows, local.recommendation, local.notes, sweep.spec.efficiency_threshold,
                 Path(args.output or workdir))
     return code

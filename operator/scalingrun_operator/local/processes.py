@@ -22,6 +22,7 @@ from typing import Callable, Optional
 
 from scalingrun_api.models import Framework, ScalingRun, Strategy
 from scalingrun_api.models.training import CONFIG_VARIABLE
+from .process_tree import ProcessTree
 
 
 class LocalRunError(RuntimeError):
@@ -119,6 +120,10 @@ class Shards:
         for line in stream:
             self.relay("  " + line.rstrip())
 
+    def stop(self) -> int:
+        """Stops every shard and what it started (SIGTERM, then SIGKILL); how many processes were running."""
+        return ProcessTree(list(self.procs)).stop()
+
     def finish(self, stamp: str) -> dict:
         """Waits for every shard; the Job status the Job controller would write for them."""
         summaries = []
@@ -142,13 +147,15 @@ class Shards:
                 "conditions": [{"type": "Complete", "status": "True", "lastTransitionTime": stamp}]}
 
 
-def training_status(code: Optional[int], stamp: str) -> dict:
-    """The MPIJob status the MPI operator would write: Running while `code` is None, then how it ended."""
+def training_status(code: Optional[int], stamp: str, reason: str = "TrainerExited",
+                    message: Optional[str] = None) -> dict:
+    """The MPIJob status the MPI operator would write: Running while `code` is None, then how it ended (`message`:
+    which rank failed and its error, or why the runner stopped it)."""
     if code is None:
         return {"conditions": [{"type": "Running", "status": "True", "reason": "Started",
                                 "lastTransitionTime": stamp}]}
     if code == 0:
         return {"completionTime": stamp, "conditions": [{"type": "Succeeded", "status": "True", "reason": "Exited",
                                                           "lastTransitionTime": stamp}]}
-    return {"conditions": [{"type": "Failed", "status": "True", "reason": "TrainerExited",
-                            "message": f"the training exited with code {code}", "lastTransitionTime": stamp}]}
+    return {"conditions": [{"type": "Failed", "status": "True", "reason": reason,
+                            "message": message or f"the training exited with code {code}", "lastTransitionTime": stamp}]}

@@ -23,6 +23,7 @@ from scalingrun_api.progress import Progress
 from ..api.validation import parse_scalingrun
 from .runner import LocalRun
 from .s3server import S3Server
+from .signals import Stopped, stop_on_signals
 
 UPLOAD_MARKER = "_uploaded.json"
 
@@ -113,6 +114,18 @@ def _sweep(run, workers: str, state: Path, started: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The quick start; on SIGTERM or SIGINT it stops the run's processes and its SeaweedFS, then exits 143 or
+    130 (signals.Stopped)."""
+    try:
+        with stop_on_signals():
+            return _main(argv)
+    except Stopped as stopped:
+        print(f"quick start: stopped by {stopped.name}; the run's processes and SeaweedFS are stopped",
+              file=sys.stderr)
+        return stopped.exit_code
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="scalingrun-quickstart", description=__doc__)
     parser.add_argument("-f", "--filename", default="examples/quickstart.yaml")
     parser.add_argument("--state", default=".scalingrun/quickstart", help="S3 data and run documents")

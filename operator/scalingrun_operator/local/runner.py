@@ -14,7 +14,7 @@ import copy
 import dataclasses
 import json
 import os
-import subprocess
+import shutil
 import sys
 import time
 import uuid
@@ -22,10 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from scalingrun_api.heartbeat import HEARTBEAT_FILE
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun, ScalingRunStatus
 from ..api.validation import s3_fields
 from ..builders.common import storage_env
-from ..builders.config import CONFIG_KEY, total_processes
+from ..builders.config import CONFIG_KEY, run_location, total_processes
+from ..builders.locations import join
 from ..builders.preprocess import is_parquet_table
 from ..clock import now
 from ..decide import pinning
@@ -37,8 +39,9 @@ from ..decide.snapshot import (
 )
 from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, Event, get_condition, rfc3339
 from ..documents import read_manifest, read_progress
-from ..storage import Clients, StorageError, StorageTarget, list_names
+from ..storage import Clients, StorageError, StorageTarget, list_names, read_json
 from .processes import Commands, LocalRunError, Shards, train_env, training_status
+from .training import StallWatch, TrainingProcess
 
 __all__ = ["LocalRun", "LocalRunError"]
 
@@ -76,7 +79,10 @@ class LocalRun:
         self.children: dict[tuple[str, str], dict[str, Any]] = {}  # as this machine's controllers show them
         self.clients = Clients()  # one botocore session for the run's reads
         self._shards: Optional[tuple[str, Shards]] = None
-        self._training: Optional[tuple[str, subprocess.Popen]] = None
+        self._training: Optional[tuple[str, TrainingProcess]] = None
+        self._stall: Optional[StallWatch] = None
+        self._training_start: Optional[tuple[list[str], dict[str, str], Path]] = None  # to start it again
+        self.stall_restarts = 0
 
     @property
     def config_path(self) -> Path:
@@ -109,7 +115,12 @@ class LocalRun:
         """Looks, acts and waits until the run has finished (0: Succeeded) or cannot go on (1)."""
         self.check_credentials()
         self.workdir.mkdir(parents=True, exist_ok=True)
-        settings = dataclasses.replace(SETTINGS, train=stop_after != "preprocessing")
+        try:
+            return self._loop(dataclasses.replace(SETTINGS, train=stop_after != "preprocessing"))
+        finally:  # also on SIGTERM / SIGINT (signals.Stopped) and errors: nothing this run started outlives it
+            self.stop_processes()
+
+    def _loop(self, settings: Settings) -> int:
         while True:
             decision = self.look(settings)
             phase = decision.phase
@@ -216,7 +227,8 @@ class LocalRun:
             command = self.commands.train(self.run, total_processes(self.run), self.config_path)
             self.log("training: " + " ".join(command[:4] if not self.run.spec.training.command else command))
             env = {**self._env(), **train_env(self.run, self.config_path)}
-            self._training = (meta["name"], subprocess.Popen(command, env=env))
+            self._training_start = (command, env, self.workdir / "logs" / meta["name"])
+            self._training = (meta["name"], self._start_training())
             obj["status"] = training_status(None, rfc3339(now()))
             self.seconds["started"] = time.monotonic()
         return meta["uid"]
@@ -239,15 +251,62 @@ class LocalRun:
         self._shards = None
 
     def _follow_training(self) -> None:
-        """Waits for the training, looking at its progress document meanwhile."""
-        name, process = self._training
-        try:
-            code = process.wait(timeout=self.poll_seconds)
-        except subprocess.TimeoutExpired:
-            return  # the next look reads the progress so far
-        self.children[("MPIJob", name)]["status"] = training_status(code, rfc3339(now()))
+        """Waits for the training, looking at its progress document and heartbeat meanwhile. A rank that fails
+        ends the training (mpirun stops the others); no heartbeat for the stall timeout stops it here."""
+        name, training = self._training
+        code = training.wait(timeout=self.poll_seconds)
+        if code is None:
+            stalled = self._stall.stalled(self._heartbeat()) if self._stall else None
+            status = self._stalled(name, training, stalled) if stalled is not None else None
+            if status is None:
+                return  # still training (or again): the next look reads the progress so far
+        else:
+            status = training_status(code, rfc3339(now()), message=training.failure_message(code) if code else None)
+        self.children[("MPIJob", name)]["status"] = status
         self.seconds["training"] = time.monotonic() - self.seconds.pop("started")
         self._training = None
+
+    def _start_training(self) -> TrainingProcess:
+        command, env, logs = self._training_start
+        shutil.rmtree(logs, ignore_errors=True)  # an earlier attempt's rank logs would be quoted as this one's
+        self._stall = StallWatch(self.run.spec.training.stall_timeout)
+        return TrainingProcess.start(command, env, logs)
+
+    def _stalled(self, name: str, training: TrainingProcess, stalled: str) -> Optional[dict]:
+        """Stops the ranks; onStall restart starts the training again (it resumes from its last checkpoint), at most
+        maxInterruptions times; otherwise the MPIJob status that fails the run as Stalled."""
+        training.stop()
+        spec = self.run.spec.training
+        if spec.on_stall == "restart" and self.stall_restarts < spec.max_interruptions:
+            self.stall_restarts += 1
+            self.log(f"Stalled: {stalled}; the ranks were stopped and start again (onStall restart, "
+                     f"{self.stall_restarts} of maxInterruptions {spec.max_interruptions}), from the last checkpoint")
+            self._training = (name, self._start_training())
+            return None
+        why = "onStall is fail" if spec.on_stall != "restart" else f"maxInterruptions ({spec.max_interruptions}) used up"
+        message = f"{stalled}; the ranks were stopped ({why}): run it again to resume from its last checkpoint"
+        self.log(f"Stalled: {message}")
+        return training_status(1, rfc3339(now()), reason="Stalled", message=message)
+
+    def _heartbeat(self) -> Optional[dict]:
+        """heartbeat.json beside progress.json (rank 0 writes it from its training loop), or None."""
+        storage = self.run.spec.storage
+        target = StorageTarget(storage.endpoint, storage.region, None, clients=self.clients)
+        try:
+            return read_json(join(run_location(self.run), HEARTBEAT_FILE), target)
+        except StorageError:
+            return None
+
+    def stop_processes(self) -> None:
+        """Stops what is still running: the preprocessing's shards, mpirun and every rank."""
+        if self._shards is not None:
+            stopped = self._shards[1].stop()
+            self._shards = None
+            self.log(f"stopped the preprocessing ({stopped} processes)")
+        if self._training is not None:
+            stopped = self._training[1].stop()
+            self._training = None
+            self.log(f"stopped the training: the launcher and its ranks ({stopped} processes)")
 
     def write_status(self) -> None:
         status = self.body["status"]

@@ -117,12 +117,16 @@ class S3Server:
         log = open(self.data_dir / "weed.log", "ab")
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"SeaweedFS exited with {self.process.returncode}; see {self.data_dir}/weed.log")
-            if serves_reads(self.endpoint, self.access_key, self.secret_key):
-                return self
-            time.sleep(0.3)
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"SeaweedFS exited with {self.process.returncode}; see {self.data_dir}/weed.log")
+                if serves_reads(self.endpoint, self.access_key, self.secret_key):
+                    return self
+                time.sleep(0.3)
+        except BaseException:  # a signal (local.signals.Stopped) while it starts: it must not outlive its starter
+            self.stop()
+            raise
         self.stop()
         raise RuntimeError(f"SeaweedFS did not serve a read (put, then get) on {self.endpoint} within {timeout:.0f} s; "
                            f"see {self.data_dir}/weed.log")

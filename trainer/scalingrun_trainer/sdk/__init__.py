@@ -11,7 +11,9 @@
 Rank 0 writes the same `<runLocation>/progress.json` as our trainers (other ranks return at once), so status,
 `kubectl get srun`, the report, MLflow, sweeps and InputBound work. An exception that escapes the script is
 written there as the run's error. `sdk.KerasCallback()` and `sdk.LightningCallback()` call report_epoch for you;
-`sdk.lightning_mpi_environment()` is the cluster environment our Lightning trainer gives DDP under mpirun.
+`sdk.lightning_mpi_environment()` is the cluster environment our Lightning trainer gives DDP under mpirun, and
+`pl.Trainer(**sdk.lightning_trainer_kwargs(), ...)` sets accelerator, devices, num_nodes and strategy from the MPI
+world.
 Importing this module needs neither TensorFlow, torch, MPI nor kopf; the readers and callbacks import their
 framework when first used. Reference: docs/your-own-model.md.
 """
@@ -27,7 +29,7 @@ from .context import CONFIG_VARIABLE, DEFAULT_CONFIG, Context, ContextError, bui
 from .session import Session, install_excepthook
 
 __all__ = ["Context", "ContextError", "context", "report_epoch", "finish", "tf_dataset", "torch_batches",
-           "KerasCallback", "LightningCallback", "lightning_mpi_environment", "ranks"]
+           "KerasCallback", "LightningCallback", "lightning_mpi_environment", "lightning_trainer_kwargs", "ranks"]
 
 _session: Optional[Session] = None  # this process's run, made by the first context() (like hvd.init())
 
@@ -121,4 +123,8 @@ def __getattr__(name: str) -> Any:
         from ..lightning.sdk import mpi_environment
 
         return mpi_environment
+    if name == "lightning_trainer_kwargs":
+        from ..lightning.world import trainer_kwargs
+
+        return trainer_kwargs
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -8,6 +8,7 @@ which writes nothing.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from typing import Any, Callable, Optional
@@ -95,7 +96,12 @@ class Session:
 
 
 def install_excepthook(session: Session) -> None:
-    """An exception that escapes the script is reported on the run (rank 0), then printed as Python would."""
+    """An exception that escapes the script is reported on the run (rank 0), printed as Python would, and ends the
+    process at once (os._exit(1)) when it is one rank of several, or when a thread that is not a daemon (a data
+    reader's) would keep it alive. Python's own way out hangs there: mpi4py's exit handler runs MPI_Finalize, a
+    fence that waits for the other ranks, which wait for this one in their first collective (DDP's rendezvous), so
+    the rank never exits non-zero and mpirun never stops the others. Measured: a Lightning script whose rank 1
+    raised at start-up hung in ompi_mpi_finalize for as long as it was left."""
     previous = sys.excepthook
 
     def hook(kind, value, traceback):
@@ -105,8 +111,19 @@ def install_excepthook(session: Session) -> None:
             except Exception as exc:  # noqa: BLE001 - the original error must still be printed
                 print(f"scalingrun sdk: could not report the error on the run: {exc}", file=sys.stderr)
         previous(kind, value, traceback)
+        if threading.current_thread() is threading.main_thread() and (
+                session.context.size > 1 or _threads_holding_exit()):
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
 
     sys.excepthook = hook
+
+
+def _threads_holding_exit() -> list[str]:
+    """Threads other than this one that Python would wait for before it exits."""
+    return [t.name for t in threading.enumerate()
+            if t is not threading.current_thread() and not t.daemon and t.is_alive()]
 
 
 def _run_params(context: Context) -> dict[str, Any]:
