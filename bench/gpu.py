@@ -1,0 +1,421 @@
+"""The GPU check in one call (issue 31, item 10; issue 29's frozen rank under NCCL): on a machine with one GPU,
+
+(1) data made on the spot: synthetic JPEGs (a colour and a stripe pattern per class, noise) preprocessed into our
+    Parquet layout by our own preprocessing (scalingrun_trainer.preprocess);
+(2) the input pipeline's rate: the Lightning trainer's reader (lightning.data.TrainBatches) alone, and a bare pyarrow
+    read of the same files, as bench/lightning.py measures them;
+(3) training through our own entry point (`python -m scalingrun_trainer.cli train --config`, under mpirun when
+    there is one) with a config rendered as the operator renders it (build_trainer_config), EfficientNet-Lite0 frozen
+    (random weights: the ImageNet ones do not travel; the speed is the same), featureCache off and auto, on the GPU
+    and on the CPU (CUDA hidden); images/s are the progress document's, median of the epochs after the first;
+(4) the frozen rank: 2 ranks, rank 1 SIGSTOPped mid-epoch, the seconds until the launcher exits non-zero.
+    Under NCCL two ranks need two GPUs (NCCL refuses two ranks on one device): a 2-rank NCCL all-reduce on cuda:0 is
+    tried first and its error reported when it fails. SCALINGRUN_COLLECTIVE_TIMEOUT_SECONDS (the engines' stall
+    watch, when the trainer has it) is passed to the ranks; --frozen-timeout sets it.
+
+It ends with one Markdown table naming the device, also written to $OUT/gpu-bench.md (and .json) when OUT is set.
+
+Run (GPU machine, see docs/benchmarks.md "On a GPU"): bash bench/gpu.sh
+Dry run on CPU (tests/lightning/test_gpu_bench.py): python bench/gpu.py --dry-run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = [str(ROOT / "operator"), str(ROOT / "trainer")]
+sys.path[:0] = SOURCES  # our sources first, as the trainer's processes get them (PYTHONPATH below)
+TIMEOUT_VARIABLE = "SCALINGRUN_COLLECTIVE_TIMEOUT_SECONDS"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    path = os.pathsep.join([*SOURCES, *filter(None, [os.environ.get("PYTHONPATH")])])
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", "LITLOGGER_DISABLE_TIP": "1", **extra}
+
+
+def environment() -> dict:
+    """What the table names: the device, the versions, MPI."""
+    import numpy
+    import pyarrow
+    import pytorch_lightning
+    import torch
+
+    facts = {"python": sys.version.split()[0], "torch": torch.__version__, "lightning": pytorch_lightning.__version__,
+             "numpy": numpy.__version__, "pyarrow": pyarrow.__version__, "host": socket.gethostname(),
+             "cpus": len(os.sched_getaffinity(0)), "cuda": torch.cuda.is_available()}
+    if facts["cuda"]:
+        facts["gpu"] = f"{torch.cuda.get_device_name(0)} ({torch.cuda.device_count()} visible)"
+    probe = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()"
+                            "[0])"], capture_output=True, text=True, timeout=120, env=_env())
+    facts["mpi"] = probe.stdout.strip() if probe.returncode == 0 else f"unusable: {probe.stderr.strip()[-300:]}"
+    facts["mpirun"] = shutil.which("mpirun")
+    return facts
+
+
+def make_images(folder: Path, count: int, side: int, classes: int = 10, seed: int = 0) -> Path:
+    """`count` JPEGs under folder/<class>/: each class its own colour and stripe period, with noise."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    ramp = np.arange(side)
+    for index in range(count):
+        label = index % classes
+        colour = np.array([(label * 37) % 256, (label * 91) % 256, (label * 53) % 256], dtype=np.float32)
+        stripes = ((ramp // (2 + label)) % 2 * 60.0)[None, :, None]
+        pixels = np.clip(colour + stripes + rng.normal(0, 25, (side, side, 3)), 0, 255).astype(np.uint8)
+        target = folder / f"class{label}" / f"{index:05d}.jpg"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels).save(target, quality=90)
+    return folder
+
+
+def preprocess(source: Path, output: Path, size: int, readers: int) -> str:
+    from scalingrun_trainer.preprocess import Params, process_shard
+
+    process_shard(Params(str(source), str(output), image_size=size, validation_fraction=0.1, max_readers=readers,
+                         seed=42), 0, 1, workers=min(8, len(os.sched_getaffinity(0))))
+    return str(output)
+
+
+def input_rates(output: str, batch: int, batches: int, rounds: int) -> dict[str, float]:
+    """images/s: our reader (what the trainer feeds the model from) and a bare pyarrow read; medians of rounds."""
+    import pyarrow.parquet as pq
+
+    from scalingrun_trainer.core.dataset import open_dataset
+    from scalingrun_trainer.lightning.data import TrainBatches
+
+    dataset = open_dataset(output)
+
+    def bare() -> float:
+        start, rows = time.perf_counter(), 0
+        for name in dataset.files["train"]:
+            for part in pq.ParquetFile(os.path.join(output, name)).iter_batches(batch_size=batch,
+                                                                               columns=["image", "label"]):
+                rows += part.num_rows
+        return rows / (time.perf_counter() - start)
+
+    def reader() -> float:
+        data = TrainBatches(dataset, rank=0, size=1, batch_size=batch, steps=batches + 1, seed=0)
+        try:
+            iterator = iter(data)
+            next(iterator)  # warm-up: reader threads, the shuffling buffer's first fill
+            start, images = time.perf_counter(), 0
+            for pixels, _ in iterator:
+                images += pixels.shape[0]
+            return images / (time.perf_counter() - start)
+        finally:
+            data.close()
+
+    rates: dict[str, list[float]] = {"bare": [], "reader": []}
+    for _ in range(rounds):
+        rates["bare"].append(bare())
+        rates["reader"].append(reader())
+    return {name: statistics.median(values) for name, values in rates.items()}
+
+
+def render_config(folder: Path, source: Path, data: str, name: str, *, size: int, batch: int, epochs: int,
+                  cache: str, replicas: int, gpus: int) -> Path:
+    """config.json as the operator renders it for a ScalingRun (builders/config.py)."""
+    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.builders.config import build_trainer_config
+
+    spec = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": name},
+            "spec": {"dataset": {"source": str(source), "output": data, "imageSize": size},
+                     "model": {"base": "efficientnet_lite0", "weights": "none", "dropout": 0.2},
+                     "training": {"framework": "pytorch-lightning", "batchSizePerWorker": batch, "maxEpochs": epochs,
+                                  "featureCache": cache, "earlyStopping": {"enabled": False}, "resume": False,
+                                  "checkpoint": {"location": str(folder / "runs" / name)}},
+                     "workers": {"replicas": replicas, "gpusPerWorker": gpus}}}
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(build_trainer_config(parse_scalingrun(spec))))
+    return path
+
+
+def launcher(processes: int) -> list[str]:
+    """mpirun -np N (Open MPI's root flags when root); one process without mpirun runs as an MPI singleton."""
+    mpirun = shutil.which("mpirun")
+    if not mpirun:
+        if processes > 1:
+            raise RuntimeError("no mpirun on PATH: 2 ranks need one")
+        return []
+    version = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
+    root = ["--allow-run-as-root"] if "Open MPI" in version and os.geteuid() == 0 else []
+    return [mpirun, *root, "-np", str(processes), "-bind-to", "none", *(["--oversubscribe"] if root or
+                                                                           "Open MPI" in version else [])]
+
+
+def trainer_command(config: Path, processes: int) -> list[str]:
+    forwarded = []
+    if processes > 1 or shutil.which("mpirun"):
+        if "Open MPI" in subprocess.run([shutil.which("mpirun"), "--version"], capture_output=True, text=True).stdout:
+            for name in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", TIMEOUT_VARIABLE, "PYTHONUNBUFFERED"):
+                forwarded += ["-x", name]
+    return [*launcher(processes), *forwarded, sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config",
+            str(config)]
+
+
+def train(folder: Path, config: Path, name: str, limit: float, **env: str) -> dict:
+    """One run; the progress document's figures."""
+    from scalingrun_api.progress import PROGRESS_FILE, Progress
+
+    log = folder / f"{name}.log"
+    start = time.monotonic()
+    with log.open("w") as out:
+        result = subprocess.run(trainer_command(config, 1), stdout=out, stderr=subprocess.STDOUT, timeout=limit,
+                                env=_env(**env))
+    progress_file = folder / "runs" / name / PROGRESS_FILE
+    if result.returncode or not progress_file.exists():
+        raise RuntimeError(f"exit {result.returncode}: {log.read_text()[-1500:]}")
+    progress = Progress.read(json.loads(progress_file.read_text()))
+    rates = [epoch.images_per_second for epoch in progress.history if epoch.images_per_second]
+    cache = progress.feature_cache
+    return {"rate": statistics.median(rates[1:] or rates), "epochs": rates, "wall": time.monotonic() - start,
+            "input_wait": progress.input_wait_fraction, "gpu_utilization": progress.gpu_utilization,
+            "cache_used": bool(cache and cache.used), "cache_seconds": cache.seconds if cache else None}
+
+
+NCCL_PAIR = """
+import os, sys, torch, torch.distributed as dist
+rank = int(sys.argv[1])
+dist.init_process_group("nccl", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+torch.cuda.set_device(0)
+value = torch.ones(1, device="cuda:0") * (rank + 1)
+dist.all_reduce(value)
+torch.cuda.synchronize()
+print("sum", value.item())
+dist.destroy_process_group()
+"""
+
+
+def nccl_pair() -> tuple[bool, str]:
+    """Can two NCCL ranks share cuda:0? (NCCL refuses it: 'Duplicate GPU detected'.)"""
+    with tempfile.TemporaryDirectory() as scratch:
+        store = os.path.join(scratch, "store")
+        ranks = [subprocess.Popen([sys.executable, "-c", NCCL_PAIR, str(rank), store], stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env=_env(NCCL_DEBUG="WARN"))
+                 for rank in (0, 1)]
+        outputs = []
+        for rank in ranks:
+            try:
+                outputs.append(rank.communicate(timeout=90)[0])
+            except subprocess.TimeoutExpired:
+                rank.kill()
+                outputs.append((rank.communicate()[0] or "") + "\n(no answer in 90 s)")
+    if all(rank.returncode == 0 for rank in ranks):
+        return True, "a 2-rank NCCL all-reduce on cuda:0 worked"
+    lines = [line.strip() for output in outputs for line in output.splitlines()
+             if "Duplicate GPU" in line or "Error" in line or "error" in line]
+    return False, (lines[0] if lines else outputs[0].strip()[-300:])[:300]
+
+
+def _rank_process(session: int, rank: int) -> int | None:
+    """The pid of `rank` among the launcher's processes (Open MPI's, MPICH's or torch's rank variable)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) != session:
+                continue
+            variables = dict(item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item)
+        except (OSError, ValueError):
+            continue
+        if "scalingrun_trainer.cli" in (entry / "cmdline").read_text(errors="replace") and str(rank) in (
+                variables.get("OMPI_COMM_WORLD_RANK"), variables.get("PMI_RANK"), variables.get("RANK")):
+            return int(entry.name)
+    return None
+
+
+def frozen_rank(folder: Path, config: Path, name: str, timeout: int, limit: float, hidden_cuda: bool) -> dict:
+    """2 ranks; after epoch 1 and half an epoch more, SIGSTOP rank 1; seconds until the launcher exits."""
+    from scalingrun_api.progress import PROGRESS_FILE, Progress
+
+    env = _env(**{TIMEOUT_VARIABLE: str(timeout)}, **({"CUDA_VISIBLE_DEVICES": ""} if hidden_cuda else {}))
+    log = folder / f"{name}.log"
+    progress_file = folder / "runs" / name / PROGRESS_FILE
+    with log.open("w") as out:
+        job = subprocess.Popen(trainer_command(config, 2), stdout=out, stderr=subprocess.STDOUT, env=env,
+                               start_new_session=True)
+    try:
+        deadline, history = time.monotonic() + 600, []
+        while not history:  # the first finished epoch: training runs, its epochs' length known
+            if job.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"exit {job.returncode} before the first epoch: {log.read_text()[-1500:]}")
+            time.sleep(0.5)
+            if progress_file.exists():
+                try:
+                    history = Progress.read(json.loads(progress_file.read_text())).history
+                except ValueError:
+                    pass  # being written
+        elapsed = Progress.read(json.loads(progress_file.read_text())).elapsed_seconds or 2.0
+        time.sleep(min(30.0, max(0.5, elapsed / 2)))  # mid-epoch 2 (epoch 1 includes start-up)
+        pid = _rank_process(job.pid, 1)
+        if pid is None:
+            raise RuntimeError("rank 1's process not found")
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        try:
+            code = job.wait(timeout=limit)
+            seconds = time.monotonic() - stopped
+        except subprocess.TimeoutExpired:
+            code, seconds = None, limit
+        tail = [line for line in log.read_text().splitlines() if line.strip()][-3:]
+        return {"exit": code, "seconds": seconds, "limit": limit, "timeout": timeout, "tail": " / ".join(tail)[-400:]}
+    finally:
+        try:
+            os.killpg(job.pid, signal.SIGCONT)
+            os.killpg(job.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        job.wait()
+
+
+def _number(value: float | None, unit: str = "") -> str:
+    return "-" if value is None else f"{value:,.1f}{unit}"
+
+
+def run(args) -> tuple[dict, list[list[str]]]:
+    facts = environment()
+    devices = ["cpu"] if args.device == "cpu" or not facts["cuda"] else ["cuda", "cpu"]
+    rows: list[list[str]] = []
+    folder = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
+    try:
+        started = time.perf_counter()
+        source = make_images(folder / "jpeg", args.images, args.source_side)
+        data = preprocess(source, folder / "parquet", args.size, 2)
+        rows.append(["data", "-", f"{args.images} synthetic JPEGs, {args.size}x{args.size}",
+                     f"{time.perf_counter() - started:.1f} s", "made and preprocessed by our code"])
+        rates = input_rates(data, args.batch, args.input_batches, args.rounds)
+        rows.append(["input pipeline: our reader (TrainBatches)", "cpu", f"batch {args.batch}",
+                     _number(rates["reader"], " img/s"), f"median of {args.rounds}"])
+        rows.append(["input pipeline: bare pyarrow read", "cpu", f"batch {args.batch}",
+                     _number(rates["bare"], " img/s"), "upper bound of reading"])
+        results: dict[tuple[str, str], dict] = {}
+        for device in devices:
+            for cache in args.caches:
+                name = f"train-{device}-{cache}"
+                epochs = args.epochs if device == "cuda" else args.cpu_epochs
+                config = render_config(folder, source, data, name, size=args.size, batch=args.batch, epochs=epochs,
+                                       cache=cache, replicas=1, gpus=1 if device == "cuda" else 0)
+                label = f"training: 1 process, featureCache {cache}"
+                try:
+                    result = train(folder, config, name, args.run_limit,
+                                   **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}))
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    rows.append([label, device, f"batch {args.batch}", "failed", str(exc)[-300:].replace("\n", " ")])
+                    continue
+                results[device, cache] = result
+                notes = [f"{result['rate'] / rates['reader']:.2f} x reader",
+                         "epochs " + " ".join(f"{rate:.0f}" for rate in result["epochs"])]
+                if result["input_wait"] is not None:
+                    notes.append(f"input wait {result['input_wait']:.0%}")
+                if result["gpu_utilization"] is not None:
+                    notes.append(f"GPU busy {result['gpu_utilization']:.0f}%")
+                if result["cache_used"]:
+                    notes.append(f"features cached in {_number(result['cache_seconds'], ' s')}")
+                rows.append([label, device, f"batch {args.batch}", _number(result["rate"], " img/s"),
+                             "; ".join(notes)])
+        for cache in args.caches:
+            if ("cuda", cache) in results and ("cpu", cache) in results:
+                rows.append([f"GPU against CPU, featureCache {cache}", "cuda/cpu", "-",
+                             f"{results['cuda', cache]['rate'] / results['cpu', cache]['rate']:.2f} x", ""])
+        for device in devices:
+            if (device, "auto") in results and (device, "off") in results:
+                rows.append([f"featureCache auto against off", device, "-",
+                             f"{results[device, 'auto']['rate'] / results[device, 'off']['rate']:.2f} x", ""])
+        if not args.skip_frozen:
+            rows.append(frozen_row(args, facts, folder, source, data))
+    finally:
+        if args.keep:
+            print(f"kept {folder}", file=sys.stderr)
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
+    return facts, rows
+
+
+def frozen_row(args, facts: dict, folder: Path, source: Path, data: str) -> list[str]:
+    backend = args.frozen_backend or ("nccl" if facts["cuda"] and args.device != "cpu" else "gloo")
+    label = f"frozen rank: 2 ranks, rank 1 SIGSTOPped mid-epoch ({backend})"
+    setting = f"{TIMEOUT_VARIABLE}={args.frozen_timeout}"
+    if backend == "nccl":
+        possible, why = nccl_pair()
+        if not possible:
+            return [label, "cuda", setting, "not possible", f"2 NCCL ranks on one GPU: {why}"]
+    if not shutil.which("mpirun"):
+        return [label, backend, setting, "skipped", "no mpirun on PATH"]
+    name = f"frozen-{backend}"
+    config = render_config(folder, source, data, name, size=args.size, batch=args.batch, epochs=1000, cache="off",
+                           replicas=2, gpus=1 if backend == "nccl" else 0)
+    try:
+        result = frozen_rank(folder, config, name, args.frozen_timeout, args.frozen_limit, backend == "gloo")
+    except RuntimeError as exc:
+        return [label, backend, setting, "failed", str(exc)[-300:].replace("\n", " ")]
+    device = "cuda" if backend == "nccl" else "cpu"
+    if result["exit"] is None:
+        return [label, device, setting, f"> {result['limit']:.0f} s", "still running at the limit: killed"]
+    return [label, device, setting, _number(result["seconds"], " s"),
+            f"launcher exit {result['exit']}; last lines: {result['tail']}".replace("|", "/")]
+
+
+def table(facts: dict, rows: list[list[str]]) -> str:
+    device = facts.get("gpu") or f"CPU only ({facts['cpus']} cores)"
+    lines = [f"GPU check on **{device}**, {facts['cpus']} CPU cores, host {facts['host']}; Python {facts['python']}, "
+             f"torch {facts['torch']}, Lightning {facts['lightning']}, numpy {facts['numpy']}, pyarrow "
+             f"{facts['pyarrow']}; MPI: {facts['mpi']}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", "",
+             "| measurement | device | setting | result | notes |", "| --- | --- | --- | --- | --- |"]
+    lines += ["| " + " | ".join(cell.replace("|", "/") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=["auto", "cpu"], default="auto", help="cpu: the CPU runs only")
+    parser.add_argument("--dry-run", action="store_true", help="small sizes on the CPU (the test's)")
+    parser.add_argument("--images", type=int, default=3000)
+    parser.add_argument("--source-side", type=int, default=256, help="side of the generated JPEGs")
+    parser.add_argument("--size", type=int, default=224, help="dataset.imageSize")
+    parser.add_argument("--batch", type=int, default=64, help="training.batchSizePerWorker")
+    parser.add_argument("--epochs", type=int, default=4, help="epochs of the GPU runs")
+    parser.add_argument("--cpu-epochs", type=int, default=2, help="epochs of the CPU runs")
+    parser.add_argument("--caches", nargs="+", default=["off", "auto"], choices=["off", "auto"])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--input-batches", type=int, default=40)
+    parser.add_argument("--run-limit", type=float, default=600, help="seconds one training run may take")
+    parser.add_argument("--skip-frozen", action="store_true")
+    parser.add_argument("--frozen-backend", choices=["nccl", "gloo"], help="default: nccl with a GPU, else gloo")
+    parser.add_argument("--frozen-timeout", type=int,
+                        default=int(os.environ.get(TIMEOUT_VARIABLE, os.environ.get("GPU_BENCH_TIMEOUT", "60"))),
+                        help=f"{TIMEOUT_VARIABLE} for the ranks (default: that variable, else 60)")
+    parser.add_argument("--frozen-limit", type=float, default=240, help="seconds to wait for the launcher's exit")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder (logs, progress)")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        args.device = "cpu"
+        small = {"images": 160, "source_side": 48, "size": 32, "batch": 16, "cpu_epochs": 2, "rounds": 1,
+                 "input_batches": 8}
+        for name, value in small.items():
+            if parser.get_default(name) == getattr(args, name):
+                setattr(args, name, value)
+    facts, rows = run(args)
+    text = table(facts, rows)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu-bench.md").write_text(text + "\n")
+        Path(os.environ["OUT"], "gpu-bench.json").write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
