@@ -59,7 +59,8 @@ def environment() -> dict:
         facts["gpu"] = f"{torch.cuda.get_device_name(0)} ({torch.cuda.device_count()} visible)"
     probe = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()"
                             "[0])"], capture_output=True, text=True, timeout=120, env=_env())
-    facts["mpi"] = probe.stdout.strip() if probe.returncode == 0 else f"unusable: {probe.stderr.strip()[-300:]}"
+    version = probe.stdout.replace("\x00", "").strip()
+    facts["mpi"] = version if probe.returncode == 0 else f"unusable: {probe.stderr.strip()[-300:]}"
     facts["mpirun"] = shutil.which("mpirun")
     return facts
 
@@ -144,27 +145,26 @@ def render_config(folder: Path, source: Path, data: str, name: str, *, size: int
     return path
 
 
-def launcher(processes: int) -> list[str]:
-    """mpirun -np N (Open MPI's root flags when root); one process without mpirun runs as an MPI singleton."""
+def launcher(processes: int, env: dict[str, str]) -> list[str]:
+    """mpirun -np N (Open MPI's flags: root allowed, no binding, the variables the ranks need); one process without
+    mpirun runs as an MPI singleton."""
     mpirun = shutil.which("mpirun")
     if not mpirun:
         if processes > 1:
             raise RuntimeError("no mpirun on PATH: 2 ranks need one")
         return []
-    version = subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout
-    root = ["--allow-run-as-root"] if "Open MPI" in version and os.geteuid() == 0 else []
-    return [mpirun, *root, "-np", str(processes), "-bind-to", "none", *(["--oversubscribe"] if root or
-                                                                           "Open MPI" in version else [])]
+    command = [mpirun, "-np", str(processes)]
+    if "Open MPI" in subprocess.run([mpirun, "--version"], capture_output=True, text=True).stdout:
+        command += [*(["--allow-run-as-root"] if os.geteuid() == 0 else []), "--bind-to", "none", "--oversubscribe"]
+        for name in ("PYTHONPATH", "PYTHONUNBUFFERED", "LD_LIBRARY_PATH", "OPAL_PREFIX", "CUDA_VISIBLE_DEVICES",
+                     TIMEOUT_VARIABLE):
+            if name in env:
+                command += ["-x", name]
+    return command
 
 
-def trainer_command(config: Path, processes: int) -> list[str]:
-    forwarded = []
-    if processes > 1 or shutil.which("mpirun"):
-        if "Open MPI" in subprocess.run([shutil.which("mpirun"), "--version"], capture_output=True, text=True).stdout:
-            for name in ("PYTHONPATH", "CUDA_VISIBLE_DEVICES", TIMEOUT_VARIABLE, "PYTHONUNBUFFERED"):
-                forwarded += ["-x", name]
-    return [*launcher(processes), *forwarded, sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config",
-            str(config)]
+def trainer_command(config: Path, processes: int, env: dict[str, str]) -> list[str]:
+    return [*launcher(processes, env), sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
 
 
 def train(folder: Path, config: Path, name: str, limit: float, **env: str) -> dict:
@@ -172,13 +172,20 @@ def train(folder: Path, config: Path, name: str, limit: float, **env: str) -> di
     from scalingrun_api.progress import PROGRESS_FILE, Progress
 
     log = folder / f"{name}.log"
+    env = _env(**{"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0"), **env})
     start = time.monotonic()
     with log.open("w") as out:
-        result = subprocess.run(trainer_command(config, 1), stdout=out, stderr=subprocess.STDOUT, timeout=limit,
-                                env=_env(**env))
+        job = subprocess.Popen(trainer_command(config, 1, env), stdout=out, stderr=subprocess.STDOUT, env=env,
+                               start_new_session=True)
+    try:
+        code = job.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"still running after {limit:.0f} s (--run-limit): {log.read_text()[-1000:]}") from None
+    finally:
+        _stop(job)
     progress_file = folder / "runs" / name / PROGRESS_FILE
-    if result.returncode or not progress_file.exists():
-        raise RuntimeError(f"exit {result.returncode}: {log.read_text()[-1500:]}")
+    if code or not progress_file.exists():
+        raise RuntimeError(f"exit {code}: {log.read_text()[-1500:]}")
     progress = Progress.read(json.loads(progress_file.read_text()))
     rates = [epoch.images_per_second for epoch in progress.history if epoch.images_per_second]
     cache = progress.feature_cache
@@ -242,44 +249,61 @@ def frozen_rank(folder: Path, config: Path, name: str, timeout: int, limit: floa
     """2 ranks; after epoch 1 and half an epoch more, SIGSTOP rank 1; seconds until the launcher exits."""
     from scalingrun_api.progress import PROGRESS_FILE, Progress
 
-    env = _env(**{TIMEOUT_VARIABLE: str(timeout)}, **({"CUDA_VISIBLE_DEVICES": ""} if hidden_cuda else {}))
+    env = _env(**{TIMEOUT_VARIABLE: str(timeout), "CUDA_VISIBLE_DEVICES": "" if hidden_cuda else
+                  os.environ.get("CUDA_VISIBLE_DEVICES", "0")})
     log = folder / f"{name}.log"
     progress_file = folder / "runs" / name / PROGRESS_FILE
     with log.open("w") as out:
-        job = subprocess.Popen(trainer_command(config, 2), stdout=out, stderr=subprocess.STDOUT, env=env,
+        job = subprocess.Popen(trainer_command(config, 2, env), stdout=out, stderr=subprocess.STDOUT, env=env,
                                start_new_session=True)
     try:
-        deadline, history = time.monotonic() + 600, []
-        while not history:  # the first finished epoch: training runs, its epochs' length known
+        deadline, seen = time.monotonic() + 600, []  # (epochs finished, when seen)
+        while len(seen) < 2:  # two finished epochs: training runs, and an epoch's length is known
             if job.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"exit {job.returncode} before the first epoch: {log.read_text()[-1500:]}")
-            time.sleep(0.5)
-            if progress_file.exists():
-                try:
-                    history = Progress.read(json.loads(progress_file.read_text())).history
-                except ValueError:
-                    pass  # being written
-        elapsed = Progress.read(json.loads(progress_file.read_text())).elapsed_seconds or 2.0
-        time.sleep(min(30.0, max(0.5, elapsed / 2)))  # mid-epoch 2 (epoch 1 includes start-up)
+                raise RuntimeError(f"exit {job.returncode} before epoch 2 ended: {log.read_text()[-1500:]}")
+            time.sleep(0.2)
+            try:
+                epochs = len(Progress.read(json.loads(progress_file.read_text())).history)
+            except (OSError, ValueError):
+                continue  # not there yet, or being written
+            if epochs and (not seen or epochs > seen[-1][0]):
+                seen.append((epochs, time.monotonic()))
+        time.sleep((seen[1][1] - seen[0][1]) / (seen[1][0] - seen[0][0]) / 2)  # half an epoch on
         pid = _rank_process(job.pid, 1)
         if pid is None:
             raise RuntimeError("rank 1's process not found")
         os.kill(pid, signal.SIGSTOP)
+        say(f"rank 1 (pid {pid}) stopped; waiting for the launcher to exit (at most {limit:.0f} s)")
         stopped = time.monotonic()
         try:
             code = job.wait(timeout=limit)
             seconds = time.monotonic() - stopped
         except subprocess.TimeoutExpired:
             code, seconds = None, limit
-        tail = [line for line in log.read_text().splitlines() if line.strip()][-3:]
-        return {"exit": code, "seconds": seconds, "limit": limit, "timeout": timeout, "tail": " / ".join(tail)[-400:]}
+        lines = [line.strip() for line in log.read_text().splitlines() if line.strip()]
+        ours = [line for line in lines if line.startswith("scalingrun-trainer (rank")]  # the ranks' own words
+        return {"exit": code, "seconds": seconds, "limit": limit, "timeout": timeout,
+                "tail": (ours[0][:300] if ours else " / ".join(lines[-3:])[-300:])}
     finally:
+        _stop(job)
+
+
+def _stop(job: subprocess.Popen) -> None:
+    """The launcher and every rank it started (its own process session), stopped ones too."""
+    for sent in (signal.SIGCONT, signal.SIGKILL):
         try:
-            os.killpg(job.pid, signal.SIGCONT)
-            os.killpg(job.pid, signal.SIGKILL)
+            os.killpg(job.pid, sent)
         except ProcessLookupError:
-            pass
-        job.wait()
+            break
+    job.wait()
+
+
+STARTED = time.monotonic()
+
+
+def say(message: str) -> None:
+    """Progress on stderr, with the seconds since the start (the table goes to stdout)."""
+    print(f"[gpu.py {time.monotonic() - STARTED:6.1f} s] {message}", file=sys.stderr, flush=True)
 
 
 def _number(value: float | None, unit: str = "") -> str:
@@ -288,6 +312,7 @@ def _number(value: float | None, unit: str = "") -> str:
 
 def run(args) -> tuple[dict, list[list[str]]]:
     facts = environment()
+    say(f"environment: {facts}")
     devices = ["cpu"] if args.device == "cpu" or not facts["cuda"] else ["cuda", "cpu"]
     rows: list[list[str]] = []
     folder = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
@@ -297,6 +322,7 @@ def run(args) -> tuple[dict, list[list[str]]]:
         data = preprocess(source, folder / "parquet", args.size, 2)
         rows.append(["data", "-", f"{args.images} synthetic JPEGs, {args.size}x{args.size}",
                      f"{time.perf_counter() - started:.1f} s", "made and preprocessed by our code"])
+        say("data made; measuring the input pipeline")
         rates = input_rates(data, args.batch, args.input_batches, args.rounds)
         rows.append(["input pipeline: our reader (TrainBatches)", "cpu", f"batch {args.batch}",
                      _number(rates["reader"], " img/s"), f"median of {args.rounds}"])
@@ -310,14 +336,15 @@ def run(args) -> tuple[dict, list[list[str]]]:
                 config = render_config(folder, source, data, name, size=args.size, batch=args.batch, epochs=epochs,
                                        cache=cache, replicas=1, gpus=1 if device == "cuda" else 0)
                 label = f"training: 1 process, featureCache {cache}"
+                say(f"{label} on {device}")
                 try:
                     result = train(folder, config, name, args.run_limit,
                                    **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}))
-                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                except RuntimeError as exc:
                     rows.append([label, device, f"batch {args.batch}", "failed", str(exc)[-300:].replace("\n", " ")])
                     continue
                 results[device, cache] = result
-                notes = [f"{result['rate'] / rates['reader']:.2f} x reader",
+                notes = [f"{result['rate'] / rates['reader']:.3g} x reader",
                          "epochs " + " ".join(f"{rate:.0f}" for rate in result["epochs"])]
                 if result["input_wait"] is not None:
                     notes.append(f"input wait {result['input_wait']:.0%}")
@@ -349,6 +376,7 @@ def frozen_row(args, facts: dict, folder: Path, source: Path, data: str) -> list
     backend = args.frozen_backend or ("nccl" if facts["cuda"] and args.device != "cpu" else "gloo")
     label = f"frozen rank: 2 ranks, rank 1 SIGSTOPped mid-epoch ({backend})"
     setting = f"{TIMEOUT_VARIABLE}={args.frozen_timeout}"
+    say(label)
     if backend == "nccl":
         possible, why = nccl_pair()
         if not possible:
@@ -366,7 +394,7 @@ def frozen_row(args, facts: dict, folder: Path, source: Path, data: str) -> list
     if result["exit"] is None:
         return [label, device, setting, f"> {result['limit']:.0f} s", "still running at the limit: killed"]
     return [label, device, setting, _number(result["seconds"], " s"),
-            f"launcher exit {result['exit']}; last lines: {result['tail']}".replace("|", "/")]
+            f"launcher exit {result['exit']}: {result['tail']}"]
 
 
 def table(facts: dict, rows: list[list[str]]) -> str:
@@ -403,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.dry_run:
         args.device = "cpu"
-        small = {"images": 160, "source_side": 48, "size": 32, "batch": 16, "cpu_epochs": 2, "rounds": 1,
+        small = {"images": 120, "source_side": 48, "size": 32, "batch": 16, "cpu_epochs": 2, "rounds": 1,
                  "input_batches": 8}
         for name, value in small.items():
             if parser.get_default(name) == getattr(args, name):
