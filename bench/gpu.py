@@ -310,11 +310,33 @@ def _number(value: float | None, unit: str = "") -> str:
     return "-" if value is None else f"{value:,.1f}{unit}"
 
 
+class Table(list):
+    """The table's rows; each one added is written out at once ($OUT/gpu-bench.md), so that a check cut short by
+    the device call's limit still returns what it measured."""
+
+    def __init__(self, facts: dict):
+        super().__init__()
+        self.facts = facts
+
+    def append(self, row: list[str]) -> None:
+        super().append(row)
+        say(" | ".join(row))
+        publish(self.facts, self)
+
+
+def publish(facts: dict, rows: list[list[str]]) -> str:
+    text = table(facts, rows)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], "gpu-bench.md").write_text(text + "\n")
+        Path(os.environ["OUT"], "gpu-bench.json").write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
+    return text
+
+
 def run(args) -> tuple[dict, list[list[str]]]:
     facts = environment()
     say(f"environment: {facts}")
     devices = ["cpu"] if args.device == "cpu" or not facts["cuda"] else ["cuda", "cpu"]
-    rows: list[list[str]] = []
+    rows = Table(facts)
     folder = Path(tempfile.mkdtemp(prefix="gpu-bench-"))
     try:
         started = time.perf_counter()
@@ -420,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--caches", nargs="+", default=["off", "auto"], choices=["off", "auto"])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--input-batches", type=int, default=40)
-    parser.add_argument("--run-limit", type=float, default=600, help="seconds one training run may take")
+    parser.add_argument("--run-limit", type=float, default=300, help="seconds one training run may take")
     parser.add_argument("--skip-frozen", action="store_true")
     parser.add_argument("--frozen-backend", choices=["nccl", "gloo"], help="default: nccl with a GPU, else gloo")
     parser.add_argument("--frozen-timeout", type=int,
@@ -437,11 +459,7 @@ def main(argv: list[str] | None = None) -> int:
             if parser.get_default(name) == getattr(args, name):
                 setattr(args, name, value)
     facts, rows = run(args)
-    text = table(facts, rows)
-    print(text)
-    if os.environ.get("OUT"):
-        Path(os.environ["OUT"], "gpu-bench.md").write_text(text + "\n")
-        Path(os.environ["OUT"], "gpu-bench.json").write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
+    print(publish(facts, rows))
     return 0
 
 

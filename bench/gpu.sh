@@ -27,5 +27,9 @@ if [ "${GPU_BENCH_OPENMPI:-}" = 1 ] || ! "$python" -c "from mpi4py import MPI" 2
     echo "gpu.sh: using the carried Open MPI ($prefix)" >&2
   fi
 fi
+if ! missing=$("$python" -c "import pydantic, petastorm.reader" 2>&1); then
+  echo "gpu.sh: ${missing##*$'\n'}: run 'bash bench/gpu-wheels.sh' where there is network and carry .whl" >&2
+  exit 2
+fi
 { nvidia-smi -L 2>&1 || true; } | tee "$out/gpu-bench.log"
 "$python" bench/gpu.py "$@" 2>&1 | tee -a "$out/gpu-bench.log"
