@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -32,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,9 +225,10 @@ def nccl_pair() -> tuple[bool, str]:
                 outputs.append((rank.communicate()[0] or "") + "\n(no answer in 90 s)")
     if all(rank.returncode == 0 for rank in ranks):
         return True, "a 2-rank NCCL all-reduce on cuda:0 worked"
-    lines = [line.strip() for output in outputs for line in output.splitlines()
-             if "Duplicate GPU" in line or "Error" in line or "error" in line]
-    return False, (lines[0] if lines else outputs[0].strip()[-300:])[:300]
+    lines = [line.strip() for output in outputs for line in output.splitlines()]
+    why = ([line for line in lines if "Duplicate GPU" in line] + [line for line in lines if re.match(
+        r"^[\w.]*(Error|Exception)\b.*:", line)] + [line for line in lines if "NCCL WARN" in line] + lines[-1:])
+    return False, (why[0] if why else "no output")[:300]
 
 
 def _rank_process(session: int, rank: int) -> int | None:
@@ -327,6 +330,7 @@ class Table(list):
 def publish(facts: dict, rows: list[list[str]]) -> str:
     text = table(facts, rows)
     if os.environ.get("OUT"):
+        Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
         Path(os.environ["OUT"], "gpu-bench.md").write_text(text + "\n")
         Path(os.environ["OUT"], "gpu-bench.json").write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
     return text
@@ -386,6 +390,9 @@ def run(args) -> tuple[dict, list[list[str]]]:
                              f"{results[device, 'auto']['rate'] / results[device, 'off']['rate']:.2f} x", ""])
         if not args.skip_frozen:
             rows.append(frozen_row(args, facts, folder, source, data))
+    except Exception as exc:  # a step everything after it needs (the data, the reader): said in the table
+        traceback.print_exc()
+        rows.append(["stopped here", "-", "-", "failed", f"{type(exc).__name__}: {exc}"[:300].replace("\n", " ")])
     finally:
         if args.keep:
             print(f"kept {folder}", file=sys.stderr)
