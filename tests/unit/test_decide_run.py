@@ -5,14 +5,16 @@ Every root cause and interruption the operator reports has a row; so do the chil
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import pytest
 
+from scalingrun_operator.decide import pinning
 from scalingrun_operator.decide.snapshot import LogTail, Patch, Server, Settings
 from tests.unit.decide_world import (
-    NOW, OWNER, World, condition, config_map, conditions, done, job, manifest, mpijob, preprocessing_status,
+    NOW, OWNER, SPEC, World, condition, config_map, conditions, done, job, manifest, mpijob, preprocessing_status,
     progress, stamp, training_status, actions,
 )
 from tests.unit.test_pods import pod, unschedulable, waiting
@@ -477,3 +479,46 @@ def test_what_decide_wrote_is_what_it_reads_next_time():
     again = world.decide()
     assert [e.reason for e in first.events] == ["WorkerPodLost"]
     assert again.events == () and again.status is None and again.actions == ()
+
+
+# --- the pin ------------------------------------------------------------------------------------------
+
+
+def _evil_annotation() -> dict[str, str]:
+    evil = copy.deepcopy(SPEC)
+    evil["workers"]["image"] = "evil/image:6.6.6"
+    return {pinning.PINNED_ANNOTATION: json.dumps(evil)}
+
+
+def test_a_pinned_spec_annotation_chooses_nothing_and_is_removed_with_a_warning():
+    spec = copy.deepcopy(SPEC)
+    spec["workers"]["image"] = "ok/trainer:1"
+    world = World(pinned=False, spec=spec, annotations=_evil_annotation())
+    decision = world.decide()
+    job = next(a.obj for a in decision.actions if a.obj["kind"] == "Job")
+    assert {c["image"] for c in job["spec"]["template"]["spec"]["containers"]} == {"ok/trainer:1"}
+    assert json.loads(decision.pin)["workers"]["image"] == "ok/trainer:1"
+    assert decision.desired[pinning.PINNED_FIELD] == decision.pin and decision.drop_pin_annotation
+    warning = next(e for e in decision.events if e.reason == "PinnedSpecAnnotationIgnored")
+    assert warning.type == "Warning" and "spec.workers.image" in warning.message and "evil" not in warning.message
+
+    # Once the operator's pin is in status, an annotation written later changes nothing either.
+    world.status, world.spec = copy.deepcopy(dict(decision.desired)), spec
+    again = world.decide()
+    assert again.pin is None and again.drop_pin_annotation
+    assert all("evil" not in str(a.obj if hasattr(a, "obj") else a.patch) for a in again.actions)
+
+
+def test_the_pin_is_read_from_status_only():
+    body = {"metadata": {"annotations": _evil_annotation()}, "status": {}}
+    assert pinning.pinned_of(body) is None
+    body["status"][pinning.PINNED_FIELD] = pinning.pin(SPEC)
+    assert pinning.pinned_of(body) == pinning.pin(SPEC)
+
+
+def test_a_large_spec_is_pinned_compressed_and_read_back():
+    spec = copy.deepcopy(SPEC)
+    spec["model"] = {"builderArgs": {f"k{i}": "v" * 64 for i in range(1000)}}
+    pinned = pinning.pin(spec)
+    assert len(pinned) < pinning.PLAIN_LIMIT < len(json.dumps(spec)) and pinned.startswith("zlib+base64:")
+    assert pinning.effective_spec(SPEC, pinned)["model"] == spec["model"]

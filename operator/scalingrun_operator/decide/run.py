@@ -33,7 +33,7 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
     draft = Draft(snapshot, settings)
     if is_terminal(status):
         _restart_after_invalid_spec(draft.update)
-    pinned = (meta.get("annotations") or {}).get(pinning.PINNED_ANNOTATION)
+    pinned = pinning.pinned_of(body)
     run, invalid = snapshot.derive("run", lambda: _parse(body, pinning.effective_spec(body["spec"], pinned)))
     refusal = run and endpoint_refusal(run.spec.storage.endpoint, settings.allowed_storage_endpoints)
     if refusal:  # the operator's own rule: refused before any child is made or storage asked
@@ -45,6 +45,7 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
             draft.update.set_phase(Phase.pending.value, "accepted")
         if pinned is None:
             draft.pin = pinning.pin(body["spec"])
+            draft.update.desired[pinning.PINNED_FIELD] = draft.pin
         else:
             _record_ignored_changes(draft.update, body["spec"], pinned)
         if not draft.condition_true(PREPROCESSED):
@@ -52,6 +53,10 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
         if (draft.condition_true(PREPROCESSED) and settings.train and not draft.blocked
                 and not is_terminal(draft.update.desired)):
             decide_training(draft, run)
+    annotation = pinning.annotation_of(body)
+    if annotation is not None:
+        draft.drop_pin_annotation = True
+        draft.update.warn("PinnedSpecAnnotationIgnored", pinning.annotation_ignored_message(body["spec"], annotation))
     if is_terminal(draft.update.desired):
         draft.follow, draft.recheck_in, draft.again = None, None, False  # nothing left to wait for
     return draft.decision()

@@ -238,10 +238,11 @@ Action = Union[Create, Patch]
 
 @dataclass(frozen=True)
 class Decision:
-    """What one look decided; act applies it in this order: pin, actions, status, events."""
+    """What one look decided; act applies it in this order: annotation, pin, actions, status, events."""
 
     phase: Optional[str]
-    pin: Optional[str] = None  # the pinned-spec annotation to write (decide.pinning)
+    pin: Optional[str] = None  # status.pinnedSpec to write before any child (decide.pinning)
+    drop_pin_annotation: bool = False  # remove the old pinned-spec annotation (it chooses nothing)
     actions: tuple[Action, ...] = ()
     status: Optional[dict[str, Any]] = None  # merge patch of status; None: unchanged
     desired: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # status after the patch

@@ -166,8 +166,8 @@ class LocalRun:
     # --- act ---------------------------------------------------------------------------------------------
 
     def act(self, decision: Decision) -> None:
-        if decision.pin is not None:
-            self.body["metadata"].setdefault("annotations", {})[pinning.PINNED_ANNOTATION] = decision.pin
+        if decision.drop_pin_annotation:
+            self.body["metadata"].get("annotations", {}).pop(pinning.PINNED_ANNOTATION, None)
         status = copy.deepcopy(dict(decision.desired))
         for action in decision.actions:
             if isinstance(action, Create):
