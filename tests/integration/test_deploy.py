@@ -174,7 +174,8 @@ def test_operator_works_with_only_the_chart_service_account(installed, api_clien
         stdout=log, stderr=subprocess.STDOUT, env={**env, **SERVICE_LINKS, "KUBECONFIG": str(sa_kubeconfig),
                                                    "SCALINGRUN_POLL_INTERVAL_SECONDS": "2",
                                                    "SCALINGRUN_LEASE_NAMESPACE": SYSTEM,
-                                                   "SCALINGRUN_LEASE_HOLDER": "scalingrun-pod-a"},
+                                                   "SCALINGRUN_LEASE_HOLDER": "scalingrun-pod-a",
+                                                   "SCALINGRUN_ALLOW_LOCAL_PATHS": "true"},
         start_new_session=True)
     try:
         run = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "rbac-check"},

@@ -36,6 +36,8 @@ SERVED = "sro"  # namespaces sro-* are served by the module's operator
 OWN = "srk"  # namespaces srk-* by an operator a test starts and kills itself
 PEERED = "srp"  # namespaces srp-* by two peered replicas
 TIMEOUT = 90  # generous: the machine is small and shared
+# The tests' stores are on 127.0.0.1 and their outputs in local folders, both refused by an operator's defaults.
+TEST_STORES = {"allow_any_storage_endpoint": True, "allow_local_paths": True}
 
 
 # --- helpers ----------------------------------------------------------------------------------------
@@ -62,7 +64,10 @@ class Operator:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(KUBECONFIG=self.kubeconfig, SCALINGRUN_POLL_INTERVAL_SECONDS="1",
                    SCALINGRUN_RECHECK_INTERVAL_SECONDS="1",
-                   SCALINGRUN_COMPLETION_GRACE_SECONDS="5", PYTHONUNBUFFERED="1")
+                   SCALINGRUN_COMPLETION_GRACE_SECONDS="5", PYTHONUNBUFFERED="1",
+                   # The tests' stores are on 127.0.0.1 and their runs' outputs in local folders: both refused by
+                   # default (api/endpoints.py); tests of those defaults set these back.
+                   SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT="true", SCALINGRUN_ALLOW_LOCAL_PATHS="true")
         env.update(self.env)
         args = [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--log-format", "plain",
                 "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",

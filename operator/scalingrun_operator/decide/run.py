@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun
-from ..api.endpoints import endpoint_refusal
+from ..api.endpoints import endpoint_refusal, local_path_refusal
 from ..api.validation import InvalidScalingRun, parse_scalingrun
 from . import pinning
 from .draft import Draft
@@ -35,7 +35,7 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
         _restart_after_invalid_spec(draft.update)
     pinned = pinning.pinned_of(body)
     run, invalid = snapshot.derive("run", lambda: _parse(body, pinning.effective_spec(body["spec"], pinned)))
-    refusal = run and endpoint_refusal(run.spec.storage.endpoint, settings.allowed_storage_endpoints)
+    refusal = run and _refusal(run, settings)
     if refusal:  # the operator's own rule: refused before any child is made or storage asked
         run, invalid = None, f"{refusal} (the run is retried on edit)."
     if run is None:
@@ -60,6 +60,14 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
     if is_terminal(draft.update.desired):
         draft.follow, draft.recheck_in, draft.again = None, None, False  # nothing left to wait for
     return draft.decision()
+
+
+def _refusal(run: ScalingRun, settings: Settings) -> Optional[str]:
+    """Why the operator may not read this run's store or documents (its own rules, not the API's); None if it may."""
+    policy = settings.endpoint_policy
+    return (endpoint_refusal(run.spec.storage.endpoint, settings.allowed_storage_endpoints, policy)
+            or local_path_refusal("spec.dataset.output", run.spec.dataset.output, policy)
+            or local_path_refusal("spec.training.checkpoint.location", run.spec.training.checkpoint.location, policy))
 
 
 def _parse(body: dict[str, Any], spec: dict[str, Any]) -> tuple[Optional[ScalingRun], str]:

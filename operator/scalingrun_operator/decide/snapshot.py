@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Hashable, Mapping, Optional, Union
 
+from ..api.endpoints import EndpointPolicy
 from .status import Event
 
 # --- asks: the facts decide may need ------------------------------------------------------------
@@ -207,6 +208,8 @@ class Settings:
     train: bool = True
     #: The operator's allow-list of storage endpoints (api/endpoints.py); empty: any.
     allowed_storage_endpoints: tuple[str, ...] = ()
+    #: Without an allow-list: the addresses refused, and whether paths may be read (api/endpoints.py).
+    endpoint_policy: EndpointPolicy = EndpointPolicy()
 
 
 # --- the decision -------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun, ScalingRunStatus
+from ..api.endpoints import EndpointPolicy
 from ..api.validation import s3_fields
 from ..builders.common import storage_env
 from ..builders.config import CONFIG_KEY, total_processes
@@ -43,7 +44,7 @@ from .processes import Commands, LocalRunError, Shards, train_env, training_stat
 __all__ = ["LocalRun", "LocalRunError"]
 
 # Nothing here writes a document late (the processes have ended when they are judged): no grace to wait.
-SETTINGS = Settings(completion_grace_seconds=0.0, where=LOCAL)
+SETTINGS = Settings(completion_grace_seconds=0.0, where=LOCAL, endpoint_policy=EndpointPolicy.anything())
 
 
 @dataclass
