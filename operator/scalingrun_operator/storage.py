@@ -77,6 +77,7 @@ class Credentials:
         return hashlib.sha256(f"{self.access_key}\0{self.secret_key}".encode()).hexdigest()[:16]
 
 
+
 class Clients:
     """botocore S3 clients by endpoint, region, keys and timeout (creating one costs tens of milliseconds and a
     few MB, and a client holds a connection pool): the operator keeps one of these for its lifetime."""

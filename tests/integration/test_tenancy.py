@@ -73,3 +73,20 @@ def test_a_pin_written_by_a_user_chooses_nothing(cluster, operator, bucket, s3_s
     for role in ("Launcher", "Worker"):
         assert _images(mpijob["spec"]["mpiReplicaSpecs"][role]["template"]["spec"]) == {"ok/trainer:1"}
     assert not any("evil" in m for _, _, m in cluster.events("pinned"))
+
+
+def test_a_key_with_a_line_break_is_refused_naming_the_key_and_its_value_appears_nowhere(cluster, operator,
+                                                                                            s3_server):
+    pem = "-----BEGIN PRIVATE KEY-----\nLEAKME0123456789\n-----END PRIVATE KEY-----\n"
+    cluster.core.create_namespaced_secret(cluster.ns, {"metadata": {"name": "pem"}, "stringData": {
+        "AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": pem}})
+    cluster.create_run(new_run(cluster.ns, "pem", s3_server, storage={"credentialsSecret": "pem"}))
+
+    condition = wait_for(lambda: cluster.condition("pem", "StorageReadable").get("status") == "False" and
+                         cluster.condition("pem", "StorageReadable"), what="StorageReadable=False", operator=operator)
+    assert f"Secret {cluster.ns}/pem key 'AWS_SECRET_ACCESS_KEY' holds control or non-ASCII" in condition["message"]
+    cluster.wait_events("pem", lambda ev: any(r == "StorageUnreadable" for _, r, _ in ev), operator)
+    assert "LEAKME" not in json.dumps(cluster.run("pem"))
+    assert not [m for _, _, m in cluster.events("pem") if "LEAKME" in m or "BEGIN PRIVATE" in m]
+    assert "LEAKME" not in operator.log_path.read_text(errors="replace")
+    assert cluster.job("pem-preprocess") is None  # nothing made with a store it cannot read
