@@ -133,17 +133,17 @@ def test_a_labelled_orphan_configmap_is_adopted_and_brought_to_the_spec(cluster,
     stale["data"] = {"config.json": "{}", "left-over": "x"}
     put(cluster, stale)
     Reconciler(Kube(cluster.core.api_client), Config(**TEST_STORES))(cluster.ns, "mine")
-    adopted = get(cluster, "ConfigMap", "mine-config")
+    adopted = get(cluster, "ConfigMap", "mine-runconfig")
     assert [r["uid"] for r in adopted["metadata"]["ownerReferences"]] == [created["metadata"]["uid"]]
     assert adopted["data"] == build_config_map(run, cluster.ns)["data"]
     assert cluster.job("mine-preprocess") is not None
     assert cluster.condition("mine", "ChildConflict") == {}
 
     # Ours, and changed behind the run's back: brought back to the spec by the next look that ensures it.
-    cluster.core.patch_namespaced_config_map("mine-config", cluster.ns, {"data": {"config.json": "{}"}})
+    cluster.core.patch_namespaced_config_map("mine-runconfig", cluster.ns, {"data": {"config.json": "{}"}})
     cluster.batch.delete_namespaced_job("mine-preprocess", cluster.ns, propagation_policy="Background")
     Reconciler(Kube(cluster.core.api_client), Config(**TEST_STORES))(cluster.ns, "mine")
-    assert get(cluster, "ConfigMap", "mine-config")["data"] == build_config_map(run, cluster.ns)["data"]
+    assert get(cluster, "ConfigMap", "mine-runconfig")["data"] == build_config_map(run, cluster.ns)["data"]
 
 
 def test_act_patches_only_what_the_run_controls_at_the_version_it_checked(cluster, tmp_path):

@@ -176,7 +176,7 @@ def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator) -
     cluster.complete_job("life-preprocess", succeeded=1)
     wait_for(cluster.phase_is("life", "Training"), what="Training", operator=operator)
     assert owners(client.ApiClient().sanitize_for_serialization(
-        cluster.core.read_namespaced_config_map("life-config", cluster.ns))) == [uid]
+        cluster.core.read_namespaced_config_map("life-runconfig", cluster.ns))) == [uid]
     cluster.set_mpijob_condition("life-train", "Running", "", "")
     bucket.put_json(progress_uri(admitted), progress("running", 1))
     wait_for(lambda: (cluster.status("life").get("training") or {}).get("epoch") == 1, what="epoch 1",

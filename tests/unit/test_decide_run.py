@@ -404,7 +404,7 @@ ROWS = [
         check=_adopted({"data": CM_DATA})),
     Row("a ConfigMap of the run's name that another run controls blocks the Job",
         lambda: World(children={"ConfigMap": owned_by_other(config_map())}), "Pending", [],
-        {"ChildConflict": ("True", "NameTaken", "ConfigMap demo-config already exists")}, ["Pending", "ChildConflict"],
+        {"ChildConflict": ("True", "NameTaken", "ConfigMap demo-runconfig already exists")}, ["Pending", "ChildConflict"],
         recheck=10),
     Row("an MPIJob of the run's name that another run controls holds the run before training",
         lambda: preprocessing(children={"ConfigMap": config_map(), "Job": job(done("Complete"), succeeded=2),
