@@ -522,3 +522,31 @@ def test_a_large_spec_is_pinned_compressed_and_read_back():
     pinned = pinning.pin(spec)
     assert len(pinned) < pinning.PLAIN_LIMIT < len(json.dumps(spec)) and pinned.startswith("zlib+base64:")
     assert pinning.effective_spec(SPEC, pinned)["model"] == spec["model"]
+
+
+# --- bounded status -----------------------------------------------------------------------------------
+
+
+def test_an_oversized_progress_document_leaves_a_small_status():
+    """Whatever the run's own code writes into progress.json, the status stays far under etcd's limit."""
+    huge = "x" * 1_000_000
+    document = progress(
+        metrics={f"metric_{i:05d}": 0.5 for i in range(2_000)} | {"val_accuracy": 0.75, "m" * 500: 1.0},
+        bestMetrics={f"metric_{i:05d}": 0.5 for i in range(2_000)} | {"val_accuracy": 0.75},
+        mlflowRunId=huge, modelUri="s3://data/" + huge, error=huge,
+        inputHistory=[{"epoch": i, "inputWaitFraction": 0.1} for i in range(3_000)],
+        batchSizeProbe={"chosen": 64, "stoppedBy": huge,
+                        "table": [{"batchSize": i, "imagesPerSecond": 1.0} for i in range(3_000)]},
+        featureCache={"used": False, "reason": huge})
+    for state in ("running", "succeeded", "failed"):
+        decision = training(progress={**document, "state": state}).decide()
+        training_status = decision.desired["training"]
+        assert len(json.dumps(decision.desired)) < 64 * 1024, state
+        assert len(training_status["metrics"]) == len(training_status["bestMetrics"]) == 32
+        assert list(training_status["metrics"])[0] == "val_accuracy"  # the usual names are kept first
+        assert len(training_status["inputHistory"]) == 10 and training_status["inputHistory"][-1]["epoch"] == 2_999
+        assert len(training_status["batchSizeProbe"]["table"]) == 32
+        assert len(training_status["batchSizeProbe"]["stoppedBy"]) <= 256
+        assert len(training_status["featureCache"]["reason"]) <= 256
+        assert "mlflowRunId" not in training_status and "modelUri" not in decision.desired
+        assert all(len(e.message) <= 2000 for e in decision.events)
