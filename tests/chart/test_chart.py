@@ -288,3 +288,14 @@ def test_the_security_page_lists_exactly_what_the_chart_grants_the_operator(helm
         granted |= grants(bound_rules(objects, deployment["spec"]["template"]["spec"]["serviceAccountName"],
                                       "scalingrun-system"))
     assert documented == granted, (sorted(documented - granted), sorted(granted - documented))
+
+
+def test_users_who_may_edit_runs_may_not_write_their_status(helm):
+    """status.pinnedSpec chooses the spec a run is held to: only the operator (the status verb) writes it."""
+    roles = [o for o in render(helm) if o["kind"] == "ClusterRole"
+             and (o["metadata"].get("labels") or {}).get("rbac.authorization.k8s.io/aggregate-to-edit") == "true"]
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            if any(resource.endswith("/status") or resource == "*" for resource in rule["resources"]):
+                assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
