@@ -57,8 +57,10 @@ def annotation_of(body: dict[str, Any]) -> Optional[str]:
 
 
 def annotation_ignored_message(spec: dict[str, Any], annotation: str) -> str:
-    differs = ignored_changes(spec, annotation)
-    if _load(annotation) is None:
+    written = _load(annotation)
+    # Only what the annotation names: a field it leaves out is no choice of its writer (.spec has its default).
+    differs = [] if written is None else _diff(written, _without_live(spec), "spec", only_old=True)
+    if written is None:
         what = "it holds no spec"
     elif differs:
         what = f"it differs from .spec at {', '.join(differs[:8])}" + (" and more" if len(differs) > 8 else "")
@@ -92,11 +94,11 @@ def effective_spec(spec: dict[str, Any], pinned: Optional[str]) -> dict[str, Any
     return out
 
 
-def _diff(old: Any, new: Any, path: str) -> list[str]:
+def _diff(old: Any, new: Any, path: str, only_old: bool = False) -> list[str]:
     if isinstance(old, dict) and isinstance(new, dict):
         out: list[str] = []
-        for key in sorted(set(old) | set(new)):
-            out += _diff(old.get(key), new.get(key), f"{path}.{key}")
+        for key in sorted(set(old) if only_old else set(old) | set(new)):
+            out += _diff(old.get(key), new.get(key), f"{path}.{key}", only_old)
         return out
     return [] if old == new else [path]
 
