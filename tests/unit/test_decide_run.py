@@ -515,6 +515,8 @@ def test_the_pin_is_read_from_status_only():
     assert pinning.pinned_of(body) is None
     body["status"][pinning.PINNED_FIELD] = pinning.pin(SPEC)
     assert pinning.pinned_of(body) == pinning.pin(SPEC)
+    body["status"][pinning.PINNED_FIELD] = "zlib+base64:not a pin"  # unreadable: pinned again from .spec
+    assert pinning.pinned_of(body) is None
 
 
 def test_a_large_spec_is_pinned_compressed_and_read_back():

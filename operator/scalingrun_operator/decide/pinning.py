@@ -46,9 +46,9 @@ def pin(spec: dict[str, Any]) -> str:
 
 
 def pinned_of(body: dict[str, Any]) -> Optional[str]:
-    """The pin the operator wrote (status), or None; never the annotation."""
+    """The pin the operator wrote (status), or None (then the run is pinned again); never the annotation."""
     value = (body.get("status") or {}).get(PINNED_FIELD)
-    return value if isinstance(value, str) and value else None
+    return value if isinstance(value, str) and _load(value) is not None else None
 
 
 def annotation_of(body: dict[str, Any]) -> Optional[str]:
