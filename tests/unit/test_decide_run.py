@@ -553,3 +553,15 @@ def test_an_oversized_progress_document_leaves_a_small_status():
         assert len(training_status["featureCache"]["reason"]) <= 256
         assert "mlflowRunId" not in training_status and "modelUri" not in decision.desired
         assert all(len(e.message) <= 2000 for e in decision.events)
+
+
+def test_a_run_pinned_by_an_earlier_operator_goes_on_pinned_to_its_spec():
+    """Pinned in the annotation by an earlier version, mid-training: pinned again in status from .spec, nothing
+    made anew, the annotation removed."""
+    world = training(pinned=False, annotations={pinning.PINNED_ANNOTATION: pinning.pin(SPEC)})
+    decision = world.decide()
+    assert decision.phase == "Training" and actions(decision) == []
+    assert decision.pin == pinning.pin(SPEC) and decision.drop_pin_annotation
+    assert [e.message for e in decision.events if e.reason == "PinnedSpecAnnotationIgnored"] == [
+        pinning.annotation_ignored_message(SPEC, pinning.pin(SPEC))]
+    assert "(it matches .spec)" in decision.events[-1].message
