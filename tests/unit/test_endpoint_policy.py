@@ -172,3 +172,20 @@ def test_an_allowed_address_is_reached_through_the_guard(server):
         _client(f"http://{address}:{server}", POLICY).get_object(Bucket="b", Key="k")
     assert not endpoint_guard.refused(raised.value)
     assert _Counting.requests == 1
+
+
+@pytest.mark.parametrize("host", ["2130706433", "127.1", "0x7f000001", "0177.0.0.1"])
+def test_loopback_spelt_as_the_resolver_reads_it_gets_no_request(server, host):
+    """No literal address to the spec's check, but the resolver reads 127.0.0.1: the connection check refuses it."""
+    endpoint = f"http://{host}:{server}"
+    assert endpoints.endpoint_refusal(endpoint, (), POLICY) is None
+    target = storage.StorageTarget(endpoint, "us-east-1", storage.Credentials("a", "b"), timeout=1, deadline=5,
+                                   policy=POLICY)
+    with pytest.raises(storage.StorageError, match="the storage endpoint is not reachable or not allowed; check"):
+        storage.read_json("s3://bucket/progress.json", target)
+    assert _Counting.requests == 0
+    # The same server, allowed: the request arrives (the refusal above was the guard's, not a dead port).
+    allowed = storage.StorageTarget(endpoint, "us-east-1", storage.Credentials("a", "b"), timeout=1, deadline=5,
+                                    policy=EndpointPolicy(allow_any=True))
+    assert storage.read_json("s3://bucket/progress.json", allowed) is None  # 404: no such document
+    assert _Counting.requests == 1
