@@ -1,7 +1,9 @@
 """What one tenant may not take from another, against a real kube-apiserver and SeaweedFS: a run cannot choose
-the spec it is held to by writing the pin itself.
+the spec it is held to by writing the pin itself, cannot have a Secret's value echoed, and cannot make the
+operator send requests where only its pod can reach or read its disk.
 
-The operator runs as in test_operator.py (a subprocess, standalone), serving the srt-* namespaces.
+The operator runs as in test_operator.py (a subprocess, standalone), serving the srt-* namespaces; a second one
+with the chart's defaults (no allow-list, no paths) serves the srd-* namespaces.
 """
 
 from __future__ import annotations
@@ -90,3 +92,53 @@ def test_a_key_with_a_line_break_is_refused_naming_the_key_and_its_value_appears
     assert not [m for _, _, m in cluster.events("pem") if "LEAKME" in m or "BEGIN PRIVATE" in m]
     assert "LEAKME" not in operator.log_path.read_text(errors="replace")
     assert cluster.job("pem-preprocess") is None  # nothing made with a store it cannot read
+
+
+# --- an operator with the chart's defaults: no allow-list, nothing allowed beyond it -----------------------
+
+SAFE = "srd"
+
+
+@pytest.fixture(scope="module")
+def safe_operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
+    op = Operator(kubeconfig, tmp_path_factory.mktemp("safe-operator") / "operator.log", [f"{SAFE}-*"],
+                  "--standalone", env={"SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT": "false",
+                                       "SCALINGRUN_ALLOW_LOCAL_PATHS": "false",
+                                       "SCALINGRUN_STORAGE_DEADLINE_SECONDS": "2"})
+    op.start()
+    yield op
+    op.stop()
+
+
+@pytest.fixture
+def safe_cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cluster:
+    name = _namespace(api_client, s3_server, request, SAFE)
+    yield Cluster(api_client, name)
+    client.CoreV1Api(api_client).delete_namespace(name)
+
+
+def test_by_default_the_operator_sends_nothing_where_only_it_can_reach(safe_cluster, safe_operator, s3_server):
+    cluster, port = safe_cluster, s3_server.endpoint.rsplit(":", 1)[1]
+    metadata = new_run(cluster.ns, "metadata", s3_server)
+    metadata["spec"]["storage"]["endpoint"] = "http://169.254.169.254"
+    cluster.create_run(metadata)
+    disk = new_run(cluster.ns, "disk", s3_server, dataset={"output": "/var/run/secrets/kubernetes.io"})
+    disk["spec"]["storage"]["endpoint"] = "http://minio.storage.invalid:9000"  # a name: passes the spec's check
+    cluster.create_run(disk)
+    spelt = new_run(cluster.ns, "spelt", s3_server)
+    spelt["spec"]["storage"]["endpoint"] = f"http://2130706433:{port}"  # 127.0.0.1, read by the resolver
+    cluster.create_run(spelt)
+
+    for name, words in (("metadata", "spec.storage.endpoint: http://169.254.169.254 is link-local"),
+                        ("disk", "spec.dataset.output: /var/run/secrets/kubernetes.io is a path on the operator's")):
+        wait_for(cluster.phase_is(name, "Failed"), what=f"{name} Failed", operator=safe_operator)
+        failed = cluster.condition(name, "Failed")
+        assert failed["reason"] == "InvalidSpec" and failed["message"].startswith(words), failed
+    condition = wait_for(lambda: cluster.condition("spelt", "StorageReadable").get("status") == "False" and
+                         cluster.condition("spelt", "StorageReadable"), what="StorageReadable=False",
+                         operator=safe_operator)
+    assert "the storage endpoint is not reachable or not allowed; check spec.storage.endpoint" in condition["message"]
+    assert "loopback" not in condition["message"] and "127.0.0.1" not in condition["message"]
+    assert "2130706433" in safe_operator.log_path.read_text() and "loopback" in safe_operator.log_path.read_text()
+    assert cluster.children("metadata") == cluster.children("disk") == cluster.children("spelt") == {
+        "ConfigMap": [], "Job": [], "MPIJob": []}
