@@ -93,7 +93,7 @@ class Clients:
         from botocore.config import Config
 
         key = (target.endpoint, target.region, target.credentials.fingerprint() if target.credentials else None,
-               target.timeout, target.policy)
+               target.timeout, target.policy, target.allowed_endpoints)
         with self._lock:
             if key in self._clients:
                 self._clients.move_to_end(key)
@@ -112,7 +112,8 @@ class Clients:
             if target.credentials:
                 kwargs["aws_access_key_id"] = target.credentials.access_key
                 kwargs["aws_secret_access_key"] = target.credentials.secret_key
-            client = endpoint_guard.guard(self._session.create_client("s3", **kwargs), target.policy)
+            client = endpoint_guard.guard(self._session.create_client("s3", **kwargs), target.policy,
+                                          target.allowed_endpoints)
             self._clients[key] = client
             while len(self._clients) > self.limit:
                 self._clients.popitem(last=False)
@@ -130,8 +131,7 @@ class StorageTarget:
     deadline: float = 30.0  # retries of 5xx answers and timeouts stop this long after the first attempt
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES  # a larger document is refused, not read
     allowed_endpoints: tuple[str, ...] = ()  # non-empty: the only endpoints requests may go to
-    # Without an allow-list (the operator's from Config.storage_target; a tool's or local run's allow anything).
-    policy: EndpointPolicy = EndpointPolicy.anything()
+    policy: EndpointPolicy = EndpointPolicy.anything()  # the operator's: Config.storage_target; tools': any
     clients: Clients = field(default_factory=Clients, compare=False, repr=False)
 
 

@@ -193,3 +193,13 @@ def test_loopback_spelt_as_the_resolver_reads_it_gets_no_request(server, host):
                                     policy=EndpointPolicy(allow_any=True))
     assert storage.read_json("s3://bucket/progress.json", allowed) is None  # 404: no such document
     assert _Counting.requests == 1
+
+
+def test_an_allow_list_is_the_administrators_word_whatever_the_address(server):
+    """The chart's defaults (no allow-any) with an allow-list naming a store at loopback: requests go to it."""
+    endpoint = f"http://127.0.0.1:{server}"
+    target = config.load({"SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": endpoint}).storage_target(
+        endpoint, "us-east-1", storage.Credentials("a", "b"), storage.Clients())
+    assert not target.policy.allow_any
+    assert storage.read_json("s3://bucket/progress.json", target) is None  # 404: no such document
+    assert _Counting.requests == 1
