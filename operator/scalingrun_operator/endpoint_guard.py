@@ -16,7 +16,7 @@ from typing import Any
 from botocore.awsrequest import (
     AWSHTTPConnection, AWSHTTPConnectionPool, AWSHTTPSConnection, AWSHTTPSConnectionPool,
 )
-from urllib3.exceptions import NameResolutionError
+from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
 
 from .api.endpoints import EndpointPolicy, address_class
 
@@ -27,8 +27,8 @@ class AddressRefused(Exception):
     """The store's host resolved to an address the policy refuses; no connection was made."""
 
 
-def checked_address(host: str, port: int, policy: EndpointPolicy) -> str:
-    """The address to connect to for `host`: the first it resolves to, once every one was allowed."""
+def checked_addresses(host: str, port: int, policy: EndpointPolicy) -> list[str]:
+    """The addresses to connect to for `host`, in the resolver's order, once every one was allowed."""
     addresses = list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)))
     for address in addresses:
         why = address_class(address, policy)
@@ -36,7 +36,7 @@ def checked_address(host: str, port: int, policy: EndpointPolicy) -> str:
             # The operator's log (its administrators') says why; the run's status does not (endpoints.NOT_REACHABLE).
             log.warning("storage endpoint %s:%s refused: it resolves to %s, %s", host, port, address, why)
             raise AddressRefused(f"{host}:{port}")
-    return addresses[0]
+    return addresses
 
 
 class _Checked:
@@ -45,14 +45,20 @@ class _Checked:
     def _new_conn(self) -> Any:
         host = self._dns_host  # type: ignore[attr-defined]
         try:
-            address = checked_address(host, self.port, self.policy)  # type: ignore[attr-defined]
+            addresses = checked_addresses(host, self.port, self.policy)  # type: ignore[attr-defined]
         except socket.gaierror as exc:
             raise NameResolutionError(self.host, self, exc) from exc  # type: ignore[attr-defined,arg-type]
-        self._dns_host = address  # connect to what was checked, not to a second resolution
         try:
-            return super()._new_conn()  # type: ignore[misc]
+            for index, address in enumerate(addresses):  # each in turn, as urllib3 would (IPv6, then IPv4)
+                self._dns_host = address  # connect to what was checked, not to a second resolution
+                try:
+                    return super()._new_conn()  # type: ignore[misc]
+                except (NewConnectionError, ConnectTimeoutError):
+                    if index == len(addresses) - 1:
+                        raise
         finally:
             self._dns_host = host
+        raise AssertionError("getaddrinfo returned no address")  # it raises gaierror instead
 
 
 def guard(client: Any, policy: EndpointPolicy, allowed: tuple[str, ...] = ()) -> Any:
