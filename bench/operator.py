@@ -69,7 +69,9 @@ class OperatorProcess:
     def __init__(self, kubeconfig: str, log_path: Path, peers: Optional[list[str]] = None,
                  env_extra: Optional[dict[str, str]] = None):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SCALINGRUN_"))}
-        env.update(KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1", **(env_extra or {}))
+        # The bench's store is on 127.0.0.1, which an operator refuses by default (api/endpoints.py).
+        env.update(KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1", SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT="true",
+                   **(env_extra or {}))
         self.process = subprocess.Popen(
             [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--all-namespaces",
              *(peers or ["--standalone", "--liveness", ""]), "--log-format", "plain", "--metrics-port", "0"],

@@ -14,11 +14,13 @@ tests/unit/test_operator_parts.py checks every name against those patterns.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
 from dataclasses import dataclass
 from typing import Mapping, Optional
 from urllib.parse import urlparse
 
+from .api.endpoints import EndpointPolicy
 from .storage import DEFAULT_MAX_DOCUMENT_BYTES, Clients, Credentials, StorageTarget
 
 PREFIX = "SCALINGRUN_"
@@ -55,6 +57,17 @@ class Config:
     #: Object-storage endpoints runs may use (spec.storage.endpoint, e.g. http://minio.storage:9000;
     #: https://s3.amazonaws.com for runs that name none); empty: any. Others are refused (InvalidSpec).
     allowed_storage_endpoints: tuple[str, ...] = ()
+    #: Without an allow-list, endpoints whose address is link-local (cloud metadata), loopback, the API
+    #: server's or in `cluster_service_ranges` are refused; true allows any endpoint.
+    allow_any_storage_endpoint: bool = False
+    #: The cluster's Service CIDRs (e.g. 10.96.0.0/12): refused as storage addresses without an allow-list.
+    #: Not discoverable on every cluster, hence a setting.
+    cluster_service_ranges: tuple[str, ...] = ()
+    #: The API server's addresses, refused as storage addresses; unset: KUBERNETES_SERVICE_HOST (in a pod).
+    api_server_hosts: tuple[str, ...] = ()
+    #: Let runs name paths and file:// URIs, which the operator reads from its own disk: tests and
+    #: single-machine setups only (`scalingrun run --local` reads paths without it).
+    allow_local_paths: bool = False
     #: Port of the Prometheus /metrics endpoint; 0 turns it off.
     metrics_port_number: int = 9090
     #: kopf liveness endpoint (served by kopf, answered by the on.probe handlers); empty turns it off.
@@ -95,7 +108,12 @@ class Config:
         """A run's store (spec.storage), read under these settings: timeouts, size cap, allow-list."""
         return StorageTarget(endpoint, region, credentials, self.storage_timeout_seconds,
                              deadline=self.storage_deadline_seconds, max_document_bytes=self.max_document_bytes,
-                             allowed_endpoints=self.allowed_storage_endpoints, clients=clients)
+                             allowed_endpoints=self.allowed_storage_endpoints, policy=self.endpoint_policy(),
+                             clients=clients)
+
+    def endpoint_policy(self) -> EndpointPolicy:
+        return EndpointPolicy(allow_any=self.allow_any_storage_endpoint, service_ranges=self.cluster_service_ranges,
+                              api_server=self.api_server_hosts, local_files=self.allow_local_paths)
 
 
 def _parse(name: str, raw: str, kind: type, default: object) -> object:
@@ -128,7 +146,9 @@ _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str,
           "lease_name": str, "lease_namespace": str, "lease_holder": str, "lease_duration_seconds": float,
           "lease_renew_seconds": float, "lease_renew_deadline_seconds": float, "lease_retry_seconds": float,
-          "storage_deadline_seconds": float, "max_document_bytes": int, "allowed_storage_endpoints": tuple}
+          "storage_deadline_seconds": float, "max_document_bytes": int, "allowed_storage_endpoints": tuple,
+          "allow_any_storage_endpoint": bool, "cluster_service_ranges": tuple, "allow_local_paths": bool,
+          "api_server_hosts": tuple}
 
 
 def variable_names() -> list[str]:
@@ -144,6 +164,8 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
     for (name, kind), var in zip(_KINDS.items(), variable_names()):
         if var in environ:
             values[name] = _parse(var, environ[var], kind, getattr(defaults, name))
+    if environ.get("KUBERNETES_SERVICE_HOST") and "api_server_hosts" not in values:
+        values["api_server_hosts"] = (environ["KUBERNETES_SERVICE_HOST"],)
     values.update({k: v for k, v in overrides.items() if v is not None})
     config = dataclasses.replace(defaults, **values)
     if config.log_format not in ("json", "plain"):
@@ -164,6 +186,11 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
         parsed = urlparse(endpoint)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ConfigError(f"{PREFIX}ALLOWED_STORAGE_ENDPOINTS: {endpoint!r} is not an http(s):// URL")
+    for cidr in config.cluster_service_ranges:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            raise ConfigError(f"{PREFIX}CLUSTER_SERVICE_RANGES: {cidr!r} is not a CIDR such as 10.96.0.0/12") from None
     if config.lease_name and not (0 < config.lease_renew_seconds < config.lease_renew_deadline_seconds
                                   < config.lease_duration_seconds):
         raise ConfigError(f"{PREFIX}LEASE_RENEW_SECONDS ({config.lease_renew_seconds}) < "

@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 from urllib.parse import urlparse
 
-from .api.endpoints import endpoint_refusal
+from . import endpoint_guard
+from .api.endpoints import NOT_REACHABLE, EndpointPolicy, endpoint_refusal
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -76,6 +77,7 @@ class Credentials:
         return hashlib.sha256(f"{self.access_key}\0{self.secret_key}".encode()).hexdigest()[:16]
 
 
+
 class Clients:
     """botocore S3 clients by endpoint, region, keys and timeout (creating one costs tens of milliseconds and a
     few MB, and a client holds a connection pool): the operator keeps one of these for its lifetime."""
@@ -91,7 +93,7 @@ class Clients:
         from botocore.config import Config
 
         key = (target.endpoint, target.region, target.credentials.fingerprint() if target.credentials else None,
-               target.timeout)
+               target.timeout, target.policy, target.allowed_endpoints)
         with self._lock:
             if key in self._clients:
                 self._clients.move_to_end(key)
@@ -110,7 +112,8 @@ class Clients:
             if target.credentials:
                 kwargs["aws_access_key_id"] = target.credentials.access_key
                 kwargs["aws_secret_access_key"] = target.credentials.secret_key
-            client = self._session.create_client("s3", **kwargs)
+            client = endpoint_guard.guard(self._session.create_client("s3", **kwargs), target.policy,
+                                          target.allowed_endpoints)
             self._clients[key] = client
             while len(self._clients) > self.limit:
                 self._clients.popitem(last=False)
@@ -128,6 +131,7 @@ class StorageTarget:
     deadline: float = 30.0  # retries of 5xx answers and timeouts stop this long after the first attempt
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES  # a larger document is refused, not read
     allowed_endpoints: tuple[str, ...] = ()  # non-empty: the only endpoints requests may go to
+    policy: EndpointPolicy = EndpointPolicy.anything()  # the operator's: Config.storage_target; tools': any
     clients: Clients = field(default_factory=Clients, compare=False, repr=False)
 
 
@@ -136,25 +140,30 @@ def _split_s3(uri: str) -> tuple[str, str]:
     return parsed.netloc, parsed.path.lstrip("/")
 
 
-def _local_path(uri: str) -> Path:
+def _local_path(uri: str, target: StorageTarget) -> Path:
+    if not target.policy.local_files:
+        raise EndpointNotAllowed(f"cannot read {uri}: in a cluster the operator reads s3:// only, not its own disk")
     return Path(urlparse(uri).path if uri.startswith("file://") else uri)
 
 
 def _client(target: StorageTarget) -> Any:
-    """The client of the target's cache; none for an endpoint the allow-list does not name."""
-    refusal = endpoint_refusal(target.endpoint, target.allowed_endpoints)
+    """The client of the target's cache; none for an endpoint the allow-list or the policy refuses."""
+    refusal = endpoint_refusal(target.endpoint, target.allowed_endpoints, target.policy)
     if refusal:
         raise EndpointNotAllowed(refusal)
     return target.clients.get(target)
 
 
 def _describe(exc: Exception) -> str:
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
 
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
         return f"{error.get('Code', 'error')}: {error.get('Message', '')}".strip()
-    return f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, (ConnectionError, HTTPClientError)):
+        return type(exc).__name__
+    # Refused, timed out, unresolved, address refused: one answer, so that a run cannot map the operator's network.
+    return f"the storage endpoint is {NOT_REACHABLE}"
 
 
 # What to check when S3 refuses for good; {bucket} and {endpoint} are filled in.
@@ -180,7 +189,7 @@ def _transient(exc: Exception) -> bool:
     if isinstance(exc, ClientError):
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
         return status >= 500 or status in (408, 429) or exc.response.get("Error", {}).get("Code") in _TRANSIENT_CODES
-    return isinstance(exc, (ConnectionError, HTTPClientError))
+    return isinstance(exc, (ConnectionError, HTTPClientError)) and not endpoint_guard.refused(exc)
 
 
 def _status(exc: Exception) -> str:
@@ -207,13 +216,16 @@ def retrying(what: str, uri: str, target: StorageTarget, call: Callable[[], T]) 
         try:
             return call()
         except (ClientError, BotoCoreError) as exc:
+            elapsed = time.monotonic() - started
+            pause = delay / 2 + random.uniform(0, delay / 2)
+            if not isinstance(exc, ClientError) and (not _transient(exc) or elapsed + pause >= target.deadline):
+                raise StorageError(f"cannot {what} {uri}: {_describe(exc)}; check spec.storage.endpoint ({endpoint}) "
+                                   "and that the store is up") from None
             if not _transient(exc):
                 code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
                 hint = _PERMANENT.get(code or "", "not retried")
                 hint = hint.format(bucket=_split_s3(uri)[0] if uri.startswith("s3://") else uri, endpoint=endpoint)
                 raise StorageError(f"cannot {what} {uri}: {_describe(exc)}{_status(exc)}; {hint}") from None
-            elapsed = time.monotonic() - started
-            pause = delay / 2 + random.uniform(0, delay / 2)
             if elapsed + pause >= target.deadline:
                 raise StorageError(
                     f"cannot {what} {uri}: {_describe(exc)}{_status(exc)}, still failing after {attempts} attempts "
@@ -273,7 +285,7 @@ def _get_object(uri: str, target: StorageTarget) -> tuple[Optional[bytes], Optio
 
 def _read_file(uri: str, target: StorageTarget) -> Optional[bytes]:
     try:
-        with _local_path(uri).open("rb") as stream:
+        with _local_path(uri, target).open("rb") as stream:
             return _read_capped(uri, stream, os.fstat(stream.fileno()).st_size, target)
     except FileNotFoundError:
         return None
@@ -323,7 +335,7 @@ def list_names(uri: str, target: StorageTarget, limit: int = 1000) -> list[str]:
 
         names = retrying("list", uri, target, listing)
         return sorted(n for n in names if n and "/" not in n)[:limit]
-    path = _local_path(uri)
+    path = _local_path(uri, target)
     if not path.is_dir():
         return []
     return sorted(p.name for p in path.iterdir() if p.is_file())[:limit]
@@ -345,7 +357,7 @@ def _file_version(path: Path) -> Optional[str]:
 def read_json_versioned(uri: str, target: StorageTarget) -> tuple[Optional[dict[str, Any]], Optional[str]]:
     """read_json and the version it read (S3: the ETag; files: mtime and size); (None, None) when absent."""
     if not uri.startswith("s3://"):
-        version = _file_version(_local_path(uri))  # before the read: a write in between costs one more reconcile
+        version = _file_version(_local_path(uri, target))  # before the read: a write in between costs a reconcile
         return read_json(uri, target), version
     data, etag = _get_object(uri, target)
     if data is None:
@@ -361,7 +373,7 @@ def changed_since(uri: str, target: StorageTarget, version: Optional[str]) -> tu
     """(whether the object is no longer at `version`, its version now). S3: a GET with If-None-Match, whose 304
     answer has no body; a store that ignores the header costs a body, not a false change. Files: a stat."""
     if not uri.startswith("s3://"):
-        now = _file_version(_local_path(uri))
+        now = _file_version(_local_path(uri, target))
         return now != version, now
     from botocore.exceptions import ClientError
 

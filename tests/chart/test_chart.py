@@ -250,8 +250,25 @@ def test_storage_settings_reach_the_operator(helm):
     assert env["SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS"] == "http://minio.storage:9000"
     assert env["SCALINGRUN_MAX_DOCUMENT_BYTES"] == "1048576"
     default = next(o for o in render(helm) if o["kind"] == "Deployment")
-    assert "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS" not in {
-        e["name"] for e in default["spec"]["template"]["spec"]["containers"][0]["env"]}
+    names = {e["name"] for e in default["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # By default no allow-list and no allow-any: the operator refuses what only its pod can reach.
+    assert not names & {"SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS", "SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT",
+                        "SCALINGRUN_ALLOW_LOCAL_PATHS"}
+
+
+def test_the_endpoint_defaults_can_be_opened_and_told_the_service_range(helm):
+    deployment = next(o for o in render(helm, None, "--set", "operator.allowAnyStorageEndpoint=true",
+                                        "--set", "operator.clusterServiceRanges={10.96.0.0/12}")
+                      if o["kind"] == "Deployment")
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT"] == "true"
+    assert env["SCALINGRUN_CLUSTER_SERVICE_RANGES"] == "10.96.0.0/12"
+    from scalingrun_operator import config
+    assert config.load({"SCALINGRUN_CLUSTER_SERVICE_RANGES": env["SCALINGRUN_CLUSTER_SERVICE_RANGES"]}).endpoint_policy(
+    ).service_ranges == ("10.96.0.0/12",)
+    result = subprocess.run([helm, "template", "t", str(CHART), "--set", "operator.clusterServiceRanges={10.96}"],
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "clusterServiceRanges" in result.stderr, result.stderr
 
 
 def test_the_security_page_lists_exactly_what_the_chart_grants_the_operator(helm):
@@ -271,3 +288,14 @@ def test_the_security_page_lists_exactly_what_the_chart_grants_the_operator(helm
         granted |= grants(bound_rules(objects, deployment["spec"]["template"]["spec"]["serviceAccountName"],
                                       "scalingrun-system"))
     assert documented == granted, (sorted(documented - granted), sorted(granted - documented))
+
+
+def test_users_who_may_edit_runs_may_not_write_their_status(helm):
+    """status.pinnedSpec chooses the spec a run is held to: only the operator (the status verb) writes it."""
+    roles = [o for o in render(helm) if o["kind"] == "ClusterRole"
+             and (o["metadata"].get("labels") or {}).get("rbac.authorization.k8s.io/aggregate-to-edit") == "true"]
+    assert roles
+    for role in roles:
+        for rule in role["rules"]:
+            if any(resource.endswith("/status") or resource == "*" for resource in rule["resources"]):
+                assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule

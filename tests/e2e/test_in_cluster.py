@@ -206,7 +206,7 @@ def test_a_run_trains_across_pods_and_survives_operator_restarts_in_preprocessin
         # One of each child, and the very objects that were there before each restart.
         after = child_objects(cluster, name)
         assert {kind: [n for n, _ in objs] for kind, objs in after.items()} == {
-            "MPIJob": [f"{name}-train"], "Job": [f"{name}-preprocess"], "ConfigMap": [f"{name}-config"]}
+            "MPIJob": [f"{name}-train"], "Job": [f"{name}-preprocess"], "ConfigMap": [f"{name}-runconfig"]}
         assert after["Job"] == in_preprocessing["Job"] and after["ConfigMap"] == in_preprocessing["ConfigMap"]
         assert after["MPIJob"] == in_training["MPIJob"], (in_training, after)
         roles = [p.metadata.labels.get("training.kubeflow.org/job-role") or p.metadata.labels.get(

@@ -29,7 +29,7 @@ from scalingrun_operator.decide.children import identity_labels
 from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_operator.decide.snapshot import Patch
 
-from .test_operator import Cluster, wait_for
+from .test_operator import TEST_STORES, Cluster, wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -92,7 +92,7 @@ def foreign(obj: dict, how: str, owner: dict) -> dict:
 @pytest.mark.parametrize("how", ["unlabelled", "controlled by another"])
 def test_an_object_of_a_childs_name_that_is_not_the_runs_is_never_patched(cluster, tmp_path, kind, how):
     created, run = new_run(cluster, tmp_path)
-    reconcile = Reconciler(Kube(cluster.core.api_client), Config())
+    reconcile = Reconciler(Kube(cluster.core.api_client), Config(**TEST_STORES))
     if kind == "MPIJob":
         dataset_there(run)  # straight to training
     build = {"ConfigMap": build_config_map, "Job": build_preprocess_job, "MPIJob": build_mpijob}[kind]
@@ -132,18 +132,18 @@ def test_a_labelled_orphan_configmap_is_adopted_and_brought_to_the_spec(cluster,
     stale = build_config_map(run, cluster.ns)
     stale["data"] = {"config.json": "{}", "left-over": "x"}
     put(cluster, stale)
-    Reconciler(Kube(cluster.core.api_client), Config())(cluster.ns, "mine")
-    adopted = get(cluster, "ConfigMap", "mine-config")
+    Reconciler(Kube(cluster.core.api_client), Config(**TEST_STORES))(cluster.ns, "mine")
+    adopted = get(cluster, "ConfigMap", "mine-runconfig")
     assert [r["uid"] for r in adopted["metadata"]["ownerReferences"]] == [created["metadata"]["uid"]]
     assert adopted["data"] == build_config_map(run, cluster.ns)["data"]
     assert cluster.job("mine-preprocess") is not None
     assert cluster.condition("mine", "ChildConflict") == {}
 
     # Ours, and changed behind the run's back: brought back to the spec by the next look that ensures it.
-    cluster.core.patch_namespaced_config_map("mine-config", cluster.ns, {"data": {"config.json": "{}"}})
+    cluster.core.patch_namespaced_config_map("mine-runconfig", cluster.ns, {"data": {"config.json": "{}"}})
     cluster.batch.delete_namespaced_job("mine-preprocess", cluster.ns, propagation_policy="Background")
-    Reconciler(Kube(cluster.core.api_client), Config())(cluster.ns, "mine")
-    assert get(cluster, "ConfigMap", "mine-config")["data"] == build_config_map(run, cluster.ns)["data"]
+    Reconciler(Kube(cluster.core.api_client), Config(**TEST_STORES))(cluster.ns, "mine")
+    assert get(cluster, "ConfigMap", "mine-runconfig")["data"] == build_config_map(run, cluster.ns)["data"]
 
 
 def test_act_patches_only_what_the_run_controls_at_the_version_it_checked(cluster, tmp_path):
@@ -178,7 +178,7 @@ def test_a_suspended_run_never_suspends_an_mpijob_that_is_not_its_own(cluster, t
     theirs = build_mpijob(run, cluster.ns)
     theirs["spec"]["runPolicy"]["suspend"] = False
     held = put(cluster, foreign(theirs, "controlled by another", other_owner(cluster, tmp_path)))
-    reconcile = Reconciler(Kube(cluster.core.api_client), Config())
+    reconcile = Reconciler(Kube(cluster.core.api_client), Config(**TEST_STORES))
     reconcile(cluster.ns, "mine")
     reconcile(cluster.ns, "mine")
     now = cluster.mpijob("mine-train")

@@ -174,7 +174,8 @@ def test_operator_works_with_only_the_chart_service_account(installed, api_clien
         stdout=log, stderr=subprocess.STDOUT, env={**env, **SERVICE_LINKS, "KUBECONFIG": str(sa_kubeconfig),
                                                    "SCALINGRUN_POLL_INTERVAL_SECONDS": "2",
                                                    "SCALINGRUN_LEASE_NAMESPACE": SYSTEM,
-                                                   "SCALINGRUN_LEASE_HOLDER": "scalingrun-pod-a"},
+                                                   "SCALINGRUN_LEASE_HOLDER": "scalingrun-pod-a",
+                                                   "SCALINGRUN_ALLOW_LOCAL_PATHS": "true"},
         start_new_session=True)
     try:
         run = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "rbac-check"},
@@ -194,7 +195,7 @@ def test_operator_works_with_only_the_chart_service_account(installed, api_clien
             time.sleep(1)
         assert phase == "Preprocessing", (tmp_path / "operator.log").read_text()[-3000:]
         assert [j.metadata.name for j in jobs] == ["rbac-check-preprocess"]
-        assert client.CoreV1Api(api_client).read_namespaced_config_map("rbac-check-config", namespace)
+        assert client.CoreV1Api(api_client).read_namespaced_config_map("rbac-check-runconfig", namespace)
         text = (tmp_path / "operator.log").read_text()
         # An RBAC denial names the user; other 403s (e.g. a namespace being deleted) do not.
         assert f'forbidden: User "{SERVICE_ACCOUNT}"' not in text, text[-3000:]

@@ -83,10 +83,10 @@ def test_two_replicas_one_acts_and_the_other_takes_over_after_sigkill(ha_cluster
         cluster.create_run(new_run(cluster.ns, "after", s3_server))
         wait_for(cluster.phase_is("after", "Preprocessing"), what="after Preprocessing", operator=standby)
 
-        assert cluster.children("first") == {"ConfigMap": ["first-config"], "Job": ["first-preprocess"],
+        assert cluster.children("first") == {"ConfigMap": ["first-runconfig"], "Job": ["first-preprocess"],
                                              "MPIJob": ["first-train"]}
         for name in ("during", "after"):
-            assert cluster.children(name) == {"ConfigMap": [f"{name}-config"], "Job": [f"{name}-preprocess"],
+            assert cluster.children(name) == {"ConfigMap": [f"{name}-runconfig"], "Job": [f"{name}-preprocess"],
                                               "MPIJob": []}
         log = standby.log_tail(2000)
         assert log.count(f"created Job {cluster.ns}/during-preprocess") == 1

@@ -36,6 +36,8 @@ SERVED = "sro"  # namespaces sro-* are served by the module's operator
 OWN = "srk"  # namespaces srk-* by an operator a test starts and kills itself
 PEERED = "srp"  # namespaces srp-* by two peered replicas
 TIMEOUT = 90  # generous: the machine is small and shared
+# The tests' stores are on 127.0.0.1 and their outputs in local folders, both refused by an operator's defaults.
+TEST_STORES = {"allow_any_storage_endpoint": True, "allow_local_paths": True}
 
 
 # --- helpers ----------------------------------------------------------------------------------------
@@ -62,7 +64,10 @@ class Operator:
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         env.update(KUBECONFIG=self.kubeconfig, SCALINGRUN_POLL_INTERVAL_SECONDS="1",
                    SCALINGRUN_RECHECK_INTERVAL_SECONDS="1",
-                   SCALINGRUN_COMPLETION_GRACE_SECONDS="5", PYTHONUNBUFFERED="1")
+                   SCALINGRUN_COMPLETION_GRACE_SECONDS="5", PYTHONUNBUFFERED="1",
+                   # The tests' stores are on 127.0.0.1 and their runs' outputs in local folders: both refused by
+                   # default (api/endpoints.py); tests of those defaults set these back.
+                   SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT="true", SCALINGRUN_ALLOW_LOCAL_PATHS="true")
         env.update(self.env)
         args = [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--log-format", "plain",
                 "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",
@@ -433,7 +438,7 @@ def test_happy_path_status_children_progress_and_events(cluster, operator, bucke
     wait_for(cluster.phase_is("happy", "Preprocessing"), what="Preprocessing", operator=operator)
     job = cluster.job("happy-preprocess")
     config_map = cluster.core.api_client.sanitize_for_serialization(
-        cluster.core.read_namespaced_config_map("happy-config", cluster.ns))
+        cluster.core.read_namespaced_config_map("happy-runconfig", cluster.ns))
     for obj in (job, config_map):
         refs = obj["metadata"]["ownerReferences"]
         assert [(r["kind"], r["name"], r["uid"], r["controller"]) for r in refs] == [("ScalingRun", "happy", uid, True)]
@@ -497,7 +502,7 @@ def test_existing_dataset_is_reused_without_a_job(cluster, operator, bucket, s3_
     assert "no preprocessing Job" in condition["message"]
     assert status["preprocessing"]["reused"] is True and status["preprocessing"]["fingerprint"] == "reusedfp"
     assert status["preprocessing"]["imagesWritten"] == 45 and status["preprocessing"]["imagesSkipped"] == 1
-    assert cluster.children("reuse") == {"ConfigMap": ["reuse-config"], "Job": [], "MPIJob": ["reuse-train"]}
+    assert cluster.children("reuse") == {"ConfigMap": ["reuse-runconfig"], "Job": [], "MPIJob": ["reuse-train"]}
     cluster.wait_events("reuse", lambda ev: [r for _, r, _ in ev] == ["Pending", "Training"], operator)
 
 
@@ -678,10 +683,10 @@ def test_operator_killed_in_every_phase_converges_without_duplicates(own_cluster
         op.start()
         status = wait_for(cluster.phase_is("phoenix", "Succeeded"), what="Succeeded after restart", operator=op)
         assert status["training"]["epoch"] == 3 and status["modelUri"] == "s3://x/model"
-        assert cluster.children("phoenix") == {"ConfigMap": ["phoenix-config"], "Job": ["phoenix-preprocess"],
+        assert cluster.children("phoenix") == {"ConfigMap": ["phoenix-runconfig"], "Job": ["phoenix-preprocess"],
                                                "MPIJob": ["phoenix-train"]}
         uid = created["metadata"]["uid"]
-        cm = cluster.core.read_namespaced_config_map("phoenix-config", cluster.ns)
+        cm = cluster.core.read_namespaced_config_map("phoenix-runconfig", cluster.ns)
         assert [r.uid for r in cm.metadata.owner_references] == [uid]
         cluster.wait_events("phoenix", lambda ev: [r for _, r, _ in ev] == [
             "Pending", "Preprocessing", "Training", "Succeeded"], op)
@@ -736,7 +741,7 @@ def test_two_peered_replicas_only_one_acts_and_the_other_takes_over(peered_clust
         cluster.complete_job("duo-preprocess", succeeded=2)
         wait_for(cluster.phase_is("duo", "Training"), what="Training by the standby", operator=standby)
         assert "created MPIJob" in standby.log_tail(400)
-        assert cluster.children("duo") == {"ConfigMap": ["duo-config"], "Job": ["duo-preprocess"],
+        assert cluster.children("duo") == {"ConfigMap": ["duo-runconfig"], "Job": ["duo-preprocess"],
                                            "MPIJob": ["duo-train"]}
     finally:
         active.stop()

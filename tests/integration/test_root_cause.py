@@ -23,7 +23,7 @@ from scalingrun_operator.decide import pods as pod_diagnosis
 from scalingrun_operator.decide.status import parse_time
 
 from .test_operator import (
-    SCHEDULED, SECRET, Cluster, Operator, bucket, manifest_for, mpijob_pod_labels, new_run,
+    SCHEDULED, SECRET, TEST_STORES, Cluster, Operator, bucket, manifest_for, mpijob_pod_labels, new_run,
     preprocess_pod_labels, progress, progress_uri, reach_training, running, wait_for, waiting,
 )
 
@@ -225,7 +225,7 @@ def test_a_pod_stuck_pending_is_surfaced_within_60_s_without_any_pod_event(unser
     reconciles in this process, so nothing else (no poll, no pod event) can look in between."""
     cluster = unserved
     watcher = RecordingWatcher()
-    reconcile_run = reconcile.Reconciler(Kube(api_client), Config(poll_interval_seconds=300), watcher)
+    reconcile_run = reconcile.Reconciler(Kube(api_client), Config(poll_interval_seconds=300, **TEST_STORES), watcher)
     asked = watcher.rechecks
     cluster.create_run(new_run(cluster.ns, "slow", s3_server))
     assert reconcile_run(cluster.ns, "slow") == "Preprocessing"

@@ -37,7 +37,9 @@ def bucket(s3_server) -> Bucket:
 def operator(kubeconfig, scalingrun_crd, mpijob_crd, s3_server, tmp_path_factory) -> Operator:
     op = Operator(kubeconfig, tmp_path_factory.mktemp("bounds-operator") / "operator.log", [f"{PREFIX}-*"],
                   "--standalone", env={"SCALINGRUN_MAX_DOCUMENT_BYTES": str(CAP),
-                                       "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": s3_server.endpoint})
+                                       "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": s3_server.endpoint,
+                                       # As the chart sets it: the allow-list, not allow-any, lets 127.0.0.1 in.
+                                       "SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT": "false"})
     op.start()
     yield op
     op.stop()

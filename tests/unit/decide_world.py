@@ -131,16 +131,20 @@ class World:
     server: Server = Server(1, 27, "v1.27.3")
     storage_error: str = ""
     spec: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(SPEC))
-    pinned: bool = True
+    pinned: bool = True  # status.pinnedSpec holds SPEC
+    annotations: dict[str, str] = field(default_factory=dict)
     generation: int = 1
     asks: list = field(default_factory=list)
 
     def body(self) -> dict[str, Any]:
-        annotations = {pinning.PINNED_ANNOTATION: pinning.pin(SPEC)} if self.pinned else {}
+        status = copy.deepcopy(self.status)
+        if self.pinned:
+            status.setdefault(pinning.PINNED_FIELD, pinning.pin(SPEC))
         return {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun",
                 "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": self.generation,
-                             "resourceVersion": "42", "creationTimestamp": stamp(11), "annotations": annotations},
-                "spec": self.spec, "status": copy.deepcopy(self.status)}
+                             "resourceVersion": "42", "creationTimestamp": stamp(11),
+                             "annotations": copy.deepcopy(self.annotations)},
+                "spec": self.spec, "status": status}
 
     def read(self, ask: Any) -> Any:
         self.asks.append(ask)

@@ -5,14 +5,16 @@ Every root cause and interruption the operator reports has a row; so do the chil
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import pytest
 
+from scalingrun_operator.decide import pinning
 from scalingrun_operator.decide.snapshot import LogTail, Patch, Server, Settings
 from tests.unit.decide_world import (
-    NOW, OWNER, World, condition, config_map, conditions, done, job, manifest, mpijob, preprocessing_status,
+    NOW, OWNER, SPEC, World, condition, config_map, conditions, done, job, manifest, mpijob, preprocessing_status,
     progress, stamp, training_status, actions,
 )
 from tests.unit.test_pods import pod, unschedulable, waiting
@@ -403,7 +405,7 @@ ROWS = [
         check=_adopted({"data": CM_DATA})),
     Row("a ConfigMap of the run's name that another run controls blocks the Job",
         lambda: World(children={"ConfigMap": owned_by_other(config_map())}), "Pending", [],
-        {"ChildConflict": ("True", "NameTaken", "ConfigMap demo-config already exists")}, ["Pending", "ChildConflict"],
+        {"ChildConflict": ("True", "NameTaken", "ConfigMap demo-runconfig already exists")}, ["Pending", "ChildConflict"],
         recheck=10),
     Row("an MPIJob of the run's name that another run controls holds the run before training",
         lambda: preprocessing(children={"ConfigMap": config_map(), "Job": job(done("Complete"), succeeded=2),
@@ -478,3 +480,89 @@ def test_what_decide_wrote_is_what_it_reads_next_time():
     again = world.decide()
     assert [e.reason for e in first.events] == ["WorkerPodLost"]
     assert again.events == () and again.status is None and again.actions == ()
+
+
+# --- the pin ------------------------------------------------------------------------------------------
+
+
+def _evil_annotation() -> dict[str, str]:
+    evil = copy.deepcopy(SPEC)
+    evil["workers"]["image"] = "evil/image:6.6.6"
+    return {pinning.PINNED_ANNOTATION: json.dumps(evil)}
+
+
+def test_a_pinned_spec_annotation_chooses_nothing_and_is_removed_with_a_warning():
+    spec = copy.deepcopy(SPEC)
+    spec["workers"]["image"] = "ok/trainer:1"
+    world = World(pinned=False, spec=spec, annotations=_evil_annotation())
+    decision = world.decide()
+    job = next(a.obj for a in decision.actions if a.obj["kind"] == "Job")
+    assert {c["image"] for c in job["spec"]["template"]["spec"]["containers"]} == {"ok/trainer:1"}
+    assert json.loads(decision.pin)["workers"]["image"] == "ok/trainer:1"
+    assert decision.desired[pinning.PINNED_FIELD] == decision.pin and decision.drop_pin_annotation
+    warning = next(e for e in decision.events if e.reason == "PinnedSpecAnnotationIgnored")
+    assert warning.type == "Warning" and "evil" not in warning.message
+    assert "(it differs from .spec at spec.workers.image)" in warning.message
+
+    # Once the operator's pin is in status, an annotation written later changes nothing either.
+    world.status, world.spec = copy.deepcopy(dict(decision.desired)), spec
+    again = world.decide()
+    assert again.pin is None and again.drop_pin_annotation
+    assert all("evil" not in str(a.obj if hasattr(a, "obj") else a.patch) for a in again.actions)
+
+
+def test_the_pin_is_read_from_status_only():
+    body = {"metadata": {"annotations": _evil_annotation()}, "status": {}}
+    assert pinning.pinned_of(body) is None
+    body["status"][pinning.PINNED_FIELD] = pinning.pin(SPEC)
+    assert pinning.pinned_of(body) == pinning.pin(SPEC)
+    body["status"][pinning.PINNED_FIELD] = "zlib+base64:not a pin"  # unreadable: pinned again from .spec
+    assert pinning.pinned_of(body) is None
+
+
+def test_a_large_spec_is_pinned_compressed_and_read_back():
+    spec = copy.deepcopy(SPEC)
+    spec["model"] = {"builderArgs": {f"k{i}": "v" * 64 for i in range(1000)}}
+    pinned = pinning.pin(spec)
+    assert len(pinned) < pinning.PLAIN_LIMIT < len(json.dumps(spec)) and pinned.startswith("zlib+base64:")
+    assert pinning.effective_spec(SPEC, pinned)["model"] == spec["model"]
+
+
+# --- bounded status -----------------------------------------------------------------------------------
+
+
+def test_an_oversized_progress_document_leaves_a_small_status():
+    """Whatever the run's own code writes into progress.json, the status stays far under etcd's limit."""
+    huge = "x" * 1_000_000
+    document = progress(
+        metrics={f"metric_{i:05d}": 0.5 for i in range(2_000)} | {"val_accuracy": 0.75, "m" * 500: 1.0},
+        bestMetrics={f"metric_{i:05d}": 0.5 for i in range(2_000)} | {"val_accuracy": 0.75},
+        mlflowRunId=huge, modelUri="s3://data/" + huge, error=huge,
+        inputHistory=[{"epoch": i, "inputWaitFraction": 0.1} for i in range(3_000)],
+        batchSizeProbe={"chosen": 64, "stoppedBy": huge,
+                        "table": [{"batchSize": i, "imagesPerSecond": 1.0} for i in range(3_000)]},
+        featureCache={"used": False, "reason": huge})
+    for state in ("running", "succeeded", "failed"):
+        decision = training(progress={**document, "state": state}).decide()
+        training_status = decision.desired["training"]
+        assert len(json.dumps(decision.desired)) < 64 * 1024, state
+        assert len(training_status["metrics"]) == len(training_status["bestMetrics"]) == 32
+        assert list(training_status["metrics"])[0] == "val_accuracy"  # the usual names are kept first
+        assert len(training_status["inputHistory"]) == 10 and training_status["inputHistory"][-1]["epoch"] == 2_999
+        assert len(training_status["batchSizeProbe"]["table"]) == 32
+        assert len(training_status["batchSizeProbe"]["stoppedBy"]) <= 256
+        assert len(training_status["featureCache"]["reason"]) <= 256
+        assert "mlflowRunId" not in training_status and "modelUri" not in decision.desired
+        assert all(len(e.message) <= 2000 for e in decision.events)
+
+
+def test_a_run_pinned_by_an_earlier_operator_goes_on_pinned_to_its_spec():
+    """Pinned in the annotation by an earlier version, mid-training: pinned again in status from .spec, nothing
+    made anew, the annotation removed."""
+    world = training(pinned=False, annotations={pinning.PINNED_ANNOTATION: pinning.pin(SPEC)})
+    decision = world.decide()
+    assert decision.phase == "Training" and actions(decision) == []
+    assert decision.pin == pinning.pin(SPEC) and decision.drop_pin_annotation
+    assert [e.message for e in decision.events if e.reason == "PinnedSpecAnnotationIgnored"] == [
+        pinning.annotation_ignored_message(SPEC, pinning.pin(SPEC))]
+    assert "(it matches .spec)" in decision.events[-1].message

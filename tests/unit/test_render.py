@@ -54,7 +54,7 @@ def test_children_have_deterministic_names_and_labels():
     first = build_children(run, "ml")
     assert first == build_children(run, "ml")
     assert [o["metadata"]["name"] for o in first] == [
-        "flowers-8nodes-config", "flowers-8nodes-preprocess", "flowers-8nodes-train"]
+        "flowers-8nodes-runconfig", "flowers-8nodes-preprocess", "flowers-8nodes-train"]
     for obj in first:
         assert obj["metadata"]["namespace"] == "ml"
         assert obj["metadata"]["labels"]["scalingrun.dev/run"] == "flowers-8nodes"

@@ -35,13 +35,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 compares them with these rules; docs/security.md says why each is needed). One place for the ClusterRole and
 the Roles. */}}
 {{- define "scalingrun.operatorRules" -}}
-# Runs: watched (kopf), read before each reconcile, the started spec pinned in an annotation (patch).
+# Runs: watched (kopf), read before each reconcile, kopf's annotations and the removal of a user-written
+# pinned-spec annotation (patch); status, the started spec pinned in it included (status patch).
 - apiGroups: ["scalingrun.dev"]
   resources: ["scalingruns"]
   verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["scalingrun.dev"]
   resources: ["scalingruns/status"]
   verbs: ["patch"]
+# Children (and a sweep's points) name their owner with blockOwnerDeletion: where the admission plugin
+# OwnerReferencesPermissionEnforcement is on (OpenShift), that needs update on the owner's finalizers.
+- apiGroups: ["scalingrun.dev"]
+  resources: ["scalingruns/finalizers", "scalingsweeps/finalizers"]
+  verbs: ["update"]
 # A ScalingSweep's points are ScalingRuns it creates (deleted by GC through their owner references).
 - apiGroups: ["scalingrun.dev"]
   resources: ["scalingruns"]

@@ -163,3 +163,7 @@ class ScalingRunStatus(ApiModel):
     model_uri: Optional[str] = Field(None, description="Where the final model was saved.")
     start_time: Optional[dt.datetime] = Field(None, description="When the run started.")
     completion_time: Optional[dt.datetime] = Field(None, description="When the run finished.")
+    pinned_spec: Optional[str] = Field(
+        None, description="The spec the run started with, as JSON (zlib+base64 when large), written by the operator "
+        "at its first look: later edits but runPolicy.suspend are not applied (condition SpecChangeIgnored). Only "
+        "the status verb writes it; the old annotation scalingrun.dev/pinned-spec is ignored.")

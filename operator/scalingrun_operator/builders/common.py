@@ -21,7 +21,9 @@ def trainer_image(run: ScalingRun) -> str:
 
 
 def config_map_name(run: ScalingRun) -> str:
-    return f"{run.metadata.name}-config"
+    # Not `-config`: mpi-operator names its ConfigMap `<mpijob>-config`, and run X's MPIJob is `X-train`, so run
+    # `X-train`'s ConfigMap would be `X-train-config` too. No name mpi-operator derives ends in `-runconfig`.
+    return f"{run.metadata.name}-runconfig"
 
 
 def preprocess_job_name(run: ScalingRun) -> str:

@@ -1,8 +1,8 @@
 """act: applies a Decision to the cluster, and nothing else: the pinned spec, children created or patched,
 the status, Events.
 
-Order matters for what a crash in between leaves behind: the pin first (the status is written with the
-resourceVersion it returns), children next (an Event that explains a child goes out with it), the status
+Order matters for what a crash in between leaves behind: the pin first, in status (the rest of the status is
+written with the resourceVersion it returns), children next (an Event that explains a child goes out with it), the status
 after them (a conflict there re-runs the whole look, which finds the children made), and the status's
 Events last: at most once, since posting them first would repeat them on a retry.
 
@@ -40,9 +40,12 @@ def apply(kube: Kube, metrics: Metrics, owner: dict[str, Any], decision: Decisio
     resource_version=)` writes its status. ApiException (a 409 above all) propagates: the caller looks again."""
     meta = owner["metadata"]
     namespace, name, version = meta["namespace"], meta["name"], meta.get("resourceVersion")
-    if decision.pin is not None:
-        patched = kube.patch_run_annotations(namespace, name, {pinning.PINNED_ANNOTATION: decision.pin},
+    if decision.drop_pin_annotation:
+        patched = kube.patch_run_annotations(namespace, name, {pinning.PINNED_ANNOTATION: None},
                                              resource_version=version)
+        version = patched["metadata"]["resourceVersion"]
+    if decision.pin is not None:  # before any child is made from it
+        patched = patch_status(namespace, name, {pinning.PINNED_FIELD: decision.pin}, resource_version=version)
         version = patched["metadata"]["resourceVersion"]
     status = copy.deepcopy(decision.status) if decision.status else None
     for action in decision.actions:

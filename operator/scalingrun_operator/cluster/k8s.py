@@ -212,7 +212,7 @@ class Kube:
         for key in (id_key, secret_key):
             if key not in data:
                 raise StorageError(f"Secret {namespace}/{secret} has no key {key!r}")
-            values.append(base64.b64decode(data[key]).decode().strip())
+            values.append(credential(base64.b64decode(data[key]), f"Secret {namespace}/{secret} key {key!r}"))
         return Credentials(values[0], values[1])
 
     # --- events --------------------------------------------------------------------------------
@@ -270,3 +270,18 @@ def new_api_client() -> client.ApiClient:
         kube_config.load_kube_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = 32  # handler threads share it
     return client.ApiClient(configuration)
+
+
+
+def credential(raw: bytes, where: str) -> str:
+    """A key as a request header may carry it: one line of printable ASCII (surrounding whitespace dropped). A
+    PEM key or an INI file fails the signer with an error that quotes the header; refused here, `where` named
+    (the Secret and key), the value never."""
+    try:
+        value = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        value = None
+    if not value or any(not 0x20 <= ord(ch) <= 0x7e for ch in value):
+        what = "is empty" if value == "" else "holds control or non-ASCII characters (a line break?)"
+        raise StorageError(f"{where} {what}: an S3 key is one line of printable ASCII; the value is not shown")
+    return value

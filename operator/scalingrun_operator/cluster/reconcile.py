@@ -36,7 +36,8 @@ ATTEMPTS = 4  # looks at one object per trigger when conflicts keep coming
 def settings_of(config: Config) -> Settings:
     return Settings(completion_grace_seconds=config.completion_grace_seconds,
                     recheck_interval_seconds=config.recheck_interval_seconds,
-                    allowed_storage_endpoints=config.allowed_storage_endpoints)
+                    allowed_storage_endpoints=config.allowed_storage_endpoints,
+                    endpoint_policy=config.endpoint_policy())
 
 
 @dataclass

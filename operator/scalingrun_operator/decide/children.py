@@ -1,6 +1,6 @@
 """Which objects are an owner's children, pure: ours, ours to adopt, or someone else's.
 
-A child's name is derived from its owner's (`<run>-config`, `<run>-preprocess`, `<run>-train`,
+A child's name is derived from its owner's (`<run>-runconfig`, `<run>-preprocess`, `<run>-train`,
 `<sweep>-w<N>`), so an object of that name may exist before the owner makes it: left by a deleted
 owner of the same name (garbage collection has not removed it yet), by a `scalingrun render | kubectl
 apply`, or by anything else. Only an object that carries the owner's labels and has no other

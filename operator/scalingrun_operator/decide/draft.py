@@ -25,6 +25,7 @@ class Draft:
         self.namespace, self.name = meta.get("namespace") or "default", meta["name"]
         self.update = StatusUpdate(self.owner.get("status") or {}, meta.get("generation"), snapshot.now)
         self.pin: Optional[str] = None
+        self.drop_pin_annotation = False
         self.actions: list[Any] = []
         self.holdup = ""  # what holds the run up (a pod problem, a child's name taken), for status.message
         self.recheck_in: Optional[float] = None
@@ -170,7 +171,8 @@ class Draft:
         message = self.holdup or (ready or {}).get("message")
         if message:
             self.update.desired["message"] = message
-        return Decision(phase=self.update.phase, pin=self.pin, actions=tuple(self.actions),
+        return Decision(phase=self.update.phase, pin=self.pin, drop_pin_annotation=self.drop_pin_annotation,
+                        actions=tuple(self.actions),
                         status=self.update.patch(), desired=self.update.desired, events=tuple(self.update.events),
                         recheck_in=self.recheck_in, follow=self.follow, again=self.again)
 

@@ -77,7 +77,8 @@ def preprocessing_status(manifest: dict[str, Any], job_name: Optional[str], reus
     train, validation, skipped = _images(manifest)
     out: dict[str, Any] = {
         "reused": reused,
-        "fingerprint": manifest.get("fingerprint"),
+        "fingerprint": fingerprint if isinstance(fingerprint := manifest.get("fingerprint"), str) and len(
+            fingerprint) <= 128 else None,  # a fingerprint is a short hash: anything else is left out
         "imagesWritten": train + validation,
         "imagesSkipped": skipped,
         "shards": manifest.get("shards"),

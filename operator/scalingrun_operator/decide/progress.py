@@ -14,7 +14,7 @@ import math
 from typing import Any, Optional
 
 from scalingrun_api.models import InputEpoch, ScalingRun, TrainingStatus
-from scalingrun_api.progress import Progress, lenient
+from scalingrun_api.progress import INPUT_HISTORY_EPOCHS, Progress, lenient
 from ..builders.config import total_processes
 from .status import rfc3339
 
@@ -24,6 +24,16 @@ MIRRORED = frozenset(Progress.model_fields) & frozenset(TrainingStatus.model_fie
 _EPOCH_FIELDS = ("epoch", "metrics", "best_epoch", "best_metrics", "images_per_second", "input_wait_fraction",
                  "gpu_utilization", "input_history")
 _EPOCH_KEYS = tuple(TrainingStatus.model_fields[name].alias for name in _EPOCH_FIELDS)
+# Bounds on what status mirrors from a document the run's own code writes: a status over etcd's request limit
+# (about 1.5 MiB) is refused for ever, and every look would try again. Whatever the document holds, the mirrored
+# part of status.training stays under about 16 KiB.
+MAX_METRICS = 32  # entries of metrics and bestMetrics (the usual ones first)
+MAX_METRIC_NAME_CHARS = 64
+MAX_PROBE_ROWS = 32  # batchSizeProbe.table
+MAX_TEXT_CHARS = 256  # free text (batchSizeProbe.stoppedBy, featureCache.reason): cut
+MAX_ID_CHARS = 128  # mlflowRunId: a longer one is no id, left out
+MAX_URI_CHARS = 2048  # modelUri: a longer one is left out (a cut URI would name another object)
+_USUAL_METRICS = ("loss", "accuracy", "val_loss", "val_accuracy")
 # InputBound: the share of step time spent waiting for input, over this many epochs in a row.
 INPUT_WAIT_THRESHOLD = 0.30
 INPUT_BOUND_EPOCHS = 2
@@ -51,7 +61,38 @@ def training_status(progress: Optional[dict[str, Any]]) -> dict[str, Any]:
     read.input_history.sort(key=lambda entry: entry.epoch)
     present = MIRRORED & read.model_fields_set
     # Nested fields are the status models (status.training's schema): every set value, defaults included.
-    return read.model_dump(by_alias=True, include=present, exclude_none=True)
+    return _bounded(read.model_dump(by_alias=True, include=present, exclude_none=True))
+
+
+def _metrics(values: dict[str, float]) -> dict[str, float]:
+    names = sorted((k for k in values if len(k) <= MAX_METRIC_NAME_CHARS),
+                   key=lambda k: (k not in _USUAL_METRICS, _USUAL_METRICS.index(k) if k in _USUAL_METRICS else 0, k))
+    return {k: values[k] for k in names[:MAX_METRICS]}
+
+
+def _text(value: str) -> str:
+    return value if len(value) <= MAX_TEXT_CHARS else value[:MAX_TEXT_CHARS - 1] + "…"
+
+
+def _bounded(mirrored: dict[str, Any]) -> dict[str, Any]:
+    """`mirrored` with every list, dict and string cut to its bound (see MAX_*)."""
+    out = dict(mirrored)
+    for key in ("metrics", "bestMetrics"):
+        if key in out:
+            out[key] = _metrics(out[key])
+    if "inputHistory" in out:
+        out["inputHistory"] = out["inputHistory"][-INPUT_HISTORY_EPOCHS:]
+    if len(out.get("mlflowRunId") or "") > MAX_ID_CHARS:
+        del out["mlflowRunId"]
+    probe = out.get("batchSizeProbe")
+    if probe:
+        out["batchSizeProbe"] = {**probe, "table": probe.get("table", [])[:MAX_PROBE_ROWS]}
+        if isinstance(probe.get("stoppedBy"), str):
+            out["batchSizeProbe"]["stoppedBy"] = _text(probe["stoppedBy"])
+    cache = out.get("featureCache")
+    if cache and isinstance(cache.get("reason"), str):
+        out["featureCache"] = {**cache, "reason": _text(cache["reason"])}
+    return out
 
 
 def input_history(value: Any) -> list[dict[str, Any]]:
@@ -123,7 +164,8 @@ def estimated_completion(previous: dict[str, Any], shown: dict[str, Any], progre
 
 
 def model_uri(progress: Optional[dict[str, Any]]) -> Optional[str]:
-    return Progress.read(progress).model_uri or None
+    uri = Progress.read(progress).model_uri
+    return uri if uri and len(uri) <= MAX_URI_CHARS else None
 
 
 def epochs_text(progress: Optional[dict[str, Any]]) -> str:
@@ -146,7 +188,7 @@ def succeeded_message(name: str, progress: Optional[dict[str, Any]]) -> str:
     validation accuracy."""
     text = f"MPIJob {name} succeeded after {epochs_text(progress)}"
     read = Progress.read(progress)
-    best = read.best_metrics
+    best = _metrics(read.best_metrics)
     if best:
         validation = sorted(k for k in best if k.startswith("val_"))
         training = sorted(k for k in best if not k.startswith("val_"))

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun
-from ..api.endpoints import endpoint_refusal
+from ..api.endpoints import endpoint_refusal, local_path_refusal
 from ..api.validation import InvalidScalingRun, parse_scalingrun
 from . import pinning
 from .draft import Draft
@@ -33,9 +33,9 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
     draft = Draft(snapshot, settings)
     if is_terminal(status):
         _restart_after_invalid_spec(draft.update)
-    pinned = (meta.get("annotations") or {}).get(pinning.PINNED_ANNOTATION)
+    pinned = pinning.pinned_of(body)
     run, invalid = snapshot.derive("run", lambda: _parse(body, pinning.effective_spec(body["spec"], pinned)))
-    refusal = run and endpoint_refusal(run.spec.storage.endpoint, settings.allowed_storage_endpoints)
+    refusal = run and _refusal(run, settings)
     if refusal:  # the operator's own rule: refused before any child is made or storage asked
         run, invalid = None, f"{refusal} (the run is retried on edit)."
     if run is None:
@@ -45,6 +45,7 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
             draft.update.set_phase(Phase.pending.value, "accepted")
         if pinned is None:
             draft.pin = pinning.pin(body["spec"])
+            draft.update.desired[pinning.PINNED_FIELD] = draft.pin
         else:
             _record_ignored_changes(draft.update, body["spec"], pinned)
         if not draft.condition_true(PREPROCESSED):
@@ -52,9 +53,21 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
         if (draft.condition_true(PREPROCESSED) and settings.train and not draft.blocked
                 and not is_terminal(draft.update.desired)):
             decide_training(draft, run)
+    annotation = pinning.annotation_of(body)
+    if annotation is not None:
+        draft.drop_pin_annotation = True
+        draft.update.warn("PinnedSpecAnnotationIgnored", pinning.annotation_ignored_message(body["spec"], annotation))
     if is_terminal(draft.update.desired):
         draft.follow, draft.recheck_in, draft.again = None, None, False  # nothing left to wait for
     return draft.decision()
+
+
+def _refusal(run: ScalingRun, settings: Settings) -> Optional[str]:
+    """Why the operator may not read this run's store or documents (its own rules, not the API's); None if it may."""
+    policy = settings.endpoint_policy
+    return (endpoint_refusal(run.spec.storage.endpoint, settings.allowed_storage_endpoints, policy)
+            or local_path_refusal("spec.dataset.output", run.spec.dataset.output, policy)
+            or local_path_refusal("spec.training.checkpoint.location", run.spec.training.checkpoint.location, policy))
 
 
 def _parse(body: dict[str, Any], spec: dict[str, Any]) -> tuple[Optional[ScalingRun], str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Hashable, Mapping, Optional, Union
 
+from ..api.endpoints import EndpointPolicy
 from .status import Event
 
 # --- asks: the facts decide may need ------------------------------------------------------------
@@ -207,6 +208,8 @@ class Settings:
     train: bool = True
     #: The operator's allow-list of storage endpoints (api/endpoints.py); empty: any.
     allowed_storage_endpoints: tuple[str, ...] = ()
+    #: Without an allow-list: the addresses refused, and whether paths may be read (api/endpoints.py).
+    endpoint_policy: EndpointPolicy = EndpointPolicy()
 
 
 # --- the decision -------------------------------------------------------------------------------------
@@ -238,10 +241,11 @@ Action = Union[Create, Patch]
 
 @dataclass(frozen=True)
 class Decision:
-    """What one look decided; act applies it in this order: pin, actions, status, events."""
+    """What one look decided; act applies it in this order: annotation, pin, actions, status, events."""
 
     phase: Optional[str]
-    pin: Optional[str] = None  # the pinned-spec annotation to write (decide.pinning)
+    pin: Optional[str] = None  # status.pinnedSpec to write before any child (decide.pinning)
+    drop_pin_annotation: bool = False  # remove the old pinned-spec annotation (it chooses nothing)
     actions: tuple[Action, ...] = ()
     status: Optional[dict[str, Any]] = None  # merge patch of status; None: unchanged
     desired: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))  # status after the patch

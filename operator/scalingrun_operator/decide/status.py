@@ -71,7 +71,7 @@ def set_condition(conditions: list[dict[str, Any]], type_: str, status: str, rea
     """A new list with condition `type_` set; its transition time moves only when its status changes."""
     old = next((c for c in conditions if c.get("type") == type_), None)
     transition = old.get("lastTransitionTime") if old and old.get("status") == status else None
-    new = {"type": type_, "status": status, "reason": reason, "message": message[:2000],
+    new = {"type": type_, "status": status, "reason": reason, "message": message[:MAX_MESSAGE_CHARS],
            "lastTransitionTime": transition or rfc3339(moment)}
     if generation is not None:
         new["observedGeneration"] = generation
@@ -84,11 +84,18 @@ def get_condition(conditions: list[dict[str, Any]], type_: str) -> Optional[dict
     return next((c for c in conditions or [] if c.get("type") == type_), None)
 
 
+MAX_MESSAGE_CHARS = 2000  # a condition's or an Event's message: the end of what a document or a log said is cut
+
+
 @dataclass
 class Event:
     type: str  # Normal or Warning
     reason: str
     message: str
+
+    def __post_init__(self) -> None:
+        if len(self.message) > MAX_MESSAGE_CHARS:
+            self.message = self.message[:MAX_MESSAGE_CHARS - 1] + "…"
 
 
 @dataclass

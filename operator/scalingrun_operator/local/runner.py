@@ -24,6 +24,7 @@ from typing import Any, Callable, Optional
 
 from scalingrun_api.heartbeat import HEARTBEAT_FILE
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun, ScalingRunStatus
+from ..api.endpoints import EndpointPolicy
 from ..api.validation import s3_fields
 from ..builders.common import storage_env
 from ..builders.config import CONFIG_KEY, run_location, total_processes
@@ -46,7 +47,7 @@ from .training import StallWatch, TrainingProcess
 __all__ = ["LocalRun", "LocalRunError"]
 
 # Nothing here writes a document late (the processes have ended when they are judged): no grace to wait.
-SETTINGS = Settings(completion_grace_seconds=0.0, where=LOCAL)
+SETTINGS = Settings(completion_grace_seconds=0.0, where=LOCAL, endpoint_policy=EndpointPolicy.anything())
 
 
 @dataclass
@@ -177,8 +178,8 @@ class LocalRun:
     # --- act ---------------------------------------------------------------------------------------------
 
     def act(self, decision: Decision) -> None:
-        if decision.pin is not None:
-            self.body["metadata"].setdefault("annotations", {})[pinning.PINNED_ANNOTATION] = decision.pin
+        if decision.drop_pin_annotation:
+            self.body["metadata"].get("annotations", {}).pop(pinning.PINNED_ANNOTATION, None)
         status = copy.deepcopy(dict(decision.desired))
         for action in decision.actions:
             if isinstance(action, Create):
