@@ -13,28 +13,28 @@ deadline and the message are ours.
 
 Bounded, because a run chooses its store and the operator serves every tenant from one pod: a document
 is read only up to the target's `max_document_bytes` (1 MiB unless the operator is configured otherwise;
-parsed JSON can take 20 times its size), a listing stops at `limit` names, and with `allowed_endpoints`
-set no request goes to any other endpoint.
+parsed JSON can take 20 times its size), a listing stops at `limit` names and at a few pages past what
+those need, and with `allowed_endpoints` set no request goes to any other endpoint. bounded_http sends the
+requests: a call cannot outlive `deadline`, an error answer or a listing page is read only up to its cap,
+and an endpoint that keeps failing is not asked again until its backoff has passed (`Clients.guard`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import json
 import logging
 import os
 import random
-import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 from urllib.parse import urlparse
 
 from .api.endpoints import endpoint_refusal
+from .bounded_http import Budget, Clients, Misbehaved, printable
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -44,12 +44,22 @@ class StorageError(RuntimeError):
     """Storage could not be read; the message names the URI and the cause, never a key."""
 
     reason = "StorageError"  # a condition's reason
+    permanent = False  # the store answered, and no: the store works (its circuit breaker stays closed)
 
 
 class DocumentTooLarge(StorageError):
     """A document is over the operator's size cap: not read, not parsed."""
 
     reason = "DocumentTooLarge"
+
+
+class StoreMisbehaved(StorageError):
+    """The store did what no working store does (too slow, an answer over its cap, an endless listing, a
+    redirect); `reason` says which. The message says what it did, never what it sent."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 class EndpointNotAllowed(StorageError):
@@ -62,6 +72,8 @@ class EndpointNotAllowed(StorageError):
 # 5,000 epochs of history; small enough that the 12 reads the operator may run at once fit in its 512Mi
 # limit beside its usual 200 MiB, whatever the documents hold (1 MiB of "[[],[],...]" parses into ~20 MiB).
 DEFAULT_MAX_DOCUMENT_BYTES = 1024 * 1024
+# Pages a listing may take beyond what its limit needs (a store may answer short pages).
+EXTRA_PAGES = 8
 
 
 @dataclass(frozen=True)
@@ -76,47 +88,6 @@ class Credentials:
         return hashlib.sha256(f"{self.access_key}\0{self.secret_key}".encode()).hexdigest()[:16]
 
 
-class Clients:
-    """botocore S3 clients by endpoint, region, keys and timeout (creating one costs tens of milliseconds and a
-    few MB, and a client holds a connection pool): the operator keeps one of these for its lifetime."""
-
-    def __init__(self, limit: int = 32):
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._session: Any = None
-        self._clients: "OrderedDict[tuple, Any]" = OrderedDict()
-
-    def get(self, target: "StorageTarget") -> Any:
-        import botocore.session
-        from botocore.config import Config
-
-        key = (target.endpoint, target.region, target.credentials.fingerprint() if target.credentials else None,
-               target.timeout)
-        with self._lock:
-            if key in self._clients:
-                self._clients.move_to_end(key)
-                return self._clients[key]
-            if self._session is None:
-                self._session = botocore.session.get_session()
-            config = Config(
-                connect_timeout=target.timeout, read_timeout=target.timeout,
-                retries={"total_max_attempts": 1, "mode": "standard"},  # retried by `retrying`, to a deadline
-                # S3-compatible stores behind a plain host:port (MinIO, SeaweedFS) need path-style URLs.
-                s3={"addressing_style": "path" if target.endpoint else "auto"},
-            )
-            kwargs: dict[str, Any] = {"region_name": target.region, "config": config}
-            if target.endpoint:
-                kwargs["endpoint_url"] = target.endpoint
-            if target.credentials:
-                kwargs["aws_access_key_id"] = target.credentials.access_key
-                kwargs["aws_secret_access_key"] = target.credentials.secret_key
-            client = self._session.create_client("s3", **kwargs)
-            self._clients[key] = client
-            while len(self._clients) > self.limit:
-                self._clients.popitem(last=False)
-            return client
-
-
 @dataclass(frozen=True)
 class StorageTarget:
     """Where and how to reach a run's objects (`clients`: whose client cache serves the calls)."""
@@ -124,8 +95,8 @@ class StorageTarget:
     endpoint: Optional[str]
     region: str
     credentials: Optional[Credentials]
-    timeout: float = 10.0  # connect/read timeout of one request
-    deadline: float = 30.0  # retries of 5xx answers and timeouts stop this long after the first attempt
+    timeout: float = 10.0  # the longest wait of one socket operation (connect, a read)
+    deadline: float = 30.0  # a call, its retries included, ends this long after it started (its budget)
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES  # a larger document is refused, not read
     allowed_endpoints: tuple[str, ...] = ()  # non-empty: the only endpoints requests may go to
     clients: Clients = field(default_factory=Clients, compare=False, repr=False)
@@ -149,12 +120,15 @@ def _client(target: StorageTarget) -> Any:
 
 
 def _describe(exc: Exception) -> str:
+    """What went wrong, in words the store cannot fill with more than a short line of printable text."""
     from botocore.exceptions import ClientError
 
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
-        return f"{error.get('Code', 'error')}: {error.get('Message', '')}".strip()
-    return f"{type(exc).__name__}: {exc}"
+        return f"{printable(error.get('Code') or 'error', 64)}: {printable(error.get('Message') or '', 200)}".strip()
+    return f"{type(exc).__name__}: {printable(str(exc), 300)}"
+
+
 
 
 # What to check when S3 refuses for good; {bucket} and {endpoint} are filled in.
@@ -193,36 +167,57 @@ def _status(exc: Exception) -> str:
 
 
 def retrying(what: str, uri: str, target: StorageTarget, call: Callable[[], T]) -> T:
-    """`call()` with retries of transient failures until `target.deadline`; StorageError otherwise.
+    """`call()` with retries of transient failures, all within `target.deadline`; StorageError otherwise.
 
-    `call` raises botocore errors; a ClientError it wants to handle (NoSuchKey) it must handle itself.
-    """
+    `call` raises botocore errors; a ClientError it wants to handle (NoSuchKey) it must handle itself. An
+    endpoint whose breaker is open fails at once with its last failure; one with its share of calls in flight
+    raises bounded_http.Busy (try again shortly: not a fault of the run)."""
+    endpoint, guard = (target.endpoint or "AWS S3"), target.clients.guard
+    closed_in, last = guard.open_for(endpoint), guard.last_failure(endpoint)
+    if closed_in:
+        raise StoreMisbehaved(f"cannot {what} {uri}: the store at {endpoint} failed the operator's last requests "
+                              f"({last}); it is asked again in {closed_in:.0f} s", getattr(last, "reason", "Error"))
+    # The store's fault (it misbehaved, or stayed down or slow) counts, not the document's, the run's or the keys'.
+    with guard.slot(endpoint, lambda exc: isinstance(exc, StoreMisbehaved) or (
+            type(exc) is StorageError and not exc.permanent)):
+        return _attempts(what, uri, target, call)
+
+
+def _attempts(what: str, uri: str, target: StorageTarget, call: Callable[[], T]) -> T:
     from botocore.exceptions import BotoCoreError, ClientError
 
     started = time.monotonic()
     delay, attempts = 0.25, 0
-    endpoint = target.endpoint or "AWS S3"
-    while True:
-        attempts += 1
-        try:
-            return call()
-        except (ClientError, BotoCoreError) as exc:
-            if not _transient(exc):
-                code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
-                hint = _PERMANENT.get(code or "", "not retried")
-                hint = hint.format(bucket=_split_s3(uri)[0] if uri.startswith("s3://") else uri, endpoint=endpoint)
-                raise StorageError(f"cannot {what} {uri}: {_describe(exc)}{_status(exc)}; {hint}") from None
-            elapsed = time.monotonic() - started
-            pause = delay / 2 + random.uniform(0, delay / 2)
-            if elapsed + pause >= target.deadline:
-                raise StorageError(
-                    f"cannot {what} {uri}: {_describe(exc)}{_status(exc)}, still failing after {attempts} attempts "
-                    f"in {elapsed:.1f} s (storage deadline {target.deadline:g} s); check that the store at "
-                    f"{endpoint} is up") from None
-            log.info("%s %s failed (%s%s), attempt %d; retrying in %.2f s", what, uri, _describe(exc), _status(exc),
-                     attempts, pause)
-            time.sleep(pause)
-            delay = min(delay * 2, 4.0)
+    endpoint = (target.endpoint or "AWS S3")
+    with target.clients.budgeted(Budget(started + target.deadline, target.deadline, target.timeout,
+                                        target.max_document_bytes)):
+        while True:
+            attempts += 1
+            try:
+                return call()
+            except Misbehaved as exc:
+                raise StoreMisbehaved(f"cannot {what} {uri}: {exc}; check the store at {endpoint}", exc.reason) \
+                    from None
+            except (ClientError, BotoCoreError) as exc:
+                if not _transient(exc):
+                    code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+                    hint = _PERMANENT.get(code or "", "not retried")
+                    hint = hint.format(bucket=_split_s3(uri)[0] if uri.startswith("s3://") else uri,
+                                       endpoint=endpoint)
+                    error = StorageError(f"cannot {what} {uri}: {_describe(exc)}{_status(exc)}; {hint}")
+                    error.permanent = isinstance(exc, ClientError)  # the store answered: it works
+                    raise error from None
+                elapsed = time.monotonic() - started
+                pause = delay / 2 + random.uniform(0, delay / 2)
+                if elapsed + pause >= target.deadline:
+                    raise StorageError(
+                        f"cannot {what} {uri}: {_describe(exc)}{_status(exc)}, still failing after {attempts} "
+                        f"attempts in {elapsed:.1f} s (storage deadline {target.deadline:g} s); check that the "
+                        f"store at {endpoint} is up") from None
+                log.info("%s %s failed (%s%s), attempt %d; retrying in %.2f s", what, uri, _describe(exc),
+                         _status(exc), attempts, pause)
+                time.sleep(pause)
+                delay = min(delay * 2, 4.0)
 
 
 def _too_large(uri: str, size: int, target: StorageTarget) -> DocumentTooLarge:
@@ -306,19 +301,34 @@ def _json_object(uri: str, data: bytes) -> dict[str, Any]:
 
 def list_names(uri: str, target: StorageTarget, limit: int = 1000) -> list[str]:
     """Names of the objects directly under the folder `uri` (non-recursive for local paths); at most `limit`,
-    read in pages of at most 1000 keys (S3 allows 1024 bytes a key: one page is at most ~1.5 MB of XML)."""
+    read in pages of at most 1000 keys (S3 allows 1024 bytes a key: one page is at most ~1.5 MB of XML), and
+    at most `EXTRA_PAGES` pages more than `limit` needs: a store that answers page after page with a fresh
+    token and no end is stopped, with StoreMisbehaved."""
     if uri.startswith("s3://"):
         bucket, prefix = _split_s3(uri)
         prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+        page_size = min(limit, 1000)
+        most_pages = -(-limit // page_size) + EXTRA_PAGES
 
         def listing() -> list[str]:
+            from botocore.exceptions import PaginationError
+
             names: list[str] = []
             pages = _client(target).get_paginator("list_objects_v2").paginate(
-                Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": min(limit, 1000)})
-            for page in pages:
-                names += [item["Key"][len(prefix):] for item in page.get("Contents", [])]
-                if len(names) >= limit:
-                    break
+                Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size})
+            try:
+                for count, page in enumerate(pages, 1):
+                    names += [item["Key"][len(prefix):] for item in page.get("Contents", [])]
+                    if len(names) >= limit:
+                        break
+                    if count >= most_pages and page.get("IsTruncated"):
+                        raise Misbehaved("StorageListingEndless", f"the store answered {count} listing pages with "
+                                                                  f"{len(names)} keys and still more to come, where "
+                                                                  f"{limit} keys need at most {most_pages - EXTRA_PAGES}"
+                                                                  "; the listing was stopped")
+            except PaginationError:
+                raise Misbehaved("StorageListingEndless", "the store answered a listing page with the token it "
+                                                          "was asked with; the listing was stopped") from None
             return names
 
         names = retrying("list", uri, target, listing)

@@ -21,6 +21,7 @@ LAYERS = [
     ("scalingrun_operator.builders",),
     ("scalingrun_operator.decide",),
     ("scalingrun_operator.clock", "scalingrun_operator.config", "scalingrun_operator.storage",
+     "scalingrun_operator.bounded_http",
      "scalingrun_operator.documents", "scalingrun_operator.report"),
     ("scalingrun_operator.cluster", "scalingrun_operator.local"),
     ("scalingrun_operator.handlers",),
