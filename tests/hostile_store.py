@@ -8,7 +8,8 @@ Behaviours:
 - trickle-body: a document of 4 KiB, one byte every `pace` seconds;
 - endless-listing: listing pages with no keys and a fresh continuation token each time; documents 404;
 - redirect: 307 to `location` (the cloud metadata address unless told otherwise);
-- error-text: 403 whose S3 error message holds a tab, non-ASCII characters and 10 KiB of text.
+- error-text: 403 whose S3 error message holds a tab, non-ASCII characters and 10 KiB of text;
+- healthy: a small JSON document whose ETag is `etag` (304 to a request that names it), for comparison.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import uuid
 from typing import Optional
 
 HUGE = 200 * 1024 * 1024
-BEHAVIOURS = ("huge-error", "trickle-headers", "trickle-body", "endless-listing", "redirect", "error-text")
+BEHAVIOURS = ("huge-error", "trickle-headers", "trickle-body", "endless-listing", "redirect", "error-text", "healthy")
 
 
 class HostileStore:
@@ -28,7 +29,8 @@ class HostileStore:
                  longest: float = 120.0):
         assert behaviour in BEHAVIOURS, behaviour
         self.behaviour, self.pace, self.location, self.longest = behaviour, pace, location, longest
-        self.requests: list[str] = []  # request lines, in order
+        self.requests: list[str] = []  # each request's line and headers, in order
+        self.etag = "v1"
         self.bytes_sent = 0
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -112,6 +114,14 @@ class HostileStore:
             self._send(conn, b"HTTP/1.1 307 Temporary Redirect\r\nLocation: " + self.location.encode() +
                        b"\r\nContent-Length: 0\r\n\r\n")
             return True
+        if self.behaviour == "healthy":
+            if f'if-none-match: "{self.etag}"' in request.lower():
+                self._send(conn, b"HTTP/1.1 304 Not Modified\r\nETag: \"%s\"\r\n\r\n" % self.etag.encode())
+                return True
+            body = b'{"state": "running", "epoch": 1}'
+            self._send(conn, b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nETag: \"%s\"\r\n"
+                             b"Content-Length: %d\r\n\r\n" % (self.etag.encode(), len(body)) + body)
+            return True
         message = "denied – é\tX-Injected: yes ".encode() + b"y" * 10240
         body = b"<Error><Code>AccessDenied</Code><Message>" + message + b"</Message></Error>"
         self._send(conn, b"HTTP/1.1 403 Forbidden\r\nContent-Type: application/xml\r\nContent-Length: %d\r\n\r\n"
@@ -128,7 +138,7 @@ class HostileStore:
 
 
 def _read_request(conn: socket.socket) -> Optional[str]:
-    """The request line of the next request (its headers read and dropped; requests here have no body)."""
+    """The next request's line and headers (requests here have no body)."""
     data = b""
     while b"\r\n\r\n" not in data:
         chunk = conn.recv(65536)
@@ -137,4 +147,4 @@ def _read_request(conn: socket.socket) -> Optional[str]:
         data += chunk
         if len(data) > 1 << 20:
             return None
-    return data.split(b"\r\n", 1)[0].decode("latin-1")
+    return data.split(b"\r\n\r\n", 1)[0].decode("latin-1")
