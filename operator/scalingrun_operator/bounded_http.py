@@ -258,14 +258,16 @@ def _handshake(sock: socket.socket, host: str, budget: Budget) -> socket.socket:
 
 
 class Guard:
-    """Per endpoint: calls in flight (at most `per_endpoint`) and a circuit breaker.
+    """Per endpoint: calls in flight (at most `per_endpoint`, half the operator's handler threads: a store that
+    holds its calls cannot hold them all; a call waits up to `wait` seconds for a slot, far longer than a healthy
+    store's answers take) and a circuit breaker.
 
     After `threshold` failures in a row (the store misbehaved, could not be reached or timed out) the
     endpoint is open: calls fail at once with the last failure, for `base` seconds, doubling with each
     failure after that up to `longest`. One success closes it."""
 
     def __init__(self, per_endpoint: int = 4, threshold: int = 2, base: float = 5.0, longest: float = 300.0,
-                 wait: float = 0.5):
+                 wait: float = 2.0):
         self.per_endpoint, self.threshold, self.base, self.longest, self.wait = (
             per_endpoint, threshold, base, longest, wait)
         self._lock = threading.Condition()
