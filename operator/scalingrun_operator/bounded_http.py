@@ -3,15 +3,13 @@
 botocore's own sender (urllib3) bounds each socket read by its read timeout, so a store that trickles
 its headers or its body a byte at a time holds a request for as long as it likes; and it reads an error
 body or a listing page whole, whatever its size. A run chooses its store and one operator serves every
-tenant, so `Transport` replaces that sender (botocore's `before-send` hook, which botocore documents for
-exactly this: a handler that returns a response stands in for the send):
+tenant, so `Transport` replaces that sender (botocore's `before-send` event: a response returned stands in):
 
 - every socket operation (connect, TLS handshake, send, each read of headers and body) waits at most
   until the call's deadline (`Budget`), so a call cannot outlive its budget however the store trickles;
 - a response's body is read in chunks up to a cap that depends on what it is (`Budget.cap_for`): an
   error answer 64 KiB, a listing page 2 MiB, a document the caller's cap + 1; more is not read;
-- redirects are never followed (botocore does not either) and no HTTP proxy is used: requests go to
-  the endpoint the run names, which the allow-list has checked;
+- redirects are not followed, no HTTP proxy is used: requests go to the endpoint the run names;
 - `Guard` keeps, per endpoint, how many calls are in flight (at most `per_endpoint`) and a circuit
   breaker: a store that failed its last calls is not asked again until its backoff has passed.
 
@@ -134,10 +132,13 @@ class _Reader(io.RawIOBase):
 
 
 class _Body:
-    """The response body as botocore reads it (`stream`, `read`, `close`), cut at `cap` bytes."""
+    """The response body as botocore reads it (`stream`, `read`, `close`), cut at `cap` bytes; the connection is
+    closed at its end, at its cap, or on any failure."""
 
-    def __init__(self, response: http.client.HTTPResponse, cap: int, what: str, budget: Budget):
-        self._response, self._cap, self._what, self._budget = response, cap, what, budget
+    def __init__(self, response: http.client.HTTPResponse, connection: http.client.HTTPConnection, cap: int,
+                 what: str, budget: Budget):
+        self._response, self._connection = response, connection
+        self._cap, self._what, self._budget = cap, what, budget
         self._read = 0
 
     def read(self, amt: Optional[int] = None) -> bytes:
@@ -145,13 +146,19 @@ class _Body:
             return b"".join(self.stream())
         try:
             chunk = self._response.read(min(amt, self._cap + 1 - self._read))
+        except Misbehaved:
+            self.close()
+            raise
         except (http.client.HTTPException, OSError) as exc:
+            self.close()
             self._budget.left(self._what)
             raise _dropped(exc) from None
         self._read += len(chunk)
         if self._read > self._cap:
             self.close()
             raise too_large(self._what, self._cap)
+        if not chunk:
+            self.close()
         return chunk
 
     def stream(self, **_: Any):
@@ -163,6 +170,7 @@ class _Body:
 
     def close(self) -> None:
         self._response.close()
+        self._connection.close()
 
 
 def _dropped(exc: Exception) -> Exception:
@@ -213,7 +221,7 @@ class Transport:
                                                   "spec.storage.endpoint to the store itself")
         what = "error answer" if response.status >= 300 else "listing page" if operation == "ListObjectsV2" \
             else "answer"
-        body = _Body(response, budget.cap_for(operation, response.status), what, budget)
+        body = _Body(response, connection, budget.cap_for(operation, response.status), what, budget)
         return AWSResponse(request.url, response.status, response.getheaders(), body)
 
     def _connect(self, url: Any, budget: Budget) -> _Socket:
@@ -264,7 +272,8 @@ class Guard:
 
     After `threshold` failures in a row (the store misbehaved, could not be reached or timed out) the
     endpoint is open: calls fail at once with the last failure, for `base` seconds, doubling with each
-    failure after that up to `longest`. One success closes it."""
+    failure after that up to `longest`. One success closes it. A failure is kept as (reason, summary), the
+    summary naming no URI: tenants may share a store, and one's conditions must not show another's paths."""
 
     def __init__(self, per_endpoint: int = 4, threshold: int = 2, base: float = 5.0, longest: float = 300.0,
                  wait: float = 2.0):
@@ -274,7 +283,7 @@ class Guard:
         self._in_flight: dict[str, int] = {}
         self._failures: dict[str, int] = {}
         self._open_until: dict[str, float] = {}
-        self._last: dict[str, Exception] = {}
+        self._last: dict[str, tuple[str, str]] = {}
 
     def open_for(self, endpoint: str) -> float:
         """Seconds until the endpoint may be asked again (0: it may be now)."""
@@ -285,7 +294,7 @@ class Guard:
         with self._lock:
             return self._in_flight.get(endpoint, 0) >= self.per_endpoint
 
-    def last_failure(self, endpoint: str) -> Optional[Exception]:
+    def last_failure(self, endpoint: str) -> Optional[tuple[str, str]]:
         with self._lock:
             return self._last.get(endpoint)
 
@@ -302,19 +311,20 @@ class Guard:
             self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
 
     @contextmanager
-    def slot(self, endpoint: str, counts: Callable[[Exception], bool]) -> Iterator[None]:
-        """A slot for one call to `endpoint`; an exception for which `counts` is true is a failure of it."""
+    def slot(self, endpoint: str, judge: Callable[[Exception], Optional[tuple[str, str]]]) -> Iterator[None]:
+        """A slot for one call to `endpoint`; an exception that `judge` turns into (reason, summary) is a failure
+        of the store, any other is not."""
         self.enter(endpoint)
         failure = None
         try:
             yield
         except Exception as exc:
-            failure = exc if counts(exc) else None
+            failure = judge(exc)
             raise
         finally:
             self.leave(endpoint, failure)
 
-    def leave(self, endpoint: str, failure: Optional[Exception]) -> None:
+    def leave(self, endpoint: str, failure: Optional[tuple[str, str]]) -> None:
         with self._lock:
             self._in_flight[endpoint] -= 1
             if not self._in_flight[endpoint]:

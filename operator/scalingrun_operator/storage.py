@@ -45,6 +45,7 @@ class StorageError(RuntimeError):
 
     reason = "StorageError"  # a condition's reason
     permanent = False  # the store answered, and no: the store works (its circuit breaker stays closed)
+    summary = ""  # what the store did, naming no URI (for other runs on the same store)
 
 
 class DocumentTooLarge(StorageError):
@@ -54,8 +55,7 @@ class DocumentTooLarge(StorageError):
 
 
 class StoreMisbehaved(StorageError):
-    """The store did what no working store does (too slow, an answer over its cap, an endless listing, a
-    redirect); `reason` says which. The message says what it did, never what it sent."""
+    """The store did what no working store does; `reason` says which, the message what, never what it sent."""
 
     def __init__(self, message: str, reason: str):
         super().__init__(message)
@@ -72,8 +72,7 @@ class EndpointNotAllowed(StorageError):
 # 5,000 epochs of history; small enough that the 12 reads the operator may run at once fit in its 512Mi
 # limit beside its usual 200 MiB, whatever the documents hold (1 MiB of "[[],[],...]" parses into ~20 MiB).
 DEFAULT_MAX_DOCUMENT_BYTES = 1024 * 1024
-# Pages a listing may take beyond what its limit needs (a store may answer short pages).
-EXTRA_PAGES = 8
+EXTRA_PAGES = 8  # pages a listing may take beyond what its limit needs (a store may answer short pages)
 
 
 @dataclass(frozen=True)
@@ -169,35 +168,35 @@ def _status(exc: Exception) -> str:
 def retrying(what: str, uri: str, target: StorageTarget, call: Callable[[], T]) -> T:
     """`call()` with retries of transient failures, all within `target.deadline`; StorageError otherwise.
 
-    `call` raises botocore errors; a ClientError it wants to handle (NoSuchKey) it must handle itself. An
-    endpoint whose breaker is open fails at once with its last failure; one with its share of calls in flight
-    raises bounded_http.Busy (try again shortly: not a fault of the run)."""
+    `call` raises botocore errors; a ClientError it wants to handle (NoSuchKey) it must handle itself. A store
+    whose breaker is open fails at once; one with its share of calls in flight raises bounded_http.Busy."""
     endpoint, guard = (target.endpoint or "AWS S3"), target.clients.guard
     closed_in, last = guard.open_for(endpoint), guard.last_failure(endpoint)
-    if closed_in:
+    if closed_in and last:
         raise StoreMisbehaved(f"cannot {what} {uri}: the store at {endpoint} failed the operator's last requests "
-                              f"({last}); it is asked again in {closed_in:.0f} s", getattr(last, "reason", "Error"))
-    # The store's fault (it misbehaved, or stayed down or slow) counts, not the document's, the run's or the keys'.
-    with guard.slot(endpoint, lambda exc: isinstance(exc, StoreMisbehaved) or (
-            type(exc) is StorageError and not exc.permanent)):
+                              f"({last[1]}); it is asked again in {closed_in:.0f} s", last[0])
+    _client(target)  # made (tens of ms, seconds on a busy node) before the budget starts: not the store's time
+    # Failures of the store's doing count (not the document's, run's or keys'), kept without a URI (tenants share).
+    with guard.slot(endpoint, lambda exc: (exc.reason, exc.summary) if isinstance(exc, StoreMisbehaved) or (
+            type(exc) is StorageError and not exc.permanent) else None):
         return _attempts(what, uri, target, call)
 
 
 def _attempts(what: str, uri: str, target: StorageTarget, call: Callable[[], T]) -> T:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    started = time.monotonic()
-    delay, attempts = 0.25, 0
-    endpoint = (target.endpoint or "AWS S3")
-    with target.clients.budgeted(Budget(started + target.deadline, target.deadline, target.timeout,
-                                        target.max_document_bytes)):
+    started, delay, attempts = time.monotonic(), 0.25, 0
+    endpoint, budget = target.endpoint or "AWS S3", Budget(started + target.deadline, target.deadline,
+                                                            target.timeout, target.max_document_bytes)
+    with target.clients.budgeted(budget):
         while True:
             attempts += 1
             try:
                 return call()
             except Misbehaved as exc:
-                raise StoreMisbehaved(f"cannot {what} {uri}: {exc}; check the store at {endpoint}", exc.reason) \
-                    from None
+                error = StoreMisbehaved(f"cannot {what} {uri}: {exc}; check the store at {endpoint}", exc.reason)
+                error.summary = str(exc)
+                raise error from None
             except (ClientError, BotoCoreError) as exc:
                 if not _transient(exc):
                     code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
@@ -206,14 +205,17 @@ def _attempts(what: str, uri: str, target: StorageTarget, call: Callable[[], T])
                                        endpoint=endpoint)
                     error = StorageError(f"cannot {what} {uri}: {_describe(exc)}{_status(exc)}; {hint}")
                     error.permanent = isinstance(exc, ClientError)  # the store answered: it works
+                    error.summary = f"{type(exc).__name__}{_status(exc)}"
                     raise error from None
                 elapsed = time.monotonic() - started
                 pause = delay / 2 + random.uniform(0, delay / 2)
                 if elapsed + pause >= target.deadline:
-                    raise StorageError(
+                    error = StorageError(
                         f"cannot {what} {uri}: {_describe(exc)}{_status(exc)}, still failing after {attempts} "
                         f"attempts in {elapsed:.1f} s (storage deadline {target.deadline:g} s); check that the "
-                        f"store at {endpoint} is up") from None
+                        f"store at {endpoint} is up")
+                    error.summary = f"{type(exc).__name__}{_status(exc)} for {elapsed:.0f} s"
+                    raise error from None
                 log.info("%s %s failed (%s%s), attempt %d; retrying in %.2f s", what, uri, _describe(exc),
                          _status(exc), attempts, pause)
                 time.sleep(pause)
