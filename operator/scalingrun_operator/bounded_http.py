@@ -13,8 +13,7 @@ tenant, so `Transport` replaces that sender (botocore's `before-send` event: a r
 - `Guard` keeps, per endpoint, how many calls are in flight (at most `per_endpoint`) and a circuit
   breaker: a store that failed its last calls is not asked again until its backoff has passed.
 
-A new connection per request (the operator reads a few small documents per run, not a stream of them).
-"""
+A new connection per request: the operator reads a few small documents per run, not a stream of them."""
 
 from __future__ import annotations
 
@@ -89,8 +88,9 @@ def printable(text: Any, limit: int) -> str:
 
 
 def too_slow(what: str, seconds: float) -> Misbehaved:
+    why = "it is down or unreachable" if what == "connecting" else "it answered too slowly or trickled"
     return Misbehaved("StorageTooSlow", f"the store did not finish {what} within the operator's budget of "
-                                        f"{seconds:g} s for one storage call (it answered too slowly or trickled)")
+                                        f"{seconds:g} s for one storage call ({why})")
 
 
 def too_large(what: str, cap: int) -> Misbehaved:
@@ -290,10 +290,6 @@ class Guard:
         with self._lock:
             return max(0.0, self._open_until.get(endpoint, 0.0) - time.monotonic())
 
-    def busy(self, endpoint: str) -> bool:
-        with self._lock:
-            return self._in_flight.get(endpoint, 0) >= self.per_endpoint
-
     def last_failure(self, endpoint: str) -> Optional[tuple[str, str]]:
         with self._lock:
             return self._last.get(endpoint)
@@ -311,15 +307,19 @@ class Guard:
             self._in_flight[endpoint] = self._in_flight.get(endpoint, 0) + 1
 
     @contextmanager
-    def slot(self, endpoint: str, judge: Callable[[Exception], Optional[tuple[str, str]]]) -> Iterator[None]:
+    def slot(self, endpoint: str, judge: Callable[[Exception], Optional[tuple[str, str]]],
+             short: bool = False) -> Iterator[None]:
         """A slot for one call to `endpoint`; an exception that `judge` turns into (reason, summary) is a failure
-        of the store, any other is not."""
+        of the store, any other is not. `short`: a budget too short to call the store slow (a busy node can
+        make a healthy store miss a 2 s check): running out of it is not a failure."""
         self.enter(endpoint)
         failure = None
         try:
             yield
         except Exception as exc:
             failure = judge(exc)
+            if short and failure and failure[0] == "StorageTooSlow":
+                failure = None
             raise
         finally:
             self.leave(endpoint, failure)

@@ -178,7 +178,7 @@ def retrying(what: str, uri: str, target: StorageTarget, call: Callable[[], T]) 
     _client(target)  # made (tens of ms, seconds on a busy node) before the budget starts: not the store's time
     # Failures of the store's doing count (not the document's, run's or keys'), kept without a URI (tenants share).
     with guard.slot(endpoint, lambda exc: (exc.reason, exc.summary) if isinstance(exc, StoreMisbehaved) or (
-            type(exc) is StorageError and not exc.permanent) else None):
+            type(exc) is StorageError and not exc.permanent) else None, short=target.deadline < 5):
         return _attempts(what, uri, target, call)
 
 
