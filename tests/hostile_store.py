@@ -15,6 +15,7 @@ Behaviours:
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
 import time
 import uuid
@@ -26,9 +27,9 @@ BEHAVIOURS = ("huge-error", "trickle-headers", "trickle-body", "endless-listing"
 
 class HostileStore:
     def __init__(self, behaviour: str, pace: float = 0.2, location: str = "http://169.254.169.254/latest/meta-data/",
-                 longest: float = 120.0):
+                 longest: float = 120.0, tls: Optional[ssl.SSLContext] = None):
         assert behaviour in BEHAVIOURS, behaviour
-        self.behaviour, self.pace, self.location, self.longest = behaviour, pace, location, longest
+        self.behaviour, self.pace, self.location, self.longest, self.tls = behaviour, pace, location, longest, tls
         self.requests: list[str] = []  # each request's line and headers, in order
         self.etag = "v1"
         self.bytes_sent = 0
@@ -36,7 +37,7 @@ class HostileStore:
         self._closing = threading.Event()
         self._listener = socket.create_server(("127.0.0.1", 0))
         self._listener.settimeout(0.2)
-        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self.endpoint = f"{'https' if tls else 'http'}://127.0.0.1:{self._listener.getsockname()[1]}"
         self._thread = threading.Thread(target=self._accept, name=f"hostile-{behaviour}", daemon=True)
         self._thread.start()
 
@@ -59,6 +60,8 @@ class HostileStore:
         with conn:
             conn.settimeout(10)
             try:
+                if self.tls:
+                    conn = self.tls.wrap_socket(conn, server_side=True)
                 while not self._closing.is_set():
                     request = _read_request(conn)
                     if request is None:
@@ -67,7 +70,7 @@ class HostileStore:
                         self.requests.append(request)
                     if not self._answer(conn, request):
                         return
-            except OSError:  # the operator hung up: what it should do with most of these
+            except (OSError, ssl.SSLError):  # the operator hung up: what it should do with most of these
                 return
 
     def _send(self, conn: socket.socket, data: bytes) -> None:
@@ -148,3 +151,31 @@ def _read_request(conn: socket.socket) -> Optional[str]:
         if len(data) > 1 << 20:
             return None
     return data.split(b"\r\n\r\n", 1)[0].decode("latin-1")
+
+
+def self_signed(folder) -> tuple[ssl.SSLContext, str]:
+    """A server context for 127.0.0.1 with a new self-signed certificate, and the certificate's PEM file."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_file, key_file = folder / "cert.pem", folder / "key.pem"
+    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    return context, str(cert_file)

@@ -12,7 +12,7 @@ import pytest
 from scalingrun_operator import storage
 from scalingrun_operator.bounded_http import ERROR_BODY_CAP, Busy, Clients, Guard
 
-from ..hostile_store import HostileStore
+from ..hostile_store import HostileStore, self_signed
 
 
 @pytest.fixture
@@ -145,3 +145,22 @@ def test_an_endpoint_with_its_share_of_calls_in_flight_is_busy_not_broken(hostil
     assert caught.value.delay > 0
     assert not isinstance(caught.value, storage.StorageError)  # not the run's condition: try again shortly
     first.join()
+
+
+def test_https_is_verified_against_the_ca_bundle_and_its_handshake_is_within_the_budget(hostile, tmp_path,
+                                                                                      monkeypatch):
+    context, ca_file = self_signed(tmp_path)
+    store = hostile("healthy", tls=context)
+    assert store.endpoint.startswith("https://")
+    with pytest.raises(storage.StoreMisbehaved) as caught:  # the store's certificate is not trusted
+        storage.read_json("s3://bucket/run/progress.json", target(store))
+    assert caught.value.reason == "StorageTLSFailed" and "CERTIFICATE_VERIFY_FAILED" in str(caught.value)
+    monkeypatch.setenv("AWS_CA_BUNDLE", ca_file)
+    assert storage.read_json("s3://bucket/run/progress.json", target(store)) == {"state": "running", "epoch": 1}
+    assert storage.changed_since("s3://bucket/run/progress.json", target(store), '"v1"') == (False, '"v1"')
+    silent = hostile("trickle-headers")  # plain TCP that never answers a ClientHello
+    with pytest.raises(storage.StoreMisbehaved, match="did not finish the TLS handshake within the operator's "
+                                                      "budget of 1.5 s"):
+        storage.read_json("s3://bucket/run/progress.json", storage.StorageTarget(
+            silent.endpoint.replace("http:", "https:"), "us-east-1", storage.Credentials("AKIDEXAMPLE", "s" * 40),
+            deadline=1.5))
