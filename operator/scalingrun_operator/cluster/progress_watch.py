@@ -236,6 +236,9 @@ class ProgressWatcher:
                 log.info("%s/%s: %s", *key, exc)
                 self._submit(key, "storage error")
             return
+        except Exception:  # a pool thread's exception is lost unless said: the next round checks again
+            log.exception("%s/%s: progress check failed", *key)
+            return
         finally:
             with self._guard:
                 self._checking.pop(key, None)
