@@ -276,7 +276,7 @@ class Guard:
     summary naming no URI: tenants may share a store, and one's conditions must not show another's paths."""
 
     def __init__(self, per_endpoint: int = 4, threshold: int = 2, base: float = 5.0, longest: float = 300.0,
-                 wait: float = 2.0):
+                 wait: float = 0.5):
         self.per_endpoint, self.threshold, self.base, self.longest, self.wait = (
             per_endpoint, threshold, base, longest, wait)
         self._lock = threading.Condition()
