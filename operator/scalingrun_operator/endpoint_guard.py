@@ -1,22 +1,17 @@
 """The address a storage request goes to, checked where the connection is made.
 
 api/endpoints.py refuses literal addresses in a spec; a host name can resolve anywhere, and resolve again
-differently between a check and the connection (DNS rebinding). So a botocore client the operator makes for
-a run connects through connection classes that resolve the host once, refuse it when any address it resolves
-to is one the policy refuses, and connect to the address they checked: TLS still verifies the host name, the
-request still names it.
+differently between a check and the connection (DNS rebinding). So the operator's storage requests
+(bounded_http.Transport) connect through `open_connection`, which resolves the host once, refuses it when any
+address it resolves to is one the policy refuses, and connects to the address it checked: TLS still verifies
+the host name, the request still names it.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
-from typing import Any
-
-from botocore.awsrequest import (
-    AWSHTTPConnection, AWSHTTPConnectionPool, AWSHTTPSConnection, AWSHTTPSConnectionPool,
-)
-from urllib3.exceptions import ConnectTimeoutError, NameResolutionError, NewConnectionError
+from typing import Any, Optional
 
 from .api.endpoints import EndpointPolicy, address_class
 
@@ -39,39 +34,25 @@ def checked_addresses(host: str, port: int, policy: EndpointPolicy) -> list[str]
     return addresses
 
 
-class _Checked:
-    policy: EndpointPolicy
-
-    def _new_conn(self) -> Any:
-        host = self._dns_host  # type: ignore[attr-defined]
+def open_connection(host: str, port: int, policy: Optional[EndpointPolicy], timeout: float) -> socket.socket:
+    """A connection to `host`: under `policy`, to an address it allows, resolved once and each address tried in
+    turn (as urllib3 would: IPv6, then IPv4); with no policy (allow-any, or an allow-list: the administrators'
+    word), as socket.create_connection. AddressRefused before any connection when an address is refused."""
+    if policy is None:
+        return socket.create_connection((host, port), timeout=timeout)
+    addresses = checked_addresses(host, port, policy)
+    for index, address in enumerate(addresses):
         try:
-            addresses = checked_addresses(host, self.port, self.policy)  # type: ignore[attr-defined]
-        except socket.gaierror as exc:
-            raise NameResolutionError(self.host, self, exc) from exc  # type: ignore[attr-defined,arg-type]
-        try:
-            for index, address in enumerate(addresses):  # each in turn, as urllib3 would (IPv6, then IPv4)
-                self._dns_host = address  # connect to what was checked, not to a second resolution
-                try:
-                    return super()._new_conn()  # type: ignore[misc]
-                except (NewConnectionError, ConnectTimeoutError):
-                    if index == len(addresses) - 1:
-                        raise
-        finally:
-            self._dns_host = host
-        raise AssertionError("getaddrinfo returned no address")  # it raises gaierror instead
+            return socket.create_connection((address, port), timeout=timeout)  # what was checked, not a new lookup
+        except OSError:
+            if index == len(addresses) - 1:
+                raise
+    raise AssertionError("getaddrinfo returned no address")  # it raises gaierror instead
 
 
-def guard(client: Any, policy: EndpointPolicy, allowed: tuple[str, ...] = ()) -> Any:
-    """`client` (botocore) with its connections checked under `policy`; unchanged when the policy allows any, or
-    when an allow-list names the endpoints (the administrators' word: not checked by address)."""
-    if policy.allow_any or allowed:
-        return client
-    http = type("CheckedHTTPConnection", (_Checked, AWSHTTPConnection), {"policy": policy})
-    https = type("CheckedHTTPSConnection", (_Checked, AWSHTTPSConnection), {"policy": policy})
-    pools = client._endpoint.http_session._pool_classes_by_scheme  # shared with its pool managers
-    pools["http"] = type("CheckedHTTPConnectionPool", (AWSHTTPConnectionPool,), {"ConnectionCls": http})
-    pools["https"] = type("CheckedHTTPSConnectionPool", (AWSHTTPSConnectionPool,), {"ConnectionCls": https})
-    return client
+def policy_for(policy: EndpointPolicy, allowed: tuple[str, ...]) -> Optional[EndpointPolicy]:
+    """The policy connections are checked under: none when it allows any endpoint or an allow-list names them."""
+    return None if policy.allow_any or allowed else policy
 
 
 def refused(exc: BaseException) -> bool:

@@ -13,29 +13,29 @@ deadline and the message are ours.
 
 Bounded, because a run chooses its store and the operator serves every tenant from one pod: a document
 is read only up to the target's `max_document_bytes` (1 MiB unless the operator is configured otherwise;
-parsed JSON can take 20 times its size), a listing stops at `limit` names, and with `allowed_endpoints`
-set no request goes to any other endpoint.
+parsed JSON can take 20 times its size), a listing stops at `limit` names and at a few pages past what
+those need, and with `allowed_endpoints` set no request goes to any other endpoint. bounded_http sends the
+requests: a call cannot outlive `deadline`, an error answer or a listing page is read only up to its cap,
+and an endpoint that keeps failing is not asked again until its backoff has passed (`Clients.guard`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-
 import hashlib
 import json
 import logging
 import os
 import random
-import threading
 import time
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 from urllib.parse import urlparse
 
-from . import endpoint_guard
-from .api.endpoints import NOT_REACHABLE, EndpointPolicy, endpoint_refusal
+from .api.endpoints import EndpointPolicy, endpoint_refusal
+from .bounded_http import Budget, Clients, Misbehaved
+from .storage_failures import PERMANENT_HINTS, describe, status_text, transient
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -45,12 +45,22 @@ class StorageError(RuntimeError):
     """Storage could not be read; the message names the URI and the cause, never a key."""
 
     reason = "StorageError"  # a condition's reason
+    permanent = False  # the store answered, and no: the store works (its circuit breaker stays closed)
+    summary = ""  # what the store did, naming no URI (for other runs on the same store)
 
 
 class DocumentTooLarge(StorageError):
     """A document is over the operator's size cap: not read, not parsed."""
 
     reason = "DocumentTooLarge"
+
+
+class StoreMisbehaved(StorageError):
+    """The store did what no working store does; `reason` says which, the message what, never what it sent."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
 
 
 class EndpointNotAllowed(StorageError):
@@ -63,6 +73,7 @@ class EndpointNotAllowed(StorageError):
 # 5,000 epochs of history; small enough that the 12 reads the operator may run at once fit in its 512Mi
 # limit beside its usual 200 MiB, whatever the documents hold (1 MiB of "[[],[],...]" parses into ~20 MiB).
 DEFAULT_MAX_DOCUMENT_BYTES = 1024 * 1024
+EXTRA_PAGES = 8  # pages a listing may take beyond what its limit needs (a store may answer short pages)
 
 
 @dataclass(frozen=True)
@@ -77,49 +88,6 @@ class Credentials:
         return hashlib.sha256(f"{self.access_key}\0{self.secret_key}".encode()).hexdigest()[:16]
 
 
-
-class Clients:
-    """botocore S3 clients by endpoint, region, keys and timeout (creating one costs tens of milliseconds and a
-    few MB, and a client holds a connection pool): the operator keeps one of these for its lifetime."""
-
-    def __init__(self, limit: int = 32):
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._session: Any = None
-        self._clients: "OrderedDict[tuple, Any]" = OrderedDict()
-
-    def get(self, target: "StorageTarget") -> Any:
-        import botocore.session
-        from botocore.config import Config
-
-        key = (target.endpoint, target.region, target.credentials.fingerprint() if target.credentials else None,
-               target.timeout, target.policy, target.allowed_endpoints)
-        with self._lock:
-            if key in self._clients:
-                self._clients.move_to_end(key)
-                return self._clients[key]
-            if self._session is None:
-                self._session = botocore.session.get_session()
-            config = Config(
-                connect_timeout=target.timeout, read_timeout=target.timeout,
-                retries={"total_max_attempts": 1, "mode": "standard"},  # retried by `retrying`, to a deadline
-                # S3-compatible stores behind a plain host:port (MinIO, SeaweedFS) need path-style URLs.
-                s3={"addressing_style": "path" if target.endpoint else "auto"},
-            )
-            kwargs: dict[str, Any] = {"region_name": target.region, "config": config}
-            if target.endpoint:
-                kwargs["endpoint_url"] = target.endpoint
-            if target.credentials:
-                kwargs["aws_access_key_id"] = target.credentials.access_key
-                kwargs["aws_secret_access_key"] = target.credentials.secret_key
-            client = endpoint_guard.guard(self._session.create_client("s3", **kwargs), target.policy,
-                                          target.allowed_endpoints)
-            self._clients[key] = client
-            while len(self._clients) > self.limit:
-                self._clients.popitem(last=False)
-            return client
-
-
 @dataclass(frozen=True)
 class StorageTarget:
     """Where and how to reach a run's objects (`clients`: whose client cache serves the calls)."""
@@ -127,8 +95,8 @@ class StorageTarget:
     endpoint: Optional[str]
     region: str
     credentials: Optional[Credentials]
-    timeout: float = 10.0  # connect/read timeout of one request
-    deadline: float = 30.0  # retries of 5xx answers and timeouts stop this long after the first attempt
+    timeout: float = 10.0  # the longest wait of one socket operation (connect, a read)
+    deadline: float = 30.0  # a call, its retries included, ends this long after it started (its budget)
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES  # a larger document is refused, not read
     allowed_endpoints: tuple[str, ...] = ()  # non-empty: the only endpoints requests may go to
     policy: EndpointPolicy = EndpointPolicy.anything()  # the operator's: Config.storage_target; tools': any
@@ -154,87 +122,67 @@ def _client(target: StorageTarget) -> Any:
     return target.clients.get(target)
 
 
-def _describe(exc: Exception) -> str:
-    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
-
-    if isinstance(exc, ClientError):
-        error = exc.response.get("Error", {})
-        return f"{error.get('Code', 'error')}: {error.get('Message', '')}".strip()
-    if not isinstance(exc, (ConnectionError, HTTPClientError)):
-        return type(exc).__name__
-    # Refused, timed out, unresolved, address refused: one answer, so that a run cannot map the operator's network.
-    return f"the storage endpoint is {NOT_REACHABLE}"
-
-
-# What to check when S3 refuses for good; {bucket} and {endpoint} are filled in.
-_PERMANENT = {
-    "InvalidAccessKeyId": "the store does not know the access key id: check the access key in the credentials "
-                          "Secret (spec.storage.credentialsSecret) and that spec.storage.endpoint ({endpoint}) is "
-                          "the store it belongs to",
-    "SignatureDoesNotMatch": "the secret access key does not match the access key id: check the secret key in the "
-                             "credentials Secret (spec.storage.credentialsSecret)",
-    "AccessDenied": "these credentials may not use bucket {bucket}: check the user's permissions or the bucket "
-                    "policy at {endpoint}",
-    "NoSuchBucket": "bucket {bucket} does not exist at {endpoint}: create it, or fix the s3:// URI or "
-                    "spec.storage.endpoint",
-}
-_TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout", "Throttling",
-                    "ThrottlingException"}
-
-
-def _transient(exc: Exception) -> bool:
-    """A 5xx answer, throttling or a timeout / dropped connection: worth another try."""
-    from botocore.exceptions import ClientError, ConnectionError, HTTPClientError
-
-    if isinstance(exc, ClientError):
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0
-        return status >= 500 or status in (408, 429) or exc.response.get("Error", {}).get("Code") in _TRANSIENT_CODES
-    return isinstance(exc, (ConnectionError, HTTPClientError)) and not endpoint_guard.refused(exc)
-
-
-def _status(exc: Exception) -> str:
-    from botocore.exceptions import ClientError
-
-    if isinstance(exc, ClientError):
-        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return f" (HTTP {status})" if status else ""
-    return ""
-
-
 def retrying(what: str, uri: str, target: StorageTarget, call: Callable[[], T]) -> T:
-    """`call()` with retries of transient failures until `target.deadline`; StorageError otherwise.
+    """`call()` with retries of transient failures, all within `target.deadline`; StorageError otherwise.
 
-    `call` raises botocore errors; a ClientError it wants to handle (NoSuchKey) it must handle itself.
-    """
+    `call` raises botocore errors; a ClientError it wants to handle (NoSuchKey) it must handle itself. A store
+    whose breaker is open fails at once; one with its share of calls in flight raises bounded_http.Busy."""
+    endpoint, guard = (target.endpoint or "AWS S3"), target.clients.guard
+    closed_in, last = guard.open_for(endpoint), guard.last_failure(endpoint)
+    if closed_in and last:
+        raise StoreMisbehaved(f"cannot {what} {uri}: the store at {endpoint} failed the operator's last requests "
+                              f"({last[1]}); it is asked again in {closed_in:.0f} s", last[0])
+    _client(target)  # made (tens of ms, seconds on a busy node) before the budget starts: not the store's time
+    # Failures of the store's doing count (not the document's, run's or keys'), kept without a URI (tenants share).
+    with guard.slot(endpoint, lambda exc: (exc.reason, exc.summary) if isinstance(exc, StoreMisbehaved) or (
+            type(exc) is StorageError and not exc.permanent) else None, short=target.deadline < 5):
+        return _attempts(what, uri, target, call)
+
+
+def _attempts(what: str, uri: str, target: StorageTarget, call: Callable[[], T]) -> T:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    started = time.monotonic()
-    delay, attempts = 0.25, 0
-    endpoint = target.endpoint or "AWS S3"
-    while True:
-        attempts += 1
-        try:
-            return call()
-        except (ClientError, BotoCoreError) as exc:
-            elapsed = time.monotonic() - started
-            pause = delay / 2 + random.uniform(0, delay / 2)
-            if not isinstance(exc, ClientError) and (not _transient(exc) or elapsed + pause >= target.deadline):
-                raise StorageError(f"cannot {what} {uri}: {_describe(exc)}; check spec.storage.endpoint ({endpoint}) "
-                                   "and that the store is up") from None
-            if not _transient(exc):
-                code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
-                hint = _PERMANENT.get(code or "", "not retried")
-                hint = hint.format(bucket=_split_s3(uri)[0] if uri.startswith("s3://") else uri, endpoint=endpoint)
-                raise StorageError(f"cannot {what} {uri}: {_describe(exc)}{_status(exc)}; {hint}") from None
-            if elapsed + pause >= target.deadline:
-                raise StorageError(
-                    f"cannot {what} {uri}: {_describe(exc)}{_status(exc)}, still failing after {attempts} attempts "
-                    f"in {elapsed:.1f} s (storage deadline {target.deadline:g} s); check that the store at "
-                    f"{endpoint} is up") from None
-            log.info("%s %s failed (%s%s), attempt %d; retrying in %.2f s", what, uri, _describe(exc), _status(exc),
-                     attempts, pause)
-            time.sleep(pause)
-            delay = min(delay * 2, 4.0)
+    started, delay, attempts = time.monotonic(), 0.25, 0
+    endpoint, budget = target.endpoint or "AWS S3", Budget(started + target.deadline, target.deadline,
+                                                            target.timeout, target.max_document_bytes)
+    with target.clients.budgeted(budget):
+        while True:
+            attempts += 1
+            try:
+                return call()
+            except Misbehaved as exc:
+                error = StoreMisbehaved(f"cannot {what} {uri}: {exc}; check the store at {endpoint}", exc.reason)
+                error.summary = str(exc)
+                raise error from None
+            except (ClientError, BotoCoreError) as exc:
+                elapsed = time.monotonic() - started
+                pause = delay / 2 + random.uniform(0, delay / 2)
+                if not isinstance(exc, ClientError) and (not transient(exc) or elapsed + pause >= target.deadline):
+                    # No attempt count or time: they would tell a refused port from a filtered one.
+                    error = StorageError(f"cannot {what} {uri}: {describe(exc)}; check spec.storage.endpoint "
+                                         f"({endpoint}) and that the store is up")
+                    error.summary = describe(exc)
+                    raise error from None
+                if not transient(exc):
+                    code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
+                    hint = PERMANENT_HINTS.get(code or "", "not retried")
+                    hint = hint.format(bucket=_split_s3(uri)[0] if uri.startswith("s3://") else uri,
+                                       endpoint=endpoint)
+                    error = StorageError(f"cannot {what} {uri}: {describe(exc)}{status_text(exc)}; {hint}")
+                    error.permanent = isinstance(exc, ClientError)  # the store answered: it works
+                    error.summary = f"{type(exc).__name__}{status_text(exc)}"
+                    raise error from None
+                if elapsed + pause >= target.deadline:
+                    error = StorageError(
+                        f"cannot {what} {uri}: {describe(exc)}{status_text(exc)}, still failing after {attempts} "
+                        f"attempts in {elapsed:.1f} s (storage deadline {target.deadline:g} s); check that the "
+                        f"store at {endpoint} is up")
+                    error.summary = f"{type(exc).__name__}{status_text(exc)} for {elapsed:.0f} s"
+                    raise error from None
+                log.info("%s %s failed (%s%s), attempt %d; retrying in %.2f s", what, uri, describe(exc),
+                         status_text(exc), attempts, pause)
+                time.sleep(pause)
+                delay = min(delay * 2, 4.0)
 
 
 def _too_large(uri: str, size: int, target: StorageTarget) -> DocumentTooLarge:
@@ -318,19 +266,34 @@ def _json_object(uri: str, data: bytes) -> dict[str, Any]:
 
 def list_names(uri: str, target: StorageTarget, limit: int = 1000) -> list[str]:
     """Names of the objects directly under the folder `uri` (non-recursive for local paths); at most `limit`,
-    read in pages of at most 1000 keys (S3 allows 1024 bytes a key: one page is at most ~1.5 MB of XML)."""
+    read in pages of at most 1000 keys (S3 allows 1024 bytes a key: one page is at most ~1.5 MB of XML), and
+    at most `EXTRA_PAGES` pages more than `limit` needs: a store that answers page after page with a fresh
+    token and no end is stopped, with StoreMisbehaved."""
     if uri.startswith("s3://"):
         bucket, prefix = _split_s3(uri)
         prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+        page_size = min(limit, 1000)
+        most_pages = -(-limit // page_size) + EXTRA_PAGES
 
         def listing() -> list[str]:
+            from botocore.exceptions import PaginationError
+
             names: list[str] = []
             pages = _client(target).get_paginator("list_objects_v2").paginate(
-                Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": min(limit, 1000)})
-            for page in pages:
-                names += [item["Key"][len(prefix):] for item in page.get("Contents", [])]
-                if len(names) >= limit:
-                    break
+                Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size})
+            try:
+                for count, page in enumerate(pages, 1):
+                    names += [item["Key"][len(prefix):] for item in page.get("Contents", [])]
+                    if len(names) >= limit:
+                        break
+                    if count >= most_pages and page.get("IsTruncated"):
+                        raise Misbehaved("StorageListingEndless", f"the store answered {count} listing pages with "
+                                                                  f"{len(names)} keys and still more to come, where "
+                                                                  f"{limit} keys need at most {most_pages - EXTRA_PAGES}"
+                                                                  "; the listing was stopped")
+            except PaginationError:
+                raise Misbehaved("StorageListingEndless", "the store answered a listing page with the token it "
+                                                          "was asked with; the listing was stopped") from None
             return names
 
         names = retrying("list", uri, target, listing)

@@ -235,6 +235,14 @@ ROWS = [
                                                                         "2 shard manifests written"),
                        "Failed": ("True", "PreprocessingFailed", "its limit of 256Mi"),
                        "PodsHealthy": ("False", "OOMKilled", "killed for using more memory")}, ["Failed"], check=_stalled),
+    Row("a failed Job whose shard manifests cannot be listed says why, not how many",
+        lambda: preprocessing(children={"ConfigMap": config_map(), "Job": job(done(
+            "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"), succeeded=1, failed=4)},
+            storage_error="cannot list s3://data/parquet/_shards: the store answered 9 listing pages with 0 keys"),
+        "Failed", [], {"Preprocessed": ("False", "PreprocessingFailed", "4 pod failures; the shard manifests could "
+                                                                        "not be listed (cannot list s3://data/parquet/"
+                                                                        "_shards: the store answered 9 listing pages")},
+        ["Failed"]),
     Row("a Job whose completion index the server dropped fails the run",
         lambda: preprocessing(children={"ConfigMap": config_map(), "Job": _drop_index(job())}),
         "Failed", [], {"Failed": ("True", "PreprocessingFailed", "has 2 completions but no completion index")},

@@ -9,9 +9,7 @@ import http.server
 import socket
 import threading
 
-import botocore.session
 import pytest
-from botocore.config import Config as BotoConfig
 
 from scalingrun_operator import config, endpoint_guard, storage
 from scalingrun_operator.api import endpoints
@@ -121,11 +119,10 @@ def server():
 
 
 def _client(endpoint: str, policy: EndpointPolicy):
-    client = botocore.session.get_session().create_client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="a", aws_secret_access_key="b",
-        config=BotoConfig(connect_timeout=2, read_timeout=2, retries={"total_max_attempts": 1},
-                          s3={"addressing_style": "path"}))
-    return endpoint_guard.guard(client, policy)
+    """The botocore client the operator makes for a store under `policy` (its requests go through
+    bounded_http.Transport, which connects through endpoint_guard)."""
+    return storage.Clients().get(storage.StorageTarget(endpoint, "us-east-1", storage.Credentials("a", "b"),
+                                                       timeout=2, policy=policy))
 
 
 def test_a_name_that_resolves_to_a_refused_address_gets_no_connection(server):

@@ -13,6 +13,13 @@ pods are watched already; what remains is object storage. This thread:
   not yet written, storage unreadable, an MPIJob done but its final progress not yet written, a pod
   still Pending.
 
+A tenant's store must not stop the others' checks: the loop only hands checks to a small pool
+(`check_workers`), at most `per_endpoint` of them to one endpoint at a time, and skips an endpoint whose
+circuit breaker is open (store_slots.Guard: a store that keeps failing is asked again after a backoff),
+so 60 runs on a dead store cost one check per backoff, not 60 timeouts a round. Each check's call ends
+within its budget (2 s). The loop beats at least every `HEARTBEAT_SECONDS`; `health()` tells the
+operator's liveness probe when it has stopped or a check has outlived any budget.
+
 Runs are known from reconciles (every run is reconciled on start-up by kopf's resume handler), not
 from API reads: at rest this makes no Kubernetes API request.
 """
@@ -28,11 +35,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from ..store_slots import Busy
 from ..storage import StorageError, StorageTarget, changed_since
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, str]  # (namespace, name)
+HEARTBEAT_SECONDS = 5.0  # the loop passes at least this often, with nothing due too
+STUCK_SECONDS = 60.0  # a check (budget 2 s) in flight this long is stuck: the liveness probe fails
 
 
 @dataclass
@@ -48,11 +58,15 @@ class ProgressWatcher:
     """Checks watched documents every `interval` seconds; calls `reconcile(namespace, name)` on a change."""
 
     def __init__(self, reconcile: Callable[[str, str], object], interval: float, max_checks_per_second: float = 5.0,
-                 workers: int = 4, clock: Callable[[], float] = time.monotonic):
+                 workers: int = 4, clock: Callable[[], float] = time.monotonic, check_workers: int = 4,
+                 per_endpoint: int = 2):
         self._reconcile = reconcile
         self.interval = interval
         self.max_checks_per_second = max_checks_per_second
+        self.per_endpoint = per_endpoint
         self._clock = clock
+        self.beat = clock()  # when the loop last passed
+        self._checking: dict[Key, tuple[str, float]] = {}  # checks in flight: (endpoint, started)
         self._guard = threading.Lock()
         self._watched: dict[Key, _Watched] = {}
         self._rechecks: dict[Key, float] = {}  # the earliest one asked for wins
@@ -63,6 +77,7 @@ class ProgressWatcher:
         self._paused = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="progress-reconcile")
+        self._checks = ThreadPoolExecutor(max_workers=check_workers, thread_name_prefix="progress-check")
 
     # --- what the reconcile and the event handlers tell it ---------------------------------------
 
@@ -129,6 +144,22 @@ class ProgressWatcher:
         if self._thread:
             self._thread.join(timeout)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._checks.shutdown(wait=False, cancel_futures=True)
+
+    def health(self) -> Optional[str]:
+        """None while the loop passes and no check is stuck; else what is wrong (for the liveness probe)."""
+        now = self._clock()
+        if self._thread is not None and not self._thread.is_alive() and not self._stopping.is_set():
+            return f"the {self._thread.name} thread has ended"
+        if now - self.beat > max(60.0, 3 * HEARTBEAT_SECONDS):
+            return f"the progress watcher has not passed for {now - self.beat:.0f} s"
+        with self._guard:
+            stuck = [(k, e, now - t) for k, (e, t) in self._checking.items() if now - t > STUCK_SECONDS]
+        if stuck:
+            (namespace, name), endpoint, seconds = max(stuck, key=lambda s: s[2])
+            return (f"{len(stuck)} progress checks stuck, the oldest for {seconds:.0f} s "
+                    f"({namespace}/{name} at {endpoint})")
+        return None
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
@@ -137,11 +168,13 @@ class ProgressWatcher:
             except Exception:  # the watcher must outlive any one bad check
                 log.exception("progress watcher pass failed")
                 wait = self.interval
-            self._wake.wait(timeout=wait)
+            self._wake.wait(timeout=min(wait, HEARTBEAT_SECONDS))
             self._wake.clear()
 
     def run_due(self) -> float:
-        """One pass: due rechecks, then due document checks. Returns seconds until the next thing is due."""
+        """One pass: due rechecks, then due document checks handed to the check pool. Returns seconds until the
+        next thing is due."""
+        self.beat = self._clock()
         if self._paused.is_set():
             return self.interval
         now = self._clock()
@@ -152,7 +185,7 @@ class ProgressWatcher:
         for key, watched in due:
             if self._stopping.is_set():
                 break
-            self._check(key, watched)
+            self._start_check(key, watched, now)
         with self._guard:
             upcoming = [w.due for w in self._watched.values()] + [d for d, _ in self._queue[:1]]
         return max(0.05, min(upcoming, default=now + self.interval) - self._clock())
@@ -167,11 +200,35 @@ class ProgressWatcher:
                     out.append(key)
         return out
 
-    def _check(self, key: Key, watched: _Watched) -> None:
+    def _start_check(self, key: Key, watched: _Watched, now: float) -> None:
+        """Hands the check to the pool, unless its endpoint is open (failing: after its backoff) or has its share
+        of checks in flight (in a moment)."""
+        s3 = watched.uri.startswith("s3://")  # files (the local runner) have no endpoint to spare
+        endpoint = (watched.target.endpoint or "AWS S3") if s3 else "files"
+        closed_in = watched.target.clients.guard.open_for(endpoint) if s3 else 0
         with self._guard:
-            watched.due = self._clock() + self._period()
+            if key in self._checking:
+                watched.due = now + self._period()
+                return
+            if closed_in:
+                watched.due = now + max(self._period(), closed_in)
+                return
+            if s3 and sum(1 for e, _ in self._checking.values() if e == endpoint) >= self.per_endpoint:
+                watched.due = now + min(1.0, self._period())
+                return
+            watched.due = now + self._period()
+            self._checking[key] = (endpoint, self._clock())
+        try:
+            self._checks.submit(self._check, key, watched)
+        except RuntimeError:  # shutting down
+            with self._guard:
+                self._checking.pop(key, None)
+
+    def _check(self, key: Key, watched: _Watched) -> None:
         try:
             changed, version = changed_since(watched.uri, watched.target, watched.version)
+        except Busy:
+            return  # the endpoint's calls are taken by reconciles: the next round checks
         except StorageError as exc:
             # The reconcile turns it into StorageReadable=False and a recheck; one reconcile, not one a check.
             if not watched.failing:
@@ -179,6 +236,12 @@ class ProgressWatcher:
                 log.info("%s/%s: %s", *key, exc)
                 self._submit(key, "storage error")
             return
+        except Exception:  # a pool thread's exception is lost unless said: the next round checks again
+            log.exception("%s/%s: progress check failed", *key)
+            return
+        finally:
+            with self._guard:
+                self._checking.pop(key, None)
         watched.failing = False
         if changed:
             watched.version = version

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
+from ..store_slots import Busy
 from ..config import Config
 from ..storage import Clients
 from .k8s import Kube, new_api_client
@@ -42,9 +43,17 @@ class Runtime:
         self.watcher.stop()
         self.sweep_rechecks.stop()
 
+    def health(self) -> Optional[str]:
+        """What is wrong with the threads every run depends on, for the liveness probe; None when nothing."""
+        return self.watcher.health() or self.sweep_rechecks.health()
+
     def reconcile_run(self, namespace: str, name: str, handler: str) -> None:
         try:
             self.runs(namespace, name)
+        except Busy as exc:
+            # The run's store has its share of the operator's calls in flight: look again shortly, no condition.
+            log.info("%s/%s: %s; again in %g s", namespace, name, exc, exc.delay)
+            self.watcher.schedule_recheck(namespace, name, exc.delay)
         except Exception as exc:
             self.metrics.reconcile_errors.labels(handler=handler).inc()
             # kopf retries no event handler, and no timer comes by: the watcher tries again (TemporaryError's delay).

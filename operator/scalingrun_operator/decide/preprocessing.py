@@ -296,7 +296,9 @@ def _failed(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> No
     listing: Names = draft.need(Listing(shards_uri(run), store_of(run)))
     done = shard_progress(list(listing.names) if listing.names is not None else None,
                           run.spec.dataset.preprocessing.parallelism)
-    message = preprocessing_failure_message(run, draft.namespace, job_name, state, done, where=draft.settings.where)
+    note = f"the shard manifests could not be listed ({listing.error})" if listing.error else ""
+    message = preprocessing_failure_message(run, draft.namespace, job_name, state, done, note,
+                                            where=draft.settings.where)
     cause = pods.pod_cause(draft, (pods.PREPROCESS,))
     if cause:
         message = f"{message}; {cause}"

@@ -1,5 +1,5 @@
 """The operator's own life: kopf settings and the Runtime's threads at start-up, their end at cleanup, the
-liveness probe.
+liveness probe (kopf's loop, and the progress watcher's heartbeat).
 
 There is no timer, daemon or deletion handler per run: kopf would put a finalizer on every run for one,
 and a run (or its namespace) could then not be deleted while the operator is down. kopf keeps its own
@@ -36,6 +36,16 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
 @kopf.on.cleanup()
 def stop_watching(memo: kopf.Memo, **_: Any) -> None:
     memo.runtime.stop()
+
+
+@kopf.on.probe(id="watcher")
+def watcher_probe(memo: kopf.Memo, **_: Any) -> str:
+    """Liveness fails (HTTP 500, and the pod is restarted) when the progress watcher stopped passing or a check of
+    it outlived any budget: every tenant's progress, rechecks and pending-pod diagnoses depend on it."""
+    problem = memo.runtime.health()
+    if problem:
+        raise kopf.PermanentError(problem)
+    return "passing"
 
 
 @kopf.on.probe(id="runs")
