@@ -24,7 +24,7 @@ SPEC = {
     "storage": {"endpoint": "http://s3.example:8333", "credentialsSecret": "creds"},
     "dataset": {"source": "s3://data/raw", "output": "s3://data/parquet", "imageSize": 32,
                 "preprocessing": {"parallelism": 2}},
-    "training": {"maxEpochs": 5, "backoffLimit": 2},
+    "training": {"maxEpochs": 5, "backoffLimit": 2, "maxInterruptions": 2},
     "workers": {"replicas": 2, "gpusPerWorker": 0},
 }
 RUN = parse_scalingrun({"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun",

@@ -54,6 +54,22 @@ class TrainingPod(ApiModel):
     lost: bool = Field(False, description="True once the pod's loss (failed, evicted, deleted) was counted.")
 
 
+class Interruptions(ApiModel):
+    """Restarts of the training by cause. The code's failures (launcherFailed, workerFailed) count against
+    spec.training.backoffLimit; the others, the infrastructure's, against spec.training.maxInterruptions."""
+
+    pod_deleted: int = Field(0, description="Launcher or worker pods deleted (by a person, a controller, a drain).")
+    node_lost: int = Field(0, description="Pods lost with their node: NotReady or Unknown past "
+                           "spec.training.nodeLossGracePeriod (the operator force-deleted them), or deleted by the "
+                           "taint manager or the pod garbage collector.")
+    evicted: int = Field(0, description="Pods evicted (node pressure, the eviction API) or preempted.")
+    stalled: int = Field(0, description="Restarts because no heartbeat came for spec.training.stallTimeout.")
+    child_deleted: int = Field(0, description="The Job or MPIJob deleted mid-run.")
+    launcher_failed: int = Field(0, description="The launcher exited non-zero on a healthy node: the code's failure.")
+    worker_failed: int = Field(0, description="A worker container exited non-zero on a healthy node (an OOM kill "
+                               "too): the code's failure.")
+
+
 class ProbedBatchSize(ApiModel):
     """One batch size the probe tried."""
 
@@ -117,8 +133,12 @@ class TrainingStatus(ApiModel):
     resumed_from_epoch: Optional[int] = Field(
         None, description="Epoch the current attempt resumed from (its last checkpoint); none for a fresh start.")
     restarts: Optional[int] = Field(
-        None, description="Interruptions of the training: worker pods lost plus launcher restarts of their own (a "
-        "worker lost and the launcher restart it causes are one). Each has an Event naming the pod and the reason.")
+        None, description="Restarts of the training, of every cause (the sum of interruptions): worker pods lost, "
+        "launcher restarts of their own (a worker lost and the launcher restart it causes are one), stalls, children "
+        "deleted. Each has an Event naming the pod and the reason.")
+    interruptions: Optional[Interruptions] = Field(
+        None, description="The restarts by cause, and so by the limit they count against (backoffLimit: the code's "
+        "failures; maxInterruptions: the rest).")
     worker_pods_lost: Optional[int] = Field(None, description="Worker pods deleted, evicted or failed.")
     launcher_restarts: Optional[int] = Field(
         None, description="Launcher restarts (container or new pod), but for those a worker's loss caused.")

@@ -39,7 +39,8 @@ PREPROCESSING_FAILED = "PreprocessingFailed"
 TABLE_INVALID = "ParquetTableInvalid"  # dataset.format parquet: the table does not fit the run
 MPIJOB_FAILED = "MPIJobFailed"
 BUILDER_FAILED = "ModelBuilderFailed"  # spec.model.builder broke the contract before any training step
-BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"  # failures of the code past spec.training.backoffLimit
+MAX_INTERRUPTIONS_EXCEEDED = "MaxInterruptionsExceeded"  # the infrastructure's, past spec.training.maxInterruptions
 
 _PHASE_EVENTS = {
     Phase.pending.value: ("Normal", "Pending"),

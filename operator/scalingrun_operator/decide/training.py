@@ -1,6 +1,6 @@
 """The training phase, pure: the MPIJob's state, its creation, suspend and resume, the interruptions it
-survives (workers lost, launcher restarts, the MPIJob deleted) up to spec.training.backoffLimit, and
-what its end means for the run.
+survives (workers lost, launcher restarts, the MPIJob deleted) up to spec.training.backoffLimit (the code's
+failures) and spec.training.maxInterruptions (the infrastructure's), and what its end means for the run.
 """
 
 from __future__ import annotations
@@ -169,7 +169,7 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
     if not state.finished:
         _track_interruptions(draft, merged, name, paused=wanted_suspend or state.suspended)
     update.desired["training"] = merged
-    if not state.finished and interruptions.over_backoff_limit(draft, run, merged):
+    if not state.finished and interruptions.over_limits(draft, run, merged):
         if mpijob is not None:
             _stop(draft, mpijob)
         return
@@ -255,7 +255,7 @@ def _track_interruptions(draft: Draft, training_status: dict[str, Any], mpijob: 
     for interruption in lost:
         key = "workerPodsLost" if interruption.role == pods.WORKER else "launcherRestarts"
         training_status[key] += 1
-        training_status["restarts"] += 1
+        interruptions.count(training_status, interruption.cause)
         draft.update.warn(interruption.reason, interruption.message)
 
 
