@@ -14,8 +14,8 @@ from scalingrun_operator.decide import pinning
 from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_operator.decide.run import decide_run
 from scalingrun_operator.decide.snapshot import (
-    MANIFEST, Child, Create, Decision, Document, Listing, Log, LogTail, Names, Patch, PodList, Pods, Read, Server,
-    ServerVersion, Settings, Snapshot, look,
+    MANIFEST, Child, Create, Decision, Delete, Document, Listing, Log, LogTail, Names, Node, Patch, PodList, Pods, Read,
+    Server, ServerVersion, Settings, Snapshot, look,
 )
 
 NS, NAME, UID = "ml", "demo", "run-uid"
@@ -133,6 +133,7 @@ class World:
     spec: dict[str, Any] = field(default_factory=lambda: copy.deepcopy(SPEC))
     pinned: bool = True
     generation: int = 1
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     asks: list = field(default_factory=list)
 
     def body(self) -> dict[str, Any]:
@@ -160,6 +161,8 @@ class World:
             return self.log
         if isinstance(ask, ServerVersion):
             return self.server
+        if isinstance(ask, Node):
+            return copy.deepcopy(self.nodes.get(ask.name))
         raise AssertionError(f"unexpected ask {ask!r}")
 
     def decide(self, settings: Settings = Settings()) -> Decision:
@@ -174,6 +177,8 @@ def actions(decision: Decision) -> list[tuple[str, str]]:
             out.append(("create", action.obj["kind"]))
         elif isinstance(action, Patch):
             out.append(("adopt" if action.adopt else "patch", action.found["kind"]))
+        elif isinstance(action, Delete):
+            out.append(("delete", action.found["metadata"]["name"]))
     return out
 
 

@@ -4,11 +4,13 @@ against its limit (the code's failures against backoffLimit, the infrastructure'
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import pytest
 
-from tests.unit.decide_world import World, conditions, stamp, training_status
+from scalingrun_operator.decide.snapshot import Node
+from tests.unit.decide_world import actions, condition, conditions, stamp, training_status
 from tests.unit.test_decide_run import RECORDS, training, training_pods
 from tests.unit.test_pods import pod, waiting
 
@@ -99,3 +101,117 @@ def test_a_lost_worker_and_its_launcher_restart_are_one_interruption_of_the_work
     lost = [training_pods(launcher_restarts=1)[0], training_pods()[1]]
     decision = training(pods=lost).decide()
     assert decision.desired["training"]["interruptions"] == {"podDeleted": 1}
+
+
+# --- lost nodes ------------------------------------------------------------------------------------------
+
+
+def _node(ready: str, seconds_ago: float) -> dict:
+    return {"metadata": {"name": "node-2"}, "status": {"conditions": [
+        {"type": "Ready", "status": ready, "reason": "NodeStatusUnknown", "lastTransitionTime": stamp(seconds_ago / 60)}]}}
+
+
+def _on_node_2(ready: str = "False", deleting_ago: Optional[float] = None, disruption: str = "") -> list[dict]:
+    """The training's pods, worker 1 on node-2 and marked not Ready (as the node lifecycle controller does)."""
+    found = training_pods()
+    worker = found[2]
+    worker["spec"]["nodeName"] = "node-2"
+    worker["status"]["conditions"] = [{"type": "Ready", "status": ready}]
+    if disruption:
+        worker["status"]["conditions"].append({"type": "DisruptionTarget", "status": "True", "reason": disruption})
+    if deleting_ago is not None:
+        worker["metadata"]["deletionTimestamp"] = stamp(deleting_ago / 60)
+    return found
+
+
+LOST_WORKER = [("delete", "demo-train-worker-1"), ("delete", "demo-train-launcher-aaaaa")]
+
+
+@dataclass
+class NodeRow:
+    name: str
+    pods: Callable[[], list[dict]]
+    node: Optional[dict]
+    deleted: list
+    counted: dict
+    recheck: Optional[float] = None
+    condition: str = ""  # words of NodeLost's message; '' for no NodeLost condition
+
+
+NODE_ROWS = [
+    NodeRow("a node Unknown for less than the grace period: not yet, look again when it ends",
+            _on_node_2, _node("Unknown", 30), [], {}, recheck=31),
+    NodeRow("a node Unknown past the grace period: its pods force-deleted, the launcher restarted",
+            _on_node_2, _node("Unknown", 90), LOST_WORKER, {"nodeLost": 1},
+            condition="demo-train-worker-1 on node node-2 lost: node node-2 has been Ready=Unknown since 12:08:30 UTC "
+                      "(90 s, over spec.training.nodeLossGracePeriod 60 s); force-deleted (grace 0"),
+    NodeRow("a node NotReady past the grace period",
+            _on_node_2, _node("False", 61), LOST_WORKER, {"nodeLost": 1}, condition="has been Ready=False"),
+    NodeRow("a node whose object is gone", _on_node_2, None, LOST_WORKER, {"nodeLost": 1},
+            condition="node node-2 has been gone (the Node object was deleted"),
+    NodeRow("a pod evicted by the taint manager, Terminating past its grace on a node Unknown for less",
+            lambda: _on_node_2(deleting_ago=5, disruption="DeletionByTaintManager"), _node("Unknown", 20),
+            LOST_WORKER, {"nodeLost": 1}, condition="is Terminating past its grace period (ended 12:09:55 UTC) on node "
+                                                    "node-2, which is Ready=Unknown"),
+    NodeRow("a pod Terminating within its grace on a node Unknown for less: both ends awaited",
+            lambda: _on_node_2(deleting_ago=-10, disruption="DeletionByTaintManager"), _node("Unknown", 20),
+            [], {"nodeLost": 1}, recheck=11),
+    NodeRow("a pod Terminating on a Ready node past its grace plus the node loss grace period",
+            lambda: _on_node_2(deleting_ago=61), _node("True", 600), LOST_WORKER, {"podDeleted": 1},
+            condition="is still Terminating 61 s past its grace period"),
+    NodeRow("a pod Terminating on a Ready node, less than that: look again then",
+            lambda: _on_node_2(deleting_ago=30), _node("True", 600), [], {"podDeleted": 1}, recheck=31),
+    NodeRow("a pod not Ready on a Ready node is no node's loss", _on_node_2, _node("True", 600), [], {}),
+]
+
+
+@pytest.mark.parametrize("row", NODE_ROWS, ids=[r.name for r in NODE_ROWS])
+def test_pods_lost_with_their_node(row: NodeRow):
+    world = training(pods=row.pods(), nodes={"node-2": row.node} if row.node else {})
+    decision = world.decide()
+    assert decision.phase == "Training"
+    assert actions(decision) == row.deleted
+    assert [a.grace_seconds for a in decision.actions] == [0, None][:len(row.deleted)]
+    assert decision.desired["training"].get("interruptions", {}) == row.counted
+    assert decision.recheck_in == (pytest.approx(row.recheck, abs=0.01) if row.recheck else None)
+    found = conditions(decision).get("NodeLost")
+    if row.condition:
+        ready = bool(row.node) and row.node["status"]["conditions"][0]["status"] == "True"
+        assert found[:2] == ("True", "TerminatingPastGrace" if ready else "NodeNotReady")
+        assert row.condition in found[2], found[2]
+        assert "NodeLost" in [e.reason for e in decision.events]
+        records = {r["name"]: r["lost"] for r in decision.desired["training"]["pods"]}
+        assert records["demo-train-worker-1"] and records["demo-train-launcher-aaaaa"]
+    else:
+        assert found is None
+
+
+def test_a_healthy_run_reads_no_node():
+    world = training()
+    world.decide()
+    assert not [a for a in world.asks if isinstance(a, Node)]
+
+
+def test_a_lost_node_already_counted_is_not_counted_again_and_past_the_limit_fails_the_run():
+    records = copy.deepcopy(RECORDS)
+    records[2]["lost"] = True
+    world = training(status=training_status(pods=records, restarts=1, interruptions={"nodeLost": 1}),
+                     pods=_on_node_2(), nodes={"node-2": _node("Unknown", 90)})
+    decision = world.decide()
+    assert ("delete", "demo-train-worker-1") in actions(decision)
+    assert decision.desired["training"]["interruptions"] == {"nodeLost": 1}
+
+    world = training(status=_status(nodeLost=2), pods=_on_node_2(), nodes={"node-2": _node("Unknown", 90)})
+    decision = world.decide()
+    assert decision.phase == "Failed"
+    assert conditions(decision)["Failed"][1] == "MaxInterruptionsExceeded"
+    assert "(nodeLost 3)" in conditions(decision)["Failed"][2]
+
+
+def test_node_lost_turns_false_once_the_training_runs_again():
+    pods = training_pods()
+    for p in pods:
+        p["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    world = training(status=training_status(condition("NodeLost", "True", "NodeNotReady", "worker lost"),
+                                            pods=copy.deepcopy(RECORDS)), pods=pods)
+    assert conditions(world.decide())["NodeLost"][:2] == ("False", "PodsRunning")

@@ -68,7 +68,7 @@ def test_mpijob_maps_workers_and_run_policy():
     assert mpijob["mpiReplicaSpecs"]["Worker"]["replicas"] == 8
     worker = mpijob["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert worker["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert worker["tolerations"][0] == {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     assert mpijob["runPolicy"] == {
         "cleanPodPolicy": "Running", "backoffLimit": 2, "suspend": False, "activeDeadlineSeconds": 86400,
         "ttlSecondsAfterFinished": 3600, "schedulingPolicy": {"minAvailable": 9, "queue": "training"}}
@@ -77,6 +77,31 @@ def test_mpijob_maps_workers_and_run_policy():
     launcher = mpijob["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     script = launcher["command"][-1]
     assert "mpirun -np 8 " in script  # how the launcher waits for workers: tests of launcher_script
+
+
+def _lost_node_tolerations(seconds: int) -> list[dict]:
+    return [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+            for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")]
+
+
+def test_workers_and_launcher_leave_a_lost_node_after_the_node_loss_grace_period():
+    """The cluster evicts a lost node's pods after nodeLossGracePeriod, not its default 300 s; the user's own
+    tolerations stay, and one of the user's for the same taint wins."""
+    run = load(ROOT / "examples/06-8-single-gpu-nodes.yaml")
+    replicas = build_children(run, "ml")[2]["spec"]["mpiReplicaSpecs"]
+    worker, launcher = (replicas[r]["template"]["spec"]["tolerations"] for r in ("Worker", "Launcher"))
+    assert worker == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                      *_lost_node_tolerations(60)]
+    assert launcher == _lost_node_tolerations(60)
+
+    spec = run.model_dump(mode="json", by_alias=True, exclude_none=True)
+    spec["spec"]["training"]["nodeLossGracePeriod"] = "2m"
+    own = {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+           "tolerationSeconds": 900}
+    spec["spec"]["workers"]["tolerations"] = [own]
+    replicas = build_children(parse_scalingrun(spec), "ml")[2]["spec"]["mpiReplicaSpecs"]
+    assert replicas["Worker"]["template"]["spec"]["tolerations"] == [own, _lost_node_tolerations(120)[1]]
+    assert replicas["Launcher"]["template"]["spec"]["tolerations"] == _lost_node_tolerations(120)
 
 
 @pytest.mark.parametrize("example", ["05-4gpus-one-node.yaml", "06-8-single-gpu-nodes.yaml"])

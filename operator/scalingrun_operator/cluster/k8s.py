@@ -81,6 +81,23 @@ class Kube:
             return []
         return _raw(response).get("items") or []
 
+    def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: Optional[int]) -> bool:
+        """Deletes the pod `name` if it is still the one of `uid` (a replacement of the same name is left alone);
+        False when it is gone already."""
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid),
+                                      grace_period_seconds=grace_seconds)
+        try:
+            self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False)
+            return True
+        except ApiException as exc:
+            if exc.status in (404, 409):  # gone, or another pod of that name now
+                return False
+            raise
+
+    def get_node(self, name: str) -> Optional[dict[str, Any]]:
+        """A Node (cluster-scoped: the operator's ClusterRole grants get on nodes), None when there is none."""
+        return _absent_is_none(lambda: self.core.read_node(name, _preload_content=False))
+
     def read_pod_log_tail(self, namespace: str, pod: str, container: str, lines: int = 20,
                           max_bytes: int = 64 * 1024, timeout: float = 10.0) -> tuple[Optional[str], str]:
         """(the last `lines` lines of a container's log, "") or (None, why it cannot be read).

@@ -12,7 +12,7 @@ from typing import Any, Union
 
 from ..config import Config
 from ..decide.snapshot import (
-    PROGRESS, Child, Document, Listing, Log, LogTail, Names, PodList, Pods, Read, Server, ServerVersion, Store,
+    PROGRESS, Child, Document, Listing, Log, LogTail, Names, Node, PodList, Pods, Read, Server, ServerVersion, Store,
 )
 from ..documents import read_manifest, read_progress
 from ..storage import Clients, StorageError, StorageTarget, list_names
@@ -48,6 +48,8 @@ class Observer:
         if isinstance(ask, Log):
             text, error = self.kube.read_pod_log_tail(self.namespace, ask.pod, ask.container, ask.lines)
             return LogTail(text, error)
+        if isinstance(ask, Node):
+            return self.kube.get_node(ask.name)
         if isinstance(ask, ServerVersion):
             return Server(*self.kube.server_version())
         raise TypeError(f"observe cannot read {ask!r}")

@@ -80,7 +80,14 @@ class ServerVersion:
     """The API server's version (a Server)."""
 
 
-Ask = Union[Child, Pods, Document, Listing, Log, ServerVersion]
+@dataclass(frozen=True)
+class Node:
+    """The Node of this name, cluster-scoped (None when there is none)."""
+
+    name: str
+
+
+Ask = Union[Child, Pods, Document, Listing, Log, ServerVersion, Node]
 
 # --- facts: what observe answers ------------------------------------------------------------------
 
@@ -233,7 +240,16 @@ class Patch:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
-Action = Union[Create, Patch]
+@dataclass(frozen=True)
+class Delete:
+    """Delete the pod `found` (only that uid); `grace_seconds` 0 forces it: its node is not there to confirm."""
+
+    found: dict[str, Any]
+    grace_seconds: Optional[int] = None  # None: the pod's own grace period
+    event: Optional[Event] = None
+
+
+Action = Union[Create, Patch, Delete]
 
 
 @dataclass(frozen=True)

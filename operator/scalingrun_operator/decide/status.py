@@ -31,6 +31,7 @@ PODS_HEALTHY = "PodsHealthy"  # False while a pod of the run cannot run (image p
 CHILD_DELETED = "ChildDeleted"  # True once the Job or MPIJob was deleted mid-run (and recreated)
 INPUT_BOUND = "InputBound"  # True while training mostly waits for its input (decide.progress.input_bound)
 CHILD_CONFLICT = "ChildConflict"  # True while an object the run did not make holds a child's name
+NODE_LOST = "NodeLost"  # True once training pods were lost with their node (force-deleted), until all run again
 
 # Reasons a user sees (and tests assert).
 INVALID_SPEC = "InvalidSpec"
