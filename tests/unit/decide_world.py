@@ -14,8 +14,8 @@ from scalingrun_operator.decide import pinning
 from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_operator.decide.run import decide_run
 from scalingrun_operator.decide.snapshot import (
-    MANIFEST, Child, Create, Decision, Delete, Document, Listing, Log, LogTail, Names, Node, Patch, PodList, Pods, Read,
-    Server, ServerVersion, Settings, Snapshot, look,
+    HEARTBEAT, MANIFEST, Child, Create, Decision, Delete, Document, Listing, Log, LogTail, Names, Node, Patch, PodList,
+    Pods, Read, Server, ServerVersion, Settings, Snapshot, look,
 )
 
 NS, NAME, UID = "ml", "demo", "run-uid"
@@ -126,6 +126,7 @@ class World:
     deleted: dict[str, str] = field(default_factory=dict)
     manifest: Optional[dict[str, Any]] = None
     progress: Optional[dict[str, Any]] = None
+    heartbeat: Optional[dict[str, Any]] = None
     shards: tuple[str, ...] = ()
     log: LogTail = LogTail("line 1\nline 2", "")
     server: Server = Server(1, 27, "v1.27.3")
@@ -153,7 +154,7 @@ class World:
         if isinstance(ask, Document):
             if self.storage_error:
                 return Read(error=self.storage_error)
-            document = self.manifest if ask.what == MANIFEST else self.progress
+            document = {MANIFEST: self.manifest, HEARTBEAT: self.heartbeat}.get(ask.what, self.progress)
             return Read(copy.deepcopy(document), "v1" if ask.versioned and document else None)
         if isinstance(ask, Listing):
             return Names(error=self.storage_error) if self.storage_error else Names(self.shards)

@@ -4,13 +4,14 @@ against its limit (the code's failures against backoffLimit, the infrastructure'
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+import datetime as dt
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import pytest
 
-from scalingrun_operator.decide.snapshot import Node
-from tests.unit.decide_world import actions, condition, conditions, stamp, training_status
+from scalingrun_operator.decide.snapshot import HEARTBEAT, Document, Node
+from tests.unit.decide_world import NOW, World, actions, condition, conditions, stamp, training_status
 from tests.unit.test_decide_run import RECORDS, training, training_pods
 from tests.unit.test_pods import pod, waiting
 
@@ -215,3 +216,133 @@ def test_node_lost_turns_false_once_the_training_runs_again():
     world = training(status=training_status(condition("NodeLost", "True", "NodeNotReady", "worker lost"),
                                             pods=copy.deepcopy(RECORDS)), pods=pods)
     assert conditions(world.decide())["NodeLost"][:2] == ("False", "PodsRunning")
+
+
+# --- stalls ------------------------------------------------------------------------------------------------
+
+
+def _unix(minutes_ago: float) -> float:
+    return (NOW - dt.timedelta(minutes=minutes_ago)).timestamp()
+
+
+def beat(minutes_ago: float, gap: float = 0.0, **changes) -> dict:
+    return {"phase": "training", "epoch": 2, "step": 120, "time": _unix(minutes_ago), "attemptStarted": _unix(30),
+            "longestGapSeconds": gap, "rank": 0, **changes}
+
+
+def stalling(started_ago: float = 30, heartbeat: Optional[dict] = None, pods: Optional[list] = None,
+             status: Optional[dict] = None, **training_spec) -> World:
+    """A run in Training whose launcher started `started_ago` minutes ago; `training_spec` sets spec.training."""
+    found = pods or training_pods()
+    found[0]["status"]["startTime"] = stamp(started_ago)
+    world = training(pods=found, heartbeat=heartbeat, **({"status": status} if status else {}))
+    if training_spec:
+        world.pinned = False
+        world.spec["training"].update(training_spec)
+    return world
+
+
+ALL_RESTARTED = [("delete", "demo-train-worker-0"), ("delete", "demo-train-worker-1"),
+                 ("delete", "demo-train-launcher-aaaaa")]
+
+
+@dataclass
+class StallRow:
+    name: str
+    world: Callable[[], World]
+    stalled: bool
+    recheck: Optional[float] = None
+    words: str = ""
+    deleted: list = field(default_factory=lambda: list(ALL_RESTARTED))
+
+
+STALL_ROWS = [
+    StallRow("auto: a beat 5 min ago is within the 10 min floor", lambda: stalling(heartbeat=beat(5)), False, 301),
+    StallRow("auto: no beat for 11 min is a stall", lambda: stalling(heartbeat=beat(11)), True,
+             words="no heartbeat for 660 s, over spec.training.stallTimeout (auto: 600 s); the last at "
+                   "2026-01-01T11:59:00Z (phase training, epoch 2, step 120); no pod stands out"),
+    StallRow("auto: 3x the longest gap seen (5 min) wins over the floor", lambda: stalling(heartbeat=beat(11, gap=300)),
+             False, 241),
+    StallRow("auto: 3x the longest gap, passed", lambda: stalling(heartbeat=beat(16, gap=300)), True,
+             words="over spec.training.stallTimeout (auto: 900 s)"),
+    StallRow("5m: a beat late by less", lambda: stalling(heartbeat=beat(4), stallTimeout="5m"), False, 61),
+    StallRow("5m: a beat late by more", lambda: stalling(heartbeat=beat(6), stallTimeout="5m"), True,
+             words="no heartbeat for 360 s, over spec.training.stallTimeout (5m: 300 s)"),
+    StallRow("no beat yet: counted from the launcher's start", lambda: stalling(started_ago=5), False, 301),
+    StallRow("no beat since the launcher started 11 min ago", lambda: stalling(started_ago=11), True,
+             words="none since launcher pod demo-train-launcher-aaaaa started at 2026-01-01T11:59:00Z"),
+    StallRow("an earlier attempt's beat does not count for this one",
+             lambda: stalling(started_ago=5, heartbeat=beat(20)), False, 301),
+    StallRow("a writer's clock ahead of the operator's is taken as now",
+             lambda: stalling(heartbeat=beat(-3)), False, 601),
+    StallRow("a suspect: only it and the launcher are restarted",
+             lambda: _with_node(stalling(heartbeat=beat(11), pods=_on_node_2()), _node("Unknown", 30)), True,
+             words="suspects: demo-train-worker-1 (node node-2 Ready=Unknown; not Ready)",
+             deleted=[("delete", "demo-train-worker-1"), ("delete", "demo-train-launcher-aaaaa")]),
+]
+
+
+def _with_node(world: World, node: dict) -> World:
+    world.nodes["node-2"] = node
+    return world
+
+
+@pytest.mark.parametrize("row", STALL_ROWS, ids=[r.name for r in STALL_ROWS])
+def test_a_stall_is_told_from_a_slow_run(row: StallRow):
+    world = row.world()
+    decision = world.decide()
+    assert decision.phase == "Training"
+    stalled = conditions(decision).get("Stalled")
+    if not row.stalled:
+        assert stalled is None and actions(decision) == []
+        assert decision.recheck_in == pytest.approx(row.recheck, abs=0.01)
+        assert decision.desired["training"]["heartbeat"]["deadline"]
+        return
+    assert stalled[:2] == ("True", "NoHeartbeat") and row.words in stalled[2], stalled[2]
+    assert "launcher log: line 1\nline 2" in stalled[2]
+    assert actions(decision) == row.deleted
+    assert "(spec.training.onStall restart; interruption 1 of the 2 allowed by spec.training.maxInterruptions)" in (
+        stalled[2])
+    assert decision.desired["training"]["interruptions"] == {"stalled": 1}
+    assert [e.reason for e in decision.events] == ["Stalled"]
+    assert decision.desired["training"]["heartbeat"] is None
+
+
+def test_off_reads_no_heartbeat():
+    world = stalling(heartbeat=beat(600), stallTimeout=0)
+    decision = world.decide()
+    assert "Stalled" not in conditions(decision) and actions(decision) == []
+    assert not [a for a in world.asks if isinstance(a, Document) and a.what == HEARTBEAT]
+
+
+def test_the_heartbeat_is_read_again_only_once_its_deadline_passed():
+    first = stalling(heartbeat=beat(5))
+    status = copy.deepcopy(first.status)
+    status["training"]["heartbeat"] = first.decide().desired["training"]["heartbeat"]
+    again = stalling(heartbeat=beat(5), status=status)
+    decision = again.decide()
+    assert not [a for a in again.asks if isinstance(a, Document) and a.what == HEARTBEAT]
+    assert decision.recheck_in == pytest.approx(301, abs=0.01)
+
+
+def test_on_stall_fail_fails_the_run_and_suspends_its_mpijob():
+    decision = stalling(heartbeat=beat(11), onStall="fail").decide()
+    assert decision.phase == "Failed"
+    status, reason, message = conditions(decision)["Failed"]
+    assert reason == "TrainingStalled" and "no heartbeat for 660 s" in message
+    assert message.endswith("spec.training.onStall is fail")
+    assert actions(decision) == [("patch", "MPIJob")]
+
+
+def test_a_stall_past_max_interruptions_fails_the_run():
+    status = _status(stalled=2)
+    decision = stalling(heartbeat=beat(11), status=status).decide()
+    assert decision.phase == "Failed"
+    assert conditions(decision)["Failed"][:2] == ("True", "MaxInterruptionsExceeded")
+
+
+def test_stalled_turns_false_when_the_next_attempt_beats():
+    status = training_status(condition("Stalled", "True", "NoHeartbeat", "no heartbeat for 660 s"),
+                             pods=copy.deepcopy(RECORDS))
+    decision = stalling(started_ago=3, heartbeat=beat(1), status=status).decide()
+    assert conditions(decision)["Stalled"][:2] == ("False", "Beating")

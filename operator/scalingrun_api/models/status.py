@@ -70,6 +70,21 @@ class Interruptions(ApiModel):
                                "too): the code's failure.")
 
 
+class HeartbeatStatus(ApiModel):
+    """The training's last heartbeat as the operator read it (spec.training.stallTimeout), for this attempt."""
+
+    launcher_uid: Optional[str] = Field(None, description="The launcher pod of the attempt this belongs to.")
+    time: Optional[str] = Field(None, description="The last heartbeat (its writer's clock), or the launcher's start "
+                                "while none came (RFC 3339).")
+    phase: Optional[str] = Field(None, description="The phase it was in: training, restore, probe, feature-cache, ...")
+    epoch: Optional[int] = Field(None, description="The epoch it was in.")
+    step: Optional[int] = Field(None, description="The step it had reached.")
+    timeout_seconds: Optional[float] = Field(None, description="The stall timeout in force (auto: the larger of 10 "
+                                             "minutes and 3x the longest gap between beats so far).")
+    deadline: Optional[str] = Field(None, description="When the training is Stalled unless it beats again; the "
+                                    "operator reads the heartbeat again then (RFC 3339).")
+
+
 class ProbedBatchSize(ApiModel):
     """One batch size the probe tried."""
 
@@ -154,6 +169,8 @@ class TrainingStatus(ApiModel):
         default_factory=list, description="Input wait and GPU utilisation of the last epochs (InputBound reads it).")
     feature_cache: Optional[FeatureCache] = Field(
         None, description="Whether the head trained on features the frozen base computed once, and what that cost.")
+    heartbeat: Optional[HeartbeatStatus] = Field(
+        None, description="The last heartbeat of this attempt and the stall deadline it sets.")
     pods: list[TrainingPod] = Field(
         default_factory=list, description="Launcher and worker pods as last seen, so that a restarted operator "
         "neither counts an interruption twice nor misses one.")

@@ -44,12 +44,12 @@ class Pods:
     """The pods labelled as the run's, and how deleted ones were when last seen (a PodList)."""
 
 
-MANIFEST, PROGRESS = "manifest", "progress"
+MANIFEST, PROGRESS, HEARTBEAT = "manifest", "progress", "heartbeat"
 
 
 @dataclass(frozen=True)
 class Document:
-    """A JSON document in storage (a Read): the dataset MANIFEST or the trainer's PROGRESS; `versioned`: with
+    """A JSON document in storage (a Read): the dataset MANIFEST, the trainer's PROGRESS or HEARTBEAT; `versioned`: with
     the version the progress watcher follows."""
 
     uri: str

@@ -14,7 +14,7 @@ from scalingrun_api.progress import Progress
 from ..builders import build_config_map, build_mpijob
 from ..builders.common import mpijob_name
 from ..builders.locations import progress_uri
-from . import faults, interruptions, pods, progress as mirror
+from . import faults, interruptions, pods, progress as mirror, stall
 from .draft import Draft, store_of
 from .snapshot import CLUSTER, PROGRESS, Log, Where
 from .status import (BUILDER_FAILED, INPUT_BOUND, MPIJOB_FAILED, SUSPENDED, TRAINED, Event, get_condition,
@@ -171,8 +171,10 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         _track_interruptions(draft, merged, name, paused)
         if not paused:
             faults.lost_nodes(draft, run, merged, name)
+            stall.check_stall(draft, run, merged, name)
     update.desired["training"] = merged
-    if not state.finished and interruptions.over_limits(draft, run, merged):
+    stopped = update.phase == Phase.failed.value  # a stall with onStall fail
+    if not state.finished and (stopped or interruptions.over_limits(draft, run, merged)):
         if mpijob is not None:
             _stop(draft, mpijob)
         return
