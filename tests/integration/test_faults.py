@@ -16,7 +16,9 @@ import uuid
 import pytest
 from kubernetes import client
 
-from .test_operator import SCHEDULED, Operator, bucket, new_run, reach_training, running, wait_for  # noqa: F401 (bucket: a fixture)
+from .test_operator import (  # noqa: F401 (bucket: a fixture)
+    SCHEDULED, Operator, bucket, new_run, progress_uri, reach_training, running, wait_for,
+)
 from .test_root_cause import _cluster, create_training_pod
 
 pytestmark = pytest.mark.k8s
@@ -111,3 +113,50 @@ def test_a_worker_on_a_node_unknown_past_the_grace_period_is_force_deleted_and_n
     assert counted == {"nodeLost": 1} and training["restarts"] == 1
     assert cluster.status("lost")["phase"] == "Training"
     cluster.wait_events("lost", lambda events: any(e[1] == "NodeLost" and node in e[2] for e in events), operator)
+
+
+STALL_S = 5
+
+
+def test_a_run_whose_heartbeat_stops_is_stalled_and_restarted(cluster, operator, bucket, s3_server):
+    """Beats every second keep it Training past several timeouts; once they stop, Stalled names the last beat, and
+    onStall restart deletes the workers and the launcher (none stands out), counted as stalled."""
+    cluster.create_run(new_run(cluster.ns, "quiet", s3_server, training={"stallTimeout": STALL_S}))
+    reach_training(cluster, bucket, "quiet", operator)
+    heartbeat = progress_uri(cluster.run("quiet")).replace("progress.json", "heartbeat.json")
+    cluster.set_mpijob_condition("quiet-train", "Running", "", "")
+    mpijob = cluster.mpijob("quiet-train")
+    names = ["quiet-train-worker-0", "quiet-train-worker-1", "quiet-train-launcher-q8s7d"]
+    for name in names:
+        role = "launcher" if "launcher" in name else "worker"
+        create_training_pod(cluster, mpijob, role, name)
+        cluster.set_pod_status(name, phase="Running", containers=running(role), startTime=_stamp(time.time()),
+                               conditions=[*SCHEDULED, {"type": "Ready", "status": "True"}])
+    started = time.time()
+    step = 0
+    while time.time() < started + 2 * STALL_S + 2:  # beating: past two timeouts without a stall
+        step += 10
+        bucket.put_json(heartbeat, {"phase": "training", "epoch": 1, "step": step, "time": time.time(),
+                                    "attemptStarted": started, "longestGapSeconds": 1.0, "rank": 0})
+        assert cluster.condition("quiet", "Stalled").get("status") != "True", cluster.condition("quiet", "Stalled")
+        time.sleep(1)
+    assert (cluster.status("quiet")["training"].get("heartbeat") or {}).get("step"), "the heartbeat was never read"
+
+    silent = time.time()
+    stalled = wait_for(lambda: cluster.condition("quiet", "Stalled").get("reason") == "NoHeartbeat"
+                       and cluster.condition("quiet", "Stalled"), what="Stalled", timeout=30, operator=operator)
+    assert time.time() >= silent + STALL_S - 1.5
+    message = stalled["message"]
+    assert f"over spec.training.stallTimeout ({STALL_S}: {STALL_S} s); the last at " in message
+    assert f"(phase training, epoch 1, step {step}); no pod stands out" in message
+    assert "deleted quiet-train-worker-0, quiet-train-worker-1, quiet-train-launcher-q8s7d" in message
+    for name in names:
+        wait_for(lambda: not pod_exists(cluster, name), what=f"{name} deleted", timeout=30, operator=operator)
+    training = cluster.status("quiet")["training"]
+    assert {c: n for c, n in training["interruptions"].items() if n} == {"stalled": 1}
+    assert cluster.status("quiet")["phase"] == "Training"
+    cluster.wait_events("quiet", lambda events: any(e[1] == "Stalled" for e in events), operator)
+
+
+def _stamp(unix: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
