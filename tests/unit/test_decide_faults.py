@@ -11,7 +11,9 @@ from typing import Callable, Optional
 import pytest
 
 from scalingrun_operator.decide.snapshot import HEARTBEAT, Document, Node
-from tests.unit.decide_world import NOW, World, actions, condition, conditions, stamp, training_status
+from tests.unit.decide_world import (
+    NOW, World, actions, condition, conditions, config_map, done, job, preprocessing_status, stamp, training_status,
+)
 from tests.unit.test_decide_run import RECORDS, training, training_pods
 from tests.unit.test_pods import pod, waiting
 
@@ -346,3 +348,20 @@ def test_stalled_turns_false_when_the_next_attempt_beats():
                              pods=copy.deepcopy(RECORDS))
     decision = stalling(started_ago=3, heartbeat=beat(1), status=status).decide()
     assert conditions(decision)["Stalled"][:2] == ("False", "Beating")
+
+
+# --- the preprocessing's deadline ------------------------------------------------------------------------------
+
+
+def test_a_preprocessing_job_past_its_deadline_fails_the_run_naming_the_deadline():
+    world = World(status=preprocessing_status(), children={"ConfigMap": config_map(), "Job": job(done(
+        "Failed", "DeadlineExceeded", "Job was active longer than specified deadline"), failed=2)})
+    world.pinned = False
+    world.spec["dataset"]["preprocessing"]["activeDeadlineSeconds"] = 3600
+    decision = world.decide()
+    assert decision.phase == "Failed"
+    status, reason, message = conditions(decision)["Failed"]
+    assert reason == "PreprocessingFailed"
+    assert message.startswith("Job demo-preprocess failed (DeadlineExceeded: Job was active longer than specified "
+                              "deadline); it ran past spec.dataset.preprocessing.activeDeadlineSeconds (3600 s); raise "
+                              "it (or spec.dataset.preprocessing.parallelism) and recreate the run")

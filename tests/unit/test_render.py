@@ -143,6 +143,16 @@ def test_preprocess_job_is_indexed_and_non_root():
     assert container["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
 
 
+def test_preprocess_job_has_the_deadline_of_the_spec_and_none_by_default():
+    run = load(ROOT / "examples/04-full-data-petastorm.yaml")
+    assert "activeDeadlineSeconds" not in build_children(run, "ml")[1]["spec"]
+    spec = run.model_dump(mode="json", by_alias=True, exclude_none=True)
+    spec["spec"]["dataset"]["preprocessing"]["activeDeadlineSeconds"] = 5400
+    job = build_children(parse_scalingrun(spec), "ml")[1]
+    assert job["spec"]["activeDeadlineSeconds"] == 5400
+    kubernetes_validate.validate(job, K8S_SCHEMA_VERSION, strict=True)
+
+
 def _pod_specs(objects: list[dict]) -> dict[str, dict]:
     job, mpijob = objects[1], objects[2]
     specs = {"preprocess": job["spec"]["template"]["spec"]}
