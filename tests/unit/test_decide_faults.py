@@ -12,7 +12,8 @@ import pytest
 
 from scalingrun_operator.decide.snapshot import HEARTBEAT, Document, Node
 from tests.unit.decide_world import (
-    NOW, World, actions, condition, conditions, config_map, done, job, preprocessing_status, stamp, training_status,
+    NOW, World, actions, condition, conditions, config_map, done, job, mpijob, preprocessing_status, stamp,
+    training_status,
 )
 from tests.unit.test_decide_run import RECORDS, training, training_pods
 from tests.unit.test_pods import pod, waiting
@@ -365,3 +366,13 @@ def test_a_preprocessing_job_past_its_deadline_fails_the_run_naming_the_deadline
     assert message.startswith("Job demo-preprocess failed (DeadlineExceeded: Job was active longer than specified "
                               "deadline); it ran past spec.dataset.preprocessing.activeDeadlineSeconds (3600 s); raise "
                               "it (or spec.dataset.preprocessing.parallelism) and recreate the run")
+
+
+def test_an_mpijob_past_its_deadline_fails_the_run_naming_the_deadline():
+    world = training(children={"ConfigMap": config_map(), "MPIJob": mpijob(done(
+        "Failed", "DeadlineExceeded", "MPIJob ml/demo-train has failed because it was active longer than specified "
+        "deadline"))})
+    decision = world.decide()
+    assert decision.phase == "Failed"
+    assert "epoch 2 of 5; it ran past spec.runPolicy.activeDeadlineSeconds (the training's deadline); raise it" in (
+        conditions(decision)["Failed"][2])

@@ -103,6 +103,8 @@ def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progre
                  f"{where.launcher_logs(namespace, name)}"]
     else:
         parts = [f"MPIJob {name} failed ({cause})", mirror.epochs_text(progress)]
+        if state.reason == "DeadlineExceeded":
+            parts.append("it ran past spec.runPolicy.activeDeadlineSeconds (the training's deadline); raise it")
         if error:
             parts.append(f"trainer reported: {error[:500]}")
         parts.append(f"{where.launcher_logs(namespace, name)}; recreating the run under the same name "
