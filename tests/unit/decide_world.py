@@ -14,7 +14,7 @@ from scalingrun_operator.decide import pinning
 from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_operator.decide.run import decide_run
 from scalingrun_operator.decide.snapshot import (
-    HEARTBEAT, MANIFEST, Child, Create, Decision, Delete, Document, Listing, Log, LogTail, Names, Node, Patch, PodList,
+    HEARTBEAT, MANIFEST, Child, Create, Decision, Delete, Document, Listing, Log, LogTail, Names, Nodes, Patch, PodList,
     Pods, Read, Server, ServerVersion, Settings, Snapshot, look,
 )
 
@@ -162,8 +162,8 @@ class World:
             return self.log
         if isinstance(ask, ServerVersion):
             return self.server
-        if isinstance(ask, Node):
-            return copy.deepcopy(self.nodes.get(ask.name))
+        if isinstance(ask, Nodes):
+            return {name: copy.deepcopy(self.nodes.get(name)) for name in ask.names}
         raise AssertionError(f"unexpected ask {ask!r}")
 
     def decide(self, settings: Settings = Settings()) -> Decision:

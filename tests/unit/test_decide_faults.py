@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from scalingrun_operator.decide.snapshot import HEARTBEAT, Document, Node
+from scalingrun_operator.decide.snapshot import HEARTBEAT, Document, Nodes
 from tests.unit.decide_world import (
     NOW, World, actions, condition, conditions, config_map, done, job, mpijob, preprocessing_status, stamp,
     training_status,
@@ -193,7 +193,7 @@ def test_pods_lost_with_their_node(row: NodeRow):
 def test_a_healthy_run_reads_no_node():
     world = training()
     world.decide()
-    assert not [a for a in world.asks if isinstance(a, Node)]
+    assert not [a for a in world.asks if isinstance(a, Nodes) and a.names]
 
 
 def test_a_lost_node_already_counted_is_not_counted_again_and_past_the_limit_fails_the_run():

@@ -52,6 +52,7 @@ class Kube:
         self._version: Optional[tuple[int, int, str]] = None
         self._version_lock = threading.Lock()
         self._pods_forbidden_logged = False
+        self._nodes_forbidden_logged = False
 
     # --- the server ----------------------------------------------------------------------------
 
@@ -95,8 +96,19 @@ class Kube:
             raise
 
     def get_node(self, name: str) -> Optional[dict[str, Any]]:
-        """A Node (cluster-scoped: the operator's ClusterRole grants get on nodes), None when there is none."""
-        return _absent_is_none(lambda: self.core.read_node(name, _preload_content=False))
+        """A Node (cluster-scoped: the operator's ClusterRole grants get on nodes), None when there is none. Where
+        the operator may not read Nodes (an older chart's RBAC), {}: a node that says nothing counts as Ready, so
+        lost nodes go undetected rather than every reconcile failing."""
+        try:
+            return _absent_is_none(lambda: self.core.read_node(name, _preload_content=False))
+        except ApiException as exc:
+            if exc.status != 403:
+                raise
+            if not self._nodes_forbidden_logged:
+                log.warning("the operator may not get nodes (%s): lost nodes are not detected; grant get on nodes",
+                            exc.reason)
+                self._nodes_forbidden_logged = True
+            return {}
 
     def read_pod_log_tail(self, namespace: str, pod: str, container: str, lines: int = 20,
                           max_bytes: int = 64 * 1024, timeout: float = 10.0) -> tuple[Optional[str], str]:

@@ -12,7 +12,7 @@ from typing import Any, Union
 
 from ..config import Config
 from ..decide.snapshot import (
-    HEARTBEAT, PROGRESS, Child, Document, Listing, Log, LogTail, Names, Node, PodList, Pods, Read, Server, ServerVersion,
+    HEARTBEAT, PROGRESS, Child, Document, Listing, Log, LogTail, Names, Nodes, PodList, Pods, Read, Server, ServerVersion,
     Store,
 )
 from ..documents import read_heartbeat, read_manifest, read_progress
@@ -51,8 +51,8 @@ class Observer:
         if isinstance(ask, Log):
             text, error = self.kube.read_pod_log_tail(self.namespace, ask.pod, ask.container, ask.lines)
             return LogTail(text, error)
-        if isinstance(ask, Node):
-            return self.kube.get_node(ask.name)
+        if isinstance(ask, Nodes):
+            return MappingProxyType({name: self.kube.get_node(name) for name in ask.names})
         if isinstance(ask, ServerVersion):
             return Server(*self.kube.server_version())
         raise TypeError(f"observe cannot read {ask!r}")

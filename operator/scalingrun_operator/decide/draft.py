@@ -11,7 +11,7 @@ from typing import Any, Callable, Optional
 from scalingrun_api.models import ScalingRun
 from . import children
 from .snapshot import (
-    MANIFEST, Child, Create, Decision, Delete, Document, Node, Patch, PodList, Pods, Read, Server, ServerVersion,
+    MANIFEST, Child, Create, Decision, Delete, Document, Nodes, Patch, PodList, Pods, Read, Server, ServerVersion,
     Settings, Snapshot, Store,
 )
 from .status import CHILD_CONFLICT, READY, STORAGE_READABLE, Event, StatusUpdate, get_condition
@@ -54,8 +54,11 @@ class Draft:
         found: PodList = self.need(Pods())
         return dict(found.deleted)
 
-    def node(self, name: str) -> Optional[dict[str, Any]]:
-        return self.need(Node(name))
+    def nodes(self, names: tuple[str, ...]) -> dict[str, Optional[dict[str, Any]]]:
+        """The Nodes of `names` (sorted, so that every asker of the same set shares one read); none: no read."""
+        if not names:
+            return {}
+        return dict(self.need(Nodes(tuple(sorted(set(names))))))
 
     def server(self) -> Server:
         return self.need(ServerVersion())

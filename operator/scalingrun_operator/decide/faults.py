@@ -47,7 +47,8 @@ def lost_nodes(draft: Draft, run: ScalingRun, training_status: dict[str, Any], m
     Terminating) are force-deleted; one interruption per node, counted as nodeLost."""
     update, found = draft.update, draft.pods()
     grace = duration_seconds(run.spec.training.node_loss_grace_period)
-    lost, wait = nodes.lost_pods(found, draft.node, update.moment, grace, mpijob)
+    found_nodes = draft.nodes(nodes.troubled_nodes(found, mpijob))
+    lost, wait = nodes.lost_pods(found, found_nodes, update.moment, grace, mpijob)
     if wait is not None:
         draft.recheck(wait)
     existing = get_condition(update.desired["conditions"], NODE_LOST) or {}
@@ -71,7 +72,7 @@ def lost_nodes(draft: Draft, run: ScalingRun, training_status: dict[str, Any], m
         for node, items in sorted(by_node.items()))
     message += (f"; force-deleted (grace 0: the node is not there to confirm) so that the MPI operator makes them on "
                 f"another node, and {_RESUMES}")
-    reason = "NodeNotReady" if any(nodes.node_down(draft.node(i.node)) for i in lost) else "TerminatingPastGrace"
+    reason = "NodeNotReady" if any(nodes.node_down(found_nodes.get(i.node)) for i in lost) else "TerminatingPastGrace"
     update.condition(NODE_LOST, "True", reason, message)
     if counted or existing.get("message") != message:
         update.warn(NODE_LOST, message)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from .pods import TRAINING_ROLES, metadata_of, pod_name, pod_role, status_of
 from .status import parse_time
@@ -56,14 +56,19 @@ def troubled(pod: dict[str, Any]) -> bool:
     return bool(metadata_of(pod).get("deletionTimestamp")) or pod_ready(pod) is False
 
 
+def troubled_nodes(pods: list[dict[str, Any]], mpijob: str) -> tuple[str, ...]:
+    """The nodes of the training's troubled pods: the only Nodes a look reads."""
+    return tuple(sorted({p["spec"]["nodeName"] for p in pods if pod_role(p, mpijob) in TRAINING_ROLES and troubled(p)}))
+
+
 def _seconds(delta: dt.timedelta) -> str:
     return f"{delta.total_seconds():.0f} s"
 
 
-def lost_pods(pods: list[dict[str, Any]], read_node: Callable[[str], Optional[dict[str, Any]]], now: dt.datetime,
+def lost_pods(pods: list[dict[str, Any]], found_nodes: dict[str, Optional[dict[str, Any]]], now: dt.datetime,
               grace_seconds: float, mpijob: str) -> tuple[list[LostPod], Optional[float]]:
     """The training's pods lost with their node (or stuck Terminating), and the seconds until the next one may be
-    (None: no pod is on its way there). `read_node(name)` is asked once per node of a troubled pod."""
+    (None: no pod is on its way there). `found_nodes`: the Nodes of troubled_nodes(pods) by name."""
     grace = dt.timedelta(seconds=grace_seconds)
     lost: list[LostPod] = []
     waits: list[float] = []
@@ -73,7 +78,7 @@ def lost_pods(pods: list[dict[str, Any]], read_node: Callable[[str], Optional[di
             continue
         name, node_name = pod_name(pod), pod["spec"]["nodeName"]
         deleting = parse_time(metadata_of(pod).get("deletionTimestamp"))  # when its grace period ends
-        down = node_down(read_node(node_name))
+        down = node_down(found_nodes.get(node_name))
         if down is not None:
             how, since = down
             age = now - since if since else grace

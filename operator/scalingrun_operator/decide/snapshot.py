@@ -81,13 +81,14 @@ class ServerVersion:
 
 
 @dataclass(frozen=True)
-class Node:
-    """The Node of this name, cluster-scoped (None when there is none)."""
+class Nodes:
+    """The Nodes of these names, cluster-scoped: {name: the Node, or None when there is none}. One ask for all,
+    however many nodes a zone's outage takes."""
 
-    name: str
+    names: tuple[str, ...]
 
 
-Ask = Union[Child, Pods, Document, Listing, Log, ServerVersion, Node]
+Ask = Union[Child, Pods, Document, Listing, Log, ServerVersion, Nodes]
 
 # --- facts: what observe answers ------------------------------------------------------------------
 

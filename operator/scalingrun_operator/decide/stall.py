@@ -68,6 +68,7 @@ def _suspects(draft: Draft, found: list[dict[str, Any]], mpijob: str) -> list[tu
     """(pod, why) for the training's pods that stand out: Terminating, not Ready (its node not Ready), a container
     not ready."""
     out = []
+    found_nodes = draft.nodes(nodes.troubled_nodes(found, mpijob))
     for pod in sorted(found, key=pod_name):
         if pod_role(pod, mpijob) not in TRAINING_ROLES or status_of(pod).get("phase") in ("Succeeded", "Failed"):
             continue
@@ -76,7 +77,7 @@ def _suspects(draft: Draft, found: list[dict[str, Any]], mpijob: str) -> list[tu
         if metadata_of(pod).get("deletionTimestamp"):
             why.append(f"Terminating since {metadata_of(pod)['deletionTimestamp']}")
         if nodes.troubled(pod) and node:
-            down = nodes.node_down(draft.node(node))
+            down = nodes.node_down(found_nodes.get(node))
             if down:
                 why.append(f"node {node} {down[0]}")
         not_ready = [c.get("name", "") for c in container_statuses(pod) if c.get("ready") is False]
