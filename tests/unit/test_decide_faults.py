@@ -238,6 +238,7 @@ def stalling(started_ago: float = 30, heartbeat: Optional[dict] = None, pods: Op
     """A run in Training whose launcher started `started_ago` minutes ago; `training_spec` sets spec.training."""
     found = pods or training_pods()
     found[0]["status"]["startTime"] = stamp(started_ago)
+    found[0]["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": stamp(started_ago)}}
     world = training(pods=found, heartbeat=heartbeat, **({"status": status} if status else {}))
     if training_spec:
         world.pinned = False
@@ -344,11 +345,22 @@ def test_a_stall_past_max_interruptions_fails_the_run():
     assert conditions(decision)["Failed"][:2] == ("True", "MaxInterruptionsExceeded")
 
 
-def test_stalled_turns_false_when_the_next_attempt_beats():
+def test_stalled_turns_false_once_a_new_attempt_runs():
+    """Not at its first beat (a first graph build may take minutes): kstatus (Flux) reads Stalled as failed."""
     status = training_status(condition("Stalled", "True", "NoHeartbeat", "no heartbeat for 660 s"),
                              pods=copy.deepcopy(RECORDS))
-    decision = stalling(started_ago=3, heartbeat=beat(1), status=status).decide()
-    assert conditions(decision)["Stalled"][:2] == ("False", "Beating")
+    decision = stalling(started_ago=1, status=status).decide()
+    assert conditions(decision)["Stalled"] == (
+        "False", "Restarted", "launcher pod demo-train-launcher-aaaaa runs a new attempt since 2026-01-01T12:09:00Z; "
+        "before: no heartbeat for 660 s")
+
+
+def test_a_launcher_container_restarted_is_a_new_attempt():
+    world = stalling(started_ago=30, heartbeat=beat(12))
+    world.pods[0]["status"]["containerStatuses"][0]["state"] = {"running": {"startedAt": stamp(2)}}
+    decision = world.decide()
+    assert "Stalled" not in conditions(decision)
+    assert decision.recheck_in == pytest.approx(481, abs=0.01)
 
 
 # --- the preprocessing's deadline ------------------------------------------------------------------------------

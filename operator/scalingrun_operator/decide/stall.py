@@ -30,16 +30,19 @@ _LOG_LINES = 5
 
 
 def running_launcher(found: list[dict[str, Any]], mpijob: str) -> Optional[tuple[dict[str, Any], dt.datetime]]:
-    """The launcher pod of the current attempt, with its start, while it runs (not Terminating)."""
+    """The launcher pod of the current attempt, with the attempt's start (its running container's, so that a
+    restarted container is a new attempt), while it runs (not Terminating, not waiting to restart)."""
     running = []
     for pod in found:
         status = status_of(pod)
         if (pod_role(pod, mpijob) != LAUNCHER or metadata_of(pod).get("deletionTimestamp")
                 or status.get("phase") != "Running"):
             continue
-        started = parse_time(status.get("startTime"))
-        for container in container_statuses(pod):
-            started = started or parse_time(((container.get("state") or {}).get("running") or {}).get("startedAt"))
+        starts = [parse_time(((c.get("state") or {}).get("running") or {}).get("startedAt"))
+                  for c in container_statuses(pod)]
+        started = max((s for s in starts if s), default=None)
+        if started is None and not container_statuses(pod):
+            started = parse_time(status.get("startTime"))
         if started is not None:
             running.append((started, pod_name(pod), pod))
     if not running:
@@ -111,6 +114,12 @@ def check_stall(draft: Draft, run: ScalingRun, training_status: dict[str, Any], 
     launcher, started = current
     now = update.moment
     record = training_status.get("heartbeat") or {}
+    existing = get_condition(update.desired["conditions"], STALLED) or {}
+    if existing.get("status") == "True" and existing.get("reason") == STALL_REASON and not record:
+        # Restarted (the record is cleared then): a new attempt runs. Not waiting for its first beat keeps kstatus'
+        # Stalled (Flux: failed) as short as the restart.
+        update.condition(STALLED, "False", "Restarted", f"launcher pod {pod_name(launcher)} runs a new attempt since "
+                         f"{rfc3339(started)}; before: {existing.get('message') or ''}"[:1500])
     deadline = parse_time(record.get("deadline"))
     if record.get("launcherUid") == metadata_of(launcher).get("uid") and deadline and now < deadline:
         draft.recheck((deadline - now).total_seconds() + 1.0)
@@ -126,12 +135,8 @@ def check_stall(draft: Draft, run: ScalingRun, training_status: dict[str, Any], 
     timeout = stall_timeout_seconds(training.stall_timeout, beat.longest_gap_seconds if beat else 0.0) or 0.0
     deadline = last + dt.timedelta(seconds=timeout)
     _record(training_status, launcher, last, beat, timeout, deadline)
-    existing = get_condition(update.desired["conditions"], STALLED) or {}
     if now < deadline:
         draft.recheck((deadline - now).total_seconds() + 1.0)
-        if existing.get("status") == "True" and existing.get("reason") == STALL_REASON and beat is not None:
-            update.condition(STALLED, "False", "Beating", f"the training beats again: {_where(beat)} at "
-                                                         f"{rfc3339(last)}")
         return
     _stalled(draft, run, training_status, mpijob, launcher, beat, last, timeout, found)
 
