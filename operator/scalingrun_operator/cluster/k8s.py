@@ -84,7 +84,8 @@ class Kube:
 
     def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: Optional[int]) -> bool:
         """Deletes the pod `name` if it is still the one of `uid` (a replacement of the same name is left alone);
-        False when it is gone already."""
+        False when it is gone already, or when the operator may not delete pods (an older chart's RBAC: logged,
+        so that the status saying why is still written)."""
         body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid),
                                       grace_period_seconds=grace_seconds)
         try:
@@ -92,6 +93,10 @@ class Kube:
             return True
         except ApiException as exc:
             if exc.status in (404, 409):  # gone, or another pod of that name now
+                return False
+            if exc.status == 403:
+                log.error("the operator may not delete pod %s/%s (%s): grant delete on pods", namespace, name,
+                          exc.reason)
                 return False
             raise
 
