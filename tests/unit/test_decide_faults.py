@@ -388,3 +388,10 @@ def test_an_mpijob_past_its_deadline_fails_the_run_naming_the_deadline():
     assert decision.phase == "Failed"
     assert "epoch 2 of 5; it ran past spec.runPolicy.activeDeadlineSeconds (the training's deadline); raise it" in (
         conditions(decision)["Failed"][2])
+
+
+def test_a_lost_node_and_the_stall_it_causes_in_the_same_look_are_one_interruption():
+    world = _with_node(stalling(heartbeat=beat(11), pods=_on_node_2()), _node("Unknown", 90))
+    decision = world.decide()
+    assert decision.desired["training"]["interruptions"] == {"nodeLost": 1}
+    assert actions(decision) == LOST_WORKER and "Stalled" not in conditions(decision)

@@ -42,9 +42,9 @@ def restart_pods(draft: Draft, training_status: dict[str, Any], doomed: list[dic
     return fresh
 
 
-def lost_nodes(draft: Draft, run: ScalingRun, training_status: dict[str, Any], mpijob: str) -> None:
+def lost_nodes(draft: Draft, run: ScalingRun, training_status: dict[str, Any], mpijob: str) -> bool:
     """NodeLost: the training's pods on a node NotReady/Unknown past spec.training.nodeLossGracePeriod (or stuck
-    Terminating) are force-deleted; one interruption per node, counted as nodeLost."""
+    Terminating) are force-deleted; one interruption per node, counted as nodeLost. True when pods were deleted."""
     update, found = draft.update, draft.pods()
     grace = duration_seconds(run.spec.training.node_loss_grace_period)
     found_nodes = draft.nodes(nodes.troubled_nodes(found, mpijob))
@@ -58,7 +58,7 @@ def lost_nodes(draft: Draft, run: ScalingRun, training_status: dict[str, Any], m
                 and all(nodes.pod_ready(p) and not metadata_of(p).get("deletionTimestamp") for p in training)):
             update.condition(NODE_LOST, "False", "PodsRunning",
                              f"the training's pods run again; before: {existing.get('message') or ''}"[:1000])
-        return
+        return False
     by_node: dict[str, list[nodes.LostPod]] = {}
     for item in lost:
         by_node.setdefault(item.node, []).append(item)
@@ -76,3 +76,4 @@ def lost_nodes(draft: Draft, run: ScalingRun, training_status: dict[str, Any], m
     update.condition(NODE_LOST, "True", reason, message)
     if counted or existing.get("message") != message:
         update.warn(NODE_LOST, message)
+    return True

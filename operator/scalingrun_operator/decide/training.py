@@ -171,8 +171,8 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
     if not state.finished:
         paused = wanted_suspend or state.suspended
         _track_interruptions(draft, merged, name, paused)
-        if not paused:
-            faults.lost_nodes(draft, run, merged, name)
+        # A lost node's restart is the restart a stall would make: one fault, counted once.
+        if not paused and not faults.lost_nodes(draft, run, merged, name):
             stall.check_stall(draft, run, merged, name)
     update.desired["training"] = merged
     stopped = update.phase == Phase.failed.value  # a stall with onStall fail
