@@ -100,7 +100,9 @@ def test_a_worker_on_a_node_unknown_past_the_grace_period_is_force_deleted_and_n
         assert cluster.condition("lost", "NodeLost").get("status") != "True"
         time.sleep(0.3)
     wait_for(lambda: not pod_exists(cluster, worker), what="the worker force-deleted", timeout=30, operator=operator)
-    assert time.time() >= since + GRACE_S - 1
+    gone = time.time()
+    assert gone >= since + GRACE_S - 1
+    print(f"\nworker force-deleted {gone - since:.1f} s after its node went Unknown (nodeLossGracePeriod {GRACE_S} s)")
     lost = wait_for(lambda: cluster.condition("lost", "NodeLost").get("status") == "True"
                     and cluster.condition("lost", "NodeLost"), what="NodeLost", timeout=30, operator=operator)
     assert lost["reason"] == "NodeNotReady"
@@ -136,16 +138,17 @@ def test_a_run_whose_heartbeat_stops_is_stalled_and_restarted(cluster, operator,
     step = 0
     while time.time() < started + 2 * STALL_S + 2:  # beating: past two timeouts without a stall
         step += 10
-        bucket.put_json(heartbeat, {"phase": "training", "epoch": 1, "step": step, "time": time.time(),
+        last_beat = time.time()
+        bucket.put_json(heartbeat, {"phase": "training", "epoch": 1, "step": step, "time": last_beat,
                                     "attemptStarted": started, "longestGapSeconds": 1.0, "rank": 0})
         assert cluster.condition("quiet", "Stalled").get("status") != "True", cluster.condition("quiet", "Stalled")
         time.sleep(1)
     assert (cluster.status("quiet")["training"].get("heartbeat") or {}).get("step"), "the heartbeat was never read"
 
-    silent = time.time()
     stalled = wait_for(lambda: cluster.condition("quiet", "Stalled").get("reason") == "NoHeartbeat"
                        and cluster.condition("quiet", "Stalled"), what="Stalled", timeout=30, operator=operator)
-    assert time.time() >= silent + STALL_S - 1.5
+    print(f"\nStalled {time.time() - last_beat:.1f} s after the last beat (stallTimeout {STALL_S} s)")
+    assert time.time() >= last_beat + STALL_S
     message = stalled["message"]
     assert f"over spec.training.stallTimeout ({STALL_S}: {STALL_S} s); the last at " in message
     assert f"(phase training, epoch 1, step {step}); no pod stands out" in message
