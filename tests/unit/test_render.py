@@ -70,7 +70,8 @@ def test_mpijob_maps_workers_and_run_policy():
     assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert worker["tolerations"][0] == {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     assert mpijob["runPolicy"] == {
-        "cleanPodPolicy": "Running", "backoffLimit": 2, "suspend": False, "activeDeadlineSeconds": 86400,
+        # runPolicy.backoffLimit 2 plus the default maxInterruptions 10: a lost worker's launcher restart is no retry
+        "cleanPodPolicy": "Running", "backoffLimit": 12, "suspend": False, "activeDeadlineSeconds": 86400,
         "ttlSecondsAfterFinished": 3600, "schedulingPolicy": {"minAvailable": 9, "queue": "training"}}
     # gang scheduling must not wait for workers (mpi-operator #608)
     assert mpijob["launcherCreationPolicy"] == "AtStartup"

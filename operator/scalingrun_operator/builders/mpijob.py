@@ -128,7 +128,10 @@ def _run_policy(run: ScalingRun) -> dict[str, Any]:
     policy = run.spec.run_policy
     out: dict[str, Any] = {
         "cleanPodPolicy": policy.clean_pod_policy,
-        "backoffLimit": policy.backoff_limit,
+        # The launcher's Job counts every launcher restart, a lost worker's or a stall's too (and a deleted launcher
+        # pod): room for spec.training.maxInterruptions more, so that the operator's own limits end the run first
+        # and the infrastructure's interruptions do not use up the code's retries.
+        "backoffLimit": policy.backoff_limit + run.spec.training.max_interruptions,
         "suspend": policy.suspend,
     }
     if policy.active_deadline_seconds is not None:
