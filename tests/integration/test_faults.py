@@ -117,11 +117,11 @@ def test_a_worker_on_a_node_unknown_past_the_grace_period_is_force_deleted_and_n
     cluster.wait_events("lost", lambda events: any(e[1] == "NodeLost" and node in e[2] for e in events), operator)
 
 
-STALL_S = 5
+STALL_S = 8  # beats come every second: room for a slow write under load
 
 
 def test_a_run_whose_heartbeat_stops_is_stalled_and_restarted(cluster, operator, bucket, s3_server):
-    """Beats every second keep it Training past several timeouts; once they stop, Stalled names the last beat, and
+    """Beats every second keep it Training past a timeout; once they stop, Stalled names the last beat, and
     onStall restart deletes the workers and the launcher (none stands out), counted as stalled."""
     cluster.create_run(new_run(cluster.ns, "quiet", s3_server, training={"stallTimeout": STALL_S}))
     reach_training(cluster, bucket, "quiet", operator)
@@ -136,7 +136,7 @@ def test_a_run_whose_heartbeat_stops_is_stalled_and_restarted(cluster, operator,
                                conditions=[*SCHEDULED, {"type": "Ready", "status": "True"}])
     started = time.time()
     step = 0
-    while time.time() < started + 2 * STALL_S + 2:  # beating: past two timeouts without a stall
+    while time.time() < started + STALL_S + 4:  # beating: past a timeout (and the look at its end) without a stall
         step += 10
         last_beat = time.time()
         bucket.put_json(heartbeat, {"phase": "training", "epoch": 1, "step": step, "time": last_beat,
