@@ -1,6 +1,6 @@
 """The trainer's documents in storage, each read in one place: the dataset manifest (written by the
-preprocessing) and the progress document (written by rank 0 of the training). The operator, the
-local runner and `scalingrun report` all read them through here.
+preprocessing), the progress document and the heartbeat (written by rank 0 of the training). The operator,
+the local runner and `scalingrun report` all read them through here, with the storage layer's size cap.
 """
 
 from __future__ import annotations
@@ -22,3 +22,9 @@ def read_progress(uri: str, target: StorageTarget, versioned: bool = False) -> t
     if versioned:
         return read_json_versioned(uri, target)
     return read_json(uri, target), None
+
+
+def read_heartbeat(uri: str, target: StorageTarget) -> Optional[dict[str, Any]]:
+    """The heartbeat document (scalingrun_api.heartbeat), or None when none was written yet; StorageError when it
+    cannot be read (or is larger than the target's cap)."""
+    return read_json(uri, target)

@@ -83,8 +83,8 @@ def test_operator_pod_is_locked_down(helm):
 def test_namespaced_install_uses_roles_only(helm):
     objects = render(helm, CHART / "ci/namespaced-values.yaml")
     bindings = [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRoleBinding"]
-    # Cluster-wide: only CRD and namespace list/watch.
-    assert bindings == ["t-scalingrun-namespace-watch", "t-scalingrun-crd-watch"]
+    # Cluster-wide: only namespace list/watch, node get (cluster-scoped) and CRD list/watch.
+    assert bindings == ["t-scalingrun-namespace-watch", "t-scalingrun-node-read", "t-scalingrun-crd-watch"]
     roles = [o for o in objects if o["kind"] == "Role"]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team-a", "ml-team-b", "scalingrun-system"]
     for role in roles:
@@ -126,7 +126,8 @@ def test_operator_reads_pods_and_needs_no_peering_objects(helm):
     role = next(o for o in render(helm) if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "t-scalingrun-operator")
     verbs = {resource: set(rule["verbs"]) for rule in role["rules"] for resource in rule["resources"]}
     assert "clusterkopfpeerings" not in verbs and "kopfpeerings" not in verbs  # a Lease, not kopf peering
-    assert verbs["pods"] == {"list", "watch"}  # listed and watched: never read one by one
+    # Listed and watched, never read one by one; deleted: a lost or stalled training pod.
+    assert verbs["pods"] == {"list", "watch", "delete"}
     assert verbs["pods/log"] == {"get"}  # the failed launcher's last lines, nothing more
 
 

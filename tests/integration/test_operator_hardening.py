@@ -138,7 +138,7 @@ def test_runs_and_their_namespace_are_deleted_while_the_operator_is_down(namespa
 # --- 3. a child deleted mid-run ----------------------------------------------------------------------
 
 
-def test_a_deleted_child_is_reported_counted_and_recreated_until_the_backoff_limit(namespaces, kubeconfig, bucket,
+def test_a_deleted_child_is_reported_counted_and_recreated_until_max_interruptions(namespaces, kubeconfig, bucket,
                                                                                   s3_server, tmp_path):
     cluster = namespaces()
     op = _operator(kubeconfig, tmp_path, [cluster])
@@ -151,8 +151,8 @@ def test_a_deleted_child_is_reported_counted_and_recreated_until_the_backoff_lim
 
     try:
         op.start()
-        created = cluster.create_run(new_run(cluster.ns, "deleted", s3_server, training={"backoffLimit": 2}))
-        assert created["spec"]["training"]["backoffLimit"] == 2
+        created = cluster.create_run(new_run(cluster.ns, "deleted", s3_server, training={"maxInterruptions": 2}))
+        assert created["spec"]["training"]["maxInterruptions"] == 2
 
         # The preprocessing Job is deleted while it runs: reported, counted, recreated.
         job = wait_for(lambda: cluster.job("deleted-preprocess"), what="the Job", operator=op)
@@ -161,7 +161,7 @@ def test_a_deleted_child_is_reported_counted_and_recreated_until_the_backoff_lim
         condition = wait_for(lambda: cluster.condition("deleted", "ChildDeleted"), what="ChildDeleted", operator=op)
         assert condition["status"] == "True" and condition["reason"] == "JobDeleted"
         assert "Job deleted-preprocess was deleted" in condition["message"]
-        assert "1 of the 2 allowed (spec.training.backoffLimit)" in condition["message"]
+        assert "1 of the 2 allowed (spec.training.maxInterruptions)" in condition["message"]
         assert training()["restarts"] == 1
         again = wait_for(lambda: (cluster.job("deleted-preprocess") or {}).get("metadata", {}).get("uid")
                          not in (None, job["metadata"]["uid"]), what="a new Job", operator=op)
@@ -198,11 +198,12 @@ def test_a_deleted_child_is_reported_counted_and_recreated_until_the_backoff_lim
         cluster.custom.delete_namespaced_custom_object("kubeflow.org", "v2beta1", cluster.ns, "mpijobs",
                                                        "deleted-train")
         op.start()
-        status = wait_for(cluster.phase_is("deleted", "Failed"), what="Failed over the backoff limit", operator=op)
+        status = wait_for(cluster.phase_is("deleted", "Failed"), what="Failed over maxInterruptions", operator=op)
         assert status["training"]["restarts"] == 3 and status["training"]["epoch"] == 3
         failed = cluster.condition("deleted", "Failed")
-        assert failed["reason"] == "BackoffLimitExceeded"
-        for part in ("3 interruptions exceed spec.training.backoffLimit (2)", "MPIJob deleted-train was deleted",
+        assert failed["reason"] == "MaxInterruptionsExceeded"
+        for part in ("3 interruptions by the infrastructure (childDeleted 3) exceed spec.training.maxInterruptions (2)",
+                     "MPIJob deleted-train was deleted",
                      "resumes from its last checkpoint"):
             assert part in failed["message"], failed["message"]
         time.sleep(2)
@@ -334,15 +335,15 @@ def test_a_reconcile_that_failed_on_a_child_event_is_tried_again_without_a_timer
         op.stop()
 
 
-def test_a_run_failed_over_its_backoff_limit_suspends_its_still_running_mpijob(namespaces, kubeconfig, bucket,
-                                                                               s3_server, tmp_path):
+def test_a_run_failed_over_its_interruption_limit_suspends_its_still_running_mpijob(namespaces, kubeconfig, bucket,
+                                                                                    s3_server, tmp_path):
     """A lost worker pod is an interruption too; over the limit the run fails, and its MPIJob's pods must not
     keep holding nodes: the MPIJob is suspended (the MPI operator then deletes its pods)."""
     cluster = namespaces()
     op = _operator(kubeconfig, tmp_path, [cluster])
     try:
         op.start()
-        cluster.create_run(new_run(cluster.ns, "fragile", s3_server, training={"backoffLimit": 0}))
+        cluster.create_run(new_run(cluster.ns, "fragile", s3_server, training={"maxInterruptions": 0}))
         reach_training(cluster, bucket, "fragile", op)
         mpijob = cluster.mpijob("fragile-train")
         image = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"]
@@ -355,10 +356,11 @@ def test_a_run_failed_over_its_backoff_limit_suspends_its_still_running_mpijob(n
         assert not (cluster.mpijob("fragile-train")["spec"].get("runPolicy") or {}).get("suspend")
 
         cluster.delete_pod(worker)
-        status = wait_for(cluster.phase_is("fragile", "Failed"), what="Failed over the backoff limit", operator=op)
+        status = wait_for(cluster.phase_is("fragile", "Failed"), what="Failed over maxInterruptions", operator=op)
         failed = next(c for c in status["conditions"] if c["type"] == "Failed")
-        assert failed["reason"] == "BackoffLimitExceeded", failed
-        assert "1 interruption exceeds spec.training.backoffLimit (0)" in failed["message"], failed["message"]
+        assert failed["reason"] == "MaxInterruptionsExceeded", failed
+        assert "1 interruption by the infrastructure (podDeleted 1) exceeds spec.training.maxInterruptions (0)" in (
+            failed["message"]), failed["message"]
         suspended = wait_for(lambda: (cluster.mpijob("fragile-train")["spec"].get("runPolicy") or {}).get("suspend"),
                              what="the MPIJob suspended", operator=op)
         assert suspended is True

@@ -187,6 +187,9 @@ def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator) -
     wait_for(cluster.phase_is("life", "Suspended"), what="Suspended", operator=operator)
     cluster.patch_run("life", {"spec": {"runPolicy": {"suspend": False}}})
     wait_for(cluster.phase_is("life", "Training"), what="Training again", operator=operator)
+    # A worker's node stops answering, long enough ago: its Node read (nodes: get), the worker force-deleted (pods:
+    # delete), and the launcher with it.
+    lost_worker_on_an_unknown_node(cluster, mpijob=cluster.mpijob("life-train"), operator=operator)
     # The launcher fails on a node (pods: list, watch; pods/log: get; no kubelet answers here).
     mpijob = cluster.mpijob("life-train")
     launcher = "life-train-launcher-x7k2p"
@@ -210,6 +213,25 @@ def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator) -
     wait_for(lambda: cluster.custom.list_namespaced_custom_object(
         models.GROUP, models.VERSION, cluster.ns, models.PLURAL, label_selector="scalingrun.dev/sweep")["items"],
         what="the sweep's first point", operator=operator)
+
+
+def lost_worker_on_an_unknown_node(cluster: Cluster, mpijob: dict, operator: Operator) -> None:
+    node = f"rbac-node-{_suffix()}"
+    cluster.core.create_node({"metadata": {"name": node}})
+    past = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 600))
+    cluster.core.patch_node_status(node, {"status": {"conditions": [{
+        "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown", "message": "kubelet stopped posting",
+        "lastHeartbeatTime": past, "lastTransitionTime": past}]}})
+    worker = "life-train-worker-0"
+    create_training_pod(cluster, mpijob, "worker", worker, node=node)
+    cluster.set_pod_status(worker, phase="Running", containers=running("worker"),
+                           conditions=[*SCHEDULED, {"type": "Ready", "status": "False"}])
+
+    def gone() -> bool:
+        return not [p for p in cluster.core.list_namespaced_pod(cluster.ns).items if p.metadata.name == worker]
+
+    wait_for(gone, what="the lost worker force-deleted", operator=operator)
+    cluster.core.delete_node(node)
 
 
 def renewed_lease(proxy: RecordingProxy) -> bool:

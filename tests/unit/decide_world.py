@@ -14,8 +14,8 @@ from scalingrun_operator.decide import pinning
 from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_operator.decide.run import decide_run
 from scalingrun_operator.decide.snapshot import (
-    MANIFEST, Child, Create, Decision, Document, Listing, Log, LogTail, Names, Patch, PodList, Pods, Read, Server,
-    ServerVersion, Settings, Snapshot, look,
+    HEARTBEAT, MANIFEST, Child, Create, Decision, Delete, Document, Listing, Log, LogTail, Names, Nodes, Patch, PodList,
+    Pods, Read, Server, ServerVersion, Settings, Snapshot, look,
 )
 
 NS, NAME, UID = "ml", "demo", "run-uid"
@@ -24,7 +24,7 @@ SPEC = {
     "storage": {"endpoint": "http://s3.example:8333", "credentialsSecret": "creds"},
     "dataset": {"source": "s3://data/raw", "output": "s3://data/parquet", "imageSize": 32,
                 "preprocessing": {"parallelism": 2}},
-    "training": {"maxEpochs": 5, "backoffLimit": 2},
+    "training": {"maxEpochs": 5, "backoffLimit": 2, "maxInterruptions": 2},
     "workers": {"replicas": 2, "gpusPerWorker": 0},
 }
 RUN = parse_scalingrun({"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun",
@@ -126,6 +126,7 @@ class World:
     deleted: dict[str, str] = field(default_factory=dict)
     manifest: Optional[dict[str, Any]] = None
     progress: Optional[dict[str, Any]] = None
+    heartbeat: Optional[dict[str, Any]] = None
     shards: tuple[str, ...] = ()
     log: LogTail = LogTail("line 1\nline 2", "")
     server: Server = Server(1, 27, "v1.27.3")
@@ -134,6 +135,7 @@ class World:
     pinned: bool = True  # status.pinnedSpec holds SPEC
     annotations: dict[str, str] = field(default_factory=dict)
     generation: int = 1
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     asks: list = field(default_factory=list)
 
     def body(self) -> dict[str, Any]:
@@ -156,7 +158,7 @@ class World:
         if isinstance(ask, Document):
             if self.storage_error:
                 return Read(error=self.storage_error)
-            document = self.manifest if ask.what == MANIFEST else self.progress
+            document = {MANIFEST: self.manifest, HEARTBEAT: self.heartbeat}.get(ask.what, self.progress)
             return Read(copy.deepcopy(document), "v1" if ask.versioned and document else None)
         if isinstance(ask, Listing):
             return Names(error=self.storage_error) if self.storage_error else Names(self.shards)
@@ -164,6 +166,8 @@ class World:
             return self.log
         if isinstance(ask, ServerVersion):
             return self.server
+        if isinstance(ask, Nodes):
+            return {name: copy.deepcopy(self.nodes.get(name)) for name in ask.names}
         raise AssertionError(f"unexpected ask {ask!r}")
 
     def decide(self, settings: Settings = Settings()) -> Decision:
@@ -178,6 +182,8 @@ def actions(decision: Decision) -> list[tuple[str, str]]:
             out.append(("create", action.obj["kind"]))
         elif isinstance(action, Patch):
             out.append(("adopt" if action.adopt else "patch", action.found["kind"]))
+        elif isinstance(action, Delete):
+            out.append(("delete", action.found["metadata"]["name"]))
     return out
 
 

@@ -63,6 +63,7 @@ def _computed() -> dict[tuple[str, str, str], set[str]]:
         ("preprocessing.py", "Preprocessed", "holdup[0] if holdup else 'Running'"): pods | {"Running"},
         ("training.py", "Queued", "reason"): {"WaitingForAdmission", "Preempted"},
         ("pods.py", "PodsHealthy", "problem.reason"): pods,
+        ("faults.py", "NodeLost", "reason"): {"NodeNotReady", "TerminatingPastGrace"},
         ("draft.py", "StorageReadable", "found.reason"): storage,
         ("status.py", "Ready", "phase"): run_phases,
         ("status.py", "Stalled", "phase"): {Phase.failed.value},

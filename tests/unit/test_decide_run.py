@@ -253,8 +253,10 @@ ROWS = [
                                                 "counted as interruption 1 of the 2 allowed")}, ["ChildDeleted"],
         again=True, check=lambda d: d.desired["preprocessing"]["jobName"] is None and d.desired["training"]["restarts"] == 1),
     Row("a Job deleted once too often fails the run",
-        lambda: _with(preprocessing(children={"ConfigMap": config_map()}), training={"restarts": 2}), "Failed", [],
-        {"Failed": ("True", "BackoffLimitExceeded", "3 interruptions exceed spec.training.backoffLimit (2)")},
+        lambda: _with(preprocessing(children={"ConfigMap": config_map()}),
+                      training={"restarts": 2, "interruptions": {"childDeleted": 2}}), "Failed", [],
+        {"Failed": ("True", "MaxInterruptionsExceeded", "3 interruptions by the infrastructure (childDeleted 3) "
+                                                        "exceed spec.training.maxInterruptions (2)")},
         ["ChildDeleted", "Failed"]),
     # --- Training --------------------------------------------------------------------------------------
     Row("training mirrors the progress document and follows it",
@@ -294,10 +296,12 @@ ROWS = [
         lambda: training(pods=training_pods(launcher="demo-train-launcher-bbbbb")), "Training", [], {},
         ["LauncherRestarted"]),
     Row("interruptions over the limit fail the run and suspend its MPIJob",
-        lambda: training(status=training_status(pods=copy.deepcopy(RECORDS), restarts=2),
+        lambda: training(status=training_status(pods=copy.deepcopy(RECORDS), restarts=2,
+                                                interruptions={"podDeleted": 2}),
                          pods=training_pods()[:2]), "Failed", [("patch", "MPIJob")],
-        {"Failed": ("True", "BackoffLimitExceeded", "3 interruptions exceed")}, ["WorkerPodLost", "Failed"],
-        check=_suspend(True, "Suspending")),
+        {"Failed": ("True", "MaxInterruptionsExceeded", "3 interruptions by the infrastructure (podDeleted 3) exceed "
+                                                        "spec.training.maxInterruptions (2)")},
+        ["WorkerPodLost", "Failed"], check=_suspend(True, "Suspending")),
     Row("a deleted MPIJob is counted, said, and made anew on the next look",
         lambda: training(children={"ConfigMap": config_map(), "Job": job(done("Complete"), succeeded=2)}),
         "Training", [], {"ChildDeleted": ("True", "MPIJobDeleted", "a new MPIJob resumes from the last checkpoint")},

@@ -68,15 +68,41 @@ def test_mpijob_maps_workers_and_run_policy():
     assert mpijob["mpiReplicaSpecs"]["Worker"]["replicas"] == 8
     worker = mpijob["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert worker["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert worker["tolerations"][0] == {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     assert mpijob["runPolicy"] == {
-        "cleanPodPolicy": "Running", "backoffLimit": 2, "suspend": False, "activeDeadlineSeconds": 86400,
+        # runPolicy.backoffLimit 2 plus the default maxInterruptions 10: a lost worker's launcher restart is no retry
+        "cleanPodPolicy": "Running", "backoffLimit": 12, "suspend": False, "activeDeadlineSeconds": 86400,
         "ttlSecondsAfterFinished": 3600, "schedulingPolicy": {"minAvailable": 9, "queue": "training"}}
     # gang scheduling must not wait for workers (mpi-operator #608)
     assert mpijob["launcherCreationPolicy"] == "AtStartup"
     launcher = mpijob["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]
     script = launcher["command"][-1]
     assert "mpirun -np 8 " in script  # how the launcher waits for workers: tests of launcher_script
+
+
+def _lost_node_tolerations(seconds: int) -> list[dict]:
+    return [{"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": seconds}
+            for key in ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")]
+
+
+def test_workers_and_launcher_leave_a_lost_node_after_the_node_loss_grace_period():
+    """The cluster evicts a lost node's pods after nodeLossGracePeriod, not its default 300 s; the user's own
+    tolerations stay, and one of the user's for the same taint wins."""
+    run = load(ROOT / "examples/06-8-single-gpu-nodes.yaml")
+    replicas = build_children(run, "ml")[2]["spec"]["mpiReplicaSpecs"]
+    worker, launcher = (replicas[r]["template"]["spec"]["tolerations"] for r in ("Worker", "Launcher"))
+    assert worker == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                      *_lost_node_tolerations(60)]
+    assert launcher == _lost_node_tolerations(60)
+
+    spec = run.model_dump(mode="json", by_alias=True, exclude_none=True)
+    spec["spec"]["training"]["nodeLossGracePeriod"] = "2m"
+    own = {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+           "tolerationSeconds": 900}
+    spec["spec"]["workers"]["tolerations"] = [own]
+    replicas = build_children(parse_scalingrun(spec), "ml")[2]["spec"]["mpiReplicaSpecs"]
+    assert replicas["Worker"]["template"]["spec"]["tolerations"] == [own, _lost_node_tolerations(120)[1]]
+    assert replicas["Launcher"]["template"]["spec"]["tolerations"] == _lost_node_tolerations(120)
 
 
 @pytest.mark.parametrize("example", ["05-4gpus-one-node.yaml", "06-8-single-gpu-nodes.yaml"])
@@ -116,6 +142,16 @@ def test_preprocess_job_is_indexed_and_non_root():
     container = pod["containers"][0]
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
     assert container["resources"] == {"requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+
+
+def test_preprocess_job_has_the_deadline_of_the_spec_and_none_by_default():
+    run = load(ROOT / "examples/04-full-data-petastorm.yaml")
+    assert "activeDeadlineSeconds" not in build_children(run, "ml")[1]["spec"]
+    spec = run.model_dump(mode="json", by_alias=True, exclude_none=True)
+    spec["spec"]["dataset"]["preprocessing"]["activeDeadlineSeconds"] = 5400
+    job = build_children(parse_scalingrun(spec), "ml")[1]
+    assert job["spec"]["activeDeadlineSeconds"] == 5400
+    kubernetes_validate.validate(job, K8S_SCHEMA_VERSION, strict=True)
 
 
 def _pod_specs(objects: list[dict]) -> dict[str, dict]:

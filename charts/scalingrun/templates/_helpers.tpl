@@ -76,10 +76,11 @@ the Roles. */}}
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
-# Pods of its children, read only: to tell why a run is stuck (image pull, scheduling, a lost worker).
+# Pods of its children: to tell why a run is stuck (image pull, scheduling, a lost worker); delete: a training pod
+# lost with its node (force, grace 0) or stalled, so that the MPI operator makes it anew.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "delete"]
 # The failed launcher's last log lines, for the Failed condition.
 - apiGroups: [""]
   resources: ["pods/log"]

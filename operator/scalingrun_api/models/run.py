@@ -127,9 +127,15 @@ class SchedulingPolicy(ApiModel):
 class RunPolicy(ApiModel):
     """How the MPIJob runs and is cleaned up."""
 
-    backoff_limit: int = Field(3, ge=0, le=100, description="Launcher retries before the run fails.")
+    backoff_limit: int = Field(
+        3, ge=0, le=100, description="Launcher retries before the MPIJob fails. Rendered as this plus "
+        "spec.training.maxInterruptions: the launcher's Job also counts the restarts a lost worker, a lost node or a "
+        "stall causes, which the operator bounds by maxInterruptions; the code's failures are bounded by "
+        "spec.training.backoffLimit.")
     active_deadline_seconds: Optional[int] = Field(
-        None, ge=1, le=MAX_INTEGER, description="Fail the training after this many seconds."
+        None, ge=1, le=MAX_INTEGER, description="The training's deadline: the MPIJob (and so the run) fails after "
+        "this many seconds of training, restarts included (the MPIJob's activeDeadlineSeconds). Default: none; "
+        "spec.training.stallTimeout bounds a training that stops beating."
     )
     ttl_seconds_after_finished: Optional[int] = Field(
         None, ge=0, le=MAX_INTEGER, description="Delete the MPIJob this long after it finishes."

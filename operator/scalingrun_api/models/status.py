@@ -55,6 +55,37 @@ class TrainingPod(ApiModel):
     lost: bool = Field(False, description="True once the pod's loss (failed, evicted, deleted) was counted.")
 
 
+class Interruptions(ApiModel):
+    """Restarts of the training by cause. The code's failures (launcherFailed, workerFailed) count against
+    spec.training.backoffLimit; the others, the infrastructure's, against spec.training.maxInterruptions."""
+
+    pod_deleted: int = Field(0, description="Launcher or worker pods deleted (by a person, a controller, a drain).")
+    node_lost: int = Field(0, description="Pods lost with their node: NotReady or Unknown past "
+                           "spec.training.nodeLossGracePeriod (the operator force-deleted them), or deleted by the "
+                           "taint manager or the pod garbage collector.")
+    evicted: int = Field(0, description="Pods evicted (node pressure, the eviction API) or preempted.")
+    stalled: int = Field(0, description="Restarts because no heartbeat came for spec.training.stallTimeout.")
+    child_deleted: int = Field(0, description="The Job or MPIJob deleted mid-run.")
+    launcher_failed: int = Field(0, description="The launcher exited non-zero on a healthy node: the code's failure.")
+    worker_failed: int = Field(0, description="A worker container exited non-zero on a healthy node (an OOM kill "
+                               "too): the code's failure.")
+
+
+class HeartbeatStatus(ApiModel):
+    """The training's last heartbeat as the operator read it (spec.training.stallTimeout), for this attempt."""
+
+    launcher_uid: Optional[str] = Field(None, description="The launcher pod of the attempt this belongs to.")
+    time: Optional[str] = Field(None, description="The last heartbeat (its writer's clock), or the launcher's start "
+                                "while none came (RFC 3339).")
+    phase: Optional[str] = Field(None, description="The phase it was in: training, restore, probe, feature-cache, ...")
+    epoch: Optional[int] = Field(None, description="The epoch it was in.")
+    step: Optional[int] = Field(None, description="The step it had reached.")
+    timeout_seconds: Optional[float] = Field(None, description="The stall timeout in force (auto: the larger of 10 "
+                                             "minutes and 3x the longest gap between beats so far).")
+    deadline: Optional[str] = Field(None, description="When the training is Stalled unless it beats again; the "
+                                    "operator reads the heartbeat again then (RFC 3339).")
+
+
 class ProbedBatchSize(ApiModel):
     """One batch size the probe tried."""
 
@@ -121,8 +152,12 @@ class TrainingStatus(ApiModel):
     resumed_from_epoch: Optional[int] = Field(
         None, description="Epoch the current attempt resumed from (its last checkpoint); none for a fresh start.")
     restarts: Optional[int] = Field(
-        None, description="Interruptions of the training: worker pods lost plus launcher restarts of their own (a "
-        "worker lost and the launcher restart it causes are one). Each has an Event naming the pod and the reason.")
+        None, description="Restarts of the training, of every cause (the sum of interruptions): worker pods lost, "
+        "launcher restarts of their own (a worker lost and the launcher restart it causes are one), stalls, children "
+        "deleted. Each has an Event naming the pod and the reason.")
+    interruptions: Optional[Interruptions] = Field(
+        None, description="The restarts by cause, and so by the limit they count against (backoffLimit: the code's "
+        "failures; maxInterruptions: the rest).")
     worker_pods_lost: Optional[int] = Field(None, description="Worker pods deleted, evicted or failed.")
     launcher_restarts: Optional[int] = Field(
         None, description="Launcher restarts (container or new pod), but for those a worker's loss caused.")
@@ -142,6 +177,8 @@ class TrainingStatus(ApiModel):
         default_factory=list, description="Input wait and GPU utilisation of the last epochs (InputBound reads it).")
     feature_cache: Optional[FeatureCache] = Field(
         None, description="Whether the head trained on features the frozen base computed once, and what that cost.")
+    heartbeat: Optional[HeartbeatStatus] = Field(
+        None, description="The last heartbeat of this attempt and the stall deadline it sets.")
     pods: list[TrainingPod] = Field(
         default_factory=list, description="Launcher and worker pods as last seen, so that a restarted operator "
         "neither counts an interruption twice nor misses one.")

@@ -166,9 +166,10 @@ class Training(ApiModel):
     checkpoint: Checkpoint = Field(default_factory=Checkpoint, description="Checkpoint location and frequency.")
     resume: bool = Field(True, description="Continue from the latest checkpoint of this run when one exists.")
     backoff_limit: int = Field(
-        3, ge=0, le=1000, description="Interruptions allowed before the run fails: worker pods lost, launcher "
-        "restarts and children (Job, MPIJob) deleted mid-run, all counted in status.training.restarts (a worker lost "
-        "and the launcher restart it causes count once).")
+        3, ge=0, le=1000, description="Failures of the code allowed before the run fails: a launcher or worker "
+        "container that exited non-zero on a healthy node (status.training.interruptions launcherFailed and "
+        "workerFailed). Pods deleted, nodes lost, evictions, stalls and children deleted count against "
+        "maxInterruptions instead.")
     input: InputPipeline = Field(default_factory=InputPipeline, description="The training reader's threads and "
                                  "read-ahead.")
     command: Optional[list[Annotated[str, Field(min_length=1, description="One word of the command line.")]]] = Field(

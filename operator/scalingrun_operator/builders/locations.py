@@ -3,6 +3,7 @@ writes, and the progress document the trainer writes in the run location."""
 
 from __future__ import annotations
 
+from scalingrun_api.heartbeat import HEARTBEAT_FILE
 from scalingrun_api.models import ScalingRun
 from scalingrun_api.progress import PROGRESS_FILE
 from .config import run_location
@@ -22,3 +23,7 @@ def shards_uri(run: ScalingRun) -> str:
 
 def progress_uri(run: ScalingRun) -> str:
     return join(run_location(run), PROGRESS_FILE)
+
+
+def heartbeat_uri(run: ScalingRun) -> str:
+    return join(run_location(run), HEARTBEAT_FILE)

@@ -6,6 +6,7 @@ import shlex
 from typing import Any
 
 from scalingrun_api.models import Framework, ScalingRun, quantity_value
+from scalingrun_api.models.common import duration_seconds
 from scalingrun_api.models.training import CONFIG_VARIABLE
 from .common import (
     CONFIG_FILE,
@@ -95,21 +96,42 @@ def _pod_template(run: ScalingRun, labels: dict[str, str], container: dict[str, 
         "containers": [container],
         "volumes": volumes,
     }
+    user = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in w.tolerations] if workers else []
+    pod["tolerations"] = node_loss_tolerations(user, duration_seconds(run.spec.training.node_loss_grace_period))
     if workers:
         if w.node_selector:
             pod["nodeSelector"] = dict(w.node_selector)
-        if w.tolerations:
-            pod["tolerations"] = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in w.tolerations]
         if w.priority_class_name:
             pod["priorityClassName"] = w.priority_class_name
     return {"metadata": {"labels": dict(labels)}, "spec": pod}
+
+
+# The taints a node gets when it stops answering (unreachable) or reports NotReady; without a toleration of its
+# own a pod gets the cluster's default of 300 s.
+NODE_LOSS_TAINTS = ("node.kubernetes.io/unreachable", "node.kubernetes.io/not-ready")
+
+
+def node_loss_tolerations(user: list[dict[str, Any]], grace_seconds: int) -> list[dict[str, Any]]:
+    """The user's tolerations, plus NoExecute ones for a lost node's taints that end after
+    spec.training.nodeLossGracePeriod, so the cluster evicts a lost node's pods as soon as the operator would.
+    A toleration of the user's for the same taint (or for every NoExecute taint) is kept as it is."""
+    out = list(user)
+    for key in NODE_LOSS_TAINTS:
+        covered = any(t.get("effect") in (None, "NoExecute") and (t.get("key") == key or (
+            not t.get("key") and t.get("operator") == "Exists")) for t in user)
+        if not covered:
+            out.append({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": grace_seconds})
+    return out
 
 
 def _run_policy(run: ScalingRun) -> dict[str, Any]:
     policy = run.spec.run_policy
     out: dict[str, Any] = {
         "cleanPodPolicy": policy.clean_pod_policy,
-        "backoffLimit": policy.backoff_limit,
+        # The launcher's Job counts every launcher restart, a lost worker's or a stall's too (and a deleted launcher
+        # pod): room for spec.training.maxInterruptions more, so that the operator's own limits end the run first
+        # and the infrastructure's interruptions do not use up the code's retries.
+        "backoffLimit": policy.backoff_limit + run.spec.training.max_interruptions,
         # Kueue admits a job by un-suspending it: created running, it would start before its quota is granted.
         "suspend": policy.suspend or bool(policy.kueue_queue_name),
     }

@@ -69,6 +69,8 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
                else {"completions": 1, "parallelism": 1}),
             # Kubernetes < 1.28 has no per-index limit: allow the per-shard retries for every shard.
             "backoffLimit": pre.backoff_limit * shards,
+            # The Job fails with DeadlineExceeded past it (its pods are stopped): preprocessing has a bound too.
+            **({"activeDeadlineSeconds": pre.active_deadline_seconds} if pre.active_deadline_seconds else {}),
             "template": {
                 "metadata": {"labels": dict(meta["labels"])},
                 "spec": {

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 import kopf
 
 from ..decide import children, pinning
-from ..decide.snapshot import Create, Decision, Patch
+from ..decide.snapshot import Create, Decision, Delete, Patch
 from ..decide.status import parse_time
 from .k8s import Kube
 from .metrics import Metrics
@@ -55,6 +55,8 @@ def apply(kube: Kube, metrics: Metrics, owner: dict[str, Any], decision: Decisio
                 section, key = action.uid_at
                 status = status or {}
                 status[section] = {**(status.get(section) or {}), key: created["metadata"]["uid"]}
+        elif isinstance(action, Delete):
+            delete_pod(kube, owner, action)
         else:
             patch_child(kube, owner, action)
         if action.event is not None:
@@ -94,6 +96,15 @@ def patch_child(kube: Kube, owner: dict[str, Any], action: Patch) -> Optional[di
     patched = kube.patch(kind, namespace, name, body)
     log.info("%s %s %s/%s", "adopted" if action.adopt else "patched", kind, namespace, name)
     return patched
+
+
+def delete_pod(kube: Kube, owner: dict[str, Any], action: Delete) -> None:
+    """Deletes one of the run's training pods (it carries the run's label: decide found it by that), the uid it saw."""
+    meta = action.found["metadata"]
+    namespace = meta.get("namespace") or owner["metadata"]["namespace"]
+    deleted = kube.delete_pod(namespace, meta["name"], meta.get("uid", ""), action.grace_seconds)
+    log.info("%s pod %s/%s%s", "deleted" if deleted else "found gone", namespace, meta["name"],
+             " (grace 0)" if action.grace_seconds == 0 else "")
 
 
 def _post(kube: Kube, metrics: Metrics, owner: dict[str, Any], event) -> None:

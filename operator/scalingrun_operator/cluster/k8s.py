@@ -52,6 +52,7 @@ class Kube:
         self._version: Optional[tuple[int, int, str]] = None
         self._version_lock = threading.Lock()
         self._pods_forbidden_logged = False
+        self._nodes_forbidden_logged = False
 
     # --- the server ----------------------------------------------------------------------------
 
@@ -80,6 +81,39 @@ class Kube:
                 self._pods_forbidden_logged = True
             return []
         return _raw(response).get("items") or []
+
+    def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: Optional[int]) -> bool:
+        """Deletes the pod `name` if it is still the one of `uid` (a replacement of the same name is left alone);
+        False when it is gone already, or when the operator may not delete pods (an older chart's RBAC: logged,
+        so that the status saying why is still written)."""
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid),
+                                      grace_period_seconds=grace_seconds)
+        try:
+            self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False)
+            return True
+        except ApiException as exc:
+            if exc.status in (404, 409):  # gone, or another pod of that name now
+                return False
+            if exc.status == 403:
+                log.error("the operator may not delete pod %s/%s (%s): grant delete on pods", namespace, name,
+                          exc.reason)
+                return False
+            raise
+
+    def get_node(self, name: str) -> Optional[dict[str, Any]]:
+        """A Node (cluster-scoped: the operator's ClusterRole grants get on nodes), None when there is none. Where
+        the operator may not read Nodes (an older chart's RBAC), {}: a node that says nothing counts as Ready, so
+        lost nodes go undetected rather than every reconcile failing."""
+        try:
+            return _absent_is_none(lambda: self.core.read_node(name, _preload_content=False))
+        except ApiException as exc:
+            if exc.status != 403:
+                raise
+            if not self._nodes_forbidden_logged:
+                log.warning("the operator may not get nodes (%s): lost nodes are not detected; grant get on nodes",
+                            exc.reason)
+                self._nodes_forbidden_logged = True
+            return {}
 
     def read_pod_log_tail(self, namespace: str, pod: str, container: str, lines: int = 20,
                           max_bytes: int = 64 * 1024, timeout: float = 10.0) -> tuple[Optional[str], str]:

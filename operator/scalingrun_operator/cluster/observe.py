@@ -12,9 +12,10 @@ from typing import Any, Union
 
 from ..config import Config
 from ..decide.snapshot import (
-    PROGRESS, Child, Document, Listing, Log, LogTail, Names, PodList, Pods, Read, Server, ServerVersion, Store,
+    HEARTBEAT, PROGRESS, Child, Document, Listing, Log, LogTail, Names, Nodes, PodList, Pods, Read, Server, ServerVersion,
+    Store,
 )
-from ..documents import read_manifest, read_progress
+from ..documents import read_heartbeat, read_manifest, read_progress
 from ..storage import Clients, StorageError, StorageTarget, list_names
 from .k8s import Kube
 from .memory import Memory
@@ -37,6 +38,8 @@ class Observer:
                 target = self.target(ask.store)
                 if ask.what == PROGRESS:
                     return Read(*read_progress(ask.uri, target, ask.versioned))
+                if ask.what == HEARTBEAT:
+                    return Read(read_heartbeat(ask.uri, target))
                 return Read(read_manifest(ask.uri, target))
             except StorageError as exc:
                 return Read(error=str(exc), reason=exc.reason)
@@ -48,6 +51,8 @@ class Observer:
         if isinstance(ask, Log):
             text, error = self.kube.read_pod_log_tail(self.namespace, ask.pod, ask.container, ask.lines)
             return LogTail(text, error)
+        if isinstance(ask, Nodes):
+            return MappingProxyType({name: self.kube.get_node(name) for name in ask.names})
         if isinstance(ask, ServerVersion):
             return Server(*self.kube.server_version())
         raise TypeError(f"observe cannot read {ask!r}")

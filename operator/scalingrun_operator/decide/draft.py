@@ -11,8 +11,8 @@ from typing import Any, Callable, Optional
 from scalingrun_api.models import ScalingRun
 from . import children
 from .snapshot import (
-    MANIFEST, Child, Create, Decision, Document, Patch, PodList, Pods, Read, Server, ServerVersion, Settings,
-    Snapshot, Store,
+    MANIFEST, Child, Create, Decision, Delete, Document, Nodes, Patch, PodList, Pods, Read, Server, ServerVersion,
+    Settings, Snapshot, Store,
 )
 from .status import CHILD_CONFLICT, READY, STORAGE_READABLE, Event, StatusUpdate, get_condition
 
@@ -54,6 +54,12 @@ class Draft:
     def deleted_pods(self) -> dict[str, str]:
         found: PodList = self.need(Pods())
         return dict(found.deleted)
+
+    def nodes(self, names: tuple[str, ...]) -> dict[str, Optional[dict[str, Any]]]:
+        """The Nodes of `names` (sorted, so that every asker of the same set shares one read); none: no read."""
+        if not names:
+            return {}
+        return dict(self.need(Nodes(tuple(sorted(set(names))))))
 
     def server(self) -> Server:
         return self.need(ServerVersion())
@@ -150,6 +156,10 @@ class Draft:
             self.again = True
             return
         self.actions.append(Patch(found, patch, event))
+
+    def delete_pod(self, pod: dict[str, Any], grace_seconds: Optional[int], event: Optional[Event] = None) -> None:
+        """Deletes one of the run's training pods (a lost or stalled one): the MPI operator makes it anew."""
+        self.actions.append(Delete(pod, grace_seconds, event))
 
     # --- the decision ------------------------------------------------------------------------------
 

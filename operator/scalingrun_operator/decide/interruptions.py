@@ -1,6 +1,9 @@
 """What interrupts a run, pure: its training's pods (a worker lost, a launcher restarted), counted against
-a record kept in status so that counting survives operator restarts, and its children deleted; past
-spec.training.backoffLimit the run fails. Also the end of a failed launcher's log, for the Failed message.
+a record kept in status so that counting survives operator restarts, and its children deleted. Each is counted
+by cause in status.training.interruptions: failures of the code (a container that exited non-zero on a node that
+was there) against spec.training.backoffLimit, the infrastructure's interruptions (pods deleted, nodes lost,
+evictions and preemptions, stalls, children deleted) against spec.training.maxInterruptions; past either the run
+fails. Also the end of a failed launcher's log, for the Failed message.
 """
 
 from __future__ import annotations
@@ -14,7 +17,27 @@ from .draft import Draft
 from .pods import (
     LAUNCHER, TRAINING_ROLES, WORKER, container_statuses, exit_text, metadata_of, pod_name, pod_role, status_of,
 )
-from .status import BACKOFF_LIMIT_EXCEEDED, CHILD_DELETED
+from .status import BACKOFF_LIMIT_EXCEEDED, CHILD_DELETED, MAX_INTERRUPTIONS_EXCEEDED
+
+# --- causes: the keys of status.training.interruptions -------------------------------------------------
+
+POD_DELETED = "podDeleted"  # a launcher or worker pod deleted (by a person, a controller, a drain)
+NODE_LOST = "nodeLost"  # a pod's node NotReady or Unknown past spec.training.nodeLossGracePeriod
+EVICTED = "evicted"  # evicted (node pressure, the eviction API) or preempted by the scheduler
+STALLED = "stalled"  # no heartbeat for spec.training.stallTimeout: the operator restarted the training
+CHILD_DELETED_CAUSE = "childDeleted"  # the Job or MPIJob deleted mid-run
+LAUNCHER_FAILED = "launcherFailed"  # the launcher exited non-zero on a node that was there: the code's failure
+WORKER_FAILED = "workerFailed"  # a worker container exited non-zero on a node that was there
+CODE_CAUSES = (LAUNCHER_FAILED, WORKER_FAILED)  # spec.training.backoffLimit
+INFRASTRUCTURE_CAUSES = (POD_DELETED, NODE_LOST, EVICTED, STALLED, CHILD_DELETED_CAUSE)  # spec.training.maxInterruptions
+CAUSES = (*INFRASTRUCTURE_CAUSES, *CODE_CAUSES)
+
+# Pod condition DisruptionTarget (Kubernetes 1.26+): why a pod is going away.
+_DISRUPTIONS = {"PreemptionByScheduler": EVICTED, "EvictionByEvictionAPI": EVICTED, "TerminationByKubelet": EVICTED,
+                "DeletionByTaintManager": NODE_LOST, "DeletionByPodGC": NODE_LOST}
+# status.reason of a pod that failed for its node's sake, not its code's.
+_FAILED_BY_NODE = {"Evicted": EVICTED, "Preempted": EVICTED, "Preempting": EVICTED, "Shutdown": EVICTED,
+                   "NodeShutdown": EVICTED, "Terminated": EVICTED, "NodeLost": NODE_LOST}
 
 
 # --- the failed launcher's log ---------------------------------------------------------------------
@@ -111,6 +134,7 @@ class Interruption:
     pod: str
     reason: str  # the Event's reason
     message: str
+    cause: str = POD_DELETED  # the key of status.training.interruptions it is counted under
 
 
 WORKER_LOST = "WorkerPodLost"
@@ -118,31 +142,48 @@ LAUNCHER_RESTARTED = "LauncherRestarted"
 _RESUMES = "the launcher resumes from the last checkpoint"
 
 
-def _lost(record: dict[str, Any], how: str) -> Interruption:
+def _lost(record: dict[str, Any], how: str, cause: str) -> Interruption:
     role, name, uid = record["role"], record["name"], record["uid"]
     if role == WORKER:
         return Interruption(WORKER, name, WORKER_LOST,
-                            f"worker pod {name} (uid {uid}) {how}; the MPI operator recreates it and {_RESUMES}")
+                            f"worker pod {name} (uid {uid}) {how}; the MPI operator recreates it and {_RESUMES}",
+                            cause)
     return Interruption(LAUNCHER, name, LAUNCHER_RESTARTED,
                         f"launcher pod {name} (uid {uid}) {how}; its Job starts a new launcher pod, which "
-                        "resumes from the last checkpoint")
+                        "resumes from the last checkpoint", cause)
 
 
-def _gone_how(record: dict[str, Any], replacement: Optional[dict[str, Any]], hint: Optional[str]) -> str:
+def code_cause(role: str) -> str:
+    return LAUNCHER_FAILED if role == LAUNCHER else WORKER_FAILED
+
+
+def _gone_how(record: dict[str, Any], replacement: Optional[dict[str, Any]], hint: Optional[str]) -> tuple[str, str]:
     if replacement is not None:
-        return f"was replaced (new uid {metadata_of(replacement).get('uid')})"
-    return "was deleted" + (f"; {hint}" if hint else "")
+        return f"was replaced (new uid {metadata_of(replacement).get('uid')})", POD_DELETED
+    cause = EVICTED if (hint or "").startswith("it was evicted") else POD_DELETED
+    return "was deleted" + (f"; {hint}" if hint else ""), cause
 
 
-def _failed_how(pod: dict[str, Any]) -> Optional[str]:
-    """Why a pod that still exists is lost to the training, or None while it is not."""
+def disruption_cause(pod: dict[str, Any]) -> Optional[str]:
+    """The cause a pod's DisruptionTarget condition names (preempted, evicted, its node tainted away), if any."""
+    for condition in status_of(pod).get("conditions") or []:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            return _DISRUPTIONS.get(condition.get("reason") or "")
+    return None
+
+
+def _failed_how(pod: dict[str, Any], role: str) -> Optional[tuple[str, str]]:
+    """Why a pod that still exists is lost to the training, and the cause, or None while it is not."""
     status = status_of(pod)
     if metadata_of(pod).get("deletionTimestamp"):
-        return f"is being deleted; {last_words(pod)}"
+        return f"is being deleted; {last_words(pod)}", disruption_cause(pod) or POD_DELETED
     if status.get("phase") == "Failed":
+        by_node = _FAILED_BY_NODE.get(status.get("reason") or "")
         if status.get("reason") == "Evicted":
-            return f"was evicted: {status.get('message') or 'no message'}"
-        return f"failed; {last_words(pod)}"
+            return f"was evicted: {status.get('message') or 'no message'}", EVICTED
+        if by_node:
+            return f"failed ({status.get('reason')}: {status.get('message') or 'no message'})", by_node
+        return f"failed; {last_words(pod)}", disruption_cause(pod) or code_cause(role)
     return None
 
 
@@ -170,7 +211,7 @@ def track_interruptions(records: list[dict[str, Any]], pods: list[dict[str, Any]
         # The pod of this record is gone (or another took its name): lost, unless already counted or the
         # training finished (the MPI operator then deletes the workers on purpose).
         if not record.get("lost") and not launcher_done:
-            interruptions.append(_lost(record, _gone_how(record, pod, hints.get(record.get("uid", "")))))
+            interruptions.append(_lost(record, *_gone_how(record, pod, hints.get(record.get("uid", "")))))
     out: list[dict[str, Any]] = []
     # Workers first: a worker lost ends mpirun, so the launcher restart that follows is the same interruption,
     # counted once, with the worker (taken as one of the launcher's restarts already counted).
@@ -188,14 +229,14 @@ def track_interruptions(records: list[dict[str, Any]], pods: list[dict[str, Any]
             what = f"restarted{f' {times} times' if times > 1 else ''}: {_last_exit(pod)}"
             if role == LAUNCHER:
                 interruptions.append(Interruption(LAUNCHER, name, LAUNCHER_RESTARTED,
-                                                  f"launcher pod {name} {what}; {_RESUMES}"))
+                                                  f"launcher pod {name} {what}; {_RESUMES}", LAUNCHER_FAILED))
             else:
                 interruptions.append(Interruption(WORKER, name, WORKER_LOST,
-                                                  f"worker pod {name} {what}; {_RESUMES}"))
+                                                  f"worker pod {name} {what}; {_RESUMES}", WORKER_FAILED))
             record["restarts"] = restarts
-        how = _failed_how(pod)
+        how = _failed_how(pod, role)
         if how and not record["lost"] and not launcher_done:
-            interruptions.append(_lost(record, how))
+            interruptions.append(_lost(record, *how))
             record["lost"] = True
         out.append(record)
     return sorted(out, key=lambda r: r["name"]), interruptions
@@ -209,43 +250,66 @@ def baseline(pods: list[dict[str, Any]], mpijob_name: str) -> list[dict[str, Any
     for record in records:
         pod = by_name[record["name"]]
         record["restarts"] = _restart_count(pod)
-        record["lost"] = _failed_how(pod) is not None
+        record["lost"] = _failed_how(pod, record["role"]) is not None
     return records
 
 
 # --- children deleted, and the limit -----------------------------------------------------------------
 
 
+def count(training_status: dict[str, Any], cause: str) -> int:
+    """Counts one interruption of `cause` in status.training (restarts counts them all); returns the new count
+    of the limit it falls under."""
+    counts = dict(training_status.get("interruptions") or {})
+    counts[cause] = int(counts.get(cause) or 0) + 1
+    training_status["interruptions"] = counts
+    training_status["restarts"] = int(training_status.get("restarts") or 0) + 1
+    return sum(int(counts.get(c) or 0) for c in (CODE_CAUSES if cause in CODE_CAUSES else INFRASTRUCTURE_CAUSES))
+
+
 def child_deleted(draft: Draft, run: ScalingRun, kind: str, name: str, next_step: str, replaced: bool = False) -> bool:
     """Reports and counts a deleted child; True when that was one too many (the run failed)."""
     update = draft.update
     training_status = dict(update.desired.get("training") or {})
-    restarts = int(training_status.get("restarts") or 0) + 1
-    training_status["restarts"] = restarts
+    counted = count(training_status, CHILD_DELETED_CAUSE)
     update.desired["training"] = training_status
-    limit = run.spec.training.backoff_limit
+    limit = run.spec.training.max_interruptions
     how = "was deleted and replaced" if replaced else "was deleted"
     message = (f"{kind} {name} {how} while the run was {update.phase}; counted as interruption "
-               f"{restarts} of the {limit} allowed (spec.training.backoffLimit); {next_step}")
+               f"{counted} of the {limit} allowed (spec.training.maxInterruptions); {next_step}")
     update.condition(CHILD_DELETED, "True", f"{kind}Deleted", message)
     update.warn("ChildDeleted", message)
-    if over_backoff_limit(draft, run, training_status, message):
+    if over_limits(draft, run, training_status, message):
         return True
     draft.again = draft.again or not replaced
     return False
 
 
-def over_backoff_limit(draft: Draft, run: ScalingRun, training_status: dict[str, Any], last: str = "") -> bool:
-    """Fails the run once its interruptions (pods lost, launcher restarts, children deleted) exceed the limit."""
-    limit = run.spec.training.backoff_limit
-    restarts = int(training_status.get("restarts") or 0)
-    if restarts <= limit:
-        return False
+def over_limits(draft: Draft, run: ScalingRun, training_status: dict[str, Any], last: str = "") -> bool:
+    """Fails the run once the failures of its code exceed spec.training.backoffLimit, or the infrastructure's
+    interruptions (pods deleted, nodes lost, evictions, stalls, children deleted) spec.training.maxInterruptions."""
+    counts = training_status.get("interruptions") or {}
     last = last or "see the run's Warning Events for each one"
-    counted = "1 interruption exceeds" if restarts == 1 else f"{restarts} interruptions exceed"
-    message = (f"{counted} spec.training.backoffLimit ({limit}); the last: {last}. "
-               f"Find what deletes or interrupts the run's children and pods "
-               f"({draft.settings.where.events(draft.namespace)}), then recreate the run, which resumes from its "
-               "last checkpoint when spec.training.resume is true, or allow more with spec.training.backoffLimit")
-    draft.update.fail(BACKOFF_LIMIT_EXCEEDED, message)
-    return True
+    failures = sum(int(counts.get(c) or 0) for c in CODE_CAUSES)
+    others = sum(int(counts.get(c) or 0) for c in INFRASTRUCTURE_CAUSES)
+    training = run.spec.training
+    where = draft.settings.where.events(draft.namespace)
+    if failures > training.backoff_limit:
+        counted = "1 failure" if failures == 1 else f"{failures} failures"
+        message = (f"{counted} of the training's code (a container that exited non-zero on a healthy node) "
+                   f"exceed{'s' if failures == 1 else ''} spec.training.backoffLimit ({training.backoff_limit}); "
+                   f"the last: {last}. Fix what fails ({where}, and the launcher's log), then recreate the run, "
+                   "which resumes from its last checkpoint when spec.training.resume is true")
+        draft.update.fail(BACKOFF_LIMIT_EXCEEDED, message)
+        return True
+    if others > training.max_interruptions:
+        counted = "1 interruption" if others == 1 else f"{others} interruptions"
+        by_cause = ", ".join(f"{c} {counts[c]}" for c in INFRASTRUCTURE_CAUSES if counts.get(c))
+        message = (f"{counted} by the infrastructure ({by_cause}) exceed{'s' if others == 1 else ''} "
+                   f"spec.training.maxInterruptions ({training.max_interruptions}); the last: {last}. "
+                   f"Find what deletes, evicts or stops the run's pods and children ({where}), then recreate the "
+                   "run, which resumes from its last checkpoint when spec.training.resume is true, or allow more "
+                   "with spec.training.maxInterruptions")
+        draft.update.fail(MAX_INTERRUPTIONS_EXCEEDED, message)
+        return True
+    return False

@@ -301,8 +301,9 @@ def signature(pod: dict[str, Any]) -> tuple:
          ((c.get("state") or {}).get("waiting") or {}).get("reason"),
          ((c.get("state") or {}).get("terminated") or {}).get("reason"))
         for c in container_statuses(pod))
-    scheduled = tuple((c.get("status"), c.get("reason")) for c in status.get("conditions") or []
-                      if c.get("type") == "PodScheduled")
+    # Ready: the node lifecycle controller turns it False on the pods of a node that stops answering (decide.nodes).
+    scheduled = tuple((c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or []
+                      if c.get("type") in ("PodScheduled", "Ready"))
     meta = metadata_of(pod)
     return (meta.get("uid"), status.get("phase"), status.get("reason"), bool(meta.get("deletionTimestamp")),
             scheduled, containers)

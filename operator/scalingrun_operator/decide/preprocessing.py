@@ -187,6 +187,10 @@ def preprocessing_failure_message(run: ScalingRun, namespace: str, job_name: str
     shards = run.spec.dataset.preprocessing.parallelism
     cause = ": ".join(p for p in (state.reason, state.message) if p) or "no reason given"
     parts = [f"Job {job_name} failed ({cause})"]
+    deadline = run.spec.dataset.preprocessing.active_deadline_seconds
+    if state.reason == "DeadlineExceeded" and deadline:
+        parts.append(f"it ran past spec.dataset.preprocessing.activeDeadlineSeconds ({deadline} s); raise it (or "
+                     "spec.dataset.preprocessing.parallelism) and recreate the run")
     if shards > 1 and state.completions == 1:
         parts.append(f"its one pod ran the {shards} shards in turn (this server has no Indexed Jobs), "
                      f"{state.failed} pod failures")

@@ -45,12 +45,12 @@ class Pods:
     """The pods labelled as the run's, and how deleted ones were when last seen (a PodList)."""
 
 
-MANIFEST, PROGRESS = "manifest", "progress"
+MANIFEST, PROGRESS, HEARTBEAT = "manifest", "progress", "heartbeat"
 
 
 @dataclass(frozen=True)
 class Document:
-    """A JSON document in storage (a Read): the dataset MANIFEST or the trainer's PROGRESS; `versioned`: with
+    """A JSON document in storage (a Read): the dataset MANIFEST, the trainer's PROGRESS or HEARTBEAT; `versioned`: with
     the version the progress watcher follows."""
 
     uri: str
@@ -81,7 +81,15 @@ class ServerVersion:
     """The API server's version (a Server)."""
 
 
-Ask = Union[Child, Pods, Document, Listing, Log, ServerVersion]
+@dataclass(frozen=True)
+class Nodes:
+    """The Nodes of these names, cluster-scoped: {name: the Node, or None when there is none}. One ask for all,
+    however many nodes a zone's outage takes."""
+
+    names: tuple[str, ...]
+
+
+Ask = Union[Child, Pods, Document, Listing, Log, ServerVersion, Nodes]
 
 # --- facts: what observe answers ------------------------------------------------------------------
 
@@ -236,7 +244,16 @@ class Patch:
     labels: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
 
-Action = Union[Create, Patch]
+@dataclass(frozen=True)
+class Delete:
+    """Delete the pod `found` (only that uid); `grace_seconds` 0 forces it: its node is not there to confirm."""
+
+    found: dict[str, Any]
+    grace_seconds: Optional[int] = None  # None: the pod's own grace period
+    event: Optional[Event] = None
+
+
+Action = Union[Create, Patch, Delete]
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ PODS_HEALTHY = "PodsHealthy"  # False while a pod of the run cannot run (image p
 CHILD_DELETED = "ChildDeleted"  # True once the Job or MPIJob was deleted mid-run (and recreated)
 INPUT_BOUND = "InputBound"  # True while training mostly waits for its input (decide.progress.input_bound)
 CHILD_CONFLICT = "ChildConflict"  # True while an object the run did not make holds a child's name
+NODE_LOST = "NodeLost"  # True once training pods were lost with their node (force-deleted), until all run again
 
 # Reasons a user sees (and tests assert).
 INVALID_SPEC = "InvalidSpec"
@@ -40,7 +41,8 @@ PREPROCESSING_FAILED = "PreprocessingFailed"
 TABLE_INVALID = "ParquetTableInvalid"  # dataset.format parquet: the table does not fit the run
 MPIJOB_FAILED = "MPIJobFailed"
 BUILDER_FAILED = "ModelBuilderFailed"  # spec.model.builder broke the contract before any training step
-BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
+BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"  # failures of the code past spec.training.backoffLimit
+MAX_INTERRUPTIONS_EXCEEDED = "MaxInterruptionsExceeded"  # the infrastructure's, past spec.training.maxInterruptions
 
 _PHASE_EVENTS = {
     Phase.pending.value: ("Normal", "Pending"),

@@ -1,6 +1,6 @@
 """The training phase, pure: the MPIJob's state, its creation, suspend and resume, the interruptions it
-survives (workers lost, launcher restarts, the MPIJob deleted) up to spec.training.backoffLimit, and
-what its end means for the run.
+survives (workers lost, launcher restarts, the MPIJob deleted) up to spec.training.backoffLimit (the code's
+failures) and spec.training.maxInterruptions (the infrastructure's), and what its end means for the run.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from scalingrun_api.progress import Progress
 from ..builders import build_config_map, build_mpijob
 from ..builders.common import mpijob_name
 from ..builders.locations import progress_uri
-from . import interruptions, pods, progress as mirror
+from . import faults, interruptions, pods, progress as mirror, stall
 from .draft import Draft, store_of
 from .snapshot import CLUSTER, PROGRESS, Log, Where
 from .status import (BUILDER_FAILED, INPUT_BOUND, MPIJOB_FAILED, QUEUED, SUSPENDED, TRAINED, Event,
@@ -103,6 +103,8 @@ def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progre
                  f"{where.launcher_logs(namespace, name)}"]
     else:
         parts = [f"MPIJob {name} failed ({cause})", mirror.epochs_text(progress)]
+        if state.reason == "DeadlineExceeded":
+            parts.append("it ran past spec.runPolicy.activeDeadlineSeconds (the training's deadline); raise it")
         if error:
             parts.append(f"trainer reported: {error[:500]}")
         parts.append(f"{where.launcher_logs(namespace, name)}; recreating the run under the same name "
@@ -170,9 +172,14 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
     merged["estimatedCompletion"] = (None if state.finished else
                                      mirror.estimated_completion(current, merged, progress, update.moment))
     if not state.finished:
-        _track_interruptions(draft, merged, name, paused=wanted_suspend or state.suspended)
+        paused = wanted_suspend or state.suspended
+        _track_interruptions(draft, merged, name, paused)
+        # A lost node's restart is the restart a stall would make: one fault, counted once.
+        if not paused and not faults.lost_nodes(draft, run, merged, name):
+            stall.check_stall(draft, run, merged, name)
     update.desired["training"] = merged
-    if not state.finished and interruptions.over_backoff_limit(draft, run, merged):
+    stopped = update.phase == Phase.failed.value  # a stall with onStall fail
+    if not state.finished and (stopped or interruptions.over_limits(draft, run, merged)):
         if mpijob is not None:
             _stop(draft, mpijob)
         return
@@ -290,7 +297,7 @@ def _track_interruptions(draft: Draft, training_status: dict[str, Any], mpijob: 
     for interruption in lost:
         key = "workerPodsLost" if interruption.role == pods.WORKER else "launcherRestarts"
         training_status[key] += 1
-        training_status["restarts"] += 1
+        interruptions.count(training_status, interruption.cause)
         draft.update.warn(interruption.reason, interruption.message)
 
 
