@@ -12,12 +12,14 @@ import time
 from typing import Any, Callable, Optional, Protocol
 
 from scalingrun_api.config import TrainerConfig
+from scalingrun_api.heartbeat import HEARTBEAT_FILE
 from scalingrun_api.progress import PROGRESS_FILE, FeatureCache
 from ..storage import open_location
 from .builder import BuilderError, network_name
 from .checkpoints import CheckpointState, CheckpointStore
 from .dataset import Dataset, DatasetError, check_shardable, open_dataset
 from .feature_cache import reason_not_used
+from .heartbeat import HeartbeatWriter
 from .probe import ProbeError
 from .progress import Best, ProgressWriter, best_so_far
 from .scaling import ScaledRun
@@ -66,6 +68,9 @@ class Attempt:
         self.tracker: Optional[RunTracker] = None
         self.run_root = open_location(config.run_location, self.endpoint, self.region)
         self.checkpoints = CheckpointStore(self.run_root.join("checkpoints"), commit=self.rank == 0)
+        # Every rank beats from its loop (the longest gap); rank 0 writes heartbeat.json.
+        self.heartbeat = HeartbeatWriter(self.run_root.join(HEARTBEAT_FILE) if self.rank == 0 else None,
+                                         rank=self.rank)
         self.state: Optional[CheckpointState] = None
         self.dataset: Optional[Dataset] = None
         self.classes = 0
@@ -98,6 +103,7 @@ class Attempt:
         """`train()`'s exit code; an expected error is printed on every rank as one line, and rank 0 marks
         progress.json and the MLflow run failed with it."""
         try:
+            self.heartbeat.beat("starting")
             return train()
         except EXPECTED_ERRORS as exc:
             message = error_line(exc)

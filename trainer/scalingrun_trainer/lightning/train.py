@@ -57,7 +57,7 @@ def _train(attempt: Attempt) -> int:
     from pytorch_lightning.strategies import DDPStrategy
 
     from ..core.progress import EpochRecorder
-    from .callbacks import Checkpointer, EarlyStopping, EpochEnd, load_checkpoint
+    from .callbacks import Checkpointer, EarlyStopping, EpochEnd, Heartbeat, load_checkpoint
     from .model import BASES, TransferClassifier
     from .network import BuilderNet, build_network
 
@@ -90,7 +90,11 @@ def _train(attempt: Attempt) -> int:
     weights = local_weights(model_spec.weights, attempt.endpoint, attempt.region) if network is None else None
     module = TransferClassifier(attempt.classes, model_spec.dropout or 0.0, weights, bool(model_spec.trainable_base),
                                 training.optimizer, scaled.learning_rate, net=network)
-    resumed = load_checkpoint(attempt.checkpoints, state) if state else None
+    resumed = None
+    if state:
+        attempt.heartbeat.beat("restore")
+        resumed = load_checkpoint(attempt.checkpoints, state)
+        attempt.heartbeat.beat("restore")
     if resumed:
         module.load_state_dict(resumed["model"])
         module.resume_optimizer = resumed["optimizer"]
@@ -125,7 +129,7 @@ def _train(attempt: Attempt) -> int:
         accelerator=accelerator, devices=local_size, num_nodes=nodes, strategy=strategy,
         max_epochs=training.max_epochs - attempt.initial_epoch, num_sanity_val_steps=0, use_distributed_sampler=False,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[epoch_end],
+        callbacks=[epoch_end, Heartbeat(attempt.heartbeat, scaled.steps_per_epoch, attempt.initial_epoch)],
     )
     os.environ.setdefault("LITLOGGER_DISABLE_TIP", "1")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")
