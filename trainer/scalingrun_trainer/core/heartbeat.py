@@ -44,6 +44,11 @@ class HeartbeatWriter:
         self._written_phase: Optional[str] = None
         self._failed = False
 
+    @property
+    def last_beat(self) -> Optional[float]:
+        """When the loop last beat (the monotonic clock); None before the first beat."""
+        return self._last_beat
+
     def beat(self, phase: HeartbeatPhase | str, step: Optional[int] = None, epoch: Optional[int] = None) -> bool:
         """The loop is alive in `phase` at `step` (None keeps the last one) of `epoch`; True when this beat was
         written."""

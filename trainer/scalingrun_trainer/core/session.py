@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+import uuid
 from typing import Any, Callable, Optional, Protocol
 
 from scalingrun_api.config import TrainerConfig
@@ -23,6 +24,7 @@ from .heartbeat import HeartbeatWriter
 from .probe import ProbeError
 from .progress import Best, ProgressWriter, best_so_far
 from .scaling import ScaledRun
+from .stall import StallWatch, collective_timeout
 from .tracking import RunTracker, TrackingError, start_tracking
 from .weights import ModelError, WeightsError
 
@@ -71,6 +73,7 @@ class Attempt:
         # Every rank beats from its loop (the longest gap); rank 0 writes heartbeat.json.
         self.heartbeat = HeartbeatWriter(self.run_root.join(HEARTBEAT_FILE) if self.rank == 0 else None,
                                          rank=self.rank)
+        self.stall_watch: Optional[StallWatch] = None  # from watch_peers(), armed at the first training step
         self.state: Optional[CheckpointState] = None
         self.dataset: Optional[Dataset] = None
         self.classes = 0
@@ -106,6 +109,7 @@ class Attempt:
             self.heartbeat.beat("starting")
             return train()
         except EXPECTED_ERRORS as exc:
+            self.stop_watching()
             message = error_line(exc)
             where = f"{self.engine}, " if self.engine else ""
             print(f"scalingrun-trainer train ({where}rank {self.rank}/{self.size}): error: {message}",
@@ -117,6 +121,24 @@ class Attempt:
             if self.tracker is not None:
                 self.tracker.finish("FAILED", error=message)
             return 2
+        finally:
+            self.stop_watching()
+
+    def watch_peers(self) -> Optional[StallWatch]:
+        """Every rank, just before training (a collective: rank 0 names this attempt's roll call): the watch that
+        stops this rank when its loop makes no step for the collective timeout (core/stall.py). None with one
+        rank or the watch turned off; the engine's callbacks arm it at the first step."""
+        timeout = collective_timeout()
+        token = self.world.broadcast(f"{int(time.time())}-{uuid.uuid4().hex[:8]}" if self.rank == 0 else None,
+                                     "stall_watch")
+        if self.size > 1 and timeout:
+            self.stall_watch = StallWatch(self.heartbeat, self.run_root.join("stalls", token), rank=self.rank,
+                                          size=self.size, timeout=timeout)
+        return self.stall_watch
+
+    def stop_watching(self) -> None:
+        if self.stall_watch is not None:
+            self.stall_watch.disarm()
 
     def open(self, readers: Optional[int] = None) -> bool:
         """The dataset (sharded over `readers`, default every rank), the class count, and the checkpoint to resume;

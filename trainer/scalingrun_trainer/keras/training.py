@@ -218,7 +218,7 @@ def _train(attempt: Attempt, engine: KerasEngine) -> int:
     if rank == 0:
         tensorboard_dir = tempfile.mkdtemp(prefix="tensorboard-")
         callbacks.append(tf.keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch", profile_batch=0))
-    callbacks.append(Heartbeat(attempt.heartbeat, scaled.steps_per_epoch))
+    callbacks.append(Heartbeat(attempt.heartbeat, scaled.steps_per_epoch, attempt.watch_peers()))
 
     validation_steps = engine.validation_steps(lambda: math.ceil(
         validation_rows(dataset, shard=rank, shards=attempt.size, seed=seed) / scaled.batch_size_per_worker))

@@ -14,6 +14,7 @@ import torch
 
 from ..core.checkpoints import CheckpointState, CheckpointStore, EarlyStoppingState
 from ..core.heartbeat import HeartbeatWriter
+from ..core.stall import StallWatch
 from ..core.progress import EpochRecorder, EpochTimer, better
 
 
@@ -95,10 +96,13 @@ class EpochEnd(pl.Callback):
 
 class Heartbeat(pl.Callback):
     """Every rank: beats after every training and validation step and at each epoch's end (the writer throttles;
-    rank 0's writes heartbeat.json). `step`: steps since the run's start, resumed epochs included."""
+    rank 0's writes heartbeat.json). `step`: steps since the run's start, resumed epochs included. The stall
+    watch, if any, is armed at the first step until the end of training."""
 
-    def __init__(self, heartbeat: HeartbeatWriter, steps_per_epoch: int, initial_epoch: int):
+    def __init__(self, heartbeat: HeartbeatWriter, steps_per_epoch: int, initial_epoch: int,
+                 watch: Optional[StallWatch] = None):
         self.heartbeat, self.steps_per_epoch, self.initial_epoch = heartbeat, steps_per_epoch, initial_epoch
+        self.watch = watch
 
     def _epoch(self, trainer) -> int:
         return self.initial_epoch + trainer.current_epoch
@@ -106,6 +110,8 @@ class Heartbeat(pl.Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         epoch = self._epoch(trainer)
         self.heartbeat.beat("training", step=epoch * self.steps_per_epoch + batch_idx + 1, epoch=epoch)
+        if self.watch is not None:
+            self.watch.arm()
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
         self.heartbeat.beat("validation")
@@ -113,6 +119,10 @@ class Heartbeat(pl.Callback):
     def on_train_epoch_end(self, trainer, pl_module):
         epoch = self._epoch(trainer) + 1
         self.heartbeat.beat("training", step=epoch * self.steps_per_epoch, epoch=epoch)
+
+    def on_train_end(self, trainer, pl_module):
+        if self.watch is not None:
+            self.watch.disarm()
 
 
 class Checkpointer:
