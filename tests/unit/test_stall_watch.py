@@ -71,3 +71,34 @@ def test_every_horovod_mpijob_gets_the_trainers_stall_shutdown():
     from scalingrun_trainer.keras_horovod.train import stall_settings
 
     assert HOROVOD_STALL_ENV == stall_settings(engine_timeout(300))
+
+
+def test_a_rank_that_was_itself_frozen_says_so_instead_of_calling_the_roll(tmp_path):
+    class Jumping:
+        """A monotonic clock that jumps a minute forward after the first reads, as a SIGSTOPped process sees it."""
+
+        def __init__(self):
+            self.reads = 0
+
+        def __call__(self) -> float:
+            self.reads += 1
+            return 100.0 if self.reads <= 2 else 160.0
+
+    exited, lines, clock = threading.Event(), [], Jumping()
+    heartbeat = HeartbeatWriter(None, rank=1, monotonic=clock)
+    heartbeat.beat("training", step=3, epoch=0)
+    frozen = StallWatch(heartbeat, open_location(str(tmp_path / "stalls")), rank=1, size=2, timeout=5.0,
+                        monotonic=clock, log=lines.append, exit=lambda code: exited.set())
+    frozen.arm()
+    assert exited.wait(60)
+    assert "rank 1/2): this process was stopped for 60 s" in lines[0]
+    assert not (tmp_path / "stalls").exists()  # no roll call: the others already know
+
+
+def test_tensorflows_own_detection_names_the_silent_worker_as_its_rank():
+    from scalingrun_trainer.core.stall import silent_peer
+
+    error = RuntimeError("Collective ops is aborted by: Error reported from /job:worker/task:1: Task "
+                         "/job:worker/replica:0/task:1 heartbeat timeout. This indicates that the remote task has failed")
+    assert silent_peer(error) == 1
+    assert silent_peer(RuntimeError("Timed out waiting 10000ms for recv operation to complete")) is None

@@ -7,8 +7,10 @@ What an engine gives it: a `Collective` (its rank, world size and broadcast/all-
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+import traceback
 import uuid
 from typing import Any, Callable, Optional, Protocol
 
@@ -24,7 +26,7 @@ from .heartbeat import HeartbeatWriter
 from .probe import ProbeError
 from .progress import Best, ProgressWriter, best_so_far
 from .scaling import ScaledRun
-from .stall import StallWatch, collective_timeout
+from .stall import StallWatch, collective_timeout, silent_peer
 from .tracking import RunTracker, TrackingError, start_tracking
 from .weights import ModelError, WeightsError
 
@@ -41,6 +43,13 @@ EXPECTED_ERRORS = (TrainingError, DatasetError, ModelError, WeightsError, Builde
 def error_line(exc: BaseException) -> str:
     """How a run's status shows an error: its type and the first line of its message."""
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def leave_now(code: int) -> None:
+    """Ends this process with `code` without finalizing MPI (see Attempt.run), its output flushed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class Collective(Protocol):
@@ -104,7 +113,28 @@ class Attempt:
 
     def run(self, train: Callable[[], int]) -> int:
         """`train()`'s exit code; an expected error is printed on every rank as one line, and rank 0 marks
-        progress.json and the MLflow run failed with it."""
+        progress.json and the MLflow run failed with it.
+
+        A rank that fails among others leaves at once (leave_now): a normal exit finalizes MPI (mpi4py, Horovod),
+        which waits for every other rank, so a rank failing alone, or beside a frozen one, would wait for ever
+        instead of letting mpirun stop the others."""
+        try:
+            code = self._run(train)
+        except Exception as exc:  # noqa: BLE001 - printed as Python would, then the rank leaves
+            if self.size == 1:
+                raise
+            traceback.print_exc()
+            peer = silent_peer(exc)
+            if peer is not None:
+                where = f"{self.engine}, " if self.engine else ""
+                print(f"scalingrun-trainer train ({where}rank {self.rank}/{self.size}): rank {peer} stopped answering "
+                      f"({type(exc).__name__}: its heartbeat to the other ranks timed out)", file=sys.stderr, flush=True)
+            leave_now(1)
+        if code and self.size > 1:
+            leave_now(code)
+        return code
+
+    def _run(self, train: Callable[[], int]) -> int:
         try:
             self.heartbeat.beat("starting")
             return train()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import threading
@@ -37,6 +38,17 @@ STALL_EXIT_CODE = 3
 # Added to the watch's time before an engine's own collective timeout fires: the watch, which names the silent
 # ranks, speaks first.
 ENGINE_TIMEOUT_MARGIN_SECONDS = 30.0
+
+
+# TensorFlow's coordination service (MultiWorkerMirroredStrategy) names the worker whose heartbeat stopped; the
+# worker's task index is its rank (keras_mirrored/tf_config.py).
+_TENSORFLOW_SILENT_TASK = re.compile(r"Task /job:worker/replica:\d+/task:(\d+) heartbeat timeout")
+
+
+def silent_peer(error: BaseException) -> Optional[int]:
+    """The rank an engine's own error names as the one that stopped answering, if it names one."""
+    found = _TENSORFLOW_SILENT_TASK.search(str(error))
+    return int(found.group(1)) if found else None
 
 
 class StallWatchError(ValueError):
@@ -99,13 +111,22 @@ class StallWatch:
 
     def _watch(self) -> None:
         period = max(0.5, min(5.0, self.timeout / 10))
+        woke = self.monotonic()
         while not self._stopped.wait(period):
-            last = self.heartbeat.last_beat
-            silent = self.monotonic() - last if last is not None else 0.0
-            if silent >= self.timeout and not self._stopped.is_set():
+            now, last = self.monotonic(), self.heartbeat.last_beat
+            slept, woke = now - woke, now
+            silent = now - last if last is not None else 0.0
+            if silent < self.timeout or self._stopped.is_set():
+                continue
+            if slept >= max(3 * period, self.timeout / 2):
+                # This thread itself did not run: the whole process was stopped (SIGSTOP, a paused container), and
+                # is the rank the others waited for; mpirun wakes it only to stop it.
+                self.log(f"scalingrun-trainer (rank {self.rank}/{self.size}): this process was stopped for "
+                         f"{slept:.0f} s (frozen: SIGSTOP, a paused container): it is the rank that stopped answering")
+            else:
                 self.log(self.roll_call(silent))
-                self.exit(STALL_EXIT_CODE)
-                return
+            self.exit(STALL_EXIT_CODE)
+            return
 
     def roll_call(self, silent: float) -> str:
         """Answers, waits for the other ranks' answers (at most the window) and says who did not answer."""
