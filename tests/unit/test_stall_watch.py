@@ -99,6 +99,7 @@ def test_tensorflows_own_detection_names_the_silent_worker_as_its_rank():
     from scalingrun_trainer.core.stall import silent_peer
 
     error = RuntimeError("Collective ops is aborted by: Error reported from /job:worker/task:1: Task "
-                         "/job:worker/replica:0/task:1 heartbeat timeout. This indicates that the remote task has failed")
+                         "/job:worker/replica:0/task:1 heartbeat timeout. This indicates that the remote task "
+                         "has failed")
     assert silent_peer(error) == 1
     assert silent_peer(RuntimeError("Timed out waiting 10000ms for recv operation to complete")) is None

@@ -128,7 +128,8 @@ class Attempt:
             if peer is not None:
                 where = f"{self.engine}, " if self.engine else ""
                 print(f"scalingrun-trainer train ({where}rank {self.rank}/{self.size}): rank {peer} stopped answering "
-                      f"({type(exc).__name__}: its heartbeat to the other ranks timed out)", file=sys.stderr, flush=True)
+                      f"({type(exc).__name__}: its heartbeat to the other ranks timed out)", file=sys.stderr,
+                      flush=True)
             leave_now(1)
         if code and self.size > 1:
             leave_now(code)
