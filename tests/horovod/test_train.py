@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,9 +18,10 @@ from pyarrow import fs as pafs
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from tests.conftest import (assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores,
-                            preprocessed_fashion_mnist, saved_keras_model, validation_split)
+                            preprocessed_fashion_mnist, require, saved_keras_model, validation_split)
 from scalingrun_trainer.core.tracking import MlflowClient
 from tests.horovod.test_stack import horovodrun
+from tests.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
 
 pytestmark = [pytest.mark.horovod, pytest.mark.s3]
 BUCKET = "train"
@@ -255,3 +257,25 @@ def test_clear_errors_on_every_rank(s3_server, dataset, tmp_path, case, request)
     for rank in (0, 1):
         assert re.search(rf"\[{rank}\]<stderr>:scalingrun-trainer train \(rank {rank}/2\): error: .*{re.escape(expected)}",
                          result.stderr + result.stdout), result.stderr[-2000:]
+
+
+def test_a_frozen_rank_ends_the_run_naming_it(s3_server, dataset, tmp_path):
+    """Rank 1 SIGSTOPped during training, under mpirun as in the MPIJob: mpirun exits non-zero, and the rank that
+    still answers says which did not (the stall watch, core/stall.py, under a short timeout). Horovod alone would
+    wait: a frozen rank blocks its coordination, stall check included."""
+    mpirun = shutil.which("mpirun")
+    require(mpirun is not None, "mpirun not found: scripts/setup.sh installs openmpi-bin")
+    run = f"s3://{BUCKET}/runs/frozen"
+    config = write_config(tmp_path, s3_server, dataset, run, maxEpochs=500, earlyStopping={"enabled": False})
+    env = {**os.environ, **s3_server.env(), "TF_CPP_MIN_LOG_LEVEL": "2",
+           "SCALINGRUN_COLLECTIVE_TIMEOUT_SECONDS": str(TEST_TIMEOUT_SECONDS)}
+    command = [mpirun, *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "-np", "2", "-bind-to", "none",
+               sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
+    with open(tmp_path / "output", "w") as output:
+        job = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        frozen = freeze_rank_1_while_training(job, s3_server, f"{BUCKET}/runs/frozen/heartbeat.json",
+                                              deadline_s=400, exit_s=EXIT_WAIT_SECONDS)
+    text = (tmp_path / "output").read_text()
+    print(f"horovod: mpirun exited {frozen.returncode} {frozen.seconds:.1f} s after rank 1 froze")
+    assert frozen.returncode != 0, text[-3000:]
+    assert "rank 1 stopped answering" in text, text[-3000:]

@@ -12,6 +12,7 @@ import pytest
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from tests.conftest import kill_a_rank_after_the_first_checkpoint, preprocessed_fashion_mnist
+from tests.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
 from scalingrun_trainer.core.tracking import MlflowClient
 
 pytestmark = [pytest.mark.lightning, pytest.mark.s3]
@@ -161,6 +162,25 @@ def test_a_killed_rank_resumes_from_the_last_checkpoint_in_the_same_mlflow_run(s
     history = client.call("GET", "metrics/get-history", {"run_id": info["run_id"], "metric_key": "val_loss"})["metrics"]
     assert sorted({m["step"] for m in history}) == list(range(1, saved + 3))
     assert {t["key"]: t["value"] for t in data["tags"]}["scalingrun.dev/model-uri"] == f"{run}/model/model.pt"
+
+
+def test_a_frozen_rank_ends_the_run_naming_it(s3_server, dataset, tmp_path, mpirun, lightning_python):
+    """Rank 1 SIGSTOPped during training: mpirun exits non-zero, and the ranks that still answer say which did not
+    (the stall watch, core/stall.py, under a short timeout)."""
+    run = f"s3://{BUCKET}/runs/frozen"
+    config = write_config(tmp_path / "config.json", s3_server, dataset, run, maxEpochs=500,
+                          earlyStopping={"enabled": False})
+    env = {**os.environ, **s3_server.env(), "SCALINGRUN_COLLECTIVE_TIMEOUT_SECONDS": str(TEST_TIMEOUT_SECONDS)}
+    with open(tmp_path / "output", "w") as output:
+        job = subprocess.Popen(command(mpirun, lightning_python, config), stdout=output, stderr=subprocess.STDOUT,
+                               start_new_session=True, env=env)
+        frozen = freeze_rank_1_while_training(job, s3_server, f"{BUCKET}/runs/frozen/heartbeat.json",
+                                              deadline_s=400, exit_s=EXIT_WAIT_SECONDS)
+    text = (tmp_path / "output").read_text()
+    print(f"lightning: mpirun exited {frozen.returncode} {frozen.seconds:.1f} s after rank 1 froze")
+    assert frozen.returncode != 0, text[-3000:]
+    assert "rank 1 stopped answering" in text, text[-3000:]
+    assert all(beat["rank"] == 0 for beat in frozen.heartbeats)
 
 
 def test_clear_error_on_every_rank_for_a_missing_dataset(s3_server, dataset, tmp_path, mpirun, lightning_python):

@@ -342,3 +342,12 @@ def test_cli_render_shows_a_lightning_run(capsys):
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     assert [d["kind"] for d in docs] == ["ConfigMap", "Job", "MPIJob"]
     assert "0.1.0-lightning-cpu" in yaml.safe_dump(docs[2])
+
+
+def test_horovod_ranks_get_a_stall_shutdown_and_other_engines_do_not():
+    keras = build_children(load(ROOT / "examples/quickstart.yaml"), "ml")[2]["spec"]["mpiReplicaSpecs"]
+    launcher = keras["Launcher"]["template"]["spec"]["containers"][0]
+    for container in (launcher, keras["Worker"]["template"]["spec"]["containers"][0]):
+        assert {"name": "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "value": "390"} in container["env"]
+    assert "-x HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" in launcher["command"][-1]  # forwarded to every rank
+    assert "HOROVOD_STALL" not in json.dumps(build_children(lightning_run(), "ml")[2])

@@ -5,6 +5,7 @@ its own process, as a rank would."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -48,6 +49,8 @@ def run_rank(config: Path, script: str, rank: int = 0, size: int = 2) -> subproc
     env = {"PATH": "/usr/bin:/bin", "SCALINGRUN_CONFIG": str(config), "OMPI_COMM_WORLD_RANK": str(rank),
            "OMPI_COMM_WORLD_SIZE": str(size), "OMPI_COMM_WORLD_LOCAL_RANK": str(rank),
            "OMPI_COMM_WORLD_LOCAL_SIZE": str(size)}
+    if "PYTHONPATH" in os.environ:  # the sources under test, where they are not the installed ones
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     return subprocess.run([sys.executable, "-c", "from scalingrun_trainer import sdk\n" + textwrap.dedent(script)],
                           capture_output=True, text=True, env=env, timeout=120)
 
@@ -97,6 +100,24 @@ def test_rank_0_writes_the_same_progress_document_as_our_trainers(config):
     assert [e["inputWaitFraction"] for e in progress["inputHistory"]] == [0.5, 0.4]
     assert (progress["effectiveBatchSize"], progress["batchSizePerWorker"]) == (16, 8)
     assert "epoch 2/3: loss=0.9000 val_loss=1.1000 val_accuracy=0.5500 (130 img/s, input wait 40%)" in result.stdout
+
+
+def test_the_scripts_loop_beats_on_rank_0_only(config):
+    script = """
+        sdk.context()
+        sdk._session.heartbeat.phase_floor = 0  # the first beat after "starting" is written at once
+        sdk.heartbeat(1, 0)
+        sdk.heartbeat(7, 0)  # within the interval: not written
+        sdk.report_epoch(1, {"loss": 1.0}, 10.0)
+    """
+    location = Path(json.loads(config.read_text())["runLocation"])
+    assert run_rank(config, script, rank=1).returncode == 0
+    assert not (location / "heartbeat.json").exists()
+    result = run_rank(config, script)
+    assert result.returncode == 0, result.stderr
+    beat = json.loads((location / "heartbeat.json").read_text())
+    assert (beat["phase"], beat["step"], beat["epoch"], beat["rank"]) == ("training", 1, 0, 0)
+    assert beat["time"] >= beat["attemptStarted"] > 0
 
 
 def test_other_ranks_write_nothing(config):

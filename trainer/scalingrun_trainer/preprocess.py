@@ -16,6 +16,8 @@ Layout under OUTPUT:
   _classes.json      class names, index = label
   _manifest.json     counts, parameters, fingerprint, file lists
   _shards/           one manifest per finished shard
+  _heartbeat/        shard-SSSSS.json: each shard's heartbeat while it runs (scalingrun_api.heartbeat; the shard
+                     index as its rank, the images done as its step)
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
+from .core.heartbeat import HeartbeatWriter
 from .images import BadImage, scale_image
 from .storage import Location, open_location
 
@@ -322,6 +325,8 @@ def _write_shard(params: Params, source: Location, output: Location, classes: li
     _progress(f"shard {shard_index}/{shard_count}: {total} of {len(files)} files, {len(classes)} classes, "
               f"{workers} processes")
     started = last_report = time.monotonic()
+    heartbeat = HeartbeatWriter(output.join("_heartbeat", f"shard-{shard_index:05d}.json"), rank=shard_index)
+    heartbeat.beat("preprocessing", step=0)
     try:
         for done, ((split, f), (path, image, error)) in enumerate(
             zip(ordered, _decoded([f for _, f in ordered], params, workers)), start=1
@@ -333,6 +338,7 @@ def _write_shard(params: Params, source: Location, output: Location, classes: li
             else:
                 writers[split].add(image, f.label, path)
                 result.written[split] += 1
+            heartbeat.beat("preprocessing", step=done)
             now = time.monotonic()
             if now - last_report >= 2 or done == total:
                 last_report = now

@@ -115,8 +115,9 @@ class Location:
 
         return retrying("read", self.uri, read)
 
-    def write_bytes_atomic(self, data: bytes) -> None:
-        """Readers see the old file or the whole new one, never a partial write."""
+    def write_bytes_atomic(self, data: bytes, deadline: float | None = None) -> None:
+        """Readers see the old file or the whole new one, never a partial write. `deadline`: how long transient
+        errors are retried (default: SCALINGRUN_STORAGE_DEADLINE_SECONDS)."""
         parent = posixpath.dirname(self.path)
         tmp = posixpath.join(parent, f"_tmp-{uuid.uuid4().hex}-{posixpath.basename(self.path)}")
 
@@ -126,7 +127,7 @@ class Location:
                 stream.write(data)
             self.fs.move(tmp, self.path)
 
-        retrying("write", self.uri, write)
+        retrying("write", self.uri, write, deadline)
 
 
 def s3_filesystem(endpoint: str | None = None, region: str | None = None) -> pafs.S3FileSystem:

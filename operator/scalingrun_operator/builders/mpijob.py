@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from scalingrun_api.models import Framework, ScalingRun, quantity_value
+from scalingrun_api.models import Framework, ScalingRun, Strategy, quantity_value
 from scalingrun_api.models.common import duration_seconds
 from scalingrun_api.models.training import CONFIG_VARIABLE
 from .common import (
@@ -35,6 +35,9 @@ SSHD_STATE_DIR = f"{MPI_USER_HOME}/.sshd"
 # a command keeps mpi-operator from substituting its default `sshd -De`, which would bypass the entrypoint.
 WORKER_COMMAND = ["/usr/local/bin/scalingrun-entrypoint", "/usr/sbin/sshd", "-De"]
 WORKER_WAIT_SECONDS = 300
+# Horovod's stall check and shutdown for every Horovod rank, our trainer's or a training.command's: the trainer's
+# engine_timeout() at its default (trainer/scalingrun_trainer/core/stall.py: 300 s watch + 60 s roll call + 30 s).
+HOROVOD_STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "390"}
 FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                  "PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 
@@ -64,9 +67,18 @@ def framework_env(run: ScalingRun) -> list[dict[str, Any]]:
     return [{"name": "OMP_NUM_THREADS", "value": str(threads)}]
 
 
+def stall_env(run: ScalingRun) -> list[dict[str, Any]]:
+    """Keras + Horovod: Horovod's stall shutdown (off by default in Horovod), so that a rank that stops submitting
+    tensors ends the run instead of holding it."""
+    training = run.spec.training
+    if training.framework != Framework.keras.value or training.strategy != Strategy.horovod.value:
+        return []
+    return [{"name": name, "value": value} for name, value in HOROVOD_STALL_ENV.items()]
+
+
 def rank_env(run: ScalingRun) -> list[dict[str, Any]]:
     """The launcher's and workers' environment; mpirun forwards it to every rank."""
-    return storage_env(run) + tracking_env(run) + framework_env(run) + command_env(run)
+    return storage_env(run) + tracking_env(run) + framework_env(run) + command_env(run) + stall_env(run)
 
 
 def launcher_script(run: ScalingRun) -> str:

@@ -187,8 +187,10 @@ def shard_pixels(dataset: Dataset, split: str, *, rank: int, size: int, seed: in
 
 def build_feature_cache(dataset: Dataset, extract: Callable[[np.ndarray], np.ndarray], *, rank: int, size: int,
                         seed: int, batch_size: int, limit: Optional[int] = None,
-                        directory: Optional[str] = None) -> FeatureCacheData:
-    """Runs `extract` (uint8 pixels -> (n, width) float32 pooled features) over this rank's shard of both splits."""
+                        directory: Optional[str] = None,
+                        beat: Callable[[int], object] = lambda rows: None) -> FeatureCacheData:
+    """Runs `extract` (uint8 pixels -> (n, width) float32 pooled features) over this rank's shard of both splits;
+    `beat(rows so far)` after every batch (the heartbeat: a pass over a large shard takes minutes)."""
     started = time.monotonic()
     limit = memory_limit() if limit is None else limit
     directory = directory or os.environ.get(DIRECTORY_ENV) or None
@@ -198,6 +200,7 @@ def build_feature_cache(dataset: Dataset, extract: Callable[[np.ndarray], np.nda
             store = stores[split] = FeatureStore(limit - sum(s.nbytes for s in stores.values()), directory)
             for pixels, labels in shard_pixels(dataset, split, rank=rank, size=size, seed=seed, batch_size=batch_size):
                 store.append(np.asarray(extract(pixels)), labels)
+                beat(sum(s.rows for s in stores.values()))
             store.finish()
     except BaseException:
         for store in stores.values():
@@ -244,7 +247,8 @@ def cache_features(attempt: "Attempt", extract: Callable[[np.ndarray], np.ndarra
         if attempt.rank:
             base_weights.set(weights)
     cache = build_feature_cache(attempt.dataset, extract, rank=attempt.rank, size=attempt.size,
-                                seed=config.dataset.seed, batch_size=batch_size)
+                                seed=config.dataset.seed, batch_size=batch_size,
+                                beat=lambda rows: attempt.heartbeat.beat("feature-cache", step=rows))
     try:
         figures = share(cache, attempt.dataset, attempt.world)
     except BaseException:

@@ -7,20 +7,26 @@ What an engine gives it: a `Collective` (its rank, world size and broadcast/all-
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+import traceback
+import uuid
 from typing import Any, Callable, Optional, Protocol
 
 from scalingrun_api.config import TrainerConfig
+from scalingrun_api.heartbeat import HEARTBEAT_FILE
 from scalingrun_api.progress import PROGRESS_FILE, FeatureCache
 from ..storage import open_location
 from .builder import BuilderError, network_name
 from .checkpoints import CheckpointState, CheckpointStore
 from .dataset import Dataset, DatasetError, check_shardable, open_dataset
 from .feature_cache import reason_not_used
+from .heartbeat import HeartbeatWriter
 from .probe import ProbeError
 from .progress import Best, ProgressWriter, best_so_far
 from .scaling import ScaledRun
+from .stall import StallWatch, collective_timeout, silent_peer
 from .tracking import RunTracker, TrackingError, start_tracking
 from .weights import ModelError, WeightsError
 
@@ -37,6 +43,13 @@ EXPECTED_ERRORS = (TrainingError, DatasetError, ModelError, WeightsError, Builde
 def error_line(exc: BaseException) -> str:
     """How a run's status shows an error: its type and the first line of its message."""
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def leave_now(code: int) -> None:
+    """Ends this process with `code` without finalizing MPI (see Attempt.run), its output flushed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 class Collective(Protocol):
@@ -66,6 +79,10 @@ class Attempt:
         self.tracker: Optional[RunTracker] = None
         self.run_root = open_location(config.run_location, self.endpoint, self.region)
         self.checkpoints = CheckpointStore(self.run_root.join("checkpoints"), commit=self.rank == 0)
+        # Every rank beats from its loop (the longest gap); rank 0 writes heartbeat.json.
+        self.heartbeat = HeartbeatWriter(self.run_root.join(HEARTBEAT_FILE) if self.rank == 0 else None,
+                                         rank=self.rank)
+        self.stall_watch: Optional[StallWatch] = None  # from watch_peers(), armed at the first training step
         self.state: Optional[CheckpointState] = None
         self.dataset: Optional[Dataset] = None
         self.classes = 0
@@ -96,10 +113,34 @@ class Attempt:
 
     def run(self, train: Callable[[], int]) -> int:
         """`train()`'s exit code; an expected error is printed on every rank as one line, and rank 0 marks
-        progress.json and the MLflow run failed with it."""
+        progress.json and the MLflow run failed with it.
+
+        A rank that fails among others leaves at once (leave_now): a normal exit finalizes MPI (mpi4py, Horovod),
+        which waits for every other rank, so a rank failing alone, or beside a frozen one, would wait for ever
+        instead of letting mpirun stop the others."""
         try:
+            code = self._run(train)
+        except Exception as exc:  # noqa: BLE001 - printed as Python would, then the rank leaves
+            if self.size == 1:
+                raise
+            traceback.print_exc()
+            peer = silent_peer(exc)
+            if peer is not None:
+                where = f"{self.engine}, " if self.engine else ""
+                print(f"scalingrun-trainer train ({where}rank {self.rank}/{self.size}): rank {peer} stopped answering "
+                      f"({type(exc).__name__}: its heartbeat to the other ranks timed out)", file=sys.stderr,
+                      flush=True)
+            leave_now(1)
+        if code and self.size > 1:
+            leave_now(code)
+        return code
+
+    def _run(self, train: Callable[[], int]) -> int:
+        try:
+            self.heartbeat.beat("starting")
             return train()
         except EXPECTED_ERRORS as exc:
+            self.stop_watching()
             message = error_line(exc)
             where = f"{self.engine}, " if self.engine else ""
             print(f"scalingrun-trainer train ({where}rank {self.rank}/{self.size}): error: {message}",
@@ -111,6 +152,24 @@ class Attempt:
             if self.tracker is not None:
                 self.tracker.finish("FAILED", error=message)
             return 2
+        finally:
+            self.stop_watching()
+
+    def watch_peers(self) -> Optional[StallWatch]:
+        """Every rank, just before training (a collective: rank 0 names this attempt's roll call): the watch that
+        stops this rank when its loop makes no step for the collective timeout (core/stall.py). None with one
+        rank or the watch turned off; the engine's callbacks arm it at the first step."""
+        timeout = collective_timeout()
+        token = self.world.broadcast(f"{int(time.time())}-{uuid.uuid4().hex[:8]}" if self.rank == 0 else None,
+                                     "stall_watch")
+        if self.size > 1 and timeout:
+            self.stall_watch = StallWatch(self.heartbeat, self.run_root.join("stalls", token), rank=self.rank,
+                                          size=self.size, timeout=timeout)
+        return self.stall_watch
+
+    def stop_watching(self) -> None:
+        if self.stall_watch is not None:
+            self.stall_watch.disarm()
 
     def open(self, readers: Optional[int] = None) -> bool:
         """The dataset (sharded over `readers`, default every rank), the class count, and the checkpoint to resume;

@@ -16,6 +16,8 @@ import tensorflow as tf
 from scalingrun_api.progress import InputEpoch
 
 from ..core.checkpoints import CheckpointState, CheckpointStore, EarlyStoppingState
+from ..core.heartbeat import HeartbeatWriter
+from ..core.stall import StallWatch
 from ..core.input_wait import GpuSampler, StepTimes, input_entry
 from ..core.progress import EpochRecorder, EpochTimer
 from .input_clock import InputClock
@@ -122,6 +124,36 @@ class EpochReporter(tf.keras.callbacks.Callback):
             epoch + 1, metrics, self.timer.images_per_second(self.images_per_epoch),
             early_stopping_best=self.early_stopping.best_epoch_number if self.early_stopping else None,
             input_figures=self.input_meter.latest if self.input_meter is not None else None)
+
+
+class Heartbeat(tf.keras.callbacks.Callback):
+    """Every rank, last of the callbacks: beats after every training and validation step and at each epoch's end
+    (the writer throttles; rank 0's writes heartbeat.json). `step`: steps since the run's start (epoch x steps).
+    The stall watch, if any, is armed at the first step (the first graph build is not watched) until the end."""
+
+    def __init__(self, heartbeat: HeartbeatWriter, steps_per_epoch: int, watch: Optional[StallWatch] = None):
+        super().__init__()
+        self.heartbeat, self.steps_per_epoch, self.watch = heartbeat, steps_per_epoch, watch
+        self._epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+        self.heartbeat.beat("training", step=epoch * self.steps_per_epoch, epoch=epoch)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.heartbeat.beat("training", step=self._epoch * self.steps_per_epoch + batch + 1, epoch=self._epoch)
+        if self.watch is not None:
+            self.watch.arm()
+
+    def on_test_batch_end(self, batch, logs=None):
+        self.heartbeat.beat("validation")
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.heartbeat.beat("training", step=(epoch + 1) * self.steps_per_epoch, epoch=epoch + 1)
+
+    def on_train_end(self, logs=None):
+        if self.watch is not None:
+            self.watch.disarm()
 
 
 class Checkpointer(tf.keras.callbacks.Callback):

@@ -148,7 +148,7 @@ def _build(attempt: Attempt, weights: Optional[str]) -> TransferNetwork:
 def _train(attempt: Attempt, engine: KerasEngine) -> int:
     import tensorflow as tf
 
-    from .callbacks import Checkpointer, EpochReporter, InputWaitMeter, ResumableEarlyStopping, restore
+    from .callbacks import Checkpointer, EpochReporter, Heartbeat, InputWaitMeter, ResumableEarlyStopping, restore
     from .input_clock import InputClock
 
     config, rank, log = attempt.config, attempt.rank, attempt.log
@@ -179,7 +179,11 @@ def _train(attempt: Attempt, engine: KerasEngine) -> int:
         # Every rank reads the same checkpoint, so that all create the same optimizer variables (a rank-0-only
         # restore leaves the ranks with different variable sets and the first broadcast waits forever);
         # rank 0's values are then broadcast as on a fresh start.
-        best_weights = restore(attempt.checkpoints, state, checkpoint) if state else None
+        best_weights = None
+        if state:
+            attempt.heartbeat.beat("restore")
+            best_weights = restore(attempt.checkpoints, state, checkpoint)
+            attempt.heartbeat.beat("restore")
 
     stopping = training.early_stopping
     early_stopping = None
@@ -214,6 +218,7 @@ def _train(attempt: Attempt, engine: KerasEngine) -> int:
     if rank == 0:
         tensorboard_dir = tempfile.mkdtemp(prefix="tensorboard-")
         callbacks.append(tf.keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch", profile_batch=0))
+    callbacks.append(Heartbeat(attempt.heartbeat, scaled.steps_per_epoch, attempt.watch_peers()))
 
     validation_steps = engine.validation_steps(lambda: math.ceil(
         validation_rows(dataset, shard=rank, shards=attempt.size, seed=seed) / scaled.batch_size_per_worker))

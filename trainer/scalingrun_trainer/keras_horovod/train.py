@@ -4,9 +4,11 @@ them, so that every rank stops on the same epoch); the rest is the shared Keras 
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from scalingrun_api.config import TrainerConfig
+from ..core.stall import engine_timeout
 from ..keras.training import KerasEngine, train as train_keras
 
 
@@ -53,9 +55,21 @@ def _pin_gpu(local_rank: int) -> None:
         tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
 
 
+def stall_settings(timeout: float | None) -> dict[str, str]:
+    """Horovod's stall check (a warning naming the ranks that did not submit a tensor) and shutdown, read at
+    hvd.init(): after the stall watch (core/stall.py), as a bound where it is not running. A frozen rank blocks
+    Horovod's own coordination too (measured: no stall warning in 4 minutes), which is why the watch exists."""
+    if not timeout:
+        return {}
+    return {"HOROVOD_STALL_CHECK_TIME_SECONDS": str(int(min(60, timeout))),
+            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(timeout))}
+
+
 def train(config: TrainerConfig) -> int:
     import horovod.tensorflow.keras as hvd
 
+    for name, value in stall_settings(engine_timeout()).items():
+        os.environ.setdefault(name, value)  # the MPIJob's (or the user's) own settings win
     hvd.init()
     _pin_gpu(hvd.local_rank())
     return train_keras(config, HorovodEngine(hvd))

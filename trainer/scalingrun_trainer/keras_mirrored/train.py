@@ -24,6 +24,7 @@ from typing import Any, Callable, ContextManager, Optional
 from scalingrun_api.config import TrainerConfig
 from scalingrun_api.models import Strategy
 from ..core.mpi import MpiWorld, local_rank_and_size
+from ..core.stall import engine_timeout
 from ..keras.training import KerasEngine, train as train_keras
 from .tf_config import TF_CONFIG, tf_config
 
@@ -123,8 +124,11 @@ def make_strategy(world: MpiWorld):
     else:
         os.environ.pop(TF_CONFIG, None)  # one worker: its local devices only, no server
     implementation = tf.distribute.experimental.CommunicationImplementation
+    # A collective's timeout bounds every collective where the stall watch is not running (core/stall.py).
+    timeout = engine_timeout()
     options = tf.distribute.experimental.CommunicationOptions(
-        implementation=implementation.NCCL if gpus else implementation.RING)
+        implementation=implementation.NCCL if gpus else implementation.RING,
+        **({"timeout_seconds": timeout} if timeout else {}))
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options), local_rank
 
 

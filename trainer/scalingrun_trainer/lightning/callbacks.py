@@ -13,6 +13,8 @@ import pytorch_lightning as pl
 import torch
 
 from ..core.checkpoints import CheckpointState, CheckpointStore, EarlyStoppingState
+from ..core.heartbeat import HeartbeatWriter
+from ..core.stall import StallWatch
 from ..core.progress import EpochRecorder, EpochTimer, better
 
 
@@ -90,6 +92,37 @@ class EpochEnd(pl.Callback):
             self.early_stopping.restore(pl_module)  # maxEpochs reached: the best epoch's weights, as Keras'
         if self.checkpointer is not None:
             self.checkpointer.finish(self.epoch, pl_module, trainer.optimizers[0], self.early_stopping)
+
+
+class Heartbeat(pl.Callback):
+    """Every rank: beats after every training and validation step and at each epoch's end (the writer throttles;
+    rank 0's writes heartbeat.json). `step`: steps since the run's start, resumed epochs included. The stall
+    watch, if any, is armed at the first step until the end of training."""
+
+    def __init__(self, heartbeat: HeartbeatWriter, steps_per_epoch: int, initial_epoch: int,
+                 watch: Optional[StallWatch] = None):
+        self.heartbeat, self.steps_per_epoch, self.initial_epoch = heartbeat, steps_per_epoch, initial_epoch
+        self.watch = watch
+
+    def _epoch(self, trainer) -> int:
+        return self.initial_epoch + trainer.current_epoch
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        epoch = self._epoch(trainer)
+        self.heartbeat.beat("training", step=epoch * self.steps_per_epoch + batch_idx + 1, epoch=epoch)
+        if self.watch is not None:
+            self.watch.arm()
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        self.heartbeat.beat("validation")
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        epoch = self._epoch(trainer) + 1
+        self.heartbeat.beat("training", step=epoch * self.steps_per_epoch, epoch=epoch)
+
+    def on_train_end(self, trainer, pl_module):
+        if self.watch is not None:
+            self.watch.disarm()
 
 
 class Checkpointer:

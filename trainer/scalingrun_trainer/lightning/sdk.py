@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytorch_lightning as pl
 
 from ..core.progress import EpochTimer
-from ..sdk import context, report_epoch
+from ..sdk import context, heartbeat, report_epoch
 
 
 class LightningCallback(pl.Callback):
-    """Each training epoch: report_epoch(epoch, the trainer's callback_metrics, images/s of all ranks).
+    """Each training epoch: report_epoch(epoch, the trainer's callback_metrics, images/s of all ranks); after every
+    step, heartbeat(the trainer's global step).
 
     Log metrics under Keras' names (loss, accuracy, val_loss, val_accuracy) with `sync_dist=True` so that rank 0
     reports them averaged over the ranks. Throughput counts training batches only (validation runs inside the
@@ -27,6 +28,10 @@ class LightningCallback(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         self._batches += 1
+        heartbeat(trainer.global_step, trainer.current_epoch)
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        heartbeat(trainer.global_step, trainer.current_epoch, phase="validation")
 
     def on_validation_start(self, trainer, pl_module):
         self.timer.validation_started()

@@ -11,6 +11,7 @@ import io
 import os
 import time
 import warnings
+from datetime import timedelta
 
 from scalingrun_api.config import TrainerConfig
 from ..core.builder import Builder
@@ -18,6 +19,7 @@ from ..core.feature_cache import cache_features
 from ..core.mpi import MpiWorld, host_address, local_rank_and_size
 from ..core.scaling import scale_run
 from ..core.session import Attempt, TrainingError
+from ..core.stall import engine_timeout
 from ..core.weights import local_weights
 
 FRAMEWORK = "pytorch-lightning"
@@ -57,7 +59,7 @@ def _train(attempt: Attempt) -> int:
     from pytorch_lightning.strategies import DDPStrategy
 
     from ..core.progress import EpochRecorder
-    from .callbacks import Checkpointer, EarlyStopping, EpochEnd, load_checkpoint
+    from .callbacks import Checkpointer, EarlyStopping, EpochEnd, Heartbeat, load_checkpoint
     from .model import BASES, TransferClassifier
     from .network import BuilderNet, build_network
 
@@ -90,7 +92,11 @@ def _train(attempt: Attempt) -> int:
     weights = local_weights(model_spec.weights, attempt.endpoint, attempt.region) if network is None else None
     module = TransferClassifier(attempt.classes, model_spec.dropout or 0.0, weights, bool(model_spec.trainable_base),
                                 training.optimizer, scaled.learning_rate, net=network)
-    resumed = load_checkpoint(attempt.checkpoints, state) if state else None
+    resumed = None
+    if state:
+        attempt.heartbeat.beat("restore")
+        resumed = load_checkpoint(attempt.checkpoints, state)
+        attempt.heartbeat.beat("restore")
     if resumed:
         module.load_state_dict(resumed["model"])
         module.resume_optimizer = resumed["optimizer"]
@@ -114,8 +120,11 @@ def _train(attempt: Attempt) -> int:
                          images_per_epoch=scaled.steps_per_epoch * scaled.effective_batch_size,
                          early_stopping=early_stopping, recorder=recorder, checkpointer=checkpointer)
 
+    # The process group's timeout bounds every collective where the stall watch is not running (core/stall.py).
+    timeout = engine_timeout()
     strategy = DDPStrategy(
         cluster_environment=_mpi_environment(), process_group_backend="nccl" if accelerator == "gpu" else "gloo",
+        **({"timeout": timedelta(seconds=timeout)} if timeout else {}),
         # No buffer sync in forward: it is a collective, and ranks hold different numbers of validation
         # batches. Buffers are synced once at the start; BatchNorm statistics of a trainable base then stay
         # per rank, as with Horovod, and rank 0's are saved.
@@ -125,7 +134,8 @@ def _train(attempt: Attempt) -> int:
         accelerator=accelerator, devices=local_size, num_nodes=nodes, strategy=strategy,
         max_epochs=training.max_epochs - attempt.initial_epoch, num_sanity_val_steps=0, use_distributed_sampler=False,
         logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[epoch_end],
+        callbacks=[epoch_end, Heartbeat(attempt.heartbeat, scaled.steps_per_epoch, attempt.initial_epoch,
+                                        attempt.watch_peers())],
     )
     os.environ.setdefault("LITLOGGER_DISABLE_TIP", "1")
     warnings.filterwarnings("ignore", message=".*does not have many workers.*")

@@ -5,6 +5,7 @@
     ctx = sdk.context()                  # rank, size, local_rank, spec, the prepared data, scaled batch and LR
     data = sdk.tf_dataset("train")       # or sdk.torch_batches("train"): this rank's shard, uint8 NHWC batches
     ...                                  # train: Keras + Horovod, plain PyTorch DDP or Lightning
+    sdk.heartbeat(step)                  # in your loop, every step or so (cheap: written at most every 30 s)
     sdk.report_epoch(epoch, {"loss": .., "val_loss": .., "val_accuracy": ..}, images_per_second)
     sdk.finish(model_uri)                # rank 0: progress.json succeeded, with the model's URI
 
@@ -28,7 +29,7 @@ from ..core.config import parse_config
 from .context import CONFIG_VARIABLE, DEFAULT_CONFIG, Context, ContextError, build_context, ranks
 from .session import Session, install_excepthook
 
-__all__ = ["Context", "ContextError", "context", "report_epoch", "finish", "tf_dataset", "torch_batches",
+__all__ = ["Context", "ContextError", "context", "heartbeat", "report_epoch", "finish", "tf_dataset", "torch_batches",
            "KerasCallback", "LightningCallback", "lightning_mpi_environment", "lightning_trainer_kwargs", "ranks"]
 
 _session: Optional[Session] = None  # this process's run, made by the first context() (like hvd.init())
@@ -51,6 +52,16 @@ def context(config_path: Optional[str] = None) -> Context:
         _session = Session(build_context(document), parse_config(document), log=lambda line: print(line, flush=True))
         install_excepthook(_session)
     return _session.context
+
+
+def heartbeat(step: int, epoch: Optional[int] = None, phase: str = "training") -> None:
+    """The training loop is alive at `step` (steps since the start; `epoch`: 0-based, the one under way). Call it
+    from the loop itself, every step or so, never from a thread of your own: a thread would keep beating while the
+    loop is stuck. Rank 0 writes `<runLocation>/heartbeat.json` at most every 30 s (other ranks return at once);
+    the operator restarts or fails a run whose heartbeat stops for spec.training.stallTimeout. Phases: "training",
+    "validation", "saving", "restore" (any phase of scalingrun_api.heartbeat.HeartbeatPhase)."""
+    context()
+    _session.beat(step, epoch, phase)
 
 
 def report_epoch(epoch: int, metrics: dict[str, float], images_per_second: float,

@@ -5,26 +5,32 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ..core.progress import EpochTimer
-from . import context, report_epoch
+from . import context, heartbeat, report_epoch
 
 
 class KerasCallback(tf.keras.callbacks.Callback):
     """Put it after Horovod's MetricAverageCallback (so that rank 0 reports metrics averaged over the ranks):
-    each epoch, report_epoch(epoch, logs, images/s of all ranks). Throughput counts training batches only, not
-    validation; an epoch's images are its batches x batch size x ranks."""
+    each epoch, report_epoch(epoch, logs, images/s of all ranks), and heartbeat(step) after every step. Throughput
+    counts training batches only, not validation; an epoch's images are its batches x batch size x ranks."""
 
     def __init__(self):
         super().__init__()
         self.ctx = context()
         self.timer = EpochTimer()
-        self._batches = 0
+        self._batches = self._steps = self._epoch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self.timer.epoch_started()
         self._batches = 0
+        self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
         self._batches += 1
+        self._steps += 1
+        heartbeat(self._steps, self._epoch)
+
+    def on_test_batch_end(self, batch, logs=None):
+        heartbeat(self._steps, self._epoch, phase="validation")
 
     def on_test_begin(self, logs=None):
         self.timer.validation_started()

@@ -14,7 +14,9 @@ import threading
 from typing import Any, Callable, Optional
 
 from scalingrun_api.config import TrainerConfig
+from scalingrun_api.heartbeat import HEARTBEAT_FILE
 from scalingrun_api.progress import PROGRESS_FILE
+from ..core.heartbeat import HeartbeatWriter
 from ..core.input_wait import input_entry
 from ..core.progress import EpochRecorder, ProgressWriter
 from ..core.session import error_line
@@ -35,9 +37,12 @@ class Session:
         self.progress: Optional[ProgressWriter] = None
         self.tracker: Optional[RunTracker] = None
         self.recorder: Optional[EpochRecorder] = None
+        self.heartbeat = HeartbeatWriter(None, rank=context.rank)
         if not context.is_chief:
             return
         run_root = open_location(context.run_location, config.storage.endpoint, config.storage.region)
+        self.heartbeat = HeartbeatWriter(run_root.join(HEARTBEAT_FILE), rank=0)
+        self.heartbeat.beat("starting")
         # No collective here (the SDK knows no MPI): rank 0 alone meets a tracking error, raises, and mpirun stops
         # the other ranks.
         self.tracker = start_tracking(config, 0, run_root.uri, _run_params(context), None, self.log, lambda e: e)
@@ -51,8 +56,14 @@ class Session:
         self.recorder = EpochRecorder(self.progress, config.training.early_stopping.monitor, early_stopping=False,
                                       tracker=self.tracker, log=self.log)
 
+    def beat(self, step: Optional[int] = None, epoch: Optional[int] = None, phase: str = "training") -> None:
+        """The script's loop is alive (rank 0 writes heartbeat.json, at most every 30 s)."""
+        with self._lock:
+            self.heartbeat.beat(phase, step=step, epoch=epoch)
+
     def report_epoch(self, epoch: int, metrics: dict[str, float], images_per_second: float,
                      input_wait_fraction: Optional[float] = None) -> None:
+        self.beat(epoch=epoch)
         if self.recorder is None:
             return
         figures = input_entry(epoch, input_wait_fraction, None) if input_wait_fraction is not None else None

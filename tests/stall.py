@@ -1,0 +1,75 @@
+"""A frozen rank under real mpirun, for every engine's test: wait until the run's heartbeat shows training under
+way and advancing, SIGSTOP rank 1 (alive and silent, as a hung GPU's process or a paused container is), and wait
+for mpirun to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+# The short watch the tests train under (production: 300 s), so that a stall ends in well under a minute;
+# SCALINGRUN_TEST_STALL_TIMEOUT=300 measures the default (then give the tests' exit wait more room too).
+TEST_TIMEOUT_SECONDS = int(os.environ.get("SCALINGRUN_TEST_STALL_TIMEOUT", "20"))
+# How long a test waits for mpirun after the freeze: generous, the assertion is on the exit, not the time.
+EXIT_WAIT_SECONDS = 300 + 2 * TEST_TIMEOUT_SECONDS
+
+
+@dataclass
+class FrozenRun:
+    returncode: int
+    seconds: float  # from SIGSTOP to mpirun's exit
+    heartbeats: list[dict] = field(default_factory=list)  # the distinct documents seen before the freeze
+
+
+def _ranks(job: subprocess.Popen) -> dict[int, "psutil.Process"]:  # noqa: F821
+    import psutil
+
+    ranks = {}
+    for process in psutil.Process(job.pid).children(recursive=True):
+        try:
+            if "scalingrun_trainer.cli" in " ".join(process.cmdline()):
+                ranks[int(process.environ()["OMPI_COMM_WORLD_RANK"])] = process
+        except (psutil.Error, KeyError):
+            continue
+    return ranks
+
+
+def freeze_rank_1_while_training(job: subprocess.Popen, s3_server, heartbeat_at: str, deadline_s: float,
+                                 exit_s: float) -> FrozenRun:
+    """Waits (up to deadline_s) until heartbeat.json (`heartbeat_at`, bucket/key) has been written twice during
+    training, its step advancing; then freezes rank 1 and waits up to exit_s for mpirun to end. The frozen rank is
+    resumed and the job killed if it does not."""
+    from pyarrow import fs as pafs
+
+    filesystem = s3_server.filesystem()
+    seen: list[dict] = []
+    deadline = time.monotonic() + deadline_s
+    frozen = None
+    try:
+        while time.monotonic() < deadline and job.poll() is None:
+            if filesystem.get_file_info(heartbeat_at).type == pafs.FileType.File:
+                beat = json.loads(filesystem.open_input_stream(heartbeat_at).read())
+                if beat["phase"] in ("training", "validation") and (not seen or beat["time"] > seen[-1]["time"]):
+                    seen.append(beat)
+                if len(seen) >= 2 and seen[-1]["step"] > seen[0]["step"]:
+                    break
+            time.sleep(0.2)
+        assert job.poll() is None, "the training ended before a rank could be frozen"
+        assert len(seen) >= 2, f"the heartbeat did not advance during training within {deadline_s} s: {seen}"
+        ranks = _ranks(job)
+        assert sorted(ranks) == [0, 1], f"both ranks should be running: {ranks}"
+        frozen = ranks[1]
+        frozen.suspend()
+        started = time.monotonic()
+        job.wait(timeout=exit_s)
+        return FrozenRun(job.returncode, time.monotonic() - started, seen)
+    finally:
+        if job.poll() is None:
+            if frozen is not None:
+                frozen.resume()
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
