@@ -53,11 +53,19 @@ CAUSES: list[tuple[str, Callable[[], list[dict]], str]] = [
      lambda: _worker1(pod("demo-train-worker-1", "worker", uid="w1-a", phase="Failed", reason="NodeShutdown",
                           message="Pod was terminated in response to imminent node shutdown.")), "evicted"),
     ("a launcher that exited 1 and restarted", lambda: training_pods(launcher_restarts=1), "launcherFailed"),
+    ("a launcher whose stall watch ended mpirun (exit 75: a peer stopped answering)",
+     lambda: _launcher_exit(75), "stalled"),
     ("a worker container that crashed",
      lambda: training_pods(containers=waiting("worker", "CrashLoopBackOff", restarts=1,
                                               last={"exitCode": 2, "reason": "Error"})), "workerFailed"),
 ]
 CODE = {"launcherFailed", "workerFailed"}
+
+
+def _launcher_exit(code: int) -> list[dict]:
+    found = training_pods(launcher_restarts=1)
+    found[0]["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] = code
+    return found
 
 
 @pytest.mark.parametrize("what,pods,cause", CAUSES, ids=[c[0] for c in CAUSES])

@@ -153,7 +153,25 @@ def _lost(record: dict[str, Any], how: str, cause: str) -> Interruption:
                         "resumes from the last checkpoint", cause)
 
 
-def code_cause(role: str) -> str:
+# The trainer's stall watch (scalingrun_trainer.core.stall) ends mpirun with this code when a peer stops answering:
+# the infrastructure's doing (a frozen GPU, a lost node), not the code's.
+STALL_EXIT_CODE = 75
+
+
+def _exit_codes(pod: dict[str, Any]) -> set[int]:
+    codes = set()
+    for container in container_statuses(pod):
+        for state in ((container.get("state") or {}).get("terminated"), (container.get("lastState") or {}).get(
+                "terminated")):
+            if state and state.get("exitCode") is not None:
+                codes.add(int(state["exitCode"]))
+    return codes
+
+
+def code_cause(role: str, pod: Optional[dict[str, Any]] = None) -> str:
+    """A non-zero exit on a healthy node: the code's failure, unless the stall watch said a peer stopped answering."""
+    if role == LAUNCHER and pod is not None and STALL_EXIT_CODE in _exit_codes(pod):
+        return STALLED
     return LAUNCHER_FAILED if role == LAUNCHER else WORKER_FAILED
 
 
@@ -183,7 +201,7 @@ def _failed_how(pod: dict[str, Any], role: str) -> Optional[tuple[str, str]]:
             return f"was evicted: {status.get('message') or 'no message'}", EVICTED
         if by_node:
             return f"failed ({status.get('reason')}: {status.get('message') or 'no message'})", by_node
-        return f"failed; {last_words(pod)}", disruption_cause(pod) or code_cause(role)
+        return f"failed; {last_words(pod)}", disruption_cause(pod) or code_cause(role, pod)
     return None
 
 
@@ -229,7 +247,7 @@ def track_interruptions(records: list[dict[str, Any]], pods: list[dict[str, Any]
             what = f"restarted{f' {times} times' if times > 1 else ''}: {_last_exit(pod)}"
             if role == LAUNCHER:
                 interruptions.append(Interruption(LAUNCHER, name, LAUNCHER_RESTARTED,
-                                                  f"launcher pod {name} {what}; {_RESUMES}", LAUNCHER_FAILED))
+                                                  f"launcher pod {name} {what}; {_RESUMES}", code_cause(role, pod)))
             else:
                 interruptions.append(Interruption(WORKER, name, WORKER_LOST,
                                                   f"worker pod {name} {what}; {_RESUMES}", WORKER_FAILED))
