@@ -13,14 +13,13 @@ from typing import Any
 
 import kopf
 
-from ..cluster.k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION
+from ..cluster.k8s import MANAGED_SELECTOR, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION
 
 ANNOTATION_PREFIX = "scalingrun.dev"
 
 
 # What the operator creates (Jobs, MPIJobs) and the pods made from them: watched by label, server-side.
 WATCHED_CHILDREN = (("v1", "pods"), ("batch", "v1", "jobs"), (MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL))
-MANAGED_SELECTOR = "app.kubernetes.io/managed-by=scalingrun-operator"  # MANAGED, as a label selector
 
 
 @kopf.on.startup()
