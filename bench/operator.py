@@ -516,6 +516,8 @@ def main_pods(args: argparse.Namespace) -> int:
             unrelated = pod_scale.measure_unrelated(bench, operator, args.unrelated, per_pod_without)
             scenarios = []
             for label, runs, workers in (("big", 1, args.big_workers), ("small", args.small_runs, args.small_workers)):
+                if not runs or not workers:
+                    continue  # that scenario not asked for
                 print(f"{runs} run(s) of {workers} workers...", flush=True)
                 scenarios.append(pod_scale.Scenario(bench, operator, port, counting, label, runs, workers,
                                                     drive_to_training, create_all).run())
