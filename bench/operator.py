@@ -521,6 +521,7 @@ def main_pods(args: argparse.Namespace) -> int:
                 print(f"{runs} run(s) of {workers} workers...", flush=True)
                 scenarios.append(pod_scale.Scenario(bench, operator, port, counting, label, runs, workers,
                                                     drive_to_training, create_all).run())
+                print(f"  {scenarios[-1]}", flush=True)  # kept should a later scenario not finish
                 operator.check()
         finally:
             operator.stop()
