@@ -20,8 +20,12 @@ Measures, each against a baseline taken in the same run:
 Both topologies also count the operator's S3 requests per minute at rest: the runs' storage endpoint is a
 counting proxy in front of SeaweedFS (the script's own writes go to SeaweedFS directly).
 
+With --pods, the pods mode instead (bench/pod_scale.py): a 1,024-worker run and 300 runs of 4 workers whose
+pods the script creates and moves, beside 10,000 unrelated pods.
+
 Run: KUBEBUILDER_ASSETS=... .venv/bin/python bench/operator.py [--runs 100] [--concurrent 300]
      [--topology standalone|deployed|both] [--only-rest: skip the latency and RSS-cycle measurements]
+     [--pods [--unrelated 10000] [--big-workers 1024] [--small-runs 300] [--small-workers 4]]
 """
 
 from __future__ import annotations
@@ -67,14 +71,14 @@ class OperatorProcess:
     """One operator process: standalone by default; with a Lease, as the chart starts each replica."""
 
     def __init__(self, kubeconfig: str, log_path: Path, peers: Optional[list[str]] = None,
-                 env_extra: Optional[dict[str, str]] = None):
+                 env_extra: Optional[dict[str, str]] = None, metrics_port: int = 0):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SCALINGRUN_"))}
         # The bench's store is on 127.0.0.1, which an operator refuses by default (api/endpoints.py).
         env.update(KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1", SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT="true",
                    **(env_extra or {}))
         self.process = subprocess.Popen(
             [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--all-namespaces",
-             *(peers or ["--standalone", "--liveness", ""]), "--log-format", "plain", "--metrics-port", "0"],
+             *(peers or ["--standalone", "--liveness", ""]), "--log-format", "plain", "--metrics-port", str(metrics_port)],
             stdout=open(log_path, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.log_path = log_path
         self.peak_rss = 0
@@ -451,9 +455,18 @@ def main() -> int:
     parser.add_argument("--settle-seconds", type=float, default=180,
                         help="deployed: at most this long for the new leader to resume every run (until a 10 s "
                              "window of it below 50 m CPU)")
+    parser.add_argument("--pods", action="store_true",
+                        help="the pods mode (bench/pod_scale.py): the script creates the runs' pods and moves their "
+                             "phases beside --unrelated pods; one run of --big-workers, then --small-runs runs")
+    parser.add_argument("--unrelated", type=int, default=10000, help="--pods: unrelated pods in another namespace")
+    parser.add_argument("--big-workers", type=int, default=1024, help="--pods: workers of the one big run")
+    parser.add_argument("--small-runs", type=int, default=300, help="--pods: small runs at once")
+    parser.add_argument("--small-workers", type=int, default=4, help="--pods: workers of each small run")
     args = parser.parse_args()
     if not os.environ.get("KUBEBUILDER_ASSETS"):
         parser.error("set KUBEBUILDER_ASSETS (the envtest binaries: ../shared/envtest/build-assets.sh | tail -n1)")
+    if args.pods:
+        return main_pods(args)
     latency = drift = deployed = None
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp, environment(Path(tmp)) as (api, kubeconfig, s3, bucket):
         storage = FlakyS3(s3.endpoint)  # counts the operator's S3 requests (the runs' endpoint)
@@ -485,6 +498,38 @@ def main() -> int:
         print_standalone(args, latency, scale, drift)
     if deployed:
         print_deployed(scale, deployed)
+    return 0
+
+
+def main_pods(args: argparse.Namespace) -> int:
+    from bench import pod_scale
+
+    with tempfile.TemporaryDirectory(prefix="bench-pods-") as tmp, environment(Path(tmp)) as (api, kubeconfig, s3, bucket):
+        storage = FlakyS3(s3.endpoint)
+        storage.server.handle_error = lambda *_: None
+        bench = Bench(api, s3, bucket, storage)
+        counting = pod_scale.CountingApi(api)
+        per_pod_without = pod_scale.calibrate(bench)
+        port = _free_port()
+        operator = OperatorProcess(kubeconfig, Path(tmp) / "operator.log", metrics_port=port)
+        try:
+            time.sleep(3)
+            print(f"{args.unrelated} unrelated pods...", flush=True)
+            unrelated = pod_scale.measure_unrelated(bench, operator, args.unrelated, per_pod_without)
+            scenarios = []
+            for label, runs, workers in (("big", 1, args.big_workers), ("small", args.small_runs, args.small_workers)):
+                if not runs or not workers:
+                    continue  # that scenario not asked for
+                print(f"{runs} run(s) of {workers} workers...", flush=True)
+                scenarios.append(pod_scale.Scenario(bench, operator, port, counting, label, runs, workers,
+                                                    drive_to_training, create_all).run())
+                print(f"  {scenarios[-1]}", flush=True)  # kept should a later scenario not finish
+                operator.check()
+        finally:
+            operator.stop()
+            storage.close()
+    print()
+    pod_scale.print_pods(unrelated, scenarios)
     return 0
 
 

@@ -42,6 +42,7 @@ class Request:
     namespace: str = ""
     name: str = ""
     status: int = 0
+    query: str = ""  # the query string as sent (labelSelector, watch, ...)
 
     @property
     def is_resource(self) -> bool:
@@ -59,7 +60,7 @@ def request_info(method: str, raw_path: str) -> Request:
     split = urlsplit(raw_path)
     parts = [p for p in split.path.strip("/").split("/") if p]
     verb = method.lower()
-    non_resource = Request(method, split.path, verb)
+    non_resource = Request(method, split.path, verb, query=split.query)
     if len(parts) < 3 or parts[0] not in ("api", "apis"):
         return non_resource
     prefix, parts = parts[0], parts[1:]
@@ -87,7 +88,7 @@ def request_info(method: str, raw_path: str) -> Request:
         verb = "watch" if (query.get("watch") or [""])[0] in _TRUE else "list"
     if not name and verb == "delete":
         verb = "deletecollection"
-    return Request(method, split.path, verb, group, resource, subresource, namespace, name)
+    return Request(method, split.path, verb, group, resource, subresource, namespace, name, query=split.query)
 
 
 class RecordingProxy:

@@ -86,6 +86,18 @@ class HeartbeatStatus(ApiModel):
                                     "operator reads the heartbeat again then (RFC 3339).")
 
 
+class PodSummary(ApiModel):
+    """The training's pods counted, for a run with more pods than status lists one by one (over 64)."""
+
+    total: int = Field(..., description="Launcher and worker pods recorded.")
+    listed: int = Field(0, description="Of those that need a look, how many `pods` lists (at most 32).")
+    needing_a_look: int = Field(0, description="Pods lost, restarted, or not running (yet): the first of them are in "
+                                "`pods`.")
+    phases: dict[str, int] = Field(default_factory=dict, description="Pods by phase (Gone: recorded, no longer there).")
+    reasons: dict[str, int] = Field(default_factory=dict, description="Pods by the reason they report (Evicted, "
+                                    "ImagePullBackOff, OOMKilled, ...), the 20 most common.")
+
+
 class ProbedBatchSize(ApiModel):
     """One batch size the probe tried."""
 
@@ -181,7 +193,12 @@ class TrainingStatus(ApiModel):
         None, description="The last heartbeat of this attempt and the stall deadline it sets.")
     pods: list[TrainingPod] = Field(
         default_factory=list, description="Launcher and worker pods as last seen, so that a restarted operator "
-        "neither counts an interruption twice nor misses one.")
+        "neither counts an interruption twice nor misses one. Over 64 pods: only those that need a look (lost, "
+        "restarted, not running), at most 32; podRecords then keeps every pod and podSummary counts them.")
+    pod_records: Optional[str] = Field(
+        None, description="Over 64 pods: every pod's record, compact (name after the MPIJob's name:first 8 "
+        "characters of its uid:restarts counted[:lost]), space-separated; at most 4096 pods.")
+    pod_summary: Optional[PodSummary] = Field(None, description="Over 64 pods: the pods counted by phase and reason.")
 
 
 class ScalingRunStatus(ApiModel):

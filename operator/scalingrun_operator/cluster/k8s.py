@@ -26,6 +26,24 @@ log = logging.getLogger(__name__)
 MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
 
 
+MANAGED_SELECTOR = "app.kubernetes.io/managed-by=scalingrun-operator"
+POD_PAGE = 500  # pods per list request
+_POD_SPEC_KEPT = ("nodeName", "schedulerName")
+_CONTAINER_KEPT = ("name", "image", "resources")
+
+
+def trimmed_pod(pod: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a pod that decide reads (decide/pods.py, interruptions.py): its managedFields, env, volumes
+    and probes are most of its size and say nothing about why it does not run."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    kept_spec: dict[str, Any] = {k: spec[k] for k in _POD_SPEC_KEPT if k in spec}
+    for key in ("initContainers", "containers"):
+        if key in spec:
+            kept_spec[key] = [{k: c[k] for k in _CONTAINER_KEPT if k in c} for c in spec[key] or []]
+    return {"metadata": {k: v for k, v in meta.items() if k != "managedFields"}, "spec": kept_spec,
+            "status": pod.get("status") or {}}
+
+
 def _raw(response: Any) -> dict[str, Any]:
     return json.loads(response.data)
 
@@ -69,18 +87,29 @@ class Kube:
     def list_pods(self, namespace: str, run_name: str) -> list[dict[str, Any]]:
         """The pods labelled as the run's (preprocessing, launcher, workers); [] when the operator may not list
         pods (RBAC of an older chart): diagnosis is then missing, not the reconcile."""
-        try:
-            response = self.core.list_namespaced_pod(namespace, label_selector=f"{RUN_LABEL}={run_name}",
-                                                     _preload_content=False)
-        except ApiException as exc:
-            if exc.status != 403:
-                raise
-            if not self._pods_forbidden_logged:
-                log.warning("the operator may not list pods (%s): no pod diagnosis or restart counts; "
-                            "grant get/list/watch on pods", exc.reason)
-                self._pods_forbidden_logged = True
-            return []
-        return _raw(response).get("items") or []
+        selector = f"{MANAGED_SELECTOR},{RUN_LABEL}={run_name}"
+        pods: list[dict[str, Any]] = []
+        token, restarted = "", False
+        while True:
+            try:
+                # In pages: a thousand pods are megabytes of JSON, parsed and trimmed a page at a time.
+                response = _raw(self.core.list_namespaced_pod(namespace, label_selector=selector, limit=POD_PAGE,
+                                                              _continue=token or None, _preload_content=False))
+            except ApiException as exc:
+                if exc.status == 410 and token and not restarted:  # the continue token expired: once more, whole
+                    pods, token, restarted = [], "", True
+                    continue
+                if exc.status != 403:
+                    raise
+                if not self._pods_forbidden_logged:
+                    log.warning("the operator may not list pods (%s): no pod diagnosis or restart counts; "
+                                "grant get/list/watch on pods", exc.reason)
+                    self._pods_forbidden_logged = True
+                return []
+            pods.extend(trimmed_pod(p) for p in response.get("items") or [])
+            token = (response.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return pods
 
     def delete_pod(self, namespace: str, name: str, uid: str, grace_seconds: Optional[int]) -> bool:
         """Deletes the pod `name` if it is still the one of `uid` (a replacement of the same name is left alone);

@@ -21,6 +21,8 @@ class Metrics:
         self.runs = Gauge("scalingrun_runs", "ScalingRuns by phase.", ["phase"], registry=self.registry)
         self.reconcile_errors = Counter("scalingrun_reconcile_errors_total", "Reconciles that raised, by handler.",
                                         ["handler"], registry=self.registry)
+        self.reconciles = Counter("scalingrun_reconciles_total", "Reconciles started, by kind (run, sweep).", ["kind"],
+                                  registry=self.registry)
         self.child_create_seconds = Histogram(
             "scalingrun_child_create_seconds", "Latency of creating a child object (API call), by kind.", ["kind"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10), registry=self.registry)

@@ -12,6 +12,7 @@ from typing import Optional
 from ..store_slots import Busy
 from ..config import Config
 from ..storage import Clients
+from .coalesce import Coalescer
 from .k8s import Kube, new_api_client
 from .memory import Memory
 from .metrics import Metrics
@@ -32,14 +33,18 @@ class Runtime:
         self.sweep_rechecks = ProgressWatcher(lambda namespace, name: self.reconcile_sweep(namespace, name, "recheck"),
                                               config.recheck_interval_seconds, workers=1)
         self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients)
+        # One reconcile per run at a time; pod events at most one per run per second (cluster/coalesce.py).
+        self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0)
         self.sweeps = SweepReconciler(kube, config, self.sweep_rechecks, self.memory, self.metrics, self.clients)
 
     def start(self) -> None:
+        self.run_triggers.start()
         self.watcher.start()
         self.sweep_rechecks.start()
         self.metrics.serve(self.config.metrics_port_number)
 
     def stop(self) -> None:
+        self.run_triggers.stop()
         self.watcher.stop()
         self.sweep_rechecks.stop()
 
@@ -47,7 +52,14 @@ class Runtime:
         """What is wrong with the threads every run depends on, for the liveness probe; None when nothing."""
         return self.watcher.health() or self.sweep_rechecks.health()
 
-    def reconcile_run(self, namespace: str, name: str, handler: str) -> None:
+    def reconcile_run(self, namespace: str, name: str, handler: str, urgent: bool = True) -> None:
+        """Reconciles the run now in this thread, or, when one is in flight (or, for a pod event, ran less than a
+        second ago), has it reconciled once more afterwards and returns at once."""
+        self.run_triggers.trigger((namespace, name), handler, urgent=urgent)
+
+    def _reconcile_run_now(self, key: tuple[str, str], handler: str) -> None:
+        namespace, name = key
+        self.metrics.reconciles.labels(kind="run").inc()
         try:
             self.runs(namespace, name)
         except Busy as exc:
@@ -70,4 +82,5 @@ class Runtime:
 
     def forget_run(self, namespace: str, name: str) -> None:
         self.memory.forget(("run", namespace, name))
+        self.run_triggers.forget((namespace, name))
         self.watcher.forget(namespace, name)

@@ -9,8 +9,9 @@ from typing import Any
 
 from scalingrun_api.models import ScalingRun
 from scalingrun_api.models.common import duration_seconds
-from . import interruptions, nodes
+from . import interruptions, nodes, podrecords
 from .draft import Draft
+from .podrecords import same_uid
 from .pods import LAUNCHER, TRAINING_ROLES, WORKER, metadata_of, pod_name, pod_role, status_of
 from .status import NODE_LOST, get_condition
 
@@ -27,7 +28,8 @@ def restart_pods(draft: Draft, training_status: dict[str, Any], doomed: list[dic
     """Deletes `doomed` (with `grace_seconds`; None: their own) and, when a worker is among them, the launcher
     (gracefully: its mpirun may wait on the lost worker for ever). Their records are marked lost, so that their
     going is not counted again; returns whether any was not counted yet."""
-    records = {r.get("name"): r for r in training_status.get("pods") or []}
+    recorded = podrecords.records_of(training_status, mpijob)
+    records = {r.get("name"): r for r in recorded}
     fresh = False
     names = {pod_name(p) for p in doomed}
     launchers = []
@@ -35,10 +37,12 @@ def restart_pods(draft: Draft, training_status: dict[str, Any], doomed: list[dic
         launchers = [p for p in _running_launchers(draft.pods(), mpijob) if pod_name(p) not in names]
     for pod, grace in [*((p, grace_seconds) for p in doomed), *((p, None) for p in launchers)]:
         record = records.get(pod_name(pod))
-        if record is not None and record.get("uid") == metadata_of(pod).get("uid") and not record.get("lost"):
+        if record is not None and same_uid(record.get("uid", ""), metadata_of(pod).get("uid", "")) \
+                and not record.get("lost"):
             record["lost"] = True
             fresh = fresh or pod_name(pod) in names
         draft.delete_pod(pod, grace)
+    podrecords.keep(training_status, recorded, draft.pods(), mpijob)  # however status holds them (a large run's)
     return fresh
 
 

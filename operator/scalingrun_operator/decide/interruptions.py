@@ -17,6 +17,7 @@ from .draft import Draft
 from .pods import (
     LAUNCHER, TRAINING_ROLES, WORKER, container_statuses, exit_text, metadata_of, pod_name, pod_role, status_of,
 )
+from .podrecords import same_uid
 from .status import BACKOFF_LIMIT_EXCEEDED, CHILD_DELETED, MAX_INTERRUPTIONS_EXCEEDED
 
 # --- causes: the keys of status.training.interruptions -------------------------------------------------
@@ -223,7 +224,7 @@ def track_interruptions(records: list[dict[str, Any]], pods: list[dict[str, Any]
     kept: dict[str, dict[str, Any]] = {}
     for record in records:
         pod = current.get(record.get("name", ""))
-        if pod is not None and metadata_of(pod).get("uid") == record.get("uid"):
+        if pod is not None and same_uid(record.get("uid", ""), metadata_of(pod).get("uid", "")):
             kept[record["name"]] = record
             continue
         # The pod of this record is gone (or another took its name): lost, unless already counted or the

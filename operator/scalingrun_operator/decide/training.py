@@ -14,7 +14,7 @@ from scalingrun_api.progress import Progress
 from ..builders import build_config_map, build_mpijob
 from ..builders.common import mpijob_name
 from ..builders.locations import progress_uri
-from . import faults, interruptions, pods, progress as mirror, stall
+from . import faults, interruptions, podrecords, pods, progress as mirror, stall
 from .draft import Draft, store_of
 from .snapshot import CLUSTER, PROGRESS, Log, Where
 from .status import (BUILDER_FAILED, INPUT_BOUND, MPIJOB_FAILED, QUEUED, SUSPENDED, TRAINED, Event,
@@ -138,12 +138,12 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         return
     if mpijob is None and recorded:
         # As for the Job: counted and written (the uid cleared), then the next look creates a new one.
-        _forget_mpijob(draft, mpijob=None)
+        _forget_mpijob(draft, name, mpijob=None)
         interruptions.child_deleted(draft, run, "MPIJob", name, resumes)
         return
     if mpijob is not None and recorded and recorded != mpijob["metadata"].get("uid"):
         # Deleted and created again by someone else while nobody looked: counted all the same.
-        _forget_mpijob(draft, mpijob)
+        _forget_mpijob(draft, name, mpijob)
         if interruptions.child_deleted(draft, run, "MPIJob", name,
                                        "the MPIJob there now resumes from the last checkpoint", replaced=True):
             _stop(draft, mpijob)
@@ -287,11 +287,11 @@ def _track_interruptions(draft: Draft, training_status: dict[str, Any], mpijob: 
     """Counts worker pods lost and launcher restarts against the pods recorded in status (one Event each)."""
     found = draft.pods()
     if paused:  # suspending deletes the pods on purpose
-        training_status["pods"] = interruptions.baseline(found, mpijob)
+        podrecords.keep(training_status, interruptions.baseline(found, mpijob), found, mpijob)
         return
-    records, lost = interruptions.track_interruptions(training_status.get("pods") or [], found, mpijob,
+    records, lost = interruptions.track_interruptions(podrecords.records_of(training_status, mpijob), found, mpijob,
                                                       draft.deleted_pods())
-    training_status["pods"] = records
+    podrecords.keep(training_status, records, found, mpijob)
     for key in ("restarts", "workerPodsLost", "launcherRestarts"):
         training_status.setdefault(key, 0)
     for interruption in lost:
@@ -301,10 +301,10 @@ def _track_interruptions(draft: Draft, training_status: dict[str, Any], mpijob: 
         draft.update.warn(interruption.reason, interruption.message)
 
 
-def _forget_mpijob(draft: Draft, mpijob: Optional[dict[str, Any]]) -> None:
+def _forget_mpijob(draft: Draft, name: str, mpijob: Optional[dict[str, Any]]) -> None:
     """The recorded MPIJob is gone: its pods' losses are part of that, not interruptions of their own."""
     training_status = dict(draft.update.desired.get("training") or {})
-    training_status["pods"] = [{**r, "lost": True} for r in training_status.get("pods") or []]
+    podrecords.mark_all_lost(training_status, name)
     training_status["mpiJobUid"] = mpijob["metadata"].get("uid") if mpijob else None
     draft.update.desired["training"] = training_status
 

@@ -13,7 +13,13 @@ from typing import Any
 
 import kopf
 
+from ..cluster.k8s import MANAGED_SELECTOR, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION
+
 ANNOTATION_PREFIX = "scalingrun.dev"
+
+
+# What the operator creates (Jobs, MPIJobs) and the pods made from them: watched by label, server-side.
+WATCHED_CHILDREN = (("v1", "pods"), ("batch", "v1", "jobs"), (MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL))
 
 
 @kopf.on.startup()
@@ -30,6 +36,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.watching.server_timeout = config.watch_timeout_seconds
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
+    # The handlers' `labels=` filter only after the event arrived: the API server filters these watches and
+    # lists itself, so the pods, Jobs and MPIJobs of everyone else in the cluster never reach the operator.
+    for resource in WATCHED_CHILDREN:
+        settings.watching.label_selectors[resource] = MANAGED_SELECTOR
     memo.runtime.start()
 
 

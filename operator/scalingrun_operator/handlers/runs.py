@@ -53,7 +53,9 @@ def child_changed(type: Optional[str], body: kopf.Body, namespace: str, memo: ko
 @kopf.on.event("v1", "pods", labels=MANAGED)
 def pod_changed(type: Optional[str], body: kopf.Body, namespace: str, labels: kopf.Labels, memo: kopf.Memo,
                 **_: Any) -> None:
-    """A run's pod cannot pull its image, cannot be scheduled, restarted or is gone: say so in seconds."""
+    """A run's pod cannot pull its image, cannot be scheduled, restarted or is gone: say so in seconds.
+
+    A thousand workers starting make thousands of events: at most one reconcile of the run a second."""
     run = labels.get(RUN_LABEL)
     if run and memo.runtime.memory.pod_event_matters(type, dict(body)):
-        memo.runtime.reconcile_run(namespace, run, "pod")
+        memo.runtime.reconcile_run(namespace, run, "pod", urgent=False)
