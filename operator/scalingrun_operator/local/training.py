@@ -34,10 +34,18 @@ _LAUNCHERS = ("mpirun", "horovodrun")
 
 def with_rank_logs(command: list[str], folder: Path) -> list[str]:
     """The command with --output-filename after mpirun or horovodrun (each rank's stdout and stderr in a file of
-    its own, still shown here too); any other command as it is."""
-    if command and Path(command[0]).name in _LAUNCHERS:
+    its own, still shown here too); any other command as it is. Not for horovodrun -np 1: Horovod 0.28.1 pads the
+    rank in the file names by log10(np - 1), which fails for one process (and one rank needs no split)."""
+    name = Path(command[0]).name if command else ""
+    if name == "horovodrun" and _option(command, "-np") == "1":
+        return command
+    if name in _LAUNCHERS:
         return [command[0], "--output-filename", str(folder), *command[1:]]
     return command
+
+
+def _option(command: list[str], flag: str) -> Optional[str]:
+    return command[command.index(flag) + 1] if flag in command[:-1] else None
 
 
 @dataclass
