@@ -510,7 +510,7 @@ def test_happy_path_status_children_progress_and_events(cluster, operator, bucke
     assert training["bestEpoch"] == 2 and training["maxEpochs"] == 5
     row = subprocess.run([*kubectl, "get", "srun", "happy", "-n", cluster.ns, "--no-headers"],
                          capture_output=True, text=True, check=True).stdout.split()
-    assert row[:5] == ["happy", "Training", "2", "2", "0.8125"]
+    assert row[:6] == ["happy", "Training", "2", "2", "2", "0.8125"]  # the best epoch and its val_accuracy
 
     # The trainer finishes, the launcher exits 0.
     model = f"{body['spec']['dataset']['output']}/runs/happy/model"
