@@ -34,6 +34,8 @@ ALLOWED = [
     ("list", "pods"), ("watch", "pods"),
     # ... and the failed launcher's last log lines for the Failed condition
     ("get", "pods", "log"),
+    # ... force-deletes training pods lost with their node, and restarts a stalled training; reads their nodes
+    ("delete", "pods"), ("get", "nodes"),
     # ... and runs the points of a ScalingSweep as ScalingRuns it creates
     ("create", "scalingruns.scalingrun.dev"), ("watch", "scalingsweeps.scalingrun.dev"),
     ("patch", "scalingsweeps.scalingrun.dev", "status"),
@@ -44,7 +46,7 @@ DENIED = [
     ("delete", "jobs.batch"), ("delete", "mpijobs.kubeflow.org"), ("delete", "scalingruns.scalingrun.dev"),
     ("delete", "scalingsweeps.scalingrun.dev"), ("create", "scalingsweeps.scalingrun.dev"), ("update", "configmaps"), ("create", "deployments.apps"),
     ("create", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
-    ("create", "pods", "exec"), ("create", "pods", "portforward"), ("patch", "nodes"), ("delete", "pods"), ("patch", "pods"),
+    ("create", "pods", "exec"), ("create", "pods", "portforward"), ("patch", "nodes"), ("list", "nodes"), ("patch", "pods"),
     ("delete", "clusterkopfpeerings.kopf.dev"), ("create", "kopfpeerings.kopf.dev"),
     # a Lease, not kopf peering, elects the acting replica
     ("patch", "clusterkopfpeerings.kopf.dev"), ("create", "clusterkopfpeerings.kopf.dev"),
