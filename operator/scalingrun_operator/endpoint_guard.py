@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import Any, Optional
+from typing import Optional
 
 from .api.endpoints import EndpointPolicy, address_class
 
@@ -56,5 +56,5 @@ def policy_for(policy: EndpointPolicy, allowed: tuple[str, ...]) -> Optional[End
 
 
 def refused(exc: BaseException) -> bool:
-    """Whether a botocore error is a refusal of this guard (botocore wraps it in HTTPClientError)."""
+    """Whether a botocore error is a refusal of this guard (the Transport raises it as EndpointConnectionError)."""
     return isinstance(getattr(exc, "kwargs", {}).get("error"), AddressRefused)
