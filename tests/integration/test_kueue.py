@@ -5,12 +5,12 @@ operator never un-suspends what Kueue holds."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
 from kubernetes import client
 
-from .test_operator import SECRET, Cluster, Operator, bucket, manifest_for, new_run, wait_for  # noqa: F401 (fixture)
+from .test_operator import (  # noqa: F401 (bucket: a fixture)
+    Cluster, Operator, _namespace, bucket, manifest_for, new_run, wait_for,
+)
 
 pytestmark = pytest.mark.k8s
 
@@ -28,14 +28,10 @@ def operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operat
 
 
 @pytest.fixture
-def cluster(api_client, s3_server, scalingrun_crd, mpijob_crd):
-    core = client.CoreV1Api(api_client)
-    name = f"{SERVED}-kueue-{uuid.uuid4().hex[:5]}"
-    core.create_namespace({"metadata": {"name": name}})
-    core.create_namespaced_secret(name, {"metadata": {"name": SECRET}, "stringData": {
-        "AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}})
+def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd):
+    name = _namespace(api_client, s3_server, request, SERVED)
     yield Cluster(api_client, name)
-    core.delete_namespace(name)
+    client.CoreV1Api(api_client).delete_namespace(name)
 
 
 class PlayedKueue:

@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import yaml
 
@@ -113,9 +113,25 @@ def _local_only(args: argparse.Namespace, command: str) -> None:
                         f"kubectl apply -f {args.filename}", USAGE)
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from ..local.runner import LocalRun, LocalRunError
+def _locally(command: str, start: Callable[[], int]) -> tuple[int, bool]:
+    """(start()'s exit code, False), with SIGTERM, SIGINT and SIGHUP stopping every process it started: then (the
+    signal's exit code, True). A LocalRunError is the user's (a usage error)."""
+    from ..local.runner import LocalRunError
     from ..local.signals import Stopped, stop_on_signals
+
+    try:
+        with stop_on_signals():
+            return start(), False
+    except LocalRunError as exc:
+        raise UserError(f"scalingrun {command}: {exc}", USAGE) from None
+    except Stopped as stopped:
+        print(f"scalingrun {command}: stopped by {stopped.name}; the processes it started are stopped",
+              file=sys.stderr)
+        return stopped.exit_code, True
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..local.runner import LocalRun
 
     _local_only(args, "run")
     doc = read_one([args.filename], (KIND,), "run")
@@ -124,22 +140,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     except InvalidScalingRun as exc:
         raise _invalid(doc, exc) from None
     workdir = Path(args.workdir or Path(".scalingrun/runs") / run.metadata.name)
-    try:
-        with stop_on_signals():
-            code = LocalRun(run, workdir, np_override=args.np, python_path=_python_path(args)).start(
-                stop_after=args.stop_after)
-    except LocalRunError as exc:
-        raise UserError(f"scalingrun run: {exc}", USAGE) from None
-    except Stopped as stopped:
-        print(f"scalingrun run: stopped by {stopped.name}; the processes it started are stopped", file=sys.stderr)
-        return stopped.exit_code
+    code, stopped = _locally("run", lambda: LocalRun(run, workdir, np_override=args.np,
+                                                     python_path=_python_path(args)).start(stop_after=args.stop_after))
+    if stopped:
+        return code
     print(f"status: {workdir / 'status.json'}", file=sys.stderr)
     return code
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from ..local.runner import LocalRunError
-    from ..local.signals import Stopped, stop_on_signals
     from ..local.sweep import LocalSweep
     from ..report.sweep import print_sweep
 
@@ -151,14 +160,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise _invalid(doc, exc) from None
     workdir = Path(args.workdir or Path(".scalingrun/sweeps") / sweep.metadata.name)
     local = LocalSweep(sweep, workdir, python_path=_python_path(args))
-    try:
-        with stop_on_signals():
-            code = local.start()
-    except LocalRunError as exc:
-        raise UserError(f"scalingrun sweep: {exc}", USAGE) from None
-    except Stopped as stopped:
-        print(f"scalingrun sweep: stopped by {stopped.name}; the processes it started are stopped", file=sys.stderr)
-        return stopped.exit_code
+    code, stopped = _locally("sweep", local.start)
+    if stopped:
+        return code
     print_sweep(sweep.metadata.name, local.rows, local.recommendation, local.notes, sweep.spec.efficiency_threshold,
                 Path(args.output or workdir))
     return code
