@@ -56,38 +56,10 @@ def preprocess(folder: Path, per_class: int, side: int, readers: int, seed: int 
 
 def input_worker(output: str, batches: int, rounds: int) -> None:
     """In the Lightning venv: the trainer's reader vs a bare pyarrow read, rounds interleaved."""
-    import pyarrow.parquet as pq
+    from input_rates import interleaved_rates
 
-    from scalingrun_trainer.core.dataset import open_dataset
-    from scalingrun_trainer.lightning.data import TrainBatches
-
-    dataset = open_dataset(output)
-
-    def bare() -> float:
-        start, rows = time.perf_counter(), 0
-        for name in dataset.files["train"]:
-            for batch in pq.ParquetFile(os.path.join(output, name)).iter_batches(batch_size=BATCH,
-                                                                                   columns=["image", "label"]):
-                rows += batch.num_rows
-        return rows / (time.perf_counter() - start)
-
-    def lightning() -> float:
-        data = TrainBatches(dataset, rank=0, size=1, batch_size=BATCH, steps=batches + 1, seed=0)
-        try:
-            iterator = iter(data)
-            next(iterator)  # warm-up: reader threads, the shuffling buffer's first fill
-            start, images = time.perf_counter(), 0
-            for pixels, _ in iterator:
-                images += pixels.shape[0]
-            return images / (time.perf_counter() - start)
-        finally:
-            data.close()
-
-    rates = {"bare": [], "lightning": []}
-    for _ in range(rounds):
-        rates["bare"].append(bare())
-        rates["lightning"].append(lightning())
-    print(json.dumps(rates))
+    rates = interleaved_rates(output, BATCH, batches, rounds)
+    print(json.dumps({"bare": rates["bare"], "lightning": rates["reader"]}))
 
 
 def model_worker(framework: str, size: int, batch: int, repeats: int) -> None:
