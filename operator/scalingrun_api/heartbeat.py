@@ -21,6 +21,10 @@ from .progress import lenient
 
 HEARTBEAT_FILE = "heartbeat.json"
 HEARTBEAT_INTERVAL_SECONDS = 30.0
+# What a rank (and so mpirun, and the launcher) exits with when the trainer's stall watch found a peer that stopped
+# answering (scalingrun_trainer.core.stall). EX_TEMPFAIL: an interruption to resume from, counted as stalled by the
+# operator, not as the code's failure (the trainer's own errors exit 1 or 2, `scalingrun-trainer launch` 3).
+STALL_EXIT_CODE = 75
 # stallTimeout auto: the larger of this floor and STALL_GAP_FACTOR x the longest gap seen in the attempt.
 STALL_TIMEOUT_FLOOR_SECONDS = 600.0
 STALL_GAP_FACTOR = 3.0

@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from scalingrun_api.heartbeat import STALL_EXIT_CODE
 from scalingrun_api.models import ScalingRun
 from .draft import Draft
 from .pods import (
@@ -60,15 +61,19 @@ class LauncherLog:
     error: str = ""  # why the log could not be read
 
 
-def _failed(pod: dict[str, Any]) -> bool:
-    if status_of(pod).get("phase") == "Failed":
-        return True
+def _exit_codes(pod: dict[str, Any]) -> set[int]:
+    """The exit codes its containers recorded, now and the time before."""
+    codes = set()
     for container in container_statuses(pod):
-        for terminated in ((container.get("state") or {}).get("terminated"),
-                           (container.get("lastState") or {}).get("terminated")):
-            if terminated and terminated.get("exitCode", 0) != 0:
-                return True
-    return False
+        for state in ((container.get("state") or {}).get("terminated"), (container.get("lastState") or {}).get(
+                "terminated")):
+            if state and state.get("exitCode") is not None:
+                codes.add(int(state["exitCode"]))
+    return codes
+
+
+def _failed(pod: dict[str, Any]) -> bool:
+    return status_of(pod).get("phase") == "Failed" or any(code != 0 for code in _exit_codes(pod))
 
 
 def failed_launcher(pods: list[dict[str, Any]], mpijob_name: str) -> Optional[tuple[str, str, str]]:
@@ -152,21 +157,6 @@ def _lost(record: dict[str, Any], how: str, cause: str) -> Interruption:
     return Interruption(LAUNCHER, name, LAUNCHER_RESTARTED,
                         f"launcher pod {name} (uid {uid}) {how}; its Job starts a new launcher pod, which "
                         "resumes from the last checkpoint", cause)
-
-
-# The trainer's stall watch (scalingrun_trainer.core.stall) ends mpirun with this code when a peer stops answering:
-# the infrastructure's doing (a frozen GPU, a lost node), not the code's.
-STALL_EXIT_CODE = 75
-
-
-def _exit_codes(pod: dict[str, Any]) -> set[int]:
-    codes = set()
-    for container in container_statuses(pod):
-        for state in ((container.get("state") or {}).get("terminated"), (container.get("lastState") or {}).get(
-                "terminated")):
-            if state and state.get("exitCode") is not None:
-                codes.add(int(state["exitCode"]))
-    return codes
 
 
 def code_cause(role: str, pod: Optional[dict[str, Any]] = None) -> str:

@@ -27,16 +27,13 @@ import time
 from typing import Callable, Optional
 
 from pyarrow import fs as pafs
+from scalingrun_api.heartbeat import STALL_EXIT_CODE
 
 from ..storage import Location
 from .heartbeat import HeartbeatWriter
 
 TIMEOUT_VARIABLE = "SCALINGRUN_COLLECTIVE_TIMEOUT_SECONDS"
 DEFAULT_TIMEOUT_SECONDS = 300.0
-# What a rank exits with when its training loop stopped for the timeout (the roll call then said who is silent);
-# mpirun exits with it too. EX_TEMPFAIL: an interruption to resume from, not the code's failure (the trainer's
-# own errors exit 1 or 2, `scalingrun-trainer launch` 3 when workers never answered ssh).
-STALL_EXIT_CODE = 75
 # Added to the watch's time before an engine's own collective timeout fires: the watch, which names the silent
 # ranks, speaks first.
 ENGINE_TIMEOUT_MARGIN_SECONDS = 30.0
