@@ -1,0 +1,1 @@
+"""The MPIJob launcher's entry (mpirun): wait for the workers' sshd, then exec mpirun."""
