@@ -25,7 +25,7 @@ STRATEGIES = ("horovod", "multi-worker-mirrored")
 
 
 def write_images(source: Path, per_class: int) -> None:
-    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+    from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
 
     for relative, data in fashion_mnist_jpegs(per_class):
         (source / relative).parent.mkdir(parents=True, exist_ok=True)

@@ -78,7 +78,7 @@ def make_images(folder: Path, count: int, side: int, classes: int = 10, seed: in
 
 
 def preprocess(source: Path, output: Path, size: int, readers: int) -> str:
-    from scalingrun_trainer.preprocess import Params, process_shard
+    from scalingrun_trainer.preprocess.shards import Params, process_shard
 
     process_shard(Params(str(source), str(output), image_size=size, validation_fraction=0.1, max_readers=readers,
                          seed=42), 0, 1, workers=min(8, len(os.sched_getaffinity(0))))

@@ -1,6 +1,6 @@
 """Input pipeline speed: images/s delivered to Keras from Parquet of 299x299x3 rows.
 
-(a) ours: scalingrun_trainer.keras.data.make_dataset (Petastorm's reader, pixels as zero-copy uint8 views of
+(a) ours: scalingrun_trainer.frameworks.keras.data.make_dataset (Petastorm's reader, pixels as zero-copy uint8 views of
     the row groups it read, batches drawn from a 256-row buffer across row groups; the model's first layer
     normalises, on the accelerator in a cluster)
 (b) the seeds' configuration: make_batch_reader defaults, unbatch, then a per-row decode + float map, batch
@@ -32,8 +32,8 @@ BATCH = 32
 
 def make_parquet(folder: Path, rows: int) -> str:
     """Real images (Fashion-MNIST JPEGs) preprocessed to 299x299 Parquet by our own preprocessing."""
-    from scalingrun_trainer.preprocess import Params, process_shard
-    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+    from scalingrun_trainer.preprocess.shards import Params, process_shard
+    from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
 
     source = folder / "jpeg"
     for relative, data in fashion_mnist_jpegs(rows // 10 + 1):
@@ -56,7 +56,7 @@ def rate_of(dataset, batches: int) -> float:
 
 def ours(output: str, batches: int) -> float:
     from scalingrun_trainer.core.dataset import open_dataset
-    from scalingrun_trainer.keras.data import make_dataset
+    from scalingrun_trainer.frameworks.keras.data import make_dataset
 
     dataset = open_dataset(output)
     data, reader = make_dataset(dataset, "train", rank=0, size=1, batch_size=BATCH, seed=0)
@@ -112,8 +112,8 @@ def step_split_worker(output: str, steps: int) -> None:
     import tensorflow as tf
 
     from scalingrun_trainer.core.dataset import open_dataset
-    from scalingrun_trainer.keras.data import make_dataset
-    from scalingrun_trainer.keras.models import build_model
+    from scalingrun_trainer.frameworks.keras.data import make_dataset
+    from scalingrun_trainer.frameworks.keras.models import build_model
 
     hvd.init()
     data, reader = make_dataset(open_dataset(output), "train", rank=hvd.rank(), size=hvd.size(), batch_size=BATCH,

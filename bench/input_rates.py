@@ -13,7 +13,7 @@ def interleaved_rates(output: str, batch: int, batches: int, rounds: int) -> dic
     import pyarrow.parquet as pq
 
     from scalingrun_trainer.core.dataset import open_dataset
-    from scalingrun_trainer.lightning.data import TrainBatches
+    from scalingrun_trainer.frameworks.lightning.data import TrainBatches
 
     dataset = open_dataset(output)
 

@@ -38,7 +38,7 @@ def dataset(side: int, batch: int, delay: float):
     import numpy as np
     import tensorflow as tf
 
-    from scalingrun_trainer.keras.input_clock import delay_batches
+    from scalingrun_trainer.frameworks.keras.input_clock import delay_batches
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (batch * 8, side, side, 3), dtype=np.uint8)
@@ -51,8 +51,8 @@ def dataset(side: int, batch: int, delay: float):
 
 def train(side: int, batch: int, steps: int, delay: float, meter: bool) -> tuple[float, float | None]:
     """(seconds of the second epoch, its measured input-wait share or None)."""
-    from scalingrun_trainer.keras.callbacks import InputWaitMeter
-    from scalingrun_trainer.keras.input_clock import InputClock
+    from scalingrun_trainer.frameworks.keras.callbacks import InputWaitMeter
+    from scalingrun_trainer.frameworks.keras.input_clock import InputClock
 
     import tensorflow as tf
 

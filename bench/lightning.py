@@ -40,8 +40,8 @@ BATCH = 32
 
 def preprocess(folder: Path, per_class: int, side: int, readers: int, seed: int = 42) -> str:
     """Fashion-MNIST JPEGs under folder/jpeg (written once), preprocessed with `seed` (the split and row order)."""
-    from scalingrun_trainer.preprocess import Params, process_shard
-    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+    from scalingrun_trainer.preprocess.shards import Params, process_shard
+    from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
 
     source = folder / "jpeg"
     if not source.exists():
@@ -72,7 +72,7 @@ def model_worker(framework: str, size: int, batch: int, repeats: int) -> None:
 
         tf.config.threading.set_intra_op_parallelism_threads(1)
         tf.config.threading.set_inter_op_parallelism_threads(1)
-        from scalingrun_trainer.keras.models import build_model
+        from scalingrun_trainer.frameworks.keras.models import build_model
 
         model = build_model("efficientnet_lite0", size, 10, "imagenet", 0.2, trainable_base=False)
         forward = {"keras": tf.function(lambda x: model(x, training=True))}
@@ -82,8 +82,8 @@ def model_worker(framework: str, size: int, batch: int, repeats: int) -> None:
 
         import torch
 
-        from scalingrun_trainer.lightning.efficientnet_lite import load_base_weights
-        from scalingrun_trainer.lightning.model import TransferNet
+        from scalingrun_trainer.frameworks.lightning.efficientnet_lite import load_base_weights
+        from scalingrun_trainer.frameworks.lightning.model import TransferNet
 
         torch.set_num_threads(1)
         net = TransferNet(10, 0.2)

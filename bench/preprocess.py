@@ -16,8 +16,8 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 from PIL import Image
 
-from scalingrun_trainer.images import scale_image
-from scalingrun_trainer.sample_data import fashion_mnist_jpegs, photos
+from scalingrun_trainer.preprocess.images import scale_image
+from scalingrun_operator.local.sample_data import fashion_mnist_jpegs, photos
 
 SIDE = 299
 LONG_SIDES = [320, 640, 1024, 1600, 2000]

@@ -144,7 +144,7 @@ if [[ "$CHECK" == 1 ]]; then
   sshd_check
   TRAINER="$TRAINER_LIGHTNING" sshd_check
   check "the Lightning stack imports" "$DOCKER" run --rm "$TRAINER_LIGHTNING" python -c \
-    'import torch, pytorch_lightning, petastorm.pytorch, mpi4py, scalingrun_trainer.lightning.train'
+    'import torch, pytorch_lightning, petastorm.pytorch, mpi4py, scalingrun_trainer.engines.lightning_ddp.train'
   check "no TensorFlow, Horovod or kopf in the Lightning trainer" "$DOCKER" run --rm "$TRAINER_LIGHTNING" python -c \
     'import importlib.util as u, sys; sys.exit(any(u.find_spec(m) for m in ("tensorflow", "horovod", "kopf")))'
   check "uid 1000 and mpirun in the Lightning trainer" "$DOCKER" run --rm "$TRAINER_LIGHTNING" sh -c \
@@ -154,9 +154,9 @@ if [[ "$CHECK" == 1 ]]; then
     '[ "$(id -u)" = 1000 ] && ! python -c "import tensorflow"'
   # The builder contract (import, signature, output shape) holds in the examples' images, as the trainer checks it.
   check "teamnets.keras_cnn:build in $EXAMPLE_MODEL" "$DOCKER" run --rm "$EXAMPLE_MODEL" python -c \
-    'from scalingrun_trainer.core.builder import Builder; from scalingrun_trainer.keras.models import build_user_network; build_user_network(Builder("teamnets.keras_cnn:build"), 32, 10)'
+    'from scalingrun_trainer.core.builder import Builder; from scalingrun_trainer.frameworks.keras.models import build_user_network; build_user_network(Builder("teamnets.keras_cnn:build"), 32, 10)'
   check "teamnets.torch_cnn:build in $EXAMPLE_MODEL_LIGHTNING" "$DOCKER" run --rm "$EXAMPLE_MODEL_LIGHTNING" python -c \
-    'from scalingrun_trainer.core.builder import Builder; from scalingrun_trainer.lightning.network import build_network; build_network(Builder("teamnets.torch_cnn:build"), 32, 10)'
+    'from scalingrun_trainer.core.builder import Builder; from scalingrun_trainer.frameworks.lightning.network import build_network; build_network(Builder("teamnets.torch_cnn:build"), 32, 10)'
   check "teamtrain.keras_horovod imports in $EXAMPLE_TRAINING" "$DOCKER" run --rm "$EXAMPLE_TRAINING" python -c \
     'import teamtrain.keras_horovod'
   log "checks passed"

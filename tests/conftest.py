@@ -331,7 +331,7 @@ def preprocessed_fashion_mnist(s3_server, bucket: str, per_class: int, size: int
     """Fashion-MNIST JPEGs uploaded to `bucket`, preprocessed for 2 readers (20 % validation); the Parquet's URI."""
     import sys
 
-    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+    from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
 
     s3_server.create_bucket(bucket)
     fs = s3_server.filesystem()

@@ -26,11 +26,11 @@ class Engine:
 
 ENGINES: dict[tuple[str, str], Engine] = {
     (engine.framework, engine.strategy): engine for engine in (
-        Engine(Framework.keras.value, Strategy.horovod.value, "scalingrun_trainer.keras_horovod.train",
+        Engine(Framework.keras.value, Strategy.horovod.value, "scalingrun_trainer.engines.keras_horovod.train",
                DEFAULT_TRAINER_IMAGE, process_per_gpu=True),
-        Engine(Framework.keras.value, Strategy.multi_worker_mirrored.value, "scalingrun_trainer.keras_mirrored.train",
+        Engine(Framework.keras.value, Strategy.multi_worker_mirrored.value, "scalingrun_trainer.engines.keras_mirrored.train",
                DEFAULT_TRAINER_IMAGE, process_per_gpu=False),
-        Engine(Framework.pytorch_lightning.value, Strategy.ddp.value, "scalingrun_trainer.lightning.train",
+        Engine(Framework.pytorch_lightning.value, Strategy.ddp.value, "scalingrun_trainer.engines.lightning_ddp.train",
                DEFAULT_LIGHTNING_TRAINER_IMAGE, process_per_gpu=True),
     )
 }

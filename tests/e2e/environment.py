@@ -350,7 +350,7 @@ def upload_jpegs(s3: Any, source: str, per_class: int, side: int, corrupt: int =
     short; skipped (0) when a marker says they are there already."""
     from pyarrow import fs as pafs
 
-    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+    from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
 
     prefix = source[len("s3://"):]
     bucket, marker = prefix.split("/", 1)[0], f"{prefix}/_uploaded.json"
@@ -392,7 +392,7 @@ def upload_unlabelled_table(s3) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from scalingrun_trainer.sample_data import fashion_mnist
+    from scalingrun_operator.local.sample_data import fashion_mnist
 
     images, labels = fashion_mnist()
     for split, rows in (("train", slice(0, 64)), ("validation", slice(64, 80))):

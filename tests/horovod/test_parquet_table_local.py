@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from scalingrun_trainer.sample_data import fashion_mnist
+from scalingrun_operator.local.sample_data import fashion_mnist
 
 pytestmark = [pytest.mark.horovod, pytest.mark.s3]
 ROOT = Path(__file__).resolve().parents[2]

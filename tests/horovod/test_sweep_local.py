@@ -18,7 +18,7 @@ pytestmark = pytest.mark.horovod
 
 
 def test_local_sweep_one_then_two_processes(tmp_path):
-    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+    from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
 
     source = tmp_path / "jpeg"
     for relative, data in fashion_mnist_jpegs(12):

@@ -357,7 +357,7 @@ def manifest_for(run: dict, fingerprint: str = "f" * 16, train: int = 40, valida
                  skipped: int = 1) -> dict:
     """The manifest the preprocessing would write for `run` (as admitted, defaults filled in),
     with its parameters from the trainer's own Params: the two packages must agree."""
-    from scalingrun_trainer.preprocess import Params
+    from scalingrun_trainer.preprocess.shards import Params
 
     d, w = run["spec"]["dataset"], run["spec"]["workers"]
     params = Params(source=d["source"], output=d["output"], image_size=d["imageSize"],
@@ -464,7 +464,7 @@ def _run_kubelets_part(job: dict, config_map: dict, secret: dict[str, str], work
 
 
 def test_happy_path_status_children_progress_and_events(cluster, operator, bucket, s3_server, kubectl, tmp_path):
-    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+    from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
 
     body = new_run(cluster.ns, "happy", s3_server)
     for relative, data in fashion_mnist_jpegs(3):

@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 from pyarrow import fs as pafs
 
-from scalingrun_trainer.sample_data import fashion_mnist_jpegs, photos
+from scalingrun_operator.local.sample_data import fashion_mnist_jpegs, photos
 
 pytestmark = pytest.mark.s3
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from scalingrun_trainer.parquet_table import inspect_table, write_manifest
+from scalingrun_trainer.preprocess.parquet_table import inspect_table, write_manifest
 from tests.lightning.test_train import BUCKET, command, dataset, read_json, write_config  # noqa: F401
 from tests.unit.test_parquet_table import SIDE, write_table
 from tests.unit.test_parquet_table import params as table_params
@@ -82,7 +82,7 @@ def test_a_torch_builder_with_a_wrong_output_fails_every_rank_before_training(s3
 READ_TABLE = """
 import hashlib, json, sys
 from scalingrun_trainer.core.dataset import open_dataset
-from scalingrun_trainer.lightning.data import TrainBatches, ValidationBatches
+from scalingrun_trainer.frameworks.lightning.data import TrainBatches, ValidationBatches
 
 dataset = open_dataset(sys.argv[1])
 train = TrainBatches(dataset, rank=0, size=1, batch_size=8, steps=2, seed=0, shuffle_rows=16)

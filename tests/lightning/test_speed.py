@@ -11,16 +11,16 @@ import subprocess
 
 import pytest
 
-from scalingrun_trainer.preprocess import Params, process_shard
-from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+from scalingrun_trainer.preprocess.shards import Params, process_shard
+from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
 
 pytestmark = pytest.mark.lightning
 
 EXACT = """
 import copy, json, torch
 from torch.nn import functional as F
-from scalingrun_trainer.lightning.efficientnet_lite import MEAN, STDDEV, load_base_weights
-from scalingrun_trainer.lightning.model import TransferNet
+from scalingrun_trainer.frameworks.lightning.efficientnet_lite import MEAN, STDDEV, load_base_weights
+from scalingrun_trainer.frameworks.lightning.model import TransferNet
 
 torch.manual_seed(0)
 net = TransferNet(10, 0.2)
@@ -64,7 +64,7 @@ READER = """
 import collections, hashlib, json, sys
 import torch
 from scalingrun_trainer.core.dataset import open_dataset
-from scalingrun_trainer.lightning.data import TrainBatches, ValidationBatches
+from scalingrun_trainer.frameworks.lightning.data import TrainBatches, ValidationBatches
 
 dataset = open_dataset(sys.argv[1])
 train = TrainBatches(dataset, rank=0, size=1, batch_size=8, steps=5, seed=0, shuffle_rows=16)

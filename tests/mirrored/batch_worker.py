@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from scalingrun_trainer.core.mpi import MpiWorld
 from scalingrun_trainer.core.scaling import scale_run
-from scalingrun_trainer.keras_mirrored.train import MirroredEngine, make_strategy
+from scalingrun_trainer.engines.keras_mirrored.train import MirroredEngine, make_strategy
 
 batch, rows, base_learning_rate = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 world = MpiWorld()

@@ -10,13 +10,13 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from scalingrun_trainer.keras.feature_cache import extractor
-from scalingrun_trainer.keras_mirrored.train import replicas_forward
+from scalingrun_trainer.frameworks.keras.feature_cache import extractor
+from scalingrun_trainer.engines.keras_mirrored.train import replicas_forward
 
 mode, SIDE = sys.argv[1], 2
 if mode == "workers":
     from scalingrun_trainer.core.mpi import MpiWorld
-    from scalingrun_trainer.keras_mirrored.train import make_strategy
+    from scalingrun_trainer.engines.keras_mirrored.train import make_strategy
 
     world = MpiWorld()
     strategy, _ = make_strategy(world)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from scalingrun_trainer.core.builder import Builder, BuilderError
-from scalingrun_trainer.keras.models import build_user_network, user_classifier
+from scalingrun_trainer.frameworks.keras.models import build_user_network, user_classifier
 from tests.conftest import require
 
 LIGHTNING_PYTHON = Path(__file__).resolve().parents[2] / ".venv-lightning/bin/python"
@@ -120,7 +120,7 @@ def test_the_torch_contract_in_the_lightning_environment(package):
         import sys
         sys.path.insert(0, {package!r})
         from scalingrun_trainer.core.builder import Builder, BuilderError
-        from scalingrun_trainer.lightning.network import build_network
+        from scalingrun_trainer.frameworks.lightning.network import build_network
         network = build_network(Builder("teamnets.torch_models:build", {{"width": 4}}, "img"), 32, 5)
         print("built", type(network).__name__, network.training)
         for path in ("teamnets.torch_models:nhwc", "teamnets.keras_models:build"):
@@ -129,7 +129,7 @@ def test_the_torch_contract_in_the_lightning_environment(package):
             except BuilderError as exc:
                 print(exc)
         import torch
-        from scalingrun_trainer.lightning.network import BuilderNet
+        from scalingrun_trainer.frameworks.lightning.network import BuilderNet
 
         seen = []
         class Spy(torch.nn.Module):

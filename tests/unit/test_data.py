@@ -13,9 +13,9 @@ import pytest
 
 from scalingrun_trainer.core.dataset import (DatasetError, batches, open_dataset, open_reader, pixels_of,
                                              recycled)
-from scalingrun_trainer.keras.data import make_dataset
-from scalingrun_trainer.preprocess import Params, process_shard
-from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+from scalingrun_trainer.frameworks.keras.data import make_dataset
+from scalingrun_trainer.preprocess.shards import Params, process_shard
+from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
 
 SIDE = 8
 

@@ -21,7 +21,7 @@ import pytest
 import skimage.data as skimage_data
 from PIL import Image
 
-from scalingrun_trainer.keras.efficientnet_lite import EfficientNetLite0, build_lite0, load_torch_weights, preprocess_input
+from scalingrun_trainer.frameworks.keras.efficientnet_lite import EfficientNetLite0, build_lite0, load_torch_weights, preprocess_input
 from scalingrun_trainer.core.weights import LEGACY_MAGIC, WeightsError, imagenet_weights_path, load_torch_state_dict
 
 CAT_CLASSES = set(range(281, 286))  # tabby, tiger cat, Persian, Siamese, Egyptian cat

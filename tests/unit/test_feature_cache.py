@@ -19,7 +19,7 @@ from scalingrun_trainer.core.dataset import DatasetError, open_dataset
 from scalingrun_trainer.core.feature_cache import (
     FeatureCacheData, FeatureStore, build_feature_cache, epoch_rows, reason_not_used, share,
 )
-from scalingrun_trainer.sample_data import fashion_mnist_jpegs, photos
+from scalingrun_operator.local.sample_data import fashion_mnist_jpegs, photos
 
 SIDE = 32
 SEED = 42
@@ -52,7 +52,7 @@ def network(dataset):
     import tensorflow as tf
 
     from scalingrun_trainer.core.weights import local_weights
-    from scalingrun_trainer.keras.models import build_network
+    from scalingrun_trainer.frameworks.keras.models import build_network
 
     tf.keras.utils.set_random_seed(0)
     classes = len(open_dataset(dataset).classes)
@@ -62,7 +62,7 @@ def network(dataset):
 
 @pytest.fixture(scope="module")
 def extract(network):
-    from scalingrun_trainer.keras.feature_cache import extractor
+    from scalingrun_trainer.frameworks.keras.feature_cache import extractor
 
     return extractor(network.features, SIDE)
 

@@ -93,8 +93,8 @@ def test_a_rank_without_a_location_writes_nothing_but_counts_its_gaps(tmp_path):
 
 
 def test_a_preprocessing_shard_beats_beside_its_manifest(tmp_path):
-    from scalingrun_trainer.preprocess import Params, process_shard
-    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+    from scalingrun_trainer.preprocess.shards import Params, process_shard
+    from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
 
     for relative, data in fashion_mnist_jpegs(2):
         (tmp_path / "jpeg" / relative).parent.mkdir(parents=True, exist_ok=True)

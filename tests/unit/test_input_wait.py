@@ -11,7 +11,7 @@ from scalingrun_trainer.core.input_wait import (
     READER_DELAY_ENV, GpuSampler, StepTimes, input_entry, physical_gpu_index, reader_delay,
 )
 from scalingrun_trainer.core.progress import ProgressWriter
-from scalingrun_trainer.keras.input_clock import InputClock, delay_batches
+from scalingrun_trainer.frameworks.keras.input_clock import InputClock, delay_batches
 from scalingrun_trainer.storage import open_location
 
 

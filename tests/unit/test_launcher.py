@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from scalingrun_trainer.launcher import LaunchError, probe, read_hostfile, wait_for_hosts
+from scalingrun_trainer.launch.mpirun import LaunchError, probe, read_hostfile, wait_for_hosts
 
 SSH_HOST, OTHER_HOST, ABSENT_HOST = "127.0.0.1", "127.0.0.2", "127.0.0.3"
 UNRESOLVABLE = "worker-9.no-such-job.invalid"  # RFC 2606: never resolves

@@ -9,8 +9,8 @@ import skimage.data as skimage_data
 import tensorflow as tf
 from PIL import Image
 
-from scalingrun_trainer.keras import efficientnet_lite
-from scalingrun_trainer.keras.models import INPUT_SCALING, ModelError, build_model, input_normalization
+from scalingrun_trainer.frameworks.keras import efficientnet_lite
+from scalingrun_trainer.frameworks.keras.models import INPUT_SCALING, ModelError, build_model, input_normalization
 
 OWN_PREPROCESS_INPUT = {
     "efficientnet_lite0": efficientnet_lite.preprocess_input,

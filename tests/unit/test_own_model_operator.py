@@ -17,7 +17,7 @@ from scalingrun_operator.builders.common import CONFIG_FILE
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_trainer.cli import build_parser
-from scalingrun_trainer.parquet_table import TableParams
+from scalingrun_trainer.preprocess.parquet_table import TableParams
 from tests.unit.decide_world import NS, SPEC, World, actions, conditions, done, manifest, mpijob, owned, progress
 from tests.unit.test_decide_run import preprocess_pod, training
 

@@ -15,12 +15,13 @@ for blocked in {blocked!r}:
     sys.modules[blocked] = None  # any import of it raises ImportError
 package = importlib.import_module({package!r})
 for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-    if not module.name.startswith({skip!r}):
+    if not module.name.startswith(tuple({skip!r})):
         importlib.import_module(module.name)
 print("ok")
 """
 # The PyTorch Lightning trainer lives in its own venv (torch, no TensorFlow): imported there, below.
-LIGHTNING = "scalingrun_trainer.lightning"
+LIGHTNING = "scalingrun_trainer.frameworks.lightning"
+LIGHTNING_PARTS = [LIGHTNING, "scalingrun_trainer.engines.lightning_ddp", "scalingrun_trainer.sdk.lightning"]
 LIGHTNING_PYTHON = Path(__file__).resolve().parents[2] / ".venv-lightning/bin/python"
 
 
@@ -32,12 +33,12 @@ LIGHTNING_PYTHON = Path(__file__).resolve().parents[2] / ".venv-lightning/bin/py
         ("scalingrun_api", ["kopf", "kubernetes", "tensorflow", "horovod", "torch", "petastorm", "pyarrow"]),
         # The trainer's core is framework-free; the Keras layer and the multi-worker-mirrored engine need no Horovod.
         ("scalingrun_trainer.core", ["tensorflow", "keras", "horovod", "torch", "pytorch_lightning", "kopf"]),
-        ("scalingrun_trainer.keras", ["horovod", "torch", "kopf", "kubernetes"]),
-        ("scalingrun_trainer.keras_mirrored", ["horovod", "torch", "kopf", "kubernetes"]),
+        ("scalingrun_trainer.frameworks.keras", ["horovod", "torch", "kopf", "kubernetes"]),
+        ("scalingrun_trainer.engines.keras_mirrored", ["horovod", "torch", "kopf", "kubernetes"]),
     ],
 )
 def test_package_imports_without_the_other_side(package, blocked):
-    code = IMPORT_ALL.format(package=package, blocked=blocked, skip=LIGHTNING)
+    code = IMPORT_ALL.format(package=package, blocked=blocked, skip=LIGHTNING_PARTS)
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 
@@ -48,7 +49,9 @@ def test_lightning_trainer_imports_without_tensorflow_horovod_or_kopf():
 
     require(LIGHTNING_PYTHON.exists(), f"no {LIGHTNING_PYTHON}: SCALINGRUN_PROFILE=lightning scripts/setup.sh")
     code = IMPORT_ALL.format(package=LIGHTNING, blocked=["tensorflow", "horovod", "keras", "kopf", "kubernetes"],
-                             skip="-") + "import scalingrun_trainer.cli, scalingrun_trainer.keras_horovod.train\n"
+                             skip=["-"])
+    code += ("import scalingrun_trainer.cli, scalingrun_trainer.engines.keras_horovod.train, "
+             "scalingrun_trainer.engines.lightning_ddp.train, scalingrun_trainer.sdk.lightning\n")
     result = subprocess.run([str(LIGHTNING_PYTHON), "-c", code], capture_output=True, text=True)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
 

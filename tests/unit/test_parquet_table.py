@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from scalingrun_trainer.core.dataset import open_dataset
-from scalingrun_trainer.parquet_table import TableError, TableParams, inspect_table, write_manifest
+from scalingrun_trainer.preprocess.parquet_table import TableError, TableParams, inspect_table, write_manifest
 
 SIDE = 32  # the smallest spec.dataset.imageSize
 
@@ -72,7 +72,7 @@ def test_a_missing_label_column_is_named(tmp_path):
 def test_the_command_fails_naming_the_column_and_forgets_an_earlier_manifest(tmp_path):
     root = write_table(tmp_path / "table")
     good = params(root, tmp_path)
-    from scalingrun_trainer.parquet_table import write_manifest
+    from scalingrun_trainer.preprocess.parquet_table import write_manifest
 
     write_manifest(good, inspect_table(good))
     (root / "train" / "part-0.parquet").unlink()
@@ -134,7 +134,7 @@ def test_training_rows_in_class_order_warn_and_a_random_order_does_not(tmp_path)
 
 @pytest.mark.parametrize("image_type", [pa.binary(), pa.binary(SIDE * SIDE * 3)], ids=["binary", "fixed-size"])
 def test_the_trainers_reader_reads_the_tables_own_columns(tmp_path, image_type):
-    from scalingrun_trainer.keras.data import make_dataset
+    from scalingrun_trainer.frameworks.keras.data import make_dataset
 
     root = write_table(tmp_path / "table", image_type=image_type, label_type=pa.int8())
     write_manifest(params(root, tmp_path), inspect_table(params(root, tmp_path)))
@@ -167,7 +167,7 @@ def test_missing_split_folders_are_named(tmp_path):
     for path in (root / "validation").iterdir():
         path.unlink()
     (root / "validation").rmdir()
-    from scalingrun_trainer.preprocess import SourceError
+    from scalingrun_trainer.preprocess.shards import SourceError
 
     with pytest.raises(SourceError, match="validation is not a folder"):
         inspect_table(params(root, tmp_path))

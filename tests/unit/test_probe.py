@@ -7,7 +7,7 @@ import pytest
 from scalingrun_trainer.core.probe import (
     ProbeError, ProbeResult, candidate_sizes, choose_knee, probe_ceiling, run_probe,
 )
-from scalingrun_trainer.keras.probe import is_out_of_memory, keras_measure
+from scalingrun_trainer.frameworks.keras.probe import is_out_of_memory, keras_measure
 
 
 def rows(*pairs):

@@ -15,7 +15,7 @@ import pytest
 
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
-from scalingrun_trainer.parquet_table import TableParams, inspect_table, write_manifest
+from scalingrun_trainer.preprocess.parquet_table import TableParams, inspect_table, write_manifest
 from tests.unit.test_parquet_table import SIDE, write_table
 
 # Every key of our trainers' progress.json (trainer/scalingrun_trainer/progress.py).

@@ -96,9 +96,9 @@ def test_the_local_runner_starts_each_engine_as_its_mpijob_would(tmp_path):
 
 
 @pytest.mark.parametrize("training,module", [
-    ({}, "scalingrun_trainer.keras_horovod.train"),
-    ({"strategy": "multi-worker-mirrored"}, "scalingrun_trainer.keras_mirrored.train"),
-    ({"framework": "pytorch-lightning"}, "scalingrun_trainer.lightning.train"),
+    ({}, "scalingrun_trainer.engines.keras_horovod.train"),
+    ({"strategy": "multi-worker-mirrored"}, "scalingrun_trainer.engines.keras_mirrored.train"),
+    ({"framework": "pytorch-lightning"}, "scalingrun_trainer.engines.lightning_ddp.train"),
 ])
 def test_the_trainer_picks_the_engine_of_framework_and_strategy(training, module):
     config = build_trainer_config(parse_scalingrun(with_training(**training)))

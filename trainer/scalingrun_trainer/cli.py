@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Optional
 
-from .launcher import DEFAULT_HOSTFILE, DEFAULT_SSH_PORT, DEFAULT_TIMEOUT_SECONDS, launch
+from .launch.mpirun import DEFAULT_HOSTFILE, DEFAULT_SSH_PORT, DEFAULT_TIMEOUT_SECONDS, launch
 
 TERMINATION_LOG = "/dev/termination-log"
 
@@ -24,7 +24,7 @@ def _preprocess_params(args: argparse.Namespace):
 
     from scalingrun_api.models import Dataset, Storage
     from .core.config import parse_config, read_document
-    from .preprocess import Params
+    from .preprocess.shards import Params
 
     document = read_document(args.config)
     flags = {"source": args.source, "output": args.output, "image_size": args.image_size,
@@ -59,7 +59,7 @@ def _preprocess_params(args: argparse.Namespace):
 
 
 def _cmd_preprocess(args: argparse.Namespace) -> int:
-    from .preprocess import PreprocessError, process_shard
+    from .preprocess.shards import PreprocessError, process_shard
 
     params = _preprocess_params(args)
     if args.all_shards:
@@ -87,7 +87,7 @@ def _table_params(args: argparse.Namespace):
     from pydantic import ValidationError
 
     from .core.config import parse_config, read_document
-    from .parquet_table import TableParams
+    from .preprocess.parquet_table import TableParams
 
     document = read_document(args.config)
     values = {}
@@ -112,8 +112,8 @@ def _table_params(args: argparse.Namespace):
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     """dataset.format parquet: check the table and write the dataset manifest (in the preprocessing Job's place)."""
-    from .parquet_table import forget_manifest, inspect_table, summary, write_manifest
-    from .preprocess import PreprocessError
+    from .preprocess.parquet_table import forget_manifest, inspect_table, summary, write_manifest
+    from .preprocess.shards import PreprocessError
 
     params = _table_params(args)
     try:

@@ -3,7 +3,7 @@ to tell the user.
 
 The contract with the trainer's preprocessing: it writes `<dataset.output>/_manifest.json` with the
 source URI and the parameters that determine the content (`Params.dataset_parameters()` in
-scalingrun_trainer.preprocess, mirrored by `dataset_parameters` here without importing pyarrow).
+scalingrun_trainer.preprocess.shards, mirrored by `dataset_parameters` here without importing pyarrow).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from .draft import Draft, store_of
 from .snapshot import CLUSTER, Listing, Names, Where
 from .status import DATASET_REUSED, PREPROCESSED, PREPROCESSING_FAILED, TABLE_INVALID, Event, parse_time
 
-FORMAT_VERSION = 2  # scalingrun_trainer.preprocess.FORMAT_VERSION
-TABLE_FORMAT_VERSION = 1  # scalingrun_trainer.parquet_table.FORMAT_VERSION
+FORMAT_VERSION = 2  # scalingrun_trainer.preprocess.shards.FORMAT_VERSION
+TABLE_FORMAT_VERSION = 1  # scalingrun_trainer.preprocess.parquet_table.FORMAT_VERSION
 
 
 def dataset_parameters(run: ScalingRun) -> dict[str, Any]:

@@ -44,7 +44,7 @@ def upload_fashion_mnist(server: S3Server, source_uri: str, per_class: int) -> i
     """Fashion-MNIST training images as JPEGs under SOURCE/<class>/; skipped when already there."""
     from pyarrow import fs as pafs
 
-    from scalingrun_trainer.sample_data import fashion_mnist_jpegs
+    from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
 
     s3 = server.filesystem()
     prefix = source_uri[len("s3://"):].rstrip("/")

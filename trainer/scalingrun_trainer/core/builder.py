@@ -3,7 +3,7 @@
 The contract: function(input_shape, num_classes, **params) returns an uncompiled tf.keras.Model (Keras) or a
 torch.nn.Module (Lightning) that takes float32 images in [0, 1] (NHWC for Keras, NCHW for torch) and returns
 logits of shape (batch, num_classes). A `Builder` imports it and binds the arguments; each engine's
-`build_network` (keras/models.py, lightning/network.py) builds it and runs a batch of PROBE_BATCH zero images
+`build_network` (frameworks/keras/models.py, frameworks/lightning/network.py) builds it and runs a batch of PROBE_BATCH zero images
 through it. Any failure is a BuilderError naming the builder, the image and the Python error, so that the run
 fails with that message before training and nothing reaches modelUri.
 """

@@ -20,7 +20,7 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..preprocess import SPLITS
+from ..preprocess.shards import SPLITS
 from ..storage import Location, open_location, s3fs_options
 
 

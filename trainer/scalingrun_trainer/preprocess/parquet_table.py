@@ -30,8 +30,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from .preprocess import SPLITS, PreprocessError, SourceError
-from .storage import Location, open_location
+from .shards import SPLITS, PreprocessError, SourceError
+from ..storage import Location, open_location
 
 FORMAT = "parquet"
 FORMAT_VERSION = 1  # of this manifest's parameters (the operator's handlers/dataset.py mirrors them)

@@ -38,9 +38,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from .core.heartbeat import HeartbeatWriter
+from ..core.heartbeat import HeartbeatWriter
 from .images import BadImage, scale_image
-from .storage import Location, open_location
+from ..storage import Location, open_location
 
 SPLITS = ("train", "validation")
 # 256 rows of 299 x 299 x 3 are about 70 MB: small enough to stream, large enough to read fast.

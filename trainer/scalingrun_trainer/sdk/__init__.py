@@ -88,7 +88,7 @@ def tf_dataset(split: str, batch_size: Optional[int] = None):
 
     "train" repeats forever (fit with steps_per_epoch=ctx.steps_per_epoch); "validation" is read once per
     iteration, unshuffled. Row groups are shuffled with the run's seed, then split between the ranks."""
-    from ..keras.data import make_dataset
+    from ..frameworks.keras.data import make_dataset
 
     ctx = context()
     data, reader = make_dataset(ctx.dataset, split, rank=ctx.rank, size=ctx.size,
@@ -101,7 +101,7 @@ def tf_dataset(split: str, batch_size: Optional[int] = None):
 def torch_batches(split: str, batch_size: Optional[int] = None):
     """This rank's shard of a split as an iterable of (uint8 tensor (N, S, S, 3), int64 tensor): "train" yields
     ctx.steps_per_epoch batches per iteration from an endless reader, "validation" the whole shard once."""
-    from ..lightning.data import TrainBatches, ValidationBatches
+    from ..frameworks.lightning.data import TrainBatches, ValidationBatches
 
     ctx = context()
     size = batch_size or ctx.batch_size_per_worker
@@ -127,15 +127,15 @@ def __getattr__(name: str) -> Any:
 
         return KerasCallback
     if name == "LightningCallback":
-        from ..lightning.sdk import LightningCallback
+        from .lightning import LightningCallback
 
         return LightningCallback
     if name == "lightning_mpi_environment":
-        from ..lightning.sdk import mpi_environment
+        from .lightning import mpi_environment
 
         return mpi_environment
     if name == "lightning_trainer_kwargs":
-        from ..lightning.world import trainer_kwargs
+        from .lightning_world import trainer_kwargs
 
         return trainer_kwargs
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..sdk.context import ContextError, ranks
+from .context import ContextError, ranks
 
 
 def trainer_kwargs(**strategy_options: Any) -> dict[str, Any]:
@@ -32,7 +32,7 @@ def trainer_kwargs(**strategy_options: Any) -> dict[str, Any]:
     if size > 1:
         from pytorch_lightning.strategies import DDPStrategy
 
-        from .sdk import mpi_environment
+        from .lightning import mpi_environment
 
         # No buffer sync in forward (a collective per step; ranks' validation shards differ in length), as our
         # trainer does.

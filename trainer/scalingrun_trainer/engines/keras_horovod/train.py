@@ -8,8 +8,8 @@ import os
 from typing import Any
 
 from scalingrun_api.config import TrainerConfig
-from ..core.stall import engine_timeout
-from ..keras.training import KerasEngine, train as train_keras
+from ...core.stall import engine_timeout
+from ...frameworks.keras.training import KerasEngine, train as train_keras
 
 
 class HorovodWorld:

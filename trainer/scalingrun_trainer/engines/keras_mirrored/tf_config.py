@@ -10,7 +10,7 @@ import json
 import socket
 from typing import Any
 
-from ..core.mpi import MpiWorld, host_address
+from ...core.mpi import MpiWorld, host_address
 
 TF_CONFIG = "TF_CONFIG"
 

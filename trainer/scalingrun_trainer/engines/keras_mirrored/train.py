@@ -23,9 +23,9 @@ from typing import Any, Callable, ContextManager, Optional
 
 from scalingrun_api.config import TrainerConfig
 from scalingrun_api.models import Strategy
-from ..core.mpi import MpiWorld, local_rank_and_size
-from ..core.stall import engine_timeout
-from ..keras.training import KerasEngine, train as train_keras
+from ...core.mpi import MpiWorld, local_rank_and_size
+from ...core.stall import engine_timeout
+from ...frameworks.keras.training import KerasEngine, train as train_keras
 from .tf_config import TF_CONFIG, tf_config
 
 STRATEGY = Strategy.multi_worker_mirrored.value

@@ -14,13 +14,13 @@ import warnings
 from datetime import timedelta
 
 from scalingrun_api.config import TrainerConfig
-from ..core.builder import Builder
-from ..core.feature_cache import cache_features
-from ..core.mpi import MpiWorld, host_address, local_rank_and_size
-from ..core.scaling import scale_run
-from ..core.session import Attempt, TrainingError
-from ..core.stall import engine_timeout
-from ..core.weights import local_weights
+from ...core.builder import Builder
+from ...core.feature_cache import cache_features
+from ...core.mpi import MpiWorld, host_address, local_rank_and_size
+from ...core.scaling import scale_run
+from ...core.session import Attempt, TrainingError
+from ...core.stall import engine_timeout
+from ...core.weights import local_weights
 
 FRAMEWORK = "pytorch-lightning"
 
@@ -58,10 +58,10 @@ def _train(attempt: Attempt) -> int:
     import torch
     from pytorch_lightning.strategies import DDPStrategy
 
-    from ..core.progress import EpochRecorder
-    from .callbacks import Checkpointer, EarlyStopping, EpochEnd, Heartbeat, load_checkpoint
-    from .model import BASES, TransferClassifier
-    from .network import BuilderNet, build_network
+    from ...core.progress import EpochRecorder
+    from ...frameworks.lightning.callbacks import Checkpointer, EarlyStopping, EpochEnd, Heartbeat, load_checkpoint
+    from ...frameworks.lightning.model import BASES, TransferClassifier
+    from ...frameworks.lightning.network import BuilderNet, build_network
 
     config, rank, size, log = attempt.config, attempt.rank, attempt.size, attempt.log
     model_spec, training, seed = config.model, config.training, config.dataset.seed
@@ -157,8 +157,8 @@ def _train(attempt: Attempt) -> int:
 def _inputs(attempt: Attempt, module, scaled):
     """(training, validation) batches as the module takes them: Petastorm readers of pixels, or this rank's cached
     features (built here, every rank)."""
-    from .data import TrainBatches, ValidationBatches
-    from .feature_cache import CachedTrainBatches, CachedValidationBatches, ModuleWeights, extractor
+    from ...frameworks.lightning.data import TrainBatches, ValidationBatches
+    from ...frameworks.lightning.feature_cache import CachedTrainBatches, CachedValidationBatches, ModuleWeights, extractor
 
     dataset, rank, size, seed = attempt.dataset, attempt.rank, attempt.size, attempt.config.dataset.seed
     batch_size, steps = scaled.batch_size_per_worker, scaled.steps_per_epoch

@@ -15,11 +15,11 @@ import numpy as np
 import tensorflow as tf
 from scalingrun_api.progress import InputEpoch
 
-from ..core.checkpoints import CheckpointState, CheckpointStore, EarlyStoppingState
-from ..core.heartbeat import HeartbeatWriter
-from ..core.stall import StallWatch
-from ..core.input_wait import GpuSampler, StepTimes, input_entry
-from ..core.progress import EpochRecorder, EpochTimer
+from ...core.checkpoints import CheckpointState, CheckpointStore, EarlyStoppingState
+from ...core.heartbeat import HeartbeatWriter
+from ...core.stall import StallWatch
+from ...core.input_wait import GpuSampler, StepTimes, input_entry
+from ...core.progress import EpochRecorder, EpochTimer
 from .input_clock import InputClock
 
 

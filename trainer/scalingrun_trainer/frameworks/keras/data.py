@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 
-from ..core.dataset import Dataset, batches, open_reader, pixel_groups
+from ...core.dataset import Dataset, batches, open_reader, pixel_groups
 
 
 def aligned_empty(shape, dtype):

@@ -22,8 +22,8 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from ..core.efficientnet_lite import BLOCKS, BN_EPSILON, HEAD_CHANNELS, MEAN, STDDEV, STEM_CHANNELS
-from ..core.weights import WeightsError, imagenet_weights_path, load_torch_state_dict
+from ...core.efficientnet_lite import BLOCKS, BN_EPSILON, HEAD_CHANNELS, MEAN, STDDEV, STEM_CHANNELS
+from ...core.weights import WeightsError, imagenet_weights_path, load_torch_state_dict
 
 BN_MOMENTUM = 0.99  # TF's; PyTorch's 0.01 is the same thing counted the other way
 

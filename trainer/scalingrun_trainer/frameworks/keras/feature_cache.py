@@ -7,7 +7,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..core.feature_cache import FeatureCacheData
+from ...core.feature_cache import FeatureCacheData
 
 
 class ModelWeights:

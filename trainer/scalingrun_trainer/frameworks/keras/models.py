@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from ..core.builder import PROBE_BATCH, Builder
-from ..core.weights import ModelError
+from ...core.builder import PROBE_BATCH, Builder
+from ...core.weights import ModelError
 
 # Each base's own preprocess_input as (scale, offset) on [0, 255] pixels: x * scale + offset.
 INPUT_SCALING = {

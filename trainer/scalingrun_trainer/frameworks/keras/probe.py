@@ -7,13 +7,13 @@ import os
 import time
 from typing import TYPE_CHECKING, Callable, Optional
 
-from ..core.probe import (
+from ...core.probe import (
     MAX_STEPS, MIN_SECONDS, MIN_STEPS, OOM_AT_ENV, PROBE_START, ProbeError, ProbeResult, candidate_sizes, probe_ceiling,
     run_probe,
 )
 
 if TYPE_CHECKING:
-    from ..core.session import Attempt
+    from ...core.session import Attempt
 
 
 def probe_batch_size(attempt: "Attempt", build_model: Callable[[], object], replicas: int) -> ProbeResult:

@@ -12,10 +12,10 @@ from typing import Any, Optional
 import pytorch_lightning as pl
 import torch
 
-from ..core.checkpoints import CheckpointState, CheckpointStore, EarlyStoppingState
-from ..core.heartbeat import HeartbeatWriter
-from ..core.stall import StallWatch
-from ..core.progress import EpochRecorder, EpochTimer, better
+from ...core.checkpoints import CheckpointState, CheckpointStore, EarlyStoppingState
+from ...core.heartbeat import HeartbeatWriter
+from ...core.stall import StallWatch
+from ...core.progress import EpochRecorder, EpochTimer, better
 
 
 class EarlyStopping:

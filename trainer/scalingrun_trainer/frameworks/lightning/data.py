@@ -20,7 +20,7 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
-from ..core.dataset import Dataset, batches, open_reader, pixel_groups
+from ...core.dataset import Dataset, batches, open_reader, pixel_groups
 
 # Reader threads per process: 2 keep some S3 requests overlapping without crowding 2 cores (the pixels are
 # zero-copy views: the threads only read and decompress).

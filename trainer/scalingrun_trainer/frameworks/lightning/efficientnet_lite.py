@@ -20,8 +20,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ..core.efficientnet_lite import BLOCKS, BN_EPSILON, HEAD_CHANNELS, MEAN, STDDEV, STEM_CHANNELS
-from ..core.weights import WeightsError, imagenet_weights_path
+from ...core.efficientnet_lite import BLOCKS, BN_EPSILON, HEAD_CHANNELS, MEAN, STDDEV, STEM_CHANNELS
+from ...core.weights import WeightsError, imagenet_weights_path
 
 BN_MOMENTUM = 0.01  # PyTorch counts TF's 0.99 the other way
 __all__ = ["MEAN", "STDDEV", "EfficientNetLite0Features", "load_base_weights"]  # model.py's input scaling

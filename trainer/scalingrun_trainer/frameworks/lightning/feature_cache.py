@@ -9,7 +9,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from ..core.feature_cache import FeatureCacheData
+from ...core.feature_cache import FeatureCacheData
 
 
 class ModuleWeights:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..core.builder import PROBE_BATCH, Builder
+from ...core.builder import PROBE_BATCH, Builder
 
 
 def build_network(builder: Builder, image_size: int, num_classes: int) -> nn.Module:
