@@ -1,15 +1,17 @@
-"""Real sample images for tests, benchmarks and the quick start: Debian's Fashion-MNIST and
-scikit-image's photos. Nothing is downloaded."""
+"""Real sample images for the quick start, tests and benchmarks: Debian's Fashion-MNIST and scikit-image's photos.
+Nothing is downloaded. Here, not in the trainer package, so that the local runner and the tests use it without the
+operator importing the trainer; numpy and Pillow (a local machine's, never the operator image's) load when used."""
 
 from __future__ import annotations
 
 import gzip
 import io
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import numpy as np
-from PIL import Image
+if TYPE_CHECKING:
+    import numpy as np
+    from PIL import Image
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 FASHION_MNIST_CLASSES = [
@@ -21,6 +23,8 @@ PHOTO_NAMES = ["astronaut", "coffee", "chelsea", "rocket", "cat", "hubble_deep_f
 
 def fashion_mnist(split: str = "t10k") -> tuple[np.ndarray, np.ndarray]:
     """(images N x 28 x 28 uint8, labels N) from the Debian package dataset-fashion-mnist."""
+    import numpy as np
+
     with gzip.open(FASHION_MNIST_DIR / f"{split}-images-idx3-ubyte.gz") as f:
         images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 28, 28)
     with gzip.open(FASHION_MNIST_DIR / f"{split}-labels-idx1-ubyte.gz") as f:
@@ -31,6 +35,8 @@ def fashion_mnist(split: str = "t10k") -> tuple[np.ndarray, np.ndarray]:
 def fashion_mnist_jpegs(count_per_class: int, split: str = "t10k", size: int | None = None,
                         quality: int = 90) -> Iterator[tuple[str, bytes]]:
     """(class-folder/file.jpg, JPEG bytes); `size` upscales (the 28 px originals are tiny)."""
+    from PIL import Image
+
     images, labels = fashion_mnist(split)
     taken = {c: 0 for c in range(len(FASHION_MNIST_CLASSES))}
     for index, (pixels, label) in enumerate(zip(images, labels)):
@@ -49,6 +55,8 @@ def fashion_mnist_jpegs(count_per_class: int, split: str = "t10k", size: int | N
 
 def photos() -> Iterator[tuple[str, Image.Image]]:
     """scikit-image's sample photos as PIL images (RGB or L)."""
+    import numpy as np
+    from PIL import Image
     from skimage import data
 
     for name in PHOTO_NAMES:
