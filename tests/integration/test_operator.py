@@ -357,7 +357,7 @@ def manifest_for(run: dict, fingerprint: str = "f" * 16, train: int = 40, valida
                  skipped: int = 1) -> dict:
     """The manifest the preprocessing would write for `run` (as admitted, defaults filled in),
     with its parameters from the trainer's own Params: the two packages must agree."""
-    from scalingrun_trainer.preprocess.shards import Params
+    from scalingrun_trainer.preprocess.source import Params
 
     d, w = run["spec"]["dataset"], run["spec"]["workers"]
     params = Params(source=d["source"], output=d["output"], image_size=d["imageSize"],

@@ -76,7 +76,7 @@ def get_run(cluster: Cluster, name: str):
 
 def shared_manifest(run: dict) -> dict:
     """The manifest the first point's preprocessing writes: laid out for the sweep's largest point."""
-    from scalingrun_trainer.preprocess.shards import Params
+    from scalingrun_trainer.preprocess.source import Params
 
     manifest = manifest_for(run)
     d = run["spec"]["dataset"]

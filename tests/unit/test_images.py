@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from scalingrun_trainer.preprocess.images import BadImage, fitted_size, scale_image
-from scalingrun_trainer.preprocess.shards import assign, rows_per_group
+from scalingrun_trainer.preprocess.source import assign, rows_per_group
 
 
 def encode(image: Image.Image, fmt: str = "JPEG") -> bytes:

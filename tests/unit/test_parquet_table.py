@@ -167,7 +167,7 @@ def test_missing_split_folders_are_named(tmp_path):
     for path in (root / "validation").iterdir():
         path.unlink()
     (root / "validation").rmdir()
-    from scalingrun_trainer.preprocess.shards import SourceError
+    from scalingrun_trainer.preprocess.source import SourceError
 
     with pytest.raises(SourceError, match="validation is not a folder"):
         inspect_table(params(root, tmp_path))

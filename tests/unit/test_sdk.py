@@ -105,7 +105,7 @@ def test_rank_0_writes_the_same_progress_document_as_our_trainers(config):
 def test_the_scripts_loop_beats_on_rank_0_only(config):
     script = """
         sdk.context()
-        sdk._session.heartbeat.phase_floor = 0  # the first beat after "starting" is written at once
+        sdk.run._session.heartbeat.phase_floor = 0  # the first beat after "starting" is written at once
         sdk.heartbeat(1, 0)
         sdk.heartbeat(7, 0)  # within the interval: not written
         sdk.report_epoch(1, {"loss": 1.0}, 10.0)

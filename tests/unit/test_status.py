@@ -124,7 +124,7 @@ def test_without_a_pin_the_current_spec_is_used():
 ])
 def test_dataset_parameters_equal_the_trainers(overrides, workers):
     """The reuse check compares with what the trainer's preprocessing writes: the two must agree."""
-    from scalingrun_trainer.preprocess.shards import Params
+    from scalingrun_trainer.preprocess.source import Params
 
     doc = copy.deepcopy(DOC)
     doc["spec"]["dataset"].update(overrides)

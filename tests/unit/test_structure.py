@@ -14,6 +14,9 @@ from typing import Iterator, Optional
 
 import pytest
 
+from tests import import_graph
+from tests.import_graph import imports
+
 OPERATOR = Path(__file__).resolve().parents[2] / "operator"
 LAYERS = [
     ("scalingrun_api",),
@@ -43,29 +46,7 @@ IMMUTABLE_CALLS = {"getLogger", "TypeVar", "compile", "frozenset", "tuple", "Map
 
 
 def modules() -> Iterator[tuple[str, Path, ast.Module]]:
-    for path in sorted(OPERATOR.rglob("*.py")):
-        parts = path.relative_to(OPERATOR).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        yield name, path, ast.parse(path.read_text(), str(path))
-
-
-def imports(name: str, path: Path, tree: ast.Module) -> Iterator[tuple[int, str]]:
-    """(line, absolute module) of every import, those inside functions too."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[:len(base) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            yield node.lineno, target
-            for alias in node.names:  # `from . import pods` imports the module pods
-                yield node.lineno, f"{target}.{alias.name}"
+    return import_graph.modules(OPERATOR)
 
 
 def layer(module: str) -> Optional[tuple[int, str]]:

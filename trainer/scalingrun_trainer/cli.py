@@ -24,7 +24,7 @@ def _preprocess_params(args: argparse.Namespace):
 
     from scalingrun_api.models import Dataset, Storage
     from .core.config import parse_config, read_document
-    from .preprocess.shards import Params
+    from .preprocess.source import Params
 
     document = read_document(args.config)
     flags = {"source": args.source, "output": args.output, "image_size": args.image_size,
@@ -113,7 +113,7 @@ def _table_params(args: argparse.Namespace):
 def _cmd_inspect(args: argparse.Namespace) -> int:
     """dataset.format parquet: check the table and write the dataset manifest (in the preprocessing Job's place)."""
     from .preprocess.parquet_table import forget_manifest, inspect_table, summary, write_manifest
-    from .preprocess.shards import PreprocessError
+    from .preprocess.source import PreprocessError
 
     params = _table_params(args)
     try:

@@ -23,7 +23,7 @@ from .draft import Draft, store_of
 from .snapshot import CLUSTER, Listing, Names, Where
 from .status import DATASET_REUSED, PREPROCESSED, PREPROCESSING_FAILED, TABLE_INVALID, Event, parse_time
 
-FORMAT_VERSION = 2  # scalingrun_trainer.preprocess.shards.FORMAT_VERSION
+FORMAT_VERSION = 2  # scalingrun_trainer.preprocess.source.FORMAT_VERSION
 TABLE_FORMAT_VERSION = 1  # scalingrun_trainer.preprocess.parquet_table.FORMAT_VERSION
 
 

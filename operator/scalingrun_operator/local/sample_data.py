@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import numpy as np
     from PIL import Image
 
-FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_DIR = "/usr/share/datasets/fashion-mnist"  # Debian package dataset-fashion-mnist
 FASHION_MNIST_CLASSES = [
     "t-shirt", "trouser", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag", "ankle-boot",
 ]
@@ -25,9 +25,9 @@ def fashion_mnist(split: str = "t10k") -> tuple[np.ndarray, np.ndarray]:
     """(images N x 28 x 28 uint8, labels N) from the Debian package dataset-fashion-mnist."""
     import numpy as np
 
-    with gzip.open(FASHION_MNIST_DIR / f"{split}-images-idx3-ubyte.gz") as f:
+    with gzip.open(Path(FASHION_MNIST_DIR) / f"{split}-images-idx3-ubyte.gz") as f:
         images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 28, 28)
-    with gzip.open(FASHION_MNIST_DIR / f"{split}-labels-idx1-ubyte.gz") as f:
+    with gzip.open(Path(FASHION_MNIST_DIR) / f"{split}-labels-idx1-ubyte.gz") as f:
         labels = np.frombuffer(f.read(), np.uint8, offset=8)
     return images, labels
 

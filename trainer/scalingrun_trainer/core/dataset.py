@@ -20,7 +20,6 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..preprocess.shards import SPLITS
 from ..storage import Location, open_location, s3fs_options
 
 
@@ -28,6 +27,7 @@ class DatasetError(RuntimeError):
     """The dataset cannot be used as configured; the message says why and what to do."""
 
 
+SPLITS = ("train", "validation")  # the dataset's folders, in preprocessing's order
 # The columns our preprocessing writes; a Parquet table of the user's (dataset.format parquet) names its own.
 DEFAULT_COLUMNS = {"image": "image", "label": "label"}
 

@@ -1,7 +1,8 @@
 """spec.training.featureCache: with a frozen built-in base, each rank runs the base once over its shard and trains
 the head on the pooled features in every epoch. Framework-free: when it applies, the one pass that reads the
 shard and stores the features, and the batches every epoch draws from them. An engine gives it the base's forward
-pass (`extract`) and feeds the batches to its head (frameworks/keras/feature_cache.py, frameworks/lightning/feature_cache.py).
+pass (`extract`) and feeds the batches to its head (frameworks/keras/feature_cache.py,
+frameworks/lightning/feature_cache.py); session.cache_features builds an attempt's.
 
 Exact, not an approximation: no augmentation exists, and a frozen base runs in inference mode (BatchNorm with its
 stored statistics), so an image's features never change. Dropout stays in the head, so it still draws new masks
@@ -22,23 +23,20 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 import numpy as np
 from scalingrun_api.config import TrainerConfig
 from scalingrun_api.models import FeatureCache
 
-from .dataset import Dataset, DatasetError, batches, open_reader, pixel_groups
-
-if TYPE_CHECKING:
-    from .session import Attempt, Collective
+from .collective import Collective
+from .dataset import SPLITS, Dataset, DatasetError, batches, open_reader, pixel_groups
 
 # Per rank: 512 MiB is about 100,000 images of a 1280-wide base (EfficientNet-Lite0, MobileNetV2), 65,000 of
 # Xception's 2048; a process's memory peaks at about twice this while the last chunk is joined.
 MEMORY_LIMIT = 512 * 1024 * 1024
 MEMORY_LIMIT_ENV = "SCALINGRUN_FEATURE_CACHE_MEMORY_BYTES"
 DIRECTORY_ENV = "SCALINGRUN_FEATURE_CACHE_DIR"
-SPLITS = ("train", "validation")
 
 
 def reason_not_used(config: TrainerConfig) -> Optional[str]:
@@ -209,7 +207,7 @@ def build_feature_cache(dataset: Dataset, extract: Callable[[np.ndarray], np.nda
     return FeatureCacheData(stores, seed, rank, time.monotonic() - started)
 
 
-def share(cache: FeatureCacheData, dataset: Dataset, world: "Collective") -> FeatureCache:
+def share(cache: FeatureCacheData, dataset: Dataset, world: Collective) -> FeatureCache:
     """status.training.featureCache over all ranks (a collective): the slowest rank's seconds, the summed rows and
     bytes. Refuses a cache that lost rows: the ranks' rows must add up to both splits."""
     stores = cache.stores
@@ -232,31 +230,3 @@ class Weights(Protocol):
     def get(self) -> Any: ...
 
     def set(self, value: Any) -> None: ...
-
-
-def cache_features(attempt: "Attempt", extract: Callable[[np.ndarray], np.ndarray], batch_size: int,
-                   base_weights: Optional[Weights]) -> FeatureCacheData:
-    """Every rank: builds its cache with `extract`, then (a collective) the run's figures, logged and (rank 0) in
-    progress.json. `base_weights`: the network's, made rank 0's first when they are random; None when the engine
-    created them with rank 0's values (MultiWorkerMirroredStrategy broadcasts every variable's initial value)."""
-    config = attempt.config
-    if base_weights is not None and config.model.weights == "none" and not attempt.state and attempt.size > 1:
-        # A randomly initialised base must be rank 0's everywhere before any rank computes features with it (without
-        # the cache, the framework synchronises it at the first step, after the last use of a rank's own).
-        weights = attempt.world.broadcast(base_weights.get() if attempt.rank == 0 else None, "base_weights")
-        if attempt.rank:
-            base_weights.set(weights)
-    cache = build_feature_cache(attempt.dataset, extract, rank=attempt.rank, size=attempt.size,
-                                seed=config.dataset.seed, batch_size=batch_size,
-                                beat=lambda rows: attempt.heartbeat.beat("feature-cache", step=rows))
-    try:
-        figures = share(cache, attempt.dataset, attempt.world)
-    except BaseException:
-        cache.close()
-        raise
-    where = "on local disk" if figures.on_disk else "in memory"
-    attempt.log(f"scalingrun-trainer: feature cache: the frozen base ran once over {figures.rows} images in "
-                f"{figures.seconds:.1f} s; {figures.bytes / 1e6:.1f} MB of features {where}; the head trains on them")
-    if attempt.progress is not None:
-        attempt.progress.feature_cache_built(figures)
-    return cache

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Optional
 from scalingrun_api.progress import InputEpoch
 
 if TYPE_CHECKING:
-    from .session import Collective
+    from .collective import Collective
 
 READER_DELAY_ENV = "SCALINGRUN_DIAGNOSTIC_READER_DELAY"
 

@@ -24,7 +24,7 @@ def local_rank_and_size(rank: int, size: int) -> tuple[int, int]:
 
 
 class MpiWorld:
-    """COMM_WORLD as a core.session.Collective."""
+    """COMM_WORLD as a core.collective.Collective."""
 
     def __init__(self):
         from mpi4py import MPI

@@ -12,16 +12,18 @@ import sys
 import time
 import traceback
 import uuid
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 
+import numpy as np
 from scalingrun_api.config import TrainerConfig
 from scalingrun_api.heartbeat import HEARTBEAT_FILE
 from scalingrun_api.progress import PROGRESS_FILE, FeatureCache
 from ..storage import open_location
 from .builder import BuilderError, network_name
 from .checkpoints import CheckpointState, CheckpointStore
+from .collective import Collective
 from .dataset import Dataset, DatasetError, check_shardable, open_dataset
-from .feature_cache import reason_not_used
+from .feature_cache import FeatureCacheData, Weights, build_feature_cache, reason_not_used, share
 from .heartbeat import HeartbeatWriter
 from .probe import ProbeError
 from .progress import Best, ProgressWriter, best_so_far
@@ -50,19 +52,6 @@ def leave_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
-
-
-class Collective(Protocol):
-    """An engine's communication between its ranks. Every rank calls each operation, in the same order."""
-
-    rank: int
-    size: int
-
-    def broadcast(self, value: Any, name: str) -> Any:
-        """Rank 0's `value` (a picklable object) on every rank."""
-
-    def allreduce(self, values: list[float], op: str, name: str) -> list[float]:
-        """Element-wise "max" or "sum" of every rank's `values`."""
 
 
 class Attempt:
@@ -266,3 +255,31 @@ class Attempt:
                                 model_uri=model_uri)
         self.log(f"done in {time.monotonic() - self.started:.0f} s: best epoch {progress.best_epoch} "
                  f"{progress.best_metrics}; model {model_uri}")
+
+
+def cache_features(attempt: Attempt, extract: Callable[[np.ndarray], np.ndarray], batch_size: int,
+                   base_weights: Optional[Weights]) -> FeatureCacheData:
+    """Every rank: builds its cache with `extract`, then (a collective) the run's figures, logged and (rank 0) in
+    progress.json. `base_weights`: the network's, made rank 0's first when they are random; None when the engine
+    created them with rank 0's values (MultiWorkerMirroredStrategy broadcasts every variable's initial value)."""
+    config = attempt.config
+    if base_weights is not None and config.model.weights == "none" and not attempt.state and attempt.size > 1:
+        # A randomly initialised base must be rank 0's everywhere before any rank computes features with it (without
+        # the cache, the framework synchronises it at the first step, after the last use of a rank's own).
+        weights = attempt.world.broadcast(base_weights.get() if attempt.rank == 0 else None, "base_weights")
+        if attempt.rank:
+            base_weights.set(weights)
+    cache = build_feature_cache(attempt.dataset, extract, rank=attempt.rank, size=attempt.size,
+                                seed=config.dataset.seed, batch_size=batch_size,
+                                beat=lambda rows: attempt.heartbeat.beat("feature-cache", step=rows))
+    try:
+        figures = share(cache, attempt.dataset, attempt.world)
+    except BaseException:
+        cache.close()
+        raise
+    where = "on local disk" if figures.on_disk else "in memory"
+    attempt.log(f"scalingrun-trainer: feature cache: the frozen base ran once over {figures.rows} images in "
+                f"{figures.seconds:.1f} s; {figures.bytes / 1e6:.1f} MB of features {where}; the head trains on them")
+    if attempt.progress is not None:
+        attempt.progress.feature_cache_built(figures)
+    return cache

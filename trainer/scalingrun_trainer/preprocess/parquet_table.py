@@ -30,8 +30,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from .shards import SPLITS, PreprocessError, SourceError
+from ..core.dataset import SPLITS
 from ..storage import Location, open_location
+from .source import PreprocessError, SourceError
 
 FORMAT = "parquet"
 FORMAT_VERSION = 1  # of this manifest's parameters (the operator's handlers/dataset.py mirrors them)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from ..core.progress import EpochTimer
-from . import context, heartbeat, report_epoch
+from .run import context, heartbeat, report_epoch
 
 
 class KerasCallback(tf.keras.callbacks.Callback):

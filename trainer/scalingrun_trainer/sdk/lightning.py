@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytorch_lightning as pl
 
 from ..core.progress import EpochTimer
-from . import context, heartbeat, report_epoch
+from .run import context, heartbeat, report_epoch
 
 
 class LightningCallback(pl.Callback):
@@ -45,6 +45,6 @@ class LightningCallback(pl.Callback):
 def mpi_environment():
     """Lightning's MPIEnvironment as our trainer uses it in an MPIJob: rank 0's IP as the main address (a worker
     pod's hostname does not resolve from the others). Pass it to DDPStrategy(cluster_environment=...)."""
-    from ..engines.lightning_ddp.train import _mpi_environment
+    from ..frameworks.lightning.cluster import mpi_environment as environment
 
-    return _mpi_environment()
+    return environment()

@@ -15,12 +15,12 @@ from datetime import timedelta
 
 from scalingrun_api.config import TrainerConfig
 from ...core.builder import Builder
-from ...core.feature_cache import cache_features
-from ...core.mpi import MpiWorld, host_address, local_rank_and_size
+from ...core.mpi import MpiWorld, local_rank_and_size
 from ...core.scaling import scale_run
-from ...core.session import Attempt, TrainingError
+from ...core.session import Attempt, TrainingError, cache_features
 from ...core.stall import engine_timeout
 from ...core.weights import local_weights
+from ...frameworks.lightning.cluster import mpi_environment
 
 FRAMEWORK = "pytorch-lightning"
 
@@ -28,18 +28,6 @@ FRAMEWORK = "pytorch-lightning"
 def train(config: TrainerConfig) -> int:
     attempt = Attempt(config, MpiWorld(), engine=FRAMEWORK, trained_on={"framework": FRAMEWORK})
     return attempt.run(lambda: _train(attempt))
-
-
-def _mpi_environment():
-    """Lightning's MPIEnvironment, with rank 0's IP address as the main address instead of its hostname (see
-    core.mpi.host_address)."""
-    from lightning_fabric.plugins.environments import MPIEnvironment
-
-    class PodMPIEnvironment(MPIEnvironment):
-        def _get_main_address(self) -> str:
-            return self._comm_world.bcast(os.environ.get("MASTER_ADDR") or host_address(), root=0)
-
-    return PodMPIEnvironment()
 
 
 def _devices(rank: int, size: int) -> tuple[str, int, int]:
@@ -123,7 +111,7 @@ def _train(attempt: Attempt) -> int:
     # The process group's timeout bounds every collective where the stall watch is not running (core/stall.py).
     timeout = engine_timeout()
     strategy = DDPStrategy(
-        cluster_environment=_mpi_environment(), process_group_backend="nccl" if accelerator == "gpu" else "gloo",
+        cluster_environment=mpi_environment(), process_group_backend="nccl" if accelerator == "gpu" else "gloo",
         **({"timeout": timedelta(seconds=timeout)} if timeout else {}),
         # No buffer sync in forward: it is a collective, and ranks hold different numbers of validation
         # batches. Buffers are synced once at the start; BatchNorm statistics of a trainable base then stay

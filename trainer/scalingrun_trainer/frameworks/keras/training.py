@@ -21,12 +21,12 @@ from scalingrun_api.config import TrainerConfig
 from scalingrun_api.models import AUTO
 from ...core.builder import Builder
 from ...core.dataset import validation_rows
-from ...core.feature_cache import cache_features
 from ...core.input_wait import GpuSampler, combine_input_figures, reader_delay
 from ...core.probe import ProbeResult
 from ...core.progress import EpochRecorder
 from ...core.scaling import ScaledRun, scale_auto_run, scale_run
-from ...core.session import Attempt, Collective, TrainingError
+from ...core.collective import Collective
+from ...core.session import Attempt, TrainingError, cache_features
 from ...core.weights import local_weights
 from .data import make_dataset
 from .models import TransferNetwork, build_network, build_user_network, user_classifier
