@@ -16,6 +16,7 @@ import tensorflow as tf
 from scalingrun_api.progress import InputEpoch
 
 from ...core.checkpoints import CheckpointState, CheckpointStore, EarlyStoppingState
+from ...core.early_stopping import EarlyStoppingRule
 from ...core.heartbeat import HeartbeatWriter
 from ...core.stall import StallWatch
 from ...core.input_wait import GpuSampler, StepTimes, input_entry
@@ -23,47 +24,54 @@ from ...core.progress import EpochRecorder, EpochTimer
 from .input_clock import InputClock
 
 
-class ResumableEarlyStopping(tf.keras.callbacks.EarlyStopping):
-    """EarlyStopping plus a stopping threshold, a state that survives restarts, and restoring the best
-    weights also when maxEpochs ends the training (Keras restores them only when it stops early)."""
+class ResumableEarlyStopping(tf.keras.callbacks.Callback):
+    """core.early_stopping's rule over Keras: keeps the best epoch's weights and restores them when training stops,
+    early or at maxEpochs (Keras' own EarlyStopping restores them only when it stops early)."""
 
-    def __init__(self, *, stopping_threshold: Optional[float] = None, **kwargs):
-        super().__init__(**kwargs)
-        self.stopping_threshold = stopping_threshold
-        self._resumed: Optional[tuple[EarlyStoppingState, Optional[list[np.ndarray]]]] = None
+    def __init__(self, rule: EarlyStoppingRule, restore_best_weights: bool, verbose: int = 0):
+        super().__init__()
+        self.rule, self.restore_best_weights, self.verbose = rule, restore_best_weights, verbose
+        self.best_weights: Optional[list[np.ndarray]] = None
+        self.stopped_epoch: Optional[int] = None  # 0-based, as Keras counts
 
     @property
     def best_epoch_number(self) -> Optional[int]:
         """1-based epoch of the best monitored value; None before any epoch counted."""
-        return self.best_epoch + 1 if np.isfinite(self.best) else None
-
-    def on_train_begin(self, logs=None):
-        super().on_train_begin(logs)  # resets wait, best and best_weights
-        if self._resumed and self._resumed[0].best_epoch:
-            state, self.best_weights = self._resumed
-            self.wait, self.best, self.best_epoch = state.wait, state.best, state.best_epoch - 1
+        return self.rule.best_epoch
 
     def on_epoch_end(self, epoch, logs=None):
-        super().on_epoch_end(epoch, logs)
-        current = self.get_monitor_value(logs)
-        if current is None or self.stopping_threshold is None or self.model.stop_training:
+        current = (logs or {}).get(self.rule.monitor)
+        if current is None:
             return
-        if self.monitor_op(current, self.stopping_threshold) or current == self.stopping_threshold:
+        if self.restore_best_weights and self.best_weights is None:
+            self.best_weights = self.model.get_weights()  # no epoch better than the first: the first's
+        verdict = self.rule.update(epoch + 1, {self.rule.monitor: float(current)})
+        if verdict.improved and self.restore_best_weights:
+            self.best_weights = self.model.get_weights()
+        if verdict.stop:
             self.stopped_epoch = epoch
             self.model.stop_training = True
-            if self.restore_best_weights and self.best_weights is not None:
-                self.model.set_weights(self.best_weights)
+            if self.verbose and self.restore_best_weights and self.best_weights is not None:
+                print(f"Restoring model weights from the end of the best epoch: {self.rule.best_epoch}.", flush=True)
+            self._restore()
 
     def on_train_end(self, logs=None):
-        super().on_train_end(logs)
-        if self.restore_best_weights and self.best_weights is not None and not self.stopped_epoch:
+        if self.stopped_epoch is None:
+            self._restore()  # maxEpochs reached
+        elif self.verbose:
+            print(f"Epoch {self.stopped_epoch + 1}: early stopping", flush=True)
+
+    def _restore(self) -> None:
+        if self.restore_best_weights and self.best_weights is not None:
             self.model.set_weights(self.best_weights)
 
     def state(self) -> EarlyStoppingState:
-        return EarlyStoppingState(wait=int(self.wait), best=float(self.best), best_epoch=self.best_epoch_number)
+        return self.rule.state()
 
     def resume_from(self, state: EarlyStoppingState, best_weights: Optional[list[np.ndarray]]) -> None:
-        self._resumed = (state, best_weights)
+        self.rule.resume_from(state)
+        if state.best_epoch is not None:
+            self.best_weights = best_weights
 
 
 class InputWaitMeter(tf.keras.callbacks.Callback):

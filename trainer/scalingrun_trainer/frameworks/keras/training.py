@@ -2,9 +2,7 @@
 (how the replicas talk, the variables' scope, the optimizer's wrapper, the first callbacks, how a dataset reaches
 the replicas, and whether saving is a collective).
 
-Order of the callbacks matters: the engine's own first (Horovod: broadcast rank 0's initial variables, average the
-metrics across ranks), then the input-wait meter, then early stopping, so that every rank stops on the same epoch
-from the same metrics. Only rank 0 logs, writes progress and commits checkpoints and the model.
+core/training.py runs the steps in their order; `KerasTraining` is what Keras does in each (build, restore, fit, save).
 """
 
 from __future__ import annotations
@@ -14,20 +12,21 @@ import math
 import os
 import shutil
 import tempfile
-import time
 from typing import Any, Callable, ContextManager, Optional
 
 from scalingrun_api.config import TrainerConfig
 from scalingrun_api.models import AUTO
 from ...core.builder import Builder
+from ...core.checkpoints import CheckpointState
+from ...core.collective import Collective
 from ...core.dataset import validation_rows
+from ...core.early_stopping import EarlyStoppingRule
 from ...core.input_wait import GpuSampler, combine_input_figures, reader_delay
 from ...core.probe import ProbeResult
 from ...core.progress import EpochRecorder
 from ...core.scaling import ScaledRun, scale_auto_run, scale_run
-from ...core.collective import Collective
 from ...core.session import Attempt, TrainingError, cache_features
-from ...core.weights import local_weights
+from ...core.training import run_training
 from .data import make_dataset
 from .models import TransferNetwork, build_network, build_user_network, user_classifier
 
@@ -87,7 +86,7 @@ class KerasEngine:
 
 def train(config: TrainerConfig, engine: KerasEngine) -> int:
     attempt = Attempt(config, engine.world, engine=engine.name, trained_on=engine.trained_on())
-    return attempt.run(lambda: _train(attempt, engine))
+    return attempt.run(lambda: run_training(attempt, KerasTraining(attempt, engine)))
 
 
 def _optimizer(name: str, learning_rate: float):
@@ -145,98 +144,115 @@ def _build(attempt: Attempt, weights: Optional[str]) -> TransferNetwork:
     return build_network(model.base, image_size, attempt.classes, weights, model.dropout, model.trainable_base)
 
 
-def _train(attempt: Attempt, engine: KerasEngine) -> int:
-    import tensorflow as tf
+class KerasTraining:
+    """core.training's Framework for Keras under a KerasEngine: build, restore, fit and save."""
 
-    from .callbacks import Checkpointer, EpochReporter, Heartbeat, InputWaitMeter, ResumableEarlyStopping, restore
-    from .input_clock import InputClock
+    def __init__(self, attempt: Attempt, engine: KerasEngine):
+        self.attempt, self.engine = attempt, engine
+        self.network: Optional[TransferNetwork] = None
+        self.checkpoint = self.clock = None
+        self.callbacks: list = []
+        self.tensorboard_dir: Optional[str] = None
 
-    config, rank, log = attempt.config, attempt.rank, attempt.log
-    training, seed = config.training, config.dataset.seed
-    tf.keras.utils.set_random_seed(seed)  # same initial head on every rank; rank 0's is broadcast anyway
-    if not attempt.open():
-        return 0
-    dataset, state = attempt.dataset, attempt.state
-    if config.model.builder:
-        # The user's network is checked before anything else (core/builder.py); every rank fails alike.
-        _build(attempt, None)
-        tf.keras.backend.clear_session()
-    weights = local_weights(config.model.weights, attempt.endpoint, attempt.region) if config.model.base else None
-    scaled, probe = _scaled(attempt, engine, weights)
-    log(f"scalingrun-trainer: {scaled.describe(engine.replicas_word)}; {dataset.rows['train']} train / "
-        f"{dataset.rows['validation']} validation rows, {attempt.classes} classes")
-    tracker = attempt.start_tracking(scaled, **engine.run_params())
+    def prepare(self) -> None:
+        import tensorflow as tf
 
-    with engine.scope():
-        network = _build(attempt, weights)
-        model = network.model
+        tf.keras.utils.set_random_seed(self.attempt.config.dataset.seed)  # same initial head on every rank
+
+    def check_network(self) -> None:
+        import tensorflow as tf
+
+        if self.attempt.config.model.builder:
+            # The user's network is checked before anything else (core/builder.py); every rank fails alike.
+            _build(self.attempt, None)
+            tf.keras.backend.clear_session()
+
+    def scale(self, weights: Optional[str]) -> tuple[ScaledRun, Optional[ProbeResult]]:
+        return _scaled(self.attempt, self.engine, weights)
+
+    def heading(self, scaled: ScaledRun) -> str:
+        return f"scalingrun-trainer: {scaled.describe(self.engine.replicas_word)}"
+
+    def run_params(self) -> dict[str, Any]:
+        return self.engine.run_params()
+
+    def scope(self) -> ContextManager:
+        return self.engine.scope()
+
+    def build(self, scaled: ScaledRun, weights: Optional[str]) -> None:
+        import tensorflow as tf
+
+        training = self.attempt.config.training
+        self.network = network = _build(self.attempt, weights)
         # With the feature cache the head alone trains (its layers are the model's); the model is saved.
-        trained = network.head if attempt.caches_features else model
-        optimizer = engine.distributed_optimizer(_optimizer(training.optimizer, scaled.learning_rate))
-        for compiled in {id(model): model, id(trained): trained}.values():
+        self.trained = network.head if self.attempt.caches_features else network.model
+        optimizer = self.engine.distributed_optimizer(_optimizer(training.optimizer, scaled.learning_rate))
+        for compiled in {id(network.model): network.model, id(self.trained): self.trained}.values():
             compiled.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-        # Every rank reads the same checkpoint, so that all create the same optimizer variables (a rank-0-only
-        # restore leaves the ranks with different variable sets and the first broadcast waits forever);
-        # rank 0's values are then broadcast as on a fresh start.
-        best_weights = None
-        if state:
-            attempt.heartbeat.beat("restore")
-            best_weights = restore(attempt.checkpoints, state, checkpoint)
-            attempt.heartbeat.beat("restore")
+        self.checkpoint = tf.train.Checkpoint(model=network.model, optimizer=optimizer)
 
-    stopping = training.early_stopping
-    early_stopping = None
-    if stopping.enabled:
-        early_stopping = ResumableEarlyStopping(
-            monitor=stopping.monitor, patience=stopping.patience, min_delta=stopping.min_delta,
-            restore_best_weights=stopping.restore_best_weights, stopping_threshold=stopping.stopping_threshold,
-            verbose=1 if rank == 0 else 0,
-        )
-        if state and state.early_stopping:
-            early_stopping.resume_from(state.early_stopping, best_weights)
+    def restore(self, state: CheckpointState) -> Any:
+        """Every rank restores (a rank-0-only restore leaves the ranks with different optimizer variables and the
+        first broadcast waits forever); rank 0's values are then broadcast as on a fresh start."""
+        from .callbacks import restore
 
-    clock = InputClock()
-    gpu = GpuSampler.open(engine.local_rank) if tf.config.list_physical_devices("GPU") else None
-    input_meter = InputWaitMeter(clock, gpu, combine=lambda wait, busy: combine_input_figures(engine.world, wait, busy))
-    callbacks: list = [*engine.first_callbacks(), input_meter]
-    if early_stopping is not None:
-        callbacks.append(early_stopping)
-    progress = None
-    probe_document = probe.document() if probe else None
-    if rank == 0:
-        progress = attempt.start_progress(scaled, probe=probe_document)
-        recorder = EpochRecorder(progress, stopping.monitor, early_stopping=early_stopping is not None,
-                                 tracker=tracker, log=log, best=attempt.best_so_far())
-        callbacks.append(EpochReporter(recorder, scaled.steps_per_epoch * scaled.effective_batch_size,
-                                       early_stopping, input_meter))
-    if rank == 0 or engine.every_rank_saves:
-        callbacks.append(Checkpointer(attempt.checkpoints, checkpoint, training.checkpoint.every_epochs, early_stopping,
-                                      progress.history if progress else list,
-                                      attempt.resume_facts(batch_size_probe=probe_document)))
-    tensorboard_dir = None
-    if rank == 0:
-        tensorboard_dir = tempfile.mkdtemp(prefix="tensorboard-")
-        callbacks.append(tf.keras.callbacks.TensorBoard(tensorboard_dir, update_freq="epoch", profile_batch=0))
-    callbacks.append(Heartbeat(attempt.heartbeat, scaled.steps_per_epoch, attempt.watch_peers()))
+        return restore(self.attempt.checkpoints, state, self.checkpoint)
 
-    validation_steps = engine.validation_steps(lambda: math.ceil(
-        validation_rows(dataset, shard=rank, shards=attempt.size, seed=seed) / scaled.batch_size_per_worker))
-    attempt.started = time.monotonic()
-    if attempt.initial_epoch < training.max_epochs:
-        with _inputs(attempt, engine, network, scaled, clock) as (train_data, val_data):
-            trained.fit(train_data, steps_per_epoch=scaled.steps_per_epoch, epochs=training.max_epochs,
-                        initial_epoch=attempt.initial_epoch, validation_data=val_data,
-                        validation_steps=validation_steps, callbacks=callbacks,
-                        verbose=0)  # rank 0's EpochReporter prints one line per epoch
+    def early_stopping(self, rule: EarlyStoppingRule, restore_best_weights: bool):
+        from .callbacks import ResumableEarlyStopping
 
-    if tensorboard_dir is not None:
-        _upload_tree(tensorboard_dir, attempt.run_root.join("tensorboard"))
-    if rank == 0 or engine.every_rank_saves:
-        model_uri = _save_model(model, attempt.run_root.join("model"), commit=rank == 0)
+        return ResumableEarlyStopping(rule, restore_best_weights, verbose=1 if self.attempt.rank == 0 else 0)
+
+    def prepare_fit(self, scaled: ScaledRun, early_stopping, recorder: Optional[EpochRecorder],
+                    history: Callable[[], list[dict]], probe: Optional[dict]) -> None:
+        """The engine's callbacks first (Horovod: broadcast rank 0's initial variables, average the metrics), then
+        the input-wait meter, then early stopping, so that every rank stops on the same epoch from the same
+        metrics; then rank 0's report, the checkpoints, TensorBoard and the heartbeat."""
+        import tensorflow as tf
+
+        from .callbacks import Checkpointer, EpochReporter, Heartbeat, InputWaitMeter
+        from .input_clock import InputClock
+
+        attempt, engine, rank = self.attempt, self.engine, self.attempt.rank
+        self.clock = InputClock()
+        gpu = GpuSampler.open(engine.local_rank) if tf.config.list_physical_devices("GPU") else None
+        input_meter = InputWaitMeter(self.clock, gpu,
+                                     combine=lambda wait, busy: combine_input_figures(engine.world, wait, busy))
+        callbacks: list = [*engine.first_callbacks(), input_meter]
+        if early_stopping is not None:
+            callbacks.append(early_stopping)
+        if recorder is not None:
+            callbacks.append(EpochReporter(recorder, scaled.steps_per_epoch * scaled.effective_batch_size,
+                                           early_stopping, input_meter))
+        if rank == 0 or engine.every_rank_saves:
+            callbacks.append(Checkpointer(attempt.checkpoints, self.checkpoint,
+                                          attempt.config.training.checkpoint.every_epochs, early_stopping, history,
+                                          attempt.resume_facts(batch_size_probe=probe)))
         if rank == 0:
-            attempt.succeed(model_uri)
-    return 0
+            self.tensorboard_dir = tempfile.mkdtemp(prefix="tensorboard-")
+            callbacks.append(tf.keras.callbacks.TensorBoard(self.tensorboard_dir, update_freq="epoch", profile_batch=0))
+        callbacks.append(Heartbeat(attempt.heartbeat, scaled.steps_per_epoch, attempt.watch_peers()))
+        self.callbacks = callbacks
+
+    def fit(self, scaled: ScaledRun) -> None:
+        attempt, training = self.attempt, self.attempt.config.training
+        validation_steps = self.engine.validation_steps(lambda: math.ceil(validation_rows(
+            attempt.dataset, shard=attempt.rank, shards=attempt.size, seed=attempt.config.dataset.seed)
+            / scaled.batch_size_per_worker))
+        with _inputs(attempt, self.engine, self.network, scaled, self.clock) as (train_data, val_data):
+            self.trained.fit(train_data, steps_per_epoch=scaled.steps_per_epoch, epochs=training.max_epochs,
+                             initial_epoch=attempt.initial_epoch, validation_data=val_data,
+                             validation_steps=validation_steps, callbacks=self.callbacks,
+                             verbose=0)  # rank 0's EpochReporter prints one line per epoch
+
+    def save(self) -> Optional[str]:
+        rank = self.attempt.rank
+        if self.tensorboard_dir is not None:
+            _upload_tree(self.tensorboard_dir, self.attempt.run_root.join("tensorboard"))
+        if rank == 0 or self.engine.every_rank_saves:
+            model_uri = _save_model(self.network.model, self.attempt.run_root.join("model"), commit=rank == 0)
+            return model_uri if rank == 0 else None
+        return None
 
 
 @contextlib.contextmanager

@@ -13,46 +13,42 @@ import pytorch_lightning as pl
 import torch
 
 from ...core.checkpoints import CheckpointState, CheckpointStore, EarlyStoppingState
+from ...core.early_stopping import EarlyStoppingRule
 from ...core.heartbeat import HeartbeatWriter
 from ...core.stall import StallWatch
-from ...core.progress import EpochRecorder, EpochTimer, better
+from ...core.progress import EpochRecorder, EpochTimer
 
 
 class EarlyStopping:
-    """Keras' EarlyStopping semantics (patience, min_delta, restore_best_weights also at maxEpochs) plus a
-    stopping threshold; its state and best weights go into every checkpoint."""
+    """core.early_stopping's rule over a torch module: keeps the best epoch's weights (restored when training stops,
+    early or at maxEpochs); its state and best weights go into every checkpoint."""
 
-    def __init__(self, monitor: str, patience: int, min_delta: float, restore_best_weights: bool,
-                 stopping_threshold: Optional[float]):
-        self.monitor, self.patience, self.min_delta = monitor, patience, min_delta
-        self.restore_best_weights, self.stopping_threshold = restore_best_weights, stopping_threshold
-        self.wait, self.best, self.best_epoch = 0, None, None
+    def __init__(self, rule: EarlyStoppingRule, restore_best_weights: bool):
+        self.rule, self.restore_best_weights = rule, restore_best_weights
         self.best_weights: Optional[dict[str, torch.Tensor]] = None
+
+    @property
+    def best_epoch(self) -> Optional[int]:
+        return self.rule.best_epoch
 
     def update(self, epoch: int, metrics: dict[str, float], module: torch.nn.Module) -> bool:
         """Counts epoch (1-based); True when training must stop (the best weights are then restored)."""
-        current = metrics.get(self.monitor)
-        self.wait += 1
-        if better(self.monitor, current, self.best, self.min_delta):
-            self.best, self.best_epoch, self.wait = current, epoch, 0
-            if self.restore_best_weights:
-                self.best_weights = copy.deepcopy({k: v.detach().cpu() for k, v in module.state_dict().items()})
-        reached = current is not None and self.stopping_threshold is not None and (
-            current >= self.stopping_threshold if "acc" in self.monitor else current <= self.stopping_threshold)
-        stop = reached or (self.wait >= self.patience and epoch > 1)
-        if stop:
+        verdict = self.rule.update(epoch, metrics)
+        if verdict.improved and self.restore_best_weights:
+            self.best_weights = copy.deepcopy({k: v.detach().cpu() for k, v in module.state_dict().items()})
+        if verdict.stop:
             self.restore(module)
-        return stop
+        return verdict.stop
 
     def restore(self, module: torch.nn.Module) -> None:
         if self.restore_best_weights and self.best_weights is not None:
             module.load_state_dict(self.best_weights)
 
     def state(self) -> EarlyStoppingState:
-        return EarlyStoppingState(wait=self.wait, best=self.best, best_epoch=self.best_epoch)
+        return self.rule.state()
 
     def resume_from(self, state: EarlyStoppingState, best_weights: Optional[dict]) -> None:
-        self.wait, self.best, self.best_epoch = state.wait, state.best, state.best_epoch
+        self.rule.resume_from(state)
         self.best_weights = best_weights
 
 
