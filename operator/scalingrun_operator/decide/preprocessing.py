@@ -3,7 +3,7 @@ to tell the user.
 
 The contract with the trainer's preprocessing: it writes `<dataset.output>/_manifest.json` with the
 source URI and the parameters that determine the content (`Params.dataset_parameters()` in
-scalingrun_trainer.preprocess.shards, mirrored by `dataset_parameters` here without importing pyarrow).
+scalingrun_trainer.preprocess.source, mirrored by `dataset_parameters` here without importing pyarrow).
 """
 
 from __future__ import annotations
