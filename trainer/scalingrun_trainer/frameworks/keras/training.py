@@ -150,7 +150,7 @@ class KerasTraining:
     def __init__(self, attempt: Attempt, engine: KerasEngine):
         self.attempt, self.engine = attempt, engine
         self.network: Optional[TransferNetwork] = None
-        self.checkpoint = self.clock = None
+        self.trained = self.checkpoint = self.clock = None  # trained: the model fit runs on
         self.callbacks: list = []
         self.tensorboard_dir: Optional[str] = None
 
