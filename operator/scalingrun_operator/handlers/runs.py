@@ -10,12 +10,12 @@ from typing import Any, Optional
 
 import kopf
 
-from scalingrun_api.models import GROUP, KIND, PLURAL, VERSION
+from scalingrun_api.models import GROUP, KIND, MANAGED_BY, PLURAL, VERSION
 from ..builders.common import RUN_LABEL
 from ..cluster.k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION
 from ..decide.children import controller_name
 
-MANAGED = {"app.kubernetes.io/managed-by": "scalingrun-operator"}
+MANAGED = MANAGED_BY
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
