@@ -131,7 +131,7 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--state", default=".scalingrun/quickstart", help="S3 data and run documents")
     parser.add_argument("--per-class", type=int, default=1000, help="Fashion-MNIST images per class")
     parser.add_argument("--stop-after", choices=["preprocessing", "training"], default="training")
-    parser.add_argument("--np", type=int, help="Horovod processes (default from the spec)")
+    parser.add_argument("--np", type=int, help="training processes (default from the spec)")
     parser.add_argument("--sweep", help="instead of one run, a ScalingSweep of it over these worker counts, e.g. 1,2")
     parser.add_argument("--max-epochs", type=int, help="override spec.training.maxEpochs (e.g. a short sweep)")
     args = parser.parse_args(argv)

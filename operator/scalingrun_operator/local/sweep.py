@@ -2,7 +2,7 @@
 operator's decide (decide.sweep).
 
 Each point is the same child ScalingRun the operator would create, run by the local runner
-(`horovodrun -np N`). They share one preprocessed dataset: the first point writes it, laid out for the
+(N training processes under the engine's launcher: horovodrun or mpirun). They share one preprocessed dataset: the first point writes it, laid out for the
 largest point; the others find it there and reuse it. The sweep's status (its rows, phase and
 recommendation) is the operator's, written to `<workdir>/status.json`.
 """

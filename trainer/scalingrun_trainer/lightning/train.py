@@ -14,6 +14,7 @@ import warnings
 from datetime import timedelta
 
 from scalingrun_api.config import TrainerConfig
+from scalingrun_api.models import Framework
 from ..core.builder import Builder
 from ..core.feature_cache import cache_features
 from ..core.mpi import MpiWorld, host_address, local_rank_and_size
@@ -22,7 +23,7 @@ from ..core.session import Attempt, TrainingError
 from ..core.stall import engine_timeout
 from ..core.weights import local_weights
 
-FRAMEWORK = "pytorch-lightning"
+FRAMEWORK = Framework.pytorch_lightning.value
 
 
 def train(config: TrainerConfig) -> int:
