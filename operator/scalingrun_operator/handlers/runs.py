@@ -1,7 +1,7 @@
 """kopf handlers of ScalingRuns and of what a run is made of: every trigger runs the same reconcile.
 
 What a handler saw last does not matter: the reconcile (cluster/reconcile.py) reads the world again.
-What no event announces (object storage) is watched by one operator-wide thread (cluster/progress_watch.py).
+What no event announces (object storage) is watched by one operator-wide thread (cluster/reconcile_scheduler.py).
 """
 
 from __future__ import annotations
