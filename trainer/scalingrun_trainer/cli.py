@@ -127,10 +127,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         _termination_message(message)
         print(json.dumps({"event": "inspect", "error": message}))
         return getattr(exc, "exit_code", 1)
-    for warning in manifest["warnings"]:
+    for warning in manifest.warnings or []:
         print(f"warning: {warning}", file=sys.stderr)
-    print(f"inspect: {params.source}: {manifest['written']['train']} train / {manifest['written']['validation']} "
-          f"validation rows, {len(manifest['classes'])} classes, row groups {manifest['rowGroups']}; manifest in "
+    print(f"inspect: {params.source}: {manifest.written['train']} train / {manifest.written['validation']} "
+          f"validation rows, {len(manifest.classes)} classes, row groups {manifest.row_groups}; manifest in "
           f"{params.output}", file=sys.stderr)
     print(json.dumps(summary(manifest)))
     return 0

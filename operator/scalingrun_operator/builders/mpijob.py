@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from scalingrun_api.engines import HOROVOD_STALL_ENV, engine
+from scalingrun_api.engines import engine
 from scalingrun_api.models import ScalingRun, quantity_value
 from scalingrun_api.models.common import duration_seconds
 from scalingrun_api.models.training import CONFIG_VARIABLE

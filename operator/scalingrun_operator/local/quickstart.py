@@ -67,7 +67,7 @@ def upload_fashion_mnist(server: S3Server, source_uri: str, per_class: int) -> i
 
 
 def print_summary(local: LocalRun, run, state: Path, report, total_seconds: float) -> None:
-    status, pre, progress = local.status, local.status.preprocessing, Progress.read(local.progress)
+    status, pre, progress = local.status, local.status.preprocessing, local.progress or Progress()
     print("\n== quick start summary ==")
     print(f"phase: {status.phase}")
     if pre:
@@ -159,7 +159,7 @@ def _main(argv: list[str] | None) -> int:
     finally:
         server.stop()
     report = None
-    if Progress.read(local.progress).history:
+    if local.progress is not None and local.progress.history:
         from ..report.run import render_report
 
         report = render_report(local.progress, run.metadata.name, state / "reports")
