@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from scalingrun_api.heartbeat import HEARTBEAT_FILE
+from scalingrun_api.heartbeat import HEARTBEAT_FILE, Heartbeat
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun, ScalingRunStatus
 from scalingrun_api.progress import Progress
 from ..api.endpoints import EndpointPolicy
@@ -41,7 +41,7 @@ from ..decide.snapshot import (
 )
 from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, Event, get_condition, rfc3339
 from ..documents import read_heartbeat, read_manifest, read_progress
-from ..storage import Clients, StorageError, StorageTarget, list_names, read_json
+from ..storage import Clients, StorageError, StorageTarget, list_names
 from .processes import Commands, LocalRunError, Shards, train_env, training_status
 from .training import StallWatch, TrainingProcess
 
@@ -292,12 +292,12 @@ class LocalRun:
         self.log(f"Stalled: {message}")
         return training_status(1, rfc3339(now()), reason="Stalled", message=message)
 
-    def _heartbeat(self) -> Optional[dict]:
+    def _heartbeat(self) -> Optional[Heartbeat]:
         """heartbeat.json beside progress.json (rank 0 writes it from its training loop), or None."""
         storage = self.run.spec.storage
         target = StorageTarget(storage.endpoint, storage.region, None, clients=self.clients)
         try:
-            return read_json(join(run_location(self.run), HEARTBEAT_FILE), target)
+            return read_heartbeat(join(run_location(self.run), HEARTBEAT_FILE), target)
         except StorageError:
             return None
 

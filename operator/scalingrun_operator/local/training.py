@@ -153,11 +153,10 @@ class StallWatch:
     setting: int | str  # spec.training.stallTimeout
     started: float = field(default_factory=time.time)  # this attempt's start, on the writers' clock (this machine)
 
-    def stalled(self, document: Optional[dict], now: Optional[float] = None) -> Optional[str]:
+    def stalled(self, beat: Optional[Heartbeat], now: Optional[float] = None) -> Optional[str]:
         """The Stalled message, or None while the heartbeat is fresh (or none has come yet)."""
-        if not document:
+        if beat is None:
             return None
-        beat = Heartbeat.read(document)
         if beat.time < self.started - 1:
             return None
         timeout = stall_timeout_seconds(self.setting, beat.longest_gap_seconds)
