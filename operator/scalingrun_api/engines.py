@@ -41,10 +41,6 @@ class Engine:
         """MPI slots, = training processes, per worker pod."""
         return max(gpus_per_worker, 1) if self.process_per_gpu else 1
 
-    @property
-    def name(self) -> str:
-        return f"{self.framework} {self.strategy}"
-
 
 ENGINES: dict[tuple[str, str], Engine] = {
     (engine.framework, engine.strategy): engine for engine in (
