@@ -69,7 +69,7 @@ def train(folder: Path, strategy: str, run_name: str, args) -> list[float]:
     local = LocalRun(run, folder / "local" / run_name)
     with output_to(log):
         code = local.start()
-    progress = Progress.read(local.progress)
+    progress = local.progress or Progress()
     if code or not progress.history:
         raise SystemExit(f"{strategy} run failed:\n{log.read_text()[-3000:]}")
     return [entry.images_per_second for entry in progress.history]

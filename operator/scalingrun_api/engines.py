@@ -1,14 +1,24 @@
 """The engines, one row each: what a (training.framework, training.strategy) pair means to every part that must
-agree on it (the MPIJob's slots, a sweep's processes, the default image, the trainer module that runs it).
+agree on it (the MPIJob's slots and environment, a sweep's processes, the default image, validation, the local
+runner, the trainer module that runs it and the stack that module imports first). The framework and strategy
+names are spelled once, in models/training.py; everything else asks this table.
 Adding an engine is a row here plus its trainer package.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from .models.common import DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE
-from .models.training import Framework, Strategy
+from .models.model import BaseNetwork
+from .models.training import FRAMEWORK_STRATEGIES, Framework, Strategy
+
+# How a local run starts the ranks: horovodrun -np N -H localhost:N --gloo, or Open MPI's mpirun -np N.
+HOROVODRUN, MPIRUN = "horovodrun", "mpirun"
+# Horovod's stall check and shutdown for every Horovod rank, our trainer's or a training.command's: the trainer's
+# engine_timeout() at its default (trainer/scalingrun_trainer/core/stall.py: 300 s watch + 60 s roll call + 30 s).
+HOROVOD_STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "390"}
 
 
 @dataclass(frozen=True)
@@ -17,7 +27,15 @@ class Engine:
     strategy: str
     trainer_module: str  # its train(config) runs the engine
     default_image: str  # when spec.workers.image is not set
+    image_words: str  # that image, as an error message names it
     process_per_gpu: bool  # False: one process per worker pod drives all of the pod's GPUs
+    stack: tuple[str, ...]  # what the trainer imports first: the image (or venv) lacks one -> the wrong image
+    local_launcher: str  # HOROVODRUN or MPIRUN
+    own_venv: bool = False  # locally: its ranks run in the framework's own venv (torch), not the operator's
+    thread_variable: Optional[str] = None  # set to the pod's CPU / slots (the framework starts one thread per core)
+    rank_env: tuple[tuple[str, str], ...] = ()  # set for every rank by the MPIJob (setdefault by the trainer)
+    bases: Optional[tuple[str, ...]] = None  # the model.base values it trains; None: every one
+    weights_suffixes: Optional[tuple[str, ...]] = None  # model.weights files it reads; None: Keras's
 
     def slots_per_worker(self, gpus_per_worker: int) -> int:
         """MPI slots, = training processes, per worker pod."""
@@ -27,11 +45,17 @@ class Engine:
 ENGINES: dict[tuple[str, str], Engine] = {
     (engine.framework, engine.strategy): engine for engine in (
         Engine(Framework.keras.value, Strategy.horovod.value, "scalingrun_trainer.engines.keras_horovod.train",
-               DEFAULT_TRAINER_IMAGE, process_per_gpu=True),
+               DEFAULT_TRAINER_IMAGE, "the Keras trainer image", process_per_gpu=True,
+               stack=("tensorflow", "horovod.tensorflow.keras"), local_launcher=HOROVODRUN,
+               rank_env=tuple(HOROVOD_STALL_ENV.items())),
         Engine(Framework.keras.value, Strategy.multi_worker_mirrored.value, "scalingrun_trainer.engines.keras_mirrored.train",
-               DEFAULT_TRAINER_IMAGE, process_per_gpu=False),
+               DEFAULT_TRAINER_IMAGE, "the Keras trainer image", process_per_gpu=False,
+               stack=("tensorflow", "mpi4py"), local_launcher=MPIRUN),
         Engine(Framework.pytorch_lightning.value, Strategy.ddp.value, "scalingrun_trainer.engines.lightning_ddp.train",
-               DEFAULT_LIGHTNING_TRAINER_IMAGE, process_per_gpu=True),
+               DEFAULT_LIGHTNING_TRAINER_IMAGE, "the Lightning trainer image (-lightning-cpu)", process_per_gpu=True,
+               stack=("torch", "pytorch_lightning"), local_launcher=MPIRUN, own_venv=True,
+               thread_variable="OMP_NUM_THREADS", bases=(BaseNetwork.efficientnet_lite0.value,),
+               weights_suffixes=(".pth", ".pt")),
     )
 }
 
@@ -39,3 +63,9 @@ ENGINES: dict[tuple[str, str], Engine] = {
 def engine(framework: str, strategy: str) -> Engine:
     """The engine of a validated spec (validation refuses a pair without a row)."""
     return ENGINES[(framework, strategy)]
+
+
+def framework_engine(framework: str) -> Engine:
+    """The engine of `framework`'s default strategy (what the framework's own venv and image are)."""
+    return engine(framework, FRAMEWORK_STRATEGIES[framework][0])
+

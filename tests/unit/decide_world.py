@@ -13,6 +13,7 @@ from scalingrun_operator.builders import build_config_map, build_mpijob, build_p
 from scalingrun_operator.decide import pinning
 from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_operator.decide.run import decide_run
+from scalingrun_operator.documents import parse_heartbeat, parse_manifest, parse_progress
 from scalingrun_operator.decide.snapshot import (
     HEARTBEAT, MANIFEST, Child, Create, Decision, Delete, Document, Listing, Log, LogTail, Names, Nodes, Patch, PodList,
     Pods, Read, Server, ServerVersion, Settings, Snapshot, look,
@@ -159,7 +160,8 @@ class World:
             if self.storage_error:
                 return Read(error=self.storage_error)
             document = {MANIFEST: self.manifest, HEARTBEAT: self.heartbeat}.get(ask.what, self.progress)
-            return Read(copy.deepcopy(document), "v1" if ask.versioned and document else None)
+            parse = {MANIFEST: parse_manifest, HEARTBEAT: parse_heartbeat}.get(ask.what, parse_progress)
+            return Read(parse(copy.deepcopy(document)), "v1" if ask.versioned and document else None)
         if isinstance(ask, Listing):
             return Names(error=self.storage_error) if self.storage_error else Names(self.shards)
         if isinstance(ask, Log):

@@ -14,6 +14,7 @@ from scalingrun_operator.api.sweep import build_point_run, sweep_points
 from scalingrun_operator.api.validation import parse_scalingsweep
 from scalingrun_operator.decide.snapshot import Child, Create, Document, Read, Settings, Snapshot, look
 from scalingrun_operator.decide.sweep import decide_sweep
+from scalingrun_operator.documents import parse_progress
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
 SWEEP = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingSweep",
@@ -55,8 +56,8 @@ class World:
         if isinstance(ask, Document):
             name = ask.uri.split("/runs/")[1].split("/")[0]
             seconds = self.points[name]["_seconds"]
-            return Read({"state": "succeeded", "epoch": 2, "elapsedSeconds": 2 * seconds,
-                         "history": [{"imagesPerSecond": 100.0}]})
+            return Read(parse_progress({"state": "succeeded", "epoch": 2, "elapsedSeconds": 2 * seconds,
+                                        "history": [{"imagesPerSecond": 100.0}]}))
         raise AssertionError(ask)
 
     def decide(self):

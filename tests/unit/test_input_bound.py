@@ -10,6 +10,7 @@ from scalingrun_api.models import TrainingStatus
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.decide import progress as training
 from scalingrun_operator.decide.status import INPUT_BOUND, StatusUpdate, get_condition
+from scalingrun_operator.documents import parse_progress
 
 RUN = parse_scalingrun({
     "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "demo", "namespace": "ml"},
@@ -75,7 +76,7 @@ def test_status_mirrors_the_probe_and_the_input_figures_and_drops_junk():
         "inputHistory": [{"epoch": 2, "inputWaitFraction": 0.42}, {"epoch": 1, "inputWaitFraction": 0.5,
                                                                    "gpuUtilization": float("nan")}],
     }
-    status = training.training_status(progress)
+    status = training.training_status(parse_progress(progress))
     assert status["batchSizePerWorker"] == 16 and status["inputWaitFraction"] == 0.42
     assert "gpuUtilization" not in status
     assert status["batchSizeProbe"] == {"chosen": 16, "seconds": 4.5, "stoppedBy": "outOfMemory", "table": [

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from scalingrun_operator.documents import parse_heartbeat
 from scalingrun_operator.local.process_tree import ProcessTree
 from scalingrun_operator.local.training import StallWatch, TrainingProcess, with_rank_logs
 
@@ -66,7 +67,8 @@ def test_mpirun_and_horovodrun_keep_each_ranks_log_and_other_commands_run_as_the
     assert with_rank_logs([*single[:2], "2", *single[3:]], tmp_path)[1:3] == ["--output-filename", str(tmp_path)]
 
 
-BEAT = {"phase": "training", "epoch": 2, "step": 7, "time": 1000.0, "longestGapSeconds": 40.0, "rank": 0}
+RAW_BEAT = {"phase": "training", "epoch": 2, "step": 7, "time": 1000.0, "longestGapSeconds": 40.0, "rank": 0}
+BEAT = parse_heartbeat(RAW_BEAT)
 
 
 @pytest.mark.parametrize("setting, now, stalled", [
@@ -84,7 +86,7 @@ def test_the_stall_timeout(setting, now, stalled):
 
 
 def test_auto_grows_with_the_longest_gap_and_an_earlier_attempts_beat_or_none_is_no_stall():
-    slow = {**BEAT, "longestGapSeconds": 300.0}
+    slow = parse_heartbeat({**RAW_BEAT, "longestGapSeconds": 300.0})
     assert StallWatch("auto", started=990.0).stalled(slow, now=1000.0 + 899) is None  # 3 x 300 s
     assert StallWatch("auto", started=990.0).stalled(slow, now=1000.0 + 901) is not None
     assert StallWatch("3s", started=5000.0).stalled(BEAT, now=9999.0) is None  # the beat is from before this attempt

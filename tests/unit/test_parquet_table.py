@@ -113,23 +113,23 @@ def test_a_table_that_does_not_fit_is_refused_saying_why(tmp_path, table, words)
 def test_fixed_size_binary_images_and_few_row_groups_warn_but_pass(tmp_path):
     root = write_table(tmp_path / "table", image_type=pa.binary(SIDE * SIDE * 3), row_group_size=10)
     manifest = inspect_table(params(root, tmp_path))
-    assert manifest["rowGroups"] == {"train": 4, "validation": 2}
-    assert manifest["warnings"] == ["validation has 2 row groups for 2 processes: fewer than 2 per process leaves "
+    assert manifest.row_groups == {"train": 4, "validation": 2}
+    assert manifest.warnings == ["validation has 2 row groups for 2 processes: fewer than 2 per process leaves "
                                     "little to shuffle and to balance; write smaller row groups"]
-    assert manifest["classes"] == ["0", "1", "2"]
+    assert manifest.classes == ["0", "1", "2"]
 
 
 def test_training_rows_in_class_order_warn_and_a_random_order_does_not(tmp_path):
     in_order = sorted(i % 4 for i in range(200))
     mixed = np.random.default_rng(1).permutation(in_order).tolist()
     sorted_table = inspect_table(params(write_table(tmp_path / "sorted", rows=200, labels=in_order), tmp_path))
-    assert [w for w in sorted_table["warnings"] if w.startswith("train: ")] == [
+    assert [w for w in sorted_table.warnings if w.startswith("train: ")] == [
         "train: 98% of consecutive rows have the same label (25% in a random order): the rows look sorted by class, "
         "and the readers shuffle across a few row groups at a time, so batches would hold one or two classes and "
         "train worse; write the rows in a random order (pyarrow: "
         "table.take(numpy.random.default_rng(0).permutation(len(table))))"]
     mixed_table = inspect_table(params(write_table(tmp_path / "mixed", rows=200, labels=mixed), tmp_path))
-    assert mixed_table["warnings"] == []
+    assert mixed_table.warnings == []
 
 
 @pytest.mark.parametrize("image_type", [pa.binary(), pa.binary(SIDE * SIDE * 3)], ids=["binary", "fixed-size"])
@@ -155,11 +155,11 @@ def test_the_trainers_reader_reads_the_tables_own_columns(tmp_path, image_type):
 
 def test_the_fingerprint_follows_the_files_and_the_parameters(tmp_path):
     root = write_table(tmp_path / "table")
-    first = inspect_table(params(root, tmp_path))["fingerprint"]
-    assert inspect_table(params(root, tmp_path))["fingerprint"] == first
-    assert inspect_table(params(root, tmp_path, readers=1))["fingerprint"] != first
+    first = inspect_table(params(root, tmp_path)).fingerprint
+    assert inspect_table(params(root, tmp_path)).fingerprint == first
+    assert inspect_table(params(root, tmp_path, readers=1)).fingerprint != first
     write_table(tmp_path / "table", rows=50)
-    assert inspect_table(params(root, tmp_path))["fingerprint"] != first
+    assert inspect_table(params(root, tmp_path)).fingerprint != first
 
 
 def test_missing_split_folders_are_named(tmp_path):

@@ -9,6 +9,7 @@ import pytest
 
 from scalingrun_operator.cluster.memory import Memory
 from scalingrun_operator.decide import interruptions, pods
+from scalingrun_operator.documents import parse_progress
 
 NS = "ml"
 MPIJOB = "demo-train"
@@ -258,7 +259,7 @@ def test_failure_message_ends_with_the_launchers_log_and_fits_in_a_condition():
     assert message.endswith("; last 20 lines of launcher pod demo-train-launcher-aaaaa container launcher:\n"
                             + tail)
     long = interruptions.LauncherLog("p", "launcher", interruptions.log_tail("".join(f"{i:03d} {'w' * 395}\n" for i in range(20))))
-    message = mpijob_failure_message(NS, MPIJOB, failed_state(), {"error": "e" * 600}, long)
+    message = mpijob_failure_message(NS, MPIJOB, failed_state(), parse_progress({"error": "e" * 600}), long)
     assert len(message) <= 1900 and message.endswith("019 " + "w" * 395)
     kept = message.split(" container launcher:\n")[1].split("\n")
     assert message.count("; last ") == 1 and f"last {len(kept)} lines of" in message and 1 <= len(kept) < 20

@@ -55,9 +55,11 @@ def test_the_estimated_completion_follows_the_mean_epoch_time_and_holds_between_
     import datetime as dt
 
     from scalingrun_operator.decide.progress import estimated_completion
+    from scalingrun_operator.documents import parse_progress
 
     now = dt.datetime(2026, 11, 25, 12, 0, tzinfo=dt.timezone.utc)
-    document = {"epoch": 4, "maxEpochs": 10, "elapsedSeconds": 300.0, "resumedFromEpoch": 1}
+    raw = {"epoch": 4, "maxEpochs": 10, "elapsedSeconds": 300.0, "resumedFromEpoch": 1}
+    document = parse_progress(raw)
     shown = {"epoch": 4, "maxEpochs": 10}
     # 3 epochs timed in this attempt, 100 s each, 6 left.
     assert estimated_completion({}, shown, document, now) == "2026-11-25T12:10:00Z"
@@ -67,6 +69,6 @@ def test_the_estimated_completion_follows_the_mean_epoch_time_and_holds_between_
                                 later) == "2026-11-25T12:10:00Z"
     # ... a new epoch recomputes it; nothing timed yet in this attempt, or no epoch shown, says nothing.
     assert estimated_completion({"epoch": 4, "estimatedCompletion": "x"}, {"epoch": 5, "maxEpochs": 10},
-                                {**document, "epoch": 5, "elapsedSeconds": 400.0}, later) == "2026-11-25T12:11:20Z"
-    assert estimated_completion({}, shown, {**document, "resumedFromEpoch": 4}, now) is None
+                                parse_progress({**raw, "epoch": 5, "elapsedSeconds": 400.0}), later) == "2026-11-25T12:11:20Z"
+    assert estimated_completion({}, shown, parse_progress({**raw, "resumedFromEpoch": 4}), now) is None
     assert estimated_completion({}, {"maxEpochs": 10}, None, now) is None

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from scalingrun_operator.cluster.progress_watch import ProgressWatcher
+from scalingrun_operator.cluster.reconcile_scheduler import ReconcileScheduler
 from scalingrun_operator.storage import StorageError, StorageTarget, changed_since, read_json_versioned
 
 TARGET = StorageTarget(endpoint=None, region="us-east-1", credentials=None)
@@ -73,7 +73,7 @@ def _under_a_file(tmp_path):
 
 def test_a_run_is_reconciled_only_when_its_document_changed(tmp_path):
     clock, reconcile = Clock(), Recorder()
-    watcher = ProgressWatcher(reconcile, interval=15, clock=clock)
+    watcher = ReconcileScheduler(reconcile, interval=15, clock=clock)
     path = tmp_path / "progress.json"
     write(path, 1)
     _, version = read_json_versioned(str(path), TARGET)
@@ -105,7 +105,7 @@ def test_a_run_is_reconciled_only_when_its_document_changed(tmp_path):
 
 def test_rechecks_run_once_after_their_delay_and_the_earliest_wins(tmp_path):
     clock, reconcile = Clock(), Recorder()
-    watcher = ProgressWatcher(reconcile, interval=15, clock=clock)
+    watcher = ReconcileScheduler(reconcile, interval=15, clock=clock)
     watcher.schedule_recheck("ns", "waiting", 30)
     watcher.schedule_recheck("ns", "waiting", 10)  # earlier: wins
     watcher.schedule_recheck("ns", "waiting", 50)  # later: ignored while one is pending
@@ -125,7 +125,7 @@ def test_rechecks_run_once_after_their_delay_and_the_earliest_wins(tmp_path):
 
 def test_unreadable_storage_is_one_reconcile_not_one_per_check(tmp_path):
     clock, reconcile = Clock(), Recorder()
-    watcher = ProgressWatcher(reconcile, interval=15, clock=clock)
+    watcher = ReconcileScheduler(reconcile, interval=15, clock=clock)
     watcher.watch("ns", "lost", str(_under_a_file(tmp_path)), TARGET, None)
     for _ in range(4):
         clock.now += 15
@@ -146,7 +146,7 @@ def test_a_failed_reconcile_is_tried_again_after_its_delay():
         if len(calls) == 1:
             raise NotYet("owned by another run")
 
-    watcher = ProgressWatcher(reconcile, interval=15, clock=clock)
+    watcher = ReconcileScheduler(reconcile, interval=15, clock=clock)
     watcher.schedule_recheck("ns", "foreign", 0)
     watcher.run_due()
     deadline = time.monotonic() + 5
@@ -177,7 +177,7 @@ def test_no_handler_makes_kopf_add_a_finalizer_to_runs():
 
 def test_many_runs_are_checked_less_often_not_faster_than_the_check_rate(tmp_path):
     clock, reconcile = Clock(), Recorder()
-    watcher = ProgressWatcher(reconcile, interval=1, max_checks_per_second=2, clock=clock)
+    watcher = ReconcileScheduler(reconcile, interval=1, max_checks_per_second=2, clock=clock)
     for i in range(10):
         watcher.watch("ns", f"run{i}", str(tmp_path / f"{i}.json"), TARGET, None)
     clock.now += 10
@@ -185,7 +185,7 @@ def test_many_runs_are_checked_less_often_not_faster_than_the_check_rate(tmp_pat
     dues = sorted(w.due - clock.now for w in watcher._watched.values())
     assert dues == [pytest.approx(5)] * 10
     watcher.unwatch("ns", "run0")
-    one = ProgressWatcher(reconcile, interval=1, max_checks_per_second=2, clock=clock)
+    one = ReconcileScheduler(reconcile, interval=1, max_checks_per_second=2, clock=clock)
     one.watch("ns", "alone", str(tmp_path / "alone.json"), TARGET, None)
     clock.now += 1
     one.run_due()
@@ -217,7 +217,7 @@ def test_child_events_matter_only_when_what_a_reconcile_reads_changed():
 
 def test_a_paused_watcher_acts_on_nothing_until_resumed(tmp_path):
     clock, reconcile = Clock(), Recorder()
-    watcher = ProgressWatcher(reconcile, interval=15, clock=clock)
+    watcher = ReconcileScheduler(reconcile, interval=15, clock=clock)
     watcher.schedule_recheck("ns", "later", 1)
     watcher.pause()
     clock.now += 30

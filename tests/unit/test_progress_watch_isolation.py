@@ -12,8 +12,8 @@ import pytest
 
 from scalingrun_operator.bounded_http import Clients
 from scalingrun_operator.store_slots import Guard
-from scalingrun_operator.cluster import progress_watch
-from scalingrun_operator.cluster.progress_watch import ProgressWatcher
+from scalingrun_operator.cluster import reconcile_scheduler as progress_watch
+from scalingrun_operator.cluster.reconcile_scheduler import ReconcileScheduler
 from scalingrun_operator.handlers import lifecycle
 from scalingrun_operator.storage import Credentials, StorageTarget
 
@@ -58,7 +58,7 @@ def test_a_trickling_store_holds_its_share_of_checks_and_the_healthy_run_goes_on
         seen.append((name, len(trickle.requests)))
         recorder(namespace, name)
 
-    watcher = ProgressWatcher(reconcile, interval=0.2, max_checks_per_second=100, per_endpoint=2)
+    watcher = ReconcileScheduler(reconcile, interval=0.2, max_checks_per_second=100, per_endpoint=2)
     for i in range(10):
         watcher.watch("ns", f"slow{i}", f"s3://b/slow{i}/progress.json", target(trickle, clients), '"v0"')
     watcher.watch("ns", "fine", "s3://b/fine/progress.json", target(healthy, clients), '"v1"')
@@ -78,7 +78,7 @@ def test_a_store_that_keeps_failing_is_asked_once_per_backoff_not_once_per_run_a
     broken, healthy = stores("huge-error"), stores("healthy")
     clients = Clients(guard=Guard(threshold=2, base=30.0))
     reconcile = Recorder()
-    watcher = ProgressWatcher(reconcile, interval=0.1, max_checks_per_second=1000, per_endpoint=2)
+    watcher = ReconcileScheduler(reconcile, interval=0.1, max_checks_per_second=1000, per_endpoint=2)
     for i in range(60):
         watcher.watch("ns", f"broken{i}", f"s3://b/broken{i}/progress.json", target(broken, clients), '"v0"')
     watcher.watch("ns", "fine", "s3://b/fine/progress.json", target(healthy, clients), '"v1"')
@@ -102,7 +102,7 @@ def test_health_says_when_the_loop_stopped_passing_or_a_check_is_stuck(monkeypat
         return False, version
 
     monkeypatch.setattr(progress_watch, "changed_since", stuck_check)
-    watcher = ProgressWatcher(Recorder(), interval=15, clock=clock)
+    watcher = ReconcileScheduler(Recorder(), interval=15, clock=clock)
     store = stores("healthy")
     watcher.watch("ns", "run", "s3://b/run/progress.json", target(store, Clients()), '"v1"')
     clock.now += 30

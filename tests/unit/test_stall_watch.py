@@ -67,7 +67,7 @@ def test_the_engines_own_timeouts_come_after_the_watch_and_its_roll_call(monkeyp
 
 
 def test_every_horovod_mpijob_gets_the_trainers_stall_shutdown():
-    from scalingrun_operator.builders.mpijob import HOROVOD_STALL_ENV
+    from scalingrun_api.engines import HOROVOD_STALL_ENV
     from scalingrun_trainer.engines.keras_horovod.train import stall_settings
 
     assert HOROVOD_STALL_ENV == stall_settings(engine_timeout(300))

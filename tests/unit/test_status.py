@@ -12,6 +12,7 @@ from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders import locations
 from scalingrun_operator.decide import pinning, preprocessing as dataset, progress as mirror, training
 from scalingrun_operator.decide.status import StatusUpdate, may_revalidate, set_condition
+from scalingrun_operator.documents import parse_manifest, parse_progress
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
 T1 = T0 + dt.timedelta(minutes=5)
@@ -141,7 +142,7 @@ def manifest(run, **changes):
     out = {"fingerprint": "abc", "parameters": dataset.dataset_parameters(run), "source": run.spec.dataset.source,
            "classes": ["cat", "dog"], "shards": 4, "written": {"train": 90, "validation": 10}, "skipped": 3}
     out.update(changes)
-    return out
+    return parse_manifest(out)
 
 
 def test_dataset_present_needs_same_source_and_parameters():
@@ -215,14 +216,14 @@ def test_training_status_mirrors_progress_and_drops_junk():
                 "bestEpoch": None, "bestMetrics": {"val_accuracy": 0.9}, "imagesPerSecond": 512.5,
                 "elapsedSeconds": 60.0, "learningRate": float("nan"), "effectiveBatchSize": 256, "processes": 8,
                 "modelUri": None, "error": None}
-    assert mirror.training_status(progress) == {
+    assert mirror.training_status(parse_progress(progress)) == {
         "epoch": 2, "maxEpochs": 10, "imagesPerSecond": 512.5, "effectiveBatchSize": 256, "processes": 8,
         "metrics": {"loss": 0.4, "val_accuracy": 0.9}, "bestMetrics": {"val_accuracy": 0.9}}
     assert mirror.training_status(None) == {}
-    assert mirror.training_status({**progress, "mlflowRunId": "4f1c"})["mlflowRunId"] == "4f1c"
-    assert "mlflowRunId" not in mirror.training_status({**progress, "mlflowRunId": 7})
-    assert mirror.model_uri({"modelUri": "s3://m/model"}) == "s3://m/model"
-    assert mirror.model_uri({"modelUri": None}) is None
+    assert mirror.training_status(parse_progress({**progress, "mlflowRunId": "4f1c"}))["mlflowRunId"] == "4f1c"
+    assert "mlflowRunId" not in mirror.training_status(parse_progress({**progress, "mlflowRunId": 7}))
+    assert mirror.model_uri(parse_progress({"modelUri": "s3://m/model"})) == "s3://m/model"
+    assert mirror.model_uri(parse_progress({"modelUri": None})) is None
 
 
 def test_progress_uri_follows_run_location():
@@ -232,8 +233,8 @@ def test_progress_uri_follows_run_location():
 
 def test_mpijob_failure_message_has_cause_progress_and_next_step():
     state = training.MPIJobState("Failed", "MPIJobFailed", "launcher exited 1")
-    message = training.mpijob_failure_message("ml", "demo-train", state, {
-        "epoch": 3, "maxEpochs": 10, "error": "ResourceExhausted: OOM"})
+    message = training.mpijob_failure_message("ml", "demo-train", state, parse_progress({
+        "epoch": 3, "maxEpochs": 10, "error": "ResourceExhausted: OOM"}))
     assert "MPIJob demo-train failed (MPIJobFailed: launcher exited 1)" in message
     assert "epoch 3 of 10" in message and "ResourceExhausted: OOM" in message
     assert "kubectl logs -n ml" in message
@@ -265,14 +266,15 @@ def test_the_epoch_never_goes_back_while_the_mpijob_is_the_same():
              "bestMetrics": {"val_accuracy": 0.8}, "imagesPerSecond": 100.0, "restarts": 1}
     base = {"mpiJobName": "demo-train", "processes": 6, "maxEpochs": 10}
     # An old trainer's resumed attempt starts its document at 0 with no metrics: status keeps epoch 4.
-    fresh = mirror.training_status({"epoch": 0, "metrics": {}, "learningRate": 0.006, "processes": 6})
+    fresh = mirror.training_status(parse_progress({"epoch": 0, "metrics": {}, "learningRate": 0.006,
+                                                   "processes": 6}))
     merged = mirror.merge_training_status(shown, base, fresh, same_mpijob=True)
     assert (merged["epoch"], merged["metrics"], merged["bestEpoch"]) == (4, {"val_accuracy": 0.8}, 4)
     assert merged["learningRate"] == 0.006 and merged["restarts"] == 1
     # The resumed attempt reports where it resumed, then moves on.
-    resumed = mirror.training_status({"epoch": 4, "resumedFromEpoch": 4, "metrics": {"val_accuracy": 0.8}})
+    resumed = mirror.training_status(parse_progress({"epoch": 4, "resumedFromEpoch": 4, "metrics": {"val_accuracy": 0.8}}))
     assert mirror.merge_training_status(shown, base, resumed, True)["resumedFromEpoch"] == 4
-    later = mirror.training_status({"epoch": 5, "metrics": {"val_accuracy": 0.85}, "resumedFromEpoch": 4})
+    later = mirror.training_status(parse_progress({"epoch": 5, "metrics": {"val_accuracy": 0.85}, "resumedFromEpoch": 4}))
     merged = mirror.merge_training_status(shown, base, later, True)
     assert (merged["epoch"], merged["metrics"]) == (5, {"val_accuracy": 0.85})
     # A new MPIJob (the old one deleted and recreated) starts from what its trainer says, counters too.

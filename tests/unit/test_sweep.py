@@ -21,6 +21,7 @@ from scalingrun_operator.decide.sweep import (
 )
 from scalingrun_operator.local.sweep import oversubscribed_note
 from scalingrun_operator.report.sweep import render_sweep_report
+from scalingrun_operator.documents import parse_progress
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -196,7 +197,8 @@ def training(accuracy, loss=0.5, batch=32, lr=0.001):
 
 def table(measured):
     """measured: (point, epochs, wall seconds, best val_accuracy) per point."""
-    rows = [point_row(p, "Succeeded", training(acc), progress(epochs, wall, acc)) for p, epochs, wall, acc in measured]
+    rows = [point_row(p, "Succeeded", training(acc), parse_progress(progress(epochs, wall, acc)))
+            for p, epochs, wall, acc in measured]
     return add_scaling(rows)
 
 
@@ -213,7 +215,7 @@ def test_rows_speedup_efficiency_and_worker_hours():
 
 
 def test_running_point_has_no_speedup_yet():
-    rows = add_scaling([point_row(POINTS[0], "Succeeded", training(0.9), progress(10, 1000.0, 0.9)),
+    rows = add_scaling([point_row(POINTS[0], "Succeeded", training(0.9), parse_progress(progress(10, 1000.0, 0.9))),
                         point_row(POINTS[1], "Training", {"epoch": 2}, None), point_row(POINTS[2], None, None, None)])
     assert "speedup" not in rows[1] and rows[1]["epochs"] == 2 and rows[2] == {
         "run": "demo-w4", "workers": 4, "gpusPerWorker": 1, "processes": 4}

@@ -127,10 +127,10 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         _termination_message(message)
         print(json.dumps({"event": "inspect", "error": message}))
         return getattr(exc, "exit_code", 1)
-    for warning in manifest["warnings"]:
+    for warning in manifest.warnings or []:
         print(f"warning: {warning}", file=sys.stderr)
-    print(f"inspect: {params.source}: {manifest['written']['train']} train / {manifest['written']['validation']} "
-          f"validation rows, {len(manifest['classes'])} classes, row groups {manifest['rowGroups']}; manifest in "
+    print(f"inspect: {params.source}: {manifest.written['train']} train / {manifest.written['validation']} "
+          f"validation rows, {len(manifest.classes)} classes, row groups {manifest.row_groups}; manifest in "
           f"{params.output}", file=sys.stderr)
     print(json.dumps(summary(manifest)))
     return 0
@@ -145,19 +145,11 @@ def _termination_message(message: str) -> None:
         pass  # not in a pod
 
 
-# What each engine imports first: an image holds one framework's stack (torch only in the Lightning one, TensorFlow
-# only in the Keras one, Horovod only where the horovod strategy runs), so the import says which image to use.
-ENGINE_STACKS = {
-    "horovod": ("tensorflow", "horovod.tensorflow.keras"),
-    "multi-worker-mirrored": ("tensorflow", "mpi4py"),
-    "ddp": ("torch", "pytorch_lightning"),
-}
-
-
 def _cmd_train(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from .core.config import ENGINES, engine_of, parse_config, read_document
+    from scalingrun_api.engines import ENGINES
+    from .core.config import engine_of, parse_config, read_document
 
     document = read_document(args.config)
     try:
@@ -169,15 +161,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"scalingrun-trainer train: error: training.strategy {strategy} is not one of training.framework "
               f"{framework}'s", file=sys.stderr)
         return 2
+    # An image holds one framework's stack (torch only in the Lightning one, TensorFlow only in the Keras one,
+    # Horovod only where the horovod strategy runs), so importing the engine's stack says which image to use.
+    row = ENGINES[framework, strategy]
     try:
-        for module in ENGINE_STACKS[strategy]:
+        for module in row.stack:
             importlib.import_module(module)
-        engine = importlib.import_module(ENGINES[framework, strategy])
+        engine = importlib.import_module(row.trainer_module)
     except ImportError as exc:
-        image = "the Lightning trainer image (-lightning-cpu)" if framework == "pytorch-lightning" else \
-            "the Keras trainer image"
         print(f"scalingrun-trainer train: error: training.framework {framework} needs {exc.name}, which this "
-              f"environment lacks: use {image} (spec.workers.image) or its venv", file=sys.stderr)
+              f"environment lacks: use {row.image_words} (spec.workers.image) or its venv", file=sys.stderr)
         return 2
     try:
         config = parse_config(document)

@@ -13,6 +13,10 @@ GROUP = "scalingrun.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "ScalingRun"
+# Every object the operator makes carries this label; its watches select on it.
+MANAGED_BY_LABEL, MANAGER = "app.kubernetes.io/managed-by", "scalingrun-operator"
+MANAGED_BY = {MANAGED_BY_LABEL: MANAGER}
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGER}"
 PLURAL = "scalingruns"
 SINGULAR = "scalingrun"
 SHORT_NAMES = ["srun"]

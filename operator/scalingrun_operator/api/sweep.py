@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from scalingrun_api.engines import engine
-from scalingrun_api.models import API_VERSION, KIND, ScalingSweep
+from scalingrun_api.models import API_VERSION, KIND, MANAGED_BY, ScalingSweep
 
 SWEEP_LABEL = "scalingrun.dev/sweep"
 POINT_LABEL = "scalingrun.dev/sweep-workers"
@@ -54,7 +54,7 @@ def build_point_run(sweep: ScalingSweep, point: Point, namespace: Optional[str] 
         checkpoint["location"] = f"{checkpoint['location'].rstrip('/')}/{point.name}"
     metadata: dict[str, Any] = {"name": point.name, "labels": {
         SWEEP_LABEL: sweep.metadata.name, POINT_LABEL: str(point.workers),
-        "app.kubernetes.io/name": "scalingrun", "app.kubernetes.io/managed-by": "scalingrun-operator"}}
+        "app.kubernetes.io/name": "scalingrun", **MANAGED_BY}}
     if namespace or sweep.metadata.namespace:
         metadata["namespace"] = namespace or sweep.metadata.namespace
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}

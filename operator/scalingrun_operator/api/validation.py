@@ -16,10 +16,11 @@ from typing import Any, Iterable, TypeVar
 
 import pydantic
 
+from scalingrun_api.engines import ENGINES, framework_engine
 from scalingrun_api.models import (
     AUTO, BUILDER_PATTERN, DATA_URI_PATTERN, DNS_SUBDOMAIN_PATTERN, FRAMEWORK_STRATEGIES, HTTP_URL_PATTERN,
-    LABEL_VALUE_PATTERN, QUANTITY_PATTERN, WEIGHTS_PATTERN, BaseNetwork, Columns, DatasetFormat, Framework, Monitor,
-    Preprocessing, ScalingRun, ScalingSweep, Strategy, quantity_value,
+    LABEL_VALUE_PATTERN, QUANTITY_PATTERN, WEIGHTS_PATTERN, Columns, DatasetFormat, Framework, Monitor,
+    Preprocessing, ScalingRun, ScalingSweep, quantity_value,
 )
 from scalingrun_api.models.common import DURATION_PATTERN, MAX_INTEGER
 from scalingrun_api.models.dataset import Dataset
@@ -236,20 +237,21 @@ def _framework_errors(run: ScalingRun) -> list[FieldError]:
             f"{spec.training.strategy} is not a strategy of spec.training.framework {spec.training.framework} "
             f"(its strategies: {', '.join(strategies)}; the first is the default when strategy is omitted)",
         ))
-    if spec.training.framework != Framework.pytorch_lightning.value:
-        return errors
-    if spec.model.base not in (None, BaseNetwork.efficientnet_lite0.value):
+    # What the framework trains and reads is its default engine's (a strategy outside it is refused above).
+    chosen = framework_engine(spec.training.framework)
+    if chosen.bases is not None and spec.model.base not in (None, *chosen.bases):
         errors.append(FieldError(
             "spec.model.base",
             f"{spec.model.base} is a Keras application (its ImageNet weights are Keras files); "
-            "training.framework pytorch-lightning trains efficientnet_lite0 only: use efficientnet_lite0 "
-            "or framework keras",
+            f"training.framework {chosen.framework} trains {' or '.join(chosen.bases)} only: use "
+            f"{' or '.join(chosen.bases)} or framework {Framework.keras.value}",
         ))
     weights = spec.model.weights
-    if weights not in (None, "imagenet", "none") and not weights.endswith((".pth", ".pt")):
+    suffixes = chosen.weights_suffixes
+    if suffixes is not None and weights not in (None, "imagenet", "none") and not weights.endswith(suffixes):
         errors.append(FieldError(
             "spec.model.weights",
-            f"pytorch-lightning reads a PyTorch state dict (.pth or .pt), got {weights!r}",
+            f"{chosen.framework} reads a PyTorch state dict ({' or '.join(suffixes)}), got {weights!r}",
         ))
     return errors
 
@@ -271,9 +273,10 @@ def _own_model_errors(run: ScalingRun) -> list[FieldError]:
             errors.append(FieldError("spec.training.batchSizePerWorker", "auto probes our trainer's network; with "
                                      "training.command give a number (your script reads it as "
                                      "ctx.batch_size_per_worker)"))
-        if training.strategy == Strategy.multi_worker_mirrored.value:
+        chosen = ENGINES.get((training.framework, training.strategy))
+        if chosen is not None and not chosen.process_per_gpu:
             errors.append(FieldError("spec.training.strategy", "training.command runs your script on every rank "
-                                     "under mpirun (one process per GPU): multi-worker-mirrored is our Keras "
+                                     f"under mpirun (one process per GPU): {training.strategy} is our Keras "
                                      "trainer's engine; remove strategy (your script may use any strategy itself)"))
     elif model.builder:
         errors += [FieldError(path, f"{path} and spec.model.builder exclude each other: the builder's network has "

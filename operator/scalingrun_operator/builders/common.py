@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from scalingrun_api.engines import engine
-from scalingrun_api.models import ScalingRun
+from scalingrun_api.models import MANAGED_BY, ScalingRun
 from scalingrun_api.models.training import CONFIG_PATH
 
 CONFIG_FILE = CONFIG_PATH
@@ -39,7 +39,7 @@ def labels(run: ScalingRun, component: str) -> dict[str, str]:
         "app.kubernetes.io/name": "scalingrun",
         "app.kubernetes.io/instance": run.metadata.name,
         "app.kubernetes.io/component": component,
-        "app.kubernetes.io/managed-by": "scalingrun-operator",
+        **MANAGED_BY,
         RUN_LABEL: run.metadata.name,
     }
 

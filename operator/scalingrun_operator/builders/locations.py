@@ -4,6 +4,7 @@ writes, and the progress document the trainer writes in the run location."""
 from __future__ import annotations
 
 from scalingrun_api.heartbeat import HEARTBEAT_FILE
+from scalingrun_api.manifest import MANIFEST_FILE
 from scalingrun_api.models import ScalingRun
 from scalingrun_api.progress import PROGRESS_FILE
 from .config import run_location
@@ -14,7 +15,7 @@ def join(uri: str, *parts: str) -> str:
 
 
 def manifest_uri(run: ScalingRun) -> str:
-    return join(run.spec.dataset.output, "_manifest.json")
+    return join(run.spec.dataset.output, MANIFEST_FILE)
 
 
 def shards_uri(run: ScalingRun) -> str:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
-from scalingrun_api.models import Framework, ScalingRun, Strategy, quantity_value
+from scalingrun_api.engines import engine
+from scalingrun_api.models import ScalingRun, quantity_value
 from scalingrun_api.models.common import duration_seconds
 from scalingrun_api.models.training import CONFIG_VARIABLE
 from .common import (
@@ -35,9 +36,6 @@ SSHD_STATE_DIR = f"{MPI_USER_HOME}/.sshd"
 # a command keeps mpi-operator from substituting its default `sshd -De`, which would bypass the entrypoint.
 WORKER_COMMAND = ["/usr/local/bin/scalingrun-entrypoint", "/usr/sbin/sshd", "-De"]
 WORKER_WAIT_SECONDS = 300
-# Horovod's stall check and shutdown for every Horovod rank, our trainer's or a training.command's: the trainer's
-# engine_timeout() at its default (trainer/scalingrun_trainer/core/stall.py: 300 s watch + 60 s roll call + 30 s).
-HOROVOD_STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "390"}
 FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                  "PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 
@@ -55,25 +53,27 @@ def rank_command(run: ScalingRun) -> list[str]:
     return list(run.spec.training.command or ["scalingrun-trainer", "train", "--config", CONFIG_FILE])
 
 
+def _engine(run: ScalingRun):
+    return engine(run.spec.training.framework, run.spec.training.strategy)
+
+
 def framework_env(run: ScalingRun) -> list[dict[str, Any]]:
-    """Lightning: torch's CPU threads per process from the worker's CPU (torch would otherwise start one per node
-    core and oversubscribe the pod): its CPU limit (cpuLimit, else cpu), rounded down. The Keras trainer's
-    settings are unchanged."""
+    """An engine with a thread variable (Lightning: torch's CPU threads per process) gets it from the worker's CPU
+    (torch would otherwise start one per node core and oversubscribe the pod): its CPU limit (cpuLimit, else cpu)
+    / slots, rounded down. The other engines' settings are unchanged."""
     w = run.spec.workers
     cores = w.cpu_limit or w.cpu
-    if run.spec.training.framework != Framework.pytorch_lightning.value or not cores:
+    variable = _engine(run).thread_variable
+    if not variable or not cores:
         return []
     threads = max(1, int(quantity_value(cores) // slots_per_worker(run)))
-    return [{"name": "OMP_NUM_THREADS", "value": str(threads)}]
+    return [{"name": variable, "value": str(threads)}]
 
 
 def stall_env(run: ScalingRun) -> list[dict[str, Any]]:
-    """Keras + Horovod: Horovod's stall shutdown (off by default in Horovod), so that a rank that stops submitting
-    tensors ends the run instead of holding it."""
-    training = run.spec.training
-    if training.framework != Framework.keras.value or training.strategy != Strategy.horovod.value:
-        return []
-    return [{"name": name, "value": value} for name, value in HOROVOD_STALL_ENV.items()]
+    """The engine's rank environment (Keras + Horovod: Horovod's stall shutdown, off by default in Horovod, so that
+    a rank that stops submitting tensors ends the run instead of holding it)."""
+    return [{"name": name, "value": value} for name, value in _engine(run).rank_env]
 
 
 def rank_env(run: ScalingRun) -> list[dict[str, Any]]:

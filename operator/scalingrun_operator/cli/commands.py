@@ -209,6 +209,7 @@ def _sweep_report(args: argparse.Namespace, sweep) -> int:
     from ..decide.progress import training_status
     from ..decide.sweep import point_row, scaling
     from ..documents import read_progress
+    from scalingrun_api.progress import ProgressState
     from ..report.sweep import render_sweep_report, table_lines
     from ..storage import Clients, StorageError, StorageTarget
 
@@ -221,7 +222,8 @@ def _sweep_report(args: argparse.Namespace, sweep) -> int:
             progress, _ = read_progress(progress_uri(run), target)
         except StorageError as exc:
             raise UserError(f"scalingrun report: {exc}") from None
-        phase = "Succeeded" if (progress or {}).get("state") == "succeeded" else (progress or {}).get("state")
+        state = progress.state if progress is not None and "state" in progress.model_fields_set else None
+        phase = "Succeeded" if state == ProgressState.succeeded.value else state
         rows.append(point_row(point, phase, training_status(progress), progress if phase == "Succeeded" else None))
     rows, recommendation = scaling(sweep, rows)
     try:

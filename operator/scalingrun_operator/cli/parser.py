@@ -95,11 +95,11 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
     render.add_argument("-o", "--output", choices=OUTPUTS, default="yaml", help="output format (default yaml)")
 
     run = _add(sub, "run", "run a ScalingRun on this machine (--local), without Kubernetes",
-               "Run one ScalingRun here: preprocess the dataset, then train with horovodrun (or mpirun), as the "
-               "operator would in a cluster. In a cluster, kubectl apply -f the file instead.",
+               "Run one ScalingRun here: preprocess the dataset, then train with the engine's launcher (horovodrun or "
+               "mpirun), as the operator would in a cluster. In a cluster, kubectl apply -f the file instead.",
                "  scalingrun run --local -f examples/quickstart.yaml\n"
                "  scalingrun run --local -f my-run.yaml --np 2 --python-path src/", commands.cmd_run)
-    run.add_argument("--local", action="store_true", help="preprocess, then horovodrun here (required)")
+    run.add_argument("--local", action="store_true", help="preprocess, then train here (required)")
     _filename(run)
     run.add_argument("--np", type=int, help="processes (default: workers.replicas x slots)")
     run.add_argument("--workdir", metavar="DIR", help="where config and status go (default .scalingrun/runs/NAME)")
@@ -111,7 +111,7 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
                  "Run a ScalingSweep's points here one after another (each with N processes), then print the scaling "
                  "table and draw the report.",
                  "  scalingrun sweep --local -f examples/sweep.yaml -o reports/", commands.cmd_sweep)
-    sweep.add_argument("--local", action="store_true", help="each point with horovodrun -np N here (required)")
+    sweep.add_argument("--local", action="store_true", help="each point with its N training processes here (required)")
     _filename(sweep)
     sweep.add_argument("--workdir", metavar="DIR",
                        help="where the points' config and status go (default .scalingrun/sweeps/NAME)")

@@ -18,6 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from scalingrun_api import models
+from scalingrun_api.models import MANAGED_SELECTOR
 from ..builders.common import RUN_LABEL
 from ..storage import Credentials, StorageError
 
@@ -26,7 +27,6 @@ log = logging.getLogger(__name__)
 MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
 
 
-MANAGED_SELECTOR = "app.kubernetes.io/managed-by=scalingrun-operator"
 POD_PAGE = 500  # pods per list request
 _POD_SPEC_KEPT = ("nodeName", "schedulerName")
 _CONTAINER_KEPT = ("name", "image", "resources")

@@ -29,6 +29,8 @@ from urllib.parse import urlparse
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from scalingrun_api.models import MANAGED_BY
+
 log = logging.getLogger(__name__)
 
 EXIT_LOST_LEASE = 3
@@ -104,7 +106,7 @@ class LeaderElector:
             if exc.status != 404:
                 raise
             body = client.V1Lease(metadata=client.V1ObjectMeta(name=s.name, namespace=s.namespace,
-                                                               labels={"app.kubernetes.io/managed-by": "scalingrun-operator"}),
+                                                               labels=dict(MANAGED_BY)),
                                   spec=self._spec(True, None))
             try:
                 self.api.create_namespaced_lease(s.namespace, body, _request_timeout=self._timeout)

@@ -17,11 +17,13 @@ from typing import Iterable
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from scalingrun_api.models import MANAGED_BY
+
 log = logging.getLogger(__name__)
 
 PEERING_GROUP, PEERING_VERSION = "kopf.dev", "v1"
 CLUSTER_PLURAL, NAMESPACED_PLURAL = "clusterkopfpeerings", "kopfpeerings"
-LABELS = {"app.kubernetes.io/managed-by": "scalingrun-operator"}
+LABELS = MANAGED_BY
 _PATTERN_CHARS = ("*", "?", "!", ",")
 
 

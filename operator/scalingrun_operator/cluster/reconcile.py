@@ -26,7 +26,7 @@ from .k8s import Kube
 from .memory import Memory
 from .metrics import Metrics
 from .observe import Observer
-from .progress_watch import ProgressWatcher
+from .reconcile_scheduler import ReconcileScheduler
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ def settings_of(config: Config) -> Settings:
 class _Reconciler:
     kube: Kube
     config: Config
-    watcher: Optional[ProgressWatcher] = None  # follows documents and rechecks; none in tools
+    watcher: Optional[ReconcileScheduler] = None  # follows documents and rechecks; none in tools
     memory: Memory = field(default_factory=Memory)
     metrics: Metrics = field(default_factory=Metrics)
     clients: Clients = field(default_factory=Clients)

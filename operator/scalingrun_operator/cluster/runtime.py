@@ -16,7 +16,7 @@ from .coalesce import Coalescer
 from .k8s import Kube, new_api_client
 from .memory import Memory
 from .metrics import Metrics
-from .progress_watch import ProgressWatcher
+from .reconcile_scheduler import ReconcileScheduler
 from .reconcile import Reconciler, SweepReconciler
 
 log = logging.getLogger(__name__)
@@ -28,10 +28,11 @@ class Runtime:
         self.memory, self.metrics, self.clients = Memory(), Metrics(), Clients()
         kube = kube or Kube(new_api_client(), config.component)
         # What no Kubernetes event announces: progress documents and rechecks of runs; rechecks of sweeps.
-        self.watcher = ProgressWatcher(lambda namespace, name: self.reconcile_run(namespace, name, "watcher"),
-                                       config.poll_interval_seconds, config.progress_checks_per_second)
-        self.sweep_rechecks = ProgressWatcher(lambda namespace, name: self.reconcile_sweep(namespace, name, "recheck"),
-                                              config.recheck_interval_seconds, workers=1)
+        self.watcher = ReconcileScheduler(lambda namespace, name: self.reconcile_run(namespace, name, "watcher"),
+                                          config.poll_interval_seconds, config.progress_checks_per_second)
+        self.sweep_rechecks = ReconcileScheduler(
+            lambda namespace, name: self.reconcile_sweep(namespace, name, "recheck"),
+            config.recheck_interval_seconds, workers=1)
         self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients)
         # One reconcile per run at a time; pod events at most one per run per second (cluster/coalesce.py).
         self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0)

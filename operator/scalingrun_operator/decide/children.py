@@ -13,14 +13,14 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping, Optional
 
-from scalingrun_api.models import GROUP
+from scalingrun_api.models import GROUP, MANAGED_BY
 from ..api.sweep import POINT_LABEL, SWEEP_LABEL
 from ..builders.common import RUN_LABEL
 
 OURS, ADOPTABLE, FOREIGN = "ours", "adoptable", "foreign"
 # The labels that say whose child an object is and what it is for (not e.g. a Kueue queue).
 IDENTITY_LABELS = (RUN_LABEL, SWEEP_LABEL, POINT_LABEL, "app.kubernetes.io/component",
-                   "app.kubernetes.io/managed-by")
+                   *MANAGED_BY)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -65,8 +65,9 @@ class Draft:
         return self.need(ServerVersion())
 
     def read(self, uri: str, store: Store, what: str = MANIFEST,
-             versioned: bool = False) -> tuple[bool, Optional[dict[str, Any]]]:
-        """(readable, document). An unreadable store is a condition and a Warning, not a crash.
+             versioned: bool = False) -> tuple[bool, Any]:
+        """(readable, the document's model or None). An unreadable store is a condition and a Warning, not a
+        crash.
 
         `versioned`: the document is followed from the version read (the progress watcher)."""
         ask = Document(uri, store, what, versioned)

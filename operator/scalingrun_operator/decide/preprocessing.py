@@ -1,7 +1,7 @@
 """The preprocessing phase, pure: is the dataset already there, which Job to make, what the Job did, what
 to tell the user.
 
-The contract with the trainer's preprocessing: it writes `<dataset.output>/_manifest.json` with the
+The contract with the trainer's preprocessing: it writes the dataset manifest (scalingrun_api.manifest) with the
 source URI and the parameters that determine the content (`Params.dataset_parameters()` in
 scalingrun_trainer.preprocess.source, mirrored by `dataset_parameters` here without importing pyarrow).
 """
@@ -12,6 +12,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from scalingrun_api.manifest import DatasetManifest
 from scalingrun_api.models import Phase, ScalingRun
 from ..builders import build_config_map, build_preprocess_job
 from ..builders.common import preprocess_job_name
@@ -46,62 +47,63 @@ def dataset_parameters(run: ScalingRun) -> dict[str, Any]:
     }
 
 
-def dataset_present(run: ScalingRun, manifest: Optional[dict[str, Any]]) -> bool:
+def dataset_present(run: ScalingRun, manifest: Optional[DatasetManifest]) -> bool:
     """A manifest for the same source with the same parameters: the dataset can be reused as is."""
     return (
         manifest is not None
-        and manifest.get("source") == run.spec.dataset.source
-        and manifest.get("parameters") == dataset_parameters(run)
+        and manifest.source == run.spec.dataset.source
+        and manifest.parameters == dataset_parameters(run)
     )
 
 
-def mismatch(run: ScalingRun, manifest: Optional[dict[str, Any]]) -> str:
+def mismatch(run: ScalingRun, manifest: Optional[DatasetManifest]) -> str:
     """Why an existing manifest cannot be reused ('' when there is none or it matches)."""
     if manifest is None or dataset_present(run, manifest):
         return ""
-    if manifest.get("source") != run.spec.dataset.source:
-        return f"the dataset there was made from {manifest.get('source')!r}"
-    found = manifest.get("parameters") or {}
+    if manifest.source != run.spec.dataset.source:
+        return f"the dataset there was made from {manifest.source!r}"
+    found = manifest.parameters
     wanted = dataset_parameters(run)
     diffs = [f"{k} {found.get(k)!r} -> {v!r}" for k, v in wanted.items() if found.get(k) != v]
     return "the dataset there has other parameters (" + ", ".join(diffs) + ")"
 
 
-def _images(manifest: dict[str, Any]) -> tuple[int, int, int]:
-    written = manifest.get("written") or {}
-    return int(written.get("train", 0)), int(written.get("validation", 0)), int(manifest.get("skipped", 0))
+def _images(manifest: DatasetManifest) -> tuple[int, int, int]:
+    written = manifest.written
+    return written.get("train", 0), written.get("validation", 0), manifest.skipped
 
 
-def preprocessing_status(manifest: dict[str, Any], job_name: Optional[str], reused: bool) -> dict[str, Any]:
+def preprocessing_status(manifest: DatasetManifest, job_name: Optional[str], reused: bool) -> dict[str, Any]:
     """status.preprocessing from a dataset manifest."""
     train, validation, skipped = _images(manifest)
+    fingerprint = manifest.fingerprint
     out: dict[str, Any] = {
         "reused": reused,
-        "fingerprint": fingerprint if isinstance(fingerprint := manifest.get("fingerprint"), str) and len(
-            fingerprint) <= 128 else None,  # a fingerprint is a short hash: anything else is left out
+        # A fingerprint is a short hash: anything else is left out.
+        "fingerprint": fingerprint if fingerprint is not None and len(fingerprint) <= 128 else None,
         "imagesWritten": train + validation,
         "imagesSkipped": skipped,
-        "shards": manifest.get("shards"),
-        "classes": len(manifest.get("classes") or []),
+        "shards": manifest.shards,
+        "classes": len(manifest.classes),
     }
     if job_name:
         out["jobName"] = job_name
     return {k: v for k, v in out.items() if v is not None}
 
 
-def preprocessed_message(run: ScalingRun, manifest: dict[str, Any], reused: bool) -> str:
+def preprocessed_message(run: ScalingRun, manifest: DatasetManifest, reused: bool) -> str:
     train, validation, skipped = _images(manifest)
     if is_parquet_table(run):
-        groups = manifest.get("rowGroups") or {}
+        groups = manifest.row_groups or {}
         text = (f"Parquet table at {run.spec.dataset.source} checked: {train + validation} images ({train} train, "
-                f"{validation} validation) in {len(manifest.get('classes') or [])} classes, row groups "
+                f"{validation} validation) in {len(manifest.classes)} classes, row groups "
                 f"{groups.get('train')} train / {groups.get('validation')} validation; fingerprint "
-                f"{manifest.get('fingerprint')}")
-        warnings = [str(w) for w in manifest.get("warnings") or []]
+                f"{manifest.fingerprint}")
+        warnings = manifest.warnings or []
         return text + "".join(f"; warning: {w}" for w in warnings) + ("; manifest reused" if reused else "")
     text = (f"{train + validation} images ({train} train, {validation} validation) in "
-            f"{len(manifest.get('classes') or [])} classes, {skipped} undecodable files skipped; "
-            f"fingerprint {manifest.get('fingerprint')}")
+            f"{len(manifest.classes)} classes, {skipped} undecodable files skipped; "
+            f"fingerprint {manifest.fingerprint}")
     if reused:
         return (f"dataset at {run.spec.dataset.output} already made from the same source with the same "
                 f"parameters, no preprocessing Job: {text}")
@@ -280,7 +282,7 @@ def _complete(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> 
         update.desired["preprocessing"] = preprocessing_status(manifest, job_name, reused=False)
         update.condition(PREPROCESSED, "True", "Preprocessed",
                          f"Job {job_name}: " + preprocessed_message(run, manifest, reused=False))
-        for warning in manifest.get("warnings") or []:  # a Parquet table's row groups or row order: an Event once
+        for warning in manifest.warnings or []:  # a Parquet table's row groups or row order: an Event once
             update.warn("TableWarning", f"Parquet table at {run.spec.dataset.source}: {warning}")
         return
     if draft.within_grace(state.finished_at):

@@ -3,8 +3,8 @@ messages that quote the epoch reached.
 
 Contract with the trainers: rank 0 writes `<runLocation>/progress.json`, whose schema is
 scalingrun_api.progress.Progress (read leniently: a junk value is left out, the rest kept). A resumed attempt
-starts its document at the epoch it resumed from. It is read in one place (documents.read_progress); everything
-here works on what that returns.
+starts its document at the epoch it resumed from. It is read and parsed in one place (documents.read_progress);
+everything here works on the model that returns (None: no document yet).
 """
 
 from __future__ import annotations
@@ -53,15 +53,20 @@ def base_training_status(run: ScalingRun, mpijob_name: str) -> dict[str, Any]:
             "maxEpochs": run.spec.training.max_epochs}
 
 
-def training_status(progress: Optional[dict[str, Any]]) -> dict[str, Any]:
+def _or_empty(progress: Optional[Progress]) -> Progress:
+    return progress if progress is not None else Progress()
+
+
+def training_status(progress: Optional[Progress]) -> dict[str, Any]:
     """status.training fields mirrored from a progress document; junk values are left out, not guessed."""
-    if not progress:
+    if progress is None:
         return {}
-    read = Progress.read(progress)
-    read.input_history.sort(key=lambda entry: entry.epoch)
-    present = MIRRORED & read.model_fields_set
+    present = MIRRORED & progress.model_fields_set
     # Nested fields are the status models (status.training's schema): every set value, defaults included.
-    return _bounded(read.model_dump(by_alias=True, include=present, exclude_none=True))
+    mirrored = progress.model_dump(by_alias=True, include=present, exclude_none=True)
+    if "inputHistory" in mirrored:
+        mirrored["inputHistory"].sort(key=lambda entry: entry["epoch"])
+    return _bounded(mirrored)
 
 
 def _metrics(values: dict[str, float]) -> dict[str, float]:
@@ -148,14 +153,14 @@ def merge_training_status(previous: dict[str, Any], base: dict[str, Any], mirror
     return out
 
 
-def estimated_completion(previous: dict[str, Any], shown: dict[str, Any], progress: Optional[dict[str, Any]],
+def estimated_completion(previous: dict[str, Any], shown: dict[str, Any], progress: Optional[Progress],
                          moment: dt.datetime) -> Optional[str]:
     """When the training would reach maxEpochs at this attempt's mean epoch time. Computed when a new epoch is shown
     and kept until the next one: a look that brings no news must not change status."""
     epoch, max_epochs = _number(shown.get("epoch"), int), _number(shown.get("maxEpochs"), int)
     if previous.get("estimatedCompletion") and _number(previous.get("epoch"), int) == epoch:
         return previous["estimatedCompletion"]
-    read = Progress.read(progress)
+    read = _or_empty(progress)
     epochs_timed = (read.epoch or 0) - (read.resumed_from_epoch or 0)
     if not epoch or not max_epochs or read.epoch != epoch or epochs_timed <= 0 or not read.elapsed_seconds:
         return None
@@ -163,31 +168,31 @@ def estimated_completion(previous: dict[str, Any], shown: dict[str, Any], progre
     return rfc3339(moment + dt.timedelta(seconds=round(left)))
 
 
-def model_uri(progress: Optional[dict[str, Any]]) -> Optional[str]:
-    uri = Progress.read(progress).model_uri
+def model_uri(progress: Optional[Progress]) -> Optional[str]:
+    uri = _or_empty(progress).model_uri
     return uri if uri and len(uri) <= MAX_URI_CHARS else None
 
 
-def epochs_text(progress: Optional[dict[str, Any]]) -> str:
-    read = Progress.read(progress)
+def epochs_text(progress: Optional[Progress]) -> str:
+    read = _or_empty(progress)
     if read.epoch is None:
         return "no epoch finished"
     return f"epoch {read.epoch}" + (f" of {read.max_epochs}" if read.max_epochs else "")
 
 
-def running_message(name: str, progress: Optional[dict[str, Any]]) -> str:
+def running_message(name: str, progress: Optional[Progress]) -> str:
     text = f"MPIJob {name}: {epochs_text(progress)}"
-    metrics = Progress.read(progress).metrics
+    metrics = _or_empty(progress).metrics
     if "val_accuracy" in metrics:
         text += f", val_accuracy {metrics['val_accuracy']:.4f}"
     return text
 
 
-def succeeded_message(name: str, progress: Optional[dict[str, Any]]) -> str:
+def succeeded_message(name: str, progress: Optional[Progress]) -> str:
     """Names each figure it quotes: the kept model is the best epoch's, and its training accuracy is not its
     validation accuracy."""
     text = f"MPIJob {name} succeeded after {epochs_text(progress)}"
-    read = Progress.read(progress)
+    read = _or_empty(progress)
     best = _metrics(read.best_metrics)
     if best:
         validation = sorted(k for k in best if k.startswith("val_"))

@@ -102,9 +102,10 @@ class PodList:
 
 @dataclass(frozen=True)
 class Read:
-    """A document as read: None when absent; `error` says why it could not be read."""
+    """A document as read, as its model (documents.py: DatasetManifest, Progress, Heartbeat): None when absent;
+    `error` says why it could not be read."""
 
-    document: Optional[dict[str, Any]] = None
+    document: Any = None
     version: Optional[str] = None
     error: str = ""
     reason: str = "StorageError"  # the condition's reason when `error` (DocumentTooLarge, EndpointNotAllowed)

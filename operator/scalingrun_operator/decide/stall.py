@@ -125,10 +125,9 @@ def check_stall(draft: Draft, run: ScalingRun, training_status: dict[str, Any], 
     if record.get("launcherUid") == metadata_of(launcher).get("uid") and deadline and now < deadline:
         draft.recheck((deadline - now).total_seconds() + 1.0)
         return
-    readable, document = draft.read(heartbeat_uri(run), store_of(run), HEARTBEAT)
+    readable, beat = draft.read(heartbeat_uri(run), store_of(run), HEARTBEAT)
     if not readable:
         return  # StorageReadable says why; the read is retried
-    beat: Optional[Heartbeat] = Heartbeat.read(document) if document else None
     when = _beat_time(beat, now) if beat else None
     if when is None or when < started:
         beat, when = None, None  # none yet, or an earlier attempt's

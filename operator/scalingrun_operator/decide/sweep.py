@@ -78,7 +78,7 @@ def _number(value: Any) -> Optional[float]:
 
 
 def point_row(point: Point, phase: Optional[str], training: Optional[dict[str, Any]],
-              progress: Optional[dict[str, Any]]) -> dict[str, Any]:
+              progress: Optional[Progress]) -> dict[str, Any]:
     """One row of status.points from the child's status.training and, once it finished, its progress document."""
     row: dict[str, Any] = {"run": point.name, "workers": point.workers, "gpusPerWorker": point.gpus_per_worker,
                            "processes": point.processes}
@@ -98,12 +98,11 @@ def point_row(point: Point, phase: Optional[str], training: Optional[dict[str, A
     for source, target in (("val_accuracy", "bestValAccuracy"), ("val_loss", "bestValLoss")):
         if _number(best.get(source)) is not None:
             row[target] = round(float(best[source]), 4)
-    if progress:
-        finished = Progress.read(progress)
-        speeds = [entry.images_per_second for entry in finished.history if entry.images_per_second]
+    if progress is not None:
+        speeds = [entry.images_per_second for entry in progress.history if entry.images_per_second]
         if speeds:
             row["imagesPerSecond"] = round(statistics.median(speeds), 1)
-        wall, epochs = finished.elapsed_seconds, finished.epoch
+        wall, epochs = progress.elapsed_seconds, progress.epoch
         if wall and epochs:
             row["epochs"] = int(epochs)
             row["wallSeconds"] = round(wall, 1)
@@ -331,7 +330,7 @@ def _row(draft: _SweepDraft, point: Point, child: Optional[dict[str, Any]]) -> d
     return point_row(point, phase, status.get("training"), progress)
 
 
-def _progress(draft: _SweepDraft, child: dict[str, Any]) -> Optional[dict[str, Any]]:
+def _progress(draft: _SweepDraft, child: dict[str, Any]) -> Optional[Progress]:
     try:
         run = parse_scalingrun(child)
     except InvalidScalingRun:

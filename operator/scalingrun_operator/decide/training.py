@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from scalingrun_api.models import Phase, ScalingRun
-from scalingrun_api.progress import Progress
+from scalingrun_api.progress import Progress, ProgressState
 from ..builders import build_config_map, build_mpijob
 from ..builders.common import mpijob_name
 from ..builders.locations import progress_uri
@@ -82,19 +82,19 @@ def _launcher_log_text(log: Any, room: int) -> str:
     return f"last {len(lines)} line{'s' if len(lines) > 1 else ''}{header}{tail}"
 
 
-def builder_failed(progress: Optional[dict[str, Any]]) -> bool:
+def builder_failed(progress: Optional[Progress]) -> bool:
     """The trainer's contract check of spec.model.builder failed (rank 0 wrote a BuilderError, no epoch ran)."""
-    read = Progress.read(progress)
-    return bool(read.error and read.error.startswith("BuilderError:") and not read.epoch)
+    return bool(progress is not None and progress.error and progress.error.startswith("BuilderError:")
+                and not progress.epoch)
 
 
-def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progress: Optional[dict[str, Any]],
+def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progress: Optional[Progress],
                            launcher_log: Any = None, pod_cause: str = "", where: Where = CLUSTER) -> str:
     """Why the MPIJob failed: its condition, the epoch reached, the trainer's error, what a pod says (e.g. a
     worker OOMKilled) and, with `launcher_log` (an interruptions.LauncherLog), the end of the launcher's log, cut
     from the front to fit."""
     cause = ": ".join(p for p in (state.reason, state.message) if p)[:500] or "no reason given"
-    error = Progress.read(progress).error
+    error = progress.error if progress is not None else None
     if builder_failed(progress):
         # Nothing trained and nothing to resume: the user's package or function is what needs fixing.
         parts = [f"MPIJob {name} failed ({cause}) before any training step: the network of spec.model.builder "
@@ -188,7 +188,8 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
     if uri:
         update.desired["modelUri"] = uri
     if state.state == "Succeeded":
-        if (progress or {}).get("state") != "succeeded" and draft.within_grace(state.finished_at):
+        if (progress is None or progress.state != ProgressState.succeeded.value) and draft.within_grace(
+                state.finished_at):
             draft.recheck(draft.grace_left(state.finished_at))
             update.condition(TRAINED, "Unknown", "WaitingForProgress",
                              f"MPIJob {name} succeeded; waiting for the final {progress_uri(run)}")
@@ -234,7 +235,7 @@ def _suspend_change(run: ScalingRun, state: MPIJobState, applied: Optional[bool]
     return suspend_patch(wanted, state)
 
 
-def _queued(draft: Draft, run: ScalingRun, name: str, progress: Optional[dict[str, Any]]) -> None:
+def _queued(draft: Draft, run: ScalingRun, name: str, progress: Optional[Progress]) -> None:
     """Kueue holds the MPIJob: waiting for quota, or preempted (its pods are gone; admitted again, the training
     resumes from the last checkpoint). Neither is an interruption."""
     queue = run.spec.run_policy.kueue_queue_name
@@ -252,7 +253,7 @@ def _queued(draft: Draft, run: ScalingRun, name: str, progress: Optional[dict[st
     draft.update.set_phase(Phase.queued.value, message)
 
 
-def _succeeded(draft: Draft, name: str, progress: Optional[dict[str, Any]]) -> None:
+def _succeeded(draft: Draft, name: str, progress: Optional[Progress]) -> None:
     message = mirror.succeeded_message(name, progress)
     draft.update.condition(TRAINED, "True", "Succeeded", message)
     pods.pods_done(draft)

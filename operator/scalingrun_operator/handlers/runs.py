@@ -1,7 +1,7 @@
 """kopf handlers of ScalingRuns and of what a run is made of: every trigger runs the same reconcile.
 
 What a handler saw last does not matter: the reconcile (cluster/reconcile.py) reads the world again.
-What no event announces (object storage) is watched by one operator-wide thread (cluster/progress_watch.py).
+What no event announces (object storage) is watched by one operator-wide thread (cluster/reconcile_scheduler.py).
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from typing import Any, Optional
 
 import kopf
 
-from scalingrun_api.models import GROUP, KIND, PLURAL, VERSION
+from scalingrun_api.models import GROUP, KIND, MANAGED_BY, PLURAL, VERSION
 from ..builders.common import RUN_LABEL
 from ..cluster.k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION
 from ..decide.children import controller_name
 
-MANAGED = {"app.kubernetes.io/managed-by": "scalingrun-operator"}
+MANAGED = MANAGED_BY
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)

@@ -3,9 +3,10 @@ MPIJob's training, and what they leave behind, written as those children's statu
 (the Job controller, the MPI operator) would write it.
 
 Preprocessing runs as `parallelism` shard processes (what the Indexed Job runs, one pod per shard), or for a
-Parquet table one `scalingrun-trainer inspect`; training runs `horovodrun -np N scalingrun-trainer train` (what
-the MPIJob launcher runs), or for a multi-worker-mirrored run `mpirun -np N`, for a pytorch-lightning run
-`mpirun -np N` with the Lightning venv's python, and for a training.command `mpirun -np N <command>`.
+Parquet table one `scalingrun-trainer inspect`; training runs `scalingrun-trainer train` (what the MPIJob launcher
+runs) under the engine's local launcher (scalingrun_api.engines: `horovodrun -np N` for Keras + Horovod, `mpirun -np
+N` for the others, in the framework's own venv where the engine has one), and a training.command under
+`mpirun -np N <command>`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from scalingrun_api.models import Framework, ScalingRun, Strategy
+from scalingrun_api.engines import HOROVODRUN, engine, framework_engine
+from scalingrun_api.models import ScalingRun
 from scalingrun_api.models.training import CONFIG_VARIABLE
 from .process_tree import ProcessTree
 
@@ -40,7 +42,7 @@ def _horovodrun() -> str:
 
 def _lightning_python() -> str:
     """The PyTorch Lightning venv's python (SCALINGRUN_LIGHTNING_PYTHON, else .venv-lightning beside this venv):
-    torch lives in its own venv, never in the Keras one."""
+    torch lives in its own venv (an engine's own_venv), never in the Keras one."""
     explicit = os.environ.get("SCALINGRUN_LIGHTNING_PYTHON")
     candidates = [Path(explicit)] if explicit else [Path(sys.prefix).parent / ".venv-lightning" / "bin" / "python"]
     for candidate in candidates:
@@ -72,20 +74,20 @@ class Commands:
         return [sys.executable, "-m", "scalingrun_trainer.cli", "inspect", "--config", str(config)]
 
     def train(self, run: ScalingRun, processes: int, config: Path) -> list[str]:
-        """What the MPIJob launcher runs, here: horovodrun for Keras + Horovod; mpirun for the engines that take
-        rank and world size from MPI (Lightning DDP, with the Lightning venv's python; Keras multi-worker-mirrored;
-        a training.command)."""
+        """What the MPIJob launcher runs, here, under the engine's local launcher: horovodrun for Keras + Horovod;
+        mpirun for the engines that take rank and world size from MPI (Lightning DDP, with the Lightning venv's
+        python; Keras multi-worker-mirrored) and for a training.command."""
         train = ["-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
         training = run.spec.training
         if training.command:
             # The user's command on every rank, as the MPIJob's mpirun starts it; `python` is the framework's venv's
             # (train_env puts it first on PATH).
             return [*_mpirun(processes), *training.command]
-        if training.framework == Framework.pytorch_lightning.value:
-            return [*_mpirun(processes), _lightning_python(), *train]
-        if training.strategy == Strategy.multi_worker_mirrored.value:
-            return [*_mpirun(processes), sys.executable, *train]
-        return [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", sys.executable, *train]
+        chosen = engine(training.framework, training.strategy)
+        python = _lightning_python() if chosen.own_venv else sys.executable
+        if chosen.local_launcher == HOROVODRUN:
+            return [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", python, *train]
+        return [*_mpirun(processes), python, *train]
 
 
 def train_env(run: ScalingRun, config: Path) -> dict[str, str]:
@@ -93,8 +95,8 @@ def train_env(run: ScalingRun, config: Path) -> dict[str, str]:
     framework's venv first on PATH (its python has the SDK, and TensorFlow + Horovod or torch)."""
     if not run.spec.training.command:
         return {}
-    lightning = run.spec.training.framework == Framework.pytorch_lightning.value
-    python = Path(_lightning_python() if lightning else sys.executable)
+    own_venv = framework_engine(run.spec.training.framework).own_venv
+    python = Path(_lightning_python() if own_venv else sys.executable)
     return {CONFIG_VARIABLE: str(config), "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 

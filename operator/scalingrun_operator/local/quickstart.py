@@ -67,7 +67,7 @@ def upload_fashion_mnist(server: S3Server, source_uri: str, per_class: int) -> i
 
 
 def print_summary(local: LocalRun, run, state: Path, report, total_seconds: float) -> None:
-    status, pre, progress = local.status, local.status.preprocessing, Progress.read(local.progress)
+    status, pre, progress = local.status, local.status.preprocessing, local.progress or Progress()
     print("\n== quick start summary ==")
     print(f"phase: {status.phase}")
     if pre:
@@ -131,7 +131,7 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--state", default=".scalingrun/quickstart", help="S3 data and run documents")
     parser.add_argument("--per-class", type=int, default=1000, help="Fashion-MNIST images per class")
     parser.add_argument("--stop-after", choices=["preprocessing", "training"], default="training")
-    parser.add_argument("--np", type=int, help="Horovod processes (default from the spec)")
+    parser.add_argument("--np", type=int, help="training processes (default from the spec)")
     parser.add_argument("--sweep", help="instead of one run, a ScalingSweep of it over these worker counts, e.g. 1,2")
     parser.add_argument("--max-epochs", type=int, help="override spec.training.maxEpochs (e.g. a short sweep)")
     args = parser.parse_args(argv)
@@ -159,7 +159,7 @@ def _main(argv: list[str] | None) -> int:
     finally:
         server.stop()
     report = None
-    if Progress.read(local.progress).history:
+    if local.progress is not None and local.progress.history:
         from ..report.run import render_report
 
         report = render_report(local.progress, run.metadata.name, state / "reports")

@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from scalingrun_api.heartbeat import HEARTBEAT_FILE
+from scalingrun_api.heartbeat import HEARTBEAT_FILE, Heartbeat
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun, ScalingRunStatus
+from scalingrun_api.progress import Progress
 from ..api.endpoints import EndpointPolicy
 from ..api.validation import s3_fields
 from ..builders.common import storage_env
@@ -35,12 +36,12 @@ from ..decide import pinning
 from ..decide.children import owner_reference
 from ..decide.run import decide_run
 from ..decide.snapshot import (
-    INDEXED_JOBS_SINCE, LOCAL, PROGRESS, Child, Create, Decision, Document, Listing, Names, PodList, Pods, Read,
+    HEARTBEAT, INDEXED_JOBS_SINCE, LOCAL, PROGRESS, Child, Create, Decision, Document, Listing, Names, PodList, Pods, Read,
     Server, ServerVersion, Settings, Snapshot, look,
 )
 from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, Event, get_condition, rfc3339
-from ..documents import read_manifest, read_progress
-from ..storage import Clients, StorageError, StorageTarget, list_names, read_json
+from ..documents import read_heartbeat, read_manifest, read_progress
+from ..storage import Clients, StorageError, StorageTarget, list_names
 from .processes import Commands, LocalRunError, Shards, train_env, training_status
 from .training import StallWatch, TrainingProcess
 
@@ -60,7 +61,7 @@ class LocalRun:
     python_path: tuple[str, ...] = ()  # --python-path: folders with the user's packages (model.builder, command)
     poll_seconds: float = 5.0  # how often the progress document is read while training runs
     status: ScalingRunStatus = field(default_factory=ScalingRunStatus)
-    progress: Optional[dict] = None
+    progress: Optional[Progress] = None
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per phase
     events: list[Event] = field(default_factory=list)  # what the operator would post as Events, in order
 
@@ -167,6 +168,8 @@ class LocalRun:
                 read = Read(*read_progress(ask.uri, target, ask.versioned))
                 self.progress = read.document
                 return read
+            if isinstance(ask, Document) and ask.what == HEARTBEAT:
+                return Read(read_heartbeat(ask.uri, target))
             if isinstance(ask, Document):
                 return Read(read_manifest(ask.uri, target))
             if isinstance(ask, Listing):
@@ -289,12 +292,12 @@ class LocalRun:
         self.log(f"Stalled: {message}")
         return training_status(1, rfc3339(now()), reason="Stalled", message=message)
 
-    def _heartbeat(self) -> Optional[dict]:
+    def _heartbeat(self) -> Optional[Heartbeat]:
         """heartbeat.json beside progress.json (rank 0 writes it from its training loop), or None."""
         storage = self.run.spec.storage
         target = StorageTarget(storage.endpoint, storage.region, None, clients=self.clients)
         try:
-            return read_json(join(run_location(self.run), HEARTBEAT_FILE), target)
+            return read_heartbeat(join(run_location(self.run), HEARTBEAT_FILE), target)
         except StorageError:
             return None
 

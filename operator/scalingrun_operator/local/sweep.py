@@ -1,10 +1,10 @@
 """`scalingrun sweep --local`: a ScalingSweep's points on this machine, one after another, decided by the
 operator's decide (decide.sweep).
 
-Each point is the same child ScalingRun the operator would create, run by the local runner
-(`horovodrun -np N`). They share one preprocessed dataset: the first point writes it, laid out for the
-largest point; the others find it there and reuse it. The sweep's status (its rows, phase and
-recommendation) is the operator's, written to `<workdir>/status.json`.
+Each point is the same child ScalingRun the operator would create, run by the local runner (N training
+processes under the engine's launcher: horovodrun or mpirun). They share one preprocessed dataset: the first
+point writes it, laid out for the largest point; the others find it there and reuse it. The sweep's status (its
+rows, phase and recommendation) is the operator's, written to `<workdir>/status.json`.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from scalingrun_api.engines import HOROVODRUN, MPIRUN
 from scalingrun_api.heartbeat import Heartbeat, stall_timeout_seconds
 from .process_tree import STOP_GRACE_SECONDS, ProcessTree
 
@@ -29,7 +30,7 @@ _PROCESS_NAME = re.compile(r"Process name:\s*\S*?(\d+)\]*\s*$")  # mpirun [[1331
 _EXIT_CODE = re.compile(r"Exit code:\s*(-?\d+)")
 _RANK_SIGNAL = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
 _RANK_TAG = re.compile(r"^\[\d+\]<std(?:out|err)>:")  # horovodrun's prefix, in its files too
-_LAUNCHERS = ("mpirun", "horovodrun")
+_LAUNCHERS = (MPIRUN, HOROVODRUN)
 
 
 def with_rank_logs(command: list[str], folder: Path) -> list[str]:
@@ -37,7 +38,7 @@ def with_rank_logs(command: list[str], folder: Path) -> list[str]:
     its own, still shown here too); any other command as it is. Not for horovodrun -np 1: Horovod 0.28.1 pads the
     rank in the file names by log10(np - 1), which fails for one process (and one rank needs no split)."""
     name = Path(command[0]).name if command else ""
-    if name == "horovodrun" and _option(command, "-np") == "1":
+    if name == HOROVODRUN and _option(command, "-np") == "1":
         return command
     if name in _LAUNCHERS:
         return [command[0], "--output-filename", str(folder), *command[1:]]
@@ -152,11 +153,10 @@ class StallWatch:
     setting: int | str  # spec.training.stallTimeout
     started: float = field(default_factory=time.time)  # this attempt's start, on the writers' clock (this machine)
 
-    def stalled(self, document: Optional[dict], now: Optional[float] = None) -> Optional[str]:
+    def stalled(self, beat: Optional[Heartbeat], now: Optional[float] = None) -> Optional[str]:
         """The Stalled message, or None while the heartbeat is fresh (or none has come yet)."""
-        if not document:
+        if beat is None:
             return None
-        beat = Heartbeat.read(document)
         if beat.time < self.started - 1:
             return None
         timeout = stall_timeout_seconds(self.setting, beat.longest_gap_seconds)

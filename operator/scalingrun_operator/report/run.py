@@ -6,19 +6,17 @@ the input-wait share and GPU utilisation when the trainer measured them."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from scalingrun_api.progress import BatchSizeProbe, Progress, ProgressState
 
 
-def render_report(document: dict[str, Any], run_name: str, out_dir: Path) -> tuple[Path, Path]:
+def render_report(progress: Progress, run_name: str, out_dir: Path) -> tuple[Path, Path]:
     """Writes <out_dir>/<run>-report.png and .md from a progress document; returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    progress = Progress.read(document)
     history = [entry.model_dump(by_alias=True, exclude_none=True) for entry in progress.history]
     if not history:
         raise ValueError("the progress document has no finished epoch yet")

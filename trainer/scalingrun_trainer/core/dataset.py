@@ -20,6 +20,7 @@ from typing import Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from scalingrun_api.manifest import MANIFEST_FILE, DatasetManifest
 from ..storage import Location, open_location, s3fs_options
 
 
@@ -60,20 +61,21 @@ class Dataset:
 def open_dataset(uri: str, endpoint: Optional[str] = None, region: Optional[str] = None) -> Dataset:
     """Reads the manifest the preprocessing wrote, and counts row groups for sharding."""
     root = open_location(uri, endpoint, region)
-    manifest_at = root.join("_manifest.json")
+    manifest_at = root.join(MANIFEST_FILE)
     try:
-        manifest = json.loads(manifest_at.read_bytes())
+        document = json.loads(manifest_at.read_bytes())
     except (FileNotFoundError, OSError) as exc:
         raise DatasetError(f"no dataset manifest at {manifest_at.uri} ({type(exc).__name__}): "
                            "run the preprocessing first") from None
+    manifest = DatasetManifest.model_validate(document)  # a writer's own document: strict, not lenient
     # A Parquet table's manifest (dataset.format parquet) names where its files are, and its columns.
-    data_root = manifest.get("dataRoot") or uri
+    data_root = manifest.data_root or uri
     files_at = open_location(data_root, endpoint, region) if data_root != uri else root
-    row_groups = {split: sum(_row_groups(files_at.join(name)) for name in manifest["files"][split]) for split in SPLITS}
-    return Dataset(uri=data_root, classes=manifest["classes"], rows=manifest["written"], files=manifest["files"],
-                   row_groups=row_groups, image_size=manifest["parameters"]["imageSize"],
-                   fingerprint=manifest["fingerprint"], endpoint=endpoint,
-                   columns={**DEFAULT_COLUMNS, **(manifest.get("columns") or {})})
+    row_groups = {split: sum(_row_groups(files_at.join(name)) for name in manifest.files[split]) for split in SPLITS}
+    return Dataset(uri=data_root, classes=manifest.classes, rows=manifest.written, files=manifest.files,
+                   row_groups=row_groups, image_size=manifest.parameters["imageSize"],
+                   fingerprint=manifest.fingerprint, endpoint=endpoint,
+                   columns={**DEFAULT_COLUMNS, **(manifest.columns or {})})
 
 
 def _row_groups(location: Location) -> int:

@@ -13,7 +13,7 @@ columns with those types; each split's first row group holds images of exactly i
 labels have no nulls and lie in 0 .. classes - 1; every split has a row group for each process (else training
 could not shard it: an error) and at least 2 per process (else a warning: "at least as many partitions as GPUs",
 with room to shuffle); training rows in class order are a warning too (the readers shuffle across a few row
-groups at a time, so their batches would hold one or two classes). Then `<dataset.output>/_manifest.json` (with
+groups at a time, so their batches would hold one or two classes). Then the dataset manifest (scalingrun_api.manifest, with
 "dataRoot": SOURCE and "columns").
 """
 
@@ -29,6 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
+
+from scalingrun_api.manifest import CLASSES_FILE, MANIFEST_FILE, DatasetManifest
 
 from ..core.dataset import SPLITS
 from ..storage import Location, open_location
@@ -161,7 +163,7 @@ def _inspect_file(location: Location, params: TableParams, facts: SplitFacts, fi
                 raise TableError(_shape_message(params, location.uri, wrong[0].as_py() if len(wrong) else 0))
 
 
-def inspect_table(params: TableParams) -> dict:
+def inspect_table(params: TableParams) -> DatasetManifest:
     """Checks the table; returns the dataset manifest (not yet written). Raises TableError/SourceError naming
     the column or file."""
     source = open_location(params.source, params.endpoint, params.region)
@@ -199,27 +201,27 @@ def inspect_table(params: TableParams) -> dict:
     for split in SPLITS:
         for name, size in zip(facts[split].files, facts[split].sizes):
             digest.update(f"{name}\0{size}\n".encode())
-    return {
-        "fingerprint": digest.hexdigest()[:24],
-        "parameters": params.dataset_parameters(),
-        "source": params.source,
-        "format": FORMAT,
-        "dataRoot": params.source,
-        "columns": {"image": params.image_column, "label": params.label_column},
-        "classes": classes,
-        "sourceFiles": sum(len(f.files) for f in facts.values()),
-        "written": {split: facts[split].rows for split in SPLITS},
-        "skipped": 0,
-        "skippedFiles": [],
-        "files": {split: facts[split].files for split in SPLITS},
-        "rowGroups": {split: facts[split].row_groups for split in SPLITS},
-        "warnings": warnings,
-    }
+    return DatasetManifest(
+        fingerprint=digest.hexdigest()[:24],
+        parameters=params.dataset_parameters(),
+        source=params.source,
+        format=FORMAT,
+        data_root=params.source,
+        columns={"image": params.image_column, "label": params.label_column},
+        classes=classes,
+        source_files=sum(len(f.files) for f in facts.values()),
+        written={split: facts[split].rows for split in SPLITS},
+        skipped=0,
+        skipped_files=[],
+        files={split: facts[split].files for split in SPLITS},
+        row_groups={split: facts[split].row_groups for split in SPLITS},
+        warnings=warnings,
+    )
 
 
 def _classes(source: Location, count: int) -> list[str]:
     """The names in SOURCE/_classes.json when there is one, else "0" .. "count - 1"."""
-    at = source.join("_classes.json")
+    at = source.join(CLASSES_FILE)
     if not at.exists():
         return [str(index) for index in range(count)]
     try:
@@ -236,24 +238,25 @@ def _classes(source: Location, count: int) -> list[str]:
 
 def forget_manifest(params: TableParams) -> None:
     """After a failed check: a manifest an earlier check wrote for this table no longer describes it."""
-    at = open_location(params.output, params.endpoint, params.region).join("_manifest.json")
+    at = open_location(params.output, params.endpoint, params.region).join(MANIFEST_FILE)
     try:
-        if json.loads(at.read_bytes()).get("source") == params.source:
+        manifest = DatasetManifest.read(json.loads(at.read_bytes()))
+        if manifest is not None and manifest.source == params.source:
             at.fs.delete_file(at.path)
     except (FileNotFoundError, ValueError):
         pass
 
 
-def write_manifest(params: TableParams, manifest: dict) -> None:
+def write_manifest(params: TableParams, manifest: DatasetManifest) -> None:
     output = open_location(params.output, params.endpoint, params.region)
-    output.join("_classes.json").write_bytes_atomic(json.dumps(manifest["classes"]).encode())
-    output.join("_manifest.json").write_bytes_atomic(json.dumps(manifest, indent=1).encode())
+    output.join(CLASSES_FILE).write_bytes_atomic(json.dumps(manifest.classes).encode())
+    output.join(MANIFEST_FILE).write_bytes_atomic(json.dumps(manifest.document(), indent=1).encode())
 
 
-def summary(manifest: dict) -> dict:
+def summary(manifest: DatasetManifest) -> dict:
     """The JSON line the check prints last (the preprocessing's summary shape, for the local runner)."""
-    return {"event": "inspect", "fingerprint": manifest["fingerprint"], "classes": len(manifest["classes"]),
-            "written": manifest["written"], "skipped": 0, "rowGroups": manifest["rowGroups"],
-            "warnings": manifest["warnings"], "complete": True,
-            "dataset": {"fingerprint": manifest["fingerprint"], "classes": len(manifest["classes"]),
-                        "written": manifest["written"], "skipped": 0}}
+    return {"event": "inspect", "fingerprint": manifest.fingerprint, "classes": len(manifest.classes),
+            "written": manifest.written, "skipped": 0, "rowGroups": manifest.row_groups,
+            "warnings": manifest.warnings, "complete": True,
+            "dataset": {"fingerprint": manifest.fingerprint, "classes": len(manifest.classes),
+                        "written": manifest.written, "skipped": 0}}

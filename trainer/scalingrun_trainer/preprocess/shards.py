@@ -6,7 +6,7 @@ seeded order, not the tree's: each row group then mixes the classes, and the rea
 spans only a few row groups, draws batches of mixed classes (in the tree's order a batch held one or two).
 Shard i of n writes only its own Parquet files, under a temporary name first, then a shard manifest; whichever
 shard finds all n manifests checks the share of undecodable files over the whole dataset, writes the dataset
-manifest `_manifest.json` (atomically) and removes files that an earlier run with other parameters left behind.
+manifest (scalingrun_api.manifest, atomically) and removes files that an earlier run with other parameters left behind.
 Readers take the file list from the manifest, so nothing is visible before it exists. A rerun with the same
 fingerprint does nothing; a crashed shard can be rerun alone.
 
@@ -14,7 +14,7 @@ Layout under OUTPUT:
   train/part-SSSSS-of-NNNNN-<fp>.parquet, validation/...   columns image (binary, S x S x 3 uint8,
                                                            row-major), label (int32), path (string)
   _classes.json      class names, index = label
-  _manifest.json     counts, parameters, fingerprint, file lists
+  (manifest)         counts, parameters, fingerprint, file lists (scalingrun_api.manifest.MANIFEST_FILE)
   _shards/           one manifest per finished shard
   _heartbeat/        shard-SSSSS.json: each shard's heartbeat while it runs (scalingrun_api.heartbeat; the shard
                      index as its rank, the images done as its step)
@@ -35,6 +35,8 @@ from typing import Iterator, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
+
+from scalingrun_api.manifest import CLASSES_FILE, MANIFEST_FILE, DatasetManifest
 
 from ..core.dataset import SPLITS
 from ..core.heartbeat import HeartbeatWriter
@@ -159,8 +161,8 @@ def process_shard(params: Params, shard_index: int, shard_count: int, workers: O
     classes, files = list_source(source)
     fp = fingerprint(params, classes, files)
 
-    manifest = _read_json(output.join("_manifest.json"))
-    if manifest and manifest.get("fingerprint") == fp:
+    manifest = DatasetManifest.read(_read_json(output.join(MANIFEST_FILE)))
+    if manifest and manifest.fingerprint == fp:
         return {**_summary_from_manifest(manifest), "shard": shard_index, "shards": shard_count, "reused": True}
 
     shard_manifest_at = output.join("_shards", f"shard-{shard_index:05d}-of-{shard_count:05d}.json")
@@ -245,8 +247,8 @@ def _write_shard(params: Params, source: Location, output: Location, classes: li
 
 
 def finalize(params: Params, output: Location, classes: list[str], files: list[SourceFile], fp: str,
-             shard_count: int) -> Optional[dict]:
-    """Writes _manifest.json once every shard has finished; returns it, or None while shards remain."""
+             shard_count: int) -> Optional[DatasetManifest]:
+    """Writes the dataset manifest once every shard has finished; returns it, or None while shards remain."""
     shards = []
     for index in range(shard_count):
         done = _read_json(output.join("_shards", f"shard-{index:05d}-of-{shard_count:05d}.json"))
@@ -263,31 +265,31 @@ def finalize(params: Params, output: Location, classes: list[str], files: list[S
             f"maxBadFraction={params.max_bad_fraction}); no dataset was published. First: "
             + "; ".join(f"{x['path']}: {x['reason']}" for x in skipped[:3])
         )
-    manifest = {
-        "fingerprint": fp,
-        "parameters": params.dataset_parameters(),
-        "source": params.source,
-        "classes": classes,
-        "sourceFiles": len(files),
-        "shards": shard_count,
-        "written": {s: sum(d["written"][s] for d in shards) for s in SPLITS},
-        "skipped": len(skipped),
-        "skippedFiles": skipped[:100],
-        "files": {s: sorted(x for d in shards for x in d["files"][s]) for s in SPLITS},
-    }
-    output.join("_classes.json").write_bytes_atomic(json.dumps(classes).encode())
-    output.join("_manifest.json").write_bytes_atomic(json.dumps(manifest, indent=1).encode())
+    manifest = DatasetManifest(
+        fingerprint=fp,
+        parameters=params.dataset_parameters(),
+        source=params.source,
+        classes=classes,
+        source_files=len(files),
+        shards=shard_count,
+        written={s: sum(d["written"][s] for d in shards) for s in SPLITS},
+        skipped=len(skipped),
+        skipped_files=skipped[:100],
+        files={s: sorted(x for d in shards for x in d["files"][s]) for s in SPLITS},
+    )
+    output.join(CLASSES_FILE).write_bytes_atomic(json.dumps(classes).encode())
+    output.join(MANIFEST_FILE).write_bytes_atomic(json.dumps(manifest.document(), indent=1).encode())
     _remove_stale(output, manifest)
     return manifest
 
 
-def _remove_stale(output: Location, manifest: dict) -> None:
+def _remove_stale(output: Location, manifest: DatasetManifest) -> None:
     """Deletes Parquet files and shard manifests that are not part of this dataset."""
-    keep = {posixpath.join(output.path, f) for s in SPLITS for f in manifest["files"][s]}
+    keep = {posixpath.join(output.path, f) for s in SPLITS for f in manifest.files[s]}
     for folder in (*SPLITS, "_shards"):
         for info in _listing(output.join(folder)):
             if folder == "_shards":
-                stale = f"-of-{manifest['shards']:05d}.json" not in info.base_name
+                stale = f"-of-{manifest.shards:05d}.json" not in info.base_name
             else:
                 stale = info.path not in keep and not info.base_name.startswith("_tmp-")
             if stale:
@@ -311,12 +313,12 @@ def _read_json(location: Location) -> Optional[dict]:
         raise
 
 
-def _summary_from_manifest(manifest: dict) -> dict:
+def _summary_from_manifest(manifest: DatasetManifest) -> dict:
     return {
         "event": "preprocess",
-        "fingerprint": manifest["fingerprint"],
-        "classes": len(manifest["classes"]),
-        "written": manifest["written"],
-        "skipped": manifest["skipped"],
+        "fingerprint": manifest.fingerprint,
+        "classes": len(manifest.classes),
+        "written": manifest.written,
+        "skipped": manifest.skipped,
         "complete": True,
     }

@@ -42,7 +42,7 @@ class Params:
     sample_fraction: float = 1.0
     seed: int = 42
     max_bad_fraction: float = 0.05
-    # Horovod processes that will read the dataset: each split gets >= 2 row groups per process.
+    # Training processes (of any engine) that will read the dataset: each split gets >= 2 row groups per process.
     max_readers: int = 1
     endpoint: Optional[str] = None
     region: Optional[str] = None

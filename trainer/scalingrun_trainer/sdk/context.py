@@ -8,6 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from scalingrun_api.config import TrainerConfig
 from scalingrun_api.models import AUTO
 from scalingrun_api.models.training import CONFIG_PATH as DEFAULT_CONFIG, CONFIG_VARIABLE
 
@@ -50,7 +51,8 @@ class Context:
     local_rank: int
     local_size: int
     run_name: str
-    spec: dict[str, Any]  # the run's spec (dataset, model, training, storage, tracking), camelCase as in YAML
+    config: TrainerConfig  # the run's trainer config, typed (defaults resolved): what the SDK itself reads
+    spec: dict[str, Any]  # the same spec as a dict for scripts (dataset, model, training, ...), camelCase as in YAML
     dataset: Dataset  # the prepared data (manifest): classes, rows, files, row groups
     run_location: str  # progress.json, checkpoints/ and model/ of this run
     storage_options: dict[str, Any]  # fsspec options: fsspec.filesystem("s3", **storage_options) reads s3:// URIs
@@ -134,7 +136,7 @@ def build_context(document: dict[str, Any], environ: Optional[dict[str, str]] = 
                        training.learning_rate_scaling, size)
     options = s3fs_options(storage.endpoint) if dataset.uri.startswith("s3://") else {}
     return Context(
-        rank=rank, size=size, local_rank=local_rank, local_size=local_size, run_name=config.run,
+        rank=rank, size=size, local_rank=local_rank, local_size=local_size, run_name=config.run, config=config,
         spec={k: v for k, v in document.items() if k not in _NOT_SPEC}, dataset=dataset,
         run_location=config.run_location, storage_options=options, batch_size_per_worker=scaled.batch_size_per_worker,
         effective_batch_size=scaled.effective_batch_size, learning_rate=scaled.learning_rate,

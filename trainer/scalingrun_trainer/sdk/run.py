@@ -95,5 +95,5 @@ def torch_batches(split: str, batch_size: Optional[int] = None):
 
 
 def _reading(ctx: Context) -> dict[str, int]:
-    reader = (ctx.spec.get("training") or {}).get("input") or {}
-    return {"reader_threads": reader.get("readerWorkers", 4), "row_group_cache": reader.get("rowGroupCache", 50)}
+    reader = ctx.config.training.input
+    return {"reader_threads": reader.reader_workers, "row_group_cache": reader.row_group_cache}

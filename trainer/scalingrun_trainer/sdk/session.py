@@ -139,9 +139,9 @@ def _threads_holding_exit() -> list[str]:
 
 def _run_params(context: Context) -> dict[str, Any]:
     """MLflow parameters of a command run: what the SDK derived, and the command itself."""
-    training = context.spec.get("training") or {}
+    training = context.config.training
     return {
-        "command": json.dumps(training.get("command")), "framework": training.get("framework", "keras"),
+        "command": json.dumps(training.command), "framework": training.framework,
         "imageSize": context.image_size, "classes": context.num_classes, "dataset": context.dataset.uri,
         "datasetFingerprint": context.dataset.fingerprint, "trainRows": context.dataset.rows["train"],
         "validationRows": context.dataset.rows["validation"], "processes": context.size,

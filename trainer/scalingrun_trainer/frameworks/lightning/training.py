@@ -8,6 +8,8 @@ import os
 import warnings
 from typing import Any, Callable, Optional
 
+from scalingrun_api.models import Framework
+
 from ...core.builder import Builder
 from ...core.checkpoints import CheckpointState
 from ...core.early_stopping import EarlyStoppingRule
@@ -16,7 +18,7 @@ from ...core.progress import EpochRecorder
 from ...core.scaling import ScaledRun, scale_run
 from ...core.session import Attempt, TrainingError, cache_features
 
-FRAMEWORK = "pytorch-lightning"
+FRAMEWORK = Framework.pytorch_lightning.value
 
 
 class LightningTraining:

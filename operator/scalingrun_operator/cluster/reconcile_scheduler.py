@@ -1,4 +1,6 @@
-"""One operator-wide watcher of what no Kubernetes event announces, instead of a timer per run.
+"""The reconciles that no Kubernetes event triggers, scheduled by one operator-wide thread instead of a timer per
+run: on a change of a watched document in object storage, and once after a delay when asked (a recheck). The
+operator runs two: one for runs (progress documents and rechecks) and one for sweeps (rechecks only).
 
 kopf puts a finalizer on every object that has a timer or daemon, so a run could not be deleted
 while the operator was down; and a timer re-read each run's children every interval. Children and
@@ -54,8 +56,9 @@ class _Watched:
     failing: bool = False  # the last check could not read storage (reported once, by a reconcile)
 
 
-class ProgressWatcher:
-    """Checks watched documents every `interval` seconds; calls `reconcile(namespace, name)` on a change."""
+class ReconcileScheduler:
+    """Calls `reconcile(namespace, name)` when a watched document changed (checked every `interval` seconds) and
+    when a recheck asked for falls due."""
 
     def __init__(self, reconcile: Callable[[str, str], object], interval: float, max_checks_per_second: float = 5.0,
                  workers: int = 4, clock: Callable[[], float] = time.monotonic, check_workers: int = 4,

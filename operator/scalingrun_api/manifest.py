@@ -1,0 +1,61 @@
+"""The dataset manifest, `<dataset.output>/_manifest.json`: the preprocessing (scalingrun_trainer.preprocess) or a
+Parquet table's check (scalingrun_trainer.parquet_table) writes it last, once the dataset is complete; the trainer
+opens the dataset from it, and the operator decides from it whether a dataset can be reused and mirrors it into
+status.preprocessing.
+
+Its keys are the fields of `DatasetManifest` (camelCase on the wire) and are written nowhere else: writers fill the
+model and write `document()`; readers call `DatasetManifest.read(document)`, which keeps every valid field and
+leaves out a value of the wrong type (the field keeps its default), so that one junk value never hides the rest.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic.alias_generators import to_camel
+
+MANIFEST_FILE = "_manifest.json"
+CLASSES_FILE = "_classes.json"  # the class names alone, beside the manifest
+
+
+class DatasetManifest(BaseModel):
+    """_manifest.json. `parameters` are what the content depends on (the trainer's Params.dataset_parameters,
+    mirrored by the operator's decide/preprocessing.dataset_parameters); `files` the Parquet files of each split,
+    relative to the dataset (or to `dataRoot`, a Parquet table's own location)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+    fingerprint: Optional[str] = None
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    source: Optional[str] = None
+    # A Parquet table's (dataset.format parquet): its format, where its files are, and its columns.
+    format: Optional[str] = None
+    data_root: Optional[str] = None
+    columns: Optional[dict[str, str]] = None
+    classes: list[str] = Field(default_factory=list)
+    source_files: Optional[int] = None
+    shards: Optional[int] = None  # the preprocessing's shards (none for a Parquet table)
+    written: dict[str, int] = Field(default_factory=dict)  # rows per split
+    skipped: int = 0  # undecodable source files
+    skipped_files: list[dict[str, Any]] = Field(default_factory=list)
+    files: dict[str, list[str]] = Field(default_factory=dict)
+    row_groups: Optional[dict[str, int]] = None  # a Parquet table's, per split
+    warnings: Optional[list[str]] = None  # a Parquet table's row groups or row order
+
+    @classmethod
+    def read(cls, document: Any) -> Optional["DatasetManifest"]:
+        """The manifest in a JSON document: every valid field, nothing else; None when it is not a JSON object."""
+        if not isinstance(document, dict):
+            return None
+        values = dict(document)
+        while True:
+            try:
+                return cls.model_validate(values)
+            except ValidationError as exc:  # left out, field by field (every field has a default)
+                refused = {error["loc"][0] for error in exc.errors() if error["loc"]}
+                values = {key: value for key, value in values.items() if key not in refused}
+
+    def document(self) -> dict[str, Any]:
+        """The JSON document the writers write: the fields they set."""
+        return self.model_dump(by_alias=True, exclude_none=True)
