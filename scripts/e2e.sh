@@ -16,6 +16,7 @@
 # Env: SCALINGRUN_E2E_NAMESPACE (scalingrun-e2e), SCALINGRUN_E2E_MPI_OPERATOR (stand-in | external: a real
 #      mpi-operator v0.8 already in the cluster), SCALINGRUN_NODE_DIR (../shared/node),
 #      SCALINGRUN_MPIJOB_CRD (the MPIJob CRD for the stand-in; ../shared/crds/kubeflow.org_mpijobs.yaml).
+#      With the node cluster, SCALINGRUN_E2E_NODE_DIR is exported to the tests (they stop its kubelet).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -53,6 +54,8 @@ start_cluster() {
   bash "$NODE_DIR/build.sh" >/dev/null
   eval "$(bash "$NODE_DIR/cluster.sh" start | tail -n1)"
   echo "$KUBECONFIG" > "$STATE/node-cluster"  # --down stops only a cluster this script started
+  # The node's faults (kubelet-stop, docker pause) are this cluster's only: tests/e2e/test_never_hang.py.
+  export SCALINGRUN_E2E_NODE_DIR="$NODE_DIR"
   log "node cluster up in $((SECONDS - t0)) s"
 }
 
@@ -125,6 +128,7 @@ t_images=$SECONDS
 build_images
 log "images ready in $((SECONDS - t_images)) s"
 exports="$("$PY" -m tests.e2e.environment up)"
+[[ -z "${SCALINGRUN_E2E_NODE_DIR:-}" ]] || exports+=$'\n'"export SCALINGRUN_E2E_NODE_DIR=$SCALINGRUN_E2E_NODE_DIR"
 eval "$exports"
 log "cluster, images and services ready in $((SECONDS - t0)) s"
 
