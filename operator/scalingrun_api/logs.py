@@ -27,7 +27,7 @@ RANK_TAIL_BYTES = 64 * 1024
 LINE_BYTES = 16 * 1024  # a longer line is cut (a progress bar redrawn without newlines, a dumped array)
 _ATTEMPT = re.compile(r"attempt-([1-9][0-9]{0,8})")
 _RANK = re.compile(r"rank-(0|[1-9][0-9]{0,6})\.log")
-# Open MPI's --tag-output: "[<job>,<rank>]<stdout>:" before every line a rank writes.
+# Open MPI's --tag-output: "[<job>,<rank>]<stdout>:" before every piece of output a rank writes.
 RANK_TAG = re.compile(rb"\[(\d+),(\d+)\]<(stdout|stderr|stddiag)>:")
 
 
@@ -65,3 +65,29 @@ class AttemptRecord(BaseModel):
     log_bytes: int = Field(0, description="Bytes of log the attempt wrote in all.")
     kept_bytes: int = Field(0, description="Of those, how many launcher.log keeps (its end).")
     ranks: list[int] = Field(default_factory=list, description="Ranks with a rank-<r>.log.")
+
+
+class RankLines:
+    """Each rank's whole lines in mpirun --tag-output's output. Open MPI 4 tags pieces, not lines: one rank's line
+    may come as `[1,0]<stdout>:text[1,0]<stdout>:` and a newline, or be cut by another rank's piece and end in a
+    later line of mpirun's. Pieces are joined per rank and stream until their newline (a line over `line_bytes`
+    is given as it is). Text before a line's first tag (mpirun's own, the launcher's) belongs to no rank."""
+
+    def __init__(self, line_bytes: int = LINE_BYTES):
+        self.line_bytes = line_bytes
+        self._pending: dict[tuple[int, bytes], bytes] = {}
+
+    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
+        """The (rank, line) pairs `data` (a line of mpirun's output) completes, in order."""
+        done: list[tuple[int, bytes]] = []
+        tags = list(RANK_TAG.finditer(data))
+        for index, tag in enumerate(tags):
+            end = tags[index + 1].start() if index + 1 < len(tags) else len(data)
+            rank, key = int(tag.group(2)), (int(tag.group(2)), tag.group(3))
+            *whole, rest = (self._pending.pop(key, b"") + data[tag.end():end]).split(b"\n")
+            done += [(rank, line + b"\n") for line in whole]
+            if len(rest) > self.line_bytes:
+                done.append((rank, rest + b"\n"))
+            elif rest:
+                self._pending[key] = rest
+        return done

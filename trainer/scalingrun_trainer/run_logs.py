@@ -22,7 +22,7 @@ import time
 from typing import IO, Any, Callable, Optional
 
 from scalingrun_api.logs import (
-    ATTEMPT_RECORD, LAUNCHER_LOG, LAUNCHER_LOG_BYTES, LINE_BYTES, RANK_TAG, RANK_TAIL_BYTES, RANK_TAIL_LINES,
+    ATTEMPT_RECORD, LAUNCHER_LOG, LAUNCHER_LOG_BYTES, LINE_BYTES, RANK_TAIL_BYTES, RANK_TAIL_LINES, RankLines,
     attempt_folder, attempt_number, rank_log,
 )
 
@@ -54,8 +54,8 @@ class _Tail:
 
 
 class BoundedLog:
-    """A command's log as lines: the last `max_bytes` of all of them, and each MPI rank's last lines (the lines
-    Open MPI's --tag-output marks `[1,<rank>]<stdout>:`, without that tag). Memory stays under about
+    """A command's log as lines: the last `max_bytes` of all of them, and each MPI rank's last lines (the pieces
+    Open MPI's --tag-output marks `[1,<rank>]<stdout>:`, joined into lines without that tag: RankLines). Memory stays under about
     max_bytes + ranks x rank_bytes whatever the command writes. Thread-safe."""
 
     def __init__(self, max_bytes: int = LAUNCHER_LOG_BYTES, rank_lines: int = RANK_TAIL_LINES,
@@ -67,6 +67,7 @@ class BoundedLog:
         self.total_bytes = 0  # every byte seen, kept or not
         self.version = 0  # grows with every line: tells a flush whether anything is new
         self._changed_ranks: set[int] = set()
+        self._rank_lines = RankLines(line_bytes)
         self._lock = threading.Lock()
 
     def add(self, line: bytes) -> None:
@@ -79,12 +80,10 @@ class BoundedLog:
                 line += b"\n"
             self._all.add(line)
             self.version += 1
-            tag = RANK_TAG.match(line)
-            if tag:
-                rank = int(tag.group(2))
+            for rank, text in self._rank_lines.feed(line):
                 if rank not in self._ranks:
                     self._ranks[rank] = _Tail(*self._rank_limits)
-                self._ranks[rank].add(line[tag.end():])
+                self._ranks[rank].add(text)
                 self._changed_ranks.add(rank)
 
     @property

@@ -12,7 +12,7 @@ import sys
 from typing import Any, Iterator, Optional
 
 from scalingrun_api.logs import (
-    ATTEMPT_RECORD, LAUNCHER_LOG, RANK_TAG, AttemptRecord, attempt_folder, attempt_number, rank_log,
+    ATTEMPT_RECORD, LAUNCHER_LOG, AttemptRecord, RankLines, attempt_folder, attempt_number, rank_log,
 )
 from scalingrun_api.models import PLURAL
 from ..builders.common import RUN_LABEL, mpijob_name
@@ -59,14 +59,13 @@ def _lines(chunks: Iterator[bytes]) -> Iterator[bytes]:
 
 
 def of_rank(lines: Iterator[bytes], rank: Optional[int]) -> Iterator[bytes]:
-    """The launcher's lines, or only rank `rank`'s, without Open MPI's [1,<rank>] tag."""
+    """The launcher's lines, or only rank `rank`'s, joined from Open MPI's tagged pieces without their tags."""
+    if rank is None:
+        yield from lines
+        return
+    pieces = RankLines()
     for line in lines:
-        if rank is None:
-            yield line
-            continue
-        tag = RANK_TAG.match(line)
-        if tag and int(tag.group(2)) == rank:
-            yield line[tag.end():]
+        yield from (text for number, text in pieces.feed(line) if number == rank)
 
 
 def _write(lines: Iterator[bytes]) -> None:
