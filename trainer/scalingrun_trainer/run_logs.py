@@ -39,15 +39,18 @@ class _Tail:
 
     def __init__(self, max_bytes: int, max_lines: Optional[int] = None):
         self.lines: collections.deque[bytes] = collections.deque(maxlen=max_lines)
-        self.max_bytes, self.size = max_bytes, 0
+        self.max_bytes, self.size, self.dropped = max_bytes, 0, 0
 
     def add(self, line: bytes) -> None:
         if self.lines.maxlen is not None and len(self.lines) == self.lines.maxlen:
             self.size -= len(self.lines[0])  # the deque drops it on append
+            self.dropped += len(self.lines[0])
         self.lines.append(line)
         self.size += len(line)
         while self.size > self.max_bytes and len(self.lines) > 1:
-            self.size -= len(self.lines.popleft())
+            gone = len(self.lines.popleft())
+            self.size -= gone
+            self.dropped += gone
 
     def text(self) -> bytes:
         return b"".join(self.lines)
@@ -93,9 +96,8 @@ class BoundedLog:
     def text(self) -> bytes:
         """The kept end, after a line saying how much came before it when some did not fit."""
         with self._lock:
-            kept = self._all.text()
-            dropped = self.total_bytes - len(kept)
-        if dropped > 0:
+            kept, dropped = self._all.text(), self._all.dropped
+        if dropped:
             return f"[scalingrun: the first {dropped} bytes of this log are not kept; these are its last " \
                    f"{len(kept)}]\n".encode() + kept
         return kept
