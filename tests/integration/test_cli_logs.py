@@ -106,3 +106,26 @@ def test_logs_says_in_one_line_what_is_not_there(archived_run, namespace, kubeco
     assert fails(1, "keyless") == (f"scalingrun logs: Secret {namespace}/absent-secret (spec.storage."
                                    "credentialsSecret) does not exist: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
                                    "to the store's keys to read the archived logs")
+
+
+def test_a_launcher_pod_not_started_yet_sends_logs_to_the_last_archived_attempt(archived_run, namespace, kubeconfig,
+                                                                         api_client):
+    """A launcher pod that exists but has not started its container (the next attempt's, not yet on a node): the
+    archive of the last attempt, said so."""
+    core = client.CoreV1Api(api_client)
+    try:  # the controller manager makes it too, maybe not yet
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": "default"}})
+    except client.ApiException as exc:
+        assert exc.status == 409, exc
+    core.create_namespaced_pod(namespace, {
+        "metadata": {"name": "gone-train-launcher-zzzzz", "labels": {
+            "scalingrun.dev/run": "gone", "training.kubeflow.org/job-role": "launcher"}},
+        "spec": {"automountServiceAccountToken": False,
+                 "containers": [{"name": "launcher", "image": "scalingrun/trainer:test"}]}})
+    result = cli(kubeconfig, "gone", "-n", namespace)
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout.endswith(b"[1,1]<stdout>:done\n")
+    note = result.stderr.decode().splitlines()
+    assert note[0] == ("scalingrun logs: pod gone-train-launcher-zzzzz has not started its container yet (Pending); "
+                       "looking in the archive")
+    assert note[1].startswith("scalingrun logs: no live launcher pod; attempt 2 of 2 (")

@@ -120,9 +120,14 @@ class RunLogs:
 
         name = pod["metadata"]["name"]
         containers = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+        container = LAUNCHER if LAUNCHER in containers or not containers else containers[0]
+        if not _started(pod, container):  # the API server answers an unscheduled pod's log with nothing
+            phase = (pod.get("status") or {}).get("phase") or "Pending"
+            _note(f"pod {name} has not started its container yet ({phase}); looking in the archive")
+            return False
         options: dict[str, Any] = {"follow": follow, "_preload_content": False}
         if len(containers) > 1:
-            options["container"] = LAUNCHER if LAUNCHER in containers else containers[0]
+            options["container"] = container
         try:
             response = self.core.read_namespaced_pod_log(name, self.namespace, **options)
         except ApiException as exc:
@@ -241,6 +246,15 @@ class RunLogs:
         if follow:
             _note("nothing to follow: the attempt has ended and its pod is gone")
         return OK
+
+
+def _started(pod: dict[str, Any], container: str) -> bool:
+    """Whether the container has run (or runs): only then has it a log."""
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        if status.get("name") == container:
+            state, last = status.get("state") or {}, status.get("lastState") or {}
+            return bool(state.get("running") or state.get("terminated") or last.get("terminated"))
+    return False
 
 
 def _record(read_json, uri: str, target) -> Optional[AttemptRecord]:
