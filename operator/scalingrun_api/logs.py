@@ -5,6 +5,7 @@ the end of every attempt (and every minute on the way), read by `scalingrun logs
     logs/attempt-<n>/launcher.log   the launcher's log (mpirun's output: every rank's lines, tagged [1,<rank>]),
                                     its last LAUNCHER_LOG_BYTES
     logs/attempt-<n>/rank-<r>.log   rank r's last RANK_TAIL_LINES lines (at most RANK_TAIL_BYTES), tags removed
+    logs/preprocess/<pod>.log       a preprocessing pod's log (a pod per try), its last LAUNCHER_LOG_BYTES
 
 Attempts count from 1 in the order the launchers started: a launcher claims the next free number when it starts.
 Standard library and pydantic only: both images read these names.
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 LOGS_FOLDER = "logs"
+PREPROCESS_FOLDER = "preprocess"
 ATTEMPT_RECORD = "attempt.json"
 LAUNCHER_LOG = "launcher.log"
 LAUNCHER_LOG_BYTES = 1024 * 1024  # the launcher log's end kept: a few thousand epochs' lines of every rank

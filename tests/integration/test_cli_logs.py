@@ -12,7 +12,7 @@ import pytest
 from kubernetes import client
 
 from scalingrun_api import models
-from scalingrun_trainer.run_logs import AttemptArchive
+from scalingrun_trainer.run_logs import AttemptArchive, PodArchive
 from tests.conftest import ROOT
 
 pytestmark = [pytest.mark.k8s, pytest.mark.s3]
@@ -57,6 +57,10 @@ def archived_run(api_client, scalingrun_crd, namespace, s3_server, monkeypatch):
     archive_attempt(logs, [b"scalingrun-trainer launch: all 2 workers answer ssh after 1.0 s\n",
                            b"[1,0]<stdout>:epoch 1/2: val_accuracy 0.61\n", b"[1,1]<stdout>:rank 1 [1,0]<stdout>:"
                            b"epoch 2/2: val_accuracy 0.74\n", b"[1,1]<stdout>:done\n"], 0, "gone-launcher-b")
+    for pod in ("gone-preprocess-0-aaaaa", "gone-preprocess-1-bbbbb"):
+        archive = PodArchive(f"{logs}/preprocess", pod=pod)
+        archive.log.add(f"{pod}: 12 images written\n".encode())
+        assert archive.finish(0)
     client.CustomObjectsApi(api_client).patch_namespaced_custom_object_status(
         models.GROUP, models.VERSION, namespace, models.PLURAL, "gone",
         {"status": {"phase": "Succeeded", "logs": logs}})  # as the operator sets it
@@ -81,6 +85,13 @@ def test_logs_prints_the_last_attempts_archived_launcher_log_once_the_pods_are_g
     rank = cli(kubeconfig, "gone", "--rank", "1", "-n", namespace)
     assert rank.returncode == 0 and rank.stdout == b"rank 1 done\n"
     assert cli(kubeconfig, "gone", "--rank", "1", "--attempt", "1", "-n", namespace).stdout == b"Traceback: boom\n"
+    preprocess = cli(kubeconfig, "gone", "--preprocess", "-n", namespace)
+    assert preprocess.returncode == 0, preprocess.stderr
+    assert preprocess.stdout.decode().splitlines() == [
+        "==> pod gone-preprocess-0-aaaaa <==", "gone-preprocess-0-aaaaa: 12 images written", "",
+        "==> pod gone-preprocess-1-bbbbb <==", "gone-preprocess-1-bbbbb: 12 images written"]
+    assert preprocess.stderr.decode() == (f"scalingrun logs: no live preprocessing pod; 2 archived in {archived_run}/"
+                                          "preprocess/\n")
 
 
 def test_logs_says_in_one_line_what_is_not_there(archived_run, namespace, kubeconfig, api_client, s3_server):
@@ -94,12 +105,14 @@ def test_logs_says_in_one_line_what_is_not_there(archived_run, namespace, kubeco
     assert fails(1, "gone", "--rank", "7") == (f"scalingrun logs: attempt 2 archived no log of rank 7 in "
                                                f"{archived_run}/attempt-2/ (ranks archived: 0, 1)")
     assert fails(1, "absent") == f"scalingrun logs: ScalingRun absent not found in namespace {namespace}"
-    assert fails(1, "gone", "--preprocess").startswith("scalingrun logs: ScalingRun gone has no preprocessing pods")
     assert fails(2, "gone", "--rank", "-1") == "scalingrun logs: --rank -1: a rank is 0 or more"
     output = archived_run.rsplit("/runs/", 1)[0]
     create_run(api_client, namespace, "fresh", s3_server, output, "store-keys")
     assert fails(1, "fresh").startswith(f"scalingrun logs: ScalingRun fresh has no live launcher pod and no archived "
                                         f"log in {output}/runs/fresh/logs/ (its training has not started")
+    assert fails(1, "fresh", "--preprocess") == (
+        f"scalingrun logs: ScalingRun fresh has no preprocessing pods left and no archived preprocessing log in "
+        f"{output}/runs/fresh/logs/preprocess/ (its dataset was reused, or it has not preprocessed yet)")
     create_run(api_client, namespace, "nobucket", s3_server, "s3://no-such-bucket/parquet", "store-keys")
     assert fails(1, "nobucket").startswith("scalingrun logs: cannot list s3://no-such-bucket/parquet/runs/nobucket/logs")
     create_run(api_client, namespace, "keyless", s3_server, "s3://nowhere/parquet", "absent-secret")

@@ -21,6 +21,7 @@ from tests.unit.test_launcher import SSH_HOST, port, tcp_server, write_hostfile 
 pytestmark = pytest.mark.s3
 
 BANNER = b"SSH-2.0-test\r\n"
+POD = "demo-train-launcher-abcde"  # the pod's name, its hostname
 RANK_SCRIPT = """
 import os, sys, time
 rank = os.environ["OMPI_COMM_WORLD_RANK"]
@@ -56,7 +57,7 @@ def launcher(hostfile: str, port: int, logs: str, command: list[str], timeout: i
 
 def environment(s3_server) -> dict[str, str]:
     path = os.pathsep.join([str(ROOT / "operator"), str(ROOT / "trainer"), os.environ.get("PYTHONPATH", "")])
-    return {**os.environ, **s3_server.env(), "PYTHONPATH": path, "HOSTNAME": "demo-train-launcher-abcde"}
+    return {**os.environ, **s3_server.env(), "PYTHONPATH": path, "HOSTNAME": POD}
 
 
 def ranks_lines(log: bytes) -> list[tuple[int, bytes]]:
@@ -95,11 +96,12 @@ def test_each_attempt_archives_the_launcher_log_and_every_ranks_last_lines(tmp_p
     assert b"scalingrun-trainer launch: all 1 workers answer ssh after" in log  # the launcher's own lines too
     # Each rank's last 200 lines, untagged.
     rank1 = read(s3_server, logs_uri, "attempt-1/rank-1.log").decode().splitlines()
-    assert len(rank1) == 200 and rank1[-1] == "rank 1 to stderr" and "rank 1 line 299" in rank1
+    # (stdout and stderr reach the launcher through two pipes: their order is not kept)
+    assert len(rank1) == 200 and "rank 1 to stderr" in rank1 and rank1[-1] in ("rank 1 line 299", "rank 1 to stderr")
     assert "rank 1 line 99" not in rank1 and not any("rank 0" in line for line in rank1)
     first = record(s3_server, logs_uri, 1)
     assert (first.state, first.exit_code, first.signal, first.ranks) == ("succeeded", 0, None, [0, 1])
-    assert first.pod == "demo-train-launcher-abcde" and first.ended and first.kept_bytes == first.log_bytes > 0
+    assert first.pod == POD and first.ended and first.kept_bytes == first.log_bytes > 0
 
     # The next launcher takes the next number; its failure is recorded with mpirun's exit code.
     assert failed.returncode != 0
@@ -147,3 +149,18 @@ def test_workers_that_never_answer_leave_a_failed_attempt_with_the_reason(tmp_pa
     assert (attempt.state, attempt.exit_code) == ("failed", 3)
     assert b"error: 1 of 1 workers not reachable over ssh after 1 s" in read(s3_server, logs_uri,
                                                                              "attempt-1/launcher.log")
+
+
+def test_a_preprocessing_pods_command_leaves_its_log_and_exit_code(tmp_path, s3_server, logs_uri):
+    """`scalingrun-trainer logged`, the preprocessing pods' wrapper: the log as <pod>.log, the exit code kept."""
+    command = [sys.executable, "-c", "import sys; [print(f'shard 0: image {i}') for i in range(3)]; "
+               "print('undecodable: a.jpg', file=sys.stderr); sys.exit(4)"]
+    preprocess = f"{logs_uri}/preprocess"
+    result = subprocess.run([sys.executable, "-m", "scalingrun_trainer.cli", "logged", "--logs", preprocess, "--",
+                             *command], capture_output=True, env=environment(s3_server), timeout=120)
+    assert result.returncode == 4
+    assert result.stdout == b"shard 0: image 0\nshard 0: image 1\nshard 0: image 2\n"
+    assert result.stderr.startswith(b"undecodable: a.jpg\n")
+    log = read(s3_server, preprocess, f"{POD}.log")
+    assert set(log.splitlines()) == {b"shard 0: image 0", b"shard 0: image 1", b"shard 0: image 2",
+                                     b"undecodable: a.jpg"}

@@ -1,5 +1,5 @@
 """`scalingrun-trainer`: what the preprocessing Job and the MPIJob containers run (preprocess or, for a Parquet
-table, inspect; train; launch).
+table, inspect; train; launch; logged, which archives a command's log).
 
 Human progress goes to stderr; the last stdout line is a JSON summary for the operator.
 """
@@ -192,6 +192,17 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     return launch(command, hostfile=args.hostfile, port=args.ssh_port, timeout=args.timeout, logs=args.logs)
 
 
+def _cmd_logged(args: argparse.Namespace) -> int:
+    from .run_logs import PodArchive, run_archived
+
+    command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    if not command:
+        print("scalingrun-trainer logged: error: no command to run (usage: logged --logs URI -- COMMAND ...)",
+              file=sys.stderr)
+        return 2
+    return run_archived(command, PodArchive(args.logs))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scalingrun-trainer", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -246,6 +257,12 @@ def build_parser() -> argparse.ArgumentParser:
                     "(and every minute); the operator passes <runLocation>/logs. Without it the command is exec'd")
     la.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     la.set_defaults(func=_cmd_launch)
+
+    lo = sub.add_parser("logged", help="run the command with its log archived in URI/<pod>.log when it ends (and "
+                                       "every minute): the preprocessing pods' command")
+    lo.add_argument("--logs", required=True, metavar="URI", help="the run's <runLocation>/logs/preprocess")
+    lo.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    lo.set_defaults(func=_cmd_logged)
     return parser
 
 

@@ -122,7 +122,7 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _within(seconds: float, call: Callable[[], Any]) -> bool:
+def _within(seconds: float, call: Callable[[], Any], who: str = "scalingrun-trainer launch") -> bool:
     """call() in a thread of its own, waited for at most `seconds` (a hung request must not hold the pod's exit).
     True when it finished in time without raising."""
     outcome: list[bool] = []
@@ -132,7 +132,7 @@ def _within(seconds: float, call: Callable[[], Any]) -> bool:
             call()
             outcome.append(True)
         except Exception as exc:  # reported, never fatal: the training's exit code is what counts
-            print(f"scalingrun-trainer launch: warning: cannot archive the log: {exc}", file=sys.stderr, flush=True)
+            print(f"{who}: warning: cannot archive the log: {exc}", file=sys.stderr, flush=True)
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()
@@ -142,6 +142,8 @@ def _within(seconds: float, call: Callable[[], Any]) -> bool:
 
 class AttemptArchive:
     """One attempt's log and where it goes: `<logs_uri>/attempt-<n>/` (n claimed at the first write)."""
+
+    who = "scalingrun-trainer launch"  # how its own lines begin
 
     def __init__(self, logs_uri: str, log: Optional[BoundedLog] = None, pod: Optional[str] = None):
         self.logs_uri = logs_uri.rstrip("/")
@@ -197,10 +199,13 @@ class AttemptArchive:
         """The last write, with how the attempt ended; at most `seconds`. True when it was written."""
         self.record.update(ended=_now(), exitCode=exit_code, signal=stopped_by,
                            state="stopped" if stopped_by else "succeeded" if exit_code == 0 else "failed")
-        written = _within(seconds, lambda: self.write(seconds, final=True))
+        written = _within(seconds, lambda: self.write(seconds, final=True), self.who)
         if written:
-            print(f"scalingrun-trainer launch: log archived in {self._folder.uri}/", file=sys.stderr, flush=True)
+            print(f"{self.who}: log archived in {self.where()}", file=sys.stderr, flush=True)
         return written
+
+    def where(self) -> str:
+        return f"{self._folder.uri}/"
 
     def start_flushing(self, every: float = FLUSH_SECONDS) -> threading.Event:
         """Writes the log every `every` seconds (the first time at once: the claim) until the event is set."""
@@ -209,11 +214,32 @@ class AttemptArchive:
         def flush() -> None:
             wait = 0.0
             while not stop.wait(wait):
-                _within(FLUSH_WRITE_SECONDS * 3, lambda: self.write(FLUSH_WRITE_SECONDS))
+                _within(FLUSH_WRITE_SECONDS * 3, lambda: self.write(FLUSH_WRITE_SECONDS), self.who)
                 wait = every
 
         threading.Thread(target=flush, name="log-archive", daemon=True).start()
         return stop
+
+
+class PodArchive(AttemptArchive):
+    """A pod's log as one file, `<logs_uri>/<pod>.log`: the preprocessing pods (a new pod per try, no ranks)."""
+
+    who = "scalingrun-trainer logged"
+
+    def write(self, deadline: float, final: bool = False) -> None:
+        from .storage import open_location
+
+        with self._lock:
+            if self._folder is None:
+                self._folder = open_location(self.logs_uri).join(f"{self.record['pod']}.log")
+            if not final and self.log.version == self._written_version:
+                return
+            version = self.log.version
+            self._folder.write_bytes_atomic(self.log.text(), deadline)
+            self._written_version = version
+
+    def where(self) -> str:
+        return self._folder.uri
 
 
 def _pump(source: IO[bytes], sink: IO[bytes], log: BoundedLog) -> None:
@@ -247,7 +273,7 @@ def run_archived(command: list[str], archive: AttemptArchive, flush_every: float
     try:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     except OSError as exc:
-        archive.note(f"scalingrun-trainer launch: error: cannot start {command[0]}: {exc.strerror or exc}")
+        archive.note(f"{archive.who}: error: cannot start {command[0]}: {exc.strerror or exc}")
         archive.finish(127)
         return 127
 
@@ -283,6 +309,6 @@ def run_archived(command: list[str], archive: AttemptArchive, flush_every: float
     code = exit_code_of(process.returncode)
     name = signal.Signals(stopped[0]).name if stopped else None
     if name:
-        archive.note(f"scalingrun-trainer launch: {name} received; {command[0]} ended with exit code {code}")
+        archive.note(f"{archive.who}: {name} received; {command[0]} ended with exit code {code}")
     archive.finish(code, name)
     return code

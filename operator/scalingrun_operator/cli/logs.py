@@ -1,6 +1,6 @@
 """`scalingrun logs RUN`: the launcher's log (mpirun's output, every rank's lines), one rank's lines, or the
 preprocessing pods' logs. From the live pod while it exists (-f follows it), else from the archive the launcher
-wrote in the run's storage at the end of each attempt (status.logs, named in scalingrun_api.logs), read with the
+(or the preprocessing pod) wrote in the run's storage at the end of each attempt (status.logs, named in scalingrun_api.logs), read with the
 run's storage settings and the keys of its credentials Secret (or, when that may not be read, the environment's)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from typing import Any, Iterator, Optional
 
 from scalingrun_api.logs import (
-    ATTEMPT_RECORD, LAUNCHER_LOG, AttemptRecord, RankLines, attempt_folder, attempt_number, rank_log,
+    ATTEMPT_RECORD, LAUNCHER_LOG, PREPROCESS_FOLDER, AttemptRecord, RankLines, attempt_folder, attempt_number, rank_log,
 )
 from scalingrun_api.models import PLURAL
 from ..builders.common import RUN_LABEL, mpijob_name
@@ -120,7 +120,7 @@ class RunLogs:
 
         name = pod["metadata"]["name"]
         containers = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
-        container = LAUNCHER if LAUNCHER in containers or not containers else containers[0]
+        container = _container(pod, LAUNCHER)
         if not _started(pod, container):  # the API server answers an unscheduled pod's log with nothing
             phase = (pod.get("status") or {}).get("phase") or "Pending"
             _note(f"pod {name} has not started its container yet ({phase}); looking in the archive")
@@ -140,11 +140,10 @@ class RunLogs:
         return True
 
     def preprocessing(self, follow: bool) -> int:
-        pods = self.pods(PREPROCESS)
+        """The preprocessing pods' logs (those that started), else the ones they archived."""
+        pods = [p for p in self.pods(PREPROCESS) if _started(p, _container(p, PREPROCESS))]
         if not pods:
-            raise UserError(f"scalingrun logs: ScalingRun {self.name} has no preprocessing pods left, and their logs "
-                            "went with them (only the launcher's are archived); a failed pod's last words are in the "
-                            "run's status message")
+            return self.archived_preprocessing(follow)
         if follow:  # one stream at a time: the newest pod's
             pods = pods[-1:]
         for index, pod in enumerate(pods):
@@ -209,13 +208,41 @@ class RunLogs:
             raise UserError(f"scalingrun logs: {exc}") from None
         return Credentials(values[0], values[1])
 
-    def archived(self, attempt: Optional[int], rank: Optional[int], follow: bool) -> int:
+    def _archive(self):
+        """(status.logs, else where the run's spec puts them; the storage target to read them with)."""
         from ..builders.locations import logs_uri
-        from ..storage import StorageError, list_folders, read_bytes, read_json
 
         run = self._parsed()
-        logs = (self.run.get("status") or {}).get("logs") or logs_uri(run)
-        target = self._target(run)
+        return (self.run.get("status") or {}).get("logs") or logs_uri(run), self._target(run)
+
+    def archived_preprocessing(self, follow: bool) -> int:
+        from ..storage import StorageError, list_names, read_bytes
+
+        logs, target = self._archive()
+        folder = f"{logs}/{PREPROCESS_FOLDER}"
+        try:
+            names = [name for name in list_names(folder, target) if name.endswith(".log")]
+            if not names:
+                raise UserError(f"scalingrun logs: ScalingRun {self.name} has no preprocessing pods left and no "
+                                f"archived preprocessing log in {folder}/ (its dataset was reused, or it has not "
+                                "preprocessed yet)")
+            _note(f"no live preprocessing pod; {len(names)} archived in {folder}/")
+            for index, name in enumerate(names):
+                data = read_bytes(f"{folder}/{name}", target) or b""
+                if len(names) > 1:
+                    print(f"{'' if index == 0 else chr(10)}==> pod {name[:-len('.log')]} <==", flush=True)
+                sys.stdout.buffer.write(data)
+                sys.stdout.flush()
+        except StorageError as exc:
+            raise UserError(f"scalingrun logs: {exc}") from None
+        if follow:
+            _note("nothing to follow: the preprocessing pods are gone")
+        return OK
+
+    def archived(self, attempt: Optional[int], rank: Optional[int], follow: bool) -> int:
+        from ..storage import StorageError, list_folders, read_bytes, read_json
+
+        logs, target = self._archive()
         try:
             attempts = sorted(n for n in (attempt_number(f) for f in list_folders(logs, target)) if n)
             if not attempts:
@@ -246,6 +273,12 @@ class RunLogs:
         if follow:
             _note("nothing to follow: the attempt has ended and its pod is gone")
         return OK
+
+
+def _container(pod: dict[str, Any], wanted: str) -> str:
+    """The container named `wanted`, else the pod's first."""
+    names = [c.get("name") for c in (pod.get("spec") or {}).get("containers") or []]
+    return wanted if wanted in names or not names else names[0]
 
 
 def _started(pod: dict[str, Any], container: str) -> bool:
