@@ -157,11 +157,11 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
 
     logs = _add(sub, "logs", "print a run's training log: from its launcher pod, or archived once the pods are gone",
                 "Print the launcher's log (mpirun's output: every rank's lines, each tagged [1,RANK]), one rank's lines "
-                "(--rank), or the preprocessing pods' logs (--preprocess). While the launcher pod exists its log is "
-                "read through the API server (-f follows it); once it is gone, the log its launcher archived at the "
-                "end of the attempt is read from the run's storage (status.logs) with the keys of the run's "
-                "credentials Secret, or AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY when you may not read it. The "
-                "archive keeps each attempt's last 1 MiB and each rank's last 200 lines.",
+                "(--rank), or the preprocessing pods' logs (--preprocess). While the pod exists its log is read "
+                "through the API server (-f follows it); once it is gone, the log it archived when it ended is read "
+                "from the run's storage (status.logs) with the keys of the run's credentials Secret, or "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY when you may not read it. The archive keeps each "
+                "attempt's last 1 MiB and each rank's last 200 lines.",
                 "  scalingrun logs quickstart -f\n"
                 "  scalingrun logs quickstart --rank 1\n"
                 "  scalingrun logs quickstart --attempt 1 --endpoint http://localhost:8333\n"
@@ -170,7 +170,7 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
     which = logs.add_mutually_exclusive_group()
     which.add_argument("--launcher", action="store_true", help="the launcher's log, every rank's lines (default)")
     which.add_argument("--rank", type=int, metavar="N", help="only rank N's lines, without their tag")
-    which.add_argument("--preprocess", action="store_true", help="the preprocessing pods' logs (while they exist)")
+    which.add_argument("--preprocess", action="store_true", help="the preprocessing pods' logs")
     logs.add_argument("-f", "--follow", action="store_true", help="follow the live pod's log")
     logs.add_argument("--attempt", type=int, metavar="N", help="the archived log of attempt N (1 is the first "
                       "launcher; default: the live pod, else the last attempt)")
