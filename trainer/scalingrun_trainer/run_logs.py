@@ -190,7 +190,8 @@ class AttemptArchive:
                 return
             version = self.log.version
             self._folder.join(LAUNCHER_LOG).write_bytes_atomic(self.log.text(), deadline)
-            for rank in self.log.take_changed_ranks():
+            changed = self.log.take_changed_ranks()
+            for rank in self.log.ranks() if final else changed:  # the last write: all (an earlier one may have failed)
                 self._folder.join(rank_log(rank)).write_bytes_atomic(self.log.rank_text(rank), deadline)
             self._folder.join(ATTEMPT_RECORD).write_bytes_atomic(self._record_bytes(), deadline)
             self._written_version = version
