@@ -304,6 +304,33 @@ def list_names(uri: str, target: StorageTarget, limit: int = 1000) -> list[str]:
     return sorted(p.name for p in path.iterdir() if p.is_file())[:limit]
 
 
+def list_folders(uri: str, target: StorageTarget, limit: int = 1000) -> list[str]:
+    """Names of the folders directly under the folder `uri` (S3: the common prefixes of a delimited listing), at
+    most `limit`, in pages of at most 1000, stopped (StoreMisbehaved) past `EXTRA_PAGES` pages more than needed."""
+    if not uri.startswith("s3://"):
+        path = _local_path(uri, target)
+        return sorted(p.name for p in path.iterdir() if p.is_dir())[:limit] if path.is_dir() else []
+    bucket, prefix = _split_s3(uri)
+    prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+    page_size = min(limit, 1000)
+    most_pages = -(-limit // page_size) + EXTRA_PAGES
+
+    def listing() -> list[str]:
+        names: list[str] = []
+        pages = _client(target).get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=prefix, Delimiter="/", PaginationConfig={"PageSize": page_size})
+        for count, page in enumerate(pages, 1):
+            names += [item["Prefix"][len(prefix):].rstrip("/") for item in page.get("CommonPrefixes", [])]
+            if len(names) >= limit:
+                break
+            if count >= most_pages and page.get("IsTruncated"):
+                raise Misbehaved("StorageListingEndless", f"the store answered {count} listing pages and still more "
+                                                          "to come; the listing was stopped")
+        return names
+
+    return sorted(n for n in retrying("list", uri, target, listing) if n)[:limit]
+
+
 # --- versioned reads: the progress watcher's cheap check -----------------------------------------------
 
 

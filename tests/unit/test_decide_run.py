@@ -494,6 +494,11 @@ def test_what_decide_wrote_is_what_it_reads_next_time():
     assert again.events == () and again.status is None and again.actions == ()
 
 
+def test_status_names_where_the_logs_are_archived_from_the_first_look():
+    assert World().decide().desired["logs"] == "s3://data/parquet/runs/demo/logs"
+    assert training().decide().desired["logs"] == "s3://data/parquet/runs/demo/logs"
+
+
 # --- the pin ------------------------------------------------------------------------------------------
 
 

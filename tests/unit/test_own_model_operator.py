@@ -59,7 +59,8 @@ def test_a_command_runs_on_every_rank_through_the_same_launcher():
 def test_a_command_run_still_prepares_the_data_and_hands_the_config_over():
     run = load("examples/custom-training/scalingrun.yaml")
     config_map, job, _ = build_children(run, "ml")
-    assert job["spec"]["template"]["spec"]["containers"][0]["command"][:2] == ["scalingrun-trainer", "preprocess"]
+    command = job["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[5:7] == ["scalingrun-trainer", "preprocess"]  # after `scalingrun-trainer logged --logs URI --`
     config = build_trainer_config(run)
     assert config["training"]["command"] == ["python", "-m", "teamtrain.keras_horovod"]
     assert config["model"]["base"] is None and config["image"] == "team/custom-training:0.1.0"
@@ -71,10 +72,12 @@ def test_a_parquet_table_gets_one_check_pod_in_the_preprocessing_jobs_place():
     for indexed in (True, False):
         job = build_preprocess_job(run, NS, indexed=indexed)
         container = job["spec"]["template"]["spec"]["containers"][0]
-        assert container["command"] == ["scalingrun-trainer", "inspect", "--config", CONFIG_FILE]
+        assert container["command"] == ["scalingrun-trainer", "logged", "--logs", "s3://data/parquet/runs/demo/logs/"
+                                        "preprocess", "--", "scalingrun-trainer", "inspect", "--config", CONFIG_FILE]
         assert job["spec"]["completions"] == 1 and job["metadata"]["name"] == "demo-preprocess"
         assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    args = build_parser().parse_args(container["command"][1:])  # the trainer's CLI takes it
+    logged = build_parser().parse_args(container["command"][1:])  # the trainer's CLI takes it
+    args = build_parser().parse_args(logged.command_line[2:])
     assert args.config == CONFIG_FILE
     # The parameters the operator expects in the manifest are the ones the check writes.
     table = TableParams(TABLE["source"], TABLE["output"], TABLE["imageSize"], "px", "y", readers=2)

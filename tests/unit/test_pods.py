@@ -241,6 +241,9 @@ def test_log_tail_keeps_the_last_lines_as_a_terminal_shows_them_and_bounds_them(
     huge = interruptions.log_tail("x" * 10_000 + "\n" + "".join(f"{'y' * 390}{i}\n" for i in range(19)))
     assert len(huge) <= 4000 and huge.endswith("y18") and "x" not in huge
     assert len(interruptions.log_tail("z" * 10_000)) == 400 and interruptions.log_tail("") == ""
+    # mpirun --tag-output's tag before a rank's newline is dropped; the one that names the rank is kept.
+    assert interruptions.log_tail("[1,0]<stderr>:ValueError: bad[1,0]<stderr>:\n[1,1]<stdout>:\n") == (
+        "[1,0]<stderr>:ValueError: bad\n[1,1]<stdout>:")
 
 
 def failed_state():

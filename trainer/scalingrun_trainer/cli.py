@@ -1,5 +1,5 @@
 """`scalingrun-trainer`: what the preprocessing Job and the MPIJob containers run (preprocess or, for a Parquet
-table, inspect; train; launch).
+table, inspect; train; launch; logged, which archives a command's log).
 
 Human progress goes to stderr; the last stdout line is a JSON summary for the operator.
 """
@@ -182,7 +182,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 def _cmd_launch(args: argparse.Namespace) -> int:
     command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
-    return launch(command, hostfile=args.hostfile, port=args.ssh_port, timeout=args.timeout)
+    return launch(command, hostfile=args.hostfile, port=args.ssh_port, timeout=args.timeout, logs=args.logs)
+
+
+def _cmd_logged(args: argparse.Namespace) -> int:
+    from .launch.run_logs import PodArchive, run_archived
+
+    command = args.command_line[1:] if args.command_line[:1] == ["--"] else args.command_line
+    if not command:
+        print("scalingrun-trainer logged: error: no command to run (usage: logged --logs URI -- COMMAND ...)",
+              file=sys.stderr)
+        return 2
+    return run_archived(command, PodArchive(args.logs))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -230,13 +241,21 @@ def build_parser() -> argparse.ArgumentParser:
     tr.set_defaults(func=_cmd_train)
 
     la = sub.add_parser("launch", help="MPIJob launcher: wait until every worker in the hostfile answers ssh, "
-                                       "then exec the command (mpirun ...)")
+                                       "then run the command (mpirun ...)")
     la.add_argument("--hostfile", default=DEFAULT_HOSTFILE, help=f"default: {DEFAULT_HOSTFILE}")
     la.add_argument("--ssh-port", type=int, default=DEFAULT_SSH_PORT, help=f"default: {DEFAULT_SSH_PORT}")
     la.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_SECONDS,
                     help=f"seconds to wait for all workers (default: {DEFAULT_TIMEOUT_SECONDS:.0f})")
+    la.add_argument("--logs", metavar="URI", help="archive the command's log under URI/attempt-<n>/ when it ends "
+                    "(and every minute); the operator passes <runLocation>/logs. Without it the command is exec'd")
     la.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     la.set_defaults(func=_cmd_launch)
+
+    lo = sub.add_parser("logged", help="run the command with its log archived in URI/<pod>.log when it ends (and "
+                                       "every minute): the preprocessing pods' command")
+    lo.add_argument("--logs", required=True, metavar="URI", help="the run's <runLocation>/logs/preprocess")
+    lo.add_argument("command_line", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    lo.set_defaults(func=_cmd_logged)
     return parser
 
 

@@ -215,6 +215,9 @@ class ScalingRunStatus(ApiModel):
     preprocessing: Optional[PreprocessingStatus] = Field(None, description="Preprocessing facts.")
     training: Optional[TrainingStatus] = Field(None, description="Training facts.")
     model_uri: Optional[str] = Field(None, description="Where the final model was saved.")
+    logs: Optional[str] = Field(
+        None, description="Where the launcher archives each attempt's log, to read after the pods are gone "
+        "(`scalingrun logs`): <runLocation>/logs, with attempt-<n>/launcher.log and rank-<r>.log in it.")
     start_time: Optional[dt.datetime] = Field(None, description="When the run started.")
     completion_time: Optional[dt.datetime] = Field(None, description="When the run finished.")
     pinned_spec: Optional[str] = Field(

@@ -24,6 +24,7 @@ from .common import (
     writable_dirs,
 )
 from .config import slots_per_worker, total_processes
+from .locations import logs_uri
 
 MPI_USER_HOME = "/home/mpiuser"
 HOSTFILE = "/etc/mpi/hostfile"
@@ -83,10 +84,12 @@ def rank_env(run: ScalingRun) -> list[dict[str, Any]]:
 
 def launcher_script(run: ScalingRun) -> str:
     """Waits until every worker in the hostfile answers ssh (`scalingrun-trainer launch`; upstream
-    mpi-operator #386, #482, #615), then execs mpirun of the trainer (or training.command): one rank per slot
-    (slots_per_worker: one per GPU, or one per worker pod for multi-worker-mirrored)."""
+    mpi-operator #386, #482, #615), then runs mpirun of the trainer (or training.command): one rank per slot
+    (slots_per_worker: one per GPU, or one per worker pod for multi-worker-mirrored). The launcher archives the
+    attempt's log in `<runLocation>/logs` (status.logs) when it ends."""
     mpirun = [
-        "mpirun", "-np", str(total_processes(run)), "--hostfile", HOSTFILE,
+        # --tag-output: each rank's lines marked [1,<rank>], so that the archived log keeps every rank's last lines.
+        "mpirun", "-np", str(total_processes(run)), "--hostfile", HOSTFILE, "--tag-output",
         "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
     ]
     # Rank 0 runs on a worker, started through mpirun: the MLflow credentials must travel with it too.
@@ -94,7 +97,7 @@ def launcher_script(run: ScalingRun) -> str:
         mpirun += ["-x", var]
     mpirun += rank_command(run)
     launch = ["scalingrun-trainer", "launch", "--hostfile", HOSTFILE, "--ssh-port", str(SSH_PORT),
-              "--timeout", str(WORKER_WAIT_SECONDS), "--"]
+              "--timeout", str(WORKER_WAIT_SECONDS), "--logs", logs_uri(run), "--"]
     return "exec " + shlex.join(launch + mpirun)
 
 

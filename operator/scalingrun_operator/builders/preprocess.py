@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from scalingrun_api.logs import PREPROCESS_FOLDER
 from scalingrun_api.models import DatasetFormat, ScalingRun
 from .common import (
     CONFIG_FILE,
@@ -18,6 +19,7 @@ from .common import (
     trainer_image,
     writable_dirs,
 )
+from .locations import join, logs_uri
 
 
 def is_parquet_table(run: ScalingRun) -> bool:
@@ -40,6 +42,10 @@ def _command(run: ScalingRun, shards: int, indexed: bool) -> list[str]:
             *([] if indexed else ["--all-shards"])]
 
 
+def preprocess_logs_uri(run: ScalingRun) -> str:
+    return join(logs_uri(run), PREPROCESS_FOLDER)
+
+
 def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) -> dict[str, Any]:
     """`indexed=False` is for servers without Indexed Jobs (< 1.22): one pod runs every shard in turn. With
     dataset.format parquet, one pod checks the table (scalingrun-trainer inspect), in the same Job's place."""
@@ -51,7 +57,9 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
     container = {
         "name": "preprocess",
         "image": trainer_image(run),
-        "command": _command(run, shards, indexed),
+        # Its log archived in the run's storage when it ends (scalingrun logs RUN --preprocess, after the pod).
+        "command": ["scalingrun-trainer", "logged", "--logs", preprocess_logs_uri(run), "--",
+                    *_command(run, shards, indexed)],
         # What failed (a table's missing column, an undecodable source) is the pod's termination message, which
         # the operator quotes: written by the command, else the end of its log.
         "terminationMessagePolicy": "FallbackToLogsOnError",

@@ -42,6 +42,7 @@ class Cluster:
             except config.ConfigException:
                 raise UserError(f"scalingrun: no cluster to talk to: {exc} (set KUBECONFIG or --kubeconfig)") from None
             api_client, default_namespace = client.ApiClient(), "default"
+        self.api_client = api_client
         self.api = client.CustomObjectsApi(api_client)
         self.namespace = args.namespace or default_namespace
         self.all_namespaces = getattr(args, "all_namespaces", False)

@@ -7,7 +7,7 @@ import argparse
 from importlib import metadata
 
 from scalingrun_api.models import API_VERSION
-from . import cluster, commands, completion as completion_scripts
+from . import cluster, commands, completion as completion_scripts, logs as logs_command
 
 EXIT_CODES = """exit codes:
   0  done: the files are valid, the objects printed, the run succeeded
@@ -57,10 +57,11 @@ def _python_path(parser: argparse.ArgumentParser, what: str) -> None:
                              "PYTHONPATH as in your image (repeatable)")
 
 
-def _cluster_flags(parser: argparse.ArgumentParser) -> None:
+def _cluster_flags(parser: argparse.ArgumentParser, kinds: bool = True) -> None:
     parser.add_argument("-n", "--namespace", help="namespace (default: the context's, else default)")
-    parser.add_argument("--kind", choices=("ScalingRun", "ScalingSweep"), help="only this kind (default: both; a "
-                        "name is looked up as a run first)")
+    if kinds:
+        parser.add_argument("--kind", choices=("ScalingRun", "ScalingSweep"), help="only this kind (default: both; "
+                            "a name is looked up as a run first)")
     parser.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)")
     parser.add_argument("--context", help="kubeconfig context (default: the current one)")
 
@@ -153,6 +154,29 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
                       help="a phase (default Succeeded) or condition=TYPE[=STATUS]")
     wait.add_argument("--timeout", help="seconds or a duration such as 90s, 10m or 1h30m (default: no limit)")
     _cluster_flags(wait)
+
+    logs = _add(sub, "logs", "print a run's training log: from its launcher pod, or archived once the pods are gone",
+                "Print the launcher's log (mpirun's output: every rank's lines, each tagged [1,RANK]), one rank's lines "
+                "(--rank), or the preprocessing pods' logs (--preprocess). While the pod exists its log is read "
+                "through the API server (-f follows it); once it is gone, the log it archived when it ended is read "
+                "from the run's storage (status.logs) with the keys of the run's credentials Secret, or "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY when you may not read it. The archive keeps each "
+                "attempt's last 1 MiB and each rank's last 200 lines.",
+                "  scalingrun logs quickstart -f\n"
+                "  scalingrun logs quickstart --rank 1\n"
+                "  scalingrun logs quickstart --attempt 1 --endpoint http://localhost:8333\n"
+                "  kubectl scalingrun logs quickstart --preprocess", logs_command.cmd_logs)
+    logs.add_argument("name", help="the run's name")
+    which = logs.add_mutually_exclusive_group()
+    which.add_argument("--launcher", action="store_true", help="the launcher's log, every rank's lines (default)")
+    which.add_argument("--rank", type=int, metavar="N", help="only rank N's lines, without their tag")
+    which.add_argument("--preprocess", action="store_true", help="the preprocessing pods' logs")
+    logs.add_argument("-f", "--follow", action="store_true", help="follow the live pod's log")
+    logs.add_argument("--attempt", type=int, metavar="N", help="the archived log of attempt N (1 is the first "
+                      "launcher; default: the live pod, else the last attempt)")
+    logs.add_argument("--endpoint", metavar="URL", help="the store's endpoint as reachable from here (default: the "
+                      "run's spec.storage.endpoint)")
+    _cluster_flags(logs, kinds=False)
 
     completion = _add(sub, "completion", "print a shell completion script (bash, zsh or fish)",
                       "Print a completion script for your shell.",

@@ -49,6 +49,9 @@ _LOG_LINE_CHARS = 400
 _LOG_CHARS = 4000  # status.training.launcherLogTail at most; the Failed message keeps what fits
 # Colour codes and control characters (a tab and newlines apart) say nothing in a status field.
 _NOISE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f]")
+# Open MPI's --tag-output puts a tag before a rank's newline too (`[1,0]<stdout>:text[1,0]<stdout>:`): only the
+# line's first tag says something.
+_EMPTY_RANK_TAG = re.compile(r"(?<=.)\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:$")
 
 
 @dataclass(frozen=True)
@@ -94,7 +97,7 @@ def log_tail(text: str, lines: int = LOG_LINES, max_chars: int = _LOG_CHARS) -> 
     Keras' progress bars do), without colour codes; each line and the whole bounded, the end kept."""
     rows = []
     for line in text.replace("\r\n", "\n").split("\n"):
-        line = _NOISE.sub("", line.rstrip("\r").split("\r")[-1]).rstrip()
+        line = _EMPTY_RANK_TAG.sub("", _NOISE.sub("", line.rstrip("\r").split("\r")[-1]).rstrip())
         rows.append(line if len(line) <= _LOG_LINE_CHARS else line[:_LOG_LINE_CHARS - 3] + "...")
     while rows and not rows[-1]:
         rows.pop()

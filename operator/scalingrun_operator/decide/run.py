@@ -14,9 +14,11 @@ from typing import Any, Optional
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun
 from ..api.endpoints import endpoint_refusal, local_path_refusal
 from ..api.validation import InvalidScalingRun, parse_scalingrun
+from ..builders.locations import logs_uri
 from . import pinning
 from .draft import Draft
 from .preprocessing import decide_preprocessing
+from .progress import MAX_URI_CHARS
 from .snapshot import Decision, Settings, Snapshot
 from .status import (
     FAILED, INVALID_SPEC, PREPROCESSED, SPEC_CHANGE_IGNORED, StatusUpdate, get_condition, is_terminal, may_revalidate,
@@ -48,6 +50,9 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
             draft.update.desired[pinning.PINNED_FIELD] = draft.pin
         else:
             _record_ignored_changes(draft.update, body["spec"], pinned)
+        logs = logs_uri(run)
+        if len(logs) <= MAX_URI_CHARS:  # a cut URI would name another folder
+            draft.update.desired["logs"] = logs
         if not draft.condition_true(PREPROCESSED):
             decide_preprocessing(draft, run)
         if (draft.condition_true(PREPROCESSED) and settings.train and not draft.blocked

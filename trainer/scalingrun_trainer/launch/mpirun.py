@@ -1,4 +1,5 @@
-"""The MPIJob launcher's entry: wait until every worker in the hostfile answers ssh, then exec mpirun.
+"""The MPIJob launcher's entry: wait until every worker in the hostfile answers ssh, then run mpirun (with --logs,
+as a child whose log is archived in the run's storage: run_logs; without, by exec).
 
 A worker's DNS name appears before its sshd listens, and mpi-operator may start the launcher before the
 workers are Ready (launcherCreationPolicy AtStartup, or a restarted worker): mpirun would then fail on
@@ -12,11 +13,12 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 DEFAULT_HOSTFILE = "/etc/mpi/hostfile"
 DEFAULT_SSH_PORT = 2222
@@ -120,24 +122,64 @@ def wait_for_hosts(hosts: list[str], port: int, timeout: float, *, interval: flo
         time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
 
 
+class _Stopped(Exception):
+    def __init__(self, number: int):
+        super().__init__(number)
+        self.number, self.name = number, signal.Signals(number).name
+
+
+def _stop(number: int, _frame: object) -> None:
+    raise _Stopped(number)
+
+
 def launch(command: list[str], hostfile: str = DEFAULT_HOSTFILE, port: int = DEFAULT_SSH_PORT,
-           timeout: float = DEFAULT_TIMEOUT_SECONDS) -> int:
-    """Waits for the workers, then replaces this process with `command` (mpirun). Returns only on error."""
+           timeout: float = DEFAULT_TIMEOUT_SECONDS, logs: Optional[str] = None) -> int:
+    """Waits for the workers, then runs `command` (mpirun). With `logs` (a URI: the run's `<runLocation>/logs`) it runs
+    as a child whose output is archived there when the attempt ends (run_logs); without, it replaces this process."""
+    archive = None
+    if logs:
+        from .run_logs import AttemptArchive
+
+        archive = AttemptArchive(logs)
+
     def log(line: str) -> None:
-        print(f"scalingrun-trainer launch: {line}", file=sys.stderr, flush=True)
+        text = f"scalingrun-trainer launch: {line}"
+        if archive is None:
+            print(text, file=sys.stderr, flush=True)
+        else:
+            archive.note(text)
+
+    def failed(code: int) -> int:
+        if archive is not None:
+            archive.finish(code)
+        return code
 
     if not command:
         log("error: no command to run after the workers are up (usage: launch [options] -- mpirun ...)")
         return 2
+    if archive is not None:  # claims the attempt's number now: a launcher killed later still leaves its record
+        flushing = archive.start_flushing()
+        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # as PID 1, unhandled ones are ignored
+            signal.signal(number, _stop)
     try:
         hosts = read_hostfile(hostfile)
         log(f"waiting up to {timeout:.0f} s for {len(hosts)} workers' sshd on port {port}")
         waited = wait_for_hosts(hosts, port, timeout, log=log)
     except LaunchError as exc:
         log(f"error: {exc}")
-        return 3
+        return failed(3)
+    except _Stopped as stopped:
+        log(f"{stopped.name} received while waiting for the workers")
+        if archive is not None:
+            archive.finish(128 + stopped.number, stopped.name)
+        return 128 + stopped.number
     # The whole command line: a run's log then shows what every rank was started with (our trainer or the team's).
     log(f"all {len(hosts)} workers answer ssh after {waited:.1f} s; starting {shlex.join(command)}")
+    if archive is not None:
+        from .run_logs import run_archived
+
+        flushing.set()
+        return run_archived(command, archive)
     try:
         os.execvp(command[0], command)  # replaces this process; comes back only by raising
     except OSError as exc:
