@@ -17,7 +17,8 @@ from .run import (
     StorageCredentials, TaintEffect, Toleration, TolerationOperator, Tracking, Workers,
 )
 from .status import (
-    BatchSizeProbe, Condition, FeatureCache, InputEpoch, Phase, PreprocessingStatus, ProbedBatchSize, ScalingRunStatus,
+    BatchSizeProbe, Condition, DeviceKind, Devices, FeatureCache, InputEpoch, Phase, PreprocessingStatus,
+    ProbedBatchSize, ScalingRunStatus,
     TrainingPod, TrainingStatus,
 )
 from .sweep import (

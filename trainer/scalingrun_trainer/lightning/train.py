@@ -14,6 +14,7 @@ import warnings
 from datetime import timedelta
 
 from scalingrun_api.config import TrainerConfig
+from scalingrun_api.models import Devices
 from ..core.builder import Builder
 from ..core.feature_cache import cache_features
 from ..core.mpi import MpiWorld, host_address, local_rank_and_size
@@ -66,6 +67,9 @@ def _train(attempt: Attempt) -> int:
     config, rank, size, log = attempt.config, attempt.rank, attempt.size, attempt.log
     model_spec, training, seed = config.model, config.training, config.dataset.seed
     accelerator, local_size, nodes = _devices(rank, size)
+    # DDP: one GPU per process.
+    attempt.devices = (Devices(kind="gpu", count=1, name=torch.cuda.get_device_name(0)) if accelerator == "gpu"
+                       else Devices(kind="cpu", count=0))
     if accelerator == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
         # A share of the cores per process: torch's default (all cores in every process) oversubscribes the host.
         # In an MPIJob the operator sets OMP_NUM_THREADS from the worker's CPU limit instead.
