@@ -22,7 +22,9 @@ from typing import Any, Optional, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
-from .models.status import BatchSizeProbe, FeatureCache, InputEpoch, ProbedBatchSize  # mirrored as they are
+from .models.status import (  # mirrored as they are
+    BatchSizeProbe, Devices, FeatureCache, InputEpoch, ProbedBatchSize,
+)
 
 PROGRESS_FILE = "progress.json"
 # Epochs of input figures kept in inputHistory (InputBound needs the last 2).
@@ -83,6 +85,8 @@ class Progress(BaseModel):
     input_history: list[InputEpoch] = Field(default_factory=list)
     # Whether this attempt trains the head on cached features, and their cost (once they are computed).
     feature_cache: Optional[FeatureCache] = None
+    # What rank 0 trains on (every engine's trainer; none from the SDK of a training.command).
+    devices: Optional[Devices] = None
 
     @classmethod
     def read(cls, document: Any) -> "Progress":
@@ -92,13 +96,23 @@ class Progress(BaseModel):
     def document(self) -> dict[str, Any]:
         """The JSON document the trainer writes: every key, None included; inputHistory entries with the figures
         measured; batchSizeProbe only when the probe ran; featureCache with the figures known."""
-        out = self.model_dump(by_alias=True, exclude={"batch_size_probe", "input_history", "feature_cache"})
+        out = self.model_dump(by_alias=True, exclude={"batch_size_probe", "input_history", "feature_cache", "devices"})
         out["inputHistory"] = [entry.model_dump(by_alias=True, exclude_none=True) for entry in self.input_history]
         if self.batch_size_probe is not None:
             out["batchSizeProbe"] = probe_document(self.batch_size_probe)
         if self.feature_cache is not None:
             out["featureCache"] = self.feature_cache.model_dump(by_alias=True, exclude_none=True)
+        if self.devices is not None:
+            out["devices"] = self.devices.model_dump(by_alias=True, exclude_none=True)
         return out
+
+    def process_hours(self, processes: Optional[int] = None) -> Optional[float]:
+        """Processes (the document's, unless given) x this attempt's training time, in hours: what it cost in
+        process-hours (GPU-hours when each process drives one GPU); None before both are known."""
+        processes = self.processes if processes is None else processes
+        if not processes or self.elapsed_seconds is None:
+            return None
+        return round(processes * self.elapsed_seconds / 3600, 4)
 
     def history_entry(self, epoch: Optional[int]) -> Optional[Epoch]:
         if not epoch:

@@ -65,6 +65,10 @@ class Config:
     cluster_service_ranges: tuple[str, ...] = ()
     #: The API server's addresses, refused as storage addresses; unset: KUBERNETES_SERVICE_HOST (in a pod).
     api_server_hosts: tuple[str, ...] = ()
+    #: Read the s3:// documents (manifest, progress, heartbeat) of runs with spec.storage.credentials
+    #: podIdentity with the operator's own identity (its ServiceAccount's IAM role; the AWS SDK's default
+    #: credential chain). Off: such runs get StorageReadable=False (docs/security.md, "Pod identity").
+    pod_identity_reads: bool = False
     #: Let runs name paths and file:// URIs, which the operator reads from its own disk: tests and
     #: single-machine setups only (`scalingrun run --local` reads paths without it).
     allow_local_paths: bool = False
@@ -148,7 +152,7 @@ _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "lease_renew_seconds": float, "lease_renew_deadline_seconds": float, "lease_retry_seconds": float,
           "storage_deadline_seconds": float, "max_document_bytes": int, "allowed_storage_endpoints": tuple,
           "allow_any_storage_endpoint": bool, "cluster_service_ranges": tuple, "allow_local_paths": bool,
-          "api_server_hosts": tuple}
+          "api_server_hosts": tuple, "pod_identity_reads": bool}
 
 
 def variable_names() -> list[str]:

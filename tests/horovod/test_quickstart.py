@@ -44,7 +44,7 @@ class Quickstart:
     def __init__(self, folder: Path, strategy: str):
         spec = reduced_spec(strategy)
         self.name = spec["metadata"]["name"]
-        run_file = folder / f"{self.name}-small.yaml"
+        run_file = self.run_file = folder / f"{self.name}-small.yaml"
         run_file.write_text(yaml.safe_dump(spec))
         self.state = folder / "state"
         self.command = [sys.executable, "-m", "scalingrun_operator.local.quickstart", "-f", str(run_file),
@@ -94,6 +94,16 @@ def test_reduced_quickstart_end_to_end_and_rerun(quickstarts, strategy):
         image.verify()
         assert image.format == "PNG" and image.size[0] > 600
     assert "| 1 |" in (reports / f"{quickstart.name}-report.md").read_text()
+    # What it made outlives its store: the model and the progress document, named by local paths.
+    kept = quickstart.state / "runs" / quickstart.name
+    assert f"model: {kept / 'model' / 'model.keras'} (copied from s3://" in out, out
+    assert f"progress document: {kept / 'progress.json'}" in out, out
+    assert (kept / "model" / "model.keras").stat().st_size > 100_000
+    report = subprocess.run([sys.executable, "-m", "scalingrun_operator.cli", "report", "-f", str(quickstart.run_file),
+                             "--workdir", str(kept), "-o", str(quickstart.state / "later")],
+                            capture_output=True, text=True, timeout=120, env=quickstart.env)
+    assert report.returncode == 0 and "which the local run kept" in report.stderr, report.stderr[-3000:]
+    assert "| 1 |" in (quickstart.state / "later" / f"{quickstart.name}-report.md").read_text()
     status = quickstart.status()
     assert status["phase"] == "Succeeded" and status["training"]["processes"] == 2
     assert status["modelUri"].endswith(f"/runs/{quickstart.name}/model/model.keras")

@@ -86,6 +86,7 @@ def test_two_ranks_train_report_checkpoint_and_save(s3_server, dataset, tmp_path
     assert not re.search(r"\[1\]<stdout>:epoch", result.stdout)
     progress = read_json(s3_server, f"{run}/progress.json")
     assert progress["state"] == "succeeded" and progress["processes"] == 2
+    assert progress["devices"] == {"kind": "cpu", "count": 0}  # what rank 0 trains on (no GPU here)
     assert progress["effectiveBatchSize"] == 32 and progress["learningRate"] == pytest.approx(0.002)
     assert [h["epoch"] for h in progress["history"]] == list(range(1, progress["epoch"] + 1))
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(progress["metrics"])

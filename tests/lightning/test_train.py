@@ -100,6 +100,7 @@ def test_two_ranks_stop_early_on_the_same_epoch_and_save_the_best_weights(s3_ser
     assert "epoch 2/6:" in out and "early stopping, best epoch 1" in out and "epoch 3/6" not in out
     progress = read_json(s3_server, f"{run}/progress.json")
     assert progress["state"] == "succeeded" and progress["processes"] == 2 and progress["epoch"] == 2
+    assert progress["devices"] == {"kind": "cpu", "count": 0}  # what rank 0 trains on (no GPU here)
     assert progress["effectiveBatchSize"] == 32 and progress["learningRate"] == pytest.approx(0.002)
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(progress["metrics"])
     assert [h["epoch"] for h in progress["history"]] == [1, 2] and progress["imagesPerSecond"] > 0

@@ -110,6 +110,7 @@ def test_two_workers_train_stop_early_on_the_same_epoch_and_keep_one_checkpoint_
     assert "Epoch 2: early stopping" in out
     progress = read_json(s3_server, f"{run}/progress.json")
     assert progress["state"] == "succeeded" and progress["processes"] == 2 and progress["epoch"] == 2
+    assert progress["devices"] == {"kind": "cpu", "count": 0}  # what rank 0 trains on (no GPU here)
     assert progress["effectiveBatchSize"] == 32 and progress["learningRate"] == pytest.approx(0.002)
     assert [h["epoch"] for h in progress["history"]] == [1, 2] and progress["bestEpoch"] == 1
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(progress["metrics"])

@@ -70,6 +70,7 @@ def _computed() -> dict[tuple[str, str, str], set[str]]:
         ("status.py", "Failed", "reason"): set(),  # StatusUpdate.fail: its callers are read instead
         ("sweep.py", "Ready", "phase"): sweep_phases,
         ("training.py", "InputBound", "*"): {"InputWaitHigh", "InputKeepsUp"},
+        ("training.py", "GPUsUnused", "*"): {"NoGPUVisible", "GPUsInUse"},
     }
 
 

@@ -131,6 +131,13 @@ def _spec(world: World, section: str, **values: Any) -> World:
     return world
 
 
+def _on_gpus(world: World) -> World:
+    """A run that asked for a GPU per worker from its start (its pinned spec says so too)."""
+    world.spec["workers"]["gpusPerWorker"] = 1
+    world.status[pinning.PINNED_FIELD] = pinning.pin(world.spec)
+    return world
+
+
 def _records(**changes: Any) -> list[dict]:
     records = copy.deepcopy(RECORDS)
     for record in records:
@@ -366,6 +373,23 @@ ROWS = [
                                                          {"epoch": 2, "inputWaitFraction": 0.6}])),
         "Training", [], {"InputBound": ("True", "InputWaitHigh", "spec.training.input.readerWorkers")},
         ["InputWaitHigh"]),
+    Row("a run that asked for GPUs and trains on CPU is GPUsUnused, naming the image, said once",
+        lambda: _on_gpus(training(progress=progress(devices={"kind": "cpu", "count": 0}))),
+        "Training", [], {"GPUsUnused": ("True", "NoGPUVisible", "sees no GPU in image ghcr.io/scalingrun/trainer")},
+        ["NoGPUVisible"], check=lambda d: "NVIDIA device plugin" in next(
+            c["message"] for c in d.desired["conditions"] if c["type"] == "GPUsUnused")),
+    Row("a run on its GPUs says which, and its GPU-hours",
+        lambda: _on_gpus(training(progress=progress(devices={"kind": "gpu", "count": 1, "name": "NVIDIA H100"},
+                                                    elapsedSeconds=1800.0))),
+        "Training", [], {"GPUsUnused": ("False", "GPUsInUse", "rank 0 trains on 1 GPU(s) (NVIDIA H100)")},
+        check=lambda d: (d.desired["training"]["devices"], d.desired["training"]["processHours"],
+                         d.desired["training"]["gpuHours"]) == (
+                             {"kind": "gpu", "count": 1, "name": "NVIDIA H100"}, 1.0, 1.0)),
+    Row("a CPU run on CPU has no GPUsUnused, and process-hours but no GPU-hours",
+        lambda: training(progress=progress(devices={"kind": "cpu", "count": 0}, elapsedSeconds=360.0)),
+        "Training", [],
+        check=lambda d: "GPUsUnused" not in {c["type"] for c in d.desired["conditions"]}
+        and d.desired["training"]["processHours"] == 0.2 and "gpuHours" not in d.desired["training"]),
     Row("the feature cache's figures are mirrored into status.training, junk left out",
         lambda: training(progress=progress(featureCache={"used": True, "seconds": 12.5, "bytes": 1228800,
                                                          "rows": 240, "onDisk": False, "junk": 1})),

@@ -218,7 +218,8 @@ def test_training_status_mirrors_progress_and_drops_junk():
                 "modelUri": None, "error": None}
     assert mirror.training_status(parse_progress(progress)) == {
         "epoch": 2, "maxEpochs": 10, "imagesPerSecond": 512.5, "effectiveBatchSize": 256, "processes": 8,
-        "metrics": {"loss": 0.4, "val_accuracy": 0.9}, "bestMetrics": {"val_accuracy": 0.9}}
+        "metrics": {"loss": 0.4, "val_accuracy": 0.9}, "bestMetrics": {"val_accuracy": 0.9},
+        "processHours": round(8 * 60 / 3600, 4)}  # 8 processes x 60 s: process-hours, as a sweep's workerHours
     assert mirror.training_status(None) == {}
     assert mirror.training_status(parse_progress({**progress, "mlflowRunId": "4f1c"}))["mlflowRunId"] == "4f1c"
     assert "mlflowRunId" not in mirror.training_status(parse_progress({**progress, "mlflowRunId": 7}))

@@ -15,10 +15,11 @@ from .dataset import Columns, Dataset, DatasetFormat, Preprocessing, Resources
 from .model import BUILDER_PATTERN, BUILTIN_DEFAULTS, BaseNetwork, Model
 from .run import (
     CleanPodPolicy, Launcher, LauncherResources, RunPolicy, ScalingRun, ScalingRunSpec, SchedulingPolicy, Storage,
-    TaintEffect, Toleration, TolerationOperator, Tracking, Workers,
+    StorageCredentials, TaintEffect, Toleration, TolerationOperator, Tracking, Workers,
 )
 from .status import (
-    BatchSizeProbe, Condition, FeatureCache, InputEpoch, Phase, PreprocessingStatus, ProbedBatchSize, ScalingRunStatus,
+    BatchSizeProbe, Condition, DeviceKind, Devices, FeatureCache, InputEpoch, Phase, PreprocessingStatus,
+    ProbedBatchSize, ScalingRunStatus,
     TrainingPod, TrainingStatus,
 )
 from .sweep import (

@@ -18,8 +18,14 @@ from .model import Model, resolve_builtin_defaults
 from .training import Training
 
 
+class StorageCredentials(str, Enum):
+    secret = "secret"
+    pod_identity = "podIdentity"
+
+
 class Storage(ApiModel):
-    """Object storage used by the dataset, checkpoints and model. Credentials come only from a Secret."""
+    """Object storage used by the dataset, checkpoints and model. Credentials come from a Secret, or from the
+    pods' own identity (IRSA, EKS Pod Identity, or any source of the AWS SDKs' default credential chain)."""
 
     endpoint: Optional[str] = Field(
         None,
@@ -28,9 +34,17 @@ class Storage(ApiModel):
         pattern=HTTP_URL_PATTERN,
     )
     region: str = Field("us-east-1", description="Region of the bucket.", min_length=1)
+    credentials: StorageCredentials = Field(
+        StorageCredentials.secret,
+        description="Where the pods' s3:// credentials come from: secret (credentialsSecret, required when any "
+        "URI is s3://) or podIdentity (no keys: the AWS SDKs' default chain finds the pods' identity, from "
+        "spec.workers.serviceAccountName's IRSA role or EKS Pod Identity association; the operator reads the "
+        "run's documents with its own identity, see docs/security.md).",
+    )
     credentials_secret: Optional[str] = secret_name_field(
         "Name of a Secret in the run's namespace holding the access key and secret key. "
-        "Required when any URI is s3://. Keys are never accepted inline."
+        "Required when any URI is s3:// and credentials is secret; not allowed with podIdentity. "
+        "Keys are never accepted inline."
     )
     access_key_id_key: str = Field(
         "AWS_ACCESS_KEY_ID", description="Key in the Secret holding the access key id.", min_length=1
@@ -87,6 +101,11 @@ class Workers(ApiModel):
     tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations of the workers.")
     priority_class_name: Optional[str] = Field(
         None, description="PriorityClass of the workers.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+    service_account_name: Optional[str] = Field(
+        None, description="ServiceAccount of the run's pods (preprocessing, launcher, workers): the one an IAM "
+        "role is bound to when spec.storage.credentials is podIdentity. Default: the namespace's default. "
+        "Its API token is still not mounted (the pods never call the Kubernetes API).",
+        pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
 
 
 class LauncherResources(Resources):

@@ -124,6 +124,22 @@ class InputEpoch(ApiModel):
     gpu_utilization: Optional[float] = Field(None, description="Mean GPU utilisation in percent (NVML); none on CPU.")
 
 
+class DeviceKind(str, Enum):
+    gpu = "gpu"
+    cpu = "cpu"
+
+
+class Devices(ApiModel):
+    """What rank 0 trains on, as the framework sees it in its process (every rank of a run runs the same image on
+    the same kind of worker)."""
+
+    kind: DeviceKind = Field(..., description="gpu, or cpu when the process sees no GPU.")
+    count: int = Field(0, ge=0, le=1024, description="GPUs rank 0's process drives: 1 per process under Horovod and "
+                       "DDP, all of its worker's under multi-worker-mirrored; 0 on CPU.")
+    name: Optional[str] = Field(None, description="The GPU's name (e.g. NVIDIA H100 80GB HBM3), when known.",
+                                max_length=256)
+
+
 class FeatureCache(ApiModel):
     """spec.training.featureCache: whether this attempt trained the head on features the frozen base computed once,
     and what computing them cost."""
@@ -189,6 +205,13 @@ class TrainingStatus(ApiModel):
         default_factory=list, description="Input wait and GPU utilisation of the last epochs (InputBound reads it).")
     feature_cache: Optional[FeatureCache] = Field(
         None, description="Whether the head trained on features the frozen base computed once, and what that cost.")
+    devices: Optional[Devices] = Field(
+        None, description="What rank 0 trains on (GPUsUnused says when GPUs were asked for and none is used).")
+    process_hours: Optional[float] = Field(
+        None, description="What this attempt has cost so far: training processes x its training time (progress "
+        "elapsedSeconds), in hours; as a sweep's workerHours. Earlier attempts of a restarted run are not counted.")
+    gpu_hours: Optional[float] = Field(
+        None, description="processHours x the GPUs each process drives (devices.count), when training on GPUs.")
     heartbeat: Optional[HeartbeatStatus] = Field(
         None, description="The last heartbeat of this attempt and the stall deadline it sets.")
     pods: list[TrainingPod] = Field(

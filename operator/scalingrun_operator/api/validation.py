@@ -20,7 +20,7 @@ from scalingrun_api.engines import ENGINES, framework_engine
 from scalingrun_api.models import (
     AUTO, BUILDER_PATTERN, DATA_URI_PATTERN, DNS_SUBDOMAIN_PATTERN, FRAMEWORK_STRATEGIES, HTTP_URL_PATTERN,
     LABEL_VALUE_PATTERN, QUANTITY_PATTERN, WEIGHTS_PATTERN, Columns, DatasetFormat, Framework, Monitor,
-    Preprocessing, ScalingRun, ScalingSweep, quantity_value,
+    Preprocessing, ScalingRun, ScalingSweep, StorageCredentials, quantity_value,
 )
 from scalingrun_api.models.common import DURATION_PATTERN, MAX_INTEGER
 from scalingrun_api.models.dataset import Dataset
@@ -110,12 +110,20 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
     spec = run.spec
     errors: list[FieldError] = []
     uses_s3 = s3_fields(run)
-    if uses_s3 and not spec.storage.credentials_secret:
+    pod_identity = spec.storage.credentials == StorageCredentials.pod_identity.value
+    if pod_identity and spec.storage.credentials_secret:
+        errors.append(FieldError(
+            "spec.storage.credentialsSecret",
+            "not used when spec.storage.credentials is podIdentity (the pods' identity gives the keys): "
+            "remove it, or set credentials to secret"))
+    elif uses_s3 and not pod_identity and not spec.storage.credentials_secret:
         errors.append(
             FieldError(
                 "spec.storage.credentialsSecret",
                 f"required because s3:// is used by {', '.join(uses_s3)}: name a Secret holding "
-                f"{spec.storage.access_key_id_key} and {spec.storage.secret_access_key_key}",
+                f"{spec.storage.access_key_id_key} and {spec.storage.secret_access_key_key}, or set "
+                "spec.storage.credentials: podIdentity when the pods' ServiceAccount has an IAM role "
+                "(IRSA, EKS Pod Identity)",
             )
         )
     source = spec.dataset.source.rstrip("/")

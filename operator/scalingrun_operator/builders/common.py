@@ -83,6 +83,13 @@ def tracking_env(run: ScalingRun) -> list[dict[str, Any]]:
     ]
 
 
+def service_account(run: ScalingRun) -> dict[str, Any]:
+    """spec.workers.serviceAccountName for every pod of the run (the identity its storage credentials may come
+    from); none: the namespace's default."""
+    name = run.spec.workers.service_account_name
+    return {"serviceAccountName": name} if name else {}
+
+
 def pod_security_context() -> dict[str, Any]:
     return {
         "runAsNonRoot": True,

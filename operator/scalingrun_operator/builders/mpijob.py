@@ -13,6 +13,7 @@ from .common import (
     CONFIG_FILE,
     TMP_DIR,
     config_volume,
+    service_account,
     container_security_context,
     metadata,
     mpijob_name,
@@ -107,6 +108,7 @@ def _pod_template(run: ScalingRun, labels: dict[str, str], container: dict[str, 
     pod: dict[str, Any] = {
         # Neither mpirun (over ssh, not kubectl exec) nor the trainer calls the Kubernetes API.
         "automountServiceAccountToken": False,
+        **service_account(run),
         "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": volumes,

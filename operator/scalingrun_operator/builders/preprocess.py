@@ -10,6 +10,7 @@ from .common import (
     CONFIG_FILE,
     TMP_DIR,
     config_volume,
+    service_account,
     container_security_context,
     metadata,
     pod_security_context,
@@ -84,6 +85,7 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
                 "spec": {
                     "restartPolicy": "Never",
                     "automountServiceAccountToken": False,  # it reads storage, never the Kubernetes API
+                    **service_account(run),
                     "securityContext": pod_security_context(),
                     "containers": [container],
                     "volumes": [volume, *scratch],

@@ -4,6 +4,8 @@ invalid, 2 usage). A user's mistake raises loading.UserError, which main() print
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
@@ -17,6 +19,10 @@ from ..api.validation import InvalidScalingRun, parse_scalingrun, parse_scalings
 from .loading import (
     FAILED, OK, USAGE, Document, UserError, dump, files, is_ours, read, read_file, read_one, skipped_note,
 )
+
+# How long `report -f` tries a store before it draws from the copy a local run kept (a stopped quick start's
+# store refuses connections, which are otherwise retried for 30 s).
+KEPT_STORE_DEADLINE_SECONDS = 5.0
 
 
 def _parse(doc: Document):
@@ -171,6 +177,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from ..builders.locations import progress_uri
     from ..documents import read_progress
+    from ..local.keep import kept_progress
     from ..report.run import render_report
     from ..storage import StorageError, StorageTarget
 
@@ -186,15 +193,26 @@ def cmd_report(args: argparse.Namespace) -> int:
             return _sweep_report(args, resource)
         name, storage = resource.metadata.name, resource.spec.storage
         uri, target = progress_uri(resource), StorageTarget(storage.endpoint, storage.region, None)
+        kept = kept_progress(name, workdir=Path(args.workdir) if args.workdir else None)
+        if kept is not None:  # a stopped store (the quick start's) is not waited for long: there is a copy
+            target = dataclasses.replace(target, deadline=KEPT_STORE_DEADLINE_SECONDS)
     else:
         # Keys (and an endpoint) from the environment, as for any S3 client.
         name, uri = args.name, args.progress
         target = StorageTarget(os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
                                None)
+        kept = None
     try:
         progress, _ = read_progress(uri, target)
     except StorageError as exc:
-        raise UserError(f"scalingrun report: {exc}") from None
+        if kept is None:
+            raise UserError(f"scalingrun report: {exc}") from None
+        print(f"scalingrun report: {exc}; drawing from {kept}, which the local run kept", file=sys.stderr)
+        progress = json.loads(kept.read_text())
+    if progress is None and kept is not None:
+        print(f"scalingrun report: no progress document at {uri}; drawing from {kept}, which the local run kept",
+              file=sys.stderr)
+        progress = json.loads(kept.read_text())
     if progress is None:
         raise UserError(f"scalingrun report: no progress document at {uri}")
     png, md = render_report(progress, name, Path(args.output))

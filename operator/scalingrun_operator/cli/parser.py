@@ -121,13 +121,17 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
 
     report = _add(sub, "report", "draw a run's curves or a sweep's scaling (PNG + Markdown) from progress documents",
                   "Draw a run's training curves and epoch table, or a sweep's scaling, from the progress documents "
-                  "in the run's location (S3 keys from the environment, as for any S3 client).",
+                  "in the run's location (S3 keys from the environment, as for any S3 client); when that store "
+                  "cannot be read, from the copy a local run kept (the quick start's store stops with it).",
                   "  scalingrun report -f examples/quickstart.yaml -o reports/\n"
                   "  scalingrun report --progress s3://bucket/runs/demo/progress.json --name demo",
                   commands.cmd_report)
     _filename(report, required=False)
     report.add_argument("--progress", help="or a progress.json path or URI")
     report.add_argument("--name", default="run", help="run name for the titles (with --progress)")
+    report.add_argument("--workdir", metavar="DIR", help="with -f: the local run's workdir, whose kept progress.json is drawn when "
+                        "the store cannot be read (default: .scalingrun/quickstart/runs/NAME, then "
+                        ".scalingrun/runs/NAME)")
     report.add_argument("-o", "--output", metavar="DIR", default=".", help="folder for the report files")
 
     get = _add(sub, "get", "show runs and sweeps from the cluster: phase, epoch, img/s, input wait, best val_accuracy",

@@ -58,10 +58,17 @@ class Observer:
         raise TypeError(f"observe cannot read {ask!r}")
 
     def target(self, store: Store) -> StorageTarget:
-        """The storage target of `store`, with the keys from its Secret (read once per look)."""
+        """The storage target of `store`, with the keys from its Secret (read once per look); with pod identity none,
+        so botocore's default chain finds the operator's own."""
         if store not in self._targets:
             try:
                 credentials = None
+                if store.pod_identity and not self.config.pod_identity_reads:
+                    raise StorageError(
+                        "spec.storage.credentials is podIdentity, and this operator does not read storage with its "
+                        "own identity: its administrator sets the chart value operator.podIdentityReads "
+                        "(SCALINGRUN_POD_IDENTITY_READS) and gives its ServiceAccount an IAM role that may read the "
+                        "run's documents (docs/security.md, \"Pod identity\")")
                 if store.secret:
                     credentials = self.kube.read_credentials(self.namespace, store.secret, store.access_key_id_key,
                                                              store.secret_access_key_key)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional
 
-from scalingrun_api.models import ScalingRun
+from scalingrun_api.models import ScalingRun, StorageCredentials
 from . import children
 from .snapshot import (
     MANIFEST, Child, Create, Decision, Delete, Document, Nodes, Patch, PodList, Pods, Read, Server, ServerVersion,
@@ -189,9 +189,10 @@ class Draft:
 
 
 def store_of(run: ScalingRun) -> Store:
-    """Where the run's documents are read, with its Secret only when s3:// needs it."""
+    """Where the run's documents are read, with its Secret only when s3:// needs it (none with podIdentity: the
+    operator's own identity reads them)."""
     s = run.spec.storage
     read = (run.spec.dataset.output, run.spec.training.checkpoint.location)
     s3 = any(uri and uri.startswith("s3://") for uri in read)
     return Store(s.endpoint, s.region, s.credentials_secret if s3 else None, s.access_key_id_key,
-                 s.secret_access_key_key)
+                 s.secret_access_key_key, pod_identity=s3 and s.credentials == StorageCredentials.pod_identity.value)

@@ -13,7 +13,7 @@ import datetime as dt
 import math
 from typing import Any, Optional
 
-from scalingrun_api.models import InputEpoch, ScalingRun, TrainingStatus
+from scalingrun_api.models import DeviceKind, Devices, InputEpoch, ScalingRun, TrainingStatus
 from scalingrun_api.progress import INPUT_HISTORY_EPOCHS, Progress, lenient
 from ..builders.config import total_processes
 from .status import rfc3339
@@ -66,7 +66,13 @@ def training_status(progress: Optional[Progress]) -> dict[str, Any]:
     mirrored = progress.model_dump(by_alias=True, include=present, exclude_none=True)
     if "inputHistory" in mirrored:
         mirrored["inputHistory"].sort(key=lambda entry: entry["epoch"])
-    return _bounded(mirrored)
+    out = _bounded(mirrored)
+    hours = progress.process_hours()
+    if hours is not None:
+        out["processHours"] = hours
+        if progress.devices is not None and progress.devices.kind == DeviceKind.gpu.value and progress.devices.count:
+            out["gpuHours"] = round(hours * progress.devices.count, 4)
+    return out
 
 
 def _metrics(values: dict[str, float]) -> dict[str, float]:
@@ -134,6 +140,23 @@ def input_bound(run: ScalingRun, history: Any) -> Optional[tuple[str, str, str]]
     return ("False", "InputKeepsUp",
             f"input wait {last[-1]['inputWaitFraction']:.0%} of step time in epoch {last[-1]['epoch']}{gpu_text} "
             f"(InputBound above {INPUT_WAIT_THRESHOLD:.0%} for {INPUT_BOUND_EPOCHS} epochs in a row)")
+
+
+def gpus_unused(run: ScalingRun, image: str, devices: Any) -> Optional[tuple[str, str, str]]:
+    """The GPUsUnused condition (status, reason, message) for a run that asked for GPUs, from what rank 0 trains on
+    (status.training.devices); None when no GPU was asked for or the trainer has not said yet."""
+    asked = run.spec.workers.gpus_per_worker
+    found = lenient(Devices, devices)
+    if not asked or found is None:
+        return None
+    if found.kind == DeviceKind.gpu.value:
+        name = f" ({found.name})" if found.name else ""
+        return ("False", "GPUsInUse", f"rank 0 trains on {found.count} GPU(s){name}")
+    return ("True", "NoGPUVisible",
+            f"spec.workers.gpusPerWorker is {asked}, but rank 0 trains on CPU: its process sees no GPU in image "
+            f"{image}. Use a CUDA build of the image (spec.workers.image), check that "
+            "the GPU nodes run the NVIDIA device plugin (kubectl describe node: nvidia.com/gpu allocatable) and that "
+            "spec.workers.nodeSelector picks them; or set gpusPerWorker: 0 to train on CPU on purpose")
 
 
 def merge_training_status(previous: dict[str, Any], base: dict[str, Any], mirrored: dict[str, Any],

@@ -30,6 +30,7 @@ class Store:
     secret: Optional[str] = None  # None: no credentials (local files, or keys from the environment)
     access_key_id_key: str = "AWS_ACCESS_KEY_ID"
     secret_access_key_key: str = "AWS_SECRET_ACCESS_KEY"
+    pod_identity: bool = False  # s3:// with no Secret: the operator reads with its own identity (if it may)
 
 
 @dataclass(frozen=True)

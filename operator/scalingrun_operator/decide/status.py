@@ -31,6 +31,7 @@ STORAGE_READABLE = "StorageReadable"
 PODS_HEALTHY = "PodsHealthy"  # False while a pod of the run cannot run (image pull, scheduling, OOM, ...)
 CHILD_DELETED = "ChildDeleted"  # True once the Job or MPIJob was deleted mid-run (and recreated)
 INPUT_BOUND = "InputBound"  # True while training mostly waits for its input (decide.progress.input_bound)
+GPUS_UNUSED = "GPUsUnused"  # True while a run that asked for GPUs trains on CPU (decide.progress.gpus_unused)
 CHILD_CONFLICT = "ChildConflict"  # True while an object the run did not make holds a child's name
 NODE_LOST = "NodeLost"  # True once training pods were lost with their node (force-deleted), until all run again
 

@@ -12,12 +12,12 @@ from typing import Any, Optional
 from scalingrun_api.models import Phase, ScalingRun
 from scalingrun_api.progress import Progress, ProgressState
 from ..builders import build_config_map, build_mpijob
-from ..builders.common import mpijob_name
+from ..builders.common import mpijob_name, trainer_image
 from ..builders.locations import progress_uri
 from . import faults, interruptions, podrecords, pods, progress as mirror, stall
 from .draft import Draft, store_of
 from .snapshot import CLUSTER, PROGRESS, Log, Where
-from .status import (BUILDER_FAILED, INPUT_BOUND, MPIJOB_FAILED, QUEUED, SUSPENDED, TRAINED, Event,
+from .status import (BUILDER_FAILED, GPUS_UNUSED, INPUT_BOUND, MPIJOB_FAILED, QUEUED, SUSPENDED, TRAINED, Event,
                      get_condition, parse_time)
 
 @dataclass(frozen=True)
@@ -184,6 +184,7 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
             _stop(draft, mpijob)
         return
     _input_bound(draft, run, merged.get("inputHistory"))
+    _gpus_unused(draft, run, merged.get("devices"))
     uri = mirror.model_uri(progress)
     if uri:
         update.desired["modelUri"] = uri
@@ -280,6 +281,16 @@ def _input_bound(draft: Draft, run: ScalingRun, history: Any) -> None:
         return
     before = get_condition(draft.update.desired["conditions"], INPUT_BOUND)
     draft.update.condition(INPUT_BOUND, *decision)
+    if decision[0] == "True" and (before or {}).get("status") != "True":
+        draft.update.warn(decision[1], decision[2])
+
+
+def _gpus_unused(draft: Draft, run: ScalingRun, devices: Any) -> None:
+    decision = mirror.gpus_unused(run, trainer_image(run), devices)
+    if decision is None:
+        return
+    before = get_condition(draft.update.desired["conditions"], GPUS_UNUSED)
+    draft.update.condition(GPUS_UNUSED, *decision)
     if decision[0] == "True" and (before or {}).get("status") != "True":
         draft.update.warn(decision[1], decision[2])
 

@@ -21,6 +21,8 @@ import yaml
 
 from scalingrun_api.progress import Progress
 from ..api.validation import parse_scalingrun
+from ..builders.locations import progress_uri
+from .keep import Kept, keep
 from .runner import LocalRun
 from .s3server import S3Server
 from .signals import Stopped, stop_on_signals
@@ -66,7 +68,7 @@ def upload_fashion_mnist(server: S3Server, source_uri: str, per_class: int) -> i
     return count
 
 
-def print_summary(local: LocalRun, run, state: Path, report, total_seconds: float) -> None:
+def print_summary(local: LocalRun, run, state: Path, report, total_seconds: float, kept: Kept = Kept()) -> None:
     status, pre, progress = local.status, local.status.preprocessing, local.progress or Progress()
     print("\n== quick start summary ==")
     print(f"phase: {status.phase}")
@@ -82,8 +84,12 @@ def print_summary(local: LocalRun, run, state: Path, report, total_seconds: floa
         if condition.status != "True" or condition.type == "Failed":
             print(f"  {condition.type}={condition.status} {condition.reason}: {condition.message}")
     print(f"Parquet dataset: {run.spec.dataset.output} (SeaweedFS data in {state / 'seaweedfs'})")
-    if progress.model_uri:
+    if kept.model:
+        print(f"model: {kept.model} (copied from {progress.model_uri}: the store stops with the quick start)")
+    elif progress.model_uri:
         print(f"model: {progress.model_uri}")
+    if kept.progress:
+        print(f"progress document: {kept.progress} (scalingrun report -f reads it)")
     if report:
         print(f"report: {report[0]} and {report[1]}")
     print(f"status document: {local.status_path}")
@@ -156,6 +162,8 @@ def _main(argv: list[str] | None) -> int:
             return _sweep(run, args.sweep, state, started)
         local = LocalRun(run, state / "runs" / run.metadata.name, np_override=args.np)
         code = local.start(stop_after=args.stop_after)
+        # The store stops below: what the run made is copied out first (scalingrun report -f reads the copy).
+        kept = keep(progress_uri(run), local.workdir, server.filesystem())
     finally:
         server.stop()
     report = None
@@ -163,7 +171,7 @@ def _main(argv: list[str] | None) -> int:
         from ..report.run import render_report
 
         report = render_report(local.progress, run.metadata.name, state / "reports")
-    print_summary(local, run, state, report, time.monotonic() - started)
+    print_summary(local, run, state, report, time.monotonic() - started, kept)
     return code
 
 

@@ -96,7 +96,9 @@ class LocalRun:
 
     def check_credentials(self) -> None:
         spec = self.run.spec
-        if s3_fields(self.run) and not (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY")):
+        # With podIdentity the machine's own AWS credentials (its profile, SSO, a role) are what the pods' would be.
+        if (s3_fields(self.run) and spec.storage.credentials_secret
+                and not (os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"))):
             raise LocalRunError(
                 f"this run reads s3:// with the keys of Secret {spec.storage.credentials_secret!r}: locally, "
                 "export AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY instead"

@@ -14,7 +14,7 @@ import time
 from typing import TYPE_CHECKING, Callable, Optional
 
 from scalingrun_api.progress import (
-    INPUT_HISTORY_EPOCHS, BatchSizeProbe, Epoch, FeatureCache, InputEpoch, Progress, ProgressState,
+    INPUT_HISTORY_EPOCHS, BatchSizeProbe, Devices, Epoch, FeatureCache, InputEpoch, Progress, ProgressState,
 )
 from ..storage import Location
 
@@ -28,7 +28,8 @@ class ProgressWriter:
     def __init__(self, location: Location, *, max_epochs: int, processes: int, learning_rate: float,
                  effective_batch_size: int, history: Optional[list[dict]] = None, mlflow_run_id: Optional[str] = None,
                  resumed_from_epoch: Optional[int] = None, batch_size_per_worker: Optional[int] = None,
-                 batch_size_probe: Optional[dict] = None, feature_cache: Optional[FeatureCache] = None):
+                 batch_size_probe: Optional[dict] = None, feature_cache: Optional[FeatureCache] = None,
+                 devices: Optional[Devices] = None):
         self.location = location
         self.started = time.monotonic()
         self.progress = Progress(
@@ -38,7 +39,7 @@ class ProgressWriter:
             history=[Epoch.model_validate(entry) for entry in history or []],
             batch_size_per_worker=batch_size_per_worker,
             batch_size_probe=None if batch_size_probe is None else BatchSizeProbe.model_validate(batch_size_probe),
-            feature_cache=feature_cache,
+            feature_cache=feature_cache, devices=devices,
         )
         resumed = self.progress.history_entry(resumed_from_epoch)
         if resumed:

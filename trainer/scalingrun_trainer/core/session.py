@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 from scalingrun_api.config import TrainerConfig
 from scalingrun_api.heartbeat import HEARTBEAT_FILE
-from scalingrun_api.progress import PROGRESS_FILE, FeatureCache
+from scalingrun_api.progress import PROGRESS_FILE, Devices, FeatureCache
 from ..storage import open_location
 from .builder import BuilderError, network_name
 from .checkpoints import CheckpointState, CheckpointStore
@@ -65,6 +65,7 @@ class Attempt:
         self.endpoint, self.region = config.storage.endpoint, config.storage.region
         self.extra_trained_on = trained_on or {}
         self.progress: Optional[ProgressWriter] = None  # rank 0's, once training starts
+        self.devices: Optional[Devices] = None  # what this rank trains on: the engine says, before start_progress
         self.tracker: Optional[RunTracker] = None
         self.run_root = open_location(config.run_location, self.endpoint, self.region)
         self.checkpoints = CheckpointStore(self.run_root.join("checkpoints"), commit=self.rank == 0)
@@ -225,7 +226,8 @@ class Attempt:
             history=state.history if state else None, mlflow_run_id=self.tracker.run_id if self.tracker else None,
             resumed_from_epoch=state.epoch if state else None, batch_size_per_worker=scaled.batch_size_per_worker,
             batch_size_probe=probe, feature_cache=FeatureCache(used=self.caches_features,
-                                                                reason=self.feature_cache_reason))
+                                                                reason=self.feature_cache_reason),
+            devices=self.devices)
         self.progress.start(best_epoch=self.best_so_far()[0])
         if state:
             self.log(f"resuming after epoch {state.epoch} from {self.checkpoints.root.uri}")

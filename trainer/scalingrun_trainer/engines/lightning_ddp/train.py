@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from scalingrun_api.config import TrainerConfig
+from scalingrun_api.models import Devices
 from ...core.mpi import MpiWorld, local_rank_and_size
 from ...core.session import Attempt, TrainingError
 from ...core.stall import engine_timeout
@@ -36,8 +37,18 @@ def _devices(rank: int, size: int) -> tuple[str, int, int]:
 
 def _train(attempt: Attempt) -> int:
     accelerator, local_size, nodes = _devices(attempt.rank, attempt.size)
+    attempt.devices = _visible_devices(accelerator)
     return run_training(attempt, LightningTraining(attempt, accelerator, local_size, nodes,
                                                    lambda: _strategy(accelerator)))
+
+
+def _visible_devices(accelerator: str) -> Devices:
+    """DDP: one GPU per process."""
+    if accelerator != "gpu":
+        return Devices(kind="cpu", count=0)
+    import torch
+
+    return Devices(kind="gpu", count=1, name=torch.cuda.get_device_name(0))
 
 
 def _strategy(accelerator: str):

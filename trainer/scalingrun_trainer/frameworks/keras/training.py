@@ -15,7 +15,7 @@ import tempfile
 from typing import Any, Callable, ContextManager, Optional
 
 from scalingrun_api.config import TrainerConfig
-from scalingrun_api.models import AUTO
+from scalingrun_api.models import AUTO, Devices
 from ...core.builder import Builder
 from ...core.checkpoints import CheckpointState
 from ...core.collective import Collective
@@ -86,7 +86,23 @@ class KerasEngine:
 
 def train(config: TrainerConfig, engine: KerasEngine) -> int:
     attempt = Attempt(config, engine.world, engine=engine.name, trained_on=engine.trained_on())
+    attempt.devices = visible_devices()
     return attempt.run(lambda: run_training(attempt, KerasTraining(attempt, engine)))
+
+
+def visible_devices() -> Devices:
+    """The GPUs this process trains on as TensorFlow sees them, after the engine pinned them (Horovod: its local
+    rank's one; multi-worker-mirrored: its worker's), or CPU."""
+    import tensorflow as tf
+
+    gpus = tf.config.get_visible_devices("GPU")
+    if not gpus:
+        return Devices(kind="cpu", count=0)
+    try:
+        name = tf.config.experimental.get_device_details(gpus[0]).get("device_name")
+    except (ValueError, RuntimeError):  # a device TensorFlow cannot describe: the kind and count are enough
+        name = None
+    return Devices(kind="gpu", count=len(gpus), name=name)
 
 
 def _optimizer(name: str, learning_rate: float):
