@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .models.common import DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE
+from .models.common import DEFAULT_TRAINER_IMAGES, trainer_image_name
 from .models.training import Framework, Strategy
 
 
@@ -16,8 +16,12 @@ class Engine:
     framework: str
     strategy: str
     trainer_module: str  # its train(config) runs the engine
-    default_image: str  # when spec.workers.image is not set
+    image_flavour: str  # its default image, when spec.workers.image is not set: <images>-<flavour>
     process_per_gpu: bool  # False: one process per worker pod drives all of the pod's GPUs
+
+    def default_image(self, images: str = "") -> str:
+        """The engine's trainer image under IMAGES ("<repository>:<tag>", the operator's setting), else ours."""
+        return trainer_image_name(self.image_flavour, images or DEFAULT_TRAINER_IMAGES)
 
     def slots_per_worker(self, gpus_per_worker: int) -> int:
         """MPI slots, = training processes, per worker pod."""
@@ -27,11 +31,11 @@ class Engine:
 ENGINES: dict[tuple[str, str], Engine] = {
     (engine.framework, engine.strategy): engine for engine in (
         Engine(Framework.keras.value, Strategy.horovod.value, "scalingrun_trainer.keras_horovod.train",
-               DEFAULT_TRAINER_IMAGE, process_per_gpu=True),
+               "cpu", process_per_gpu=True),
         Engine(Framework.keras.value, Strategy.multi_worker_mirrored.value, "scalingrun_trainer.keras_mirrored.train",
-               DEFAULT_TRAINER_IMAGE, process_per_gpu=False),
+               "cpu", process_per_gpu=False),
         Engine(Framework.pytorch_lightning.value, Strategy.ddp.value, "scalingrun_trainer.lightning.train",
-               DEFAULT_LIGHTNING_TRAINER_IMAGE, process_per_gpu=True),
+               "lightning-cpu", process_per_gpu=True),
     )
 }
 
