@@ -38,9 +38,9 @@ def trainer_image_name(flavour: str, images: str = DEFAULT_TRAINER_IMAGES) -> st
 
 
 # The trainer image of a keras run when spec.workers.image is not set (TensorFlow and Horovod, CPU build).
-DEFAULT_TRAINER_IMAGE = trainer_image_name("cpu")
+DEFAULT_TRAINER_IMAGE = f"{DEFAULT_TRAINER_IMAGES}-cpu"  # = trainer_image_name("cpu")
 # The trainer image of a pytorch-lightning run when spec.workers.image is not set (torch, no TensorFlow/Horovod).
-DEFAULT_LIGHTNING_TRAINER_IMAGE = trainer_image_name("lightning-cpu")
+DEFAULT_LIGHTNING_TRAINER_IMAGE = f"{DEFAULT_TRAINER_IMAGES}-lightning-cpu"  # = trainer_image_name("lightning-cpu")
 
 # s3:// (any S3-compatible store), file:// or an absolute local path.
 DATA_URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|file:///.*|/.*)$"
