@@ -25,7 +25,7 @@ from scalingrun_operator.builders.common import trainer_image
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts/scalingrun"
 # An image of ours as the docs may write it: the version as a number or as <version>.
-OUR_IMAGE = re.compile(r"ghcr\.io/scalingrun/[a-z-]+:(?:<version>|[0-9][0-9.]*)(?:-[a-z-]*[a-z])?")
+OUR_IMAGE = re.compile(r"ghcr\.io/scalingrun/[a-z-]+:(?:<version>|[0-9][0-9.]*)(?:-(?:<flavour>|[a-z-]*[a-z]))?")
 # The names before this scheme (no registry): none may remain.
 UNQUALIFIED = re.compile(r"(?<![\w./-])scalingrun/(?:trainer|operator|example-[a-z-]+):")
 
@@ -86,12 +86,19 @@ def _documents() -> list[Path]:
 
 
 def test_docs_and_examples_name_only_images_that_are_built(built):
-    known = set(built.values()) | {image.replace(IMAGE_VERSION, "<version>") for image in built.values()}
+    known = set(built.values()) | {image.replace(IMAGE_VERSION, "<version>") for image in built.values()} | {
+        f"{IMAGE_REGISTRY}/trainer:<version>-<flavour>"}
+    named = 0
     for path in _documents():
         text = path.read_text()
         assert not UNQUALIFIED.findall(text), f"{path.relative_to(ROOT)}: an image without the registry"
         unknown = set(OUR_IMAGE.findall(text)) - known
         assert not unknown, f"{path.relative_to(ROOT)} names images nothing builds: {sorted(unknown)}"
+        named += len(OUR_IMAGE.findall(text))
+    assert named >= 10  # the pattern finds the images the docs name (README, run-in-a-cluster, examples)
+    assert not set(OUR_IMAGE.findall("ghcr.io/scalingrun/trainer:0.1.0 and ghcr.io/scalingrun/trainer:9.9-cpu")) - \
+        {"ghcr.io/scalingrun/trainer:0.1.0", "ghcr.io/scalingrun/trainer:9.9-cpu"}
+    assert {"ghcr.io/scalingrun/trainer:0.1.0", "ghcr.io/scalingrun/trainer:9.9-cpu"}.isdisjoint(known)  # both wrong
 
 
 def test_the_release_workflow_publishes_what_build_images_builds(built):
