@@ -21,6 +21,7 @@ from scalingrun_operator.cluster.reconcile import settings_of
 from scalingrun_operator.decide.run import with_default_image
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.common import trainer_image
+from tests.conftest import require
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts/scalingrun"
@@ -70,6 +71,18 @@ def test_the_chart_and_kustomize_name_the_same_images():
     assert {e["name"]: e.get("value") for e in container["env"]}["SCALINGRUN_TRAINER_IMAGES"] == DEFAULT_TRAINER_IMAGES
     overlay = yaml.safe_load((ROOT / "manifests/overlays/mirror/kustomization.yaml").read_text())
     assert [i["name"] for i in overlay["images"]] == [OPERATOR_IMAGE.rsplit(":", 1)[0]]
+
+
+def test_the_kustomize_mirror_overlay_moves_both_operator_and_trainer_images():
+    tools = subprocess.run(["bash", "scripts/tools.sh"], cwd=ROOT, capture_output=True, text=True)
+    require(tools.returncode == 0, f"kubectl not available: {tools.stderr[-300:]}")
+    built = subprocess.run([f"{tools.stdout.strip()}/kubectl", "kustomize", "manifests/overlays/mirror"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout
+    deployment = next(d for d in yaml.safe_load_all(built) if d and d["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert container["image"] == "registry.example.com/mirror/scalingrun-operator:0.1.0"
+    assert env["SCALINGRUN_TRAINER_IMAGES"] == "registry.example.com/mirror/scalingrun-trainer:0.1.0"
 
 
 @pytest.mark.parametrize("dockerfile", ["examples/custom-model/Dockerfile", "examples/custom-training/Dockerfile"])
