@@ -206,10 +206,10 @@ def up(args: argparse.Namespace, kube: Kube) -> int:
     namespace = args.namespace
     existing = demo_namespace(kube, namespace)
     say(f"kube context {kube.context}, demo namespace {namespace}")
+    check_mpi_operator(kube, args.skip_mpi_check)  # before minutes of building
     names = image_names() if args.no_build else build_images()
     build_seaweedfs(names.get("base", ""))
     references = deliver(kube, [names["operator"], names["trainer"], seaweedfs.IMAGE], args.registry)
-    check_mpi_operator(kube, args.skip_mpi_check)
     added = json.loads(((existing or {}).get("metadata", {}).get("annotations") or {}).get(ADDED) or "{}")
     if existing is None:
         kube.apply([{"apiVersion": "v1", "kind": "Namespace",
