@@ -3,18 +3,22 @@
 # checks that they run as the MPIJob and the chart expect (skip with --no-check). Progress, build times and sizes
 # go to stderr; stdout is only the machine-readable result, on its last lines:
 #   base=<base image used>
-#   trainer=scalingrun/trainer:<version>-cpu
-#   trainer-lightning=scalingrun/trainer:<version>-lightning-cpu
-#   operator=scalingrun/operator:<version>
-#   example-custom-model=scalingrun/example-custom-model:<version>-cpu           (examples/custom-model, FROM trainer)
-#   example-custom-model-lightning=scalingrun/example-custom-model:<version>-lightning-cpu  (FROM trainer-lightning)
-#   example-custom-training=scalingrun/example-custom-training:<version>-cpu     (examples/custom-training, FROM trainer)
-# Env: SCALINGRUN_BASE_IMAGE (default: local/python:3.11-bookworm when present, as on machines without
+#   trainer=ghcr.io/scalingrun/trainer:<version>-cpu
+#   trainer-lightning=ghcr.io/scalingrun/trainer:<version>-lightning-cpu
+#   operator=ghcr.io/scalingrun/operator:<version>
+#   example-custom-model=ghcr.io/scalingrun/example-custom-model:<version>-cpu   (examples/custom-model, FROM trainer)
+#   example-custom-model-lightning=ghcr.io/scalingrun/example-custom-model:<version>-lightning-cpu  (FROM trainer-lightning)
+#   example-custom-training=ghcr.io/scalingrun/example-custom-training:<version>-cpu  (examples/custom-training, FROM trainer)
+# One image scheme everywhere: these are the names the chart, the API's defaults (scalingrun_api.models.common), the
+# examples and .github/workflows/release.yml use, so images built here are the defaults a cluster on this Docker
+# runs (tests/unit/test_image_names.py checks that they agree).
+# Env: SCALINGRUN_IMAGE_REGISTRY (default ghcr.io/scalingrun), SCALINGRUN_BASE_IMAGE (default: local/python:3.11-bookworm when present, as on machines without
 #   Docker Hub, else the Dockerfiles' python:3.11-slim-bookworm), SCALINGRUN_IMAGE_TAG (default: the
 #   project version), SCALINGRUN_CACHE (where setup.sh caches the Horovod wheel), DOCKER (default:
 #   /usr/bin/docker when present, the Debian client, else docker).
 # A Horovod wheel cached by scripts/setup.sh is handed to the build (build/wheels), so a build on a
 # machine that ran setup.sh does not compile Horovod again.
+# --names prints, instead, every image name (the CPU ones above and the GPU flavours) as name=image, builds nothing.
 # --gpu-commands prints, instead, the build commands of the GPU flavours (Keras, Lightning; see Dockerfile.trainer):
 # their CUDA images cannot be pulled here, so tests/unit/test_dockerfiles.py checks them against the locks.
 set -euo pipefail
@@ -24,30 +28,40 @@ CHECK=1
 case "${1:-}" in
   --no-check) CHECK=0 ;;
   --gpu-commands) CHECK=gpu-commands ;;
+  --names) CHECK=names ;;
   "") ;;
-  *) echo "usage: $0 [--no-check | --gpu-commands]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--no-check | --names | --gpu-commands]" >&2; exit 2 ;;
 esac
 # BuildKit (built into Docker 20.10+, no frontend image to pull) skips the stages a build does not need.
 export DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-1}"
 if [[ -z "${DOCKER:-}" ]]; then DOCKER=docker; [[ -x /usr/bin/docker ]] && DOCKER=/usr/bin/docker; fi
 CACHE="${SCALINGRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scalingrun}"
 VERSION="${SCALINGRUN_IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)}"
-TRAINER="scalingrun/trainer:$VERSION-cpu"
-TRAINER_LIGHTNING="scalingrun/trainer:$VERSION-lightning-cpu"
-OPERATOR="scalingrun/operator:$VERSION"
-EXAMPLE_MODEL="scalingrun/example-custom-model:$VERSION-cpu"
-EXAMPLE_MODEL_LIGHTNING="scalingrun/example-custom-model:$VERSION-lightning-cpu"
-EXAMPLE_TRAINING="scalingrun/example-custom-training:$VERSION-cpu"
+REGISTRY="${SCALINGRUN_IMAGE_REGISTRY:-ghcr.io/scalingrun}"
+TRAINER="$REGISTRY/trainer:$VERSION-cpu"
+TRAINER_LIGHTNING="$REGISTRY/trainer:$VERSION-lightning-cpu"
+TRAINER_GPU="$REGISTRY/trainer:$VERSION-gpu"
+TRAINER_LIGHTNING_GPU="$REGISTRY/trainer:$VERSION-lightning-gpu"
+OPERATOR="$REGISTRY/operator:$VERSION"
+EXAMPLE_MODEL="$REGISTRY/example-custom-model:$VERSION-cpu"
+EXAMPLE_MODEL_LIGHTNING="$REGISTRY/example-custom-model:$VERSION-lightning-cpu"
+EXAMPLE_TRAINING="$REGISTRY/example-custom-training:$VERSION-cpu"
 NODE_CLUSTER="$ROOT/../shared/node/cluster.sh"
 # The CUDA build of the lock's torch: the index's CUDA version is the cuda-torch-runtime stage's.
 TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu126
 
 if [[ "$CHECK" == gpu-commands ]]; then
   echo "DOCKER_BUILDKIT=1 docker build -f Dockerfile.trainer --build-arg BUILD_IMAGE=cuda-tf-devel" \
-    "--build-arg BASE_IMAGE=cuda-tf-runtime --build-arg SCALINGRUN_GPU=1 -t scalingrun/trainer:$VERSION-gpu ."
+    "--build-arg BASE_IMAGE=cuda-tf-runtime --build-arg SCALINGRUN_GPU=1 -t $TRAINER_GPU ."
   echo "DOCKER_BUILDKIT=1 docker build -f Dockerfile.trainer --build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning" \
     "--build-arg BASE_IMAGE=cuda-torch-runtime --build-arg SCALINGRUN_GPU=1 --build-arg TORCH_INDEX=$TORCH_CUDA_INDEX" \
-    "-t scalingrun/trainer:$VERSION-lightning-gpu ."
+    "-t $TRAINER_LIGHTNING_GPU ."
+  exit 0
+fi
+if [[ "$CHECK" == names ]]; then
+  printf '%s\n' "trainer=$TRAINER" "trainer-lightning=$TRAINER_LIGHTNING" "trainer-gpu=$TRAINER_GPU" \
+    "trainer-lightning-gpu=$TRAINER_LIGHTNING_GPU" "operator=$OPERATOR" "example-custom-model=$EXAMPLE_MODEL" \
+    "example-custom-model-lightning=$EXAMPLE_MODEL_LIGHTNING" "example-custom-training=$EXAMPLE_TRAINING"
   exit 0
 fi
 

@@ -5,10 +5,19 @@
 # A first argument ending in .yaml is the ScalingRun to run (e.g. examples/quickstart-lightning.yaml); a
 # pytorch-lightning one installs the Lightning venv too (only then). Other arguments go to the quick start
 # (e.g. --per-class 100).
+# --cluster: the quick start in the current kube context instead (scalingrun_operator.demo.quickstart: images,
+# chart, a demo SeaweedFS, the data, a 2-worker CPU ScalingRun followed to its report); --cluster --down removes
+# what it added. `scripts/quickstart.sh --cluster --help` lists its options.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 bash scripts/setup.sh
+if [[ "${1:-}" == --cluster ]]; then
+  shift
+  PATH="$PATH:$(bash scripts/tools.sh)"  # helm and kubectl, after the user's own
+  export PATH TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+  exec "$ROOT/.venv/bin/python" -m scalingrun_operator.demo.quickstart "$@"
+fi
 if [[ "${1:-}" == *.yaml ]]; then
   if grep -Eq '^\s*framework:\s*"?pytorch-lightning' "$1"; then SCALINGRUN_PROFILE=lightning bash scripts/setup.sh; fi
   set -- -f "$@"

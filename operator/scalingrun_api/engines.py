@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from .models.common import DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE
+from .models.common import DEFAULT_TRAINER_IMAGES, trainer_image_name
 from .models.model import BaseNetwork
 from .models.training import FRAMEWORK_STRATEGIES, Framework, Strategy
 
@@ -26,7 +26,7 @@ class Engine:
     framework: str
     strategy: str
     trainer_module: str  # its train(config) runs the engine
-    default_image: str  # when spec.workers.image is not set
+    image_flavour: str  # its default image, when spec.workers.image is not set: <images>-<flavour>
     image_words: str  # that image, as an error message names it
     process_per_gpu: bool  # False: one process per worker pod drives all of the pod's GPUs
     stack: tuple[str, ...]  # what the trainer imports first: the image (or venv) lacks one -> the wrong image
@@ -37,6 +37,10 @@ class Engine:
     bases: Optional[tuple[str, ...]] = None  # the model.base values it trains; None: every one
     weights_suffixes: Optional[tuple[str, ...]] = None  # model.weights files it reads; None: Keras's
 
+    def default_image(self, images: str = "") -> str:
+        """The engine's trainer image under IMAGES ("<repository>:<tag>", the operator's setting), else ours."""
+        return trainer_image_name(self.image_flavour, images or DEFAULT_TRAINER_IMAGES)
+
     def slots_per_worker(self, gpus_per_worker: int) -> int:
         """MPI slots, = training processes, per worker pod."""
         return max(gpus_per_worker, 1) if self.process_per_gpu else 1
@@ -45,14 +49,14 @@ class Engine:
 ENGINES: dict[tuple[str, str], Engine] = {
     (engine.framework, engine.strategy): engine for engine in (
         Engine(Framework.keras.value, Strategy.horovod.value, "scalingrun_trainer.engines.keras_horovod.train",
-               DEFAULT_TRAINER_IMAGE, "the Keras trainer image", process_per_gpu=True,
+               "cpu", "the Keras trainer image", process_per_gpu=True,
                stack=("tensorflow", "horovod.tensorflow.keras"), local_launcher=HOROVODRUN,
                rank_env=tuple(HOROVOD_STALL_ENV.items())),
         Engine(Framework.keras.value, Strategy.multi_worker_mirrored.value, "scalingrun_trainer.engines.keras_mirrored.train",
-               DEFAULT_TRAINER_IMAGE, "the Keras trainer image", process_per_gpu=False,
+               "cpu", "the Keras trainer image", process_per_gpu=False,
                stack=("tensorflow", "mpi4py"), local_launcher=MPIRUN),
         Engine(Framework.pytorch_lightning.value, Strategy.ddp.value, "scalingrun_trainer.engines.lightning_ddp.train",
-               DEFAULT_LIGHTNING_TRAINER_IMAGE, "the Lightning trainer image (-lightning-cpu)", process_per_gpu=True,
+               "lightning-cpu", "the Lightning trainer image (-lightning-cpu)", process_per_gpu=True,
                stack=("torch", "pytorch_lightning"), local_launcher=MPIRUN, own_venv=True,
                thread_variable="OMP_NUM_THREADS", bases=(BaseNetwork.efficientnet_lite0.value,),
                weights_suffixes=(".pth", ".pt")),

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import os
+import re
 from dataclasses import dataclass
 from typing import Mapping, Optional
 from urllib.parse import urlparse
@@ -72,6 +73,9 @@ class Config:
     #: Let runs name paths and file:// URIs, which the operator reads from its own disk: tests and
     #: single-machine setups only (`scalingrun run --local` reads paths without it).
     allow_local_paths: bool = False
+    #: "<repository>:<tag>" of the default trainer images: a run without spec.workers.image gets
+    #: "<this>-cpu" (keras) or "<this>-lightning-cpu" (pytorch-lightning); empty: ghcr.io/scalingrun/trainer:<version>.
+    trainer_images: str = ""
     #: Port of the Prometheus /metrics endpoint; 0 turns it off.
     metrics_port_number: int = 9090
     #: kopf liveness endpoint (served by kopf, answered by the on.probe handlers); empty turns it off.
@@ -152,7 +156,7 @@ _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "lease_renew_seconds": float, "lease_renew_deadline_seconds": float, "lease_retry_seconds": float,
           "storage_deadline_seconds": float, "max_document_bytes": int, "allowed_storage_endpoints": tuple,
           "allow_any_storage_endpoint": bool, "cluster_service_ranges": tuple, "allow_local_paths": bool,
-          "api_server_hosts": tuple, "pod_identity_reads": bool}
+          "api_server_hosts": tuple, "pod_identity_reads": bool, "trainer_images": str}
 
 
 def variable_names() -> list[str]:
@@ -195,6 +199,10 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
             ipaddress.ip_network(cidr, strict=False)
         except ValueError:
             raise ConfigError(f"{PREFIX}CLUSTER_SERVICE_RANGES: {cidr!r} is not a CIDR such as 10.96.0.0/12") from None
+    if config.trainer_images and not re.fullmatch(r"[^\s:@]+(:\d+)?/[^\s:@]+:[\w][\w.-]*|[^\s:@/]+:[\w][\w.-]*",
+                                                   config.trainer_images):
+        raise ConfigError(f"{PREFIX}TRAINER_IMAGES must be <repository>:<tag> (e.g. registry.example.com/ml/trainer:0.1.0), "
+                          f"not {config.trainer_images!r}")
     if config.lease_name and not (0 < config.lease_renew_seconds < config.lease_renew_deadline_seconds
                                   < config.lease_duration_seconds):
         raise ConfigError(f"{PREFIX}LEASE_RENEW_SECONDS ({config.lease_renew_seconds}) < "

@@ -32,6 +32,9 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
+from scalingrun_operator.demo import seaweedfs
+from scalingrun_operator.demo.seaweedfs import corrupt_jpeg, port_forward, s3_filesystem, upload_jpegs  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # The README's install command, run as it stands (a unit test checks the README still says it).
@@ -39,8 +42,8 @@ RELEASE = "scalingrun"
 SYSTEM_NAMESPACE = "scalingrun-system"
 README_HELM_INSTALL = ["helm", "install", RELEASE, "charts/scalingrun", "-n", SYSTEM_NAMESPACE, "--create-namespace"]
 
-S3_SERVICE = "seaweedfs"
-S3_PORT = 8333
+S3_SERVICE = seaweedfs.SERVICE
+S3_PORT = seaweedfs.PORT
 # SeaweedFS keeps its data on the node, outside the pod: deleting the pod (a fault the e2e injects) loses
 # nothing. One folder per e2e namespace (by uid); an init container removes the others' (no PV provisioner
 # here to do it). hostPath: the e2e's clusters have one node.
@@ -248,58 +251,29 @@ def _credentials(cluster: Cluster) -> tuple[str, str]:
 
 
 def seaweedfs_manifests(settings: Settings, access_key: str, secret_key: str, data_folder: str) -> list[dict[str, Any]]:
-    """A StatefulSet: after its pod is deleted, the next starts only once the old one is gone (one server on the
-    folder at a time)."""
+    """The demo store's Secrets, Service and pod (scalingrun_operator.demo.seaweedfs, which the cluster quick start
+    runs as a Deployment), here in a StatefulSet on a hostPath folder: after its pod is deleted (a fault the e2e
+    injects) the next starts only once the old one is gone, on the same data."""
     ns = settings.namespace
     labels = {"app.kubernetes.io/name": S3_SERVICE, "app.kubernetes.io/part-of": "scalingrun-e2e"}
-    identities = {"identities": [{"name": "e2e", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-                                  "actions": ["Admin", "Read", "Write", "List", "Tagging"]}]}
-    args = ["mini", "-dir=/data", "-ip=127.0.0.1", "-ip.bind=0.0.0.0", "-master.telemetry=false", "-webdav=false",
-            "-admin.ui=false", "-s3.port.iceberg=0", f"-s3.port={S3_PORT}", "-s3.config=/etc/seaweedfs/s3.json"]
+    # Root only here: a hostPath folder is root's; the server itself runs as 1000.
+    init = [{
+        "name": "data-folder", "image": settings.seaweedfs_image, "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", 'mkdir -p "$1" && chown 1000:1000 "$1" && '
+                    'find /data-root -mindepth 1 -maxdepth 1 ! -name "${1##*/}" -exec rm -rf {} +',
+                    "sh", f"/data-root/{data_folder}"],
+        "securityContext": {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
+                            "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]}},
+        "volumeMounts": [{"name": "data-root", "mountPath": "/data-root"}],
+    }]
+    pod = seaweedfs.pod_spec(settings.seaweedfs_image, {"hostPath": {"path": S3_DATA_ROOT, "type": "DirectoryOrCreate"}},
+                             {"subPath": data_folder}, init)
     return [
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": S3_SECRET, "namespace": ns, "labels": labels},
-         "stringData": {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}},
-        {"apiVersion": "v1", "kind": "Secret",
-         "metadata": {"name": f"{S3_SERVICE}-identities", "namespace": ns, "labels": labels},
-         "stringData": {"s3.json": json.dumps(identities)}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": S3_SERVICE, "namespace": ns, "labels": labels},
-         "spec": {"selector": labels, "ports": [{"name": "s3", "port": S3_PORT, "targetPort": "s3", "protocol": "TCP"}]}},
+        *seaweedfs.secrets(ns, S3_SECRET, access_key, secret_key, labels), seaweedfs.service(ns, labels),
         {"apiVersion": "apps/v1", "kind": "StatefulSet",
          "metadata": {"name": S3_SERVICE, "namespace": ns, "labels": labels},
-         "spec": {
-             "replicas": 1, "serviceName": S3_SERVICE, "selector": {"matchLabels": labels},
-             "template": {"metadata": {"labels": labels}, "spec": {
-                 # weed reads environment variables as flags: a service link S3_PORT=tcp://... stops it.
-                 "enableServiceLinks": False,
-                 # weed stops serving at SIGTERM but lingers until killed: 30 s of the e2e's outage otherwise.
-                 "terminationGracePeriodSeconds": 5,
-                 "automountServiceAccountToken": False,
-                 "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-                 # Root only here: a hostPath folder is root's; the server itself runs as 1000.
-                 "initContainers": [{
-                     "name": "data-folder", "image": settings.seaweedfs_image, "imagePullPolicy": "IfNotPresent",
-                     "command": ["sh", "-c", 'mkdir -p "$1" && chown 1000:1000 "$1" && '
-                                 'find /data-root -mindepth 1 -maxdepth 1 ! -name "${1##*/}" -exec rm -rf {} +',
-                                 "sh", f"/data-root/{data_folder}"],
-                     "securityContext": {"runAsUser": 0, "runAsNonRoot": False, "allowPrivilegeEscalation": False,
-                                         "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE", "FOWNER"]}},
-                     "volumeMounts": [{"name": "data-root", "mountPath": "/data-root"}],
-                 }],
-                 "containers": [{
-                     "name": "seaweedfs", "image": settings.seaweedfs_image, "imagePullPolicy": "IfNotPresent",
-                     "args": args,
-                     "ports": [{"name": "s3", "containerPort": S3_PORT, "protocol": "TCP"}],
-                     "readinessProbe": {"tcpSocket": {"port": "s3"}, "periodSeconds": 2},
-                     "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
-                     "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
-                                         "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                     "volumeMounts": [{"name": "data-root", "mountPath": "/data", "subPath": data_folder},
-                                      {"name": "identities", "mountPath": "/etc/seaweedfs", "readOnly": True}],
-                 }],
-                 "volumes": [{"name": "data-root", "hostPath": {"path": S3_DATA_ROOT, "type": "DirectoryOrCreate"}},
-                             {"name": "identities", "secret": {"secretName": f"{S3_SERVICE}-identities"}}],
-             }},
-         }},
+         "spec": {"replicas": 1, "serviceName": S3_SERVICE, "selector": {"matchLabels": labels},
+                  "template": {"metadata": {"labels": labels}, "spec": pod}}},
     ]
 
 
@@ -311,71 +285,6 @@ def install_seaweedfs(cluster: Cluster) -> tuple[str, str]:
     cluster.wait_statefulset(cluster.settings.namespace, S3_SERVICE)
     log(f"SeaweedFS serving {cluster.settings.s3_endpoint}")
     return access_key, secret_key
-
-
-@contextlib.contextmanager
-def port_forward(kubectl: list[str], namespace: str, target: str, port: int) -> Iterator[int]:
-    """`kubectl port-forward` to a free local port; yields that port. Works on any cluster."""
-    command = [*kubectl, "port-forward", "-n", namespace, "--address", "127.0.0.1", target, f":{port}"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        line = process.stdout.readline()
-        found = re.search(r"127\.0\.0\.1:(\d+)", line)
-        if not found:
-            raise RuntimeError(f"kubectl port-forward: {line}{process.stdout.read() if process.poll() else ''}")
-        yield int(found.group(1))
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def s3_filesystem(kubectl: list[str], namespace: str, access_key: str, secret_key: str) -> Iterator[Any]:
-    """The e2e's SeaweedFS as a pyarrow S3FileSystem, through `kubectl port-forward` to its Service."""
-    from pyarrow import fs as pafs
-
-    with port_forward(kubectl, namespace, f"svc/{S3_SERVICE}", S3_PORT) as port:
-        yield pafs.S3FileSystem(access_key=access_key, secret_key=secret_key, endpoint_override=f"127.0.0.1:{port}",
-                                scheme="http", region="us-east-1", allow_bucket_creation=True,
-                                connect_timeout=5, request_timeout=30)
-
-
-def corrupt_jpeg(payload: bytes) -> bytes:
-    """A JPEG cut in the middle of its entropy-coded data: its header reads, its pixels do not."""
-    return payload[: len(payload) // 3]
-
-
-def upload_jpegs(s3: Any, source: str, per_class: int, side: int, corrupt: int = 0) -> int:
-    """Fashion-MNIST (Debian's dataset-fashion-mnist) as JPEGs under `source`, the first `corrupt` of them cut
-    short; skipped (0) when a marker says they are there already."""
-    from pyarrow import fs as pafs
-
-    from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
-
-    prefix = source[len("s3://"):]
-    bucket, marker = prefix.split("/", 1)[0], f"{prefix}/_uploaded.json"
-    wanted = {"perClass": per_class, "side": side, "corrupt": corrupt}
-    for attempt in range(30):  # a just-started filer may answer 500 for a few seconds
-        try:
-            s3.create_dir(bucket)
-            if s3.get_file_info(marker).type == pafs.FileType.File:
-                if json.loads(s3.open_input_stream(marker).read()) == wanted:
-                    return 0
-            break
-        except OSError as exc:
-            if attempt == 29:
-                raise
-            log(f"S3 not ready yet ({str(exc)[:120]}); retrying")
-            time.sleep(2)
-    files = list(fashion_mnist_jpegs(per_class, size=side))
-    for index, (name, payload) in enumerate(files):
-        if index < corrupt:
-            name, payload = name.replace(".jpg", "-corrupt.jpg"), corrupt_jpeg(payload)
-        with s3.open_output_stream(f"{prefix}/{name}") as stream:
-            stream.write(payload)
-    with s3.open_output_stream(marker) as stream:
-        stream.write(json.dumps(wanted).encode())
-    return len(files)
 
 
 def upload_dataset(cluster: Cluster, access_key: str, secret_key: str) -> int:

@@ -204,4 +204,4 @@ def test_lightning_flavour_is_a_build_arg_installing_the_lightning_profile():
     script = (ROOT / "scripts/build-images.sh").read_text()
     assert "--build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning" in script
     assert 'echo "trainer-lightning=$TRAINER_LIGHTNING"' in script
-    assert 'TRAINER_LIGHTNING="scalingrun/trainer:$VERSION-lightning-cpu"' in script
+    assert 'TRAINER_LIGHTNING="$REGISTRY/trainer:$VERSION-lightning-cpu"' in script

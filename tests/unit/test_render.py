@@ -325,7 +325,7 @@ def test_lightning_image_is_settable_and_keras_runs_are_unchanged():
     assert not any(e["name"] == "OMP_NUM_THREADS" for e in worker["env"])  # workers.cpu unset: torch decides
     keras = build_children(load(ROOT / "examples/quickstart.yaml"), "ml")[2]
     keras_worker = keras["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    assert keras_worker["image"] == "ghcr.io/scalingrun/trainer:0.1.0"
+    assert keras_worker["image"] == "ghcr.io/scalingrun/trainer:0.1.0-cpu"
     assert "OMP_NUM_THREADS" not in json.dumps(keras)
 
 

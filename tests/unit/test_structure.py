@@ -29,7 +29,7 @@ LAYERS = [
      "scalingrun_operator.documents", "scalingrun_operator.report"),
     ("scalingrun_operator.cluster", "scalingrun_operator.local"),
     ("scalingrun_operator.handlers",),
-    ("scalingrun_operator.main", "scalingrun_operator.cli"),
+    ("scalingrun_operator.main", "scalingrun_operator.cli", "scalingrun_operator.demo"),
 ]
 APART = {"scalingrun_operator.cluster": "scalingrun_operator.local", "scalingrun_operator.local": "scalingrun_operator.cluster"}
 OURS = ("scalingrun_api", "scalingrun_operator", "scalingrun_trainer")

@@ -24,9 +24,27 @@ SHORT_NAMES = ["srun"]
 # expanded by kubectl before the resource, so `kubectl get scalingrun NAME` would ask for two resources.
 CATEGORIES = ["all", "scaling"]
 
-DEFAULT_TRAINER_IMAGE = "ghcr.io/scalingrun/trainer:0.1.0"
+# One image scheme everywhere (scripts/build-images.sh builds these names, release.yml publishes them):
+# <REGISTRY>/operator:<version> and <REGISTRY>/trainer:<version>-<flavour>, the flavours in TRAINER_FLAVOURS.
+# tests/unit/test_image_names.py checks the chart, kustomize, Dockerfiles, docs and examples against them.
+IMAGE_REGISTRY = "ghcr.io/scalingrun"
+IMAGE_VERSION = "0.1.0"  # the project's version (pyproject.toml), the chart's appVersion
+OPERATOR_IMAGE = f"{IMAGE_REGISTRY}/operator:{IMAGE_VERSION}"
+# The default trainer images are "<repository>:<tag>-<flavour>"; the operator's SCALINGRUN_TRAINER_IMAGES (chart
+# value trainerImages) replaces "<repository>:<tag>" for every flavour at once.
+DEFAULT_TRAINER_IMAGES = f"{IMAGE_REGISTRY}/trainer:{IMAGE_VERSION}"
+TRAINER_FLAVOURS = ("cpu", "lightning-cpu", "gpu", "lightning-gpu")
+
+
+def trainer_image_name(flavour: str, images: str = DEFAULT_TRAINER_IMAGES) -> str:
+    """The trainer image of a flavour (cpu, lightning-cpu, ...) under IMAGES ("<repository>:<tag>")."""
+    return f"{images}-{flavour}"
+
+
+# The trainer image of a keras run when spec.workers.image is not set (TensorFlow and Horovod, CPU build).
+DEFAULT_TRAINER_IMAGE = f"{DEFAULT_TRAINER_IMAGES}-cpu"  # = trainer_image_name("cpu")
 # The trainer image of a pytorch-lightning run when spec.workers.image is not set (torch, no TensorFlow/Horovod).
-DEFAULT_LIGHTNING_TRAINER_IMAGE = "ghcr.io/scalingrun/trainer:0.1.0-lightning-cpu"
+DEFAULT_LIGHTNING_TRAINER_IMAGE = f"{DEFAULT_TRAINER_IMAGES}-lightning-cpu"  # = trainer_image_name("lightning-cpu")
 
 # s3:// (any S3-compatible store), file:// or an absolute local path.
 DATA_URI_PATTERN = r"^(s3://[a-z0-9][a-z0-9.\-]{1,62}(/.*)?|file:///.*|/.*)$"

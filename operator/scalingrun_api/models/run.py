@@ -94,7 +94,8 @@ class Workers(ApiModel):
     image: Optional[str] = Field(
         None,
         description=f"Trainer image (launcher, workers, preprocessing). Default: {DEFAULT_TRAINER_IMAGE} for "
-        f"training.framework keras, {DEFAULT_LIGHTNING_TRAINER_IMAGE} for pytorch-lightning.",
+        f"training.framework keras, {DEFAULT_LIGHTNING_TRAINER_IMAGE} for pytorch-lightning (the operator's "
+        "trainerImages setting replaces their repository and tag).",
         min_length=1,
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the workers must have.")

@@ -15,9 +15,10 @@ NON_ROOT_UID = 1000
 
 
 def trainer_image(run: ScalingRun) -> str:
-    """spec.workers.image, else the framework's default image (the Lightning one has torch, no TensorFlow)."""
+    """spec.workers.image, else the framework's default image (the Lightning one has torch, no TensorFlow); the
+    operator fills spec.workers.image from its trainerImages setting first (decide.run.with_default_image)."""
     training = run.spec.training
-    return run.spec.workers.image or engine(training.framework, training.strategy).default_image
+    return run.spec.workers.image or engine(training.framework, training.strategy).default_image()
 
 
 def config_map_name(run: ScalingRun) -> str:

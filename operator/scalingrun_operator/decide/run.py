@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from scalingrun_api.engines import engine
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun
 from ..api.endpoints import endpoint_refusal, local_path_refusal
 from ..api.validation import InvalidScalingRun, parse_scalingrun
@@ -36,7 +37,8 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
     if is_terminal(status):
         _restart_after_invalid_spec(draft.update)
     pinned = pinning.pinned_of(body)
-    run, invalid = snapshot.derive("run", lambda: _parse(body, pinning.effective_spec(body["spec"], pinned)))
+    run, invalid = snapshot.derive("run", lambda: _parse(body, pinning.effective_spec(body["spec"], pinned),
+                                                                    settings.trainer_images))
     refusal = run and _refusal(run, settings)
     if refusal:  # the operator's own rule: refused before any child is made or storage asked
         run, invalid = None, f"{refusal} (the run is retried on edit)."
@@ -75,13 +77,22 @@ def _refusal(run: ScalingRun, settings: Settings) -> Optional[str]:
             or local_path_refusal("spec.training.checkpoint.location", run.spec.training.checkpoint.location, policy))
 
 
-def _parse(body: dict[str, Any], spec: dict[str, Any]) -> tuple[Optional[ScalingRun], str]:
+def _parse(body: dict[str, Any], spec: dict[str, Any], trainer_images: str) -> tuple[Optional[ScalingRun], str]:
     """(the run, '') or (None, what is wrong with its spec)."""
     document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": body["metadata"], "spec": spec}
     try:
-        return parse_scalingrun(document), ""
+        return with_default_image(parse_scalingrun(document), trainer_images), ""
     except InvalidScalingRun as exc:
         return None, "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the run is retried on edit)."
+
+
+def with_default_image(run: ScalingRun, trainer_images: str) -> ScalingRun:
+    """The run with spec.workers.image filled from the operator's trainerImages ("<repository>:<tag>"), when the
+    run names none and the operator has one: a team sets its registry once, not in every run."""
+    if trainer_images and not run.spec.workers.image:
+        training = run.spec.training
+        run.spec.workers.image = engine(training.framework, training.strategy).default_image(trainer_images)
+    return run
 
 
 def _restart_after_invalid_spec(update: StatusUpdate) -> None:

@@ -220,6 +220,9 @@ class Settings:
     allowed_storage_endpoints: tuple[str, ...] = ()
     #: Without an allow-list: the addresses refused, and whether paths may be read (api/endpoints.py).
     endpoint_policy: EndpointPolicy = EndpointPolicy()
+    #: "<repository>:<tag>" of the default trainer images (a run without spec.workers.image gets
+    #: "<this>-<flavour>"); empty: ours (scalingrun_api.models.common.DEFAULT_TRAINER_IMAGES).
+    trainer_images: str = ""
 
 
 # --- the decision -------------------------------------------------------------------------------------

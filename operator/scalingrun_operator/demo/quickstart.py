@@ -1,0 +1,286 @@
+"""The quick start in a cluster (`scripts/quickstart.sh --cluster`): into the current kube context it builds the
+images and makes them available to the nodes, checks that something serves MPIJobs, installs the chart (unless an
+operator is there), runs SeaweedFS as the demo's object store, uploads Fashion-MNIST JPEGs, applies a 2-worker
+CPU ScalingRun (examples/quickstart.yaml), follows it on one line and prints its summary and report.
+`--down` removes what it added, and nothing else: the demo namespace records what that was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import json
+import secrets
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from . import seaweedfs
+from .delivery import ROOT, Kube, QuickstartError, build_images, build_seaweedfs, deliver, image_names, say, split_image
+
+NAMESPACE = "scalingrun-quickstart"
+RELEASE, SYSTEM_NAMESPACE = "scalingrun", "scalingrun-system"
+RUN_NAME = "quickstart"
+SECRET = "quickstart-s3"
+BUCKET = "scalingrun-quickstart"
+OWNED = "scalingrun.dev/quickstart"  # label of the demo namespace: made by the quick start
+ADDED = "scalingrun.dev/quickstart-added"  # its annotation: what else the quick start installed (JSON)
+LABELS = {"app.kubernetes.io/name": seaweedfs.SERVICE, "app.kubernetes.io/part-of": "scalingrun-quickstart"}
+OPERATOR_CRDS = ("scalingruns.scalingrun.dev", "scalingsweeps.scalingrun.dev")
+MPIJOB_CRD = "mpijobs.kubeflow.org"
+MPI_OPERATOR_INSTALL = ("kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/"
+                        "v0.8.2/deploy/v2beta1/mpi-operator.yaml")
+TERMINAL = ("Succeeded", "Failed")
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="scripts/quickstart.sh --cluster", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--down", action="store_true", help="remove what the quick start added to the cluster")
+    parser.add_argument("--context", help="kube context (default: the current one)")
+    parser.add_argument("-n", "--namespace", default=NAMESPACE, help=f"the demo's namespace (default {NAMESPACE})")
+    parser.add_argument("--no-build", action="store_true", help="use the images already in Docker")
+    parser.add_argument("--registry", default="", metavar="REGISTRY/PREFIX",
+                        help="push the images there (a cluster that cannot use this machine's Docker)")
+    parser.add_argument("--per-class", type=int, default=1000, help="Fashion-MNIST images per class (default 1000)")
+    parser.add_argument("--max-epochs", type=int, help="override spec.training.maxEpochs (default: the example's)")
+    parser.add_argument("--worker-cpu", default="1", help="CPU per worker and per preprocessing pod (default 1; "
+                        "500m fits a 2-CPU node)")
+    parser.add_argument("--worker-memory", default="4Gi", help="memory per worker (default 4Gi)")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds to follow the run (default 3600)")
+    parser.add_argument("--skip-mpi-check", action="store_true",
+                        help="do not look for an MPIJob controller (one this check does not recognise)")
+    parser.add_argument("--reports", default=".scalingrun/quickstart-cluster/reports", help="where the report goes")
+    return parser.parse_args(argv)
+
+
+# --- what is there ---------------------------------------------------------------------------------------------
+
+
+def mpijob_controllers(kube: Kube) -> list[str]:
+    """Ready Deployments that look like an MPIJob controller (mpi-operator, or a stand-in named so)."""
+    found = []
+    for deployment in (kube.get("deployments", "--all-namespaces") or {}).get("items", []):
+        meta = deployment["metadata"]
+        words = " ".join([meta["name"], *(meta.get("labels") or {}).values()]).lower()
+        if ("mpi-operator" in words or "mpijob-controller" in words) and \
+                (deployment.get("status") or {}).get("readyReplicas", 0) >= 1:
+            found.append(f"{meta['namespace']}/{meta['name']}")
+    return found
+
+
+def check_mpi_operator(kube: Kube, skip: bool) -> None:
+    if kube.get("crd", MPIJOB_CRD) is None:
+        raise QuickstartError(f"the cluster has no MPIJob CRD ({MPIJOB_CRD}): ScalingRuns train through Kubeflow's "
+                              f"mpi-operator v0.8. Install it, then run this again:\n  {MPI_OPERATOR_INSTALL}")
+    if skip:
+        say("MPIJob CRD found; not looking for its controller (--skip-mpi-check)")
+        return
+    controllers = mpijob_controllers(kube)
+    if not controllers:
+        raise QuickstartError("the MPIJob CRD is there, but no ready Deployment serves MPIJobs (none named like "
+                              f"mpi-operator): the run would wait forever. Install it:\n  {MPI_OPERATOR_INSTALL}\n"
+                              "or, if yours has another name, run this again with --skip-mpi-check")
+    say(f"MPIJobs served by {', '.join(controllers)}")
+
+
+def demo_namespace(kube: Kube, namespace: str) -> Optional[dict[str, Any]]:
+    """The demo namespace when the quick start made it, None when there is none; an error when it is someone else's."""
+    found = kube.get("namespace", namespace)
+    if found is not None and (found["metadata"].get("labels") or {}).get(OWNED) != "true":
+        raise QuickstartError(f"namespace {namespace} exists and the quick start did not make it: give another "
+                              "with --namespace")
+    return found
+
+
+# --- up --------------------------------------------------------------------------------------------------------
+
+
+def install_operator(kube: Kube, operator_image: str, trainer_image: str) -> dict[str, Any]:
+    """The chart, unless a release or the CRDs say an operator is there; what it added."""
+    if kube.helm("status", RELEASE, "-n", SYSTEM_NAMESPACE, check=False).returncode == 0:
+        say(f"using the operator already installed (helm release {RELEASE} in {SYSTEM_NAMESPACE})")
+        return {}
+    if kube.get("crd", OPERATOR_CRDS[0]) is not None:
+        say(f"{OPERATOR_CRDS[0]} is there (an operator installed without this release): using it")
+        return {}
+    system_namespace_existed = kube.get("namespace", SYSTEM_NAMESPACE) is not None
+    repository, tag = split_image(operator_image)
+    trainer_repository, trainer_tag = split_image(trainer_image.rsplit("-cpu", 1)[0])
+    say(f"installing the chart: helm install {RELEASE} charts/scalingrun -n {SYSTEM_NAMESPACE}")
+    started = time.monotonic()
+    kube.helm("install", RELEASE, "charts/scalingrun", "-n", SYSTEM_NAMESPACE, "--create-namespace",
+              "--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+              "--set", f"trainerImages.repository={trainer_repository}", "--set", f"trainerImages.tag={trainer_tag}",
+              "--wait", "--timeout", "5m")
+    say(f"operator ready in {time.monotonic() - started:.0f} s")
+    return {"release": RELEASE, "releaseNamespace": SYSTEM_NAMESPACE, "crds": list(OPERATOR_CRDS),
+            "createdNamespace": not system_namespace_existed}
+
+
+def s3_keys(kube: Kube, namespace: str) -> tuple[str, str]:
+    """The Secret's keys when it exists (the store holds data written with them), else new ones."""
+    found = kube.get("secret", SECRET, "-n", namespace)
+    if found:
+        data = found["data"]
+        return (base64.b64decode(data["AWS_ACCESS_KEY_ID"]).decode(),
+                base64.b64decode(data["AWS_SECRET_ACCESS_KEY"]).decode())
+    return "quickstart-" + secrets.token_hex(4), secrets.token_hex(20)
+
+
+def run_document(namespace: str, trainer_image: Optional[str], max_epochs: Optional[int], cpu: str,
+                 memory: str) -> dict[str, Any]:
+    """examples/quickstart.yaml pointed at the demo store (and at pushed images, when there are)."""
+    document = yaml.safe_load((ROOT / "examples/quickstart.yaml").read_text())
+    document["metadata"] = {"name": RUN_NAME, "namespace": namespace}
+    document["spec"]["storage"] = {"endpoint": seaweedfs.endpoint(namespace), "credentialsSecret": SECRET}
+    document["spec"]["workers"].update(cpu=cpu, memory=memory)
+    document["spec"]["dataset"]["preprocessing"]["resources"] = {"cpu": cpu, "memory": "2Gi"}
+    if trainer_image:
+        document["spec"]["workers"]["image"] = trainer_image
+    if max_epochs:
+        document["spec"]["training"]["maxEpochs"] = max_epochs
+    return document
+
+
+def follow(kube: Kube, namespace: str, timeout: float) -> dict[str, Any]:
+    """The run on one line, rewritten at every change, until it ends (or TIMEOUT); the last read of it."""
+    from ..cli.cluster import RUN_COLUMNS, run_row
+
+    width = shutil.get_terminal_size((120, 20)).columns - 1
+    deadline, last, run = time.monotonic() + timeout, "", {}
+    tty = sys.stdout.isatty()
+    while time.monotonic() < deadline:
+        run = kube.get("scalingrun", RUN_NAME, "-n", namespace) or {}
+        cells = run_row(run, dt.datetime.now(dt.timezone.utc)) if run else [RUN_NAME, "-"]
+        line = "  ".join(f"{column.lower()} {cell}" for column, cell in zip(RUN_COLUMNS[1:], cells[1:])
+                         if cell not in ("-", ""))[:width]
+        if line != last:
+            print(f"\r{line.ljust(len(last))}" if tty else line, end="" if tty else "\n", flush=True)
+            last = line
+        if (run.get("status") or {}).get("phase") in TERMINAL:
+            break
+        time.sleep(2)
+    if tty:
+        print()
+    return run
+
+
+def summary(kube: Kube, namespace: str, run: dict[str, Any], keys: tuple[str, str], reports: Path) -> None:
+    from ..builders.locations import progress_uri
+    from ..api.validation import parse_scalingrun
+    from ..cli.cluster import RUN_COLUMNS, run_row, table
+    from ..report.run import render_report
+
+    status = run.get("status") or {}
+    print("\n== cluster quick start summary ==")
+    print(table([run_row(run, dt.datetime.now(dt.timezone.utc), wide=True)], RUN_COLUMNS), end="")
+    for condition in status.get("conditions") or []:
+        print(f"  {condition.get('type')}={condition.get('status')} {condition.get('reason')}: "
+              f"{condition.get('message')}")
+    uri = progress_uri(parse_scalingrun({k: run[k] for k in ("apiVersion", "kind", "metadata", "spec")}))
+    with seaweedfs.s3_filesystem(kube_command(kube), namespace, *keys) as s3:
+        try:
+            document = json.loads(s3.open_input_stream(uri[len("s3://"):]).read())
+        except OSError as exc:
+            print(f"report: no progress document at {uri} ({exc})")
+            return
+    png, md = render_report(document, RUN_NAME, reports)
+    from scalingrun_api.progress import Progress
+
+    print(f"model: {Progress.read(document).model_uri or '-'}")
+    print(f"report: {png} and {md}")
+
+
+def kube_command(kube: Kube) -> list[str]:
+    return ["kubectl", "--context", kube.context]
+
+
+def up(args: argparse.Namespace, kube: Kube) -> int:
+    started = time.monotonic()
+    namespace = args.namespace
+    existing = demo_namespace(kube, namespace)
+    say(f"kube context {kube.context}, demo namespace {namespace}")
+    check_mpi_operator(kube, args.skip_mpi_check)  # before minutes of building
+    names = image_names() if args.no_build else build_images()
+    build_seaweedfs(names.get("base", ""))
+    references = deliver(kube, [names["operator"], names["trainer"], seaweedfs.IMAGE], args.registry)
+    added = json.loads(((existing or {}).get("metadata", {}).get("annotations") or {}).get(ADDED) or "{}")
+    if existing is None:
+        kube.apply([{"apiVersion": "v1", "kind": "Namespace",
+                     "metadata": {"name": namespace, "labels": {OWNED: "true"}, "annotations": {ADDED: "{}"}}}])
+    if not added:
+        added = install_operator(kube, references[names["operator"]], references[names["trainer"]])
+        kube.kubectl("annotate", "namespace", namespace, "--overwrite", f"{ADDED}={json.dumps(added)}")
+    keys = s3_keys(kube, namespace)
+    kube.apply(seaweedfs.demo_manifests(namespace, references[seaweedfs.IMAGE], SECRET, *keys, LABELS))
+    kube.kubectl("rollout", "status", f"deployment/{seaweedfs.SERVICE}", "-n", namespace, "--timeout=300s")
+    say(f"SeaweedFS (the demo's object store: one pod, data on an emptyDir, not for real data) at "
+        f"{seaweedfs.endpoint(namespace)}")
+    document = run_document(namespace, references[names["trainer"]] if args.registry else None, args.max_epochs,
+                            args.worker_cpu, args.worker_memory)
+    with seaweedfs.s3_filesystem(kube_command(kube), namespace, *keys) as s3:
+        source = document["spec"]["dataset"]["source"]
+        uploaded = seaweedfs.upload_jpegs(s3, source, args.per_class, None, split="train")
+    say(f"dataset: {uploaded or 'already'} Fashion-MNIST JPEGs in {source}")
+    if kube.get("scalingrun", RUN_NAME, "-n", namespace) is not None:  # a fresh run each time
+        kube.kubectl("delete", "scalingrun", RUN_NAME, "-n", namespace, "--wait=true", "--timeout=300s")
+    kube.apply([document])
+    say(f"ScalingRun {namespace}/{RUN_NAME} applied: 2 workers on CPU (follow it too: scalingrun get {RUN_NAME} "
+        f"-n {namespace} -w; its pods: kubectl get pods -n {namespace})")
+    run = follow(kube, namespace, args.timeout)
+    phase = (run.get("status") or {}).get("phase")
+    summary(kube, namespace, run, keys, Path(args.reports))
+    print(f"total time: {time.monotonic() - started:.0f} s")
+    print(f"remove what the quick start added: scripts/quickstart.sh --cluster --down"
+          f"{'' if namespace == NAMESPACE else f' --namespace {namespace}'}")
+    if phase != "Succeeded":
+        print(f"the run did not succeed (phase {phase or 'none'} after {args.timeout:.0f} s): "
+              f"kubectl describe scalingrun {RUN_NAME} -n {namespace}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# --- down ------------------------------------------------------------------------------------------------------
+
+
+def down(args: argparse.Namespace, kube: Kube) -> int:
+    found = demo_namespace(kube, args.namespace)
+    if found is None:
+        say(f"namespace {args.namespace} is not there: nothing to remove")
+        return 0
+    added = json.loads((found["metadata"].get("annotations") or {}).get(ADDED) or "{}")
+    say(f"deleting namespace {args.namespace} (the run, its pods, SeaweedFS and its data)")
+    kube.kubectl("delete", "namespace", args.namespace, "--wait=true", "--timeout=300s")
+    if added.get("release"):
+        say(f"uninstalling the chart (release {added['release']} in {added['releaseNamespace']}) and its CRDs")
+        kube.helm("uninstall", added["release"], "-n", added["releaseNamespace"], "--wait", "--timeout", "2m")
+        for crd in added.get("crds", []):  # the chart keeps them (crds.keep); the quick start made them
+            kube.kubectl("delete", "crd", crd, "--ignore-not-found", "--wait=true")
+        if added.get("createdNamespace"):
+            kube.kubectl("delete", "namespace", added["releaseNamespace"], "--ignore-not-found", "--wait=true",
+                         "--timeout=300s")
+    say("removed; images stay in Docker (and in the nodes' image caches)")
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        kube = Kube(args.context)
+        return down(args, kube) if args.down else up(args, kube)
+    except QuickstartError as exc:
+        print(f"quickstart --cluster: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nquickstart --cluster: interrupted; what it made stays until --down", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""The cluster quick start's checks against a real API server of their own (no controllers): it says how to install
+mpi-operator when the MPIJob CRD is missing, says that nothing serves MPIJobs when no controller is ready, names the
+one that is; it never takes over a namespace it did not make, and `--down` with nothing to remove changes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from tests.conftest import api_server, install_crd, mpijob_crd_document, require
+
+from scalingrun_operator.demo.delivery import Kube, QuickstartError
+from scalingrun_operator.demo.quickstart import (
+    MPI_OPERATOR_INSTALL, check_mpi_operator, demo_namespace, main, mpijob_controllers,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def kube(tmp_path_factory):
+    require(bool(os.environ.get("KUBEBUILDER_ASSETS")), "needs KUBEBUILDER_ASSETS (an API server of its own)")
+    tools = subprocess.run(["bash", str(ROOT / "scripts/tools.sh")], capture_output=True, text=True)
+    require(tools.returncode == 0, f"kubectl not available: {tools.stderr[-500:]}")
+    with api_server(tmp_path_factory.mktemp("quickstart-cluster"), controllers=False) as kubeconfig:
+        saved = {k: os.environ.get(k) for k in ("KUBECONFIG", "PATH")}
+        os.environ["KUBECONFIG"] = kubeconfig
+        os.environ["PATH"] = f"{tools.stdout.strip()}:{os.environ['PATH']}"
+        try:
+            yield Kube()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def deployment(name: str, namespace: str, labels: dict[str, str]) -> dict:
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": namespace,
+                                                                       "labels": labels},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"containers": [{"name": "c", "image": "example.invalid/c:1"}]}}}}
+
+
+def test_mpijob_crd_and_controller_are_checked_with_what_to_do(kube):
+    with pytest.raises(QuickstartError, match="no MPIJob CRD") as missing:
+        check_mpi_operator(kube, skip=False)
+    assert MPI_OPERATOR_INSTALL in str(missing.value)
+
+    from kubernetes import config
+
+    install_crd(config.new_client_from_config(config_file=os.environ["KUBECONFIG"]), mpijob_crd_document())
+    with pytest.raises(QuickstartError, match="no ready Deployment serves MPIJobs") as unserved:
+        check_mpi_operator(kube, skip=False)
+    assert "--skip-mpi-check" in str(unserved.value)
+    check_mpi_operator(kube, skip=True)  # told to trust the user
+
+    kube.kubectl("create", "namespace", "mpi-operator")
+    kube.apply([deployment("mpi-operator", "mpi-operator", {"app": "mpi-operator"}),
+                deployment("web", "mpi-operator", {"app": "web"})])
+    with pytest.raises(QuickstartError, match="no ready Deployment"):  # there, not ready: still nothing serves
+        check_mpi_operator(kube, skip=False)
+    for name in ("mpi-operator", "web"):  # no controllers here: the status a ready Deployment would have
+        kube.kubectl("patch", "deployment", name, "-n", "mpi-operator", "--subresource=status", "--type=merge",
+                     "-p", json.dumps({"status": {"replicas": 1, "readyReplicas": 1}}))
+    check_mpi_operator(kube, skip=False)
+    assert mpijob_controllers(kube) == ["mpi-operator/mpi-operator"]  # "web" is ready too, and no MPIJob controller
+
+
+def test_a_namespace_it_did_not_make_is_never_taken_over(kube, capsys):
+    kube.kubectl("create", "namespace", "someone-elses")
+    with pytest.raises(QuickstartError, match="did not make it"):
+        demo_namespace(kube, "someone-elses")
+    assert main(["--down", "--namespace", "someone-elses"]) == 1
+    assert "did not make it" in capsys.readouterr().err
+    assert kube.get("namespace", "someone-elses") is not None
+
+
+def test_down_with_nothing_there_removes_nothing(kube, capsys):
+    before = kube.kubectl("get", "namespaces", "-o", "name").stdout
+    assert main(["--down", "--namespace", "never-made"]) == 0
+    assert "nothing to remove" in capsys.readouterr().err
+    assert kube.kubectl("get", "namespaces", "-o", "name").stdout == before
