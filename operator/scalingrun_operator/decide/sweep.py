@@ -107,7 +107,7 @@ def point_row(point: Point, phase: Optional[str], training: Optional[dict[str, A
             row["epochs"] = int(epochs)
             row["wallSeconds"] = round(wall, 1)
             row["secondsPerEpoch"] = round(wall / epochs, 2)
-            row["workerHours"] = finished.process_hours(point.processes)
+            row["workerHours"] = progress.process_hours(point.processes)
     return row
 
 
