@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun
-from ..api.endpoints import endpoint_refusal, local_path_refusal
-from ..api.validation import InvalidScalingRun, parse_scalingrun
+from ..schema.endpoints import endpoint_refusal, local_path_refusal
+from ..schema.validation import InvalidScalingRun, parse_scalingrun
 from . import pinning
 from .draft import Draft
 from .preprocessing import decide_preprocessing
