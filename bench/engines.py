@@ -53,7 +53,7 @@ def output_to(path: Path) -> Iterator[None]:
 def train(folder: Path, strategy: str, run_name: str, args) -> list[float]:
     """One local run; the images/s of its epochs."""
     from scalingrun_api.progress import Progress
-    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.schema.validation import parse_scalingrun
     from scalingrun_operator.local.runner import LocalRun
 
     run = parse_scalingrun({

@@ -43,7 +43,7 @@ ENGINES = {"keras": ("keras", "horovod"), "keras-mirrored": ("keras", "multi-wor
 
 
 def config_for(folder: Path, output: str, name: str, framework: str, mode: str, args, seed: int) -> Path:
-    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.schema.validation import parse_scalingrun
     from scalingrun_operator.builders.config import build_trainer_config
 
     spec = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": f"bench-{name}"},

@@ -96,7 +96,7 @@ def input_rates(output: str, batch: int, batches: int, rounds: int) -> dict[str,
 def render_config(folder: Path, source: Path, data: str, name: str, *, size: int, batch: int, epochs: int,
                   cache: str, replicas: int, gpus: int) -> Path:
     """config.json as the operator renders it for a ScalingRun (builders/config.py)."""
-    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.schema.validation import parse_scalingrun
     from scalingrun_operator.builders.config import build_trainer_config
 
     spec = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": name},

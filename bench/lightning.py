@@ -137,7 +137,7 @@ def train_rate(command: list[str], run: Path, **env: str) -> list[float]:
 
 
 def config_for(folder: Path, output: str, framework: str, args) -> Path:
-    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.schema.validation import parse_scalingrun
     from scalingrun_operator.builders.config import build_trainer_config
 
     spec = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": f"bench-{framework}"},

@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))
 from kubernetes import client, config, watch  # noqa: E402
 
 from scalingrun_api import models  # noqa: E402
-from scalingrun_operator.api.crd import build_crd  # noqa: E402
+from scalingrun_operator.schema.crd import build_crd  # noqa: E402
 from scalingrun_operator.local.s3server import S3Server  # noqa: E402
 from tests.conftest import api_server, install_crd  # noqa: E402
 from tests.integration.test_operator import (  # noqa: E402
@@ -73,7 +73,7 @@ class OperatorProcess:
     def __init__(self, kubeconfig: str, log_path: Path, peers: Optional[list[str]] = None,
                  env_extra: Optional[dict[str, str]] = None, metrics_port: int = 0):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SCALINGRUN_"))}
-        # The bench's store is on 127.0.0.1, which an operator refuses by default (api/endpoints.py).
+        # The bench's store is on 127.0.0.1, which an operator refuses by default (schema/endpoints.py).
         env.update(KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1", SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT="true",
                    **(env_extra or {}))
         self.process = subprocess.Popen(

@@ -5,13 +5,13 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PY:-$ROOT/.venv/bin/python}"
 mkdir -p "$ROOT/manifests/crd" "$ROOT/charts/scalingrun/templates"
-"$PY" -c 'from scalingrun_operator.api.crd import render_crd_yaml; print(render_crd_yaml(), end="")' \
+"$PY" -c 'from scalingrun_operator.schema.crd import render_crd_yaml; print(render_crd_yaml(), end="")' \
   > "$ROOT/manifests/crd/scalingrun.dev_scalingruns.yaml"
-"$PY" -c 'from scalingrun_operator.api.crd import render_chart_crd_template; print(render_chart_crd_template(), end="")' \
+"$PY" -c 'from scalingrun_operator.schema.crd import render_chart_crd_template; print(render_chart_crd_template(), end="")' \
   > "$ROOT/charts/scalingrun/templates/crd.yaml"
-"$PY" -c 'from scalingrun_operator.api.crd import render_sweep_crd_yaml; print(render_sweep_crd_yaml(), end="")' \
+"$PY" -c 'from scalingrun_operator.schema.crd import render_sweep_crd_yaml; print(render_sweep_crd_yaml(), end="")' \
   > "$ROOT/manifests/crd/scalingrun.dev_scalingsweeps.yaml"
-"$PY" -c 'from scalingrun_operator.api.crd import render_chart_sweep_crd_template; print(render_chart_sweep_crd_template(), end="")' \
+"$PY" -c 'from scalingrun_operator.schema.crd import render_chart_sweep_crd_template; print(render_chart_sweep_crd_template(), end="")' \
   > "$ROOT/charts/scalingrun/templates/crd-scalingsweep.yaml"
 # The kustomize base is the chart rendered with its defaults (CRDs apart, in manifests/crd), without the
 # PodDisruptionBudget: its API version depends on the cluster (policy/v1 from 1.21), which the base cannot ask.

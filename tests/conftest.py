@@ -186,7 +186,7 @@ def _discovered(api_client, crd: dict) -> bool:
 @pytest.fixture(scope="session")
 def scalingrun_crd(api_client):
     """The generated CRD, installed once per session (replacing an older one) and established."""
-    from scalingrun_operator.api.crd import build_crd
+    from scalingrun_operator.schema.crd import build_crd
 
     return install_crd(api_client, build_crd(), replace=True)
 
@@ -194,7 +194,7 @@ def scalingrun_crd(api_client):
 @pytest.fixture(scope="session")
 def scalingsweep_crd(api_client, scalingrun_crd):
     """The generated ScalingSweep CRD, installed once per session like the ScalingRun CRD."""
-    from scalingrun_operator.api.crd import build_sweep_crd
+    from scalingrun_operator.schema.crd import build_sweep_crd
 
     return install_crd(api_client, build_sweep_crd(), replace=True)
 

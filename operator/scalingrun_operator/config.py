@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 from urllib.parse import urlparse
 
-from .api.endpoints import EndpointPolicy
+from .schema.endpoints import EndpointPolicy
 from .storage import DEFAULT_MAX_DOCUMENT_BYTES, Clients, Credentials, StorageTarget
 
 PREFIX = "SCALINGRUN_"

@@ -1,6 +1,6 @@
 """The address a storage request goes to, checked where the connection is made.
 
-api/endpoints.py refuses literal addresses in a spec; a host name can resolve anywhere, and resolve again
+schema/endpoints.py refuses literal addresses in a spec; a host name can resolve anywhere, and resolve again
 differently between a check and the connection (DNS rebinding). So the operator's storage requests
 (bounded_http.Transport) connect through `open_connection`, which resolves the host once, refuses it when any
 address it resolves to is one the policy refuses, and connects to the address it checked: TLS still verifies
@@ -13,7 +13,7 @@ import logging
 import socket
 from typing import Optional
 
-from .api.endpoints import EndpointPolicy, address_class
+from .schema.endpoints import EndpointPolicy, address_class
 
 log = logging.getLogger(__name__)
 

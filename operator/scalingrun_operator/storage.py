@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 from urllib.parse import urlparse
 
-from .api.endpoints import EndpointPolicy, endpoint_refusal
+from .schema.endpoints import EndpointPolicy, endpoint_refusal
 from .bounded_http import Budget, Clients, Misbehaved
 from .storage_failures import PERMANENT_HINTS, describe, status_text, transient
 

@@ -212,7 +212,7 @@ def test_no_network_policy_unless_enabled(helm):
 
 
 def test_network_policy_lets_run_pods_reach_each_other_dns_storage_and_tracking_only(helm):
-    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.schema.validation import parse_scalingrun
     from scalingrun_operator.builders import build_children
     from scalingrun_operator.builders.common import RUN_LABEL
 

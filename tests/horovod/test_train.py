@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from pyarrow import fs as pafs
 
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from tests.conftest import (assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores,
                             preprocessed_fashion_mnist, require, saved_keras_model, validation_split)

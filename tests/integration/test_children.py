@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from scalingrun_api import models
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import build_config_map, build_mpijob, build_preprocess_job
 from scalingrun_operator.builders.locations import manifest_uri
 from scalingrun_operator.cluster import act

@@ -166,7 +166,7 @@ def test_feature_cache_as_yaml_reads_it_is_admitted_and_taken_as_meant(api_clien
                                                                        kubectl, written, stored, meant):
     """kubectl's YAML parser (YAML 1.1, like PyYAML) reads an unquoted off as false: the CRD admits it and the
     operator's parse takes it as off."""
-    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.schema.validation import parse_scalingrun
 
     name = f"cache-{written.strip(chr(34))}"
     text = yaml.safe_dump({**MINIMAL, "metadata": {"name": name}}) + f"  training:\n    featureCache: {written}\n"

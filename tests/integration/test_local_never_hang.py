@@ -25,7 +25,7 @@ import psutil
 import pytest
 import yaml
 
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.locations import manifest_uri
 from scalingrun_operator.decide.preprocessing import dataset_parameters
 from tests.conftest import require

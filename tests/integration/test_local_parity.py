@@ -24,7 +24,7 @@ import pytest
 from kubernetes import client
 
 from scalingrun_api import models
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.locations import manifest_uri, progress_uri
 from scalingrun_operator.cluster.k8s import Kube
 from scalingrun_operator.cluster.reconcile import Reconciler

@@ -66,7 +66,7 @@ class Operator:
                    SCALINGRUN_RECHECK_INTERVAL_SECONDS="1",
                    SCALINGRUN_COMPLETION_GRACE_SECONDS="5", PYTHONUNBUFFERED="1",
                    # The tests' stores are on 127.0.0.1 and their runs' outputs in local folders: both refused by
-                   # default (api/endpoints.py); tests of those defaults set these back.
+                   # default (schema/endpoints.py); tests of those defaults set these back.
                    SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT="true", SCALINGRUN_ALLOW_LOCAL_PATHS="true")
         env.update(self.env)
         args = [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--log-format", "plain",
@@ -686,7 +686,7 @@ def test_immutable_changes_mid_run_are_recorded_not_applied(cluster, operator, b
 
 def test_operator_killed_in_every_phase_converges_without_duplicates(own_cluster, kubeconfig, bucket, s3_server,
                                                                        tmp_path):
-    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.schema.validation import parse_scalingrun
     from scalingrun_operator.builders import build_config_map
 
     cluster = own_cluster
@@ -1017,7 +1017,7 @@ def test_restarts_are_counted_once_across_operator_restarts_and_the_epoch_never_
 
 def test_parallel_preprocessing_without_indexed_jobs_runs_every_shard_in_one_pod(cluster, operator, bucket,
                                                                                  s3_server, api_client):
-    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.schema.validation import parse_scalingrun
     from scalingrun_operator.builders import build_preprocess_job
     from scalingrun_operator.cluster.k8s import parse_version
     from scalingrun_operator.decide.snapshot import INDEXED_JOBS_SINCE

@@ -301,7 +301,7 @@ def test_no_per_run_api_requests_at_rest_and_progress_still_reaches_status(names
 
 def test_a_reconcile_that_failed_on_a_child_event_is_tried_again_without_a_timer(namespaces, kubeconfig, bucket,
                                                                                  s3_server, tmp_path):
-    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.schema.validation import parse_scalingrun
     from scalingrun_operator.builders import build_mpijob
 
     cluster = namespaces()

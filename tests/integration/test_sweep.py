@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 
 from scalingrun_api import models
-from scalingrun_operator.api.sweep import SWEEP_LABEL
+from scalingrun_operator.schema.sweep import SWEEP_LABEL
 from tests.integration.test_operator import (
     SECRET, Bucket, Cluster, Operator, _namespace, manifest_for, new_run, progress, progress_uri, wait_for,
 )

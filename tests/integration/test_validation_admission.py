@@ -1,7 +1,7 @@
 """`scalingrun validate` equals admission (issue #15, item 2).
 
 Specs are generated from the models: every field of every resource (a model with apiVersion, kind,
-metadata and spec, whose CRD a build_*crd* function of api/crd.py makes), walked generically so that
+metadata and spec, whose CRD a build_*crd* function of schema/crd.py makes), walked generically so that
 fields, sub-objects and resources added later are covered too, gets valid values and invalid variants (wrong types, numeric
 strings, 'yes'/'true' for booleans, fractions for integers, negatives, zero, out-of-bound numbers,
 too-long strings, values outside an enum, null). Each spec goes to `validate`'s parse and, as a dry-run
@@ -30,9 +30,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from pydantic import BaseModel
 
-from scalingrun_operator.api import crd as crd_module
+from scalingrun_operator.schema import crd as crd_module
 from scalingrun_api import models
-from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun, parse_schema
+from scalingrun_operator.schema.validation import InvalidScalingRun, parse_scalingrun, parse_schema
 from tests.conftest import install_crd
 
 pytestmark = pytest.mark.k8s
@@ -275,7 +275,7 @@ class Resource:
 
 
 def _crds() -> list[dict[str, Any]]:
-    """Every CRD api/crd.py builds (build_crd, and any other build_*crd* function without arguments)."""
+    """Every CRD schema/crd.py builds (build_crd, and any other build_*crd* function without arguments)."""
     found: dict[str, dict[str, Any]] = {}
     for name, function in vars(crd_module).items():
         if name.startswith("build_") and "crd" in name and callable(function):
@@ -295,7 +295,7 @@ def resources() -> list[Resource]:
     for model in vars(models).values():
         if _is_model(model) and {"api_version", "kind", "metadata", "spec"} <= set(model.model_fields):
             kind = typing.get_args(model.model_fields["kind"].annotation)[0]
-            assert kind in crds, f"no CRD for {kind} among api/crd.py's build_*crd* functions"
+            assert kind in crds, f"no CRD for {kind} among schema/crd.py's build_*crd* functions"
             out.append(Resource(model, crds[kind]))
     assert models.ScalingRun in [r.model for r in out]
     return out

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from tests.conftest import kill_a_rank_after_the_first_checkpoint, preprocessed_fashion_mnist
 from tests.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pyarrow import fs as pafs
 
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.core.scaling import scale_run
 from scalingrun_trainer.core.tracking import MlflowClient

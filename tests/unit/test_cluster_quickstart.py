@@ -6,7 +6,7 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.common import trainer_image
 from scalingrun_operator.demo import seaweedfs
 from scalingrun_operator.demo.delivery import split_image

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from scalingrun_operator.api.crd import build_crd, render_chart_crd_template, render_crd_yaml
+from scalingrun_operator.schema.crd import build_crd, render_chart_crd_template, render_crd_yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 MANIFEST = ROOT / "manifests/crd/scalingrun.dev_scalingruns.yaml"
@@ -101,7 +101,7 @@ def test_quantities_positive_strings_non_empty_and_name_limited_at_admission():
 
 
 def test_sweep_crd_checked_in_structural_and_in_the_chart():
-    from scalingrun_operator.api.crd import build_sweep_crd, render_chart_sweep_crd_template, render_sweep_crd_yaml
+    from scalingrun_operator.schema.crd import build_sweep_crd, render_chart_sweep_crd_template, render_sweep_crd_yaml
 
     manifest = ROOT / "manifests/crd/scalingrun.dev_scalingsweeps.yaml"
     template = ROOT / "charts/scalingrun/templates/crd-scalingsweep.yaml"
@@ -130,7 +130,7 @@ YAML_BOOLEAN_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false"}
 def test_a_spec_word_that_yaml_reads_as_a_boolean_admits_the_boolean():
     """An enum word such as `off`, written unquoted, arrives as a boolean: the CRD must admit it (and the model
     takes it as meant: tests/integration/test_crd_apiserver.py); status is the operator's, not a user's YAML."""
-    from scalingrun_operator.api.crd import build_sweep_crd
+    from scalingrun_operator.schema.crd import build_sweep_crd
 
     found = []
     for crd in (build_crd(), build_sweep_crd()):

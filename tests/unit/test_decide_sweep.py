@@ -10,8 +10,8 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from scalingrun_operator.api.sweep import build_point_run, sweep_points
-from scalingrun_operator.api.validation import parse_scalingsweep
+from scalingrun_operator.schema.sweep import build_point_run, sweep_points
+from scalingrun_operator.schema.validation import parse_scalingsweep
 from scalingrun_operator.decide.snapshot import Child, Create, Document, Read, Settings, Snapshot, look
 from scalingrun_operator.decide.sweep import decide_sweep
 from scalingrun_operator.documents import parse_progress

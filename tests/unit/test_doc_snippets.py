@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from scalingrun_api.models import KIND, SWEEP_KIND, ScalingRunSpec
-from scalingrun_operator.api.validation import parse_scalingrun, parse_scalingsweep
+from scalingrun_operator.schema.validation import parse_scalingrun, parse_scalingsweep
 from tests.unit.specs import MINIMAL
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,7 +76,7 @@ def test_an_unquoted_off_in_a_snippet_is_valid():
 
 
 def test_a_bad_snippet_fails():
-    from scalingrun_operator.api.validation import InvalidScalingRun
+    from scalingrun_operator.schema.validation import InvalidScalingRun
 
     with pytest.raises(InvalidScalingRun, match="spec.workers.cpu"):
         check(yaml.safe_load("workers:\n  cpu: 0\n"))

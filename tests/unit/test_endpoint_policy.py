@@ -12,8 +12,8 @@ import threading
 import pytest
 
 from scalingrun_operator import config, endpoint_guard, storage
-from scalingrun_operator.api import endpoints
-from scalingrun_operator.api.endpoints import EndpointPolicy
+from scalingrun_operator.schema import endpoints
+from scalingrun_operator.schema.endpoints import EndpointPolicy
 from tests.conftest import require
 
 POLICY = EndpointPolicy(service_ranges=("10.96.0.0/12",), api_server=("10.96.0.1",))

@@ -19,7 +19,7 @@ from scalingrun_api.models.common import (
 from scalingrun_operator.config import ConfigError, load, variable_names
 from scalingrun_operator.cluster.reconcile import settings_of
 from scalingrun_operator.decide.run import with_default_image
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.common import trainer_image
 from tests.conftest import require
 

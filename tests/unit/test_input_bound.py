@@ -7,7 +7,7 @@ import datetime as dt
 import pytest
 
 from scalingrun_api.models import TrainingStatus
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.decide import progress as training
 from scalingrun_operator.decide.status import INPUT_BOUND, StatusUpdate, get_condition
 from scalingrun_operator.documents import parse_progress

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import build_mpijob
 from scalingrun_operator.decide.snapshot import Create, Patch
 from tests.unit.decide_world import (

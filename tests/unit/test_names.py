@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.common import config_map_name, mpijob_name, preprocess_job_name
 
 

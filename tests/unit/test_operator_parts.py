@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from scalingrun_operator import config, storage
-from scalingrun_operator.api import endpoints
+from scalingrun_operator.schema import endpoints
 from scalingrun_operator.cluster.metrics import Metrics
 
 
@@ -160,7 +160,7 @@ def test_operator_flags_override_environment():
 def test_local_run_needs_exported_credentials_for_each_secret_it_names(monkeypatch, tmp_path, exported, error):
     import yaml
 
-    from scalingrun_operator.api.validation import parse_scalingrun
+    from scalingrun_operator.schema.validation import parse_scalingrun
     from scalingrun_operator.local.runner import LocalRun, LocalRunError
 
     for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME",

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import build_children, build_preprocess_job
 from scalingrun_operator.builders.common import CONFIG_FILE
 from scalingrun_operator.builders.config import build_trainer_config

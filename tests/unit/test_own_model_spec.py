@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
+from scalingrun_operator.schema.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
 from scalingrun_operator.builders.config import build_trainer_config
-from scalingrun_operator.api.sweep import build_point_run, sweep_points
+from scalingrun_operator.schema.sweep import build_point_run, sweep_points
 from tests.unit.specs import MINIMAL, run_document
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from scalingrun_operator import config
-from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
+from scalingrun_operator.schema.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.builders import build_children
 from scalingrun_operator.cluster.observe import Observer
 from scalingrun_operator.decide.draft import store_of

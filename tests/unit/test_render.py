@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import build_children
 from scalingrun_operator.builders.common import CONFIG_FILE
 from scalingrun_operator.builders.config import build_trainer_config

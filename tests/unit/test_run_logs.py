@@ -8,7 +8,7 @@ import shlex
 from scalingrun_api.logs import (
     LAUNCHER_LOG_BYTES, RANK_TAIL_LINES, AttemptRecord, RankLines, attempt_folder, attempt_number, rank_log, rank_of,
 )
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import build_children
 from scalingrun_operator.cli.logs import of_rank
 from scalingrun_trainer.cli import build_parser

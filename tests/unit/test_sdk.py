@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.preprocess.parquet_table import TableParams, inspect_table, write_manifest
 from tests.unit.test_parquet_table import SIDE, write_table

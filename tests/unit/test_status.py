@@ -8,7 +8,7 @@ import datetime as dt
 
 import pytest
 
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import locations
 from scalingrun_operator.decide import pinning, preprocessing as dataset, progress as mirror, training
 from scalingrun_operator.decide.status import StatusUpdate, may_revalidate, set_condition

@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from scalingrun_api.models import FRAMEWORK_STRATEGIES
-from scalingrun_operator.api.crd import build_crd
-from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
+from scalingrun_operator.schema.crd import build_crd
+from scalingrun_operator.schema.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.builders import build_children
 from scalingrun_operator.builders.config import build_trainer_config, slots_per_worker, total_processes
 from scalingrun_operator.local.processes import Commands

@@ -20,7 +20,7 @@ from tests.import_graph import imports
 OPERATOR = Path(__file__).resolve().parents[2] / "operator"
 LAYERS = [
     ("scalingrun_api",),
-    ("scalingrun_operator.api",),
+    ("scalingrun_operator.schema",),
     ("scalingrun_operator.builders",),
     ("scalingrun_operator.decide",),
     ("scalingrun_operator.clock", "scalingrun_operator.config", "scalingrun_operator.storage",

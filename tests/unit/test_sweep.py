@@ -10,9 +10,9 @@ import pytest
 import yaml
 from PIL import Image
 
-from scalingrun_operator.api.crd import build_sweep_crd, render_chart_sweep_crd_template, render_sweep_crd_yaml
-from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
-from scalingrun_operator.api.sweep import SWEEP_LABEL, Point, build_point_run, sweep_points
+from scalingrun_operator.schema.crd import build_sweep_crd, render_chart_sweep_crd_template, render_sweep_crd_yaml
+from scalingrun_operator.schema.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
+from scalingrun_operator.schema.sweep import SWEEP_LABEL, Point, build_point_run, sweep_points
 from scalingrun_operator.builders.config import total_processes
 from scalingrun_operator.cli import main
 from scalingrun_operator.decide import preprocessing as dataset

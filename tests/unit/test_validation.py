@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from scalingrun_api.models import ScalingRun
-from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
+from scalingrun_operator.schema.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.cli import main
 from tests.unit.specs import MINIMAL
 
@@ -63,7 +63,7 @@ def test_launcher_resources_default_field_by_field():
 def test_examples_are_valid(example):
     for doc in yaml.safe_load_all(example.read_text()):
         if doc["kind"] == "ScalingSweep":
-            from scalingrun_operator.api.validation import parse_scalingsweep
+            from scalingrun_operator.schema.validation import parse_scalingsweep
 
             assert parse_scalingsweep(doc).spec.workers
             continue

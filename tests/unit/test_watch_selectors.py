@@ -6,7 +6,7 @@ import kopf
 from kopf._cogs.structs.references import Resource
 from kubernetes import client
 
-from scalingrun_operator.api.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.common import labels
 from scalingrun_operator.cluster.k8s import MANAGED_SELECTOR
 from scalingrun_operator.cluster.k8s import Kube

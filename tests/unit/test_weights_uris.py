@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from scalingrun_api import models
-from scalingrun_operator.api.crd import build_crd
-from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
+from scalingrun_operator.schema.crd import build_crd
+from scalingrun_operator.schema.validation import InvalidScalingRun, parse_scalingrun
 
 
 def test_the_crd_carries_the_models_weights_pattern():

@@ -14,8 +14,8 @@ from typing import Callable, Iterator
 import yaml
 
 from scalingrun_api.models import KIND, SWEEP_KIND
-from ..api.crd import render_crd_yaml, render_sweep_crd_yaml
-from ..api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
+from ..schema.crd import render_crd_yaml, render_sweep_crd_yaml
+from ..schema.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
 from .loading import (
     FAILED, OK, USAGE, Document, UserError, dump, files, is_ours, read, read_file, read_one, skipped_note,
 )
@@ -91,7 +91,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from ..api.sweep import build_point_run, sweep_points
+    from ..schema.sweep import build_point_run, sweep_points
     from ..builders import build_children
 
     objects = []
@@ -222,7 +222,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _sweep_report(args: argparse.Namespace, sweep) -> int:
     """The sweep's report from its points' progress documents (keys from the environment)."""
-    from ..api.sweep import build_point_run, sweep_points
+    from ..schema.sweep import build_point_run, sweep_points
     from ..builders.locations import progress_uri
     from ..decide.progress import training_status
     from ..decide.sweep import point_row, scaling

@@ -155,7 +155,7 @@ class RunLogs:
     # --- the archive ------------------------------------------------------------------------------
 
     def _parsed(self):
-        from ..api.validation import InvalidScalingRun, parse_scalingrun
+        from ..schema.validation import InvalidScalingRun, parse_scalingrun
 
         if self._model is not None:
             return self._model

@@ -14,7 +14,7 @@ import json
 from typing import Any, Mapping, Optional
 
 from scalingrun_api.models import GROUP, MANAGED_BY
-from ..api.sweep import POINT_LABEL, SWEEP_LABEL
+from ..schema.sweep import POINT_LABEL, SWEEP_LABEL
 from ..builders.common import RUN_LABEL
 
 OURS, ADOPTABLE, FOREIGN = "ours", "adoptable", "foreign"

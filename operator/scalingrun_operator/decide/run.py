@@ -13,8 +13,8 @@ from typing import Any, Optional
 
 from scalingrun_api.engines import engine
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun
-from ..api.endpoints import endpoint_refusal, local_path_refusal
-from ..api.validation import InvalidScalingRun, parse_scalingrun
+from ..schema.endpoints import endpoint_refusal, local_path_refusal
+from ..schema.validation import InvalidScalingRun, parse_scalingrun
 from ..builders.locations import logs_uri
 from . import pinning
 from .draft import Draft

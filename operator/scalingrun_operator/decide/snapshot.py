@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Hashable, Mapping, Optional, Union
 
-from ..api.endpoints import EndpointPolicy
+from ..schema.endpoints import EndpointPolicy
 from .status import Event
 
 # --- asks: the facts decide may need ------------------------------------------------------------
@@ -216,9 +216,9 @@ class Settings:
     where: Where = CLUSTER
     #: False: the run stops once its dataset is ready (`scalingrun run --local --stop-after preprocessing`).
     train: bool = True
-    #: The operator's allow-list of storage endpoints (api/endpoints.py); empty: any.
+    #: The operator's allow-list of storage endpoints (schema/endpoints.py); empty: any.
     allowed_storage_endpoints: tuple[str, ...] = ()
-    #: Without an allow-list: the addresses refused, and whether paths may be read (api/endpoints.py).
+    #: Without an allow-list: the addresses refused, and whether paths may be read (schema/endpoints.py).
     endpoint_policy: EndpointPolicy = EndpointPolicy()
     #: "<repository>:<tag>" of the default trainer images (a run without spec.workers.image gets
     #: "<this>-<flavour>"); empty: ours (scalingrun_api.models.common.DEFAULT_TRAINER_IMAGES).

@@ -18,8 +18,8 @@ from typing import Any, Optional
 
 from scalingrun_api.models import API_VERSION, KIND, SWEEP_KIND, Phase, ScalingSweep, SweepPhase
 from scalingrun_api.progress import Progress
-from ..api.sweep import Point, build_point_run, sweep_points
-from ..api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
+from ..schema.sweep import Point, build_point_run, sweep_points
+from ..schema.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
 from ..builders.locations import progress_uri
 from . import children as ownership
 from .draft import store_of

@@ -173,7 +173,7 @@ def follow(kube: Kube, namespace: str, timeout: float) -> dict[str, Any]:
 
 def summary(kube: Kube, namespace: str, run: dict[str, Any], keys: tuple[str, str], reports: Path) -> None:
     from ..builders.locations import progress_uri
-    from ..api.validation import parse_scalingrun
+    from ..schema.validation import parse_scalingrun
     from ..cli.cluster import RUN_COLUMNS, run_row, table
     from ..report.run import render_report
 

@@ -7,7 +7,7 @@ from typing import Any, Optional
 import kopf
 
 from scalingrun_api.models import GROUP, PLURAL, SWEEP_KIND, SWEEP_PLURAL, VERSION
-from ..api.sweep import SWEEP_LABEL
+from ..schema.sweep import SWEEP_LABEL
 from ..decide.children import controller_name
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from scalingrun_api.progress import Progress
-from ..api.validation import parse_scalingrun
+from ..schema.validation import parse_scalingrun
 from ..builders.locations import progress_uri
 from .keep import Kept, keep
 from .runner import LocalRun
@@ -98,7 +98,7 @@ def print_summary(local: LocalRun, run, state: Path, report, total_seconds: floa
 
 def _sweep(run, workers: str, state: Path, started: float) -> int:
     """The quick-start run as the template of a local ScalingSweep over `workers` (e.g. "1,2")."""
-    from ..api.validation import parse_scalingsweep
+    from ..schema.validation import parse_scalingsweep
     from ..report.sweep import print_sweep
     from .sweep import LocalSweep
 

@@ -25,8 +25,8 @@ from typing import Any, Callable, Optional
 from scalingrun_api.heartbeat import HEARTBEAT_FILE, Heartbeat
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun, ScalingRunStatus
 from scalingrun_api.progress import Progress
-from ..api.endpoints import EndpointPolicy
-from ..api.validation import s3_fields
+from ..schema.endpoints import EndpointPolicy
+from ..schema.validation import s3_fields
 from ..builders.common import storage_env
 from ..builders.config import CONFIG_KEY, run_location, total_processes
 from ..builders.locations import join

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from scalingrun_api.models import KIND, SWEEP_KIND, ScalingSweep, SweepPhase
-from ..api.sweep import Point, sweep_points
-from ..api.validation import parse_scalingrun
+from ..schema.sweep import Point, sweep_points
+from ..schema.validation import parse_scalingrun
 from ..clock import now
 from ..decide.children import owner_reference
 from ..decide.snapshot import PROGRESS, Child, Create, Document, Read, Snapshot, look
