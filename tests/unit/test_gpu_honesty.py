@@ -34,6 +34,6 @@ def test_gpus_unused_only_when_gpus_were_asked_for_and_none_is_used():
 def test_process_hours_are_the_sweeps_worker_hours_and_gpu_hours_count_each_process_gpus():
     progress = {"processes": 4, "elapsedSeconds": 900.0, "devices": {"kind": "gpu", "count": 2}}
     assert Progress.read(progress).process_hours() == 1.0
-    status = mirror.training_status(progress)
+    status = mirror.training_status(Progress.read(progress))
     assert (status["processHours"], status["gpuHours"]) == (1.0, 2.0)
     assert "processHours" not in mirror.training_status({"processes": 4})  # no training time yet
