@@ -65,10 +65,9 @@ def _computed() -> dict[tuple[str, str, str], set[str]]:
         ("pods.py", "PodsHealthy", "problem.reason"): pods,
         ("faults.py", "NodeLost", "reason"): {"NodeNotReady", "TerminatingPastGrace"},
         ("draft.py", "StorageReadable", "found.reason"): storage,
-        ("status.py", "Ready", "phase"): run_phases,
+        ("status.py", "Ready", "phase"): run_phases | sweep_phases,  # StatusUpdate over RUN_PHASES or SWEEP_PHASES
         ("status.py", "Stalled", "phase"): {Phase.failed.value},
         ("status.py", "Failed", "reason"): set(),  # StatusUpdate.fail: its callers are read instead
-        ("sweep.py", "Ready", "phase"): sweep_phases,
         ("training.py", "InputBound", "*"): {"InputWaitHigh", "InputKeepsUp"},
     }
 

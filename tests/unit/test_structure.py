@@ -39,7 +39,7 @@ MUTATORS = {"append", "extend", "insert", "pop", "popitem", "clear", "update", "
             "remove", "move_to_end", "sort", "reverse", "inc", "dec", "set", "observe", "labels"}
 # Module-level calls that make nothing mutable.
 IMMUTABLE_CALLS = {"getLogger", "TypeVar", "compile", "frozenset", "tuple", "MappingProxyType", "Where", "Settings",
-                   "Field", "sysconf"}
+                   "PhaseTable", "Field", "sysconf"}
 
 
 def modules() -> Iterator[tuple[str, Path, ast.Module]]:
