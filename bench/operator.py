@@ -53,7 +53,7 @@ from kubernetes import client, config, watch  # noqa: E402
 from scalingrun_api import models  # noqa: E402
 from scalingrun_operator.api.crd import build_crd  # noqa: E402
 from scalingrun_operator.local.s3server import S3Server  # noqa: E402
-from tests.conftest import api_server, install_crd  # noqa: E402
+from tests.support.apiserver import api_server, install_crd
 from tests.integration.test_operator import (  # noqa: E402
     BUCKET, SECRET, Bucket, Cluster, manifest_for, new_run, progress, progress_uri,
 )

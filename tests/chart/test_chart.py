@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from tests.conftest import require
+from tests.support.env import require
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts/scalingrun"

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import pytest
 
-from tests.conftest import NAMED_KUBECONFIG, require
+from tests.support.env import NAMED_KUBECONFIG, require
 
 # The cluster comes as SCALINGRUN_TEST_KUBECONFIG (tests/conftest.py never lets KUBECONFIG through).
 E2E_VARIABLES = ("SCALINGRUN_TEST_KUBECONFIG", "SCALINGRUN_E2E_NAMESPACE", "SCALINGRUN_E2E_S3_ENDPOINT", "SCALINGRUN_E2E_S3_SECRET",

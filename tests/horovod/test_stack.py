@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require
+from tests.support.env import require
 
 pytestmark = pytest.mark.horovod
 HERE = Path(__file__).resolve().parent

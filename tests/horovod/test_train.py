@@ -17,8 +17,8 @@ from pyarrow import fs as pafs
 
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
-from tests.conftest import (assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores,
-                            preprocessed_fashion_mnist, require, saved_keras_model, validation_split)
+from tests.support.env import require
+from tests.support.training import assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, preprocessed_fashion_mnist, saved_keras_model, validation_split
 from scalingrun_trainer.core.tracking import MlflowClient
 from tests.horovod.test_stack import horovodrun
 from tests.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training

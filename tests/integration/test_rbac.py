@@ -33,7 +33,8 @@ from scalingrun_operator.api.crd import build_crd, build_sweep_crd
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders import build_config_map, build_preprocess_job
 from tests.chart.test_chart import helm, render  # noqa: F401 (helm is a fixture)
-from tests.conftest import ROOT, api_server, install_crd, mpijob_crd_document, require
+from tests.support.apiserver import api_server, install_crd, mpijob_crd_document
+from tests.support.env import ROOT, require
 
 from .recording_proxy import RecordingProxy, Request
 from .test_operator import (

@@ -33,7 +33,7 @@ from pydantic import BaseModel
 from scalingrun_operator.api import crd as crd_module
 from scalingrun_api import models
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun, parse_schema
-from tests.conftest import install_crd
+from tests.support.apiserver import install_crd
 
 pytestmark = pytest.mark.k8s
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require
+from tests.support.env import require
 
 ROOT = Path(__file__).resolve().parents[2]
 

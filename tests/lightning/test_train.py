@@ -11,7 +11,7 @@ import pytest
 
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
-from tests.conftest import kill_a_rank_after_the_first_checkpoint, preprocessed_fashion_mnist
+from tests.support.training import kill_a_rank_after_the_first_checkpoint, preprocessed_fashion_mnist
 from tests.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
 from scalingrun_trainer.core.tracking import MlflowClient
 

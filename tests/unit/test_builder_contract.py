@@ -12,7 +12,7 @@ import pytest
 
 from scalingrun_trainer.core.builder import Builder, BuilderError
 from scalingrun_trainer.keras.models import build_user_network, user_classifier
-from tests.conftest import require
+from tests.support.env import require
 
 LIGHTNING_PYTHON = Path(__file__).resolve().parents[2] / ".venv-lightning/bin/python"
 IMAGE = "registry.example/team/trainer:1.0"

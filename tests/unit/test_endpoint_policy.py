@@ -14,7 +14,7 @@ import pytest
 from scalingrun_operator import config, endpoint_guard, storage
 from scalingrun_operator.api import endpoints
 from scalingrun_operator.api.endpoints import EndpointPolicy
-from tests.conftest import require
+from tests.support.env import require
 
 POLICY = EndpointPolicy(service_ranges=("10.96.0.0/12",), api_server=("10.96.0.1",))
 

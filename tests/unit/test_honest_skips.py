@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, TEST_KUBECONFIG_VARIABLE, in_ci
+from tests.support.env import ROOT, TEST_KUBECONFIG_VARIABLE, in_ci
 
 TRUTHY = ["true", "1", "yes", "TRUE", "on", "woodpecker"]  # the last: a CI system's own word
 FALSY = ["", "0", "false", "no", "off", "False"]

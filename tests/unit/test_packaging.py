@@ -44,7 +44,7 @@ def test_package_imports_without_the_other_side(package, blocked):
 
 @pytest.mark.lightning
 def test_lightning_trainer_imports_without_tensorflow_horovod_or_kopf():
-    from tests.conftest import require
+    from tests.support.env import require
 
     require(LIGHTNING_PYTHON.exists(), f"no {LIGHTNING_PYTHON}: SCALINGRUN_PROFILE=lightning scripts/setup.sh")
     code = IMPORT_ALL.format(package=LIGHTNING, blocked=["tensorflow", "horovod", "keras", "kopf", "kubernetes"],

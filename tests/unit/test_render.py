@@ -20,7 +20,7 @@ from scalingrun_operator.builders.mpijob import (
 )
 from scalingrun_operator.cli import main
 from scalingrun_trainer.cli import build_parser
-from tests.conftest import require
+from tests.support.env import require
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("**/*.yaml") if "kind: ScalingSweep" not in p.read_text())

@@ -9,7 +9,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, require
+from tests.support.env import ROOT, require
 
 spec = importlib.util.spec_from_file_location("verify_installed", ROOT / "scripts/verify_installed.py")
 verify = importlib.util.module_from_spec(spec)
