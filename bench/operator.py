@@ -53,11 +53,11 @@ from kubernetes import client, config, watch  # noqa: E402
 from scalingrun_api import models  # noqa: E402
 from scalingrun_operator.api.crd import build_crd  # noqa: E402
 from scalingrun_operator.local.s3server import S3Server  # noqa: E402
-from tests.support.apiserver import api_server, install_crd
-from tests.integration.test_operator import (  # noqa: E402
+from tests.support.apiserver import api_server, install_crd  # noqa: E402
+from tests.support.operator import (  # noqa: E402
     BUCKET, SECRET, Bucket, Cluster, manifest_for, new_run, progress, progress_uri,
 )
-from tests.integration.test_storage_retry import FlakyS3  # noqa: E402  (fail=0: a counting proxy)
+from tests.support.flaky_s3 import FlakyS3  # noqa: E402  (fail=0: a counting proxy)
 
 TARGETS = {"p50_ms": 100.0, "p95_ms": 250.0, "all_children_s": 15.0, "peak_rss_mib": 200.0,
            "requests_per_min": 300.0, "cpu_millicores": 25.0, "rss_drift": 0.10}

@@ -16,10 +16,10 @@ import uuid
 import pytest
 from kubernetes import client
 
-from .test_operator import (  # noqa: F401 (bucket: a fixture)
-    SCHEDULED, Operator, bucket, new_run, progress_uri, reach_training, running, wait_for,
+from tests.support.operator import (
+    Operator, SCHEDULED, bucket, namespace_cluster, new_run, progress_uri, reach_training, running, started, wait_for,
 )
-from .test_root_cause import _cluster, create_training_pod
+from tests.support.pods import create_training_pod
 
 pytestmark = pytest.mark.k8s
 
@@ -29,17 +29,14 @@ GRACE_S = 5
 
 @pytest.fixture(scope="module")
 def operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    op = Operator(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", [f"{SERVED}-*"], "--standalone")
-    op.start()
-    yield op
-    op.stop()
+    with started(Operator(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", [f"{SERVED}-*"], "--standalone")) as op:
+        yield op
 
 
 @pytest.fixture
 def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd):
-    c = _cluster(api_client, s3_server, request, SERVED)
-    yield c
-    client.CoreV1Api(api_client).delete_namespace(c.ns)
+    with namespace_cluster(api_client, s3_server, request, SERVED) as made:
+        yield made
 
 
 @pytest.fixture

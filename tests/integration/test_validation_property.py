@@ -25,8 +25,8 @@ from kubernetes import client
 
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_schema
 from tests.support.apiserver import install_crd
-from tests.integration.test_validation_admission import (
-    RESOURCES, Field, Resource, _bounds, _branches, _is_model, _reason, minimal, value_candidates,
+from tests.support.admission import (
+    Field, RESOURCES, Resource, _bounds, _branches, _is_model, _reason, minimal, value_candidates,
 )
 
 pytestmark = pytest.mark.k8s

@@ -15,8 +15,8 @@ from tests.unit.decide_world import (
     NOW, World, actions, condition, conditions, config_map, done, job, mpijob, preprocessing_status, stamp,
     training_status,
 )
-from tests.unit.test_decide_run import RECORDS, training, training_pods
-from tests.unit.test_pods import pod, waiting
+from tests.support.decide_run import RECORDS, training, training_pods
+from tests.support.decide_pods import pod, waiting
 
 
 def _status(**counts: int) -> dict:

@@ -14,7 +14,7 @@ from tests.unit.decide_world import (
     SPEC, World, actions, condition, conditions, config_map, done, job, manifest, mpijob, progress, training_status,
 )
 from tests.unit.specs import run_document
-from tests.unit.test_decide_run import RECORDS, training_pods
+from tests.support.decide_run import RECORDS, training_pods
 
 QUEUE = "team-a"
 

@@ -19,7 +19,7 @@ from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_trainer.cli import build_parser
 from scalingrun_trainer.parquet_table import TableParams
 from tests.unit.decide_world import NS, SPEC, World, actions, conditions, done, manifest, mpijob, owned, progress
-from tests.unit.test_decide_run import preprocess_pod, training
+from tests.support.decide_run import preprocess_pod, training
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE = {**SPEC["dataset"], "format": "parquet", "source": "s3://data/table", "columns": {"image": "px", "label": "y"}}

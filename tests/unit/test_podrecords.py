@@ -8,7 +8,7 @@ import json
 
 from scalingrun_operator.decide import podrecords
 from tests.unit.decide_world import World, config_map, done, job, manifest, mpijob, progress, training_status
-from tests.unit.test_pods import pod, waiting
+from tests.support.decide_pods import pod, waiting
 
 WORKERS = 1024
 KIB = 1024

@@ -9,39 +9,10 @@ import pytest
 
 from scalingrun_operator.cluster.memory import Memory
 from scalingrun_operator.decide import interruptions, pods
+from tests.support.decide_pods import IMAGE, pod, unschedulable, waiting
 
 NS = "ml"
 MPIJOB = "demo-train"
-IMAGE = "registry.example/trainer:missing"
-
-
-def pod(name: str, role: str, uid: str = "", phase: str = "Running", containers=None, conditions=None,
-        created: str = "2026-01-01T12:00:00Z", **status) -> dict:
-    labels = {"scalingrun.dev/run": "demo", "app.kubernetes.io/managed-by": "scalingrun-operator",
-              "app.kubernetes.io/component": "preprocess" if role == "preprocess" else "training"}
-    if role in ("launcher", "worker"):
-        labels["training.kubeflow.org/job-role"] = role
-    container = {"preprocess": "preprocess", "launcher": "launcher", "worker": "worker"}[role]
-    return {
-        "metadata": {"name": name, "uid": uid or f"uid-{name}", "labels": labels, "creationTimestamp": created},
-        "spec": {"containers": [{"name": container, "image": IMAGE}]},
-        "status": {"phase": phase, "conditions": conditions or [],
-                   "containerStatuses": containers if containers is not None else [
-                       {"name": container, "restartCount": 0, "state": {"running": {}}}],
-                   **status},
-    }
-
-
-def waiting(name: str, reason: str, message: str = "", restarts: int = 0, last=None) -> list[dict]:
-    status = {"name": name, "restartCount": restarts, "image": IMAGE,
-              "state": {"waiting": {"reason": reason, **({"message": message} if message else {})}}}
-    if last:
-        status["lastState"] = {"terminated": last}
-    return [status]
-
-
-def unschedulable(message: str) -> list[dict]:
-    return [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]
 
 
 # --- diagnosis -------------------------------------------------------------------------------------

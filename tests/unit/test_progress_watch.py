@@ -5,42 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 
 import pytest
 
 from scalingrun_operator.cluster.progress_watch import ProgressWatcher
 from scalingrun_operator.storage import StorageError, StorageTarget, changed_since, read_json_versioned
+from tests.support.progress_watch import Clock, Recorder
 
 TARGET = StorageTarget(endpoint=None, region="us-east-1", credentials=None)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-class Recorder:
-    """The reconcile the watcher calls: records which runs, in order."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, namespace: str, name: str) -> None:
-        with self._lock:
-            self.calls.append((namespace, name))
-
-    def settled(self, count: int) -> list[tuple[str, str]]:
-        deadline = time.monotonic() + 5
-        while len(self.calls) < count and time.monotonic() < deadline:
-            time.sleep(0.01)
-        time.sleep(0.05)  # and nothing more arrives
-        return list(self.calls)
 
 
 def write(path, epoch: int) -> None:

@@ -18,7 +18,7 @@ from scalingrun_operator.handlers import lifecycle
 from scalingrun_operator.storage import Credentials, StorageTarget
 
 from ..hostile_store import HostileStore
-from .test_progress_watch import Clock, Recorder
+from tests.support.progress_watch import Clock, Recorder
 
 
 @pytest.fixture

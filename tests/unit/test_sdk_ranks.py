@@ -9,7 +9,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.unit.test_sdk import config  # noqa: F401 - the fixture: a command run's trainer config
+from tests.support.sdk import config  # noqa: F401 - the fixture: a command run's trainer config
 
 __all__ = ["config"]
 
