@@ -16,7 +16,7 @@
 # A Horovod wheel cached by scripts/setup.sh is handed to the build (build/wheels), so a build on a
 # machine that ran setup.sh does not compile Horovod again.
 # --gpu-commands prints, instead, the build commands of the GPU flavours (Keras, Lightning; see Dockerfile.trainer):
-# their CUDA images cannot be pulled here, so tests/unit/test_dockerfiles.py checks them against the locks.
+# their CUDA images cannot be pulled here, so tests/unit/repository/test_dockerfiles.py checks them against the locks.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

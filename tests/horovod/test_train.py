@@ -20,7 +20,7 @@ from tests.support.training import (
 )
 from scalingrun_trainer.core.tracking import MlflowClient
 from tests.support.horovodrun import horovodrun
-from tests.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
+from tests.support.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
 from tests.support.horovod_train import (  # noqa: F401 (fixtures)
     BUCKET, SIZE, dataset, read_json, run_training, s3, train_command, write_config,
 )

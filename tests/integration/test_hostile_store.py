@@ -1,5 +1,5 @@
 """A tenant's hostile store costs its own runs only: the operator (a subprocess, against a real kube-apiserver)
-serves runs whose stores (tests/hostile_store.py on 127.0.0.1, on the operator's allow-list) answer with a
+serves runs whose stores (tests/support/hostile_store.py on 127.0.0.1, on the operator's allow-list) answer with a
 200 MiB error body, trickle their headers or their body, list pages without end, or redirect to the cloud
 metadata address, next to healthy runs on SeaweedFS. Each hostile run gets a condition that says what its store
 did; the operator stays up, under its memory limit; the healthy runs created while the hostile reads are going
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client, watch
 
-from ..hostile_store import HostileStore
+from tests.support.hostile_store import HostileStore
 from tests.support.operator import Bucket, Cluster, Operator, new_namespace, new_run, started, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.s3]

@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.chart import helm, render  # noqa: F401 (helm is a fixture)
 
-from tests.integration.recording_proxy import Request
+from tests.support.recording_proxy import Request
 from tests.support.operator import Cluster, new_run, progress, wait_for
 from tests.support.rbac import (  # noqa: F401 (fixtures)
     BUCKET, _suffix, admin, bound_rules, bucket, create_namespace, grants, lifecycle, operator_as_the_chart_runs_it,

@@ -16,7 +16,7 @@ from scalingrun_operator.cluster import k8s
 from scalingrun_operator.cluster.k8s import Kube
 from tests.support.chart import helm, render  # noqa: F401 (helm is a fixture)
 
-from .recording_proxy import Request
+from tests.support.recording_proxy import Request
 from tests.support.operator import Cluster, wait_for
 from tests.support.rbac import (  # noqa: F401 (fixtures)
     _suffix, admin, bucket, create_namespace, lifecycle, operator_as_the_chart_runs_it, rbac_kubeconfig,

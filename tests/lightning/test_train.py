@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from tests.support.training import kill_a_rank_after_the_first_checkpoint
-from tests.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
+from tests.support.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
 from scalingrun_trainer.core.tracking import MlflowClient
 from tests.support.lightning_train import (  # noqa: F401 (fixtures)
     BUCKET, SIZE, command, dataset, read_json, write_config,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Optional
 
-from tests.unit.decide_world import World, config_map, done, job, manifest, mpijob, progress, training_status
+from tests.support.decide_world import World, config_map, done, job, manifest, mpijob, progress, training_status
 from tests.support.decide_pods import pod
 
 

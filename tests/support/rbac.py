@@ -20,7 +20,7 @@ from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders import build_config_map, build_preprocess_job
 from tests.support.apiserver import api_server, install_crd, mpijob_crd_document
 from tests.support.env import require
-from tests.integration.recording_proxy import RecordingProxy
+from tests.support.recording_proxy import RecordingProxy
 from tests.support.operator import (
     Bucket, Cluster, Operator, SCHEDULED, SECRET, manifest_for, new_run, progress, progress_uri, running, wait_for,
 )

@@ -1,4 +1,4 @@
-"""The operator's storage calls against stores that misbehave (tests/hostile_store.py, on 127.0.0.1): every
+"""The operator's storage calls against stores that misbehave (tests/support/hostile_store.py, on 127.0.0.1): every
 answer is read only up to its cap, no call outlives its budget, an endless listing ends, a redirect is not
 followed, the store's text is not echoed, and a store that keeps failing is not asked again for a while."""
 
@@ -13,7 +13,7 @@ from scalingrun_operator import storage
 from scalingrun_operator.bounded_http import ERROR_BODY_CAP, Clients
 from scalingrun_operator.store_slots import Busy, Guard
 
-from ..hostile_store import HostileStore, self_signed
+from tests.support.hostile_store import HostileStore, self_signed
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ import yaml
 
 from scalingrun_operator.cli import build_parser, main
 from scalingrun_operator.cli.completion import SHELLS, model
-from tests.unit.specs import MINIMAL
+from tests.support.specs import MINIMAL
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SWEEP = ROOT / "examples/sweep.yaml"
 SECRET = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "my-s3"}, "stringData": {"k": "v"}}
 # Every command that reads -f, as a user types it.

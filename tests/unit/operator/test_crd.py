@@ -9,7 +9,7 @@ import yaml
 
 from scalingrun_operator.api.crd import build_crd, render_chart_crd_template, render_crd_yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MANIFEST = ROOT / "manifests/crd/scalingrun.dev_scalingruns.yaml"
 CHART_TEMPLATE = ROOT / "charts/scalingrun/templates/crd.yaml"
 REGENERATE = "out of date: run scripts/generate.sh"

@@ -11,7 +11,7 @@ from typing import Callable, Optional
 import pytest
 
 from scalingrun_operator.decide.snapshot import HEARTBEAT, Document, Nodes
-from tests.unit.decide_world import (
+from tests.support.decide_world import (
     NOW, World, actions, condition, conditions, config_map, done, job, mpijob, preprocessing_status, stamp,
     training_status,
 )

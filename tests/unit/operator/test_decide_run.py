@@ -13,7 +13,7 @@ import pytest
 
 from scalingrun_operator.decide import pinning
 from scalingrun_operator.decide.snapshot import LogTail, Patch, Server, Settings
-from tests.unit.decide_world import (
+from tests.support.decide_world import (
     NOW, OWNER, SPEC, World, condition, config_map, conditions, done, job, manifest, mpijob, preprocessing_status,
     progress, stamp, training_status, actions,
 )

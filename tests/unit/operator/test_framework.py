@@ -11,7 +11,7 @@ from scalingrun_operator.api.crd import build_crd
 from scalingrun_api.models import DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.builders.common import trainer_image
-from tests.unit.specs import MINIMAL, run_document
+from tests.support.specs import MINIMAL, run_document
 
 
 

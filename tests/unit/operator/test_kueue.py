@@ -10,10 +10,10 @@ from typing import Any
 from scalingrun_operator.api.validation import parse_scalingrun
 from scalingrun_operator.builders import build_mpijob
 from scalingrun_operator.decide.snapshot import Create, Patch
-from tests.unit.decide_world import (
+from tests.support.decide_world import (
     SPEC, World, actions, condition, conditions, config_map, done, job, manifest, mpijob, progress, training_status,
 )
-from tests.unit.specs import run_document
+from tests.support.specs import run_document
 from tests.support.decide_run import RECORDS, training_pods
 
 QUEUE = "team-a"

@@ -168,7 +168,7 @@ def test_local_run_needs_exported_credentials_for_each_secret_it_names(monkeypat
         monkeypatch.delenv(var, raising=False)
     for var, value in exported.items():
         monkeypatch.setenv(var, value)
-    example = Path(__file__).resolve().parents[2] / "examples/06-8-single-gpu-nodes.yaml"
+    example = Path(__file__).resolve().parents[3] / "examples/06-8-single-gpu-nodes.yaml"
     run = LocalRun(parse_scalingrun(yaml.safe_load(example.read_text())), tmp_path)
     if error is None:
         run.check_credentials()

@@ -18,10 +18,10 @@ from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_trainer.cli import build_parser
 from scalingrun_trainer.parquet_table import TableParams
-from tests.unit.decide_world import NS, SPEC, World, actions, conditions, done, manifest, mpijob, owned, progress
+from tests.support.decide_world import NS, SPEC, World, actions, conditions, done, manifest, mpijob, owned, progress
 from tests.support.decide_run import preprocess_pod, training
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TABLE = {**SPEC["dataset"], "format": "parquet", "source": "s3://data/table", "columns": {"image": "px", "label": "y"}}
 del TABLE["preprocessing"]
 

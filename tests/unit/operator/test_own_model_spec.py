@@ -9,7 +9,7 @@ import pytest
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_operator.api.sweep import build_point_run, sweep_points
-from tests.unit.specs import MINIMAL, run_document
+from tests.support.specs import MINIMAL, run_document
 
 
 

@@ -7,7 +7,7 @@ import copy
 import json
 
 from scalingrun_operator.decide import podrecords
-from tests.unit.decide_world import World, config_map, done, job, manifest, mpijob, progress, training_status
+from tests.support.decide_world import World, config_map, done, job, manifest, mpijob, progress, training_status
 from tests.support.decide_pods import pod, waiting
 
 WORKERS = 1024

@@ -1,4 +1,4 @@
-"""The progress watcher against stores that misbehave (tests/hostile_store.py on 127.0.0.1): a hostile or failing
+"""The progress watcher against stores that misbehave (tests/support/hostile_store.py on 127.0.0.1): a hostile or failing
 store holds at most its share of the check pool, a store that keeps failing is not asked every round, the healthy
 runs' checks go on meanwhile, and the liveness probe hears when the watcher stops or a check is stuck."""
 
@@ -17,7 +17,7 @@ from scalingrun_operator.cluster.progress_watch import ProgressWatcher
 from scalingrun_operator.handlers import lifecycle
 from scalingrun_operator.storage import Credentials, StorageTarget
 
-from ..hostile_store import HostileStore
+from tests.support.hostile_store import HostileStore
 from tests.support.progress_watch import Clock, Recorder
 
 

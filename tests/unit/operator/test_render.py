@@ -22,7 +22,7 @@ from scalingrun_operator.cli import main
 from scalingrun_trainer.cli import build_parser
 from tests.support.env import require
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("**/*.yaml") if "kind: ScalingSweep" not in p.read_text())
 MPIJOB_CRD = ROOT.parent / "shared/crds/kubeflow.org_mpijobs.yaml"
 # 1.20 silently drops completionMode: check against a release that has it.

@@ -17,9 +17,9 @@ from scalingrun_operator.builders import build_children
 from scalingrun_operator.builders.config import build_trainer_config, slots_per_worker, total_processes
 from scalingrun_operator.local.processes import Commands
 from scalingrun_trainer.core.config import ENGINES, engine_of, parse_config
-from tests.unit.specs import MINIMAL, run_document
+from tests.support.specs import MINIMAL, run_document
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def with_training(**training) -> dict:

@@ -14,7 +14,7 @@ from typing import Iterator, Optional
 
 import pytest
 
-OPERATOR = Path(__file__).resolve().parents[2] / "operator"
+OPERATOR = Path(__file__).resolve().parents[3] / "operator"
 LAYERS = [
     ("scalingrun_api",),
     ("scalingrun_operator.api",),

@@ -22,7 +22,7 @@ from scalingrun_operator.decide.sweep import (
 from scalingrun_operator.local.sweep import oversubscribed_note
 from scalingrun_operator.report.sweep import render_sweep_report
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 SWEEP = {
     "apiVersion": "scalingrun.dev/v1alpha1",

@@ -11,9 +11,9 @@ import yaml
 from scalingrun_api.models import ScalingRun
 from scalingrun_operator.api.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.cli import main
-from tests.unit.specs import MINIMAL
+from tests.support.specs import MINIMAL
 
-EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("**/*.yaml"))
+EXAMPLES = sorted((Path(__file__).resolve().parents[3] / "examples").glob("**/*.yaml"))
 
 
 

@@ -14,7 +14,7 @@ from scalingrun_operator.cluster.runtime import Runtime
 from scalingrun_operator.config import Config
 from scalingrun_operator.handlers.lifecycle import configure
 from scalingrun_operator.handlers.runs import MANAGED
-from tests.unit.specs import run_document
+from tests.support.specs import run_document
 
 
 def test_the_selector_is_the_handlers_label_filter_and_every_child_carries_it():

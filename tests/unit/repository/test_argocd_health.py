@@ -9,7 +9,7 @@ import lupa
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LUA = (ROOT / "manifests/argocd/scalingrun-health.lua").read_text()
 
 

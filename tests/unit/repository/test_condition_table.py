@@ -13,7 +13,7 @@ from pathlib import Path
 
 from scalingrun_api.models import Phase, SweepPhase
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OPERATOR = ROOT / "operator" / "scalingrun_operator"
 DOC = ROOT / "docs" / "status-and-root-causes.md"
 

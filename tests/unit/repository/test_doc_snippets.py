@@ -16,9 +16,9 @@ import yaml
 
 from scalingrun_api.models import KIND, SWEEP_KIND, ScalingRunSpec
 from scalingrun_operator.api.validation import parse_scalingrun, parse_scalingsweep
-from tests.unit.specs import MINIMAL
+from tests.support.specs import MINIMAL
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```ya?ml\n(.*?)^```", re.S | re.M)
 NOT_OURS = "<!-- snippet: not a ScalingRun -->"

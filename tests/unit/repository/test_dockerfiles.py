@@ -14,7 +14,7 @@ import pytest
 
 from scalingrun_operator.builders.mpijob import MPI_USER_HOME, SSH_PORT, SSHD_STATE_DIR, WORKER_COMMAND
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCKERFILES = ["Dockerfile.operator", "Dockerfile.trainer"]
 COMPILERS = re.compile(r"\b(gcc|g\+\+|cmake|make|build-essential|[\w.+-]+-dev)\b")
 

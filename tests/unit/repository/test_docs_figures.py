@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 FIGURES_HEADING = "Figures quoted elsewhere"
 PAGES = sorted([ROOT / "README.md", ROOT / "charts" / "scalingrun" / "README.md", *(ROOT / "docs").glob("*.md")])

@@ -21,7 +21,7 @@ print("ok")
 """
 # The PyTorch Lightning trainer lives in its own venv (torch, no TensorFlow): imported there, below.
 LIGHTNING = "scalingrun_trainer.lightning"
-LIGHTNING_PYTHON = Path(__file__).resolve().parents[2] / ".venv-lightning/bin/python"
+LIGHTNING_PYTHON = Path(__file__).resolve().parents[3] / ".venv-lightning/bin/python"
 
 
 @pytest.mark.parametrize(
@@ -57,7 +57,7 @@ def test_stdlib_operator_is_not_shadowed():
     """Run from the repository root, where a folder named operator/ sits on sys.path[0]."""
     code = "import operator, sysconfig; print(operator.__file__); print(sysconfig.get_paths()['stdlib'])"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[2])
+                            cwd=Path(__file__).resolve().parents[3])
     assert result.returncode == 0, result.stderr
     module_file, stdlib = result.stdout.split()
     assert module_file.startswith(stdlib)

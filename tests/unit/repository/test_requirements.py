@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 LOCKS = sorted((ROOT / "requirements").glob("*.txt")) + [ROOT / "tests/e2e/seaweedfs/requirements.txt"]

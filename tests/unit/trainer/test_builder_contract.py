@@ -14,7 +14,7 @@ from scalingrun_trainer.core.builder import Builder, BuilderError
 from scalingrun_trainer.keras.models import build_user_network, user_classifier
 from tests.support.env import require
 
-LIGHTNING_PYTHON = Path(__file__).resolve().parents[2] / ".venv-lightning/bin/python"
+LIGHTNING_PYTHON = Path(__file__).resolve().parents[3] / ".venv-lightning/bin/python"
 IMAGE = "registry.example/team/trainer:1.0"
 
 KERAS_MODULE = '''
