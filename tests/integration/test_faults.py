@@ -16,8 +16,8 @@ import uuid
 import pytest
 from kubernetes import client
 
-from tests.support.operator import (
-    Operator, SCHEDULED, bucket, namespace_cluster, new_run, progress_uri, reach_training, running, started, wait_for,
+from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
+    SCHEDULED, bucket, new_run, progress_uri, reach_training, running, served, started, wait_for,
 )
 from tests.support.pods import create_training_pod
 
@@ -27,16 +27,7 @@ SERVED = "flt"  # namespaces flt-* are served by this module's operator
 GRACE_S = 5
 
 
-@pytest.fixture(scope="module")
-def operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    with started(Operator(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", [f"{SERVED}-*"], "--standalone")) as op:
-        yield op
-
-
-@pytest.fixture
-def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd):
-    with namespace_cluster(api_client, s3_server, request, SERVED) as made:
-        yield made
+operator, cluster = served(SERVED)
 
 
 @pytest.fixture

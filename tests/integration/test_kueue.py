@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from tests.support.operator import (
-    Cluster, Operator, bucket, manifest_for, namespace_cluster, new_run, started, wait_for,
+from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
+    Cluster, bucket, manifest_for, new_run, served, wait_for,
 )
 
 pytestmark = pytest.mark.k8s
@@ -19,16 +19,7 @@ QUEUE = "team-a"
 KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
-@pytest.fixture(scope="module")
-def operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    with started(Operator(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", [f"{SERVED}-*"], "--standalone")) as op:
-        yield op
-
-
-@pytest.fixture
-def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd):
-    with namespace_cluster(api_client, s3_server, request, SERVED) as made:
-        yield made
+operator, cluster = served(SERVED)
 
 
 class PlayedKueue:

@@ -20,9 +20,9 @@ from scalingrun_operator.cluster.k8s import Kube
 from scalingrun_operator.decide import pods as pod_diagnosis
 from scalingrun_operator.decide.status import parse_time
 
-from tests.support.operator import (
-    Cluster, Operator, SCHEDULED, TEST_STORES, bucket, manifest_for, namespace_cluster, new_run, preprocess_pod_labels,
-    progress, progress_uri, reach_training, running, started, wait_for, waiting,
+from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
+    Cluster, Operator, SCHEDULED, TEST_STORES, bucket, manifest_for, namespace_cluster, new_run,
+    preprocess_pod_labels, progress, progress_uri, reach_training, running, served, started, wait_for, waiting,
 )
 from tests.support.pods import IMAGE, create_pod, create_training_pod
 
@@ -32,16 +32,7 @@ SERVED = "src"  # namespaces src-* are served by this module's operator
 UNSERVED = "srq"  # namespaces no operator serves: a test reconciles there itself
 
 
-@pytest.fixture(scope="module")
-def operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    with started(Operator(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", [f"{SERVED}-*"], "--standalone")) as op:
-        yield op
-
-
-@pytest.fixture
-def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd):
-    with namespace_cluster(api_client, s3_server, request, SERVED) as made:
-        yield made
+operator, cluster = served(SERVED)
 
 
 @pytest.fixture

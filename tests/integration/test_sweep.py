@@ -16,8 +16,8 @@ from kubernetes import client
 
 from scalingrun_api import models
 from scalingrun_operator.api.sweep import SWEEP_LABEL
-from tests.support.operator import (
-    Bucket, Cluster, Operator, manifest_for, namespace_cluster, new_run, progress, progress_uri, started, wait_for,
+from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
+    Bucket, Cluster, Operator, manifest_for, new_run, progress, progress_uri, served, started, wait_for,
 )
 
 pytestmark = pytest.mark.k8s
@@ -36,17 +36,7 @@ def bucket(s3_server) -> Bucket:
     return b
 
 
-@pytest.fixture(scope="module")
-def operator(kubeconfig, scalingsweep_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    with started(Operator(kubeconfig, tmp_path_factory.mktemp("sweep-operator") / "operator.log", [f"{PREFIX}-*"],
-                      "--standalone")) as op:
-        yield op
-
-
-@pytest.fixture
-def cluster(api_client, s3_server, request, scalingsweep_crd, mpijob_crd) -> Cluster:
-    with namespace_cluster(api_client, s3_server, request, PREFIX) as made:
-        yield made
+operator, cluster = served(PREFIX, sweeps=True)
 
 
 def new_sweep(namespace: str, name: str, server, workers: list[int], **spec: Any) -> dict:

@@ -16,8 +16,8 @@ from kubernetes import client
 
 from scalingrun_operator.decide import pinning
 
-from tests.support.operator import (
-    Bucket, Cluster, Operator, namespace_cluster, new_run, reach_training, started, wait_for,
+from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
+    Bucket, Cluster, Operator, namespace_cluster, new_run, reach_training, served, started, wait_for,
 )
 
 pytestmark = [pytest.mark.k8s, pytest.mark.s3]
@@ -31,17 +31,7 @@ def bucket(s3_server) -> Bucket:
     return Bucket.created(s3_server, BUCKET)
 
 
-@pytest.fixture(scope="module")
-def operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    with started(Operator(kubeconfig, tmp_path_factory.mktemp("tenancy-operator") / "operator.log", [f"{PREFIX}-*"],
-                      "--standalone")) as op:
-        yield op
-
-
-@pytest.fixture
-def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cluster:
-    with namespace_cluster(api_client, s3_server, request, PREFIX) as made:
-        yield made
+operator, cluster = served(PREFIX)
 
 
 def _images(pod_spec: dict) -> set[str]:

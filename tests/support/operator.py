@@ -395,13 +395,6 @@ def bucket(s3_server) -> Bucket:
     return Bucket.created(s3_server, BUCKET)
 
 
-@pytest.fixture(scope="module")
-def operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    """One operator for the module, serving the sro-* namespaces (and only those)."""
-    with started(Operator(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", [f"{SERVED}-*"], "--standalone")) as op:
-        yield op
-
-
 def new_namespace(api_client, s3_server, request, prefix: str) -> str:
     """A fresh namespace `<prefix>-<test>-<random>` holding the S3 Secret the runs name."""
     core = client.CoreV1Api(api_client)
@@ -429,10 +422,29 @@ def started(operator: Operator) -> Iterator[Operator]:
     operator.stop()
 
 
-@pytest.fixture
-def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cluster:
-    with namespace_cluster(api_client, s3_server, request, SERVED) as made:
-        yield made
+def served(prefix: str, sweeps: bool = False) -> tuple[Any, Any]:
+    """A module's two fixtures: `operator`, one operator for the module serving the `<prefix>-*` namespaces (and
+    only those), and `cluster`, a fresh such namespace per test. `sweeps`: the ScalingSweep CRD is installed too.
+    A module takes them as `operator, cluster = served("abc")`."""
+    crd = "scalingsweep_crd" if sweeps else "scalingrun_crd"
+
+    @pytest.fixture(scope="module")
+    def operator(kubeconfig, mpijob_crd, tmp_path_factory, request) -> Iterator[Operator]:
+        request.getfixturevalue(crd)
+        log = tmp_path_factory.mktemp(f"{prefix}-operator") / "operator.log"
+        with started(Operator(kubeconfig, log, [f"{prefix}-*"], "--standalone")) as op:
+            yield op
+
+    @pytest.fixture
+    def cluster(api_client, s3_server, request, mpijob_crd) -> Iterator[Cluster]:
+        request.getfixturevalue(crd)
+        with namespace_cluster(api_client, s3_server, request, prefix) as made:
+            yield made
+
+    return operator, cluster
+
+
+operator, cluster = served(SERVED)  # the sro-* namespaces
 
 
 def _now() -> str:
