@@ -25,7 +25,9 @@ from .children import FOREIGN, Claims
 from .draft import store_of
 from .progress import training_status
 from .snapshot import PROGRESS, Child, Create, Decision, Document, Read, Settings, Snapshot
-from .status import FAILED, INVALID_SPEC, PREPROCESSED, SWEEP_PHASES, Event, StatusUpdate, get_condition
+from .status import (
+    FAILED, INVALID_SPEC, PREPROCESSED, SWEEP_PHASES, Event, StatusUpdate, get_condition, may_revalidate,
+)
 
 TERMINAL_RUN = (Phase.succeeded.value, Phase.failed.value)
 POINT_FAILED = "PointFailed"
@@ -214,10 +216,7 @@ def decide_sweep(snapshot: Snapshot, settings: Settings = Settings()) -> Decisio
     meta = body["metadata"]
     current = body.get("status") or {}
     update = StatusUpdate(current, meta.get("generation"), snapshot.now, phases=SWEEP_PHASES)
-    failed = get_condition(update.desired["conditions"], FAILED) or {}
-    if current.get("phase") in SWEEP_PHASES.terminal and not (
-            failed.get("reason") == INVALID_SPEC and (current.get("observedGeneration") or 0) < (
-                update.generation or 0)):
+    if current.get("phase") in SWEEP_PHASES.terminal and not may_revalidate(current, update.generation):
         return Decision(phase=current["phase"], desired=current)  # finished: a point deleted later stays so
     try:
         sweep = parse_scalingsweep({"apiVersion": API_VERSION, "kind": SWEEP_KIND, "metadata": meta,
@@ -227,7 +226,7 @@ def decide_sweep(snapshot: Snapshot, settings: Settings = Settings()) -> Decisio
         update.fail(INVALID_SPEC, message)
         update.desired["message"] = f"{INVALID_SPEC}: {message}"
         return _decision(update)
-    if failed.get("reason") == INVALID_SPEC:
+    if (get_condition(update.desired["conditions"], FAILED) or {}).get("reason") == INVALID_SPEC:
         update.condition(FAILED, "False", "SpecValid", "the spec is valid")
         update.desired.pop("completionTime", None)
     namespace = meta.get("namespace") or "default"
