@@ -15,7 +15,7 @@ import pytest
 
 # env first: it hides an ambient KUBECONFIG before anything imports kubernetes.
 from tests.support.env import NAMED_KUBECONFIG, ROOT, TEST_KUBECONFIG_VARIABLE, require
-from tests.support.apiserver import api_server, install_crd, mpijob_crd_document
+from tests.support.apiserver import api_server, free_port, install_crd, mpijob_crd_document
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +122,7 @@ class MlflowServer:
     def __init__(self, folder: Path, binary: Path, username: str, password: str):
         self.folder, self.binary = folder, binary
         self.username, self.password = username, password
-        self.uri = f"http://127.0.0.1:{_free_port()}"
+        self.uri = f"http://127.0.0.1:{free_port()}"
         self.process: "subprocess.Popen | None" = None
 
     def env(self) -> dict[str, str]:

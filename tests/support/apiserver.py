@@ -14,7 +14,8 @@ import pytest
 from .env import ROOT, require
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (for a server a test starts)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

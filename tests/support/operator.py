@@ -8,14 +8,13 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
 import uuid
 from pathlib import Path
-from typing import Iterator, Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import pytest
 from kubernetes import client
@@ -23,6 +22,7 @@ from kubernetes.client.rest import ApiException
 
 from scalingrun_api import models
 from scalingrun_operator.builders.common import RUN_LABEL
+from tests.support.apiserver import free_port
 
 
 BUCKET = "scalingrun-operator"
@@ -41,12 +41,6 @@ TIMEOUT = 90  # generous: the machine is small and shared
 TEST_STORES = {"allow_any_storage_endpoint": True, "allow_local_paths": True}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Operator:
     """`scalingrun operator` in a subprocess, with its log kept for failure messages."""
 
@@ -54,8 +48,8 @@ class Operator:
                  env: Optional[dict[str, str]] = None):
         self.kubeconfig, self.log_path, self.namespaces, self.extra = kubeconfig, log_path, namespaces, extra
         self.env = env or {}
-        self.liveness_port = _free_port()
-        self.metrics_port = _free_port()
+        self.liveness_port = free_port()
+        self.metrics_port = free_port()
         self.process: Optional[subprocess.Popen] = None
 
     def start(self) -> "Operator":
