@@ -35,7 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.e2e.conftest import InCluster, connect, missing_variables  # noqa: E402
+from tests.support.e2e_cluster import InCluster, connect, missing_variables  # noqa: E402
 from tests.e2e.environment import upload_jpegs  # noqa: E402
 
 TIMELINE = "/tmp/horovod-timeline.json"

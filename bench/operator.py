@@ -53,11 +53,11 @@ from kubernetes import client, config, watch  # noqa: E402
 from scalingrun_api import models  # noqa: E402
 from scalingrun_operator.schema.crd import build_crd  # noqa: E402
 from scalingrun_operator.local.s3server import S3Server  # noqa: E402
-from tests.conftest import api_server, install_crd  # noqa: E402
-from tests.integration.test_operator import (  # noqa: E402
+from tests.support.apiserver import api_server, free_port, install_crd  # noqa: E402
+from tests.support.operator import (  # noqa: E402
     BUCKET, SECRET, Bucket, Cluster, manifest_for, new_run, progress, progress_uri,
 )
-from tests.integration.test_storage_retry import FlakyS3  # noqa: E402  (fail=0: a counting proxy)
+from tests.support.flaky_s3 import FlakyS3  # noqa: E402  (fail=0: a counting proxy)
 
 TARGETS = {"p50_ms": 100.0, "p95_ms": 250.0, "all_children_s": 15.0, "peak_rss_mib": 200.0,
            "requests_per_min": 300.0, "cpu_millicores": 25.0, "rss_drift": 0.10}
@@ -270,14 +270,6 @@ def drive_to_training(bench: Bench, cluster: Cluster, names: list[str], operator
         time.sleep(2)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class DeployedReplicas:
     """The chart's default: two replicas electing a leader with a Lease named after the release in its
     namespace (holder = pod name), the chart's lease timings, and the kubelet's liveness (every 20 s) and
@@ -297,7 +289,7 @@ class DeployedReplicas:
         self.replicas = chart["replicaCount"]
         bench.core.create_namespace({"metadata": {"name": self.NAMESPACE}})
         self.coordination = client.CoordinationV1Api(bench.api)
-        self.ports = [_free_port() for _ in range(self.replicas)]
+        self.ports = [free_port() for _ in range(self.replicas)]
         self.operators = [
             OperatorProcess(kubeconfig, folder / f"replica-{i}.log",
                             peers=[f"--lease={self.RELEASE}", f"--liveness=http://127.0.0.1:{port}/healthz"],
@@ -510,7 +502,7 @@ def main_pods(args: argparse.Namespace) -> int:
         bench = Bench(api, s3, bucket, storage)
         counting = pod_scale.CountingApi(api)
         per_pod_without = pod_scale.calibrate(bench)
-        port = _free_port()
+        port = free_port()
         operator = OperatorProcess(kubeconfig, Path(tmp) / "operator.log", metrics_port=port)
         try:
             time.sleep(3)

@@ -20,7 +20,7 @@
 # machine that ran setup.sh does not compile Horovod again.
 # --names prints, instead, every image name (the CPU ones above and the GPU flavours) as name=image, builds nothing.
 # --gpu-commands prints, instead, the build commands of the GPU flavours (Keras, Lightning; see Dockerfile.trainer):
-# their CUDA images cannot be pulled here, so tests/unit/test_dockerfiles.py checks them against the locks.
+# their CUDA images cannot be pulled here, so tests/unit/repository/test_dockerfiles.py checks them against the locks.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerates the checked-in CRD (manifests/ and chart) from the pydantic models.
-# tests/unit/test_crd.py fails when these files drift from the models.
+# tests/unit/operator/test_crd.py fails when these files drift from the models.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PY:-$ROOT/.venv/bin/python}"

@@ -1,5 +1,5 @@
 """The dataset manifest, `<dataset.output>/_manifest.json`: the preprocessing (scalingrun_trainer.preprocess) or a
-Parquet table's check (scalingrun_trainer.parquet_table) writes it last, once the dataset is complete; the trainer
+Parquet table's check (scalingrun_trainer.preprocess.parquet_table) writes it last, once the dataset is complete; the trainer
 opens the dataset from it, and the operator decides from it whether a dataset can be reused and mirrors it into
 status.preprocessing.
 

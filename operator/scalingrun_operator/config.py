@@ -8,7 +8,7 @@ No variable name may be one that Kubernetes' service links can produce: for ever
 pod's namespace the kubelet injects `<NAME>_SERVICE_HOST`, `<NAME>_SERVICE_PORT[_<PORTNAME>]`,
 `<NAME>_PORT` and `<NAME>_PORT_<N>_<PROTO>[_PROTO|_PORT|_ADDR]`, so a Service `scalingrun-metrics`
 would set `SCALINGRUN_METRICS_PORT=tcp://10.0.0.241:9090`. Hence `SCALINGRUN_METRICS_PORT_NUMBER`;
-tests/unit/test_operator_parts.py checks every name against those patterns.
+tests/unit/operator/test_operator_parts.py checks every name against those patterns.
 """
 
 from __future__ import annotations

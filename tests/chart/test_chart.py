@@ -3,35 +3,16 @@
 from __future__ import annotations
 
 import subprocess
-from pathlib import Path
 
 import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from tests.support.chart import CHART, ROOT, helm, render  # noqa: F401 (fixtures)
 
-from tests.conftest import require
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts/scalingrun"
 VALUES = [None, *sorted((CHART / "ci").glob("*-values.yaml"))]
 K8S_SCHEMA_VERSION = "1.30.0"
-
-
-@pytest.fixture(scope="session")
-def helm() -> str:
-    result = subprocess.run(["bash", str(ROOT / "scripts/tools.sh")], capture_output=True, text=True)
-    require(result.returncode == 0, f"helm not available: {result.stderr[-500:]}")
-    return str(Path(result.stdout.strip()) / "helm")
-
-
-def render(helm: str, values: Path | None = None, *extra: str, release: str = "t",
-           namespace: str = "scalingrun-system") -> list[dict]:
-    args = [helm, "template", release, str(CHART), "--namespace", namespace, *extra]
-    if values:
-        args += ["-f", str(values)]
-    result = subprocess.run(args, capture_output=True, text=True, check=True)
-    return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
 def crd_schemas() -> dict[tuple[str, str], dict]:
@@ -274,7 +255,7 @@ def test_the_endpoint_defaults_can_be_opened_and_told_the_service_range(helm):
 
 def test_the_security_page_lists_exactly_what_the_chart_grants_the_operator(helm):
     """docs/security.md says why each grant is needed: its table and the chart must not drift apart."""
-    from tests.integration.test_rbac import bound_rules, grants
+    from tests.support.rbac import bound_rules, grants
 
     text = (ROOT / "docs/security.md").read_text()
     table = text[text.index("| Resource | API group | Verbs |"):].split("\n\n")[0].splitlines()[2:]

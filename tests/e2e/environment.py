@@ -199,7 +199,7 @@ def install_mpi_operator(cluster: Cluster) -> None:
                              "mpi-operator v0.8's kubeflow.org_mpijobs.yaml")
         # Created, not applied (too large for client-side apply); `kubectl wait` right after a create can
         # fail on a CRD with no conditions yet, so wait for Established by polling.
-        from tests.conftest import install_crd
+        from tests.support.apiserver import install_crd
 
         install_crd(cluster.api, yaml.safe_load(settings.mpijob_crd.read_text()))
     from tests.e2e.mpijob_controller import deploy

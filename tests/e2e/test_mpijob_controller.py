@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import pytest
 import yaml
 
 from tests.e2e.mpijob_controller import controller as stand_in
+from tests.support.apiserver import free_port
 from tests.e2e.mpijob_controller import deploy
 
 CONTROLLER = Path(stand_in.__file__)
@@ -31,12 +31,6 @@ TIMEOUT = 30  # the machine is small and shared
 SSH_PATH = "/home/mpiuser/.ssh"
 
 k8s = pytest.mark.k8s
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def now() -> str:
@@ -222,7 +216,7 @@ def cluster(kubeconfig, api_client, namespace, mpijob_crd, tmp_path):
     create_documents(api, rbac, namespace)
     sa_kubeconfig = service_account_kubeconfig(api, kubeconfig, namespace, name, tmp_path / "sa-kubeconfig")
     log_path = tmp_path / "controller.log"
-    port = _free_port()
+    port = free_port()
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             [sys.executable, str(CONTROLLER), "--kubeconfig", str(sa_kubeconfig), "--namespace", namespace,

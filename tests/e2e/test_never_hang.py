@@ -25,8 +25,8 @@ from typing import Any, Optional
 
 import pytest
 
-from tests.conftest import require
-from tests.e2e.test_in_cluster import _name, condition_texts, finished, phase, run_body
+from tests.support.env import require
+from tests.support.e2e_runs import _name, condition_texts, finished, phase, run_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
 

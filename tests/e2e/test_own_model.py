@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.e2e.environment import BUCKET, UNLABELLED_TABLE
-from tests.e2e.test_in_cluster import _name, children, condition_texts, finished, launcher_log, phase, run_body
+from tests.support.e2e_runs import _name, children, condition_texts, finished, launcher_log, phase, run_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
 OUTPUT = f"s3://{BUCKET}/own-model/parquet-32"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.horovod.test_train import dataset, read_json, run_training, write_config  # noqa: F401 - fixture
+from tests.support.horovod_train import dataset, read_json, run_training, write_config  # noqa: F401 - fixture
 
 pytestmark = [pytest.mark.horovod, pytest.mark.s3]
 BUCKET = "train"

@@ -18,7 +18,7 @@ import pytest
 import yaml
 from pyarrow import fs as pafs
 
-from tests.horovod.test_train import BUCKET, dataset, read_json, s3, train_command, write_config  # noqa: F401
+from tests.support.horovod_train import BUCKET, dataset, read_json, s3, train_command, write_config  # noqa: F401
 
 pytestmark = [pytest.mark.horovod, pytest.mark.s3]
 ROOT = Path(__file__).resolve().parents[2]

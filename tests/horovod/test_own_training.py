@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.unit.test_sdk import PROGRESS_KEYS
+from tests.support.sdk import PROGRESS_KEYS
 
 pytestmark = [pytest.mark.horovod, pytest.mark.s3]
 ROOT = Path(__file__).resolve().parents[2]

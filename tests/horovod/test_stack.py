@@ -4,23 +4,16 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from tests.support.horovodrun import horovodrun
 
-from tests.conftest import require
 
 pytestmark = pytest.mark.horovod
 HERE = Path(__file__).resolve().parent
-
-
-def horovodrun() -> str:
-    path = shutil.which("horovodrun") or str(Path(sys.executable).with_name("horovodrun"))
-    require(Path(path).exists(), "horovodrun not installed (run scripts/setup.sh)")
-    return path
 
 
 def test_check_build_has_tensorflow_mpi_and_gloo():

@@ -10,69 +10,25 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from pyarrow import fs as pafs
 
-from scalingrun_operator.schema.validation import parse_scalingrun
-from scalingrun_operator.builders.config import build_trainer_config
-from tests.conftest import (assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores,
-                            preprocessed_fashion_mnist, require, saved_keras_model, validation_split)
+from tests.support.env import require
+from tests.support.training import (
+    assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, saved_keras_model, validation_split,
+)
 from scalingrun_trainer.core.tracking import MlflowClient
-from tests.horovod.test_stack import horovodrun
-from tests.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
+from tests.support.horovodrun import horovodrun
+from tests.support.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
+from tests.support.horovod_train import (  # noqa: F401 (fixtures)
+    BUCKET, SIZE, dataset, read_json, run_training, s3, train_command, write_config,
+)
 
 pytestmark = [pytest.mark.horovod, pytest.mark.s3]
-BUCKET = "train"
-SIZE = 32
 # How far the cached head's epoch losses may be from the whole network's (the test that compares them says why).
 LOSS_TOLERANCE = 0.05
 PRETRAINED = {"base": "efficientnet_lite0", "weights": "imagenet"}
-
-
-def s3(server) -> pafs.S3FileSystem:
-    return server.filesystem()
-
-
-@pytest.fixture(scope="module")
-def dataset(s3_server) -> str:
-    """Fashion-MNIST, 24 images per class, preprocessed for 2 readers."""
-    return preprocessed_fashion_mnist(s3_server, BUCKET, per_class=24, size=SIZE)
-
-
-def write_config(tmp_path: Path, server, dataset: str, run_location: str, tracking: dict | None = None,
-                 model: dict | None = None, **training) -> Path:
-    spec = {
-        "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "hvd-test"},
-        "spec": {
-            "storage": {"endpoint": server.endpoint, "credentialsSecret": "unused-locally"},
-            "dataset": {"source": f"s3://{BUCKET}/jpeg", "output": dataset, "imageSize": SIZE},
-            "model": {"base": "mobilenet_v2", "weights": "none", "dropout": 0.1, **(model or {})},
-            "training": {"batchSizePerWorker": 16, "maxEpochs": 2, "checkpoint": {"location": run_location},
-                         **training},
-            "workers": {"replicas": 2, "gpusPerWorker": 0},
-            **({"tracking": tracking} if tracking else {}),
-        },
-    }
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(build_trainer_config(parse_scalingrun(spec))))
-    return path
-
-
-def train_command(config: Path, processes: int = 2) -> list[str]:
-    return [horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", sys.executable, "-m",
-            "scalingrun_trainer.cli", "train", "--config", str(config)]
-
-
-def run_training(server, config: Path, timeout: int = 400, env: dict | None = None,
-                 processes: int = 2) -> subprocess.CompletedProcess:
-    return subprocess.run(train_command(config, processes), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **server.env(), "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
-
-
-def read_json(server, uri: str) -> dict:
-    return json.loads(s3(server).open_input_stream(uri[len("s3://"):]).read())
 
 
 def test_two_ranks_train_report_checkpoint_and_save(s3_server, dataset, tmp_path):

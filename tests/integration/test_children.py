@@ -29,7 +29,7 @@ from scalingrun_operator.decide.children import identity_labels
 from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_operator.decide.snapshot import Patch
 
-from .test_operator import TEST_STORES, Cluster, wait_for
+from tests.support.operator import Cluster, TEST_STORES, wait_for
 
 pytestmark = pytest.mark.k8s
 

@@ -14,7 +14,7 @@ import pytest
 from kubernetes import client
 
 from scalingrun_api import models
-from tests.unit.specs import MINIMAL
+from tests.support.specs import MINIMAL
 
 pytestmark = pytest.mark.k8s
 

@@ -13,7 +13,7 @@ from kubernetes import client
 
 from scalingrun_api import models
 from scalingrun_trainer.launch.run_logs import AttemptArchive, PodArchive
-from tests.conftest import ROOT
+from tests.support.env import ROOT
 
 pytestmark = [pytest.mark.k8s, pytest.mark.s3]
 

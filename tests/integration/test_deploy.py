@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from tests.conftest import require
+from tests.support.env import require
 
 pytestmark = pytest.mark.k8s
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,10 +16,10 @@ import uuid
 import pytest
 from kubernetes import client
 
-from .test_operator import (  # noqa: F401 (bucket: a fixture)
-    SCHEDULED, Operator, bucket, new_run, progress_uri, reach_training, running, wait_for,
+from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
+    SCHEDULED, bucket, new_run, progress_uri, reach_training, running, served, started, wait_for,
 )
-from .test_root_cause import _cluster, create_training_pod
+from tests.support.pods import create_training_pod
 
 pytestmark = pytest.mark.k8s
 
@@ -27,19 +27,7 @@ SERVED = "flt"  # namespaces flt-* are served by this module's operator
 GRACE_S = 5
 
 
-@pytest.fixture(scope="module")
-def operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    op = Operator(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", [f"{SERVED}-*"], "--standalone")
-    op.start()
-    yield op
-    op.stop()
-
-
-@pytest.fixture
-def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd):
-    c = _cluster(api_client, s3_server, request, SERVED)
-    yield c
-    client.CoreV1Api(api_client).delete_namespace(c.ns)
+operator, cluster = served(SERVED)
 
 
 @pytest.fixture

@@ -23,7 +23,8 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from tests.conftest import CREATED_CRDS, NAMED_KUBECONFIG, ROOT, api_server, install_crd, require
+from tests.support.apiserver import CREATED_CRDS, api_server, install_crd
+from tests.support.env import NAMED_KUBECONFIG, ROOT, require
 from tests.e2e.environment import README_HELM_INSTALL
 
 pytestmark = pytest.mark.k8s

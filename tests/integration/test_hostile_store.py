@@ -1,5 +1,5 @@
 """A tenant's hostile store costs its own runs only: the operator (a subprocess, against a real kube-apiserver)
-serves runs whose stores (tests/hostile_store.py on 127.0.0.1, on the operator's allow-list) answer with a
+serves runs whose stores (tests/support/hostile_store.py on 127.0.0.1, on the operator's allow-list) answer with a
 200 MiB error body, trickle their headers or their body, list pages without end, or redirect to the cloud
 metadata address, next to healthy runs on SeaweedFS. Each hostile run gets a condition that says what its store
 did; the operator stays up, under its memory limit; the healthy runs created while the hostile reads are going
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from kubernetes import client, watch
 
-from ..hostile_store import HostileStore
-from .test_operator import SECRET, Bucket, Cluster, Operator, _namespace, new_run, wait_for
+from tests.support.hostile_store import HostileStore
+from tests.support.operator import Bucket, Cluster, Operator, new_namespace, new_run, started, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.s3]
 
@@ -43,13 +43,11 @@ def stores():
 @pytest.fixture(scope="module")
 def operator(kubeconfig, scalingrun_crd, mpijob_crd, s3_server, stores, tmp_path_factory) -> Operator:
     allowed = ",".join([s3_server.endpoint] + [s.endpoint for s in stores.values()])
-    op = Operator(kubeconfig, tmp_path_factory.mktemp("hostile-operator") / "operator.log", [f"{PREFIX}-*"],
-                  "--standalone", env={"SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": allowed,
-                                       "SCALINGRUN_STORAGE_TIMEOUT_SECONDS": "2",
-                                       "SCALINGRUN_STORAGE_DEADLINE_SECONDS": "5"})
-    op.start()
-    yield op
-    op.stop()
+    with started(Operator(kubeconfig, tmp_path_factory.mktemp("hostile-operator") / "operator.log", [f"{PREFIX}-*"],
+                      "--standalone", env={"SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": allowed,
+                                           "SCALINGRUN_STORAGE_TIMEOUT_SECONDS": "2",
+                                           "SCALINGRUN_STORAGE_DEADLINE_SECONDS": "5"})) as op:
+        yield op
 
 
 @pytest.fixture
@@ -57,7 +55,7 @@ def namespaces(api_client, s3_server, request, scalingrun_crd, mpijob_crd):
     made: list[Cluster] = []
 
     def new() -> Cluster:
-        made.append(Cluster(api_client, _namespace(api_client, s3_server, request, PREFIX)))
+        made.append(Cluster(api_client, new_namespace(api_client, s3_server, request, PREFIX)))
         return made[-1]
 
     yield new

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.integration.test_operator import (  # noqa: F401 - fixtures
-    bucket, cluster, new_run, operator, progress, progress_uri, reach_training, wait_for,
-)
+from tests.support.operator import bucket, cluster, new_run, operator, progress, progress_uri, reach_training, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.s3]
 

@@ -22,7 +22,7 @@ import pytest
 from kubernetes import client
 
 from scalingrun_api import models
-from tests.conftest import ROOT, require
+from tests.support.env import ROOT, require
 
 pytestmark = pytest.mark.k8s
 

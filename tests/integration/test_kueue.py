@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from .test_operator import (  # noqa: F401 (bucket: a fixture)
-    Cluster, Operator, _namespace, bucket, manifest_for, new_run, wait_for,
+from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
+    Cluster, bucket, manifest_for, new_run, served, wait_for,
 )
 
 pytestmark = pytest.mark.k8s
@@ -19,19 +19,7 @@ QUEUE = "team-a"
 KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 
-@pytest.fixture(scope="module")
-def operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    op = Operator(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", [f"{SERVED}-*"], "--standalone")
-    op.start()
-    yield op
-    op.stop()
-
-
-@pytest.fixture
-def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd):
-    name = _namespace(api_client, s3_server, request, SERVED)
-    yield Cluster(api_client, name)
-    client.CoreV1Api(api_client).delete_namespace(name)
+operator, cluster = served(SERVED)
 
 
 class PlayedKueue:

@@ -15,8 +15,8 @@ import uuid
 import pytest
 
 from scalingrun_api.logs import AttemptRecord, RankLines
-from tests.conftest import ROOT, require
-from tests.unit.test_launcher import SSH_HOST, port, tcp_server, write_hostfile  # noqa: F401 (port: a fixture)
+from tests.support.env import ROOT, require
+from tests.support.launcher import SSH_HOST, port, tcp_server, write_hostfile  # noqa: F401 (port: a fixture)
 
 pytestmark = pytest.mark.s3
 

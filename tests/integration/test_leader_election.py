@@ -15,8 +15,7 @@ import yaml
 from kubernetes import client
 
 from scalingrun_operator.cluster.leader import EXIT_LOST_LEASE
-from tests.integration.test_operator import (Cluster, Operator, _namespace, bucket, manifest_for, new_run,
-                                             wait_for)
+from tests.support.operator import Cluster, Operator, bucket, manifest_for, new_namespace, new_run, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.s3]
 
@@ -26,7 +25,7 @@ HANDOVER_LIMIT = 30.0
 
 @pytest.fixture
 def ha_cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cluster:
-    name = _namespace(api_client, s3_server, request, "srl")
+    name = new_namespace(api_client, s3_server, request, "srl")
     yield Cluster(api_client, name)
     client.CoreV1Api(api_client).delete_namespace(name)
 

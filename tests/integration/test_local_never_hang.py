@@ -28,7 +28,7 @@ import yaml
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.locations import manifest_uri
 from scalingrun_operator.decide.preprocessing import dataset_parameters
-from tests.conftest import require
+from tests.support.env import require
 
 ROOT = Path(__file__).resolve().parents[2]
 

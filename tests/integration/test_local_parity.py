@@ -34,7 +34,7 @@ from scalingrun_operator.decide.snapshot import CLUSTER, LOCAL
 from scalingrun_operator.local.processes import Commands
 from scalingrun_operator.local.runner import LocalRun
 
-from .test_operator import TEST_STORES, Cluster
+from tests.support.operator import Cluster, TEST_STORES
 
 pytestmark = pytest.mark.k8s
 

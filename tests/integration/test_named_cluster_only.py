@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, TEST_KUBECONFIG_VARIABLE, require
+from tests.support.env import ROOT, TEST_KUBECONFIG_VARIABLE, require
 
 pytestmark = pytest.mark.k8s
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from tests.chart.test_chart import CHART, helm, render  # noqa: F401 (helm is a fixture)
+from tests.support.chart import CHART, helm, render
 
 pytestmark = pytest.mark.k8s
 

@@ -18,9 +18,9 @@ from kubernetes.client.rest import ApiException
 
 from scalingrun_api import models
 
-from .test_operator import (
-    SCHEDULED, SECRET, Cluster, Operator, bucket, manifest_for, mpijob_pod_labels, new_run, progress,
-    progress_uri, reach_training, running, wait_for,
+from tests.support.operator import (
+    Cluster, Operator, SCHEDULED, SECRET, bucket, manifest_for, mpijob_pod_labels, new_run, progress, progress_uri,
+    reach_training, running, wait_for,
 )
 
 pytestmark = pytest.mark.k8s

@@ -10,7 +10,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tests.conftest import api_server, install_crd, mpijob_crd_document, require
+from tests.support.apiserver import api_server, install_crd, mpijob_crd_document
+from tests.support.env import require
 
 from scalingrun_operator.demo.delivery import Kube, QuickstartError
 from scalingrun_operator.demo.quickstart import (

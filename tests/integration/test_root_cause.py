@@ -10,8 +10,6 @@ say why it failed (the real log is checked in the e2e on a real node).
 from __future__ import annotations
 
 import time
-import uuid
-from typing import Any
 
 import pytest
 from kubernetes import client
@@ -22,72 +20,25 @@ from scalingrun_operator.cluster.k8s import Kube
 from scalingrun_operator.decide import pods as pod_diagnosis
 from scalingrun_operator.decide.status import parse_time
 
-from .test_operator import (
-    SCHEDULED, SECRET, TEST_STORES, Cluster, Operator, bucket, manifest_for, mpijob_pod_labels, new_run,
-    preprocess_pod_labels, progress, progress_uri, reach_training, running, wait_for, waiting,
+from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
+    Cluster, Operator, SCHEDULED, TEST_STORES, bucket, manifest_for, namespace_cluster, new_run,
+    preprocess_pod_labels, progress, progress_uri, reach_training, running, served, started, wait_for, waiting,
 )
+from tests.support.pods import IMAGE, create_pod, create_training_pod
 
 pytestmark = pytest.mark.k8s
 
 SERVED = "src"  # namespaces src-* are served by this module's operator
 UNSERVED = "srq"  # namespaces no operator serves: a test reconciles there itself
-IMAGE = "registry.invalid/scalingrun/trainer:1"
 
 
-@pytest.fixture(scope="module")
-def operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    op = Operator(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", [f"{SERVED}-*"], "--standalone")
-    op.start()
-    yield op
-    op.stop()
-
-
-def _cluster(api_client, s3_server, request, prefix: str):
-    core = client.CoreV1Api(api_client)
-    slug = "".join(ch for ch in request.node.name.lower().replace("_", "-") if ch.isalnum() or ch == "-")
-    name = f"{prefix}-{slug.removeprefix('test-')[:30].strip('-')}-{uuid.uuid4().hex[:5]}"
-    core.create_namespace({"metadata": {"name": name}})
-    core.create_namespaced_secret(name, {"metadata": {"name": SECRET}, "stringData": {
-        "AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key}})
-    return Cluster(api_client, name)
-
-
-@pytest.fixture
-def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd):
-    c = _cluster(api_client, s3_server, request, SERVED)
-    yield c
-    client.CoreV1Api(api_client).delete_namespace(c.ns)
+operator, cluster = served(SERVED)
 
 
 @pytest.fixture
 def unserved(api_client, s3_server, request, scalingrun_crd, mpijob_crd):
-    c = _cluster(api_client, s3_server, request, UNSERVED)
-    yield c
-    client.CoreV1Api(api_client).delete_namespace(c.ns)
-
-
-def create_training_pod(cluster: Cluster, mpijob: dict, role: str, name: str, node: str = "") -> dict:
-    """A launcher or worker pod as the MPI operator makes it: the template's labels, container, image and
-    resources (the memory limit an OOM message names); with `node`, as if it had been scheduled there."""
-    spec = mpijob["spec"]["mpiReplicaSpecs"]["Launcher" if role == "launcher" else "Worker"]
-    template = spec["template"]["spec"]["containers"][0]
-    container = {"name": template["name"], "image": IMAGE, "resources": template.get("resources") or {}}
-    return create_pod(cluster, {"metadata": {"name": name, "labels": mpijob_pod_labels(mpijob, role)},
-                                "spec": {"automountServiceAccountToken": False, "containers": [container],
-                                         **({"nodeName": node} if node else {})}})
-
-
-def create_pod(cluster: Cluster, body: dict) -> dict:
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            return cluster.core.api_client.sanitize_for_serialization(cluster.core.create_namespaced_pod(cluster.ns, body))
-        except client.ApiException as exc:
-            # The controller manager creates the namespace's default ServiceAccount a moment after it.
-            if exc.status == 403 and "serviceaccount" in str(exc.body).lower() and time.monotonic() < deadline:
-                time.sleep(0.3)
-                continue
-            raise
+    with namespace_cluster(api_client, s3_server, request, UNSERVED) as made:
+        yield made
 
 
 def pods_healthy(cluster: Cluster, run: str, reason: str, operator: Operator) -> dict:

@@ -16,10 +16,11 @@ from kubernetes import client
 
 from scalingrun_operator import storage
 
-from .test_operator import (
-    Bucket, Cluster, Operator, _namespace, manifest_for, new_run, progress, progress_uri, reach_training, wait_for,
+from tests.support.operator import (
+    Bucket, Cluster, Operator, manifest_for, namespace_cluster, new_run, progress, progress_uri, reach_training,
+    started, wait_for,
 )
-from .test_storage_retry import FlakyS3
+from tests.support.flaky_s3 import FlakyS3
 
 pytestmark = [pytest.mark.k8s, pytest.mark.s3]
 
@@ -35,21 +36,18 @@ def bucket(s3_server) -> Bucket:
 
 @pytest.fixture(scope="module")
 def operator(kubeconfig, scalingrun_crd, mpijob_crd, s3_server, tmp_path_factory) -> Operator:
-    op = Operator(kubeconfig, tmp_path_factory.mktemp("bounds-operator") / "operator.log", [f"{PREFIX}-*"],
-                  "--standalone", env={"SCALINGRUN_MAX_DOCUMENT_BYTES": str(CAP),
-                                       "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": s3_server.endpoint,
-                                       # As the chart sets it: the allow-list, not allow-any, lets 127.0.0.1 in.
-                                       "SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT": "false"})
-    op.start()
-    yield op
-    op.stop()
+    with started(Operator(kubeconfig, tmp_path_factory.mktemp("bounds-operator") / "operator.log", [f"{PREFIX}-*"],
+                      "--standalone", env={"SCALINGRUN_MAX_DOCUMENT_BYTES": str(CAP),
+                                           "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": s3_server.endpoint,
+                                           # As the chart sets it: the allow-list, not allow-any, lets 127.0.0.1 in.
+                                           "SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT": "false"})) as op:
+        yield op
 
 
 @pytest.fixture
 def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cluster:
-    name = _namespace(api_client, s3_server, request, PREFIX)
-    yield Cluster(api_client, name)
-    client.CoreV1Api(api_client).delete_namespace(name)
+    with namespace_cluster(api_client, s3_server, request, PREFIX) as made:
+        yield made
 
 
 def bounded_run(cluster: Cluster, name: str, server, **sections) -> dict:

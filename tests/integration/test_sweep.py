@@ -16,8 +16,8 @@ from kubernetes import client
 
 from scalingrun_api import models
 from scalingrun_operator.schema.sweep import SWEEP_LABEL
-from tests.integration.test_operator import (
-    SECRET, Bucket, Cluster, Operator, _namespace, manifest_for, new_run, progress, progress_uri, wait_for,
+from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
+    Bucket, Cluster, Operator, manifest_for, new_run, progress, progress_uri, served, started, wait_for,
 )
 
 pytestmark = pytest.mark.k8s
@@ -36,20 +36,7 @@ def bucket(s3_server) -> Bucket:
     return b
 
 
-@pytest.fixture(scope="module")
-def operator(kubeconfig, scalingsweep_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    op = Operator(kubeconfig, tmp_path_factory.mktemp("sweep-operator") / "operator.log", [f"{PREFIX}-*"],
-                  "--standalone")
-    op.start()
-    yield op
-    op.stop()
-
-
-@pytest.fixture
-def cluster(api_client, s3_server, request, scalingsweep_crd, mpijob_crd) -> Cluster:
-    name = _namespace(api_client, s3_server, request, PREFIX)
-    yield Cluster(api_client, name)
-    client.CoreV1Api(api_client).delete_namespace(name)
+operator, cluster = served(PREFIX, sweeps=True)
 
 
 def new_sweep(namespace: str, name: str, server, workers: list[int], **spec: Any) -> dict:

@@ -16,7 +16,9 @@ from kubernetes import client
 
 from scalingrun_operator.decide import pinning
 
-from .test_operator import Bucket, Cluster, Operator, _namespace, new_run, reach_training, wait_for
+from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
+    Bucket, Cluster, Operator, namespace_cluster, new_run, reach_training, served, started, wait_for,
+)
 
 pytestmark = [pytest.mark.k8s, pytest.mark.s3]
 
@@ -29,20 +31,7 @@ def bucket(s3_server) -> Bucket:
     return Bucket.created(s3_server, BUCKET)
 
 
-@pytest.fixture(scope="module")
-def operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    op = Operator(kubeconfig, tmp_path_factory.mktemp("tenancy-operator") / "operator.log", [f"{PREFIX}-*"],
-                  "--standalone")
-    op.start()
-    yield op
-    op.stop()
-
-
-@pytest.fixture
-def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cluster:
-    name = _namespace(api_client, s3_server, request, PREFIX)
-    yield Cluster(api_client, name)
-    client.CoreV1Api(api_client).delete_namespace(name)
+operator, cluster = served(PREFIX)
 
 
 def _images(pod_spec: dict) -> set[str]:
@@ -101,20 +90,17 @@ SAFE = "srd"
 
 @pytest.fixture(scope="module")
 def safe_operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    op = Operator(kubeconfig, tmp_path_factory.mktemp("safe-operator") / "operator.log", [f"{SAFE}-*"],
-                  "--standalone", env={"SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT": "false",
-                                       "SCALINGRUN_ALLOW_LOCAL_PATHS": "false",
-                                       "SCALINGRUN_STORAGE_DEADLINE_SECONDS": "2"})
-    op.start()
-    yield op
-    op.stop()
+    with started(Operator(kubeconfig, tmp_path_factory.mktemp("safe-operator") / "operator.log", [f"{SAFE}-*"],
+                      "--standalone", env={"SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT": "false",
+                                           "SCALINGRUN_ALLOW_LOCAL_PATHS": "false",
+                                           "SCALINGRUN_STORAGE_DEADLINE_SECONDS": "2"})) as op:
+        yield op
 
 
 @pytest.fixture
 def safe_cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cluster:
-    name = _namespace(api_client, s3_server, request, SAFE)
-    yield Cluster(api_client, name)
-    client.CoreV1Api(api_client).delete_namespace(name)
+    with namespace_cluster(api_client, s3_server, request, SAFE) as made:
+        yield made
 
 
 def test_by_default_the_operator_sends_nothing_where_only_it_can_reach(safe_cluster, safe_operator, s3_server):

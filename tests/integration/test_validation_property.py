@@ -24,9 +24,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from kubernetes import client
 
 from scalingrun_operator.schema.validation import InvalidScalingRun, parse_schema
-from tests.conftest import install_crd
-from tests.integration.test_validation_admission import (
-    RESOURCES, Field, Resource, _bounds, _branches, _is_model, _reason, minimal, value_candidates,
+from tests.support.apiserver import install_crd
+from tests.support.admission import (
+    Field, RESOURCES, Resource, _bounds, _branches, _is_model, _reason, minimal, value_candidates,
 )
 
 pytestmark = pytest.mark.k8s

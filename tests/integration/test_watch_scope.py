@@ -14,14 +14,14 @@ from kubernetes import client
 from scalingrun_operator.builders.common import RUN_LABEL
 from scalingrun_operator.cluster import k8s
 from scalingrun_operator.cluster.k8s import Kube
-from tests.chart.test_chart import render
+from tests.support.chart import helm, render  # noqa: F401 (helm is a fixture)
 
-from .recording_proxy import Request
-from .test_operator import Cluster, wait_for
-from .test_rbac import (  # noqa: F401 (fixtures)
-    _suffix, admin, bucket, create_namespace, helm, lifecycle, operator_as_the_chart_runs_it, rbac_kubeconfig,
+from tests.support.recording_proxy import Request
+from tests.support.operator import Cluster, wait_for
+from tests.support.rbac import (  # noqa: F401 (fixtures)
+    _suffix, admin, bucket, create_namespace, lifecycle, operator_as_the_chart_runs_it, rbac_kubeconfig,
 )
-from .test_root_cause import create_pod
+from tests.support.pods import create_pod
 
 SELECTIVE = {("", "pods"), ("batch", "jobs"), ("kubeflow.org", "mpijobs")}
 MANAGED = "app.kubernetes.io/managed-by=scalingrun-operator"

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import require
+from tests.support.env import require
+from tests.support.mpirun import mpirun  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,8 +20,3 @@ def lightning_python() -> str:
     return str(python)
 
 
-@pytest.fixture(scope="session")
-def mpirun() -> list[str]:
-    found = shutil.which("mpirun")
-    require(found is not None, "mpirun not found: scripts/setup.sh installs openmpi-bin")
-    return [found, *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "-np", "2", "-bind-to", "none"]

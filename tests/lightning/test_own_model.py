@@ -18,9 +18,9 @@ import pytest
 import yaml
 
 from scalingrun_trainer.preprocess.parquet_table import inspect_table, write_manifest
-from tests.lightning.test_train import BUCKET, command, dataset, read_json, write_config  # noqa: F401
-from tests.unit.test_parquet_table import SIDE, write_table
-from tests.unit.test_parquet_table import params as table_params
+from tests.support.lightning_train import BUCKET, command, dataset, read_json, write_config  # noqa: F401
+from tests.support.parquet_table import SIDE, write_table
+from tests.support.parquet_table import params as table_params
 
 pytestmark = [pytest.mark.lightning, pytest.mark.s3]
 ROOT = Path(__file__).resolve().parents[2]

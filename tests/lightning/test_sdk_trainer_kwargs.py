@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.unit.test_sdk import config  # noqa: F401 (the fixture)
+from tests.support.sdk import config
 
 pytestmark = pytest.mark.lightning
 

@@ -5,51 +5,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from scalingrun_operator.schema.validation import parse_scalingrun
-from scalingrun_operator.builders.config import build_trainer_config
-from tests.conftest import kill_a_rank_after_the_first_checkpoint, preprocessed_fashion_mnist
-from tests.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
+from tests.support.training import kill_a_rank_after_the_first_checkpoint
+from tests.support.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
 from scalingrun_trainer.core.tracking import MlflowClient
+from tests.support.lightning_train import (  # noqa: F401 (fixtures)
+    BUCKET, SIZE, command, dataset, read_json, write_config,
+)
 
 pytestmark = [pytest.mark.lightning, pytest.mark.s3]
-BUCKET = "lightning"
-SIZE = 32
-
-
-@pytest.fixture(scope="module")
-def dataset(s3_server) -> str:
-    """Fashion-MNIST, 24 images per class, preprocessed for 2 readers (the preprocessing is shared)."""
-    return preprocessed_fashion_mnist(s3_server, BUCKET, per_class=24, size=SIZE)
-
-
-def write_config(path: Path, server, dataset: str, run_location: str, tracking: dict | None = None,
-                 **training) -> Path:
-    spec = {
-        "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "lightning-test"},
-        "spec": {
-            "storage": {"endpoint": server.endpoint, "credentialsSecret": "unused-locally"},
-            "dataset": {"source": f"s3://{BUCKET}/jpeg", "output": dataset, "imageSize": SIZE},
-            "model": {"base": "efficientnet_lite0", "weights": "imagenet", "dropout": 0.1},
-            "training": {"framework": "pytorch-lightning", "batchSizePerWorker": 16, "maxEpochs": 2,
-                         "checkpoint": {"location": run_location}, **training},
-            "workers": {"replicas": 2, "gpusPerWorker": 0},
-            **({"tracking": tracking} if tracking else {}),
-        },
-    }
-    path.write_text(json.dumps(build_trainer_config(parse_scalingrun(spec))))
-    return path
-
-
-def command(mpirun: list[str], python: str, config: Path) -> list[str]:
-    return [*mpirun, python, "-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
-
-
-def read_json(server, uri: str) -> dict:
-    return json.loads(server.filesystem().open_input_stream(uri[len("s3://"):]).read())
 
 
 def evaluate_saved_model(python: str, server, model_uri: str, dataset: str) -> float:

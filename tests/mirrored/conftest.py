@@ -1,3 +1,3 @@
 """Open MPI's mpirun for the Keras + MultiWorkerMirroredStrategy trainer (the Keras venv: no second one)."""
 
-from tests.lightning.conftest import mpirun  # noqa: F401 - the same launcher as the Lightning tests
+from tests.support.mpirun import mpirun  # noqa: F401 - the same launcher as the Lightning tests

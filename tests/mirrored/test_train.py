@@ -18,9 +18,8 @@ from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.core.scaling import scale_run
 from scalingrun_trainer.core.tracking import MlflowClient
-from tests.conftest import (assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores,
-                            kill_a_rank_after_the_first_checkpoint, preprocessed_fashion_mnist, validation_split)
-from tests.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
+from tests.support.training import assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, kill_a_rank_after_the_first_checkpoint, preprocessed_fashion_mnist, validation_split
+from tests.support.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
 
 pytestmark = [pytest.mark.mirrored, pytest.mark.s3]
 BUCKET = "mirrored"

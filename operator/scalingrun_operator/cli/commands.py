@@ -222,32 +222,14 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def _sweep_report(args: argparse.Namespace, sweep) -> int:
     """The sweep's report from its points' progress documents (keys from the environment)."""
-    from ..schema.sweep import build_point_run, sweep_points
-    from ..builders.locations import progress_uri
-    from ..decide.progress import training_status
-    from ..decide.sweep import point_row, scaling
-    from ..documents import read_progress
-    from scalingrun_api.progress import ProgressState
-    from ..report.sweep import render_sweep_report, table_lines
-    from ..storage import Clients, StorageError, StorageTarget
+    from ..report.sweep import render_sweep_report, rows_from_storage, table_lines
+    from ..storage import StorageError
 
-    rows, clients = [], Clients()
-    for point in sweep_points(sweep):
-        run = parse_scalingrun(build_point_run(sweep, point))
-        storage = run.spec.storage
-        try:
-            target = StorageTarget(storage.endpoint, storage.region, None, clients=clients)
-            progress, _ = read_progress(progress_uri(run), target)
-        except StorageError as exc:
-            raise UserError(f"scalingrun report: {exc}") from None
-        state = progress.state if progress is not None and "state" in progress.model_fields_set else None
-        phase = "Succeeded" if state == ProgressState.succeeded.value else state
-        rows.append(point_row(point, phase, training_status(progress), progress if phase == "Succeeded" else None))
-    rows, recommendation = scaling(sweep, rows)
     try:
+        rows, recommendation = rows_from_storage(sweep)
         png, md = render_sweep_report(rows, sweep.metadata.name, Path(args.output), recommendation,
                                       sweep.spec.efficiency_threshold)
-    except ValueError as exc:
+    except (StorageError, ValueError) as exc:
         raise UserError(f"scalingrun report: {exc}") from None
     print("\n".join(table_lines(rows)))
     print(f"report: {png} and {md}")

@@ -6,6 +6,7 @@ owner of the same name (garbage collection has not removed it yet), by a `scalin
 apply`, or by anything else. Only an object that carries the owner's labels and has no other
 controller is adopted; any other is left untouched, and the owner gets a ChildConflict condition that
 names it and says what to do. act checks the same rule (`refusal`) before every patch it sends.
+`Claims` applies the rule for one look of a run or a sweep at its children, and sets ChildConflict.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any, Mapping, Optional
 from scalingrun_api.models import GROUP, MANAGED_BY
 from ..schema.sweep import POINT_LABEL, SWEEP_LABEL
 from ..builders.common import RUN_LABEL
+from .snapshot import Patch
+from .status import CHILD_CONFLICT, StatusUpdate, get_condition
 
 OURS, ADOPTABLE, FOREIGN = "ours", "adoptable", "foreign"
 # The labels that say whose child an object is and what it is for (not e.g. a Kueue queue).
@@ -105,3 +108,54 @@ def child_signature(child: Mapping[str, Any]) -> tuple:
     return (json.dumps(child.get("status") or {}, sort_keys=True), spec.get("completions"),
             spec.get("completionMode"), (spec.get("runPolicy") or {}).get("suspend"),
             tuple(sorted(r.get("uid", "") for r in controllers(child))), bool(meta.get("deletionTimestamp")))
+
+
+class Claims:
+    """One look of an owner (a run, a sweep) at the objects that hold its children's names: which are its own,
+    which it adopts now, and the first held by another."""
+
+    def __init__(self, owner: Mapping[str, Any], namespace: str):
+        self.owner, self.namespace = owner, namespace
+        self.owned: set[tuple[str, str]] = set()  # (kind, name) the owner holds, adopts or may create now
+        self.adopting: set[tuple[str, str]] = set()
+        self.conflict: Optional[tuple[str, str, str]] = None  # (kind, name, message) of the first foreign one
+
+    def free(self, kind: str, name: str) -> None:
+        """No object holds the name: the owner creates its child under it."""
+        self.owned.add((kind, name))
+
+    def claim(self, found: Mapping[str, Any], desired: Mapping[str, Any],
+              extra: Optional[dict[str, Any]] = None) -> tuple[str, Optional[Patch]]:
+        """(OURS | ADOPTABLE | FOREIGN, the adoption to send: `extra` patched with it). A foreign object is
+        left untouched; the first one is what the ChildConflict condition names."""
+        kind, name = desired["kind"], _meta(desired)["name"]
+        labels = identity_labels(desired)
+        verdict, why = ownership(found, _meta(self.owner).get("uid"), labels)
+        if verdict == FOREIGN:
+            if self.conflict is None:
+                self.conflict = (kind, name, conflict_message(kind, self.namespace, name, why))
+            return verdict, None
+        self.owned.add((kind, name))
+        if verdict != ADOPTABLE:
+            return verdict, None
+        self.adopting.add((kind, name))
+        patch = adoption_patch(found, self.owner)
+        if extra:
+            patch = {**extra, "metadata": {**(extra.get("metadata") or {}), **patch["metadata"]}}
+        return verdict, Patch(found, patch, adopt=True, labels=labels)
+
+    def settle(self, update: StatusUpdate, freed: str, named_only: bool = True) -> str:
+        """Sets ChildConflict on `update` (a Warning when its message is new); returns the conflict's message
+        ('' when none). The condition turns False (`freed`) once the child it names is the owner's, or with
+        `named_only` False as soon as no name is taken."""
+        existing = get_condition(update.desired["conditions"], CHILD_CONFLICT) or {}
+        if self.conflict is not None:
+            message = self.conflict[2]
+            if existing.get("status") != "True" or existing.get("message") != message:
+                update.warn(CHILD_CONFLICT, message)
+            update.condition(CHILD_CONFLICT, "True", "NameTaken", message)
+            return message
+        if existing.get("status") == "True" and (not named_only or any(
+                str(existing.get("message") or "").startswith(f"{kind} {name} ") for kind, name in self.owned)):
+            update.condition(CHILD_CONFLICT, "False", "NameFree", freed)
+        return ""

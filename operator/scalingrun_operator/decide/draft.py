@@ -31,9 +31,7 @@ class Draft:
         self.recheck_in: Optional[float] = None
         self.follow: Optional[tuple[Document, Optional[str]]] = None
         self.again = False
-        self._adopting: set[tuple[str, str]] = set()
-        self._owned: set[tuple[str, str]] = set()
-        self._conflict: Optional[tuple[str, str, str]] = None  # (kind, name, message)
+        self.claims = children.Claims(self.owner, self.namespace)
 
     # --- facts ------------------------------------------------------------------------------------
 
@@ -110,21 +108,12 @@ class Draft:
     def own(self, found: dict[str, Any], desired: dict[str, Any], extra: Optional[dict[str, Any]] = None) -> bool:
         """Whether `found`, of `desired`'s kind and name, is (or now becomes) the run's; `extra` is patched with
         the adoption. False: another object holds the name, and the run says so and waits."""
-        kind, name = desired["kind"], desired["metadata"]["name"]
-        labels = children.identity_labels(desired)
-        verdict, why = children.ownership(found, self.owner["metadata"].get("uid"), labels)
+        verdict, adoption = self.claims.claim(found, desired, extra)
         if verdict == children.FOREIGN:
-            if self._conflict is None:
-                self._conflict = (kind, name, children.conflict_message(kind, self.namespace, name, why))
             self.recheck(self.settings.conflict_recheck_seconds)
             return False
-        self._owned.add((kind, name))
-        if verdict == children.ADOPTABLE:
-            patch = children.adoption_patch(found, self.owner)
-            if extra:
-                patch = {**extra, "metadata": {**(extra.get("metadata") or {}), **patch["metadata"]}}
-            self.actions.append(Patch(found, patch, adopt=True, labels=labels))
-            self._adopting.add((kind, name))
+        if adoption is not None:
+            self.actions.append(adoption)
         elif extra:
             self.patch(found, extra)
         return True
@@ -137,7 +126,7 @@ class Draft:
         kind, name = desired["kind"], desired["metadata"]["name"]
         found = self.child(kind, name)
         if found is None:
-            self._owned.add((kind, name))
+            self.claims.free(kind, name)
             self.actions.append(Create(desired, event, uid_at))
             return None
         extra = children.data_patch(found, desired) if kind == "ConfigMap" else None
@@ -147,13 +136,13 @@ class Draft:
     @property
     def blocked(self) -> bool:
         """Another object holds a child's name: nothing that depends on that child happens now."""
-        return self._conflict is not None
+        return self.claims.conflict is not None
 
     def patch(self, found: dict[str, Any], patch: dict[str, Any], event: Optional[Event] = None) -> None:
         """A patch of a child the run controls. One being adopted in this decision is patched on the next look
         (the adoption moves its resourceVersion)."""
         meta = found["metadata"]
-        if (found.get("kind"), meta.get("name")) in self._adopting:
+        if (found.get("kind"), meta.get("name")) in self.claims.adopting:
             self.again = True
             return
         self.actions.append(Patch(found, patch, event))
@@ -164,20 +153,10 @@ class Draft:
 
     # --- the decision ------------------------------------------------------------------------------
 
-    def _conflict_condition(self) -> None:
-        existing = get_condition(self.update.desired["conditions"], CHILD_CONFLICT) or {}
-        if self._conflict is not None:
-            kind, name, message = self._conflict
-            if existing.get("status") != "True" or existing.get("message") != message:
-                self.update.warn(CHILD_CONFLICT, message)
-            self.update.condition(CHILD_CONFLICT, "True", "NameTaken", message)
-            self.holdup = self.holdup or f"{CHILD_CONFLICT}: {message}"
-        elif existing.get("status") == "True" and any(
-                str(existing.get("message") or "").startswith(f"{kind} {name} ") for kind, name in self._owned):
-            self.update.condition(CHILD_CONFLICT, "False", "NameFree", "the run's children are its own")
-
     def decision(self) -> Decision:
-        self._conflict_condition()
+        conflict = self.claims.settle(self.update, "the run's children are its own")
+        if conflict:
+            self.holdup = self.holdup or f"{CHILD_CONFLICT}: {conflict}"
         ready = get_condition(self.update.desired["conditions"], READY)
         message = self.holdup or (ready or {}).get("message")
         if message:

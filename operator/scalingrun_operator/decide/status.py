@@ -1,8 +1,10 @@
 """Phases, conditions and the Events that go with them: pure helpers, no API calls, no clock.
 
-A reconcile builds a `StatusUpdate` from the run's current status, sets conditions and the phase on
-it, and hands the resulting merge patch and events to the caller, which writes them. Conditions keep
-their lastTransitionTime while their status does not change, as Kubernetes conventions ask.
+A reconcile builds a `StatusUpdate` from the run's or the sweep's current status, sets conditions and
+the phase on it, and hands the resulting merge patch and events to the caller, which writes them. The
+one status machine serves both kinds; a `PhaseTable` says what differs (their phases, and what a
+phase sets). Conditions keep their lastTransitionTime while their status does not change, as
+Kubernetes conventions ask.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ from __future__ import annotations
 import copy
 import datetime as dt
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from types import MappingProxyType
+from typing import Any, Mapping, Optional
 
-from scalingrun_api.models import Phase
+from scalingrun_api.models import Phase, SweepPhase
 
 TERMINAL = frozenset({Phase.succeeded.value, Phase.failed.value})
 
@@ -45,15 +48,35 @@ BUILDER_FAILED = "ModelBuilderFailed"  # spec.model.builder broke the contract b
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"  # failures of the code past spec.training.backoffLimit
 MAX_INTERRUPTIONS_EXCEEDED = "MaxInterruptionsExceeded"  # the infrastructure's, past spec.training.maxInterruptions
 
-_PHASE_EVENTS = {
-    Phase.pending.value: ("Normal", "Pending"),
-    Phase.preprocessing.value: ("Normal", "Preprocessing"),
-    Phase.training.value: ("Normal", "Training"),
-    Phase.suspended.value: ("Normal", "Suspended"),
-    Phase.queued.value: ("Normal", "Queued"),
-    Phase.succeeded.value: ("Normal", "Succeeded"),
-    Phase.failed.value: ("Warning", "Failed"),
-}
+
+
+@dataclass(frozen=True)
+class PhaseTable:
+    """A kind's phases as the status machine treats them."""
+
+    events: Mapping[str, tuple[str, str]]  # phase -> (Event type, reason) of the move into it
+    pending: str  # the phase before anything started: no startTime yet
+    succeeded: str  # Ready is True in it
+    failed: str
+    stalled_on_failure: bool  # Failed also sets Stalled True (kstatus: it will not get there by itself)
+    ready_every_look: bool  # Ready's message follows every look, not only a change of phase
+
+    @property
+    def terminal(self) -> frozenset[str]:
+        return frozenset({self.succeeded, self.failed})
+
+
+def _events(phases) -> Mapping[str, tuple[str, str]]:
+    """Every phase's Event: its own name as the reason, a Warning for Failed."""
+    return MappingProxyType({p.value: ("Warning" if p.value == Phase.failed.value else "Normal", p.value)
+                             for p in phases})
+
+
+RUN_PHASES = PhaseTable(_events(Phase), Phase.pending.value, Phase.succeeded.value, Phase.failed.value,
+                        stalled_on_failure=True, ready_every_look=False)
+# A sweep's Ready says which points run now; its Failed condition names the failed point (decide.sweep).
+SWEEP_PHASES = PhaseTable(_events(SweepPhase), SweepPhase.pending.value, SweepPhase.succeeded.value,
+                          SweepPhase.failed.value, stalled_on_failure=False, ready_every_look=True)
 
 
 def rfc3339(moment: dt.datetime) -> str:
@@ -110,6 +133,7 @@ class StatusUpdate:
     moment: dt.datetime  # the time of this look (an input: decide reads no clock)
     desired: dict[str, Any] = field(init=False)
     events: list[Event] = field(default_factory=list)
+    phases: PhaseTable = RUN_PHASES
 
     def __post_init__(self) -> None:
         self.desired = copy.deepcopy(self.current or {})
@@ -127,21 +151,27 @@ class StatusUpdate:
 
     def set_phase(self, phase: str, message: str = "") -> None:
         """Moves to `phase`; an Event records every change of phase."""
+        table = self.phases
+        if table.ready_every_look:
+            self._ready(phase, message)
         if self.desired.get("phase") == phase:
             return
         previous = self.desired.get("phase")
         self.desired["phase"] = phase
-        if phase in TERMINAL:
+        if phase in table.terminal:
             self.desired.setdefault("completionTime", rfc3339(self.moment))
-        if phase != Phase.pending.value:
+        if phase != table.pending:
             self.desired.setdefault("startTime", rfc3339(self.moment))
-        self.condition(READY, "True" if phase == Phase.succeeded.value else "False", phase,
-                       message or f"phase {phase}")
-        if phase == Phase.failed.value:
+        self._ready(phase, message)
+        if phase == table.failed and table.stalled_on_failure:
             self.condition(STALLED, "True", phase, message or "the run failed")
-        kind, reason = _PHASE_EVENTS[phase]
+        kind, reason = table.events[phase]
         text = f"{previous or 'New'} -> {phase}" + (f": {message}" if message else "")
         self.events.append(Event(kind, reason, text))
+
+    def _ready(self, phase: str, message: str) -> None:
+        self.condition(READY, "True" if phase == self.phases.succeeded else "False", phase,
+                       message or f"phase {phase}")
 
     def fail(self, reason: str, message: str) -> None:
         """Failed is terminal: a Failed condition says why, a Warning Event says it too."""

@@ -17,15 +17,16 @@ import statistics
 from typing import Any, Optional
 
 from scalingrun_api.models import API_VERSION, KIND, SWEEP_KIND, Phase, ScalingSweep, SweepPhase
-from scalingrun_api.progress import Progress
+from scalingrun_api.progress import Progress, ProgressState
 from ..schema.sweep import Point, build_point_run, sweep_points
 from ..schema.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
 from ..builders.locations import progress_uri
-from . import children as ownership
+from .children import FOREIGN, Claims
 from .draft import store_of
-from .snapshot import PROGRESS, Child, Create, Decision, Document, Patch, Read, Settings, Snapshot
+from .progress import training_status
+from .snapshot import PROGRESS, Child, Create, Decision, Document, Read, Settings, Snapshot
 from .status import (
-    CHILD_CONFLICT, FAILED, INVALID_SPEC, PREPROCESSED, READY, Event, get_condition, rfc3339, set_condition,
+    FAILED, INVALID_SPEC, PREPROCESSED, SWEEP_PHASES, Event, StatusUpdate, get_condition, may_revalidate,
 )
 
 TERMINAL_RUN = (Phase.succeeded.value, Phase.failed.value)
@@ -109,6 +110,14 @@ def point_row(point: Point, phase: Optional[str], training: Optional[dict[str, A
             row["secondsPerEpoch"] = round(wall / epochs, 2)
             row["workerHours"] = progress.process_hours(point.processes)
     return row
+
+
+def document_row(point: Point, progress: Optional[Progress]) -> dict[str, Any]:
+    """A point's row from its progress document alone, with no ScalingRun to read (`scalingrun report` of a
+    sweep): the document's state stands for the phase, its figures for status.training."""
+    state = progress.state if progress is not None and "state" in progress.model_fields_set else None
+    phase = Phase.succeeded.value if state == ProgressState.succeeded.value else state
+    return point_row(point, phase, training_status(progress), progress if phase == Phase.succeeded.value else None)
 
 
 def add_scaling(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -200,140 +209,89 @@ def scaling(sweep: ScalingSweep, rows: list[dict[str, Any]]) -> tuple[list[dict[
 # --- the decision ------------------------------------------------------------------------------------
 
 
-class _SweepDraft:
-    def __init__(self, snapshot: Snapshot, settings: Settings):
-        self.snapshot, self.settings, self.body = snapshot, settings, snapshot.obj
-        meta = self.body["metadata"]
-        self.namespace, self.name = meta.get("namespace") or "default", meta["name"]
-        self.current = self.body.get("status") or {}
-        self.desired: dict[str, Any] = dict(self.current)
-        self.desired.setdefault("conditions", [])
-        self.generation = meta.get("generation")
-        self.moment = snapshot.now
-        self.events: list[Event] = []
-        self.actions: list[Any] = []
-        self.recheck_in: Optional[float] = None
-
-    def condition(self, type_: str, status: str, reason: str, message: str) -> None:
-        self.desired["conditions"] = set_condition(self.desired["conditions"], type_, status, reason, message,
-                                                   self.generation, self.moment)
-
-    def set_phase(self, phase: str, message: str) -> None:
-        self.condition(READY, "True" if phase == SweepPhase.succeeded.value else "False", phase, message)
-        if phase == SweepPhase.failed.value and (get_condition(self.desired["conditions"], FAILED) or {}).get(
-                "status") != "True":
-            self.condition(FAILED, "True", POINT_FAILED, message)
-        if self.desired.get("phase") == phase:
-            return
-        previous = self.desired.get("phase")
-        self.desired["phase"] = phase
-        if phase != SweepPhase.pending.value:
-            self.desired.setdefault("startTime", rfc3339(self.moment))
-        if phase in (SweepPhase.succeeded.value, SweepPhase.failed.value):
-            self.desired.setdefault("completionTime", rfc3339(self.moment))
-        kind = "Warning" if phase == SweepPhase.failed.value else "Normal"
-        self.events.append(Event(kind, phase, f"{previous or 'New'} -> {phase}: {message}"))
-
-    def decision(self) -> Decision:
-        if self.generation is not None:
-            self.desired["observedGeneration"] = self.generation
-        patch = {k: v for k, v in self.desired.items() if self.current.get(k) != v}
-        patch.update({k: None for k in self.current if k not in self.desired})
-        return Decision(phase=self.desired.get("phase"), actions=tuple(self.actions), status=patch or None,
-                        desired=self.desired, events=tuple(self.events), recheck_in=self.recheck_in)
-
-
 def decide_sweep(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
     """What to do about the sweep in `snapshot.obj`. Raises NeedMore for a fact the snapshot lacks."""
-    draft = _SweepDraft(snapshot, settings)
-    failed = get_condition(draft.desired["conditions"], FAILED) or {}
-    if draft.current.get("phase") in (SweepPhase.succeeded.value, SweepPhase.failed.value) and not (
-            failed.get("reason") == INVALID_SPEC and (draft.current.get("observedGeneration") or 0) < (
-                draft.generation or 0)):
-        return Decision(phase=draft.current["phase"], desired=draft.current)  # finished: a point deleted later stays so
+    body = snapshot.obj
+    meta = body["metadata"]
+    current = body.get("status") or {}
+    update = StatusUpdate(current, meta.get("generation"), snapshot.now, phases=SWEEP_PHASES)
+    if current.get("phase") in SWEEP_PHASES.terminal and not may_revalidate(current, update.generation):
+        return Decision(phase=current["phase"], desired=current)  # finished: a point deleted later stays so
     try:
-        sweep = parse_scalingsweep({"apiVersion": API_VERSION, "kind": SWEEP_KIND,
-                                    "metadata": draft.body["metadata"], "spec": draft.body.get("spec")})
+        sweep = parse_scalingsweep({"apiVersion": API_VERSION, "kind": SWEEP_KIND, "metadata": meta,
+                                    "spec": body.get("spec")})
     except InvalidScalingRun as exc:
         message = "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the sweep is retried on edit)."
-        draft.condition(FAILED, "True", INVALID_SPEC, message)
-        draft.set_phase(SweepPhase.failed.value, f"{INVALID_SPEC}: {message}")
-        draft.desired["message"] = f"{INVALID_SPEC}: {message}"
-        return draft.decision()
-    if (get_condition(draft.desired["conditions"], FAILED) or {}).get("reason") == INVALID_SPEC:
-        draft.condition(FAILED, "False", "SpecValid", "the spec is valid")
-        draft.desired.pop("completionTime", None)
+        update.fail(INVALID_SPEC, message)
+        update.desired["message"] = f"{INVALID_SPEC}: {message}"
+        return _decision(update)
+    if (get_condition(update.desired["conditions"], FAILED) or {}).get("reason") == INVALID_SPEC:
+        update.condition(FAILED, "False", "SpecValid", "the spec is valid")
+        update.desired.pop("completionTime", None)
+    namespace = meta.get("namespace") or "default"
     points = sweep_points(sweep)
     children = {p.name: snapshot.need(Child(KIND, p.name)) for p in points}
-    conflicts = _own_points(draft, sweep, points, children)
-    for point in points_to_start(points, children, sweep.spec.max_parallel):
-        if point.name in conflicts:
-            continue
-        children[point.name] = build_point_run(sweep, point, draft.namespace)
-        draft.actions.append(Create(children[point.name], Event(
-            "Normal", "PointCreated",
-            f"ScalingRun {point.name}: {workers_text(point.workers)}, {processes_text(point.processes)}")))
-    rows = [_row(draft, point, children[point.name]) for point in points]
-    draft.desired["points"] = add_scaling(rows)
-    draft.desired["progress"] = progress_text(points, children)
-    phase, message = sweep_phase(points, children)
-    if phase in (SweepPhase.succeeded.value, SweepPhase.failed.value):
-        recommendation = recommend(rows, sweep.spec.efficiency_threshold, sweep.spec.accuracy_tolerance)
-        if recommendation:
-            draft.desired["recommendation"] = recommendation
-            message += f"; recommended: {recommendation['message']}"
-        else:
-            draft.desired.pop("recommendation", None)
-            message += "; no point qualifies for a recommendation"
-    draft.set_phase(phase, message)
-    draft.desired["message"] = message
-    return draft.decision()
-
-
-def _own_points(draft: _SweepDraft, sweep: ScalingSweep, points: list[Point],
-                children: dict[str, Optional[dict[str, Any]]]) -> set[str]:
-    """Adopts the points' ScalingRuns that may be adopted; returns the names held by runs that are not the sweep's
-    (they are left untouched, said in a ChildConflict condition, and not counted as points)."""
-    uid, conflicts = draft.body["metadata"].get("uid"), {}
+    actions: list[Any] = []
+    claims = Claims(body, namespace)
     for point in points:
         found = children[point.name]
         if found is None:
+            claims.free(KIND, point.name)
             continue
-        labels = ownership.identity_labels(build_point_run(sweep, point, draft.namespace))
-        verdict, why = ownership.ownership(found, uid, labels)
-        if verdict == ownership.ADOPTABLE:
-            draft.actions.append(Patch(found, ownership.adoption_patch(found, draft.body), adopt=True, labels=labels))
-        elif verdict == ownership.FOREIGN:
-            conflicts[point.name] = ownership.conflict_message(KIND, draft.namespace, point.name, why)
-            children[point.name] = None
-    existing = get_condition(draft.desired["conditions"], CHILD_CONFLICT) or {}
-    if conflicts:
-        message = next(iter(conflicts.values()))
-        if existing.get("status") != "True" or existing.get("message") != message:
-            draft.events.append(Event("Warning", CHILD_CONFLICT, message))
-        draft.condition(CHILD_CONFLICT, "True", "NameTaken", message)
-        draft.recheck_in = draft.settings.conflict_recheck_seconds
-    elif existing.get("status") == "True":
-        draft.condition(CHILD_CONFLICT, "False", "NameFree", "the sweep's points are its own")
-    return set(conflicts)
+        verdict, adoption = claims.claim(found, build_point_run(sweep, point, namespace))
+        if adoption is not None:
+            actions.append(adoption)
+        if verdict == FOREIGN:
+            children[point.name] = None  # not counted as a point, and not created while another holds the name
+    conflict = claims.settle(update, "the sweep's points are its own", named_only=False)
+    for point in points_to_start(points, children, sweep.spec.max_parallel):
+        if (KIND, point.name) not in claims.owned:
+            continue
+        children[point.name] = build_point_run(sweep, point, namespace)
+        actions.append(Create(children[point.name], Event(
+            "Normal", "PointCreated",
+            f"ScalingRun {point.name}: {workers_text(point.workers)}, {processes_text(point.processes)}")))
+    rows = [_row(snapshot, current, point, children[point.name]) for point in points]
+    update.desired["points"] = add_scaling(rows)
+    update.desired["progress"] = progress_text(points, children)
+    phase, message = sweep_phase(points, children)
+    if phase in SWEEP_PHASES.terminal:
+        recommendation = recommend(rows, sweep.spec.efficiency_threshold, sweep.spec.accuracy_tolerance)
+        if recommendation:
+            update.desired["recommendation"] = recommendation
+            message += f"; recommended: {recommendation['message']}"
+        else:
+            update.desired.pop("recommendation", None)
+            message += "; no point qualifies for a recommendation"
+    update.set_phase(phase, message)
+    if phase == SweepPhase.failed.value and (get_condition(update.desired["conditions"], FAILED) or {}).get(
+            "status") != "True":
+        update.condition(FAILED, "True", POINT_FAILED, message)
+    update.desired["message"] = message
+    return _decision(update, actions, settings.conflict_recheck_seconds if conflict else None)
 
 
-def _row(draft: _SweepDraft, point: Point, child: Optional[dict[str, Any]]) -> dict[str, Any]:
+def _decision(update: StatusUpdate, actions: list[Any] = (), recheck_in: Optional[float] = None) -> Decision:
+    return Decision(phase=update.phase, actions=tuple(actions), status=update.patch(), desired=update.desired,
+                    events=tuple(update.events), recheck_in=recheck_in)
+
+
+def _row(snapshot: Snapshot, current: dict[str, Any], point: Point, child: Optional[dict[str, Any]]) -> dict[str, Any]:
     status = (child or {}).get("status") or {}
     phase = status.get("phase") if child else None
-    previous = next((r for r in draft.current.get("points") or [] if r.get("run") == point.name), None)
+    previous = next((r for r in current.get("points") or [] if r.get("run") == point.name), None)
     if previous and previous.get("phase") == Phase.succeeded.value and previous.get("wallSeconds"):
         return {k: v for k, v in previous.items() if k not in ("speedup", "efficiency")}  # final: no re-read
     progress = None
     if phase == Phase.succeeded.value:
-        progress = _progress(draft, child)
+        progress = _progress(snapshot, child)
     return point_row(point, phase, status.get("training"), progress)
 
 
-def _progress(draft: _SweepDraft, child: dict[str, Any]) -> Optional[Progress]:
+def _progress(snapshot: Snapshot, child: dict[str, Any]) -> Optional[Progress]:
     try:
         run = parse_scalingrun(child)
     except InvalidScalingRun:
         return None
-    found: Read = draft.snapshot.need(Document(progress_uri(run), store_of(run), PROGRESS))
+    found: Read = snapshot.need(Document(progress_uri(run), store_of(run), PROGRESS))
     return found.document

@@ -1,11 +1,20 @@
 """Sweep report: time per epoch and speedup against processes (with the ideal line), efficiency,
-accuracy and worker-hours, as a PNG and a Markdown table, from the rows of a ScalingSweep
-(status.points, or the rows `scalingrun sweep --local` builds from its points' progress documents)."""
+accuracy and worker-hours, as a PNG and a Markdown table, from the rows of a ScalingSweep: its
+status.points (the operator's, or `scalingrun sweep --local`'s), or for `scalingrun report` the rows
+read from its points' progress documents. Every row comes from decide.sweep.point_row."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Optional
+
+from scalingrun_api.models import ScalingSweep
+from ..api.sweep import build_point_run, sweep_points
+from ..api.validation import parse_scalingrun
+from ..builders.locations import progress_uri
+from ..decide.sweep import document_row, scaling
+from ..documents import read_progress
+from ..storage import Clients, StorageTarget
 
 
 def _feature_cache(row: dict[str, Any]) -> str:
@@ -128,6 +137,19 @@ def render_sweep_report(rows: list[dict[str, Any]], sweep_name: str, out_dir: Pa
     md = out_dir / f"{sweep_name}-sweep.md"
     md.write_text("\n".join(lines))
     return png, md
+
+
+def rows_from_storage(sweep: ScalingSweep) -> tuple[list[dict[str, Any]], Optional[dict[str, Any]]]:
+    """The sweep's rows and recommendation from its points' progress documents (keys from the environment, as
+    for any S3 client); StorageError when one cannot be read."""
+    rows, clients = [], Clients()
+    for point in sweep_points(sweep):
+        run = parse_scalingrun(build_point_run(sweep, point))
+        storage = run.spec.storage
+        target = StorageTarget(storage.endpoint, storage.region, None, clients=clients)
+        progress, _ = read_progress(progress_uri(run), target)
+        rows.append(document_row(point, progress))
+    return scaling(sweep, rows)
 
 
 def print_sweep(sweep_name: str, rows: list[dict[str, Any]], recommendation: Optional[dict[str, Any]],

@@ -1,0 +1,126 @@
+"""A real etcd + kube-apiserver from KUBEBUILDER_ASSETS, and CRDs installed into it (established and served)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from .env import ROOT, require
+
+
+def free_port() -> int:
+    """A port free on 127.0.0.1 now (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _api_server_ports() -> dict[str, str]:
+    """Distinct free ports for one API server, held together while chosen, with etcd's peer port free too
+    (cluster.sh puts it at ETCD_PORT + 1: a taken one failed etcd's start in a CI run)."""
+    while True:
+        with contextlib.ExitStack() as stack:
+            ports = []
+            for _ in range(3):
+                sock = stack.enter_context(socket.socket())
+                sock.bind(("127.0.0.1", 0))
+                ports.append(sock.getsockname()[1])
+            peer = stack.enter_context(socket.socket())
+            try:
+                peer.bind(("127.0.0.1", ports[1] + 1))
+            except OSError:
+                continue
+            return {"APISERVER_PORT": str(ports[0]), "ETCD_PORT": str(ports[1]), "KCM_PORT": str(ports[2])}
+
+
+@contextlib.contextmanager
+def api_server(state: Path, *, controllers: bool) -> Iterator[str]:
+    """A real etcd + kube-apiserver (+ kube-controller-manager) from KUBEBUILDER_ASSETS, stopped afterwards;
+    yields its kubeconfig path. The KCM's Job controller runs only with KCM_JOB_CONTROLLER=1 (tests that
+    patch Job status by hand need it off)."""
+    script = Path(os.environ.get("SCALINGRUN_CLUSTER_SCRIPT", ROOT.parent / "shared/envtest/cluster.sh"))
+    require(script.exists(), f"cluster script {script} not found (set SCALINGRUN_CLUSTER_SCRIPT)")
+    env = {
+        **os.environ,
+        "K8S_BIN": os.environ["KUBEBUILDER_ASSETS"],
+        "STATE": str(state),
+        **_api_server_ports(),
+        "WITH_KCM": "1" if controllers else "0",
+        "KCM_JOB_CONTROLLER": os.environ.get("KCM_JOB_CONTROLLER", "0"),
+    }
+    try:
+        subprocess.run(["bash", str(script), "start"], env=env, check=True, capture_output=True, text=True)
+    except subprocess.CalledProcessError as exc:
+        subprocess.run(["bash", str(script), "stop"], env=env)
+        pytest.fail(f"cannot start the API server:\n{exc.stdout}\n{exc.stderr}", pytrace=False)
+    try:
+        yield str(state / "kubeconfig")
+    finally:
+        subprocess.run(["bash", str(script), "stop"], env=env, check=False)
+
+
+# The CRDs this session created (on a named cluster, the only ones a test may delete and then put back).
+CREATED_CRDS: dict[str, dict] = {}
+
+
+def install_crd(api_client, crd: dict, *, replace: bool = False) -> dict:
+    """Creates a CRD (or, with replace, updates an existing one) and waits until it is established."""
+    import time
+
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    ext = client.ApiextensionsV1Api(api_client)
+    name = crd["metadata"]["name"]
+    try:
+        ext.create_custom_resource_definition(crd)
+        CREATED_CRDS[name] = crd
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        if replace:
+            if name in CREATED_CRDS:
+                CREATED_CRDS[name] = crd
+            crd = {**crd, "metadata": {**crd["metadata"],
+                                       "resourceVersion": ext.read_custom_resource_definition(name).metadata.resource_version}}
+            ext.replace_custom_resource_definition(name, crd)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        status = ext.read_custom_resource_definition(name).status
+        if any(c.type == "Established" and c.status == "True" for c in (status.conditions or [])) and _discovered(
+                api_client, crd):
+            return crd
+        time.sleep(0.2)
+    pytest.fail(f"CRD {name} not established and served by discovery within 30 s")
+
+
+def _discovered(api_client, crd: dict) -> bool:
+    """Whether discovery lists the CRD's resource in each served version: Established can come first (the API
+    server's discovery controller syncs on its own), and kubectl finds `ssweep` and the like only through discovery."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    group, plural = crd["spec"]["group"], crd["spec"]["names"]["plural"]
+    for version in (v["name"] for v in crd["spec"]["versions"] if v.get("served", True)):
+        try:
+            resources = client.CustomObjectsApi(api_client).get_api_resources(group, version).resources
+        except ApiException:
+            return False
+        if plural not in {r.name for r in resources}:
+            return False
+    return True
+
+
+def mpijob_crd_document() -> dict:
+    """The kubeflow MPIJob v2beta1 CRD (mpi-operator v0.8.2)."""
+    import yaml
+
+    path = Path(os.environ.get("SCALINGRUN_MPIJOB_CRD", ROOT.parent / "shared/crds/kubeflow.org_mpijobs.yaml"))
+    require(path.exists(), f"MPIJob CRD {path} not found (set SCALINGRUN_MPIJOB_CRD)")
+    return yaml.safe_load(path.read_text())

