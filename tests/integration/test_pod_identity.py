@@ -6,10 +6,9 @@ Identity's (AWS_ROLE_ARN/AWS_WEB_IDENTITY_TOKEN_FILE, AWS_CONTAINER_CREDENTIALS_
 from __future__ import annotations
 
 import pytest
-from kubernetes import client
 
-from .test_operator import (  # noqa: F401 (bucket: a fixture)
-    Cluster, Operator, _namespace, bucket, manifest_for, new_run, progress, progress_uri, wait_for,
+from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
+    Operator, bucket, manifest_for, namespace_cluster, new_run, progress, progress_uri, started, wait_for,
 )
 
 pytestmark = pytest.mark.k8s
@@ -22,16 +21,14 @@ def operator(kubeconfig, scalingrun_crd, mpijob_crd, s3_server, tmp_path_factory
     op = Operator(kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log", [f"{SERVED}-*"], "--standalone",
                   env={"AWS_ACCESS_KEY_ID": s3_server.access_key, "AWS_SECRET_ACCESS_KEY": s3_server.secret_key,
                        "SCALINGRUN_POD_IDENTITY_READS": "true"})
-    op.start()
-    yield op
-    op.stop()
+    with started(op):
+        yield op
 
 
 @pytest.fixture
 def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd):
-    name = _namespace(api_client, s3_server, request, SERVED)
-    yield Cluster(api_client, name)
-    client.CoreV1Api(api_client).delete_namespace(name)
+    with namespace_cluster(api_client, s3_server, request, SERVED) as made:
+        yield made
 
 
 def _env_names(pod_spec: dict) -> set[str]:

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from scalingrun_api.models import ScalingSweep
-from ..api.sweep import build_point_run, sweep_points
-from ..api.validation import parse_scalingrun
+from ..schema.sweep import build_point_run, sweep_points
+from ..schema.validation import parse_scalingrun
 from ..builders.locations import progress_uri
 from ..decide.sweep import document_row, scaling
 from ..documents import read_progress
