@@ -7,7 +7,10 @@ import argparse
 from importlib import metadata
 
 from scalingrun_api.models import API_VERSION
-from . import cluster, commands, completion as completion_scripts, logs as logs_command
+from .cluster import cmd_get, cmd_wait
+from .commands import cmd_crd, cmd_operator, cmd_render, cmd_report, cmd_run, cmd_sweep, cmd_validate
+from .completion import SHELLS, cmd_completion
+from .logs import cmd_logs
 
 EXIT_CODES = """exit codes:
   0  done: the files are valid, the objects printed, the run succeeded
@@ -76,21 +79,21 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
 
     crd = _add(sub, "crd", "print the ScalingRun and ScalingSweep CustomResourceDefinitions",
                "Print both CustomResourceDefinitions (the chart installs the same ones).",
-               "  scalingrun crd | kubectl apply -f -", commands.cmd_crd)
+               "  scalingrun crd | kubectl apply -f -", cmd_crd)
     crd.add_argument("-o", "--output", choices=OUTPUTS, default="yaml", help="output format (default yaml)")
 
     validate = _add(sub, "validate", "check ScalingRun and ScalingSweep files; name every bad field",
                     "Check every ScalingRun and ScalingSweep as the API server and the operator will, naming every "
                     "bad field. Other kinds in the same files are skipped and named.",
                     "  scalingrun validate -f my-run.yaml\n  scalingrun validate -f examples/",
-                    commands.cmd_validate)
+                    cmd_validate)
     _filename(validate, repeatable=True)
 
     render = _add(sub, "render", "print every Kubernetes object the operator would create",
                   "Print the objects the operator would create: a run's ConfigMap, preprocessing Job and MPIJob; a "
                   "sweep's ScalingRuns.",
                   "  scalingrun render -f examples/quickstart.yaml -n team-a\n"
-                  "  scalingrun render -f examples/sweep.yaml -o json", commands.cmd_render)
+                  "  scalingrun render -f examples/sweep.yaml -o json", cmd_render)
     _filename(render, repeatable=True)
     render.add_argument("-n", "--namespace", help="namespace (default: the object's, else default)")
     render.add_argument("-o", "--output", choices=OUTPUTS, default="yaml", help="output format (default yaml)")
@@ -99,7 +102,7 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
                "Run one ScalingRun here: preprocess the dataset, then train with the engine's launcher (horovodrun or "
                "mpirun), as the operator would in a cluster. In a cluster, kubectl apply -f the file instead.",
                "  scalingrun run --local -f examples/quickstart.yaml\n"
-               "  scalingrun run --local -f my-run.yaml --np 2 --python-path src/", commands.cmd_run)
+               "  scalingrun run --local -f my-run.yaml --np 2 --python-path src/", cmd_run)
     run.add_argument("--local", action="store_true", help="preprocess, then train here (required)")
     _filename(run)
     run.add_argument("--np", type=int, help="processes (default: workers.replicas x slots)")
@@ -111,7 +114,7 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
     sweep = _add(sub, "sweep", "run a ScalingSweep's points on this machine (--local), one after another",
                  "Run a ScalingSweep's points here one after another (each with N processes), then print the scaling "
                  "table and draw the report.",
-                 "  scalingrun sweep --local -f examples/sweep.yaml -o reports/", commands.cmd_sweep)
+                 "  scalingrun sweep --local -f examples/sweep.yaml -o reports/", cmd_sweep)
     sweep.add_argument("--local", action="store_true", help="each point with its N training processes here (required)")
     _filename(sweep)
     sweep.add_argument("--workdir", metavar="DIR",
@@ -125,7 +128,7 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
                   "cannot be read, from the copy a local run kept (the quick start's store stops with it).",
                   "  scalingrun report -f examples/quickstart.yaml -o reports/\n"
                   "  scalingrun report --progress s3://bucket/runs/demo/progress.json --name demo",
-                  commands.cmd_report)
+                  cmd_report)
     _filename(report, required=False)
     report.add_argument("--progress", help="or a progress.json path or URI")
     report.add_argument("--name", default="run", help="run name for the titles (with --progress)")
@@ -139,7 +142,7 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
                "phase, workers, epoch, images/s, input wait, the best epoch's val_accuracy, ETA, restarts and message; "
                "-w prints a row at every change.",
                "  scalingrun get\n  scalingrun get quickstart -w\n  scalingrun get flowers-sweep -o yaml",
-               cluster.cmd_get)
+               cmd_get)
     get.add_argument("name", nargs="?", help="a run's or a sweep's name (default: all of them)")
     get.add_argument("-w", "--watch", action="store_true", help="after the table, a row at every change")
     get.add_argument("-A", "--all-namespaces", action="store_true", help="every namespace")
@@ -152,7 +155,7 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
                 "or condition=Ready=False). Exits 0 when it does, 1 when it ends otherwise (Failed when Succeeded "
                 "was wanted) or the timeout passes.",
                 "  scalingrun wait quickstart --for Succeeded --timeout 30m\n"
-                "  scalingrun wait flowers-sweep --for Succeeded", cluster.cmd_wait)
+                "  scalingrun wait flowers-sweep --for Succeeded", cmd_wait)
     wait.add_argument("name", help="the run's (or sweep's) name")
     wait.add_argument("--for", dest="wanted", default="Succeeded", metavar="PHASE|condition=TYPE[=STATUS]",
                       help="a phase (default Succeeded) or condition=TYPE[=STATUS]")
@@ -169,7 +172,7 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
                 "  scalingrun logs quickstart -f\n"
                 "  scalingrun logs quickstart --rank 1\n"
                 "  scalingrun logs quickstart --attempt 1 --endpoint http://localhost:8333\n"
-                "  kubectl scalingrun logs quickstart --preprocess", logs_command.cmd_logs)
+                "  kubectl scalingrun logs quickstart --preprocess", cmd_logs)
     logs.add_argument("name", help="the run's name")
     which = logs.add_mutually_exclusive_group()
     which.add_argument("--launcher", action="store_true", help="the launcher's log, every rank's lines (default)")
@@ -187,12 +190,12 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
                       "  source <(scalingrun completion bash)            # bash, in ~/.bashrc\n"
                       "  scalingrun completion zsh > \"${fpath[1]}/_scalingrun\"  # zsh\n"
                       "  scalingrun completion fish > ~/.config/fish/completions/scalingrun.fish",
-                      completion_scripts.cmd_completion)
-    completion.add_argument("shell", choices=tuple(completion_scripts.SHELLS))
+                      cmd_completion)
+    completion.add_argument("shell", choices=tuple(SHELLS))
     completion.set_defaults(root=parser)
 
     operator = _add(sub, "operator", "run the Kubernetes operator (same as scalingrun-operator)",
                     "Run the operator; its flags are scalingrun-operator's (scalingrun operator --help).",
-                    "  scalingrun operator --all-namespaces", commands.cmd_operator)
+                    "  scalingrun operator --all-namespaces", cmd_operator)
     operator.add_argument("operator_args", nargs=argparse.REMAINDER, help="scalingrun-operator flags")
     return parser

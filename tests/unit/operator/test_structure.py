@@ -15,7 +15,7 @@ from typing import Iterator, Optional
 import pytest
 
 from tests.support import import_graph
-from tests.support.import_graph import imports
+from tests.support.import_graph import cycles, imports, module_graph
 
 OPERATOR = Path(__file__).resolve().parents[3] / "operator"
 LAYERS = [
@@ -84,6 +84,12 @@ def test_imports_point_down_only():
             elif APART.get(here[1]) == there[1]:
                 wrong.append(f"{path.relative_to(OPERATOR)}:{line} {name} imports its sibling {target}")
     assert wrong == []
+
+
+def test_no_import_cycles():
+    """Neither the operator nor the API package it shares with the trainer imports itself in a circle."""
+    for package in ("scalingrun_operator", "scalingrun_api"):
+        assert cycles(module_graph(OPERATOR, package)) == [], package
 
 
 def test_decide_is_pure():
