@@ -11,7 +11,7 @@
 #   example-custom-training=ghcr.io/scalingrun/example-custom-training:<version>-cpu  (examples/custom-training, FROM trainer)
 # One image scheme everywhere: these are the names the chart, the API's defaults (scalingrun_api.models.common), the
 # examples and .github/workflows/release.yml use, so images built here are the defaults a cluster on this Docker
-# runs (tests/unit/test_image_names.py checks that they agree).
+# runs (tests/unit/repository/test_image_names.py checks that they agree).
 # Env: SCALINGRUN_IMAGE_REGISTRY (default ghcr.io/scalingrun), SCALINGRUN_BASE_IMAGE (default: local/python:3.11-bookworm when present, as on machines without
 #   Docker Hub, else the Dockerfiles' python:3.11-slim-bookworm), SCALINGRUN_IMAGE_TAG (default: the
 #   project version), SCALINGRUN_CACHE (where setup.sh caches the Horovod wheel), DOCKER (default:

@@ -26,7 +26,7 @@ CATEGORIES = ["all", "scaling"]
 
 # One image scheme everywhere (scripts/build-images.sh builds these names, release.yml publishes them):
 # <REGISTRY>/operator:<version> and <REGISTRY>/trainer:<version>-<flavour>, the flavours in TRAINER_FLAVOURS.
-# tests/unit/test_image_names.py checks the chart, kustomize, Dockerfiles, docs and examples against them.
+# tests/unit/repository/test_image_names.py checks the chart, kustomize, Dockerfiles, docs and examples against them.
 IMAGE_REGISTRY = "ghcr.io/scalingrun"
 IMAGE_VERSION = "0.1.0"  # the project's version (pyproject.toml), the chart's appVersion
 OPERATOR_IMAGE = f"{IMAGE_REGISTRY}/operator:{IMAGE_VERSION}"
