@@ -60,7 +60,10 @@ def _run_kubelets_part(job: dict, config_map: dict, secret: dict[str, str], work
     config_path.write_text(config_map["data"]["config.json"])
     command = [str(config_path) if part == "/etc/scalingrun/config.json" else part for part in container["command"]]
     assert command[0] == "scalingrun-trainer"
-    command = [sys.executable, "-m", "scalingrun_trainer.cli", *command[1:], "--workers", "1"]
+    # `scalingrun-trainer logged --logs URI -- scalingrun-trainer preprocess ...`: both run from this checkout.
+    command = [part for word in command
+               for part in ([sys.executable, "-m", "scalingrun_trainer.cli"] if word == "scalingrun-trainer" else [word])]
+    command += ["--workers", "1"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     for var in container["env"]:
         env[var["name"]] = var["value"] if "value" in var else secret[var["valueFrom"]["secretKeyRef"]["key"]]

@@ -176,7 +176,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ..builders.locations import progress_uri
-    from ..documents import read_progress
+    from ..documents import parse_progress, read_progress
     from ..local.keep import kept_progress
     from ..report.run import render_report
     from ..storage import StorageError, StorageTarget
@@ -208,11 +208,11 @@ def cmd_report(args: argparse.Namespace) -> int:
         if kept is None:
             raise UserError(f"scalingrun report: {exc}") from None
         print(f"scalingrun report: {exc}; drawing from {kept}, which the local run kept", file=sys.stderr)
-        progress = json.loads(kept.read_text())
+        progress = parse_progress(json.loads(kept.read_text()))
     if progress is None and kept is not None:
         print(f"scalingrun report: no progress document at {uri}; drawing from {kept}, which the local run kept",
               file=sys.stderr)
-        progress = json.loads(kept.read_text())
+        progress = parse_progress(json.loads(kept.read_text()))
     if progress is None:
         raise UserError(f"scalingrun report: no progress document at {uri}")
     png, md = render_report(progress, name, Path(args.output))
