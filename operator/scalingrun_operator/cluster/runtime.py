@@ -16,6 +16,7 @@ from .coalesce import Coalescer
 from .k8s import Kube, new_api_client
 from .memory import Memory
 from .metrics import Metrics
+from .pod_index import PodIndex
 from .progress_watch import ProgressWatcher
 from .reconcile import Reconciler, SweepReconciler
 
@@ -32,7 +33,9 @@ class Runtime:
                                        config.poll_interval_seconds, config.progress_checks_per_second)
         self.sweep_rechecks = ProgressWatcher(lambda namespace, name: self.reconcile_sweep(namespace, name, "recheck"),
                                               config.recheck_interval_seconds, workers=1)
-        self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients)
+        # The runs' pods from the pod watch (handlers.runs.pod_changed feeds it), not a list per reconcile.
+        self.pods = PodIndex(config.pod_resync_seconds)
+        self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients, self.pods)
         # One reconcile per run at a time; pod events at most one per run per second (cluster/coalesce.py).
         self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0)
         self.sweeps = SweepReconciler(kube, config, self.sweep_rechecks, self.memory, self.metrics, self.clients)
@@ -82,5 +85,6 @@ class Runtime:
 
     def forget_run(self, namespace: str, name: str) -> None:
         self.memory.forget(("run", namespace, name))
+        self.pods.forget(namespace, name)
         self.run_triggers.forget((namespace, name))
         self.watcher.forget(namespace, name)

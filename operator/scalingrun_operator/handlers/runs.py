@@ -55,7 +55,12 @@ def pod_changed(type: Optional[str], body: kopf.Body, namespace: str, labels: ko
                 **_: Any) -> None:
     """A run's pod cannot pull its image, cannot be scheduled, restarted or is gone: say so in seconds.
 
-    A thousand workers starting make thousands of events: at most one reconcile of the run a second."""
+    A thousand workers starting make thousands of events: at most one reconcile of the run a second, which
+    reads the pods from the index this keeps (cluster/pod_index.py), not from a list."""
     run = labels.get(RUN_LABEL)
-    if run and memo.runtime.memory.pod_event_matters(type, dict(body)):
+    if not run:
+        return
+    pod = dict(body)
+    memo.runtime.pods.observe(type, pod)  # before the trigger: the reconcile reads it
+    if memo.runtime.memory.pod_event_matters(type, pod):
         memo.runtime.reconcile_run(namespace, run, "pod", urgent=False)
