@@ -105,3 +105,20 @@ def test_a_forgotten_run_is_not_reconciled_later():
     coalescer.run_due()
     coalescer.stop()
     assert calls == ["pod"]
+
+
+def test_with_settle_a_burst_of_pod_events_makes_one_reconcile_and_none_runs_in_the_callers_thread():
+    clock = FakeClock()
+    calls = []
+    coalescer = Coalescer(lambda key, why: calls.append((clock.now, why)), min_interval=1.0, clock=clock, settle=0.5)
+    assert not coalescer.trigger(("ns", "a"), "pod", urgent=False), "deferred, though nothing ran for a while"
+    for _ in range(4):  # the rest of the burst
+        clock.now += 0.1
+        assert not coalescer.trigger(("ns", "a"), "pod", urgent=False)
+    assert coalescer.pending() == {("ns", "a"): pytest.approx(100.5)}, "the first event's settle, not slid on"
+    clock.now = 100.5
+    coalescer.run_due()
+    coalescer.stop()
+    coalescer._pool.shutdown(wait=True)
+    assert calls == [(100.5, "pod")]
+    assert coalescer.trigger(("ns", "a"), "child") is True, "an urgent trigger still runs at once"

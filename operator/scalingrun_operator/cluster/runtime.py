@@ -22,6 +22,10 @@ from .reconcile import Reconciler, SweepReconciler
 
 log = logging.getLogger(__name__)
 
+# How long a pod event waits for the rest of its burst (the MPI operator makes a run's pods one after another, and
+# a node's kubelet moves them together) before its run is reconciled: one reconcile for the burst.
+POD_SETTLE_SECONDS = 0.5
+
 
 class Runtime:
     def __init__(self, config: Config, kube: Optional[Kube] = None):
@@ -36,8 +40,10 @@ class Runtime:
         # The runs' pods from the pod watch (handlers.runs.pod_changed feeds it), not a list per reconcile.
         self.pods = PodIndex(config.pod_resync_seconds)
         self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients, self.pods)
-        # One reconcile per run at a time; pod events at most one per run per second (cluster/coalesce.py).
-        self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0)
+        # One reconcile per run at a time; pod events at most one per run per second, a burst of them one
+        # (cluster/coalesce.py), in a pool of their own: the pod handler never waits for a reconcile.
+        self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0, workers=config.max_workers,
+                                      settle=POD_SETTLE_SECONDS)
         self.sweeps = SweepReconciler(kube, config, self.sweep_rechecks, self.memory, self.metrics, self.clients)
 
     def start(self) -> None:
@@ -56,8 +62,8 @@ class Runtime:
         return self.watcher.health() or self.sweep_rechecks.health()
 
     def reconcile_run(self, namespace: str, name: str, handler: str, urgent: bool = True) -> None:
-        """Reconciles the run now in this thread, or, when one is in flight (or, for a pod event, ran less than a
-        second ago), has it reconciled once more afterwards and returns at once."""
+        """Reconciles the run now in this thread, or, when one is in flight (or, for a pod event, always: after its
+        burst settled, at most once a second), has it reconciled once more afterwards and returns at once."""
         self.run_triggers.trigger((namespace, name), handler, urgent=urgent)
 
     def _reconcile_run_now(self, key: tuple[str, str], handler: str) -> None:
