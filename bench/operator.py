@@ -520,6 +520,9 @@ def main_pods(args: argparse.Namespace) -> int:
         finally:
             operator.stop()
             storage.close()
+            if os.environ.get("BENCH_OPERATOR_LOG"):  # the operator's log kept past the temporary folder
+                import shutil
+                shutil.copy(Path(tmp) / "operator.log", os.environ["BENCH_OPERATOR_LOG"])
     print()
     pod_scale.print_pods(unrelated, scenarios)
     return 0

@@ -101,22 +101,27 @@ class StatusWatch:
         self.lags: dict[str, float] = {}
         self._last: dict[str, dict] = {}
         self._watch = watch.Watch()
+        self._stopped = False
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
-        try:
-            for event in self._watch.stream(self.custom.list_namespaced_custom_object, models.GROUP, models.VERSION,
-                                            self.namespace, models.PLURAL, timeout_seconds=3600):
-                obj = event["object"]
-                status = obj.get("status") or {}
-                size = len(json.dumps(status, separators=(",", ":")).encode())
-                with self._lock:
-                    self.largest = max(self.largest, size)
-                    name = obj["metadata"]["name"]
-                    self._last[name] = status
-                    self._check(name, status)
-        except Exception:  # the API server stops under the watch at the end
-            pass
+        # A watch that ends (a dropped connection on a loaded machine) starts again, from every run as it is: one
+        # that ended silently left the script waiting out its timeout with every status already there.
+        while not self._stopped:
+            try:
+                for event in self._watch.stream(self.custom.list_namespaced_custom_object, models.GROUP,
+                                                models.VERSION, self.namespace, models.PLURAL, timeout_seconds=3600):
+                    obj = event["object"]
+                    status = obj.get("status") or {}
+                    size = len(json.dumps(status, separators=(",", ":")).encode())
+                    with self._lock:
+                        self.largest = max(self.largest, size)
+                        name = obj["metadata"]["name"]
+                        self._last[name] = status
+                        self._check(name, status)
+            except Exception:  # the API server stops under the watch at the end
+                time.sleep(0.5)
+            self._watch = watch.Watch()
 
     def _check(self, name: str, status: dict) -> None:
         expected = self._expected.get(name)
@@ -145,6 +150,7 @@ class StatusWatch:
             return [self.lags[n] for n in names]
 
     def stop(self) -> None:
+        self._stopped = True
         self._watch.stop()
 
 

@@ -45,6 +45,9 @@ class Config:
     #: Seconds a watch stays open before kopf re-lists (runs, children, pods); re-lists reconcile nothing
     #: that did not change.
     watch_timeout_seconds: int = 300
+    #: Seconds a run's pods are served from the pod watch's index before a reconcile lists them again (a
+    #: safety net for an event kopf's watch missed; a re-list by kopf, or a restart, lists at the next look).
+    pod_resync_seconds: float = 300.0
     #: How long a finished Job or MPIJob may wait for its manifest / final progress document to
     #: appear in storage before the run is judged on what is there.
     completion_grace_seconds: float = 120.0
@@ -148,7 +151,7 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
 
 
 _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
-          "progress_checks_per_second": float, "watch_timeout_seconds": int,
+          "progress_checks_per_second": float, "watch_timeout_seconds": int, "pod_resync_seconds": float,
           "completion_grace_seconds": float, "storage_timeout_seconds": float,
           "metrics_port_number": int, "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str,

@@ -4,7 +4,9 @@ A run of a thousand workers makes thousands of pod events at start-up; each woul
 lists every pod of the run, and each would wait for the one before on the run's lock, parking kopf's handler
 threads. Here a trigger for a run that is being reconciled only marks it for once more after (the handler
 thread returns at once), and a pod event within `min_interval` of the run's last reconcile is deferred to
-the end of that interval, where all the events that came meanwhile make one reconcile. Other triggers
+the end of that interval, where all the events that came meanwhile make one reconcile; with `settle`, a pod event
+waits that long even when the interval is over, so that a burst of them (a run's pods created, or moved, one after
+the other) makes one reconcile, not one for its first event and one for the rest. Other triggers
 (creation, a spec change, a child's event, storage) are urgent: they wait for no interval, only for the
 reconcile in flight. Level-triggered reconciles make this safe: the one that runs reads the world as it is.
 """
@@ -38,8 +40,8 @@ class Coalescer:
     """Calls `act(key, why)`: in the triggering thread when it may run now, else once, later, in a small pool."""
 
     def __init__(self, act: Callable[[Hashable, str], object], min_interval: float = 1.0, workers: int = 4,
-                 clock: Callable[[], float] = time.monotonic):
-        self._act, self.min_interval, self._clock = act, min_interval, clock
+                 clock: Callable[[], float] = time.monotonic, settle: float = 0.0):
+        self._act, self.min_interval, self._clock, self.settle = act, min_interval, clock, settle
         self._guard = threading.Lock()
         self._slots: dict[Hashable, _Slot] = {}
         self._queue: list[tuple[float, int, Hashable]] = []  # (due, tie, key); stale entries are skipped
@@ -51,7 +53,8 @@ class Coalescer:
 
     def trigger(self, key: Hashable, why: str = "", urgent: bool = True) -> bool:
         """Reconciles `key` now in this thread, or folds the trigger into one in flight or scheduled and returns
-        at once. Returns whether it ran here; an error of a run here propagates to the caller."""
+        at once (a trigger that is not urgent always, with `settle`). Returns whether it ran here; an error of a
+        run here propagates to the caller."""
         with self._guard:
             slot = self._slots.setdefault(key, _Slot())
             now = self._clock()
@@ -60,8 +63,8 @@ class Coalescer:
                 slot.again = True
                 slot.again_urgent = slot.again_urgent or urgent
                 return False
-            if not urgent and now - slot.last_start < self.min_interval:
-                self._schedule(key, slot, slot.last_start + self.min_interval)
+            if not urgent and (self.settle > 0 or now - slot.last_start < self.min_interval):
+                self._schedule(key, slot, max(now + self.settle, slot.last_start + self.min_interval))
                 return False
             slot.running, slot.due, slot.last_start = True, None, now
         try:

@@ -6,8 +6,9 @@
   kopf re-lists every kind when a watch ends) starts a reconcile only when something a reconcile reads
   changed;
 - how each recently deleted pod was when last seen, for the Event that reports it lost.
-Everything else is read anew on every reconcile: losing this memory (a restart) costs one reconcile
-per run, never a wrong status.
+Everything else is read anew on every reconcile, but for the runs' pods, which the pod watch's index holds
+(pod_index.py): losing this memory or that index (a restart) costs one reconcile and one pod list per run,
+never a wrong status.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ read, a log that cannot be fetched) become facts; API errors propagate to the re
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from ..config import Config
 from ..decide.snapshot import (
@@ -19,11 +19,13 @@ from ..documents import read_heartbeat, read_manifest, read_progress
 from ..storage import Clients, StorageError, StorageTarget, list_names
 from .k8s import Kube
 from .memory import Memory
+from .pod_index import PodIndex
 
 
 class Observer:
-    def __init__(self, kube: Kube, config: Config, memory: Memory, clients: Clients, namespace: str, name: str):
-        self.kube, self.config, self.memory, self.clients = kube, config, memory, clients
+    def __init__(self, kube: Kube, config: Config, memory: Memory, clients: Clients, namespace: str, name: str,
+                 pods: Optional[PodIndex] = None):
+        self.kube, self.config, self.memory, self.clients, self.pods = kube, config, memory, clients, pods
         self.namespace, self.name = namespace, name
         self._targets: dict[Store, Union[StorageTarget, StorageError]] = {}
 
@@ -31,8 +33,7 @@ class Observer:
         if isinstance(ask, Child):
             return self.kube.get_child(ask.kind, self.namespace, ask.name)
         if isinstance(ask, Pods):
-            return PodList(tuple(self.kube.list_pods(self.namespace, self.name)),
-                           MappingProxyType(self.memory.deleted_pods()))
+            return PodList(tuple(self._pods()), MappingProxyType(self.memory.deleted_pods()))
         if isinstance(ask, Document):
             try:
                 target = self.target(ask.store)
@@ -56,6 +57,15 @@ class Observer:
         if isinstance(ask, ServerVersion):
             return Server(*self.kube.server_version())
         raise TypeError(f"observe cannot read {ask!r}")
+
+    def _pods(self) -> list[dict[str, Any]]:
+        """From the pod watch's index where it knows the run's pods, else listed (and the index seeded)."""
+        if self.pods is None:
+            return self.kube.list_pods(self.namespace, self.name)
+        known = self.pods.pods(self.namespace, self.name)
+        if known is not None:
+            return known
+        return self.pods.listing(self.namespace, self.name, lambda: self.kube.list_pods(self.namespace, self.name))
 
     def target(self, store: Store) -> StorageTarget:
         """The storage target of `store`, with the keys from its Secret (read once per look); with pod identity none,

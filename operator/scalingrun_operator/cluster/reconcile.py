@@ -26,6 +26,7 @@ from .k8s import Kube
 from .memory import Memory
 from .metrics import Metrics
 from .observe import Observer
+from .pod_index import PodIndex
 from .reconcile_scheduler import ReconcileScheduler
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ class _Reconciler:
     memory: Memory = field(default_factory=Memory)
     metrics: Metrics = field(default_factory=Metrics)
     clients: Clients = field(default_factory=Clients)
+    pods: Optional[PodIndex] = None  # the pod watch's index (Runtime); None: a look lists the run's pods
 
     kind = ""
 
@@ -73,7 +75,7 @@ class _Reconciler:
                 if body is None or body["metadata"].get("deletionTimestamp"):
                     self._followed(namespace, name, None, None)
                     return None
-                observer = Observer(self.kube, self.config, self.memory, self.clients, namespace, name)
+                observer = Observer(self.kube, self.config, self.memory, self.clients, namespace, name, self.pods)
                 moment = clock.now()
                 try:
                     decision = look(Snapshot(body, moment), self._decide, observer.read, settings_of(self.config))

@@ -16,10 +16,15 @@ from .coalesce import Coalescer
 from .k8s import Kube, new_api_client
 from .memory import Memory
 from .metrics import Metrics
+from .pod_index import PodIndex
 from .reconcile_scheduler import ReconcileScheduler
 from .reconcile import Reconciler, SweepReconciler
 
 log = logging.getLogger(__name__)
+
+# How long a pod event waits for the rest of its burst (the MPI operator makes a run's pods one after another, and
+# a node's kubelet moves them together) before its run is reconciled: one reconcile for the burst.
+POD_SETTLE_SECONDS = 0.5
 
 
 class Runtime:
@@ -33,9 +38,13 @@ class Runtime:
         self.sweep_rechecks = ReconcileScheduler(
             lambda namespace, name: self.reconcile_sweep(namespace, name, "recheck"),
             config.recheck_interval_seconds, workers=1)
-        self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients)
-        # One reconcile per run at a time; pod events at most one per run per second (cluster/coalesce.py).
-        self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0)
+        # The runs' pods from the pod watch (handlers.runs.pod_changed feeds it), not a list per reconcile.
+        self.pods = PodIndex(config.pod_resync_seconds)
+        self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients, self.pods)
+        # One reconcile per run at a time; pod events at most one per run per second, a burst of them one
+        # (cluster/coalesce.py), in a pool of their own: the pod handler never waits for a reconcile.
+        self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0, workers=config.max_workers,
+                                      settle=POD_SETTLE_SECONDS)
         self.sweeps = SweepReconciler(kube, config, self.sweep_rechecks, self.memory, self.metrics, self.clients)
 
     def start(self) -> None:
@@ -54,8 +63,8 @@ class Runtime:
         return self.watcher.health() or self.sweep_rechecks.health()
 
     def reconcile_run(self, namespace: str, name: str, handler: str, urgent: bool = True) -> None:
-        """Reconciles the run now in this thread, or, when one is in flight (or, for a pod event, ran less than a
-        second ago), has it reconciled once more afterwards and returns at once."""
+        """Reconciles the run now in this thread, or, when one is in flight (or, for a pod event, always: after its
+        burst settled, at most once a second), has it reconciled once more afterwards and returns at once."""
         self.run_triggers.trigger((namespace, name), handler, urgent=urgent)
 
     def _reconcile_run_now(self, key: tuple[str, str], handler: str) -> None:
@@ -83,5 +92,6 @@ class Runtime:
 
     def forget_run(self, namespace: str, name: str) -> None:
         self.memory.forget(("run", namespace, name))
+        self.pods.forget(namespace, name)
         self.run_triggers.forget((namespace, name))
         self.watcher.forget(namespace, name)

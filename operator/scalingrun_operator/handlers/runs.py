@@ -29,9 +29,11 @@ def spec_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
     memo.runtime.reconcile_run(namespace, name, "update")
 
 
+# track and pod_changed are coroutines: they only note what came and never wait for a reconcile, so kopf runs them
+# in its loop instead of handing each of thousands of events to a worker thread and back.
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def track(type: Optional[str], uid: str, namespace: str, name: str, status: dict[str, Any], memo: kopf.Memo,
-          **_: Any) -> None:
+async def track(type: Optional[str], uid: str, namespace: str, name: str, status: dict[str, Any], memo: kopf.Memo,
+                **_: Any) -> None:
     deleted = type == "DELETED"
     memo.runtime.metrics.observe_run(uid, status.get("phase"), deleted=deleted)
     if deleted:
@@ -51,11 +53,16 @@ def child_changed(type: Optional[str], body: kopf.Body, namespace: str, memo: ko
 
 
 @kopf.on.event("v1", "pods", labels=MANAGED)
-def pod_changed(type: Optional[str], body: kopf.Body, namespace: str, labels: kopf.Labels, memo: kopf.Memo,
-                **_: Any) -> None:
+async def pod_changed(type: Optional[str], body: kopf.Body, namespace: str, labels: kopf.Labels,
+                      memo: kopf.Memo, **_: Any) -> None:
     """A run's pod cannot pull its image, cannot be scheduled, restarted or is gone: say so in seconds.
 
-    A thousand workers starting make thousands of events: at most one reconcile of the run a second."""
+    A thousand workers starting make thousands of events: at most one reconcile of the run a second, which
+    reads the pods from the index this keeps (cluster/pod_index.py), not from a list."""
     run = labels.get(RUN_LABEL)
-    if run and memo.runtime.memory.pod_event_matters(type, dict(body)):
-        memo.runtime.reconcile_run(namespace, run, "pod", urgent=False)
+    if not run:
+        return
+    pod = dict(body)
+    memo.runtime.pods.observe(type, pod)  # before the trigger: the reconcile reads it
+    if memo.runtime.memory.pod_event_matters(type, pod):
+        memo.runtime.reconcile_run(namespace, run, "pod", urgent=False)  # never here: after the burst settled

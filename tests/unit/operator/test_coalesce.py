@@ -47,6 +47,7 @@ def test_triggers_during_a_reconcile_return_at_once_and_make_one_more():
     # Urgent (a child's event came): once more as soon as the pool takes it, and only once.
     assert coalescer.pending() == {("ns", "a"): 100.0}
     coalescer.run_due()
+    coalescer._pool.shutdown(wait=True)  # the reconcile handed to the pool has run (stop() would cancel it)
     coalescer.stop()
     assert calls == ["create", "child"]
 
@@ -65,8 +66,8 @@ def test_pod_events_make_at_most_one_reconcile_per_interval():
     assert len(calls) == 1, "due at the end of the interval, not before"
     clock.now = 101.0
     coalescer.run_due()
-    coalescer.stop()  # waits for nothing: the pool's one task is done when shutdown returns below
-    coalescer._pool.shutdown(wait=True)
+    coalescer._pool.shutdown(wait=True)  # the reconcile handed to the pool has run (stop() would cancel it)
+    coalescer.stop()
     assert calls == [(100.0, "pod"), (101.0, "pod")]
 
 
@@ -105,3 +106,20 @@ def test_a_forgotten_run_is_not_reconciled_later():
     coalescer.run_due()
     coalescer.stop()
     assert calls == ["pod"]
+
+
+def test_with_settle_a_burst_of_pod_events_makes_one_reconcile_and_none_runs_in_the_callers_thread():
+    clock = FakeClock()
+    calls = []
+    coalescer = Coalescer(lambda key, why: calls.append((clock.now, why)), min_interval=1.0, clock=clock, settle=0.5)
+    assert not coalescer.trigger(("ns", "a"), "pod", urgent=False), "deferred, though nothing ran for a while"
+    for _ in range(4):  # the rest of the burst
+        clock.now += 0.1
+        assert not coalescer.trigger(("ns", "a"), "pod", urgent=False)
+    assert coalescer.pending() == {("ns", "a"): pytest.approx(100.5)}, "the first event's settle, not slid on"
+    clock.now = 100.5
+    coalescer.run_due()
+    coalescer._pool.shutdown(wait=True)
+    coalescer.stop()
+    assert calls == [(100.5, "pod")]
+    assert coalescer.trigger(("ns", "a"), "child") is True, "an urgent trigger still runs at once"
