@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from tests.support.training import kill_a_rank_after_the_first_checkpoint
-from tests.support.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
+from tests.support.stall import TEST_TIMEOUT_SECONDS, frozen_mpirun
 from scalingrun_trainer.core.tracking import MlflowClient
 from tests.support.lightning_train import (  # noqa: F401 (fixtures)
     BUCKET, SIZE, command, dataset, read_json, write_config,
@@ -138,15 +138,8 @@ def test_a_frozen_rank_ends_the_run_naming_it(s3_server, dataset, tmp_path, mpir
     config = write_config(tmp_path / "config.json", s3_server, dataset, run, maxEpochs=500,
                           earlyStopping={"enabled": False})
     env = {**os.environ, **s3_server.env(), "SCALINGRUN_COLLECTIVE_TIMEOUT_SECONDS": str(TEST_TIMEOUT_SECONDS)}
-    with open(tmp_path / "output", "w") as output:
-        job = subprocess.Popen(command(mpirun, lightning_python, config), stdout=output, stderr=subprocess.STDOUT,
-                               start_new_session=True, env=env)
-        frozen = freeze_rank_1_while_training(job, s3_server, f"{BUCKET}/runs/frozen/heartbeat.json",
-                                              deadline_s=400, exit_s=EXIT_WAIT_SECONDS)
-    text = (tmp_path / "output").read_text()
-    print(f"lightning: mpirun exited {frozen.returncode} {frozen.seconds:.1f} s after rank 1 froze")
-    assert frozen.returncode != 0, text[-3000:]
-    assert "rank 1 stopped answering" in text, text[-3000:]
+    frozen = frozen_mpirun(command(mpirun, lightning_python, config), env, s3_server,
+                           f"{BUCKET}/runs/frozen/heartbeat.json", tmp_path / "output", "lightning")
     assert all(beat["rank"] == 0 for beat in frozen.heartbeats)
 
 

@@ -19,7 +19,7 @@ from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.core.scaling import scale_run
 from scalingrun_trainer.core.tracking import MlflowClient
 from tests.support.training import assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, kill_a_rank_after_the_first_checkpoint, preprocessed_fashion_mnist, validation_split
-from tests.support.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
+from tests.support.stall import TEST_TIMEOUT_SECONDS, frozen_mpirun
 
 pytestmark = [pytest.mark.mirrored, pytest.mark.s3]
 BUCKET = "mirrored"
@@ -223,15 +223,8 @@ def test_a_frozen_rank_ends_the_run_naming_it(s3_server, dataset, tmp_path, mpir
     config = write_config(tmp_path / "config.json", s3_server, dataset, run, maxEpochs=500,
                           earlyStopping={"enabled": False})
     env = environment(s3_server, without_horovod, {"SCALINGRUN_COLLECTIVE_TIMEOUT_SECONDS": str(TEST_TIMEOUT_SECONDS)})
-    with open(tmp_path / "output", "w") as output:
-        job = subprocess.Popen(command(mpirun, config, env), stdout=output, stderr=subprocess.STDOUT,
-                               start_new_session=True, env={**os.environ, **env})
-        frozen = freeze_rank_1_while_training(job, s3_server, f"{BUCKET}/runs/frozen/heartbeat.json",
-                                              deadline_s=400, exit_s=EXIT_WAIT_SECONDS)
-    text = (tmp_path / "output").read_text()
-    print(f"multi-worker-mirrored: mpirun exited {frozen.returncode} {frozen.seconds:.1f} s after rank 1 froze")
-    assert frozen.returncode != 0, text[-3000:]
-    assert "rank 1 stopped answering" in text, text[-3000:]
+    frozen_mpirun(command(mpirun, config, env), {**os.environ, **env}, s3_server,
+                  f"{BUCKET}/runs/frozen/heartbeat.json", tmp_path / "output", "multi-worker-mirrored")
 
 
 def test_clear_error_on_every_rank_for_a_missing_dataset(s3_server, dataset, tmp_path, mpirun, without_horovod):
