@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tests.support.training import kill_a_rank_after_the_first_checkpoint
+from tests.support.training import epoch_saved_before_a_rank_was_killed
 from tests.support.stall import TEST_TIMEOUT_SECONDS, frozen_mpirun
 from scalingrun_trainer.core.tracking import MlflowClient
 from tests.support.lightning_train import (  # noqa: F401 (fixtures)
@@ -98,12 +98,8 @@ def test_a_killed_rank_resumes_from_the_last_checkpoint_in_the_same_mlflow_run(s
     tracking = {"mlflowTrackingUri": mlflow_server.uri, "experimentName": "lightning-resume"}
     config = write_config(tmp_path / "first.json", s3_server, dataset, run, tracking, maxEpochs=30,
                           earlyStopping={"enabled": False})
-    first = subprocess.Popen(command(mpirun, lightning_python, config), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True, env=env)
-    state_at = f"{BUCKET}/runs/resume/checkpoints/state.json"
-    kill_a_rank_after_the_first_checkpoint(first, s3_server, state_at, deadline_s=400, exit_s=120)
-    assert first.returncode != 0
-    saved = read_json(s3_server, f"s3://{state_at}")["epoch"]
+    saved = epoch_saved_before_a_rank_was_killed(command(mpirun, lightning_python, config), env, s3_server, run,
+                                                 deadline_s=400, exit_s=120)
     assert 1 <= saved < 30
     # The rerun (same run, a lower maxEpochs to keep the test short) continues after the saved epoch.
     config = write_config(tmp_path / "second.json", s3_server, dataset, run, tracking, maxEpochs=saved + 2,

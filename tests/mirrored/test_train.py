@@ -18,7 +18,7 @@ from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.core.scaling import scale_run
 from scalingrun_trainer.core.tracking import MlflowClient
-from tests.support.training import assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, kill_a_rank_after_the_first_checkpoint, preprocessed_fashion_mnist, validation_split
+from tests.support.training import assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, epoch_saved_before_a_rank_was_killed, preprocessed_fashion_mnist, validation_split
 from tests.support.stall import TEST_TIMEOUT_SECONDS, frozen_mpirun
 
 pytestmark = [pytest.mark.mirrored, pytest.mark.s3]
@@ -155,12 +155,8 @@ def test_a_killed_worker_resumes_after_the_last_checkpoint_in_the_same_mlflow_ru
     config = write_config(tmp_path / "first.json", s3_server, dataset, run, tracking, maxEpochs=30,
                           earlyStopping={"enabled": False})
     env = environment(s3_server, mlflow_server.env(), without_horovod)
-    first = subprocess.Popen(command(mpirun, config, env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True, env={**os.environ, **env})
-    state_at = f"{BUCKET}/runs/resume/checkpoints/state.json"
-    kill_a_rank_after_the_first_checkpoint(first, s3_server, state_at, deadline_s=500, exit_s=180)
-    assert first.returncode != 0
-    saved = read_json(s3_server, f"s3://{state_at}")["epoch"]
+    saved = epoch_saved_before_a_rank_was_killed(command(mpirun, config, env), {**os.environ, **env}, s3_server, run,
+                                                 deadline_s=500, exit_s=180)
     assert 1 <= saved < 30
     # The rerun (same run, a lower maxEpochs to keep the test short) continues after the saved epoch.
     config = write_config(tmp_path / "second.json", s3_server, dataset, run, tracking, maxEpochs=saved + 2,
