@@ -8,9 +8,8 @@ import subprocess
 
 import pytest
 
-from tests.support.training import epoch_saved_before_a_rank_was_killed
+from tests.support.training import epoch_saved_before_a_rank_was_killed, the_one_mlflow_run
 from tests.support.stall import TEST_TIMEOUT_SECONDS, frozen_mpirun
-from scalingrun_trainer.core.tracking import MlflowClient
 from tests.support.lightning_train import (  # noqa: F401 (fixtures)
     BUCKET, SIZE, command, dataset, read_json, write_config,
 )
@@ -115,14 +114,8 @@ def test_a_killed_rank_resumes_from_the_last_checkpoint_in_the_same_mlflow_run(s
     assert progress["resumedFromEpoch"] == saved and progress["epoch"] == saved + 2 and progress["state"] == "succeeded"
     assert [h["epoch"] for h in progress["history"]] == list(range(1, saved + 3))
     # MLflow: one run, from rank 0 only, continued after the kill, finished with the model URI.
-    client = MlflowClient(mlflow_server.uri, username=mlflow_server.username, password=mlflow_server.password)
-    runs = client.call("POST", "runs/search", {"experiment_ids": [client.experiment_id("lightning-resume")]})["runs"]
-    assert [r["info"]["run_id"] for r in runs] == [progress["mlflowRunId"]]
-    info, data = runs[0]["info"], runs[0]["data"]
-    assert info["status"] == "FINISHED"
-    params = {p["key"]: p["value"] for p in data["params"]}
+    _, data, params, history = the_one_mlflow_run(mlflow_server, "lightning-resume", progress)
     assert params["framework"] == "pytorch-lightning" and params["processes"] == "2"
-    history = client.call("GET", "metrics/get-history", {"run_id": info["run_id"], "metric_key": "val_loss"})["metrics"]
     assert sorted({m["step"] for m in history}) == list(range(1, saved + 3))
     assert {t["key"]: t["value"] for t in data["tags"]}["scalingrun.dev/model-uri"] == f"{run}/model/model.pt"
 

@@ -17,8 +17,7 @@ from pyarrow import fs as pafs
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.core.scaling import scale_run
-from scalingrun_trainer.core.tracking import MlflowClient
-from tests.support.training import assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, epoch_saved_before_a_rank_was_killed, preprocessed_fashion_mnist, validation_split
+from tests.support.training import assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, epoch_saved_before_a_rank_was_killed, preprocessed_fashion_mnist, the_one_mlflow_run, validation_split
 from tests.support.stall import TEST_TIMEOUT_SECONDS, frozen_mpirun
 
 pytestmark = [pytest.mark.mirrored, pytest.mark.s3]
@@ -174,15 +173,9 @@ def test_a_killed_worker_resumes_after_the_last_checkpoint_in_the_same_mlflow_ru
     assert {f.split("/")[0] for f in listing(s3_server, f"{run}/checkpoints")} == {
         f"epoch-{saved + 2:05d}", "state.json"}
     # MLflow: one run, from rank 0 only, continued after the kill, finished with the model URI.
-    client = MlflowClient(mlflow_server.uri, username=mlflow_server.username, password=mlflow_server.password)
-    runs = client.call("POST", "runs/search", {"experiment_ids": [client.experiment_id("mirrored-resume")]})["runs"]
-    assert [r["info"]["run_id"] for r in runs] == [progress["mlflowRunId"]]
-    info, data = runs[0]["info"], runs[0]["data"]
-    assert info["status"] == "FINISHED"
-    params = {p["key"]: p["value"] for p in data["params"]}
+    _, data, params, history = the_one_mlflow_run(mlflow_server, "mirrored-resume", progress)
     assert params["strategy"] == "multi-worker-mirrored" and params["replicas"] == "2" and params["processes"] == "2"
     assert params["featureCache"] == "auto" and params["featureCacheUsed"] == "True"
-    history = client.call("GET", "metrics/get-history", {"run_id": info["run_id"], "metric_key": "val_loss"})["metrics"]
     assert sorted({m["step"] for m in history}) == list(range(1, saved + 3))
     assert {t["key"]: t["value"] for t in data["tags"]}["scalingrun.dev/model-uri"] == f"{run}/model/model.keras"
 

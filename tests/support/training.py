@@ -69,6 +69,21 @@ def epoch_saved_before_a_rank_was_killed(command: list[str], env: dict[str, str]
     return json.loads(s3_server.filesystem().open_input_stream(state_at).read())["epoch"]
 
 
+def the_one_mlflow_run(mlflow_server, experiment: str, progress: dict) -> tuple[dict, dict, dict, list[dict]]:
+    """The experiment's one MLflow run, the one progress.json names, finished: its info, data, params and val_loss
+    history."""
+    from scalingrun_trainer.core.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server.uri, username=mlflow_server.username, password=mlflow_server.password)
+    runs = client.call("POST", "runs/search", {"experiment_ids": [client.experiment_id(experiment)]})["runs"]
+    assert [r["info"]["run_id"] for r in runs] == [progress["mlflowRunId"]]
+    info, data = runs[0]["info"], runs[0]["data"]
+    assert info["status"] == "FINISHED"
+    params = {p["key"]: p["value"] for p in data["params"]}
+    history = client.call("GET", "metrics/get-history", {"run_id": info["run_id"], "metric_key": "val_loss"})["metrics"]
+    return info, data, params, history
+
+
 def saved_keras_model(s3_server, run: str, folder: Path):
     """The Keras run's model.keras (under the run location `run`, s3://...), loaded with plain Keras."""
     import tensorflow as tf
