@@ -264,39 +264,47 @@ def _json_object(uri: str, data: bytes) -> dict[str, Any]:
     return document
 
 
+def _s3_listing(uri: str, target: StorageTarget, limit: int, names_of: Callable[[dict[str, Any], str], list[str]],
+                **request: str) -> list[str]:
+    """At most `limit` names of a paged S3 listing of the folder `uri` (`names_of(page, prefix)` reads a page), in
+    pages of at most 1000 keys, stopped (StoreMisbehaved) past `EXTRA_PAGES` pages more than `limit` needs."""
+    bucket, prefix = _split_s3(uri)
+    prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
+    page_size = min(limit, 1000)
+    most_pages = -(-limit // page_size) + EXTRA_PAGES
+
+    def listing() -> list[str]:
+        from botocore.exceptions import PaginationError
+
+        names: list[str] = []
+        pages = _client(target).get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size}, **request)
+        try:
+            for count, page in enumerate(pages, 1):
+                names += names_of(page, prefix)
+                if len(names) >= limit:
+                    break
+                if count >= most_pages and page.get("IsTruncated"):
+                    raise Misbehaved("StorageListingEndless", f"the store answered {count} listing pages with "
+                                                              f"{len(names)} keys and still more to come, where "
+                                                              f"{limit} keys need at most {most_pages - EXTRA_PAGES}"
+                                                              "; the listing was stopped")
+        except PaginationError:
+            raise Misbehaved("StorageListingEndless", "the store answered a listing page with the token it "
+                                                      "was asked with; the listing was stopped") from None
+        return names
+
+    return retrying("list", uri, target, listing)
+
+
 def list_names(uri: str, target: StorageTarget, limit: int = 1000) -> list[str]:
     """Names of the objects directly under the folder `uri` (non-recursive for local paths); at most `limit`,
     read in pages of at most 1000 keys (S3 allows 1024 bytes a key: one page is at most ~1.5 MB of XML), and
     at most `EXTRA_PAGES` pages more than `limit` needs: a store that answers page after page with a fresh
     token and no end is stopped, with StoreMisbehaved."""
     if uri.startswith("s3://"):
-        bucket, prefix = _split_s3(uri)
-        prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
-        page_size = min(limit, 1000)
-        most_pages = -(-limit // page_size) + EXTRA_PAGES
-
-        def listing() -> list[str]:
-            from botocore.exceptions import PaginationError
-
-            names: list[str] = []
-            pages = _client(target).get_paginator("list_objects_v2").paginate(
-                Bucket=bucket, Prefix=prefix, PaginationConfig={"PageSize": page_size})
-            try:
-                for count, page in enumerate(pages, 1):
-                    names += [item["Key"][len(prefix):] for item in page.get("Contents", [])]
-                    if len(names) >= limit:
-                        break
-                    if count >= most_pages and page.get("IsTruncated"):
-                        raise Misbehaved("StorageListingEndless", f"the store answered {count} listing pages with "
-                                                                  f"{len(names)} keys and still more to come, where "
-                                                                  f"{limit} keys need at most {most_pages - EXTRA_PAGES}"
-                                                                  "; the listing was stopped")
-            except PaginationError:
-                raise Misbehaved("StorageListingEndless", "the store answered a listing page with the token it "
-                                                          "was asked with; the listing was stopped") from None
-            return names
-
-        names = retrying("list", uri, target, listing)
+        names = _s3_listing(uri, target, limit,
+                            lambda page, prefix: [item["Key"][len(prefix):] for item in page.get("Contents", [])])
         return sorted(n for n in names if n and "/" not in n)[:limit]
     path = _local_path(uri, target)
     if not path.is_dir():
@@ -310,25 +318,9 @@ def list_folders(uri: str, target: StorageTarget, limit: int = 1000) -> list[str
     if not uri.startswith("s3://"):
         path = _local_path(uri, target)
         return sorted(p.name for p in path.iterdir() if p.is_dir())[:limit] if path.is_dir() else []
-    bucket, prefix = _split_s3(uri)
-    prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
-    page_size = min(limit, 1000)
-    most_pages = -(-limit // page_size) + EXTRA_PAGES
-
-    def listing() -> list[str]:
-        names: list[str] = []
-        pages = _client(target).get_paginator("list_objects_v2").paginate(
-            Bucket=bucket, Prefix=prefix, Delimiter="/", PaginationConfig={"PageSize": page_size})
-        for count, page in enumerate(pages, 1):
-            names += [item["Prefix"][len(prefix):].rstrip("/") for item in page.get("CommonPrefixes", [])]
-            if len(names) >= limit:
-                break
-            if count >= most_pages and page.get("IsTruncated"):
-                raise Misbehaved("StorageListingEndless", f"the store answered {count} listing pages and still more "
-                                                          "to come; the listing was stopped")
-        return names
-
-    return sorted(n for n in retrying("list", uri, target, listing) if n)[:limit]
+    names = _s3_listing(uri, target, limit, lambda page, prefix: [
+        item["Prefix"][len(prefix):].rstrip("/") for item in page.get("CommonPrefixes", [])], Delimiter="/")
+    return sorted(n for n in names if n)[:limit]
 
 
 # --- versioned reads: the progress watcher's cheap check -----------------------------------------------

@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
-import yaml
 from pyarrow import fs as pafs
 
 from tests.support.horovod_train import BUCKET, dataset, read_json, s3, train_command, write_config  # noqa: F401
+from tests.support.quickstart import example_spec, run_quickstart, team_package, trained
 
 pytestmark = [pytest.mark.horovod, pytest.mark.s3]
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,23 +39,15 @@ def env_with_package(server) -> dict[str, str]:
 
 
 def test_the_teams_keras_network_learns_on_the_quickstart_data(tmp_path):
-    spec = yaml.safe_load((PACKAGE / "quickstart.yaml").read_text())
-    spec["spec"]["training"].update(batchSizePerWorker=32, maxEpochs=5)
-    run_file = tmp_path / "team-cnn.yaml"
-    run_file.write_text(yaml.safe_dump(spec))
+    spec = example_spec(PACKAGE / "quickstart.yaml", batchSizePerWorker=32, maxEpochs=5)
     state = tmp_path / "state"
-    result = subprocess.run(
-        [sys.executable, "-m", "scalingrun_operator.local.quickstart", "-f", str(run_file), "--state", str(state),
-         "--per-class", "150"], capture_output=True, text=True, timeout=900,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PACKAGE)})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = run_quickstart(spec, tmp_path / "team-cnn.yaml", state, 150,
+                            {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PACKAGE)})
+    line = trained(result, 5)
     assert "phase: Succeeded" in result.stdout
-    trained = re.search(r"training: (\d) of 5 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes, "
-                        r"([\d.]+) img/s", result.stdout)
-    assert trained, result.stdout[-2000:]
-    print(f"team CNN (Keras builder), 2 processes, 5 epochs: best val_accuracy {trained.group(3)}, "
-          f"{trained.group(4)} img/s")
-    assert float(trained.group(3)) >= LEARNED
+    print(f"team CNN (Keras builder), 2 processes, 5 epochs: best val_accuracy {line.group(3)}, "
+          f"{line.group(4)} img/s")
+    assert float(line.group(3)) >= LEARNED
     status = json.loads((state / "runs/quickstart-team-cnn/status.json").read_text())
     assert status["phase"] == "Succeeded" and status["modelUri"].endswith("/runs/quickstart-team-cnn/model/model.keras")
     assert "2 processes x batch 32 = effective batch 64; learning rate 0.002" in result.stdout
@@ -91,10 +81,8 @@ def test_a_builder_that_breaks_the_contract_fails_every_rank_before_training(s3_
 
 
 def test_a_wrong_output_shape_is_named_with_the_shape_wanted(s3_server, dataset, tmp_path):
-    package = tmp_path / "package" / "wrongnets"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "nets.py").write_text(
+    package = team_package(
+        tmp_path, "wrongnets", "nets",
         "import tensorflow as tf\n"
         "def build(input_shape, num_classes, width=8):\n"
         "    inputs = tf.keras.Input(input_shape)\n"
@@ -102,7 +90,7 @@ def test_a_wrong_output_shape_is_named_with_the_shape_wanted(s3_server, dataset,
         "    return tf.keras.Model(inputs, tf.keras.layers.Dense(num_classes + 1)(x))\n")
     config = builder_config(tmp_path, s3_server, dataset, f"s3://{BUCKET}/runs/wrong-shape", "wrongnets.nets:build")
     result = subprocess.run(train_command(config), capture_output=True, text=True, timeout=400,
-                            env={**env_with_package(s3_server), "PYTHONPATH": str(tmp_path / "package")})
+                            env={**env_with_package(s3_server), "PYTHONPATH": str(package)})
     assert result.returncode != 0
     assert ("the network returned shape (2, 11) for a batch of 2 NHWC images; it must return logits of shape "
             "(batch, num_classes) = (2, 10)") in result.stderr + result.stdout

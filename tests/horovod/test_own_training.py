@@ -6,15 +6,13 @@ fails the run with its message."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.support.quickstart import example_spec, run_quickstart, team_package, trained
 from tests.support.sdk import PROGRESS_KEYS
 
 pytestmark = [pytest.mark.horovod, pytest.mark.s3]
@@ -29,29 +27,21 @@ def state(tmp_path_factory) -> Path:
 
 
 def quickstart(state: Path, spec: dict, tmp_path: Path, *extra: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    run_file = tmp_path / f"{spec['metadata']['name']}.yaml"
-    run_file.write_text(yaml.safe_dump(spec))
-    return subprocess.run([sys.executable, "-m", "scalingrun_operator.local.quickstart", "-f", str(run_file),
-                           "--state", str(state), "--per-class", "100", *extra], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PACKAGE)})
+    return run_quickstart(spec, tmp_path / f"{spec['metadata']['name']}.yaml", state, 100,
+                          {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(PACKAGE)}, *extra, timeout=timeout)
 
 
 def team_script(**training) -> dict:
-    spec = yaml.safe_load((PACKAGE / "quickstart.yaml").read_text())
-    spec["spec"]["training"].update({"batchSizePerWorker": 32, "maxEpochs": 3, **training})
-    return spec
+    return example_spec(PACKAGE / "quickstart.yaml", **{"batchSizePerWorker": 32, "maxEpochs": 3, **training})
 
 
 def test_the_teams_script_trains_and_reports_like_our_trainer(state, tmp_path):
     result = quickstart(state, team_script(), tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    line = trained(result, 3, done="3")
     out = result.stdout + result.stderr
     assert "training: " in out and "-np 2" in out and "python -m teamtrain.keras_horovod" in out
-    trained = re.search(r"training: 3 of 3 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes, ([\d.]+) img/s",
-                        result.stdout)
-    assert trained, result.stdout[-2000:]
-    print(f"team script (Keras + Horovod, SDK), 2 processes, 3 epochs: val_accuracy {trained.group(2)}, "
-          f"{trained.group(3)} img/s")
+    print(f"team script (Keras + Horovod, SDK), 2 processes, 3 epochs: val_accuracy {line.group(3)}, "
+          f"{line.group(4)} img/s")
     status = json.loads((state / "runs/quickstart-team-script/status.json").read_text())
     assert status["phase"] == "Succeeded"
     training = status["training"]
@@ -80,21 +70,15 @@ def test_a_sweep_of_the_teams_script_fills_its_table(state, tmp_path):
 
 
 def test_an_exception_in_the_script_fails_the_run_with_its_message(state, tmp_path):
-    script = tmp_path / "package" / "brokentrain"
-    script.mkdir(parents=True)
-    (script / "__init__.py").write_text("")
-    (script / "train.py").write_text(
-        "from scalingrun_trainer import sdk\n"
-        "ctx = sdk.context()\n"
-        "sdk.report_epoch(1, {'loss': 2.0}, 100.0)\n"
-        "raise RuntimeError(f'the team forgot a file (rank {ctx.rank} of {ctx.size})')\n")
+    package = team_package(tmp_path, "brokentrain", "train",
+                           "from scalingrun_trainer import sdk\n"
+                           "ctx = sdk.context()\n"
+                           "sdk.report_epoch(1, {'loss': 2.0}, 100.0)\n"
+                           "raise RuntimeError(f'the team forgot a file (rank {ctx.rank} of {ctx.size})')\n")
     spec = team_script(command=["python", "-m", "brokentrain.train"])
     spec["metadata"]["name"] = "quickstart-broken-script"
-    run_file = tmp_path / "broken.yaml"
-    run_file.write_text(yaml.safe_dump(spec))
-    result = subprocess.run([sys.executable, "-m", "scalingrun_operator.local.quickstart", "-f", str(run_file),
-                             "--state", str(state), "--per-class", "100"], capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "PYTHONPATH": str(tmp_path / "package")})
+    result = run_quickstart(spec, tmp_path / "broken.yaml", state, 100, {"PYTHONPATH": str(package)},
+                            timeout=600)
     assert result.returncode != 0
     status = json.loads((state / "runs/quickstart-broken-script/status.json").read_text())
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")

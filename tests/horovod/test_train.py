@@ -20,7 +20,7 @@ from tests.support.training import (
 )
 from scalingrun_trainer.core.tracking import MlflowClient
 from tests.support.horovodrun import horovodrun
-from tests.support.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
+from tests.support.stall import TEST_TIMEOUT_SECONDS, frozen_mpirun
 from tests.support.horovod_train import (  # noqa: F401 (fixtures)
     BUCKET, SIZE, dataset, read_json, run_training, s3, train_command, write_config,
 )
@@ -228,11 +228,4 @@ def test_a_frozen_rank_ends_the_run_naming_it(s3_server, dataset, tmp_path):
            "SCALINGRUN_COLLECTIVE_TIMEOUT_SECONDS": str(TEST_TIMEOUT_SECONDS)}
     command = [mpirun, *(["--allow-run-as-root"] if os.geteuid() == 0 else []), "-np", "2", "-bind-to", "none",
                sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
-    with open(tmp_path / "output", "w") as output:
-        job = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        frozen = freeze_rank_1_while_training(job, s3_server, f"{BUCKET}/runs/frozen/heartbeat.json",
-                                              deadline_s=400, exit_s=EXIT_WAIT_SECONDS)
-    text = (tmp_path / "output").read_text()
-    print(f"horovod: mpirun exited {frozen.returncode} {frozen.seconds:.1f} s after rank 1 froze")
-    assert frozen.returncode != 0, text[-3000:]
-    assert "rank 1 stopped answering" in text, text[-3000:]
+    frozen_mpirun(command, env, s3_server, f"{BUCKET}/runs/frozen/heartbeat.json", tmp_path / "output", "horovod")

@@ -13,19 +13,12 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from scalingrun_api import models
+from tests.support.admission import BASE
 
 pytestmark = pytest.mark.k8s
 
 ROOT = Path(__file__).resolve().parents[2]
-MINIMAL = {
-    "apiVersion": models.API_VERSION,
-    "kind": models.KIND,
-    "metadata": {"name": "minimal"},
-    "spec": {
-        "storage": {"credentialsSecret": "s3-creds"},
-        "dataset": {"source": "s3://bucket/raw", "output": "s3://bucket/parquet"},
-    },
-}
+MINIMAL = {**copy.deepcopy(BASE), "metadata": {"name": "minimal"}}
 
 
 def create(api_client, namespace, body, dry_run=False):

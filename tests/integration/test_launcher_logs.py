@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -74,11 +75,16 @@ def record(s3_server, logs: str, attempt: int) -> AttemptRecord:
     return AttemptRecord.model_validate(json.loads(read(s3_server, logs, f"attempt-{attempt}/attempt.json")))
 
 
-def test_each_attempt_archives_the_launcher_log_and_every_ranks_last_lines(tmp_path, port, mpirun, s3_server,
-                                                                           logs_uri):
-    hostfile = write_hostfile(tmp_path, [f"{SSH_HOST} slots=2"])
+def two_ranks(tmp_path) -> tuple[str, Path]:
+    """A hostfile of one worker with two slots, and the ranks' script (RANK_SCRIPT)."""
     script = tmp_path / "ranks.py"
     script.write_text(RANK_SCRIPT)
+    return write_hostfile(tmp_path, [f"{SSH_HOST} slots=2"]), script
+
+
+def test_each_attempt_archives_the_launcher_log_and_every_ranks_last_lines(tmp_path, port, mpirun, s3_server,
+                                                                           logs_uri):
+    hostfile, script = two_ranks(tmp_path)
     with tcp_server(SSH_HOST, port, BANNER):
         ok = subprocess.run(launcher(hostfile, port, logs_uri, [*mpirun, sys.executable, str(script), "300", "0"]),
                             capture_output=True, env=environment(s3_server), timeout=300)
@@ -115,9 +121,7 @@ def test_each_attempt_archives_the_launcher_log_and_every_ranks_last_lines(tmp_p
 
 def test_a_deleted_launcher_pods_sigterm_stops_mpirun_and_still_archives(tmp_path, port, mpirun, s3_server,
                                                                          logs_uri):
-    hostfile = write_hostfile(tmp_path, [f"{SSH_HOST} slots=2"])
-    script = tmp_path / "ranks.py"
-    script.write_text(RANK_SCRIPT)
+    hostfile, script = two_ranks(tmp_path)
     with tcp_server(SSH_HOST, port, BANNER):
         process = subprocess.Popen(launcher(hostfile, port, logs_uri, [*mpirun, sys.executable, str(script), "5",
                                                                         "sleep"]),

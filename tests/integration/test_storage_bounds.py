@@ -17,8 +17,7 @@ from kubernetes import client
 from scalingrun_operator import storage
 
 from tests.support.operator import (
-    Bucket, Cluster, Operator, manifest_for, namespace_cluster, new_run, progress, progress_uri, reach_training,
-    started, wait_for,
+    Bucket, Cluster, manifest_for, new_run, progress, progress_uri, reach_training, served, wait_for,
 )
 from tests.support.flaky_s3 import FlakyS3
 
@@ -34,20 +33,10 @@ def bucket(s3_server) -> Bucket:
     return Bucket.created(s3_server, BUCKET)
 
 
-@pytest.fixture(scope="module")
-def operator(kubeconfig, scalingrun_crd, mpijob_crd, s3_server, tmp_path_factory) -> Operator:
-    with started(Operator(kubeconfig, tmp_path_factory.mktemp("bounds-operator") / "operator.log", [f"{PREFIX}-*"],
-                      "--standalone", env={"SCALINGRUN_MAX_DOCUMENT_BYTES": str(CAP),
-                                           "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": s3_server.endpoint,
-                                           # As the chart sets it: the allow-list, not allow-any, lets 127.0.0.1 in.
-                                           "SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT": "false"})) as op:
-        yield op
-
-
-@pytest.fixture
-def cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cluster:
-    with namespace_cluster(api_client, s3_server, request, PREFIX) as made:
-        yield made
+operator, cluster = served(PREFIX, env=lambda s3_server: {
+    "SCALINGRUN_MAX_DOCUMENT_BYTES": str(CAP), "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": s3_server.endpoint,
+    # As the chart sets it: the allow-list, not allow-any, lets 127.0.0.1 in.
+    "SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT": "false"})
 
 
 def bounded_run(cluster: Cluster, name: str, server, **sections) -> dict:

@@ -17,7 +17,7 @@ from kubernetes import client
 from scalingrun_operator.decide import pinning
 
 from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
-    Bucket, Cluster, Operator, namespace_cluster, new_run, reach_training, served, started, wait_for,
+    Bucket, new_run, reach_training, served, wait_for,
 )
 
 pytestmark = [pytest.mark.k8s, pytest.mark.s3]
@@ -88,19 +88,9 @@ def test_a_key_with_a_line_break_is_refused_naming_the_key_and_its_value_appears
 SAFE = "srd"
 
 
-@pytest.fixture(scope="module")
-def safe_operator(kubeconfig, scalingrun_crd, mpijob_crd, tmp_path_factory) -> Operator:
-    with started(Operator(kubeconfig, tmp_path_factory.mktemp("safe-operator") / "operator.log", [f"{SAFE}-*"],
-                      "--standalone", env={"SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT": "false",
-                                           "SCALINGRUN_ALLOW_LOCAL_PATHS": "false",
-                                           "SCALINGRUN_STORAGE_DEADLINE_SECONDS": "2"})) as op:
-        yield op
-
-
-@pytest.fixture
-def safe_cluster(api_client, s3_server, request, scalingrun_crd, mpijob_crd) -> Cluster:
-    with namespace_cluster(api_client, s3_server, request, SAFE) as made:
-        yield made
+safe_operator, safe_cluster = served(SAFE, env=lambda s3_server: {
+    "SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT": "false", "SCALINGRUN_ALLOW_LOCAL_PATHS": "false",
+    "SCALINGRUN_STORAGE_DEADLINE_SECONDS": "2"})
 
 
 def test_by_default_the_operator_sends_nothing_where_only_it_can_reach(safe_cluster, safe_operator, s3_server):

@@ -25,17 +25,11 @@ from kubernetes import client
 
 from scalingrun_api import models
 from scalingrun_operator.schema.validation import parse_scalingrun
-from tests.support.apiserver import install_crd
-from tests.support.admission import BASE, RESOURCES, Resource, _models_in, _reason, minimal, resources, value_candidates
+from tests.support.admission import (  # noqa: F401 (installed: a fixture)
+    BASE, RESOURCES, _models_in, _reason, installed, minimal, resources, value_candidates,
+)
 
 pytestmark = pytest.mark.k8s
-
-
-@pytest.fixture
-def installed(api_client, scalingrun_crd, request) -> Resource:
-    resource = request.param
-    install_crd(api_client, resource.crd, replace=True)
-    return resource
 
 
 @pytest.mark.parametrize("installed", RESOURCES, ids=lambda r: r.kind, indirect=True)

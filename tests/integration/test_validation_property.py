@@ -24,9 +24,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from kubernetes import client
 
 from scalingrun_operator.schema.validation import InvalidScalingRun, parse_schema
-from tests.support.apiserver import install_crd
-from tests.support.admission import (
-    Field, RESOURCES, Resource, _bounds, _branches, _is_model, _reason, minimal, value_candidates,
+from tests.support.admission import (  # noqa: F401 (installed: a fixture)
+    Field, RESOURCES, Resource, _bounds, _branches, _is_model, _reason, installed, minimal, value_candidates,
 )
 
 pytestmark = pytest.mark.k8s
@@ -111,13 +110,6 @@ def only_unknown_fields(resource: Resource, doc: dict[str, Any]) -> bool:
     except InvalidScalingRun as exc:
         return all(error.message.startswith("unknown field") for error in exc.errors)
     return False
-
-
-@pytest.fixture
-def installed(api_client, scalingrun_crd, request) -> Resource:
-    resource = request.param
-    install_crd(api_client, resource.crd, replace=True)
-    return resource
 
 
 @pytest.mark.parametrize("installed", RESOURCES, ids=lambda r: r.kind, indirect=True)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,12 +14,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import yaml
 
 from scalingrun_trainer.preprocess.parquet_table import inspect_table, write_manifest
 from tests.support.lightning_train import BUCKET, command, dataset, read_json, write_config  # noqa: F401
 from tests.support.parquet_table import SIDE, write_table
 from tests.support.parquet_table import params as table_params
+from tests.support.quickstart import example_spec, run_quickstart, team_package, trained
 
 pytestmark = [pytest.mark.lightning, pytest.mark.s3]
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,36 +28,25 @@ LEARNED = 0.45  # 10 classes (chance 0.10), 1,353 training images of 32 px, 5 ep
 
 
 def test_the_teams_torch_network_learns_on_the_quickstart_data(tmp_path, lightning_python):
-    spec = yaml.safe_load((PACKAGE / "quickstart-lightning.yaml").read_text())
-    spec["spec"]["training"].update(batchSizePerWorker=32, maxEpochs=5)
-    run_file = tmp_path / "team-cnn-lightning.yaml"
-    run_file.write_text(yaml.safe_dump(spec))
+    spec = example_spec(PACKAGE / "quickstart-lightning.yaml", batchSizePerWorker=32, maxEpochs=5)
     state = tmp_path / "state"
-    result = subprocess.run(
-        [sys.executable, "-m", "scalingrun_operator.local.quickstart", "-f", str(run_file), "--state", str(state),
-         "--per-class", "150"], capture_output=True, text=True, timeout=900,
-        env={**os.environ, "PYTHONPATH": str(PACKAGE), "SCALINGRUN_LIGHTNING_PYTHON": lightning_python})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    result = run_quickstart(spec, tmp_path / "team-cnn-lightning.yaml", state, 150,
+                            {"PYTHONPATH": str(PACKAGE), "SCALINGRUN_LIGHTNING_PYTHON": lightning_python})
+    line = trained(result, 5)
     assert "phase: Succeeded" in result.stdout
-    trained = re.search(r"training: (\d) of 5 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes, "
-                        r"([\d.]+) img/s", result.stdout)
-    assert trained, result.stdout[-2000:]
-    print(f"team CNN (Lightning builder), 2 processes, 5 epochs: best val_accuracy {trained.group(3)}, "
-          f"{trained.group(4)} img/s")
-    assert float(trained.group(3)) >= LEARNED
+    print(f"team CNN (Lightning builder), 2 processes, 5 epochs: best val_accuracy {line.group(3)}, "
+          f"{line.group(4)} img/s")
+    assert float(line.group(3)) >= LEARNED
     status = json.loads((state / "runs/quickstart-team-cnn-lightning/status.json").read_text())
     assert status["modelUri"].endswith("/runs/quickstart-team-cnn-lightning/model/model.pt")
 
 
 def test_a_torch_builder_with_a_wrong_output_fails_every_rank_before_training(s3_server, dataset, tmp_path, mpirun,
                                                                              lightning_python):
-    package = tmp_path / "package" / "wrongnets"
-    package.mkdir(parents=True)
-    (package / "__init__.py").write_text("")
-    (package / "nets.py").write_text(
-        "from torch import nn\n"
-        "def build(input_shape, num_classes):\n"  # forgets to pool: (batch, classes, H, W)
-        "    return nn.Conv2d(input_shape[2], num_classes, 1)\n")
+    package = team_package(tmp_path, "wrongnets", "nets",
+                           "from torch import nn\n"
+                           "def build(input_shape, num_classes):\n"  # forgets to pool: (batch, classes, H, W)
+                           "    return nn.Conv2d(input_shape[2], num_classes, 1)\n")
     run = f"s3://{BUCKET}/runs/wrong-torch-builder"
     config = write_config(tmp_path / "config.json", s3_server, dataset, run)
     document = json.loads(config.read_text())
@@ -67,7 +55,7 @@ def test_a_torch_builder_with_a_wrong_output_fails_every_rank_before_training(s3
     config.write_text(json.dumps(document))
     result = subprocess.run(command([*mpirun, "-x", "PYTHONPATH"], lightning_python, config), capture_output=True,
                             text=True, timeout=300,
-                            env={**os.environ, **s3_server.env(), "PYTHONPATH": str(tmp_path / "package")})
+                            env={**os.environ, **s3_server.env(), "PYTHONPATH": str(package)})
     assert result.returncode != 0
     expected = ("BuilderError: spec.model.builder 'wrongnets.nets:build' in image team/custom-model:test-lightning: "
                 "the network returned shape (2, 10, 32, 32) for a batch of 2 NCHW images; it must return logits of "

@@ -5,15 +5,13 @@ Lightning venv's python, and reports as our trainer does."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.support.quickstart import example_spec, run_quickstart, trained
 from tests.support.sdk import config
 
 pytestmark = [pytest.mark.lightning, pytest.mark.s3]
@@ -22,21 +20,13 @@ PACKAGE = ROOT / "examples/custom-training"
 
 
 def test_the_teams_lightning_script_trains_on_the_sdks_readers(tmp_path, lightning_python):
-    spec = yaml.safe_load((PACKAGE / "quickstart-lightning.yaml").read_text())
-    spec["spec"]["training"].update({"batchSizePerWorker": 32, "maxEpochs": 3})
-    run_file = tmp_path / "script.yaml"
-    run_file.write_text(yaml.safe_dump(spec))
+    spec = example_spec(PACKAGE / "quickstart-lightning.yaml", batchSizePerWorker=32, maxEpochs=3)
     state = tmp_path / "state"
-    result = subprocess.run(
-        [sys.executable, "-m", "scalingrun_operator.local.quickstart", "-f", str(run_file), "--state", str(state),
-         "--per-class", "100"], capture_output=True, text=True, timeout=900,
-        env={**os.environ, "PYTHONPATH": str(PACKAGE), "SCALINGRUN_LIGHTNING_PYTHON": lightning_python})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    trained = re.search(r"training: 3 of 3 epochs, best epoch (\d), val_accuracy ([\d.]+), 2 processes, ([\d.]+) img/s",
-                        result.stdout)
-    assert trained, result.stdout[-2000:]
+    result = run_quickstart(spec, tmp_path / "script.yaml", state, 100,
+                            {"PYTHONPATH": str(PACKAGE), "SCALINGRUN_LIGHTNING_PYTHON": lightning_python})
+    line = trained(result, 3, done="3")
     print(f"team script (Lightning DDP, SDK readers and callback), 2 processes, 3 epochs: val_accuracy "
-          f"{trained.group(2)}, {trained.group(3)} img/s")
+          f"{line.group(3)}, {line.group(4)} img/s")
     status = json.loads((state / "runs/quickstart-team-script-lightning/status.json").read_text())
     assert status["phase"] == "Succeeded"
     training = status["training"]

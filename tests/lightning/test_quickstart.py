@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.support.quickstart import LEARNS
+from tests.support.quickstart import LEARNS, run_quickstart
 
 pytestmark = [pytest.mark.lightning, pytest.mark.s3]
 ROOT = Path(__file__).resolve().parents[2]
@@ -28,14 +26,9 @@ def test_reduced_lightning_quickstart_ends_with_the_same_summary(tmp_path, light
     assert {k: v for k, v in spec["spec"]["training"].items() if k != "framework"} == keras["spec"]["training"]
     spec["spec"]["dataset"]["imageSize"] = 96  # as the Keras test: the threshold's measurements are at 96 px
     spec["spec"]["training"].update(maxEpochs=2, batchSizePerWorker=16)
-    run_file = tmp_path / "quickstart-lightning-small.yaml"
-    run_file.write_text(yaml.safe_dump(spec))
     state = tmp_path / "state"
-    result = subprocess.run(
-        [sys.executable, "-m", "scalingrun_operator.local.quickstart", "-f", str(run_file), "--state", str(state),
-         "--per-class", "20"],
-        capture_output=True, text=True, timeout=600,
-        env={**os.environ, "SCALINGRUN_LIGHTNING_PYTHON": lightning_python})
+    result = run_quickstart(spec, tmp_path / "quickstart-lightning-small.yaml", state, 20,
+                            {"SCALINGRUN_LIGHTNING_PYTHON": lightning_python}, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     assert "phase: Succeeded" in out

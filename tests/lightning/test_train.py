@@ -8,9 +8,8 @@ import subprocess
 
 import pytest
 
-from tests.support.training import kill_a_rank_after_the_first_checkpoint
-from tests.support.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
-from scalingrun_trainer.core.tracking import MlflowClient
+from tests.support.training import epoch_saved_before_a_rank_was_killed, the_one_mlflow_run
+from tests.support.stall import TEST_TIMEOUT_SECONDS, frozen_mpirun
 from tests.support.lightning_train import (  # noqa: F401 (fixtures)
     BUCKET, SIZE, command, dataset, read_json, write_config,
 )
@@ -98,12 +97,8 @@ def test_a_killed_rank_resumes_from_the_last_checkpoint_in_the_same_mlflow_run(s
     tracking = {"mlflowTrackingUri": mlflow_server.uri, "experimentName": "lightning-resume"}
     config = write_config(tmp_path / "first.json", s3_server, dataset, run, tracking, maxEpochs=30,
                           earlyStopping={"enabled": False})
-    first = subprocess.Popen(command(mpirun, lightning_python, config), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True, env=env)
-    state_at = f"{BUCKET}/runs/resume/checkpoints/state.json"
-    kill_a_rank_after_the_first_checkpoint(first, s3_server, state_at, deadline_s=400, exit_s=120)
-    assert first.returncode != 0
-    saved = read_json(s3_server, f"s3://{state_at}")["epoch"]
+    saved = epoch_saved_before_a_rank_was_killed(command(mpirun, lightning_python, config), env, s3_server, run,
+                                                 deadline_s=400, exit_s=120)
     assert 1 <= saved < 30
     # The rerun (same run, a lower maxEpochs to keep the test short) continues after the saved epoch.
     config = write_config(tmp_path / "second.json", s3_server, dataset, run, tracking, maxEpochs=saved + 2,
@@ -119,14 +114,8 @@ def test_a_killed_rank_resumes_from_the_last_checkpoint_in_the_same_mlflow_run(s
     assert progress["resumedFromEpoch"] == saved and progress["epoch"] == saved + 2 and progress["state"] == "succeeded"
     assert [h["epoch"] for h in progress["history"]] == list(range(1, saved + 3))
     # MLflow: one run, from rank 0 only, continued after the kill, finished with the model URI.
-    client = MlflowClient(mlflow_server.uri, username=mlflow_server.username, password=mlflow_server.password)
-    runs = client.call("POST", "runs/search", {"experiment_ids": [client.experiment_id("lightning-resume")]})["runs"]
-    assert [r["info"]["run_id"] for r in runs] == [progress["mlflowRunId"]]
-    info, data = runs[0]["info"], runs[0]["data"]
-    assert info["status"] == "FINISHED"
-    params = {p["key"]: p["value"] for p in data["params"]}
+    _, data, params, history = the_one_mlflow_run(mlflow_server, "lightning-resume", progress)
     assert params["framework"] == "pytorch-lightning" and params["processes"] == "2"
-    history = client.call("GET", "metrics/get-history", {"run_id": info["run_id"], "metric_key": "val_loss"})["metrics"]
     assert sorted({m["step"] for m in history}) == list(range(1, saved + 3))
     assert {t["key"]: t["value"] for t in data["tags"]}["scalingrun.dev/model-uri"] == f"{run}/model/model.pt"
 
@@ -138,15 +127,8 @@ def test_a_frozen_rank_ends_the_run_naming_it(s3_server, dataset, tmp_path, mpir
     config = write_config(tmp_path / "config.json", s3_server, dataset, run, maxEpochs=500,
                           earlyStopping={"enabled": False})
     env = {**os.environ, **s3_server.env(), "SCALINGRUN_COLLECTIVE_TIMEOUT_SECONDS": str(TEST_TIMEOUT_SECONDS)}
-    with open(tmp_path / "output", "w") as output:
-        job = subprocess.Popen(command(mpirun, lightning_python, config), stdout=output, stderr=subprocess.STDOUT,
-                               start_new_session=True, env=env)
-        frozen = freeze_rank_1_while_training(job, s3_server, f"{BUCKET}/runs/frozen/heartbeat.json",
-                                              deadline_s=400, exit_s=EXIT_WAIT_SECONDS)
-    text = (tmp_path / "output").read_text()
-    print(f"lightning: mpirun exited {frozen.returncode} {frozen.seconds:.1f} s after rank 1 froze")
-    assert frozen.returncode != 0, text[-3000:]
-    assert "rank 1 stopped answering" in text, text[-3000:]
+    frozen = frozen_mpirun(command(mpirun, lightning_python, config), env, s3_server,
+                           f"{BUCKET}/runs/frozen/heartbeat.json", tmp_path / "output", "lightning")
     assert all(beat["rank"] == 0 for beat in frozen.heartbeats)
 
 

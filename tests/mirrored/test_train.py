@@ -17,9 +17,8 @@ from pyarrow import fs as pafs
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.core.scaling import scale_run
-from scalingrun_trainer.core.tracking import MlflowClient
-from tests.support.training import assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, kill_a_rank_after_the_first_checkpoint, preprocessed_fashion_mnist, validation_split
-from tests.support.stall import EXIT_WAIT_SECONDS, TEST_TIMEOUT_SECONDS, freeze_rank_1_while_training
+from tests.support.training import assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, epoch_saved_before_a_rank_was_killed, preprocessed_fashion_mnist, the_one_mlflow_run, validation_split
+from tests.support.stall import TEST_TIMEOUT_SECONDS, frozen_mpirun
 
 pytestmark = [pytest.mark.mirrored, pytest.mark.s3]
 BUCKET = "mirrored"
@@ -155,12 +154,8 @@ def test_a_killed_worker_resumes_after_the_last_checkpoint_in_the_same_mlflow_ru
     config = write_config(tmp_path / "first.json", s3_server, dataset, run, tracking, maxEpochs=30,
                           earlyStopping={"enabled": False})
     env = environment(s3_server, mlflow_server.env(), without_horovod)
-    first = subprocess.Popen(command(mpirun, config, env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             start_new_session=True, env={**os.environ, **env})
-    state_at = f"{BUCKET}/runs/resume/checkpoints/state.json"
-    kill_a_rank_after_the_first_checkpoint(first, s3_server, state_at, deadline_s=500, exit_s=180)
-    assert first.returncode != 0
-    saved = read_json(s3_server, f"s3://{state_at}")["epoch"]
+    saved = epoch_saved_before_a_rank_was_killed(command(mpirun, config, env), {**os.environ, **env}, s3_server, run,
+                                                 deadline_s=500, exit_s=180)
     assert 1 <= saved < 30
     # The rerun (same run, a lower maxEpochs to keep the test short) continues after the saved epoch.
     config = write_config(tmp_path / "second.json", s3_server, dataset, run, tracking, maxEpochs=saved + 2,
@@ -178,15 +173,9 @@ def test_a_killed_worker_resumes_after_the_last_checkpoint_in_the_same_mlflow_ru
     assert {f.split("/")[0] for f in listing(s3_server, f"{run}/checkpoints")} == {
         f"epoch-{saved + 2:05d}", "state.json"}
     # MLflow: one run, from rank 0 only, continued after the kill, finished with the model URI.
-    client = MlflowClient(mlflow_server.uri, username=mlflow_server.username, password=mlflow_server.password)
-    runs = client.call("POST", "runs/search", {"experiment_ids": [client.experiment_id("mirrored-resume")]})["runs"]
-    assert [r["info"]["run_id"] for r in runs] == [progress["mlflowRunId"]]
-    info, data = runs[0]["info"], runs[0]["data"]
-    assert info["status"] == "FINISHED"
-    params = {p["key"]: p["value"] for p in data["params"]}
+    _, data, params, history = the_one_mlflow_run(mlflow_server, "mirrored-resume", progress)
     assert params["strategy"] == "multi-worker-mirrored" and params["replicas"] == "2" and params["processes"] == "2"
     assert params["featureCache"] == "auto" and params["featureCacheUsed"] == "True"
-    history = client.call("GET", "metrics/get-history", {"run_id": info["run_id"], "metric_key": "val_loss"})["metrics"]
     assert sorted({m["step"] for m in history}) == list(range(1, saved + 3))
     assert {t["key"]: t["value"] for t in data["tags"]}["scalingrun.dev/model-uri"] == f"{run}/model/model.keras"
 
@@ -223,15 +212,8 @@ def test_a_frozen_rank_ends_the_run_naming_it(s3_server, dataset, tmp_path, mpir
     config = write_config(tmp_path / "config.json", s3_server, dataset, run, maxEpochs=500,
                           earlyStopping={"enabled": False})
     env = environment(s3_server, without_horovod, {"SCALINGRUN_COLLECTIVE_TIMEOUT_SECONDS": str(TEST_TIMEOUT_SECONDS)})
-    with open(tmp_path / "output", "w") as output:
-        job = subprocess.Popen(command(mpirun, config, env), stdout=output, stderr=subprocess.STDOUT,
-                               start_new_session=True, env={**os.environ, **env})
-        frozen = freeze_rank_1_while_training(job, s3_server, f"{BUCKET}/runs/frozen/heartbeat.json",
-                                              deadline_s=400, exit_s=EXIT_WAIT_SECONDS)
-    text = (tmp_path / "output").read_text()
-    print(f"multi-worker-mirrored: mpirun exited {frozen.returncode} {frozen.seconds:.1f} s after rank 1 froze")
-    assert frozen.returncode != 0, text[-3000:]
-    assert "rank 1 stopped answering" in text, text[-3000:]
+    frozen_mpirun(command(mpirun, config, env), {**os.environ, **env}, s3_server,
+                  f"{BUCKET}/runs/frozen/heartbeat.json", tmp_path / "output", "multi-worker-mirrored")
 
 
 def test_clear_error_on_every_rank_for_a_missing_dataset(s3_server, dataset, tmp_path, mpirun, without_horovod):

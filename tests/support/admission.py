@@ -18,6 +18,7 @@ from kubernetes.client.rest import ApiException
 from pydantic import BaseModel
 
 from scalingrun_operator.schema import crd as crd_module
+from tests.support.apiserver import install_crd
 from scalingrun_api import models
 from scalingrun_operator.schema.validation import InvalidScalingRun, parse_scalingrun, parse_schema
 
@@ -298,6 +299,14 @@ def resources() -> list[Resource]:
 
 
 RESOURCES = resources()
+
+
+@pytest.fixture
+def installed(api_client, scalingrun_crd, request) -> Resource:
+    """The resource given as the test's parameter, its CRD installed (replacing an older one)."""
+    resource = request.param
+    install_crd(api_client, resource.crd, replace=True)
+    return resource
 
 
 def _reason(body: Any) -> str:

@@ -416,17 +416,20 @@ def started(operator: Operator) -> Iterator[Operator]:
     operator.stop()
 
 
-def served(prefix: str, sweeps: bool = False) -> tuple[Any, Any]:
+def served(prefix: str, sweeps: bool = False,
+           env: Optional[Callable[[Any], dict[str, str]]] = None) -> tuple[Any, Any]:
     """A module's two fixtures: `operator`, one operator for the module serving the `<prefix>-*` namespaces (and
-    only those), and `cluster`, a fresh such namespace per test. `sweeps`: the ScalingSweep CRD is installed too.
-    A module takes them as `operator, cluster = served("abc")`."""
+    only those), and `cluster`, a fresh such namespace per test. `sweeps`: the ScalingSweep CRD is installed too;
+    `env(s3_server)`: the operator's environment variables. A module takes them as
+    `operator, cluster = served("abc")`."""
     crd = "scalingsweep_crd" if sweeps else "scalingrun_crd"
 
     @pytest.fixture(scope="module")
     def operator(kubeconfig, mpijob_crd, tmp_path_factory, request) -> Iterator[Operator]:
         request.getfixturevalue(crd)
         log = tmp_path_factory.mktemp(f"{prefix}-operator") / "operator.log"
-        with started(Operator(kubeconfig, log, [f"{prefix}-*"], "--standalone")) as op:
+        variables = env(request.getfixturevalue("s3_server")) if env else None
+        with started(Operator(kubeconfig, log, [f"{prefix}-*"], "--standalone", env=variables)) as op:
             yield op
 
     @pytest.fixture

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 # The short watch the tests train under (production: 300 s), so that a stall ends in well under a minute;
 # SCALINGRUN_TEST_STALL_TIMEOUT=300 measures the default (then give the tests' exit wait more room too).
@@ -73,3 +74,17 @@ def freeze_rank_1_while_training(job: subprocess.Popen, s3_server, heartbeat_at:
                 frozen.resume()
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
+
+
+def frozen_mpirun(command: list[str], env: dict[str, str], s3_server, heartbeat_at: str, output: Path,
+                  engine: str) -> FrozenRun:
+    """The training `command` (mpirun, 2 ranks) run with `env`, its output in `output`, rank 1 frozen once training
+    advances (freeze_rank_1_while_training): mpirun must end, failed, saying that rank 1 stopped answering."""
+    with open(output, "w") as out:
+        job = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        frozen = freeze_rank_1_while_training(job, s3_server, heartbeat_at, deadline_s=400, exit_s=EXIT_WAIT_SECONDS)
+    text = output.read_text()
+    print(f"{engine}: mpirun exited {frozen.returncode} {frozen.seconds:.1f} s after rank 1 froze")
+    assert frozen.returncode != 0, text[-3000:]
+    assert "rank 1 stopped answering" in text, text[-3000:]
+    return frozen

@@ -55,6 +55,35 @@ def kill_a_rank_after_the_first_checkpoint(job: subprocess.Popen, s3_server, sta
             job.wait()
 
 
+def epoch_saved_before_a_rank_was_killed(command: list[str], env: dict[str, str], s3_server, run: str,
+                                          deadline_s: float, exit_s: float) -> int:
+    """The training `command` (2 ranks; `run`, s3://..., its run location) run with `env`, a rank killed after the
+    first checkpoint (kill_a_rank_after_the_first_checkpoint): the job failed; the epoch that checkpoint saved."""
+    import json
+
+    job = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                           env=env)
+    state_at = f"{run[len('s3://'):]}/checkpoints/state.json"
+    kill_a_rank_after_the_first_checkpoint(job, s3_server, state_at, deadline_s=deadline_s, exit_s=exit_s)
+    assert job.returncode != 0
+    return json.loads(s3_server.filesystem().open_input_stream(state_at).read())["epoch"]
+
+
+def the_one_mlflow_run(mlflow_server, experiment: str, progress: dict) -> tuple[dict, dict, dict, list[dict]]:
+    """The experiment's one MLflow run, the one progress.json names, finished: its info, data, params and val_loss
+    history."""
+    from scalingrun_trainer.core.tracking import MlflowClient
+
+    client = MlflowClient(mlflow_server.uri, username=mlflow_server.username, password=mlflow_server.password)
+    runs = client.call("POST", "runs/search", {"experiment_ids": [client.experiment_id(experiment)]})["runs"]
+    assert [r["info"]["run_id"] for r in runs] == [progress["mlflowRunId"]]
+    info, data = runs[0]["info"], runs[0]["data"]
+    assert info["status"] == "FINISHED"
+    params = {p["key"]: p["value"] for p in data["params"]}
+    history = client.call("GET", "metrics/get-history", {"run_id": info["run_id"], "metric_key": "val_loss"})["metrics"]
+    return info, data, params, history
+
+
 def saved_keras_model(s3_server, run: str, folder: Path):
     """The Keras run's model.keras (under the run location `run`, s3://...), loaded with plain Keras."""
     import tensorflow as tf

@@ -91,6 +91,17 @@ def service_account(run: ScalingRun) -> dict[str, Any]:
     return {"serviceAccountName": name} if name else {}
 
 
+def pod_spec(run: ScalingRun, container: dict[str, Any], volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The spec of a run's pod of one container that never calls the Kubernetes API (no token mounted), non-root."""
+    return {
+        "automountServiceAccountToken": False,
+        **service_account(run),
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+    }
+
+
 def pod_security_context() -> dict[str, Any]:
     return {
         "runAsNonRoot": True,

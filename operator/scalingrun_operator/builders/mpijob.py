@@ -13,11 +13,10 @@ from .common import (
     CONFIG_FILE,
     TMP_DIR,
     config_volume,
-    service_account,
     container_security_context,
     metadata,
     mpijob_name,
-    pod_security_context,
+    pod_spec,
     resources,
     storage_env,
     tracking_env,
@@ -105,14 +104,8 @@ def launcher_script(run: ScalingRun) -> str:
 def _pod_template(run: ScalingRun, labels: dict[str, str], container: dict[str, Any],
                   volumes: list[dict[str, Any]], workers: bool) -> dict[str, Any]:
     w = run.spec.workers
-    pod: dict[str, Any] = {
-        # Neither mpirun (over ssh, not kubectl exec) nor the trainer calls the Kubernetes API.
-        "automountServiceAccountToken": False,
-        **service_account(run),
-        "securityContext": pod_security_context(),
-        "containers": [container],
-        "volumes": volumes,
-    }
+    # Neither mpirun (over ssh, not kubectl exec) nor the trainer calls the Kubernetes API.
+    pod = pod_spec(run, container, volumes)
     user = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in w.tolerations] if workers else []
     pod["tolerations"] = node_loss_tolerations(user, duration_seconds(run.spec.training.node_loss_grace_period))
     if workers:

@@ -10,10 +10,9 @@ from .common import (
     CONFIG_FILE,
     TMP_DIR,
     config_volume,
-    service_account,
     container_security_context,
     metadata,
-    pod_security_context,
+    pod_spec,
     preprocess_job_name,
     resources,
     storage_env,
@@ -82,14 +81,8 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
             **({"activeDeadlineSeconds": pre.active_deadline_seconds} if pre.active_deadline_seconds else {}),
             "template": {
                 "metadata": {"labels": dict(meta["labels"])},
-                "spec": {
-                    "restartPolicy": "Never",
-                    "automountServiceAccountToken": False,  # it reads storage, never the Kubernetes API
-                    **service_account(run),
-                    "securityContext": pod_security_context(),
-                    "containers": [container],
-                    "volumes": [volume, *scratch],
-                },
+                # It reads storage, never the Kubernetes API.
+                "spec": {"restartPolicy": "Never", **pod_spec(run, container, [volume, *scratch])},
             },
         },
     }

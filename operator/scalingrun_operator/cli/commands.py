@@ -38,6 +38,14 @@ def _invalid(doc: Document, exc: InvalidScalingRun) -> UserError:
     return UserError("\n".join(lines))
 
 
+def _parsed(doc: Document):
+    """`_parse`, its errors a UserError that names the document."""
+    try:
+        return _parse(doc)
+    except InvalidScalingRun as exc:
+        raise _invalid(doc, exc) from None
+
+
 def cmd_crd(args: argparse.Namespace) -> int:
     crds = [yaml.safe_load(render_crd_yaml()), yaml.safe_load(render_sweep_crd_yaml())]
     if args.output == "json":
@@ -96,10 +104,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
     objects = []
     for doc in read(args.filename):
-        try:
-            resource = _parse(doc)
-        except InvalidScalingRun as exc:
-            raise _invalid(doc, exc) from None
+        resource = _parsed(doc)
         namespace = args.namespace or resource.metadata.namespace or "default"
         if resource.kind == SWEEP_KIND:  # its points; the operator adds the owner reference when it creates them
             objects.extend(build_point_run(resource, point, namespace) for point in sweep_points(resource))
@@ -140,11 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..local.runner import LocalRun
 
     _local_only(args, "run")
-    doc = read_one([args.filename], (KIND,), "run")
-    try:
-        run = parse_scalingrun(doc.body)
-    except InvalidScalingRun as exc:
-        raise _invalid(doc, exc) from None
+    run = _parsed(read_one([args.filename], (KIND,), "run"))
     workdir = Path(args.workdir or Path(".scalingrun/runs") / run.metadata.name)
     code, stopped = _locally("run", lambda: LocalRun(run, workdir, np_override=args.np,
                                                      python_path=_python_path(args)).start(stop_after=args.stop_after))
@@ -159,11 +160,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from ..report.sweep import print_sweep
 
     _local_only(args, "sweep")
-    doc = read_one([args.filename], (SWEEP_KIND,), "sweep")
-    try:
-        sweep = parse_scalingsweep(doc.body)
-    except InvalidScalingRun as exc:
-        raise _invalid(doc, exc) from None
+    sweep = _parsed(read_one([args.filename], (SWEEP_KIND,), "sweep"))
     workdir = Path(args.workdir or Path(".scalingrun/sweeps") / sweep.metadata.name)
     local = LocalSweep(sweep, workdir, python_path=_python_path(args))
     code, stopped = _locally("sweep", local.start)
@@ -185,10 +182,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise UserError("scalingrun report: give either -f RUN.yaml or --progress PATH_OR_URI", USAGE)
     if args.filename:
         doc = read_one([args.filename], (KIND, SWEEP_KIND), "report")
-        try:
-            resource = _parse(doc)
-        except InvalidScalingRun as exc:
-            raise _invalid(doc, exc) from None
+        resource = _parsed(doc)
         if resource.kind == SWEEP_KIND:
             return _sweep_report(args, resource)
         name, storage = resource.metadata.name, resource.spec.storage

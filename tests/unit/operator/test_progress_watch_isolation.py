@@ -48,6 +48,17 @@ def wait_until(check, what: str, timeout: float = 20):
     pytest.fail(f"timed out waiting for {what}")
 
 
+def started(reconcile, interval: float, rate: int, store: HostileStore, prefix: str, runs: int,
+            healthy: HostileStore, clients: Clients) -> ReconcileScheduler:
+    """A watcher of `runs` runs `prefix<i>` on `store` and one run "fine" on `healthy`, started."""
+    watcher = ReconcileScheduler(reconcile, interval=interval, max_checks_per_second=rate, per_endpoint=2)
+    for i in range(runs):
+        watcher.watch("ns", f"{prefix}{i}", f"s3://b/{prefix}{i}/progress.json", target(store, clients), '"v0"')
+    watcher.watch("ns", "fine", "s3://b/fine/progress.json", target(healthy, clients), '"v1"')
+    watcher.start()
+    return watcher
+
+
 def test_a_trickling_store_holds_its_share_of_checks_and_the_healthy_run_goes_on(stores):
     trickle, healthy = stores("trickle-headers", pace=0.1), stores("healthy")
     clients = Clients()
@@ -58,11 +69,7 @@ def test_a_trickling_store_holds_its_share_of_checks_and_the_healthy_run_goes_on
         seen.append((name, len(trickle.requests)))
         recorder(namespace, name)
 
-    watcher = ReconcileScheduler(reconcile, interval=0.2, max_checks_per_second=100, per_endpoint=2)
-    for i in range(10):
-        watcher.watch("ns", f"slow{i}", f"s3://b/slow{i}/progress.json", target(trickle, clients), '"v0"')
-    watcher.watch("ns", "fine", "s3://b/fine/progress.json", target(healthy, clients), '"v1"')
-    watcher.start()
+    watcher = started(reconcile, 0.2, 100, trickle, "slow", 10, healthy, clients)
     try:
         wait_until(lambda: len(trickle.requests) >= 2, "two checks at the trickling store")
         healthy.etag = "v2"  # the healthy run's progress moves on while its neighbours' checks hang
@@ -78,11 +85,7 @@ def test_a_store_that_keeps_failing_is_asked_once_per_backoff_not_once_per_run_a
     broken, healthy = stores("huge-error"), stores("healthy")
     clients = Clients(guard=Guard(threshold=2, base=30.0))
     reconcile = Recorder()
-    watcher = ReconcileScheduler(reconcile, interval=0.1, max_checks_per_second=1000, per_endpoint=2)
-    for i in range(60):
-        watcher.watch("ns", f"broken{i}", f"s3://b/broken{i}/progress.json", target(broken, clients), '"v0"')
-    watcher.watch("ns", "fine", "s3://b/fine/progress.json", target(healthy, clients), '"v1"')
-    watcher.start()
+    watcher = started(reconcile, 0.1, 1000, broken, "broken", 60, healthy, clients)
     try:
         wait_until(lambda: len(healthy.requests) >= 20, "20 rounds of the healthy run's check")
         assert len(broken.requests) <= 4, "two failures open the breaker (and two may have been in flight)"
