@@ -186,7 +186,8 @@ def test_a_lost_node_is_acted_on_in_time_while_the_store_does_not_answer(
     is judged from pods and Nodes alone, so NodeLost comes at the grace period's end, not a storage deadline later."""
     proxy = HangingProxy(s3_server.endpoint)
     try:
-        cluster.create_run(new_run(cluster.ns, "far", _Store(proxy.endpoint), training={"nodeLossGracePeriod": GRACE_S}))
+        cluster.create_run(new_run(cluster.ns, "far", _Store(proxy.endpoint),
+                                   training={"nodeLossGracePeriod": GRACE_S}))
         reach_training(cluster, bucket, "far", operator)
         mpijob = cluster.mpijob("far-train")
         worker, launcher = "far-train-worker-0", "far-train-launcher-f4r7x"

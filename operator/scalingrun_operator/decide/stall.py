@@ -174,8 +174,8 @@ def _stalled(draft: Draft, run: ScalingRun, training_status: dict[str, Any], mpi
     counted = interruptions.count(training_status, interruptions.STALLED)
     training_status["heartbeat"] = None  # the next attempt is timed from its own start
     message += (f"; deleted {', '.join(pod_name(p) for p in doomed)} (workers with a grace period of "
-                f"{SUSPECT_GRACE_SECONDS} s: a frozen process does not act on SIGTERM) so that the MPI operator starts them again and "
-                f"the launcher resumes from the last checkpoint (spec.training.onStall restart; interruption "
-                f"{counted} of the {training.max_interruptions} allowed by spec.training.maxInterruptions)")
+                f"{SUSPECT_GRACE_SECONDS} s: a frozen process does not act on SIGTERM) so that the MPI operator starts "
+                f"them again and the launcher resumes from the last checkpoint (spec.training.onStall restart; "
+                f"interruption {counted} of the {training.max_interruptions} allowed by spec.training.maxInterruptions)")
     update.condition(STALLED, "True", STALL_REASON, message)
     update.warn("Stalled", message)
