@@ -24,11 +24,10 @@ def _running_launchers(found: list[dict[str, Any]], mpijob: str) -> list[dict[st
 
 
 def restart_pods(draft: Draft, training_status: dict[str, Any], doomed: list[dict[str, Any]], mpijob: str,
-                 grace_seconds: Any, launcher_grace: bool = False) -> bool:
+                 grace_seconds: Any) -> bool:
     """Deletes `doomed` (with `grace_seconds`; None: their own) and, when a worker is among them, the launcher
-    (gracefully: its mpirun may wait on the lost worker for ever). `launcher_grace`: a launcher among `doomed` keeps
-    its own grace too (it archives its log on SIGTERM). Their records are marked lost, so that their going is not
-    counted again; returns whether any was not counted yet."""
+    (gracefully: its mpirun may wait on the lost worker for ever). Their records are marked lost, so that their
+    going is not counted again; returns whether any was not counted yet."""
     recorded = podrecords.records_of(training_status, mpijob)
     records = {r.get("name"): r for r in recorded}
     fresh = False
@@ -36,8 +35,7 @@ def restart_pods(draft: Draft, training_status: dict[str, Any], doomed: list[dic
     launchers = []
     if any(pod_role(p, mpijob) == WORKER for p in doomed):
         launchers = [p for p in _running_launchers(draft.pods(), mpijob) if pod_name(p) not in names]
-    graces = [(p, None if launcher_grace and pod_role(p, mpijob) == LAUNCHER else grace_seconds) for p in doomed]
-    for pod, grace in [*graces, *((p, None) for p in launchers)]:
+    for pod, grace in [*((p, grace_seconds) for p in doomed), *((p, None) for p in launchers)]:
         record = records.get(pod_name(pod))
         if record is not None and same_uid(record.get("uid", ""), metadata_of(pod).get("uid", "")) \
                 and not record.get("lost"):

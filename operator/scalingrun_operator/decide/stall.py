@@ -10,7 +10,7 @@ nodeLossGracePeriod too) is not judged here: training.py leaves it to the lost-n
 
 Past the deadline the run is Stalled: the condition names the last step, epoch and phase, how long ago, and the
 suspects (pods Terminating, not Ready, containers not ready). onStall restart deletes the suspects (or every worker
-when none stands out; with a short grace period) and the launcher, counted as `stalled` against maxInterruptions;
+when none stands out) and the launcher, counted as `stalled` against maxInterruptions;
 fail fails the run.
 """
 
@@ -29,8 +29,6 @@ from .snapshot import HEARTBEAT, Log
 from .status import STALLED, get_condition, parse_time, rfc3339
 
 STALL_REASON = "NoHeartbeat"  # the Stalled condition's reason while the training does not beat
-# A frozen process cannot act on SIGTERM: a stalled run's workers are given this long, not their 30 s.
-SUSPECT_GRACE_SECONDS = 3
 _LOG_LINES = 5
 
 
@@ -170,12 +168,11 @@ def _stalled(draft: Draft, run: ScalingRun, training_status: dict[str, Any], mpi
     doomed = [p for p, _ in suspects] or [p for p in found if pod_role(p, mpijob) == WORKER
                                           and not metadata_of(p).get("deletionTimestamp")]
     doomed = [*doomed, *([launcher] if launcher not in doomed else [])]
-    faults.restart_pods(draft, training_status, doomed, mpijob, SUSPECT_GRACE_SECONDS, launcher_grace=True)
+    faults.restart_pods(draft, training_status, doomed, mpijob, None)
     counted = interruptions.count(training_status, interruptions.STALLED)
     training_status["heartbeat"] = None  # the next attempt is timed from its own start
-    message += (f"; deleted {', '.join(pod_name(p) for p in doomed)} (workers with a grace period of "
-                f"{SUSPECT_GRACE_SECONDS} s: a frozen process does not act on SIGTERM) so that the MPI operator starts "
-                f"them again and the launcher resumes from the last checkpoint (spec.training.onStall restart; "
-                f"interruption {counted} of the {training.max_interruptions} allowed by spec.training.maxInterruptions)")
+    message += (f"; deleted {', '.join(pod_name(p) for p in doomed)} so that the MPI operator starts them again and "
+                f"the launcher resumes from the last checkpoint (spec.training.onStall restart; interruption "
+                f"{counted} of the {training.max_interruptions} allowed by spec.training.maxInterruptions)")
     update.condition(STALLED, "True", STALL_REASON, message)
     update.warn("Stalled", message)
