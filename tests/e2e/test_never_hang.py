@@ -33,9 +33,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
 DOCKER = "/usr/bin/docker"  # the Debian client, matching the node's dockerd 20.10 (../shared/node/README.md)
 STALL_TIMEOUT = 60
 NODE_LOSS_GRACE = 20
-# Epochs: two before the freeze, two after the first resume, one after the second, and room for epochs in flight:
-# the status may show an epoch late by several (a quiet node trains one in seconds), so the room is wide.
-EPOCHS = 20
+# Epochs: two before the freeze, two after the first resume, one after the second, and room for epochs in flight.
+EPOCHS = 10
 
 
 def node_cluster() -> Path:
