@@ -46,6 +46,12 @@ def restart_pods(draft: Draft, training_status: dict[str, Any], doomed: list[dic
     return fresh
 
 
+def node_trouble(draft: Draft, mpijob: str) -> bool:
+    """Whether a training pod's node is down (lost or within nodeLossGracePeriod); from pods and Nodes only."""
+    found = draft.pods()
+    return nodes.nodes_down(found, draft.nodes(nodes.troubled_nodes(found, mpijob)), mpijob)
+
+
 def lost_nodes(draft: Draft, run: ScalingRun, training_status: dict[str, Any], mpijob: str) -> bool:
     """NodeLost: the training's pods on a node NotReady/Unknown past spec.training.nodeLossGracePeriod (or stuck
     Terminating) are force-deleted; one interruption per node, counted as nodeLost. True when pods were deleted."""

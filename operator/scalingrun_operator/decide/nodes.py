@@ -61,6 +61,13 @@ def troubled_nodes(pods: list[dict[str, Any]], mpijob: str) -> tuple[str, ...]:
     return tuple(sorted({p["spec"]["nodeName"] for p in pods if pod_role(p, mpijob) in TRAINING_ROLES and troubled(p)}))
 
 
+def nodes_down(pods: list[dict[str, Any]], found_nodes: dict[str, Optional[dict[str, Any]]], mpijob: str) -> bool:
+    """Whether a troubled training pod is on a node that is NotReady, Unknown or gone (within its grace or past it):
+    the lost-node handling owns that fault, and the look reads no storage (the store may be on that node)."""
+    return any(pod_role(p, mpijob) in TRAINING_ROLES and troubled(p)
+               and node_down(found_nodes.get(p["spec"]["nodeName"])) is not None for p in pods)
+
+
 def _seconds(delta: dt.timedelta) -> str:
     return f"{delta.total_seconds():.0f} s"
 

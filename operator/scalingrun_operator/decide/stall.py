@@ -4,12 +4,14 @@ Rank 0 beats from its training loop (scalingrun_api.heartbeat). While a launcher
 heartbeat once when the attempt starts and then only when the deadline it computed passes (a recheck is scheduled
 for it), so its reads stay one per timeout. The deadline counts from the last beat of this attempt, or from the
 launcher pod's start while none came (the timeout's floor covers a first graph build); a training.command's
-script is timed only once it beats (through the SDK). The beat's time is the
-writer's clock (Unix seconds in the document), taken as now when it is ahead of the operator's.
+script is timed only once it beats (through the SDK). The beat's time is the writer's clock (Unix seconds in the
+document), taken as now when it is ahead of the operator's. A silence while a training pod's node is down (within
+nodeLossGracePeriod too) is not judged here: training.py leaves it to the lost-node handling, one fault, nodeLost.
 
 Past the deadline the run is Stalled: the condition names the last step, epoch and phase, how long ago, and the
-suspects (pods Terminating, not Ready, on a node that is not Ready). onStall restart deletes the suspects (or every
-worker when none stands out) and the launcher, counted as `stalled` against maxInterruptions; fail fails the run.
+suspects (pods Terminating, not Ready, containers not ready). onStall restart deletes the suspects (or every worker
+when none stands out) and the launcher, counted as `stalled` against maxInterruptions;
+fail fails the run.
 """
 
 from __future__ import annotations
@@ -68,22 +70,17 @@ def _where(beat: Optional[Heartbeat]) -> str:
     return ", ".join(parts)
 
 
-def _suspects(draft: Draft, found: list[dict[str, Any]], mpijob: str) -> list[tuple[dict[str, Any], str]]:
-    """(pod, why) for the training's pods that stand out: Terminating, not Ready (its node not Ready), a container
-    not ready."""
+def _suspects(found: list[dict[str, Any]], mpijob: str) -> list[tuple[dict[str, Any], str]]:
+    """(pod, why) for the training's pods that stand out: Terminating, not Ready, a container not ready. (None is on
+    a node that is down: that is the lost-node handling's.)"""
     out = []
-    found_nodes = draft.nodes(nodes.troubled_nodes(found, mpijob))
     for pod in sorted(found, key=pod_name):
         if pod_role(pod, mpijob) not in TRAINING_ROLES or status_of(pod).get("phase") in ("Succeeded", "Failed"):
             continue
-        name, node = pod_name(pod), (pod.get("spec") or {}).get("nodeName") or ""
+        name = pod_name(pod)
         why = []
         if metadata_of(pod).get("deletionTimestamp"):
             why.append(f"Terminating since {metadata_of(pod)['deletionTimestamp']}")
-        if nodes.troubled(pod) and node:
-            down = nodes.node_down(found_nodes.get(node))
-            if down:
-                why.append(f"node {node} {down[0]}")
         not_ready = [c.get("name", "") for c in container_statuses(pod) if c.get("ready") is False]
         if not_ready:
             why.append(f"container{'s' if len(not_ready) > 1 else ''} {', '.join(not_ready)} not ready")
@@ -154,7 +151,7 @@ def _stalled(draft: Draft, run: ScalingRun, training_status: dict[str, Any], mpi
     since = (f"the last at {rfc3339(last)} ({_where(beat)})" if beat is not None
              else f"none since launcher pod {pod_name(launcher)} started at {rfc3339(last)}")
     setting = "auto" if training.stall_timeout == "auto" else str(training.stall_timeout)
-    suspects = _suspects(draft, found, mpijob)
+    suspects = _suspects(found, mpijob)
     named = ("suspects: " + ", ".join(why for _, why in suspects) if suspects
              else "no pod stands out (all Running and Ready)")
     message = (f"no heartbeat for {silent:.0f} s, over spec.training.stallTimeout ({setting}: {timeout:g} s); {since}; "

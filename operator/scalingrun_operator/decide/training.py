@@ -162,7 +162,13 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         # Posted with the change itself (a conflicting status patch must not lose it).
         draft.patch(mpijob, patch, Event("Normal", "Suspending" if wanted_suspend else "Resuming",
                                          f"MPIJob {name}: spec.runPolicy.suspend={str(wanted_suspend).lower()}"))
-    _, progress = draft.read(progress_uri(run), store_of(run), PROGRESS, versioned=True)
+    paused = wanted_suspend or state.suspended
+    # Pods and Nodes before storage: while a training pod's node is down (its store may be there too, and a read of
+    # it then waits out the storage deadline), the lost-node handling acts without reading the progress document.
+    node_down = not state.finished and not paused and faults.node_trouble(draft, name)
+    progress = None
+    if not node_down:
+        _, progress = draft.read(progress_uri(run), store_of(run), PROGRESS, versioned=True)
     uid = current_mpijob["metadata"].get("uid")
     same_mpijob = current.get("mpiJobUid") in (None, uid)
     merged = mirror.merge_training_status(current, mirror.base_training_status(run, name),
@@ -172,10 +178,10 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
     merged["estimatedCompletion"] = (None if state.finished else
                                      mirror.estimated_completion(current, merged, progress, update.moment))
     if not state.finished:
-        paused = wanted_suspend or state.suspended
         _track_interruptions(draft, merged, name, paused)
-        # A lost node's restart is the restart a stall would make: one fault, counted once.
-        if not paused and not faults.lost_nodes(draft, run, merged, name):
+        # A lost node's restart is the restart a stall would make: one fault, counted once. A silence while a
+        # node is down (within its grace too) is that node's: the stall check leaves it to the lost-node handling.
+        if not paused and not faults.lost_nodes(draft, run, merged, name) and not node_down:
             stall.check_stall(draft, run, merged, name)
     update.desired["training"] = merged
     stopped = update.phase == Phase.failed.value  # a stall with onStall fail
@@ -183,6 +189,8 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         if mpijob is not None:
             _stop(draft, mpijob)
         return
+    if node_down:
+        return  # Trained and the phase stay as shown; the look after the node's pods are replaced reads progress
     _input_bound(draft, run, merged.get("inputHistory"))
     _gpus_unused(draft, run, merged.get("devices"))
     uri = mirror.model_uri(progress)

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from scalingrun_operator.decide.snapshot import HEARTBEAT, Document, Nodes
+from scalingrun_operator.decide.snapshot import HEARTBEAT, PROGRESS, Document, Nodes
 from tests.support.decide_world import (
     NOW, World, actions, condition, conditions, config_map, done, job, mpijob, preprocessing_status, stamp,
     training_status,
@@ -293,8 +293,8 @@ STALL_ROWS = [
     StallRow("a writer's clock ahead of the operator's is taken as now",
              lambda: stalling(heartbeat=beat(-3)), False, 601),
     StallRow("a suspect: only it and the launcher are restarted",
-             lambda: _with_node(stalling(heartbeat=beat(11), pods=_on_node_2()), _node("Unknown", 30)), True,
-             words="suspects: demo-train-worker-1 (node node-2 Ready=Unknown; not Ready)",
+             lambda: _with_node(stalling(heartbeat=beat(11), pods=_on_node_2()), _node("True", 600)), True,
+             words="suspects: demo-train-worker-1 (not Ready)",
              deleted=[("delete", "demo-train-worker-1"), ("delete", "demo-train-launcher-aaaaa")]),
 ]
 
@@ -408,3 +408,41 @@ def test_a_lost_node_and_the_stall_it_causes_in_the_same_look_are_one_interrupti
     decision = world.decide()
     assert decision.desired["training"]["interruptions"] == {"nodeLost": 1}
     assert actions(decision) == LOST_WORKER and "Stalled" not in conditions(decision)
+
+
+@pytest.mark.parametrize("node", [_node("Unknown", 30), _node("False", 5)], ids=["Unknown", "NotReady"])
+def test_a_stall_on_a_node_down_within_its_grace_is_left_to_the_lost_node_handling(node):
+    """stallTimeout passed while worker 1's node is down, not yet for nodeLossGracePeriod: no Stalled and no
+    deletion now; the look at the grace period's end counts it once, as nodeLost."""
+    world = _with_node(stalling(heartbeat=beat(11), pods=_on_node_2()), node)
+    decision = world.decide()
+    assert "Stalled" not in conditions(decision) and actions(decision) == []
+    since = node["status"]["conditions"][0]["lastTransitionTime"]
+    ago = (NOW - dt.datetime.strptime(since, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc)).total_seconds()
+    assert decision.recheck_in == pytest.approx(60 - ago + 1, abs=0.01)  # the grace period's end, not a poll
+    later = _with_node(stalling(heartbeat=beat(12), pods=_on_node_2()), _node("Unknown", 61))
+    decision = later.decide()
+    assert decision.desired["training"]["interruptions"] == {"nodeLost": 1}
+    assert actions(decision) == LOST_WORKER and "Stalled" not in conditions(decision)
+
+
+@pytest.mark.parametrize("node, lost", [(_node("Unknown", 30), False), (_node("Unknown", 90), True), (None, True)],
+                         ids=["within", "past", "gone"])
+def test_a_node_down_is_judged_from_pods_and_nodes_without_reading_storage(node, lost):
+    """The store may be on the lost node (each read then waits out the storage deadline): while a training pod's node
+    is down, a look reads neither progress nor heartbeat, and Trained stays as shown."""
+    world = stalling(heartbeat=beat(11), pods=_on_node_2())
+    if node:
+        _with_node(world, node)
+    shown = {c["type"]: (c["status"], c["reason"], c["message"]) for c in world.status["conditions"]}
+    decision = world.decide()
+    assert not [a for a in world.asks if isinstance(a, Document)], world.asks
+    assert decision.phase == "Training"
+    assert conditions(decision)["Trained"] == shown["Trained"]
+    assert (actions(decision) == LOST_WORKER) == lost
+
+
+def test_a_healthy_run_reads_its_progress():
+    world = training()
+    world.decide()
+    assert [a for a in world.asks if isinstance(a, Document) and a.what == PROGRESS]
