@@ -33,8 +33,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
 DOCKER = "/usr/bin/docker"  # the Debian client, matching the node's dockerd 20.10 (../shared/node/README.md)
 STALL_TIMEOUT = 60
 NODE_LOSS_GRACE = 20
-# Epochs: two before the freeze, two after the first resume, one after the second, and room for epochs in flight.
-EPOCHS = 10
+# Epochs: two before the freeze, two after the first resume, one after the second, and room for the epochs that
+# pass while the status is read on a quiet node (one run was at epoch 7 when the test froze its worker).
+EPOCHS = 20
 
 
 def node_cluster() -> Path:
@@ -122,6 +123,7 @@ def test_a_frozen_worker_and_a_lost_node_each_end_in_a_resumed_run(cluster):
     cluster.create_run(body)
     applied = time.monotonic()
     frozen: list[str] = []
+    paused_for_good: list[str] = []
     kubelet_stopped = False
     seen: dict[str, float] = {}
 
@@ -157,9 +159,10 @@ def test_a_frozen_worker_and_a_lost_node_each_end_in_a_resumed_run(cluster):
               f"(stallTimeout {STALL_TIMEOUT} s), resumed from epoch {first_resume}, its first epoch done "
               f"{back_after:.0f} s after the freeze")
         assert first_resume >= 1, training_status(run)
-        assert interruptions(run) == {"stalled": 1}, interruptions(run)
-        assert not any(c in containers_of(worker) for c in frozen), "the frozen worker's containers are gone"
-        frozen = []
+        # Stalled, and nothing else. A paused container cannot take the kubelet's SIGKILL (a hung process could),
+        # so while it lingers the next attempt may stall on it too: counted again, as stalled.
+        assert set(interruptions(run)) == {"stalled"}, interruptions(run)
+        paused_for_good, frozen = frozen, []  # killed at the end if the kubelet could not
 
         # --- a lost node: the kubelet stops and the machine dies with it, once the resumed attempt committed a
         # checkpoint of its own (its second epoch recorded), so that the next resume is seen to be a later one
@@ -214,14 +217,14 @@ def test_a_frozen_worker_and_a_lost_node_each_end_in_a_resumed_run(cluster):
         print(f"apply -> Succeeded: {time.monotonic() - applied:.0f} s")
         training = training_status(run)
         assert training["epoch"] == EPOCHS, training
-        # One interruption per fault, by cause; none counted against backoffLimit (launcherFailed, workerFailed).
-        assert interruptions(run) == {"stalled": 1, "nodeLost": 1}, interruptions(run)
-        assert training["restarts"] == 2, training
+        # Interruptions by cause, none counted against backoffLimit (launcherFailed, workerFailed).
+        assert set(interruptions(run)) == {"stalled", "nodeLost"}, interruptions(run)
+        assert training["restarts"] >= 2, training
         warnings = [(e.reason, e.message) for e in cluster.events(name) if e.type == "Warning"]
         assert any(r == "Stalled" for r, _ in warnings) and any(r == "NodeLost" and node in m for r, m in warnings), \
             warnings
     finally:
-        kill(frozen)
+        kill(frozen + paused_for_good)
         if kubelet_stopped:
             kubelet(node_dir, "kubelet-start")
         cluster.delete_run(name)
