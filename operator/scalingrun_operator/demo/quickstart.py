@@ -173,6 +173,7 @@ def follow(kube: Kube, namespace: str, timeout: float) -> dict[str, Any]:
 
 def summary(kube: Kube, namespace: str, run: dict[str, Any], keys: tuple[str, str], reports: Path) -> None:
     from ..builders.locations import progress_uri
+    from ..documents import parse_progress
     from ..schema.validation import parse_scalingrun
     from ..cli.cluster import RUN_COLUMNS, run_row, table
     from ..report.run import render_report
@@ -186,14 +187,12 @@ def summary(kube: Kube, namespace: str, run: dict[str, Any], keys: tuple[str, st
     uri = progress_uri(parse_scalingrun({k: run[k] for k in ("apiVersion", "kind", "metadata", "spec")}))
     with seaweedfs.s3_filesystem(kube_command(kube), namespace, *keys) as s3:
         try:
-            document = json.loads(s3.open_input_stream(uri[len("s3://"):]).read())
+            progress = parse_progress(json.loads(s3.open_input_stream(uri[len("s3://"):]).read()))
         except OSError as exc:
             print(f"report: no progress document at {uri} ({exc})")
             return
-    png, md = render_report(document, RUN_NAME, reports)
-    from scalingrun_api.progress import Progress
-
-    print(f"model: {Progress.read(document).model_uri or '-'}")
+    png, md = render_report(progress, RUN_NAME, reports)
+    print(f"model: {progress.model_uri or '-'}")
     print(f"report: {png} and {md}")
 
 
