@@ -1,6 +1,6 @@
 """The launcher archives each attempt's log in the run's storage when the attempt ends: the real
 `scalingrun-trainer launch --logs` process, a real `mpirun -np 2 --tag-output` of a small script, real SeaweedFS.
-The workers' sshd is a loopback listener that speaks an SSH banner (as in tests/unit/test_launcher.py)."""
+The workers' sshd is a loopback listener that speaks an SSH banner (tests/support/launcher.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Our packages' import graph, read from the source (nothing is imported): what the operator's and the trainer's
-structure tests (tests/unit/test_structure.py, tests/unit/test_trainer_structure.py) check their layers on."""
+structure tests (tests/unit/operator/test_structure.py, tests/unit/trainer/test_trainer_structure.py) check their layers on."""
 
 from __future__ import annotations
 
