@@ -10,16 +10,14 @@ with grace 0 is gone at once.
 from __future__ import annotations
 
 import calendar
-import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
 import pytest
 from kubernetes import client
 
+from tests.support.flaky_s3 import FlakyS3
 from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
     SCHEDULED, bucket, new_run, progress_uri, reach_training, running, served, started, wait_for,
 )
@@ -109,60 +107,6 @@ def test_a_worker_on_a_node_unknown_past_the_grace_period_is_force_deleted_and_n
     cluster.wait_events("lost", lambda events: any(e[1] == "NodeLost" and node in e[2] for e in events), operator)
 
 
-class HangingProxy:
-    """A TCP relay to a store on 127.0.0.1 until `hang()`: then it stops relaying, and every connection, old or new, is
-    accepted and never answered, as a store whose pod was on the lost node (each read waits out its deadline)."""
-
-    def __init__(self, endpoint: str):
-        target = urlsplit(endpoint)
-        self.target = (target.hostname, target.port)
-        self.hanging = threading.Event()
-        self._closing = threading.Event()
-        self._held: list[socket.socket] = []
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self._listener.settimeout(0.2)
-        self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def hang(self) -> None:
-        self.hanging.set()
-
-    def close(self) -> None:
-        self._closing.set()
-        self._listener.close()
-        for sock in self._held:
-            sock.close()
-
-    def _accept(self) -> None:
-        while not self._closing.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
-                return
-            self._held.append(conn)
-            if not self.hanging.is_set():
-                upstream = socket.create_connection(self.target)
-                self._held.append(upstream)
-                threading.Thread(target=self._relay, args=(conn, upstream), daemon=True).start()
-                threading.Thread(target=self._relay, args=(upstream, conn), daemon=True).start()
-
-    def _relay(self, source: socket.socket, sink: socket.socket) -> None:
-        try:
-            while not self.hanging.is_set():
-                data = source.recv(65536)
-                if not data:
-                    break
-                if self.hanging.is_set():
-                    return  # held: what came is never answered
-                sink.sendall(data)
-        except OSError:
-            return
-        if not self.hanging.is_set():
-            sink.close()
-
-
 @dataclass
 class _Store:
     endpoint: str
@@ -172,7 +116,7 @@ def test_a_lost_node_is_acted_on_in_time_while_the_store_does_not_answer(
         cluster, operator, bucket, s3_server, node, api_client):
     """The store's pod was on the lost node: every read of it waits out the storage deadline (30 s). The node's loss
     is judged from pods and Nodes alone, so NodeLost comes at the grace period's end, not a storage deadline later."""
-    proxy = HangingProxy(s3_server.endpoint)
+    proxy = FlakyS3(s3_server.endpoint)
     try:
         cluster.create_run(new_run(cluster.ns, "far", _Store(proxy.endpoint),
                                    training={"nodeLossGracePeriod": GRACE_S}))
@@ -187,7 +131,7 @@ def test_a_lost_node_is_acted_on_in_time_while_the_store_does_not_answer(
         wait_for(lambda: len((cluster.status("far").get("training") or {}).get("pods") or []) == 2,
                  what="both pods recorded", operator=operator)
 
-        proxy.hang()
+        proxy.hold()
         since = set_node_ready(cluster.core, node, "Unknown")
         cluster.set_pod_status(worker, phase="Running", containers=running("worker"),
                                conditions=[*SCHEDULED, {"type": "Ready", "status": "False"}])

@@ -17,13 +17,15 @@ ERROR_500 = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>InternalError<
 class FlakyS3:
     """Answers the first `fail` requests with HTTP 500 (all of them when `fail` is None), or holds the
     first `hang` requests for `hang_seconds` before forwarding; forwards the rest to `upstream`
-    unchanged (the Host header too, so SigV4 signatures stay valid). Counts every request."""
+    unchanged (the Host header too, so SigV4 signatures stay valid). Counts every request. After `hold()`,
+    no request is answered any more."""
 
     def __init__(self, upstream: str, fail: Optional[int] = 0, hang: int = 0, hang_seconds: float = 0.0):
         self.upstream = urlparse(upstream)
         self.fail, self.hang, self.hang_seconds = fail, hang, hang_seconds
         self.requests: list[tuple[str, str, int]] = []
         self._lock = threading.Lock()
+        self._holding, self._closed = threading.Event(), threading.Event()
         proxy = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -33,6 +35,9 @@ class FlakyS3:
                 pass
 
             def handle_any(self) -> None:
+                if proxy._holding.is_set():
+                    proxy._closed.wait()  # unanswered until the proxy closes
+                    return
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 with proxy._lock:
@@ -80,6 +85,12 @@ class FlakyS3:
     def statuses(self) -> list[int]:
         return [status for _, _, status in self.requests]
 
+    def hold(self) -> None:
+        """From now on every request, on a connection old or new, waits unanswered until close(): a store that
+        accepts and never answers (its pod on a lost node), so each read waits out its deadline."""
+        self._holding.set()
+
     def close(self) -> None:
+        self._closed.set()
         self.server.shutdown()
         self.server.server_close()
