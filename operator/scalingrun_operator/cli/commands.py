@@ -198,17 +198,14 @@ def cmd_report(args: argparse.Namespace) -> int:
         kept = None
     try:
         progress, _ = read_progress(uri, target)
+        missing = f"no progress document at {uri}"
     except StorageError as exc:
-        if kept is None:
-            raise UserError(f"scalingrun report: {exc}") from None
-        print(f"scalingrun report: {exc}; drawing from {kept}, which the local run kept", file=sys.stderr)
-        progress = parse_progress(json.loads(kept.read_text()))
-    if progress is None and kept is not None:
-        print(f"scalingrun report: no progress document at {uri}; drawing from {kept}, which the local run kept",
-              file=sys.stderr)
-        progress = parse_progress(json.loads(kept.read_text()))
+        progress, missing = None, str(exc)
     if progress is None:
-        raise UserError(f"scalingrun report: no progress document at {uri}")
+        if kept is None:
+            raise UserError(f"scalingrun report: {missing}")
+        print(f"scalingrun report: {missing}; drawing from {kept}, which the local run kept", file=sys.stderr)
+        progress = parse_progress(json.loads(kept.read_text()))
     png, md = render_report(progress, name, Path(args.output))
     print(f"report: {png} and {md}")
     return OK
