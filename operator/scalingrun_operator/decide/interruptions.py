@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from scalingrun_api.heartbeat import STALL_EXIT_CODE
+from scalingrun_api.logs import RANK_TAG
 from scalingrun_api.models import ScalingRun
 from .draft import Draft
 from .pods import (
@@ -51,7 +52,7 @@ _LOG_CHARS = 4000  # status.training.launcherLogTail at most; the Failed message
 _NOISE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|[\x00-\x08\x0b-\x1f\x7f]")
 # Open MPI's --tag-output puts a tag before a rank's newline too (`[1,0]<stdout>:text[1,0]<stdout>:`): only the
 # line's first tag says something.
-_EMPTY_RANK_TAG = re.compile(r"(?<=.)\[\d+,\d+\]<(?:stdout|stderr|stddiag)>:$")
+_EMPTY_RANK_TAG = re.compile(rf"(?<=.){RANK_TAG.pattern.decode()}$")
 
 
 @dataclass(frozen=True)
