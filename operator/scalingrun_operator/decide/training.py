@@ -191,8 +191,8 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         return
     if node_down:
         return  # Trained and the phase stay as shown; the look after the node's pods are replaced reads progress
-    _warning(draft, INPUT_BOUND, mirror.input_bound(run, merged.get("inputHistory")))
-    _warning(draft, GPUS_UNUSED, mirror.gpus_unused(run, trainer_image(run), merged.get("devices")))
+    _input_bound(draft, run, merged.get("inputHistory"))
+    _gpus_unused(draft, run, merged.get("devices"))
     uri = mirror.model_uri(progress)
     if uri:
         update.desired["modelUri"] = uri
@@ -283,13 +283,22 @@ def _launcher_log(draft: Draft, mpijob: str) -> Optional[interruptions.LauncherL
     return interruptions.LauncherLog(pod, container, interruptions.log_tail(tail.text or ""), tail.error)
 
 
-def _warning(draft: Draft, kind: str, decision: Optional[tuple[str, str, str]]) -> None:
-    """A warning condition (InputBound, GPUsUnused) set from its (status, reason, message), with a Warning Event
-    when it turns True."""
+def _input_bound(draft: Draft, run: ScalingRun, history: Any) -> None:
+    decision = mirror.input_bound(run, history)
     if decision is None:
         return
-    before = get_condition(draft.update.desired["conditions"], kind)
-    draft.update.condition(kind, *decision)
+    before = get_condition(draft.update.desired["conditions"], INPUT_BOUND)
+    draft.update.condition(INPUT_BOUND, *decision)
+    if decision[0] == "True" and (before or {}).get("status") != "True":
+        draft.update.warn(decision[1], decision[2])
+
+
+def _gpus_unused(draft: Draft, run: ScalingRun, devices: Any) -> None:
+    decision = mirror.gpus_unused(run, trainer_image(run), devices)
+    if decision is None:
+        return
+    before = get_condition(draft.update.desired["conditions"], GPUS_UNUSED)
+    draft.update.condition(GPUS_UNUSED, *decision)
     if decision[0] == "True" and (before or {}).get("status") != "True":
         draft.update.warn(decision[1], decision[2])
 
