@@ -414,7 +414,12 @@ def measure_drift(bench: Bench, operator: OperatorProcess, cycles: int, per_cycl
 @contextlib.contextmanager
 def environment(state: Path) -> Iterator[tuple[client.ApiClient, str, S3Server, Bucket]]:
     with api_server(state / "cluster", controllers=False) as kubeconfig:
-        api = config.new_client_from_config(config_file=kubeconfig)
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+        # The script's threads keep their connections, as a kubelet and the MPI operator do: with the default 10,
+        # a TLS handshake per request over it loaded the API server that the operator shares.
+        configuration.connection_pool_maxsize = 32
+        api = client.ApiClient(configuration)
         install_crd(api, build_crd())
         import yaml
 
