@@ -23,6 +23,7 @@ from ..decide.sweep import decide_sweep
 from ..storage import Clients
 from . import act
 from .k8s import Kube
+from .latest import LatestObjects
 from .memory import Memory
 from .metrics import Metrics
 from .observe import Observer
@@ -50,11 +51,16 @@ class _Reconciler:
     metrics: Metrics = field(default_factory=Metrics)
     clients: Clients = field(default_factory=Clients)
     pods: Optional[PodIndex] = None  # the pod watch's index (Runtime); None: a look lists the run's pods
+    latest: Optional[LatestObjects] = None  # copies from the watches (Runtime); None: a look reads them anew
 
     kind = ""
 
-    def _get(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+    def _get(self, namespace: str, name: str, fresh: bool) -> Optional[dict[str, Any]]:
+        """The object; with `fresh`, as the API server has it now (not a copy: a write of the last look conflicted)."""
         raise NotImplementedError
+
+    def _distrust(self, namespace: str, name: str) -> None:
+        """A look failed: the next one reads the object anew."""
 
     def _decide(self, snapshot: Snapshot, settings: Settings) -> Decision:
         raise NotImplementedError
@@ -71,11 +77,12 @@ class _Reconciler:
         with self.memory.lock((self.kind, namespace, name)):
             attempt = passes = 0
             while attempt < ATTEMPTS:
-                body = self._get(namespace, name)
+                body = self._get(namespace, name, fresh=attempt > 0)
                 if body is None or body["metadata"].get("deletionTimestamp"):
                     self._followed(namespace, name, None, None)
                     return None
-                observer = Observer(self.kube, self.config, self.memory, self.clients, namespace, name, self.pods)
+                observer = Observer(self.kube, self.config, self.memory, self.clients, namespace, name, self.pods,
+                                    self.latest)
                 moment = clock.now()
                 try:
                     decision = look(Snapshot(body, moment), self._decide, observer.read, settings_of(self.config))
@@ -85,8 +92,12 @@ class _Reconciler:
                         log.debug("%s/%s changed while reconciling; again", namespace, name)
                         attempt += 1
                         continue
+                    self._distrust(namespace, name)
                     if exc.status == 403 and "being terminated" in str(exc.body):
                         return None  # the namespace is going away, and the object with it
+                    raise
+                except Exception:
+                    self._distrust(namespace, name)
                     raise
                 self._followed(namespace, name, decision, observer)
                 if decision.again and passes < 2:
@@ -102,14 +113,31 @@ class Reconciler(_Reconciler):
 
     kind = "run"
 
-    def _get(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+    def _get(self, namespace: str, name: str, fresh: bool) -> Optional[dict[str, Any]]:
+        if self.latest is not None and not fresh:
+            copy = self.latest.runs.get((namespace, name))
+            if copy is not None:
+                return copy
         return self.kube.get_run(namespace, name)
+
+    def _distrust(self, namespace: str, name: str) -> None:
+        if self.latest is not None:
+            self.latest.runs.forget((namespace, name))
 
     def _decide(self, snapshot: Snapshot, settings: Settings) -> Decision:
         return decide_run(snapshot, settings)
 
     def _patch_status(self) -> Callable[..., Any]:
-        return self.kube.patch_run_status
+        if self.latest is None:
+            return self.kube.patch_run_status
+        latest = self.latest
+
+        def patch_and_keep(*args: Any, **kwargs: Any) -> Any:
+            written = self.kube.patch_run_status(*args, **kwargs)
+            latest.run_seen(None, written)  # the run as it is now: the next look starts from it
+            return written
+
+        return patch_and_keep
 
     def _followed(self, namespace: str, name: str, decision: Optional[Decision],
                   observer: Optional[Observer]) -> None:
@@ -134,7 +162,7 @@ class SweepReconciler(_Reconciler):
 
     kind = "sweep"
 
-    def _get(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
+    def _get(self, namespace: str, name: str, fresh: bool) -> Optional[dict[str, Any]]:
         return self.kube.get_sweep(namespace, name)
 
     def _decide(self, snapshot: Snapshot, settings: Settings) -> Decision:

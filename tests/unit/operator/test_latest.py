@@ -1,0 +1,107 @@
+"""The operator's copies of runs, children and keys (cluster/latest.py): good for a while after the API server
+showed them, never older than one held, never a deleted object's; and kopf's diff base built for the kinds
+with change handlers only (handlers/lifecycle.py)."""
+
+from __future__ import annotations
+
+import kopf
+
+from scalingrun_operator.cluster.latest import Latest, LatestObjects
+from scalingrun_operator.handlers.lifecycle import ChangeHandledDiffBase
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(name: str, version: str, phase: str = "Training") -> dict:
+    return {"kind": "ScalingRun", "metadata": {"namespace": "ns", "name": name, "resourceVersion": version},
+            "spec": {}, "status": {"phase": phase}}
+
+
+def test_a_copy_serves_until_it_is_older_than_max_age_since_last_shown():
+    clock = Clock()
+    latest = Latest(max_age=60, clock=clock)
+    latest.seen("k", "v1", "10")
+    clock.now = 59
+    assert latest.get("k") == "v1"
+    latest.seen("k", "v1", "10")  # shown again: good for another 60 s
+    clock.now = 118
+    assert latest.get("k") == "v1"
+    clock.now = 120
+    assert latest.get("k") is None
+    assert len(latest) == 0
+
+
+def test_a_watch_event_behind_the_answer_to_a_write_is_not_taken():
+    latest = Latest(max_age=60)
+    latest.seen("k", "written", "12")
+    latest.seen("k", "lagging event", "11")
+    assert latest.get("k") == "written"
+    latest.seen("k", "the write's own event", "12")
+    latest.seen("k", "newer", "13")
+    assert latest.get("k") == "newer"
+
+
+def test_versions_that_are_not_numbers_take_the_newest_to_arrive():
+    latest = Latest(max_age=60)
+    latest.seen("k", "first", "b")
+    latest.seen("k", "second", "a")
+    assert latest.get("k") == "second"
+
+
+def test_a_deleted_object_has_no_copy_and_a_write_that_raced_its_deletion_does_not_bring_one_back():
+    objects = LatestObjects()
+    objects.run_seen(None, run("r", "20"))
+    objects.run_seen("DELETED", run("r", "25"))
+    assert objects.runs.get(("ns", "r")) is None
+    objects.run_seen(None, run("r", "24"))  # the answer to a status write, handled after the DELETED event
+    assert objects.runs.get(("ns", "r")) is None
+    objects.run_seen("ADDED", run("r", "30", phase="Pending"))  # made again under the same name
+    assert objects.runs.get(("ns", "r"))["status"]["phase"] == "Pending"
+
+
+def test_forget_drops_a_copy_so_the_next_read_asks_the_server():
+    objects = LatestObjects()
+    objects.run_seen(None, run("r", "20"))
+    objects.runs.forget(("ns", "r"))
+    assert objects.runs.get(("ns", "r")) is None
+
+
+def test_children_are_kept_by_kind_namespace_and_name():
+    objects = LatestObjects()
+    job = {"kind": "Job", "metadata": {"namespace": "ns", "name": "r-preprocess", "resourceVersion": "5"}}
+    mpijob = {"kind": "MPIJob", "metadata": {"namespace": "ns", "name": "r-preprocess", "resourceVersion": "6"}}
+    objects.child_seen(None, job)
+    objects.child_seen("MODIFIED", mpijob)
+    assert objects.children.get(("Job", "ns", "r-preprocess")) is job
+    assert objects.children.get(("MPIJob", "ns", "r-preprocess")) is mpijob
+    objects.child_seen("DELETED", {**job, "metadata": {**job["metadata"], "resourceVersion": "7"}})
+    assert objects.children.get(("Job", "ns", "r-preprocess")) is None
+
+
+def test_copies_nobody_asks_for_again_are_dropped_in_time():
+    clock = Clock()
+    latest = Latest(max_age=30, clock=clock)
+    latest.seen(("ns", "old-secret"), "keys")
+    clock.now = 31
+    for i in range(1024):
+        latest.seen(("ns", f"s{i}"), "keys")
+    assert len(latest) == 1024  # the old one went with the 1,024th store, before anyone asked for it
+
+
+def test_the_diff_base_is_kopfs_for_runs_and_none_for_pods():
+    ours = ChangeHandledDiffBase(prefix="scalingrun.dev", key="last-handled-configuration")
+    kopfs = kopf.AnnotationsDiffBaseStorage(prefix="scalingrun.dev", key="last-handled-configuration")
+    body = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun",
+            "metadata": {"name": "r", "resourceVersion": "5", "labels": {"team": "a"},
+                         "annotations": {"scalingrun.dev/last-handled-configuration": "{}", "note": "x"}},
+            "spec": {"workers": {"replicas": 2}}, "status": {"phase": "Training", "training": {"pods": [1] * 100}}}
+    assert ours.build(body=kopf.Body(body)) == kopfs.build(body=kopf.Body(body))
+    assert "status" not in ours.build(body=kopf.Body(body))
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}, "status": {"phase": "Running"}}
+    assert ours.build(body=kopf.Body(pod)) is None
