@@ -90,7 +90,7 @@ def finish_point(cluster: Cluster, bucket: Bucket, name: str, operator: Operator
 
 
 def test_points_run_one_after_another_on_one_dataset_with_table_and_recommendation(
-        cluster, operator, bucket, s3_server, kubectl):
+        cluster, operator, bucket, s3_server, kubectl, tmp_path):
     body = new_sweep(cluster.ns, "scale", s3_server, [1, 2, 4])
     cluster.custom.create_namespaced_custom_object(models.GROUP, models.VERSION, cluster.ns, models.SWEEP_PLURAL, body)
 
@@ -142,7 +142,10 @@ def test_points_run_one_after_another_on_one_dataset_with_table_and_recommendati
     assert not sweep["metadata"].get("finalizers")
 
     # Printer columns.
-    table = subprocess.run([*kubectl, "get", "ssweep", "-n", cluster.ns], capture_output=True, text=True, check=True)
+    # Discovery of its own: the session's kubectl cache may predate the sweep CRD (an earlier test's kubectl), and
+    # kubectl does not look again for a short name it does not know.
+    table = subprocess.run([*kubectl, "--cache-dir", str(tmp_path / "kubectl-cache"), "get", "ssweep",
+                            "-n", cluster.ns], capture_output=True, text=True, check=True)
     header, line = table.stdout.splitlines()[:2]
     assert header.split()[:4] == ["NAME", "PHASE", "POINTS", "RECOMMENDED-WORKERS"]
     assert line.split()[:4] == ["scale", "Succeeded", "3/3", "2"]

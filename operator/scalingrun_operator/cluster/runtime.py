@@ -96,6 +96,7 @@ class Runtime:
 
     def forget_run(self, namespace: str, name: str) -> None:
         self.memory.forget(("run", namespace, name))
+        self.runs.forget(namespace, name)
         self.pods.forget(namespace, name)
         self.run_triggers.forget((namespace, name))
         self.watcher.forget(namespace, name)
