@@ -1,12 +1,19 @@
-"""The operator's copies of runs, children and keys (cluster/latest.py): good for a while after the API server
-showed them, never older than one held, never a deleted object's; and kopf's diff base built for the kinds
-with change handlers only (handlers/lifecycle.py)."""
+"""What the operator keeps between looks: its copies of runs, children and keys (cluster/latest.py), good for a
+while after the API server showed them, never older than one held, never a deleted object's; what decide derived
+from a run (cluster/reconcile.py); and kopf's diff base, built for the kinds with change handlers only
+(handlers/lifecycle.py)."""
 
 from __future__ import annotations
+
+import copy
+import json
 
 import kopf
 
 from scalingrun_operator.cluster.latest import Latest, LatestObjects
+from scalingrun_operator.cluster.reconcile import Reconciler
+from scalingrun_operator.config import Config
+from scalingrun_operator.decide.pinning import PINNED_FIELD
 from scalingrun_operator.handlers.lifecycle import ChangeHandledDiffBase
 
 
@@ -105,3 +112,29 @@ def test_the_diff_base_is_kopfs_for_runs_and_none_for_pods():
     assert "status" not in ours.build(body=kopf.Body(body))
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}, "status": {"phase": "Running"}}
     assert ours.build(body=kopf.Body(pod)) is None
+
+
+def test_a_look_starts_from_what_the_last_look_derived_while_uid_generation_and_pin_hold():
+    reconcile = Reconciler(kube=None, config=Config())
+    body = run("r", "5")
+    body["metadata"].update(uid="u1", generation=1)
+    derived = reconcile._derived_for("ns", "r", body)
+    derived["run"] = "parsed once"
+    written = copy.deepcopy(body)
+    written["metadata"]["resourceVersion"] = "6"
+    written["status"]["phase"] = "Succeeded"  # a status write moves nothing decide derives from the spec
+    assert reconcile._derived_for("ns", "r", written) is derived
+    edited = copy.deepcopy(written)
+    edited["metadata"]["generation"] = 2
+    assert reconcile._derived_for("ns", "r", edited) == {}
+    pinned = copy.deepcopy(edited)
+    pinned["status"][PINNED_FIELD] = json.dumps({"workers": {"replicas": 2}})
+    kept = reconcile._derived_for("ns", "r", pinned)
+    assert kept == {} and kept is not reconcile._derived_for("ns", "r", edited)
+    made_again = copy.deepcopy(body)
+    made_again["metadata"]["uid"] = "u2"
+    reconcile._derived_for("ns", "r", body)["run"] = "parsed once"
+    assert reconcile._derived_for("ns", "r", made_again) == {}
+    reconcile._derived_for("ns", "r", body)["run"] = "parsed once"
+    reconcile.forget("ns", "r")
+    assert reconcile._derived_for("ns", "r", body) == {}
