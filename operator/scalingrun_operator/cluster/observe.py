@@ -47,11 +47,13 @@ class Observer:
                     return Read(read_heartbeat(ask.uri, target))
                 return Read(read_manifest(ask.uri, target))
             except StorageError as exc:
+                self._doubt_credentials(ask.store)
                 return Read(error=str(exc), reason=exc.reason)
         if isinstance(ask, Listing):
             try:
                 return Names(tuple(list_names(ask.uri, self.target(ask.store))))
             except StorageError as exc:
+                self._doubt_credentials(ask.store)
                 return Names(error=str(exc))
         if isinstance(ask, Log):
             text, error = self.kube.read_pod_log_tail(self.namespace, ask.pod, ask.container, ask.lines)
@@ -94,8 +96,16 @@ class Observer:
             raise found
         return found
 
+    def _credentials_key(self, store: Store) -> tuple[str, Optional[str], str, str]:
+        return self.namespace, store.secret, store.access_key_id_key, store.secret_access_key_key
+
+    def _doubt_credentials(self, store: Store) -> None:
+        """A read failed: the next look reads the Secret again (its keys may have been rotated since)."""
+        if self.latest and store.secret:
+            self.latest.credentials.forget(self._credentials_key(store))
+
     def _credentials(self, store: Store) -> Credentials:
-        key = (self.namespace, store.secret, store.access_key_id_key, store.secret_access_key_key)
+        key = self._credentials_key(store)
         known = self.latest.credentials.get(key) if self.latest else None
         if known is None:
             known = self.kube.read_credentials(*key)

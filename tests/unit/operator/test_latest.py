@@ -1,7 +1,7 @@
 """What the operator keeps between looks: its copies of runs, children and keys (cluster/latest.py), good for a
 while after the API server showed them, never older than one held, never a deleted object's; what decide derived
 from a run (cluster/reconcile.py); and kopf's diff base, built for the kinds with change handlers only
-(handlers/lifecycle.py)."""
+(handlers/lifecycle.py); a store's keys, read again once a read of the store failed (cluster/observe.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,13 @@ import json
 import kopf
 
 from scalingrun_operator.cluster.latest import Latest, LatestObjects
+from scalingrun_operator.cluster.memory import Memory
+from scalingrun_operator.cluster.observe import Observer
 from scalingrun_operator.cluster.reconcile import Reconciler
 from scalingrun_operator.config import Config
 from scalingrun_operator.decide.pinning import PINNED_FIELD
+from scalingrun_operator.decide.snapshot import PROGRESS, Document, Store
+from scalingrun_operator.storage import Clients, Credentials
 from scalingrun_operator.handlers.lifecycle import ChangeHandledDiffBase
 
 
@@ -138,3 +142,29 @@ def test_a_look_starts_from_what_the_last_look_derived_while_uid_generation_and_
     reconcile._derived_for("ns", "r", body)["run"] = "parsed once"
     reconcile.forget("ns", "r")
     assert reconcile._derived_for("ns", "r", body) == {}
+
+
+class SecretReader:
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def read_credentials(self, namespace, secret, id_key, secret_key):
+        self.reads += 1
+        return Credentials("AKIAEXAMPLE", "not-a-real-secret")
+
+
+def test_a_stores_keys_are_read_once_for_many_looks_and_again_after_a_read_failed():
+    reader, objects = SecretReader(), LatestObjects()
+
+    def observer() -> Observer:
+        return Observer(reader, Config(), Memory(), Clients(), "ns", "r", latest=objects)
+
+    store = Store(endpoint="http://127.0.0.1:9", region="us-east-1", secret="keys")
+    observer().target(store)
+    observer().target(store)
+    assert reader.reads == 1
+    # Loopback is refused by default: a read that fails, as one with a rotated key would.
+    failed = observer().read(Document("s3://bucket/runs/r/progress.json", store, PROGRESS, versioned=True))
+    assert failed.error and reader.reads == 1
+    observer().target(store)
+    assert reader.reads == 2
