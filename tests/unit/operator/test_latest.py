@@ -109,7 +109,7 @@ def test_the_diff_base_is_kopfs_for_runs_and_none_for_pods():
     ours = ChangeHandledDiffBase(prefix="scalingrun.dev", key="last-handled-configuration")
     kopfs = kopf.AnnotationsDiffBaseStorage(prefix="scalingrun.dev", key="last-handled-configuration")
     body = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun",
-            "metadata": {"name": "r", "resourceVersion": "5", "labels": {"team": "a"},
+            "metadata": {"name": "r", "resourceVersion": "5", "labels": {"team": "a"}, "managedFields": [{"x": 1}],
                          "annotations": {"scalingrun.dev/last-handled-configuration": "{}", "note": "x"}},
             "spec": {"workers": {"replicas": 2}}, "status": {"phase": "Training", "training": {"pods": [1] * 100}}}
     assert ours.build(body=kopf.Body(body)) == kopfs.build(body=kopf.Body(body))
