@@ -110,4 +110,13 @@ def _seen(latest: Latest, key: Hashable, event_type: Optional[str], obj: dict[st
     if event_type == "DELETED":
         latest.gone(key, version_of(obj))
     else:
-        latest.seen(key, obj, version_of(obj))
+        latest.seen(key, _without_managed_fields(obj), version_of(obj))
+
+
+def _without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """The object without its managedFields, which nothing reads and which grow with every write (a run's with
+    every status write): most of a kept copy's memory otherwise."""
+    meta = obj.get("metadata") or {}
+    if "managedFields" not in meta:
+        return obj
+    return {**obj, "metadata": {k: v for k, v in meta.items() if k != "managedFields"}}

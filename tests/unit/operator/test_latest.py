@@ -88,9 +88,9 @@ def test_children_are_kept_by_kind_namespace_and_name():
     job = {"kind": "Job", "metadata": {"namespace": "ns", "name": "r-preprocess", "resourceVersion": "5"}}
     mpijob = {"kind": "MPIJob", "metadata": {"namespace": "ns", "name": "r-preprocess", "resourceVersion": "6"}}
     objects.child_seen(None, job)
-    objects.child_seen("MODIFIED", mpijob)
+    objects.child_seen("MODIFIED", {**mpijob, "metadata": {**mpijob["metadata"], "managedFields": [{"manager": "x"}]}})
     assert objects.children.get(("Job", "ns", "r-preprocess")) is job
-    assert objects.children.get(("MPIJob", "ns", "r-preprocess")) is mpijob
+    assert objects.children.get(("MPIJob", "ns", "r-preprocess")) == mpijob, "kept without its managedFields"
     objects.child_seen("DELETED", {**job, "metadata": {**job["metadata"], "resourceVersion": "7"}})
     assert objects.children.get(("Job", "ns", "r-preprocess")) is None
 
