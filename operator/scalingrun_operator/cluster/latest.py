@@ -7,7 +7,8 @@ API requests. A copy stands in for a read for at most `max_age` seconds after th
 event, the answer to a write, a read): a DELETED event lost in a watch gap (kopf's re-list reports none) or a
 Secret rotated costs at most that long. A copy older than one already held is never taken (resourceVersions
 compared as the numbers etcd makes them; a deleted object leaves its last version behind, so that the answer to
-a write that raced its deletion is not taken for it), and a reconcile whose write conflicts reads the object anew.
+a write that raced its deletion is not taken for it), and a reconcile whose write conflicts reads the run and its
+children anew.
 Level-triggered reconciles keep this safe: every change of a run or child is an event that updates the copy
 before it triggers the reconcile that reads it.
 """

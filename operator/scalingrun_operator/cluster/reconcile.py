@@ -87,8 +87,9 @@ class _Reconciler:
                 if body is None or body["metadata"].get("deletionTimestamp"):
                     self._followed(namespace, name, None, None)
                     return None
+                # After a conflict no copy either: a child's may lag behind the write it conflicted with.
                 observer = Observer(self.kube, self.config, self.memory, self.clients, namespace, name, self.pods,
-                                    self.latest)
+                                    self.latest if attempt == 0 else None)
                 moment = clock.now()
                 snapshot = Snapshot(body, moment, derived=self._derived_for(namespace, name, body))
                 try:
