@@ -28,6 +28,9 @@ from typing import Any, Callable, Optional
 from kubernetes import client, watch
 
 from scalingrun_api import models
+# Answers read off the connection, not made into client models: a kubelet spends no CPU on that, and the script's
+# 16 threads doing it (~5 ms a pod) took CPU from the operator on the same cores.
+from scalingrun_operator.cluster.k8s import released
 
 POOL = 16
 SETTLE_AT_MOST = 240.0  # seconds the operator gets to work off its backlog after the last pod change
@@ -187,17 +190,11 @@ def set_phase(core: client.CoreV1Api, namespace: str, name: str, container: str,
     state = {"Running": {"running": {"startedAt": now}},
              "Succeeded": {"terminated": {"exitCode": 0, "reason": "Completed", "finishedAt": now}},
              "OOMKilled": {"terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": now}}}[phase]
-    unread(core.patch_namespaced_pod_status(name, namespace, {"status": {
+    released(core.patch_namespaced_pod_status(name, namespace, {"status": {
         "phase": "Failed" if phase == "OOMKilled" else phase,
         "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now}],
         "containerStatuses": [container_status(container, state)]}}, _preload_content=False))
 
-
-def unread(response: Any) -> None:
-    """The answer read off the connection but not made into client models: a kubelet spends no CPU on that, and
-    the script's 16 threads doing it (~5 ms a pod) took CPU from the operator on the same cores."""
-    response.read()
-    response.release_conn()
 
 
 def default_service_account(core: client.CoreV1Api, namespace: str) -> None:
@@ -211,7 +208,7 @@ def create_unrelated(core: client.CoreV1Api, namespace: str, count: int) -> None
 
     def one(index: int) -> None:
         name = f"other-{index}"
-        unread(core.create_namespaced_pod(namespace, {
+        released(core.create_namespaced_pod(namespace, {
             "metadata": {"name": name, "labels": {"app": "someone-else", "tier": f"t{index % 7}"}},
             "spec": {"automountServiceAccountToken": False,
                      "containers": [{"name": "app", "image": "registry.invalid/app:1"}]}}, _preload_content=False))
@@ -263,7 +260,7 @@ class Scenario:
 
         def create(item: tuple[str, str, str]) -> None:
             run, role, name = item
-            unread(core.create_namespaced_pod(cluster.ns, training_pod(mpijobs[run], role, name),
+            released(core.create_namespaced_pod(cluster.ns, training_pod(mpijobs[run], role, name),
                                               _preload_content=False))
             last_change[run] = time.monotonic()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from tests.support.training import preprocessed_fashion_mnist
 from tests.support.horovodrun import horovodrun
+from tests.support.operator import Bucket
 
 
 BUCKET = "train"
@@ -65,18 +65,13 @@ def run_training(server, config: Path, timeout: int = 400, env: dict | None = No
 
 
 def read_json(server, uri: str) -> dict:
-    """One GetObject. pyarrow's stream asks the object's size and then reads that range, so a document rewritten in
-    between (the trainer rewrites progress.json as it trains) came back cut, and did not parse (a CI run)."""
-    bucket, _, key = uri[len("s3://"):].partition("/")
-    client = _botocore_client(server.endpoint, server.access_key, server.secret_key)
-    return json.loads(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+    """One GetObject (Bucket.get_json). pyarrow's stream asks the object's size and then reads that range, so a
+    document rewritten in between (the trainer rewrites progress.json as it trains) came back cut, and did not
+    parse (a CI run)."""
+    store = _STORES.get(server.endpoint)
+    if store is None:
+        store = _STORES[server.endpoint] = Bucket(server)  # a client once per server: making one takes tens of ms
+    return store.get_json(uri)
 
 
-@functools.lru_cache(maxsize=4)
-def _botocore_client(endpoint: str, access_key: str, secret_key: str):
-    import botocore.session
-    from botocore.config import Config
-
-    return botocore.session.get_session().create_client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=access_key,
-        aws_secret_access_key=secret_key, config=Config(s3={"addressing_style": "path"}))
+_STORES: dict[str, Bucket] = {}  # endpoint -> the tests' client of it

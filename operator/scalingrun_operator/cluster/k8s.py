@@ -48,7 +48,7 @@ def _raw(response: Any) -> dict[str, Any]:
     return json.loads(response.data)
 
 
-def _released(response: Any) -> None:
+def released(response: Any) -> None:
     """Reads an answer nobody needs to its end: a response left unread holds its connection until it is garbage,
     and is then closed, so the next request pays a new TLS handshake (one per Event posted, measured)."""
     response.read()
@@ -125,7 +125,7 @@ class Kube:
         body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid),
                                       grace_period_seconds=grace_seconds)
         try:
-            _released(self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False))
+            released(self.core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False))
             return True
         except ApiException as exc:
             if exc.status in (404, 409):  # gone, or another pod of that name now
@@ -305,7 +305,7 @@ class Kube:
             "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
         }
         try:
-            _released(self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False))
+            released(self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False))
         except ApiException as exc:
             log.warning("cannot post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], exc.reason)
 
