@@ -17,7 +17,7 @@ import pytest
 
 from tests.e2e.environment import CORRUPT_FILES, IMAGES_PER_CLASS, RELEASE, SYSTEM_NAMESPACE
 from tests.support.e2e_runs import (
-    _name, child_objects, children, condition_texts, finished, launcher_log, phase, run_body,
+    _name, child_objects, children, condition_texts, finished, launcher_log, phase, run_body, wait_for_launcher_line,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
@@ -62,19 +62,6 @@ def hand_over_the_lease(cluster) -> tuple[str, str, float]:
             return leader, holder, time.monotonic() - deleted
         time.sleep(0.5)
     pytest.fail(f"no operator pod took the Lease within 120 s of deleting {leader}")
-
-
-def wait_for_launcher_line(cluster, name: str, text: str, timeout: float, after: str = "") -> None:
-    """Waits for a line of rank 0's output (after the last `after` line, when given): the launcher's log is
-    live, status follows at the next poll."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        log = launcher_log(cluster, name)
-        at = log.rfind(after) if after else 0
-        if at >= 0 and text in log[at:]:
-            return
-        time.sleep(1)
-    pytest.fail(f"{name}: no {text!r} in the launcher's log within {timeout:.0f} s:\n{launcher_log(cluster, name)[-3000:]}")
 
 
 def test_a_missing_trainer_image_is_named_within_60_seconds(cluster):

@@ -23,9 +23,11 @@ from scalingrun_operator.builders import build_config_map, build_mpijob, build_p
 from scalingrun_operator.builders.locations import manifest_uri
 from scalingrun_operator.cluster import act
 from scalingrun_operator.cluster.k8s import Kube
+from scalingrun_operator.cluster.latest import LatestObjects
 from scalingrun_operator.cluster.reconcile import Reconciler
 from scalingrun_operator.config import Config
 from scalingrun_operator.decide.children import identity_labels
+from scalingrun_operator.decide.pinning import PINNED_FIELD
 from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_operator.decide.snapshot import Patch
 
@@ -185,3 +187,39 @@ def test_a_suspended_run_never_suspends_an_mpijob_that_is_not_its_own(cluster, t
     assert now["metadata"]["resourceVersion"] == held["metadata"]["resourceVersion"]
     assert now["spec"]["runPolicy"]["suspend"] is False
     assert cluster.condition("mine", "ChildConflict")["status"] == "True"
+
+
+class CountingKube(Kube):
+    def __init__(self, api_client):
+        super().__init__(api_client)
+        self.run_reads = 0
+
+    def get_run(self, namespace, name):
+        self.run_reads += 1
+        return super().get_run(namespace, name)
+
+
+def test_a_stale_copy_of_the_run_costs_a_conflict_and_a_fresh_read_never_a_second_child(cluster, tmp_path):
+    """The operator's copy of a run (cluster/latest.py) lags behind the API server: the look from it writes its
+    pin at the version it saw, conflicts, and the next attempt reads the run anew."""
+    created, _ = new_run(cluster, tmp_path)
+    kube = CountingKube(cluster.core.api_client)
+    latest = LatestObjects()
+    reconcile = Reconciler(kube, Config(**TEST_STORES), latest=latest)
+    reconcile(cluster.ns, "mine")
+    assert kube.run_reads == 1  # no copy yet
+    pinned = cluster.status("mine")[PINNED_FIELD]
+    events = cluster.events("mine")
+    job = cluster.job("mine-preprocess")
+    assert job is not None
+
+    reconcile(cluster.ns, "mine")
+    assert kube.run_reads == 1, "the answer to its own status write was the copy"
+
+    latest.runs.forget((cluster.ns, "mine"))
+    latest.run_seen(None, created)  # as a watch far behind would have it: no status, no pin
+    reconcile(cluster.ns, "mine")
+    assert kube.run_reads == 2, "read anew after the conflict"
+    assert cluster.status("mine")[PINNED_FIELD] == pinned
+    assert cluster.job("mine-preprocess")["metadata"]["uid"] == job["metadata"]["uid"]
+    assert cluster.events("mine") == events, "nothing said twice"

@@ -291,7 +291,9 @@ def test_no_per_run_api_requests_at_rest_and_progress_still_reaches_status(names
         # One reconcile of that run, not of all four (reads of runs are the test's own polling too).
         changed = _per_run_requests(after, _request_counts(api_client))
         reconciles = {k: v for k, v in changed.items() if k[1] != "LIST"}
-        assert reconciles == {("secrets", "GET"): 1, ("scalingruns", "PATCH"): 1}, changed  # read, status written
+        # Its Secret is read again only when the operator's copy of the keys is over 30 s old (cluster/latest.py).
+        assert reconciles.pop(("secrets", "GET"), 0) <= 1, changed
+        assert reconciles == {("scalingruns", "PATCH"): 1}, changed  # the status written
     finally:
         op.stop()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 from typing import Any
 
@@ -78,3 +79,17 @@ def launcher_log(cluster, name: str) -> str:
     result = subprocess.run([*cluster.kubectl, "logs", "-n", cluster.namespace, f"job/{name}-train-launcher",
                              "--tail=-1"], capture_output=True, text=True)
     return result.stdout + result.stderr
+
+
+def wait_for_launcher_line(cluster, name: str, text: str, timeout: float, after: str = "") -> None:
+    """Waits for a line of rank 0's output (after the last `after` line, when given): the launcher's log is
+    live, status follows at the next poll."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        log = launcher_log(cluster, name)
+        at = log.rfind(after) if after else 0
+        if at >= 0 and text in log[at:]:
+            return
+        time.sleep(1)
+    pytest.fail(f"{name}: no {text!r} in the launcher's log within {timeout:.0f} s:\n"
+                f"{launcher_log(cluster, name)[-3000:]}")

@@ -1,7 +1,8 @@
 """observe: the facts decide asks for, read from the API server and object storage for one look.
 
 One Observer serves one look at one run or sweep: it reads the Secret of a store once, however many
-documents the look reads with it. Failures that decide reports as conditions (storage that cannot be
+documents the look reads with it; with the operator's copies (latest.py), a Job, an MPIJob or a store's keys
+shown recently are not read at all. Failures that decide reports as conditions (storage that cannot be
 read, a log that cannot be fetched) become facts; API errors propagate to the reconcile.
 """
 
@@ -16,22 +17,25 @@ from ..decide.snapshot import (
     Store,
 )
 from ..documents import read_heartbeat, read_manifest, read_progress
-from ..storage import Clients, StorageError, StorageTarget, list_names
+from ..storage import Clients, Credentials, StorageError, StorageTarget, list_names
 from .k8s import Kube
+from .latest import LatestObjects
 from .memory import Memory
 from .pod_index import PodIndex
 
 
 class Observer:
     def __init__(self, kube: Kube, config: Config, memory: Memory, clients: Clients, namespace: str, name: str,
-                 pods: Optional[PodIndex] = None):
+                 pods: Optional[PodIndex] = None, latest: Optional[LatestObjects] = None):
         self.kube, self.config, self.memory, self.clients, self.pods = kube, config, memory, clients, pods
+        self.latest = latest
         self.namespace, self.name = namespace, name
         self._targets: dict[Store, Union[StorageTarget, StorageError]] = {}
 
     def read(self, ask: Any) -> Any:
         if isinstance(ask, Child):
-            return self.kube.get_child(ask.kind, self.namespace, ask.name)
+            copy = self.latest and self.latest.children.get((ask.kind, self.namespace, ask.name))
+            return copy or self.kube.get_child(ask.kind, self.namespace, ask.name)
         if isinstance(ask, Pods):
             return PodList(tuple(self._pods()), MappingProxyType(self.memory.deleted_pods()))
         if isinstance(ask, Document):
@@ -43,11 +47,13 @@ class Observer:
                     return Read(read_heartbeat(ask.uri, target))
                 return Read(read_manifest(ask.uri, target))
             except StorageError as exc:
+                self._doubt_credentials(ask.store)
                 return Read(error=str(exc), reason=exc.reason)
         if isinstance(ask, Listing):
             try:
                 return Names(tuple(list_names(ask.uri, self.target(ask.store))))
             except StorageError as exc:
+                self._doubt_credentials(ask.store)
                 return Names(error=str(exc))
         if isinstance(ask, Log):
             text, error = self.kube.read_pod_log_tail(self.namespace, ask.pod, ask.container, ask.lines)
@@ -80,8 +86,7 @@ class Observer:
                         "(SCALINGRUN_POD_IDENTITY_READS) and gives its ServiceAccount an IAM role that may read the "
                         "run's documents (docs/security.md, \"Pod identity\")")
                 if store.secret:
-                    credentials = self.kube.read_credentials(self.namespace, store.secret, store.access_key_id_key,
-                                                             store.secret_access_key_key)
+                    credentials = self._credentials(store)
                 self._targets[store] = self.config.storage_target(store.endpoint, store.region, credentials,
                                                                   self.clients)
             except StorageError as exc:
@@ -90,3 +95,20 @@ class Observer:
         if isinstance(found, StorageError):
             raise found
         return found
+
+    def _credentials_key(self, store: Store) -> tuple[str, Optional[str], str, str]:
+        return self.namespace, store.secret, store.access_key_id_key, store.secret_access_key_key
+
+    def _doubt_credentials(self, store: Store) -> None:
+        """A read failed: the next look reads the Secret again (its keys may have been rotated since)."""
+        if self.latest and store.secret:
+            self.latest.credentials.forget(self._credentials_key(store))
+
+    def _credentials(self, store: Store) -> Credentials:
+        key = self._credentials_key(store)
+        known = self.latest.credentials.get(key) if self.latest else None
+        if known is None:
+            known = self.kube.read_credentials(*key)
+            if self.latest:
+                self.latest.credentials.seen(key, known)
+        return known

@@ -14,6 +14,7 @@ from ..config import Config
 from ..storage import Clients
 from .coalesce import Coalescer
 from .k8s import Kube, new_api_client
+from .latest import LatestObjects
 from .memory import Memory
 from .metrics import Metrics
 from .pod_index import PodIndex
@@ -40,7 +41,10 @@ class Runtime:
             config.recheck_interval_seconds, workers=1)
         # The runs' pods from the pod watch (handlers.runs.pod_changed feeds it), not a list per reconcile.
         self.pods = PodIndex(config.pod_resync_seconds)
-        self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients, self.pods)
+        # The runs, their Jobs and MPIJobs from their watches, and the stores' keys, not a read per reconcile.
+        self.latest = LatestObjects()
+        self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients, self.pods,
+                               self.latest)
         # One reconcile per run at a time; pod events at most one per run per second, a burst of them one
         # (cluster/coalesce.py), in a pool of their own: the pod handler never waits for a reconcile.
         self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0, workers=config.max_workers,
@@ -92,6 +96,7 @@ class Runtime:
 
     def forget_run(self, namespace: str, name: str) -> None:
         self.memory.forget(("run", namespace, name))
+        self.runs.forget(namespace, name)
         self.pods.forget(namespace, name)
         self.run_triggers.forget((namespace, name))
         self.watcher.forget(namespace, name)

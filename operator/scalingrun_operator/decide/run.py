@@ -27,6 +27,16 @@ from .status import (
 from .training import decide_training
 
 
+PARSED_METADATA = ("name", "namespace")  # all that is read of the parsed run's metadata (builders: the name)
+
+
+def derived_signature(body: dict[str, Any]) -> tuple[Any, ...]:
+    """What the values decide derives from a run (`Snapshot.derive`: its parsed spec, the children it renders, the
+    changes it ignores) depend on: the same signature, the same values, so a look may start from the last one's."""
+    meta = body["metadata"]
+    return meta.get("uid"), meta.get("generation"), pinning.pinned_of(body)  # a spec edit moves the generation
+
+
 def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
     """What to do about the run in `snapshot.obj`. Raises NeedMore for a fact the snapshot lacks."""
     body = snapshot.obj
@@ -51,7 +61,7 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
             draft.pin = pinning.pin(body["spec"])
             draft.update.desired[pinning.PINNED_FIELD] = draft.pin
         else:
-            _record_ignored_changes(draft.update, body["spec"], pinned)
+            _record_ignored_changes(snapshot, draft.update, body["spec"], pinned)
         logs = logs_uri(run)
         if len(logs) <= MAX_URI_CHARS:  # a cut URI would name another folder
             draft.update.desired["logs"] = logs
@@ -78,8 +88,10 @@ def _refusal(run: ScalingRun, settings: Settings) -> Optional[str]:
 
 
 def _parse(body: dict[str, Any], spec: dict[str, Any], trainer_images: str) -> tuple[Optional[ScalingRun], str]:
-    """(the run, '') or (None, what is wrong with its spec)."""
-    document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": body["metadata"], "spec": spec}
+    """(the run, '') or (None, what is wrong with its spec). Not the server's metadata (managedFields grows with
+    every status write, and the model keeps what it does not know): nothing derived from the run reads it."""
+    meta = {k: v for k, v in body["metadata"].items() if k in PARSED_METADATA}
+    document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec}
     try:
         return with_default_image(parse_scalingrun(document), trainer_images), ""
     except InvalidScalingRun as exc:
@@ -102,8 +114,8 @@ def _restart_after_invalid_spec(update: StatusUpdate) -> None:
     update.set_phase(Phase.pending.value, "spec edited after InvalidSpec; validating again")
 
 
-def _record_ignored_changes(update: StatusUpdate, spec: dict[str, Any], pinned: str) -> None:
-    changed = pinning.ignored_changes(spec, pinned)
+def _record_ignored_changes(snapshot: Snapshot, update: StatusUpdate, spec: dict[str, Any], pinned: str) -> None:
+    changed = snapshot.derive("ignored", lambda: pinning.ignored_changes(spec, pinned))
     existing = get_condition(update.desired["conditions"], SPEC_CHANGE_IGNORED)
     if changed:
         message = pinning.ignored_message(changed)

@@ -155,7 +155,8 @@ class Snapshot:
     now: dt.datetime
     facts: Mapping[Hashable, Any] = field(default_factory=lambda: MappingProxyType({}))
     # What decide derived from `obj` alone (the parsed spec, the children it renders), kept across the rounds of
-    # one look so that each ask does not parse and render again; it never changes a result.
+    # one look so that each ask does not parse and render again, and across looks while `obj`'s signature
+    # (decide.run.derived_signature) stays the same; it never changes a result.
     derived: dict[Hashable, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def derive(self, key: Hashable, make: Callable[[], Any]) -> Any:

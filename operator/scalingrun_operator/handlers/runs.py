@@ -32,8 +32,9 @@ def spec_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
 # track and pod_changed are coroutines: they only note what came and never wait for a reconcile, so kopf runs them
 # in its loop instead of handing each of thousands of events to a worker thread and back.
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def track(type: Optional[str], uid: str, namespace: str, name: str, status: dict[str, Any], memo: kopf.Memo,
-                **_: Any) -> None:
+async def track(type: Optional[str], body: kopf.Body, uid: str, namespace: str, name: str, status: dict[str, Any],
+                memo: kopf.Memo, **_: Any) -> None:
+    memo.runtime.latest.run_seen(type, dict(body))  # what the next reconcile starts from, not a GET
     deleted = type == "DELETED"
     memo.runtime.metrics.observe_run(uid, status.get("phase"), deleted=deleted)
     if deleted:
@@ -47,8 +48,10 @@ def child_changed(type: Optional[str], body: kopf.Body, namespace: str, memo: ko
 
     A deleted child is found by the reconcile itself (status records it), so one deleted while the operator
     was down counts too."""
-    owner = controller_name(dict(body), KIND)
-    if owner and memo.runtime.memory.child_event_matters(type, dict(body)):
+    child = dict(body)
+    memo.runtime.latest.child_seen(type, child)  # before the trigger: the reconcile reads it
+    owner = controller_name(child, KIND)
+    if owner and memo.runtime.memory.child_event_matters(type, child):
         memo.runtime.reconcile_run(namespace, owner, "child")
 
 
