@@ -71,6 +71,23 @@ def requests_total(text: str) -> float:
     return metric_sum(text, "apiserver_request_total", lambda labels: not re.search(r'(^|,)resource=""', labels))
 
 
+def requests_by_resource(text: str) -> dict[str, float]:
+    """apiserver_request_total by "resource verb", every client's."""
+    counts: dict[str, float] = {}
+    for match in re.finditer(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+        if labels.get("resource"):
+            key = f"{labels['resource']} {labels.get('verb', '')}"
+            counts[key] = counts.get(key, 0.0) + float(match["value"])
+    return counts
+
+
+def _most(end: dict[str, float], start: dict[str, float], count: int = 12) -> dict[str, int]:
+    """The `count` largest differences, the bench's own requests included."""
+    grown = {k: int(v - start.get(k, 0.0)) for k, v in end.items() if v > start.get(k, 0.0)}
+    return dict(sorted(grown.items(), key=lambda kv: -kv[1])[:count])
+
+
 def pod_lists(text: str) -> float:
     """Namespaced LISTs of pods: the reconcile's (kopf lists cluster-wide)."""
     return metric_sum(text, "apiserver_request_total",
@@ -227,10 +244,11 @@ class Scenario:
         self.label, self.runs, self.workers = label, runs, workers
         self.drive, self.create_all = drive, create_all
 
-    def _snapshot(self) -> dict[str, Optional[float]]:
+    def _snapshot(self) -> dict[str, Any]:
         text = server_metrics(self.bench.api)
         return {"cpu": self.operator.cpu_seconds(), "requests": requests_total(text), "mine": self.counting.count,
-                "pod_lists": pod_lists(text), "reconciles": operator_reconciles(self.port), "wall": time.monotonic()}
+                "pod_lists": pod_lists(text), "reconciles": operator_reconciles(self.port), "wall": time.monotonic(),
+                "by_resource": requests_by_resource(text)}
 
     def run(self) -> dict[str, Any]:
         bench, core = self.bench, self.bench.core
@@ -303,6 +321,7 @@ class Scenario:
             "cpu_s": end["cpu"] - start["cpu"], "peak_rss_mib": self.operator.peak_rss,
             "api_requests": (end["requests"] - start["requests"]) - (end["mine"] - start["mine"]),
             "reconciles": reconciles, "pod_lists": end["pod_lists"] - start["pod_lists"],
+            "requests_by_resource": _most(end["by_resource"], start["by_resource"]),
             "pod_phase_reconciles_per_run_s": pod_reconciles / self.runs / pod_seconds, "pod_phase_s": pod_seconds,
             "largest_status_kib": statuses.largest / 1024,
             "lag_p50_s": percentile(lags, 0.5), "lag_p95_s": percentile(lags, 0.95),

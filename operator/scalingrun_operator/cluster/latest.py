@@ -20,6 +20,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Optional
 
+# The child kinds whose watch (handlers.runs.child_changed) keeps a copy current; a ConfigMap is not watched, and a
+# copy of one would hide its deletion or an edit for max_age.
+WATCHED_CHILD_KINDS = frozenset({"Job", "MPIJob"})
 RUN_MAX_AGE_SECONDS = 60.0
 CHILD_MAX_AGE_SECONDS = 60.0
 CREDENTIALS_MAX_AGE_SECONDS = 30.0  # a rotated key is used within this long
@@ -105,6 +108,12 @@ class LatestObjects:
     def child_seen(self, event_type: Optional[str], child: dict[str, Any]) -> None:
         meta = child["metadata"]
         _seen(self.children, (child.get("kind"), meta.get("namespace"), meta["name"]), event_type, child)
+
+    def child_read(self, kind: str, namespace: str, child: Optional[dict[str, Any]]) -> None:
+        """A child as a read found it (None: absent), kept for a watched kind only: a Job or MPIJob that no event
+        moved for max_age is read once, then served from the copy again."""
+        if child is not None and kind in WATCHED_CHILD_KINDS:
+            _seen(self.children, (kind, namespace, child["metadata"]["name"]), None, child)
 
 
 def _seen(latest: Latest, key: Hashable, event_type: Optional[str], obj: dict[str, Any]) -> None:

@@ -35,7 +35,12 @@ class Observer:
     def read(self, ask: Any) -> Any:
         if isinstance(ask, Child):
             copy = self.latest and self.latest.children.get((ask.kind, self.namespace, ask.name))
-            return copy or self.kube.get_child(ask.kind, self.namespace, ask.name)
+            if copy:
+                return copy
+            found = self.kube.get_child(ask.kind, self.namespace, ask.name)
+            if self.latest:
+                self.latest.child_read(ask.kind, self.namespace, found)
+            return found
         if isinstance(ask, Pods):
             return PodList(tuple(self._pods()), MappingProxyType(self.memory.deleted_pods()))
         if isinstance(ask, Document):

@@ -128,7 +128,10 @@ class Reconciler(_Reconciler):
             copy = self.latest.runs.get((namespace, name))
             if copy is not None:
                 return copy
-        return self.kube.get_run(namespace, name)
+        found = self.kube.get_run(namespace, name)
+        if self.latest is not None and found is not None:
+            self.latest.run_seen(None, found)  # the next look starts from it, however long no event came
+        return found
 
     def _distrust(self, namespace: str, name: str) -> None:
         if self.latest is not None:

@@ -16,7 +16,7 @@ from scalingrun_operator.cluster.observe import Observer
 from scalingrun_operator.cluster.reconcile import Reconciler
 from scalingrun_operator.config import Config
 from scalingrun_operator.decide.pinning import PINNED_FIELD
-from scalingrun_operator.decide.snapshot import PROGRESS, Document, Store
+from scalingrun_operator.decide.snapshot import PROGRESS, Child, Document, Store
 from scalingrun_operator.storage import Clients, Credentials
 from scalingrun_operator.handlers.lifecycle import ChangeHandledDiffBase
 
@@ -168,3 +168,31 @@ def test_a_stores_keys_are_read_once_for_many_looks_and_again_after_a_read_faile
     assert failed.error and reader.reads == 1
     observer().target(store)
     assert reader.reads == 2
+
+
+class ChildReader:
+    """get_child of a Kube: counts the reads of each kind."""
+
+    def __init__(self) -> None:
+        self.reads: dict[str, int] = {}
+
+    def get_child(self, kind, namespace, name):
+        self.reads[kind] = self.reads.get(kind, 0) + 1
+        return {"kind": kind, "metadata": {"namespace": namespace, "name": name, "resourceVersion": "9"}}
+
+
+def test_a_watched_child_read_once_is_served_from_its_copy_and_a_configmap_is_read_every_look():
+    reader, objects = ChildReader(), LatestObjects()
+    for _ in range(3):
+        observer = Observer(reader, Config(), Memory(), Clients(), "ns", "r", latest=objects)
+        for kind in ("Job", "MPIJob", "ConfigMap"):
+            assert observer.read(Child(kind, f"r-{kind.lower()}"))["metadata"]["name"] == f"r-{kind.lower()}"
+    # A ConfigMap has no watch: a copy of it would hide its deletion or an edit.
+    assert reader.reads == {"Job": 1, "MPIJob": 1, "ConfigMap": 3}
+    # Deleted since (its watch event): read again, and the older read's answer is not taken back.
+    objects.child_seen("DELETED", {"kind": "Job", "metadata": {"namespace": "ns", "name": "r-job",
+                                                               "resourceVersion": "10"}})
+    objects.child_read("Job", "ns", {"metadata": {"namespace": "ns", "name": "r-job", "resourceVersion": "9"}})
+    Observer(reader, Config(), Memory(), Clients(), "ns", "r", latest=objects).read(Child("Job", "r-job"))
+    assert reader.reads["Job"] == 2
+
