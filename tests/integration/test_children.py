@@ -223,3 +223,19 @@ def test_a_stale_copy_of_the_run_costs_a_conflict_and_a_fresh_read_never_a_secon
     assert cluster.status("mine")[PINNED_FIELD] == pinned
     assert cluster.job("mine-preprocess")["metadata"]["uid"] == job["metadata"]["uid"]
     assert cluster.events("mine") == events, "nothing said twice"
+
+
+def test_a_copy_of_a_run_deleted_since_ends_the_look_without_an_error(cluster, tmp_path):
+    """The copy still shows a run the API server no longer has (its DELETED event not come yet): the look's write
+    gets a 404, and the next attempt reads the run anew, finds none and stops, with no error for kopf to log."""
+    created, _ = new_run(cluster, tmp_path)
+    kube = CountingKube(cluster.core.api_client)
+    latest = LatestObjects()
+    reconcile = Reconciler(kube, Config(**TEST_STORES), latest=latest)
+    reconcile(cluster.ns, "mine")
+    cluster.delete_run("mine")
+    latest.runs.forget((cluster.ns, "mine"))
+    latest.run_seen(None, created)  # as before its first look: the look writes its pin, at once
+    assert reconcile(cluster.ns, "mine") is None
+    assert kube.run_reads == 2, "read anew after the 404"
+

@@ -96,8 +96,10 @@ class _Reconciler:
                     decision = look(snapshot, self._decide, observer.read, settings_of(self.config))
                     act.apply(self.kube, self.metrics, body, decision, moment, self._patch_status())
                 except ApiException as exc:
-                    if exc.status == 409 and attempt < ATTEMPTS - 1:
-                        log.debug("%s/%s changed while reconciling; again", namespace, name)
+                    # 409: the object or a child moved on since it was read; 404: it or a child is gone (a copy may
+                    # still show a run deleted since). Either way, look again from what the API server has now.
+                    if exc.status in (404, 409) and attempt < ATTEMPTS - 1:
+                        log.debug("%s/%s changed while reconciling (HTTP %s); again", namespace, name, exc.status)
                         attempt += 1
                         continue
                     self._distrust(namespace, name)
