@@ -23,7 +23,7 @@ import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from kubernetes import client, watch
 
@@ -59,12 +59,14 @@ def server_metrics(api: client.ApiClient) -> str:
     return api.call_api("/metrics", "GET", auth_settings=["BearerToken"], _preload_content=False)[0].data.decode()
 
 
-def metric_sum(text: str, name: str, where: Callable[[str], bool] = lambda labels: True) -> float:
-    total = 0.0
+def metric_lines(text: str, name: str) -> Iterator[tuple[str, float]]:
+    """(labels, value) of each sample of metric `name` in a /metrics text."""
     for match in re.finditer(rf"^{name}\{{(?P<labels>[^}}]*)\}} (?P<value>\S+)$", text, re.M):
-        if where(match["labels"]):
-            total += float(match["value"])
-    return total
+        yield match["labels"], float(match["value"])
+
+
+def metric_sum(text: str, name: str, where: Callable[[str], bool] = lambda labels: True) -> float:
+    return sum((value for labels, value in metric_lines(text, name) if where(labels)), 0.0)
 
 
 def requests_total(text: str) -> float:
@@ -74,11 +76,11 @@ def requests_total(text: str) -> float:
 def requests_by_resource(text: str) -> dict[str, float]:
     """apiserver_request_total by "resource verb", every client's."""
     counts: dict[str, float] = {}
-    for match in re.finditer(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$", text, re.M):
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', match["labels"]))
+    for text_labels, value in metric_lines(text, "apiserver_request_total"):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', text_labels))
         if labels.get("resource"):
             key = f"{labels['resource']} {labels.get('verb', '')}"
-            counts[key] = counts.get(key, 0.0) + float(match["value"])
+            counts[key] = counts.get(key, 0.0) + value
     return counts
 
 
@@ -211,7 +213,6 @@ def set_phase(core: client.CoreV1Api, namespace: str, name: str, container: str,
         "phase": "Failed" if phase == "OOMKilled" else phase,
         "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now}],
         "containerStatuses": [container_status(container, state)]}}, _preload_content=False))
-
 
 
 def default_service_account(core: client.CoreV1Api, namespace: str) -> None:

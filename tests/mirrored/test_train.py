@@ -18,6 +18,7 @@ from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.core.scaling import scale_run
 from tests.support.training import assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, epoch_saved_before_a_rank_was_killed, preprocessed_fashion_mnist, the_one_mlflow_run, validation_split
+from tests.support.operator import read_json
 from tests.support.stall import TEST_TIMEOUT_SECONDS, frozen_mpirun
 
 pytestmark = [pytest.mark.mirrored, pytest.mark.s3]
@@ -76,10 +77,6 @@ def run_training(mpirun, server, config: Path, *extra: dict[str, str], timeout: 
     env = environment(server, *extra)
     return subprocess.run(command(mpirun, config, env), capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **env})
-
-
-def read_json(server, uri: str) -> dict:
-    return json.loads(server.filesystem().open_input_stream(uri[len("s3://"):]).read())
 
 
 def listing(server, uri: str) -> list[str]:

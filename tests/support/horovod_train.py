@@ -15,7 +15,7 @@ from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
 from tests.support.training import preprocessed_fashion_mnist
 from tests.support.horovodrun import horovodrun
-from tests.support.operator import Bucket
+from tests.support.operator import read_json  # noqa: F401 - the train tests' reader
 
 
 BUCKET = "train"
@@ -62,16 +62,3 @@ def run_training(server, config: Path, timeout: int = 400, env: dict | None = No
                  processes: int = 2) -> subprocess.CompletedProcess:
     return subprocess.run(train_command(config, processes), capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **server.env(), "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})})
-
-
-def read_json(server, uri: str) -> dict:
-    """One GetObject (Bucket.get_json). pyarrow's stream asks the object's size and then reads that range, so a
-    document rewritten in between (the trainer rewrites progress.json as it trains) came back cut, and did not
-    parse (a CI run)."""
-    store = _STORES.get(server.endpoint)
-    if store is None:
-        store = _STORES[server.endpoint] = Bucket(server)  # a client once per server: making one takes tens of ms
-    return store.get_json(uri)
-
-
-_STORES: dict[str, Bucket] = {}  # endpoint -> the tests' client of it

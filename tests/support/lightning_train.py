@@ -9,6 +9,7 @@ import pytest
 
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.config import build_trainer_config
+from tests.support.operator import read_json  # noqa: F401 - the train tests' reader
 from tests.support.training import preprocessed_fashion_mnist
 
 
@@ -46,5 +47,3 @@ def command(mpirun: list[str], python: str, config: Path) -> list[str]:
     return [*mpirun, python, "-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
 
 
-def read_json(server, uri: str) -> dict:
-    return json.loads(server.filesystem().open_input_stream(uri[len("s3://"):]).read())

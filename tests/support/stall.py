@@ -4,13 +4,14 @@ for mpirun to end."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.support.operator import read_json
 
 # The short watch the tests train under (production: 300 s), so that a stall ends in well under a minute;
 # SCALINGRUN_TEST_STALL_TIMEOUT=300 measures the default (then give the tests' exit wait more room too).
@@ -39,15 +40,6 @@ def _ranks(job: subprocess.Popen) -> dict[int, "psutil.Process"]:  # noqa: F821
     return ranks
 
 
-def _read_json(filesystem, path: str) -> "dict | None":
-    """The document, or None when it was rewritten while read: pyarrow's stream takes the object's size, then reads
-    that range, so a heartbeat.json rewritten in between comes back cut or with the old one's tail (a CI run)."""
-    try:
-        return json.loads(filesystem.open_input_stream(path).read())
-    except json.JSONDecodeError:
-        return None
-
-
 def freeze_rank_1_while_training(job: subprocess.Popen, s3_server, heartbeat_at: str, deadline_s: float,
                                  exit_s: float) -> FrozenRun:
     """Waits (up to deadline_s) until heartbeat.json (`heartbeat_at`, bucket/key) has been written twice during
@@ -62,9 +54,7 @@ def freeze_rank_1_while_training(job: subprocess.Popen, s3_server, heartbeat_at:
     try:
         while time.monotonic() < deadline and job.poll() is None:
             if filesystem.get_file_info(heartbeat_at).type == pafs.FileType.File:
-                beat = _read_json(filesystem, heartbeat_at)
-                if beat is None:
-                    continue  # rewritten while read: the next pass reads the new one
+                beat = read_json(s3_server, f"s3://{heartbeat_at}")
                 if beat["phase"] in ("training", "validation") and (not seen or beat["time"] > seen[-1]["time"]):
                     seen.append(beat)
                 if len(seen) >= 2 and seen[-1]["step"] > seen[0]["step"]:
