@@ -5,27 +5,97 @@
 # builder is beside the checkout (../shared/envtest), it is built (cached). An existing cluster is used only
 # when named for the tests: SCALINGRUN_TEST_KUBECONFIG=<path> (an ambient KUBECONFIG is never used).
 # With arguments, only pytest runs, with them: scripts/test.sh tests/unit -x
+#
+# The whole run goes in phases, each timed (docs/testing.md, "The budget"):
+#   setup        the venvs (scripts/setup.sh)
+#   builds       in the background: the API server's binaries, then the node cluster and the e2e's images
+#   unit         tests/unit and tests/chart, which need neither, while the builds run
+#   integration  the rest of pytest but the e2e, once the API server's binaries are there
+#   e2e          scripts/e2e.sh, once the node cluster and the images are built
+# pytest runs on SCALINGRUN_TEST_WORKERS processes (pytest-xdist, default 3; 0 = one process): the tests that
+# train go one after another on one of them (tests/conftest.py), the others by file. At the end the phases and the
+# 25 slowest tests are printed (scripts/test_budget.py), and kept in .scalingrun/test-budget/.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-bash scripts/setup.sh
-# The PyTorch Lightning venv (.venv-lightning), for tests/lightning: the whole suite, or arguments naming it.
-if [[ $# -eq 0 || "$*" == *lightning* ]]; then SCALINGRUN_PROFILE=lightning bash scripts/setup.sh; fi
 NODE_BUILDER="${SCALINGRUN_NODE_DIR:-$ROOT/../shared/node}/build.sh"
 ENVTEST_BUILDER="${SCALINGRUN_ENVTEST_BUILDER:-$ROOT/../shared/envtest/build-assets.sh}"
+WORKERS="${SCALINGRUN_TEST_WORKERS:-3}"
 unset KUBECONFIG
-if [[ -z "${KUBEBUILDER_ASSETS:-}" && -z "${SCALINGRUN_TEST_KUBECONFIG:-}" && -x "$ENVTEST_BUILDER" ]]; then
-  # The node cluster's build makes the same API server with the node's components too: it goes first,
-  # or a cached API-server-only build would stand in its way.
-  if [[ $# -eq 0 && -x "$NODE_BUILDER" ]]; then bash "$NODE_BUILDER" >/dev/null; fi
-  KUBEBUILDER_ASSETS="$(bash "$ENVTEST_BUILDER" | tail -n1)"
-  export KUBEBUILDER_ASSETS
-fi
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+# Whether this run builds its own API server (and, for the whole suite, the node cluster).
+builds_api_server() { [[ -z "${KUBEBUILDER_ASSETS:-}" && -z "${SCALINGRUN_TEST_KUBECONFIG:-}" && -x "$ENVTEST_BUILDER" ]]; }
+# The node builder makes the API server's binaries with the node's own beside them (and finds a cache without them
+# lacking), so with a node builder they are built with the scheduler and kube-proxy too, in one go: the node
+# builder then finds them built and relinks only its kubelet.
+api_server_binaries() {
+  local what="cmd/kube-apiserver cmd/kube-controller-manager"
+  [[ ! -x "$NODE_BUILDER" ]] || what+=" cmd/kube-scheduler cmd/kube-proxy"
+  WHAT="$what" bash "$ENVTEST_BUILDER" | tail -n1
+}
+
 if [[ $# -gt 0 ]]; then
+  bash scripts/setup.sh
+  # The PyTorch Lightning venv (.venv-lightning), for tests/lightning.
+  if [[ "$*" == *lightning* ]]; then SCALINGRUN_PROFILE=lightning bash scripts/setup.sh; fi
+  if builds_api_server; then KUBEBUILDER_ASSETS="$(api_server_binaries)"; export KUBEBUILDER_ASSETS; fi
   exec "$ROOT/.venv/bin/python" -m pytest "$@"
 fi
+
+BUDGET="$ROOT/.scalingrun/test-budget"
+rm -rf "$BUDGET" && mkdir -p "$BUDGET"
+T0=$SECONDS
+log() { printf '[test %s] %s\n' "$(date +%T)" "$*" >&2; }
+# phase NAME COMMAND...: runs the command, and records when it started (seconds from the start) and how long it took.
+phase() {
+  local name="$1" start=$SECONDS rc=0
+  shift
+  log "$name: started"
+  "$@" || rc=$?
+  printf '%s\t%d\t%d\t%d\n' "$name" $((start - T0)) $((SECONDS - start)) "$rc" >> "$BUDGET/phases.tsv"
+  log "$name: $((SECONDS - start)) s (exit $rc)"
+  return "$rc"
+}
+xdist_args() { if [[ "$WORKERS" -gt 0 ]]; then echo "-n $WORKERS --dist loadgroup"; fi; }
+pytest_phase() {  # pytest_phase NAME ARGS...: pytest with the phase's junit report (for the slowest tests)
+  local name="$1"; shift
+  # shellcheck disable=SC2046
+  "$ROOT/.venv/bin/python" -m pytest $(xdist_args) --junitxml="$BUDGET/$name.xml" "$@"
+}
+setup() { bash scripts/setup.sh && SCALINGRUN_PROFILE=lightning bash scripts/setup.sh; }
+
+# The API server's binaries, then the node cluster and the e2e's images: one background chain, whose first step
+# the integration tests wait for (the file "assets").
+build_api_server() { api_server_binaries > "$BUDGET/assets.tmp" && mv "$BUDGET/assets.tmp" "$BUDGET/assets"; }
+build_node_cluster() { bash "$NODE_BUILDER" > /dev/null; }
+build_e2e_images() { bash scripts/build-images.sh > /dev/null; }
+builds() {
+  if builds_api_server; then phase "build: API server" build_api_server || return 1; fi
+  if [[ -z "${SCALINGRUN_TEST_KUBECONFIG:-}" && -x "$NODE_BUILDER" ]]; then
+    phase "build: node cluster" build_node_cluster || return 1
+    # scripts/e2e.sh builds them again, from Docker's cache: seconds.
+    phase "build: e2e images" build_e2e_images || return 1
+  fi
+}
+# Waits for the background chain to have made the API server's binaries (or to have ended without them).
+wait_for_api_server() {
+  while [[ ! -s "$BUDGET/assets" ]] && kill -0 "$BUILDS" 2>/dev/null; do sleep 1; done
+  [[ -s "$BUDGET/assets" ]] || { log "the API server's build failed: $BUDGET/builds.log"; tail -n 30 "$BUDGET/builds.log" >&2; return 1; }
+  KUBEBUILDER_ASSETS="$(cat "$BUDGET/assets")"
+  export KUBEBUILDER_ASSETS
+}
+
 status=0
-"$ROOT/.venv/bin/python" -m pytest -m "not e2e" || status=$?
-bash scripts/e2e.sh || status=$?
+phase setup setup
+builds > "$BUDGET/builds.log" 2>&1 &
+BUILDS=$!
+phase unit pytest_phase unit tests/unit tests/chart || status=$?
+if builds_api_server; then phase "wait: API server build" wait_for_api_server || status=$?; fi
+phase integration pytest_phase integration -m "not e2e" --ignore=tests/unit --ignore=tests/chart || status=$?
+builds_status=0
+phase "wait: node cluster and images" wait "$BUILDS" || builds_status=$?
+if [[ "$builds_status" -ne 0 ]]; then log "a build failed: $BUDGET/builds.log"; tail -n 30 "$BUDGET/builds.log" >&2; fi
+phase e2e bash scripts/e2e.sh --junitxml="$BUDGET/e2e.xml" || status=$?
+printf '%s\t%d\t%d\t%d\n' "in all" 0 $((SECONDS - T0)) "$status" >> "$BUDGET/phases.tsv"
+"$ROOT/.venv/bin/python" scripts/test_budget.py "$BUDGET" || true
 exit "$status"

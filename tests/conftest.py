@@ -18,6 +18,22 @@ from tests.support.env import NAMED_KUBECONFIG, ROOT, TEST_KUBECONFIG_VARIABLE, 
 from tests.support.apiserver import api_server, free_port, install_crd, mpijob_crd_document
 
 
+# Tests that train under horovodrun or mpirun keep both cores busy: with pytest-xdist (scripts/test.sh runs
+# `-n N --dist loadgroup`) they go one after another on one worker, beside the tests that mostly wait on an API
+# server, an operator or a store. Every other test runs on the worker of its file, with its file's module fixtures.
+TRAINING_MARKERS = ("horovod", "lightning", "mirrored")
+TRAINING_LANE = "training"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
+def pytest_collection_modifyitems(config, items):
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    for item in items:
+        trains = any(item.get_closest_marker(marker) for marker in TRAINING_MARKERS)
+        item.add_marker(pytest.mark.xdist_group(TRAINING_LANE if trains else item.location[0]))
+
+
 @pytest.fixture(scope="session")
 def kubeconfig(tmp_path_factory) -> str:
     """A kubeconfig for a real API server: the cluster SCALINGRUN_TEST_KUBECONFIG names, else one started
