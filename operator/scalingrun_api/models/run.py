@@ -73,7 +73,9 @@ class TaintEffect(str, Enum):
 
 
 class Toleration(ApiModel):
-    """A pod toleration, as in the Pod API."""
+    """A pod toleration, as in the Pod API. Frozen: the operator's default GPU tolerations are shared constants."""
+
+    model_config = ConfigDict(**ApiModel.model_config, frozen=True)
 
     key: Optional[str] = Field(None, description="Taint key; empty with Exists matches all taints.")
     operator: TolerationOperator = Field(TolerationOperator.equal, description="Exists or Equal.")
@@ -92,9 +94,10 @@ class Workers(ApiModel):
         1, ge=0, le=16, description="GPUs per worker, = training processes (MPI slots) per worker, except under "
         "multi-worker-mirrored (one process using them all); 0 trains on CPU (1 slot)."
     )
-    gpu_resource: str = Field(
-        DEFAULT_GPU_RESOURCE, description="The extended resource the GPUs are asked for as (limits of each worker): "
-        "nvidia.com/gpu, a MIG profile such as nvidia.com/mig-3g.40gb, or another device plugin's (amd.com/gpu).",
+    # No default in the CRD: the API server would write one into the specs of runs started before the field.
+    gpu_resource: Optional[str] = Field(
+        None, description="The extended resource the GPUs are asked for as (limits of each worker): a MIG profile "
+        f"such as nvidia.com/mig-3g.40gb, or another device plugin's (amd.com/gpu). Default: {DEFAULT_GPU_RESOURCE}.",
         pattern=EXTENDED_RESOURCE_PATTERN, max_length=253,
     )
     cpu: Optional[Quantity] = Field(None, description="CPU per worker, e.g. 8: request, and limit unless "

@@ -9,7 +9,7 @@ from scalingrun_api.engines import engine
 from scalingrun_api.heartbeat import COLLECTIVE_TIMEOUT_VARIABLE, collective_timeout_seconds
 from scalingrun_api.models import ScalingRun, Toleration, Workers, quantity_value
 from scalingrun_api.models.common import duration_seconds
-from scalingrun_api.models.run import DEFAULT_SHARED_MEMORY, SMALL_POD_MEMORY
+from scalingrun_api.models.run import DEFAULT_GPU_RESOURCE, DEFAULT_SHARED_MEMORY, SMALL_POD_MEMORY
 from scalingrun_api.models.training import CONFIG_VARIABLE
 from .common import (
     CONFIG_FILE,
@@ -245,7 +245,7 @@ def build_mpijob(run: ScalingRun, namespace: str,
         "command": WORKER_COMMAND,
         "env": rank_env(run),
         "resources": resources(w.cpu, w.memory, w.gpus_per_worker, cpu_limit=w.cpu_limit,
-                               gpu_resource=w.gpu_resource),
+                               gpu_resource=w.gpu_resource or DEFAULT_GPU_RESOURCE),
         "securityContext": container_security_context(),
         "volumeMounts": [mount, *worker_mounts, shm_mount],
     }

@@ -14,9 +14,10 @@ CPU_IMAGE_WITH_GPUS = "CPUImageWithGPUs"  # the Warning Event's reason
 def workers_errors(run: ScalingRun) -> list[FieldError]:
     workers = run.spec.workers
     errors = []
+    resource = workers.gpu_resource or ""
     # The API server's rule for extended resources (IsExtendedResourceName): outside kubernetes.io, no requests.
-    if "kubernetes.io/" in workers.gpu_resource or workers.gpu_resource.startswith("requests."):
-        errors.append(FieldError("spec.workers.gpuResource", f"{workers.gpu_resource} is not an extended resource "
+    if "kubernetes.io/" in resource or resource.startswith("requests."):
+        errors.append(FieldError("spec.workers.gpuResource", f"{resource} is not an extended resource "
                                  "(Kubernetes' own domain): name the device plugin's, e.g. nvidia.com/gpu, "
                                  "nvidia.com/mig-3g.40gb or amd.com/gpu"))
     shm, memory = workers.shared_memory, workers.memory
