@@ -158,8 +158,9 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
         return raw
     except pydantic.ValidationError as exc:
         error = exc.errors(include_url=False)[0]
-        where = "".join(f"{part}: " for part in [".".join(str(p) for p in error["loc"])] if part)
-        raise ConfigError(f"{name} is not a JSON list of tolerations ({where}{error['msg']}): {raw!r}") from None
+        where = ".".join(str(part) for part in error["loc"])
+        detail = f"{where}: {error['msg']}" if where else error["msg"]
+        raise ConfigError(f"{name} is not a JSON list of tolerations ({detail}): {raw!r}") from None
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__} (default {default!r})") from None
 

@@ -122,7 +122,8 @@ class Workers(ApiModel):
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the workers must have.")
     tolerations: list[Toleration] = Field(
         default_factory=list, description="Tolerations of the workers. With GPUs asked for, the operator adds its "
-        "gpuTolerations setting's (default: the nvidia.com/gpu taint of GPU node pools) that these do not cover.")
+        "gpuTolerations setting's (default: the nvidia.com/gpu and sku=gpu taints of GPU node pools) that these do "
+        "not cover.")
     priority_class_name: Optional[str] = Field(
         None, description="PriorityClass of the workers.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
     service_account_name: Optional[str] = Field(
