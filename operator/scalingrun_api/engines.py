@@ -26,8 +26,9 @@ class Engine:
     framework: str
     strategy: str
     trainer_module: str  # its train(config) runs the engine
-    image_flavour: str  # its default image, when spec.workers.image is not set: <images>-<flavour>
-    image_words: str  # that image, as an error message names it
+    cpu_flavour: str  # its default image without GPUs (spec.workers.image not set): <images>-<flavour>
+    gpu_flavour: str  # ... and with spec.workers.gpusPerWorker > 0 (the CUDA build)
+    image_words: str  # its images, as an error message names them
     process_per_gpu: bool  # False: one process per worker pod drives all of the pod's GPUs
     stack: tuple[str, ...]  # what the trainer imports first: the image (or venv) lacks one -> the wrong image
     local_launcher: str  # HOROVODRUN or MPIRUN
@@ -37,9 +38,14 @@ class Engine:
     bases: Optional[tuple[str, ...]] = None  # the model.base values it trains; None: every one
     weights_suffixes: Optional[tuple[str, ...]] = None  # model.weights files it reads; None: Keras's
 
-    def default_image(self, images: str = "") -> str:
-        """The engine's trainer image under IMAGES ("<repository>:<tag>", the operator's setting), else ours."""
-        return trainer_image_name(self.image_flavour, images or DEFAULT_TRAINER_IMAGES)
+    def image_flavour(self, gpus: int) -> str:
+        """The image flavour of a worker with `gpus` GPUs: the devices choose the build, the engine its stack."""
+        return self.gpu_flavour if gpus > 0 else self.cpu_flavour
+
+    def default_image(self, gpus: int, images: str = "") -> str:
+        """The engine's trainer image for `gpus` GPUs per worker under IMAGES ("<repository>:<tag>", the operator's
+        setting), else ours."""
+        return trainer_image_name(self.image_flavour(gpus), images or DEFAULT_TRAINER_IMAGES)
 
     def slots_per_worker(self, gpus_per_worker: int) -> int:
         """MPI slots, = training processes, per worker pod."""
@@ -49,19 +55,37 @@ class Engine:
 ENGINES: dict[tuple[str, str], Engine] = {
     (engine.framework, engine.strategy): engine for engine in (
         Engine(Framework.keras.value, Strategy.horovod.value, "scalingrun_trainer.engines.keras_horovod.train",
-               "cpu", "the Keras trainer image", process_per_gpu=True,
+               "cpu", "gpu", "the Keras trainer image", process_per_gpu=True,
                stack=("tensorflow", "horovod.tensorflow.keras"), local_launcher=HOROVODRUN,
                rank_env=tuple(HOROVOD_STALL_ENV.items())),
         Engine(Framework.keras.value, Strategy.multi_worker_mirrored.value, "scalingrun_trainer.engines.keras_mirrored.train",
-               "cpu", "the Keras trainer image", process_per_gpu=False,
+               "cpu", "gpu", "the Keras trainer image", process_per_gpu=False,
                stack=("tensorflow", "mpi4py"), local_launcher=MPIRUN),
         Engine(Framework.pytorch_lightning.value, Strategy.ddp.value, "scalingrun_trainer.engines.lightning_ddp.train",
-               "lightning-cpu", "the Lightning trainer image (-lightning-cpu)", process_per_gpu=True,
+               "lightning-cpu", "lightning-gpu", "the Lightning trainer image (-lightning-cpu or -lightning-gpu)",
+               process_per_gpu=True,
                stack=("torch", "pytorch_lightning"), local_launcher=MPIRUN, own_venv=True,
                thread_variable="OMP_NUM_THREADS", bases=(BaseNetwork.efficientnet_lite0.value,),
                weights_suffixes=(".pth", ".pt")),
     )
 }
+
+
+# The flavours our scheme marks as built for CPU only, longest first: a tag that is one of them or ends in -<it>.
+CPU_FLAVOURS = tuple(sorted({row.cpu_flavour for row in ENGINES.values()}, key=len, reverse=True))
+
+
+def image_tag(image: str) -> str:
+    """The tag of an image reference ("" when it has none: a digest alone, or the implied latest)."""
+    repository, _, tag = image.split("@", 1)[0].rpartition(":")
+    return tag if repository and "/" not in tag else ""
+
+
+def cpu_flavour_of(image: str) -> Optional[str]:
+    """The CPU flavour our naming scheme reads in `image` (…:0.1.0-cpu, …:0.1.0-lightning-cpu, …:cpu), else None:
+    a run asking for GPUs in such an image trains on the CPU. Names outside the scheme are not judged."""
+    tag = image_tag(image)
+    return next((flavour for flavour in CPU_FLAVOURS if tag == flavour or tag.endswith(f"-{flavour}")), None)
 
 
 def engine(framework: str, strategy: str) -> Engine:

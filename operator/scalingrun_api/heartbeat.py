@@ -28,6 +28,11 @@ STALL_EXIT_CODE = 75
 # stallTimeout auto: the larger of this floor and STALL_GAP_FACTOR x the longest gap seen in the attempt.
 STALL_TIMEOUT_FLOOR_SECONDS = 600.0
 STALL_GAP_FACTOR = 3.0
+# The trainer's own watch (scalingrun_trainer.core.stall): a rank whose loop makes no step for this many seconds
+# names the silent ranks and exits; each engine's collective timeout (NCCL's among them) follows from it.
+COLLECTIVE_TIMEOUT_VARIABLE = "SCALINGRUN_COLLECTIVE_TIMEOUT_SECONDS"
+DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 300.0
+MIN_COLLECTIVE_TIMEOUT_SECONDS = 10
 
 
 class HeartbeatPhase(str, Enum):
@@ -70,3 +75,16 @@ def stall_timeout_seconds(setting: int | str, longest_gap_seconds: float) -> Opt
         return max(STALL_TIMEOUT_FLOOR_SECONDS, STALL_GAP_FACTOR * longest_gap_seconds)
     seconds = duration_seconds(setting)
     return float(seconds) if seconds > 0 else None
+
+
+def collective_timeout_seconds(stall_timeout: int | str) -> int:
+    """The trainer's collective timeout for a run's spec.training.stallTimeout: auto keeps the trainer's default
+    (the operator's auto judges at 600 s or later); 0 (stall detection off) turns the watch off too, leaving the
+    engines' own defaults; N seconds gives half of it (at least 10 s, at most the default), so that the ranks name
+    the silent one and give up before the operator judges the run Stalled."""
+    if stall_timeout == AUTO:
+        return int(DEFAULT_COLLECTIVE_TIMEOUT_SECONDS)
+    seconds = duration_seconds(stall_timeout)
+    if not seconds:
+        return 0
+    return int(min(DEFAULT_COLLECTIVE_TIMEOUT_SECONDS, max(MIN_COLLECTIVE_TIMEOUT_SECONDS, seconds // 2)))

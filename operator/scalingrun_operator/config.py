@@ -21,6 +21,10 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 from urllib.parse import urlparse
 
+import pydantic
+
+from scalingrun_api.models import Toleration
+from .builders.mpijob import DEFAULT_GPU_TOLERATIONS
 from .schema.endpoints import EndpointPolicy
 from .storage import DEFAULT_MAX_DOCUMENT_BYTES, Clients, Credentials, StorageTarget
 
@@ -77,8 +81,12 @@ class Config:
     #: single-machine setups only (`scalingrun run --local` reads paths without it).
     allow_local_paths: bool = False
     #: "<repository>:<tag>" of the default trainer images: a run without spec.workers.image gets
-    #: "<this>-cpu" (keras) or "<this>-lightning-cpu" (pytorch-lightning); empty: ghcr.io/scalingrun/trainer:<version>.
+    #: "<this>-cpu" (keras) or "<this>-lightning-cpu" (pytorch-lightning), "-gpu" / "-lightning-gpu" with
+    #: spec.workers.gpusPerWorker above 0; empty: ghcr.io/scalingrun/trainer:<version>.
     trainer_images: str = ""
+    #: Tolerations (a JSON list, in the Pod API's form) the workers of a run that asks for GPUs get, besides their
+    #: own: the taints of the cluster's GPU node pools. Default: nvidia.com/gpu (Exists) and sku=gpu, NoSchedule.
+    gpu_tolerations: tuple[Toleration, ...] = DEFAULT_GPU_TOLERATIONS
     #: Port of the Prometheus /metrics endpoint; 0 turns it off.
     metrics_port_number: int = 9090
     #: kopf liveness endpoint (served by kopf, answered by the on.probe handlers); empty turns it off.
@@ -145,7 +153,14 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
             if value < 0:
                 raise ValueError(raw)
             return value
+        if kind is Toleration:
+            return tuple(pydantic.TypeAdapter(list[Toleration]).validate_json(raw))
         return raw
+    except pydantic.ValidationError as exc:
+        error = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in error["loc"])
+        detail = f"{where}: {error['msg']}" if where else error["msg"]
+        raise ConfigError(f"{name} is not a JSON list of tolerations ({detail}): {raw!r}") from None
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a valid {kind.__name__} (default {default!r})") from None
 
@@ -159,7 +174,8 @@ _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "lease_renew_seconds": float, "lease_renew_deadline_seconds": float, "lease_retry_seconds": float,
           "storage_deadline_seconds": float, "max_document_bytes": int, "allowed_storage_endpoints": tuple,
           "allow_any_storage_endpoint": bool, "cluster_service_ranges": tuple, "allow_local_paths": bool,
-          "api_server_hosts": tuple, "pod_identity_reads": bool, "trainer_images": str}
+          "api_server_hosts": tuple, "pod_identity_reads": bool, "trainer_images": str,
+          "gpu_tolerations": Toleration}
 
 
 def variable_names() -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 
 import jsonschema
@@ -251,6 +252,25 @@ def test_the_endpoint_defaults_can_be_opened_and_told_the_service_range(helm):
     result = subprocess.run([helm, "template", "t", str(CHART), "--set", "operator.clusterServiceRanges={10.96}"],
                             capture_output=True, text=True)
     assert result.returncode != 0 and "clusterServiceRanges" in result.stderr, result.stderr
+
+
+def test_gpu_tolerations_reach_the_operator_and_bad_ones_are_refused(helm):
+    from scalingrun_operator import config
+
+    def tolerations(*extra: str) -> list[dict]:
+        deployment = next(o for o in render(helm, None, *extra) if o["kind"] == "Deployment")
+        env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+        loaded = config.load({"SCALINGRUN_GPU_TOLERATIONS": env["SCALINGRUN_GPU_TOLERATIONS"]}).gpu_tolerations
+        return [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in loaded]
+
+    assert tolerations() == [t.model_dump(mode="json", by_alias=True, exclude_none=True)
+                             for t in config.Config().gpu_tolerations]  # the chart's default is the operator's
+    amd = [{"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert tolerations("--set-json", f"gpuTolerations={json.dumps(amd)}") == amd
+    assert tolerations("--set-json", "gpuTolerations=[]") == []
+    result = subprocess.run([helm, "template", "t", str(CHART), "--set-json", 'gpuTolerations=[{"operator": "Maybe"}]'],
+                            capture_output=True, text=True)
+    assert result.returncode != 0 and "gpuTolerations" in result.stderr, result.stderr
 
 
 def test_the_security_page_lists_exactly_what_the_chart_grants_the_operator(helm):

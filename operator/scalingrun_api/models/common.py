@@ -41,9 +41,11 @@ def trainer_image_name(flavour: str, images: str = DEFAULT_TRAINER_IMAGES) -> st
     return f"{images}-{flavour}"
 
 
-# The trainer image of a keras run when spec.workers.image is not set (TensorFlow and Horovod, CPU build).
+# The trainer image of a keras run without GPUs when spec.workers.image is not set (TensorFlow and Horovod, CPU build;
+# with GPUs the -gpu flavour, scalingrun_api.engines).
 DEFAULT_TRAINER_IMAGE = f"{DEFAULT_TRAINER_IMAGES}-cpu"  # = trainer_image_name("cpu")
-# The trainer image of a pytorch-lightning run when spec.workers.image is not set (torch, no TensorFlow/Horovod).
+# The trainer image of a pytorch-lightning run without GPUs when spec.workers.image is not set (torch, no
+# TensorFlow/Horovod; with GPUs -lightning-gpu).
 DEFAULT_LIGHTNING_TRAINER_IMAGE = f"{DEFAULT_TRAINER_IMAGES}-lightning-cpu"  # = trainer_image_name("lightning-cpu")
 
 # s3:// (any S3-compatible store), file:// or an absolute local path.
@@ -56,6 +58,11 @@ SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"  # a DNS subdomain, as
 HTTP_URL_PATTERN = r"^https?://[-A-Za-z0-9._~%!$&'()*+,;=:@\[\]]+(/.*)?$"
 DNS_SUBDOMAIN_PATTERN = SECRET_NAME_PATTERN  # PriorityClass and Volcano queue names too
 LABEL_VALUE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"  # at most 63 characters
+# An extended resource name, as a device plugin advertises it: <domain>/<name> (nvidia.com/gpu,
+# nvidia.com/mig-3g.40gb, amd.com/gpu). Not in kubernetes.io's domains: the API server's rule, checked in validation
+# (RE2 has no lookahead to say it here).
+EXTENDED_RESOURCE_PATTERN = (r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*"
+                             r"/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 # A positive Kubernetes resource quantity, e.g. 500m, 4, 16Gi: some digit other than 0 (no zero CPU or memory).
 # No lookahead: the API server's regexps (RE2) and pydantic's (Rust) have none.
 QUANTITY_PATTERN = r"^([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)(m|k|M|G|T|P|E|Ki|Mi|Gi|Ti|Pi|Ei)?$"

@@ -9,13 +9,18 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .common import (
-    DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, DNS_SUBDOMAIN_PATTERN, HTTP_URL_PATTERN,
-    LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, ObjectMeta, Quantity, secret_name_field,
+    DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, DNS_SUBDOMAIN_PATTERN, EXTENDED_RESOURCE_PATTERN,
+    HTTP_URL_PATTERN, LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, ObjectMeta, Quantity, secret_name_field,
 )
 from .status import ScalingRunStatus
 from .dataset import CPU_LIMIT_DESCRIPTION, Dataset, Resources
 from .model import Model, resolve_builtin_defaults
 from .training import Training
+
+
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's resource
+# /dev/shm of a worker without spec.workers.sharedMemory; a worker whose memory is under SMALL_POD_MEMORY gets half.
+DEFAULT_SHARED_MEMORY, SMALL_POD_MEMORY = "1Gi", "2Gi"
 
 
 class StorageCredentials(str, Enum):
@@ -68,7 +73,9 @@ class TaintEffect(str, Enum):
 
 
 class Toleration(ApiModel):
-    """A pod toleration, as in the Pod API."""
+    """A pod toleration, as in the Pod API. Frozen: the operator's default GPU tolerations are shared constants."""
+
+    model_config = ConfigDict(**ApiModel.model_config, frozen=True)
 
     key: Optional[str] = Field(None, description="Taint key; empty with Exists matches all taints.")
     operator: TolerationOperator = Field(TolerationOperator.equal, description="Exists or Equal.")
@@ -87,19 +94,36 @@ class Workers(ApiModel):
         1, ge=0, le=16, description="GPUs per worker, = training processes (MPI slots) per worker, except under "
         "multi-worker-mirrored (one process using them all); 0 trains on CPU (1 slot)."
     )
+    # No default in the CRD: the API server would write one into the specs of runs started before the field.
+    gpu_resource: Optional[str] = Field(
+        None, description="The extended resource the GPUs are asked for as (limits of each worker): a MIG profile "
+        f"such as nvidia.com/mig-3g.40gb, or another device plugin's (amd.com/gpu). Default: {DEFAULT_GPU_RESOURCE}.",
+        pattern=EXTENDED_RESOURCE_PATTERN, max_length=253,
+    )
     cpu: Optional[Quantity] = Field(None, description="CPU per worker, e.g. 8: request, and limit unless "
                                    "cpuLimit is set.")
     cpu_limit: Optional[Quantity] = Field(None, description=CPU_LIMIT_DESCRIPTION)
     memory: Optional[Quantity] = Field(None, description="Memory per worker, e.g. 32Gi: request and limit.")
+    shared_memory: Optional[Quantity] = Field(
+        None, description="Size of each worker's /dev/shm, a memory-backed emptyDir (a container's own is 64Mi: "
+        "NCCL between the GPUs of a pod and DataLoader workers fail with bus errors beyond it). What is written there "
+        f"counts against the worker's memory limit. Default: {DEFAULT_SHARED_MEMORY}, or half of memory when that is "
+        f"under {SMALL_POD_MEMORY}.",
+    )
     image: Optional[str] = Field(
         None,
-        description=f"Trainer image (launcher, workers, preprocessing). Default: {DEFAULT_TRAINER_IMAGE} for "
-        f"training.framework keras, {DEFAULT_LIGHTNING_TRAINER_IMAGE} for pytorch-lightning (the operator's "
-        "trainerImages setting replaces their repository and tag).",
+        description=f"Trainer image (launcher, workers, preprocessing). Default: the engine's image for the devices: "
+        f"{DEFAULT_TRAINER_IMAGE} (-gpu with gpusPerWorker above 0) for training.framework keras, "
+        f"{DEFAULT_LIGHTNING_TRAINER_IMAGE} (-lightning-gpu with GPUs) for pytorch-lightning (the operator's "
+        "trainerImages setting replaces their repository and tag). validate and the operator warn about an image "
+        "named -cpu beside a GPU request.",
         min_length=1,
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the workers must have.")
-    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations of the workers.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Tolerations of the workers. With GPUs asked for, the operator adds its "
+        "gpuTolerations setting's (default: the nvidia.com/gpu and sku=gpu taints of GPU node pools) that these do "
+        "not cover.")
     priority_class_name: Optional[str] = Field(
         None, description="PriorityClass of the workers.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
     service_account_name: Optional[str] = Field(

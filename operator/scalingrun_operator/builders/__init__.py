@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
-from scalingrun_api.models import ScalingRun
+from scalingrun_api.models import ScalingRun, Toleration
 from .config import build_config_map
-from .mpijob import build_mpijob
+from .mpijob import DEFAULT_GPU_TOLERATIONS, build_mpijob
 from .preprocess import build_preprocess_job
 
 
-def build_children(run: ScalingRun, namespace: str) -> list[dict[str, Any]]:
-    """Every object the operator creates for `run`, in creation order (without owner references)."""
+def build_children(run: ScalingRun, namespace: str,
+                   gpu_tolerations: Sequence[Toleration] = DEFAULT_GPU_TOLERATIONS) -> list[dict[str, Any]]:
+    """Every object the operator creates for `run`, in creation order (without owner references); `scalingrun
+    render` shows the GPU tolerations of the operator's default setting."""
     return [
         build_config_map(run, namespace),
         build_preprocess_job(run, namespace),
-        build_mpijob(run, namespace),
+        build_mpijob(run, namespace, gpu_tolerations),
     ]
 
 

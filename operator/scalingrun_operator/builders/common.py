@@ -6,6 +6,7 @@ from typing import Any
 
 from scalingrun_api.engines import engine
 from scalingrun_api.models import MANAGED_BY, ScalingRun
+from scalingrun_api.models.run import DEFAULT_GPU_RESOURCE
 from scalingrun_api.models.training import CONFIG_PATH
 
 CONFIG_FILE = CONFIG_PATH
@@ -15,10 +16,11 @@ NON_ROOT_UID = 1000
 
 
 def trainer_image(run: ScalingRun) -> str:
-    """spec.workers.image, else the framework's default image (the Lightning one has torch, no TensorFlow); the
-    operator fills spec.workers.image from its trainerImages setting first (decide.run.with_default_image)."""
-    training = run.spec.training
-    return run.spec.workers.image or engine(training.framework, training.strategy).default_image()
+    """spec.workers.image, else the engine's default image for the workers' devices (-gpu with gpusPerWorker above
+    0; the Lightning one has torch, no TensorFlow); the operator fills spec.workers.image from its trainerImages
+    setting first (decide.run.with_default_image)."""
+    training, workers = run.spec.training, run.spec.workers
+    return workers.image or engine(training.framework, training.strategy).default_image(workers.gpus_per_worker)
 
 
 def config_map_name(run: ScalingRun) -> str:
@@ -137,14 +139,16 @@ def config_volume(run: ScalingRun) -> tuple[dict[str, Any], dict[str, Any]]:
     )
 
 
-def resources(cpu: str | None, memory: str | None, gpus: int = 0, cpu_limit: str | None = None) -> dict[str, Any]:
+def resources(cpu: str | None, memory: str | None, gpus: int = 0, cpu_limit: str | None = None,
+              gpu_resource: str = DEFAULT_GPU_RESOURCE) -> dict[str, Any]:
     """Requests equal limits by default (Guaranteed QoS): measured, a CPU limit equal to the request cost a
     2-worker run no images/s (docs/operations.md, "CPU requests and limits"). `cpu_limit` sets another CPU
-    limit (at least the request). GPUs only as limits, as the device plugin expects."""
+    limit (at least the request). GPUs (as `gpu_resource`) only as limits, as the device plugin expects: the API
+    server sets an extended resource's request to its limit."""
     requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v is not None}
     limits = {k: v for k, v in (("cpu", cpu_limit or cpu), ("memory", memory)) if v is not None}
     if gpus:
-        limits["nvidia.com/gpu"] = gpus
+        limits[gpu_resource] = gpus
     out: dict[str, Any] = {}
     if requests:
         out["requests"] = requests

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any
+from typing import Any, Sequence
 
 from scalingrun_api.engines import engine
-from scalingrun_api.models import ScalingRun, quantity_value
+from scalingrun_api.heartbeat import COLLECTIVE_TIMEOUT_VARIABLE, collective_timeout_seconds
+from scalingrun_api.models import ScalingRun, Toleration, Workers, quantity_value
 from scalingrun_api.models.common import duration_seconds
+from scalingrun_api.models.run import DEFAULT_GPU_RESOURCE, DEFAULT_SHARED_MEMORY, SMALL_POD_MEMORY
 from scalingrun_api.models.training import CONFIG_VARIABLE
 from .common import (
     CONFIG_FILE,
@@ -37,6 +39,14 @@ SSHD_STATE_DIR = f"{MPI_USER_HOME}/.sshd"
 # a command keeps mpi-operator from substituting its default `sshd -De`, which would bypass the entrypoint.
 WORKER_COMMAND = ["/usr/local/bin/scalingrun-entrypoint", "/usr/sbin/sshd", "-De"]
 WORKER_WAIT_SECONDS = 300
+# What workers that ask for GPUs tolerate unless the operator's gpuTolerations setting (chart value gpuTolerations)
+# says otherwise: GKE's GPU node pools, and most AKS and EKS ones, taint their nodes nvidia.com/gpu (NoSchedule); the
+# AKS guide's own taint is sku=gpu. A toleration only allows a node; the GPU request and nodeSelector choose it.
+DEFAULT_GPU_TOLERATIONS = (
+    Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule"),
+    Toleration(key="sku", operator="Equal", value="gpu", effect="NoSchedule"),
+)
+SHARED_MEMORY_DIR = "/dev/shm"
 FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
                  "PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 
@@ -77,9 +87,40 @@ def stall_env(run: ScalingRun) -> list[dict[str, Any]]:
     return [{"name": name, "value": value} for name, value in _engine(run).rank_env]
 
 
+def gpu_env(run: ScalingRun) -> list[dict[str, Any]]:
+    """With GPUs: NCCL's errors and timeouts end the rank instead of leaving it inside a collective (torch reads
+    TORCH_NCCL_ASYNC_ERROR_HANDLING, before 2.2 NCCL_ASYNC_ERROR_HANDLING), and the trainer's collective timeout,
+    from which every engine's own follows, comes from spec.training.stallTimeout (scalingrun_api.heartbeat)."""
+    if not run.spec.workers.gpus_per_worker:
+        return []
+    timeout = collective_timeout_seconds(run.spec.training.stall_timeout)
+    return [{"name": "NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+            {"name": "TORCH_NCCL_ASYNC_ERROR_HANDLING", "value": "1"},
+            {"name": COLLECTIVE_TIMEOUT_VARIABLE, "value": str(timeout)}]
+
+
 def rank_env(run: ScalingRun) -> list[dict[str, Any]]:
     """The launcher's and workers' environment; mpirun forwards it to every rank."""
-    return storage_env(run) + tracking_env(run) + framework_env(run) + command_env(run) + stall_env(run)
+    return (storage_env(run) + tracking_env(run) + framework_env(run) + command_env(run) + stall_env(run)
+            + gpu_env(run))
+
+
+def shared_memory_size(workers: Workers) -> str:
+    """spec.workers.sharedMemory, else 1Gi, or half of the worker's memory when that is under 2Gi (what /dev/shm
+    holds counts against the memory limit, so a small pod keeps room for its processes)."""
+    if workers.shared_memory:
+        return workers.shared_memory
+    if workers.memory and quantity_value(workers.memory) < quantity_value(SMALL_POD_MEMORY):
+        return f"{max(1, int(quantity_value(workers.memory) / 2 / 2**20))}Mi"
+    return DEFAULT_SHARED_MEMORY
+
+
+def shared_memory(workers: Workers) -> tuple[dict[str, Any], dict[str, Any]]:
+    """/dev/shm as a memory-backed emptyDir of shared_memory_size: (volume, volumeMount). Kubernetes 1.22+ sizes
+    the tmpfs by sizeLimit; before, the kubelet evicts a pod that writes more."""
+    name = SHARED_MEMORY_DIR.strip("/").replace("/", "-")
+    return ({"name": name, "emptyDir": {"medium": "Memory", "sizeLimit": shared_memory_size(workers)}},
+            {"name": name, "mountPath": SHARED_MEMORY_DIR})
 
 
 def launcher_script(run: ScalingRun) -> str:
@@ -102,11 +143,14 @@ def launcher_script(run: ScalingRun) -> str:
 
 
 def _pod_template(run: ScalingRun, labels: dict[str, str], container: dict[str, Any],
-                  volumes: list[dict[str, Any]], workers: bool) -> dict[str, Any]:
+                  volumes: list[dict[str, Any]], workers: bool,
+                  gpu_tolerations: Sequence[Toleration] = ()) -> dict[str, Any]:
     w = run.spec.workers
     # Neither mpirun (over ssh, not kubectl exec) nor the trainer calls the Kubernetes API.
     pod = pod_spec(run, container, volumes)
-    user = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in w.tolerations] if workers else []
+    user = [_toleration(t) for t in w.tolerations] if workers else []
+    if workers and w.gpus_per_worker:
+        user += missing_tolerations(user, gpu_tolerations)
     pod["tolerations"] = node_loss_tolerations(user, duration_seconds(run.spec.training.node_loss_grace_period))
     if workers:
         if w.node_selector:
@@ -114,6 +158,26 @@ def _pod_template(run: ScalingRun, labels: dict[str, str], container: dict[str, 
         if w.priority_class_name:
             pod["priorityClassName"] = w.priority_class_name
     return {"metadata": {"labels": dict(labels)}, "spec": pod}
+
+
+def _toleration(toleration: Toleration) -> dict[str, Any]:
+    return toleration.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _tolerates(own: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Whether toleration `own` already lets a pod onto every node that `wanted` does."""
+    if own.get("effect") not in (None, wanted.get("effect")):
+        return False
+    if own.get("operator") == "Exists":
+        return not own.get("key") or own.get("key") == wanted.get("key")
+    return (own.get("key"), own.get("value")) == (wanted.get("key"), wanted.get("value")) and \
+        wanted.get("operator") != "Exists"
+
+
+def missing_tolerations(user: list[dict[str, Any]], wanted: Sequence[Toleration]) -> list[dict[str, Any]]:
+    """The operator's GPU tolerations that the user's own do not already give."""
+    rendered = [_toleration(t) for t in wanted]
+    return [t for t in rendered if not any(_tolerates(own, t) for own in user)]
 
 
 # The taints a node gets when it stops answering (unreachable) or reports NotReady; without a toleration of its
@@ -154,7 +218,9 @@ def _run_policy(run: ScalingRun) -> dict[str, Any]:
     return out
 
 
-def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
+def build_mpijob(run: ScalingRun, namespace: str,
+                 gpu_tolerations: Sequence[Toleration] = DEFAULT_GPU_TOLERATIONS) -> dict[str, Any]:
+    """The MPIJob of `run`; workers that ask for GPUs also get `gpu_tolerations` (the operator's setting)."""
     w = run.spec.workers
     meta = metadata(run, mpijob_name(run), namespace, "training")
     if run.spec.run_policy.kueue_queue_name:
@@ -162,6 +228,7 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
     volume, mount = config_volume(run)
     launcher_scratch, launcher_mounts = writable_dirs(TMP_DIR)
     worker_scratch, worker_mounts = writable_dirs(TMP_DIR, SSHD_STATE_DIR)
+    shm_volume, shm_mount = shared_memory(w)  # workers only: the launcher runs mpirun, rank 0 trains on a worker
     launcher = {
         "name": "launcher",
         "image": trainer_image(run),
@@ -177,9 +244,10 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
         "image": trainer_image(run),
         "command": WORKER_COMMAND,
         "env": rank_env(run),
-        "resources": resources(w.cpu, w.memory, w.gpus_per_worker, cpu_limit=w.cpu_limit),
+        "resources": resources(w.cpu, w.memory, w.gpus_per_worker, cpu_limit=w.cpu_limit,
+                               gpu_resource=w.gpu_resource or DEFAULT_GPU_RESOURCE),
         "securityContext": container_security_context(),
-        "volumeMounts": [mount, *worker_mounts],
+        "volumeMounts": [mount, *worker_mounts, shm_mount],
     }
     return {
         "apiVersion": "kubeflow.org/v2beta1",
@@ -204,7 +272,8 @@ def build_mpijob(run: ScalingRun, namespace: str) -> dict[str, Any]:
                 "Worker": {
                     "replicas": w.replicas,
                     "restartPolicy": "Never",
-                    "template": _pod_template(run, meta["labels"], worker, [volume, *worker_scratch], workers=True),
+                    "template": _pod_template(run, meta["labels"], worker, [volume, *worker_scratch, shm_volume],
+                                              workers=True, gpu_tolerations=gpu_tolerations),
                 },
             },
         },

@@ -15,7 +15,7 @@ import yaml
 
 from scalingrun_api.models import KIND, SWEEP_KIND
 from ..schema.crd import render_crd_yaml, render_sweep_crd_yaml
-from ..schema.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
+from ..schema.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep, spec_warnings, sweep_warnings
 from .loading import (
     FAILED, OK, USAGE, Document, UserError, dump, files, is_ours, read, read_file, read_one, skipped_note,
 )
@@ -84,12 +84,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
             else:
                 ours += 1
                 try:
-                    _parse(doc)
+                    resource = _parse(doc)
                 except InvalidScalingRun as exc:
                     status = FAILED
                     print(_invalid(doc, exc), file=sys.stderr)
                 else:
                     print(f"{doc.source}: {doc.kind} {doc.name} is valid")
+                    warnings = sweep_warnings(resource) if doc.kind == SWEEP_KIND else spec_warnings(resource)
+                    for warning in warnings:  # valid all the same: the exit code stays 0
+                        print(f"{doc.source}: {doc.kind} {doc.name}: warning: {warning}", file=sys.stderr)
         if unreadable:
             status = FAILED
         elif not ours:  # an unreadable file has said why already

@@ -41,7 +41,8 @@ def settings_of(config: Config) -> Settings:
     return Settings(completion_grace_seconds=config.completion_grace_seconds,
                     recheck_interval_seconds=config.recheck_interval_seconds,
                     allowed_storage_endpoints=config.allowed_storage_endpoints,
-                    endpoint_policy=config.endpoint_policy(), trainer_images=config.trainer_images)
+                    endpoint_policy=config.endpoint_policy(), trainer_images=config.trainer_images,
+                    gpu_tolerations=config.gpu_tolerations)
 
 
 @dataclass

@@ -14,6 +14,7 @@ import math
 from typing import Any, Optional
 
 from scalingrun_api.models import DeviceKind, Devices, InputEpoch, ScalingRun, TrainingStatus
+from scalingrun_api.models.run import DEFAULT_GPU_RESOURCE
 from scalingrun_api.progress import INPUT_HISTORY_EPOCHS, Progress, lenient
 from ..builders.config import total_processes
 from .status import rfc3339
@@ -154,8 +155,9 @@ def gpus_unused(run: ScalingRun, image: str, devices: Any) -> Optional[tuple[str
         return ("False", "GPUsInUse", f"rank 0 trains on {found.count} GPU(s){name}")
     return ("True", "NoGPUVisible",
             f"spec.workers.gpusPerWorker is {asked}, but rank 0 trains on CPU: its process sees no GPU in image "
-            f"{image}. Use a CUDA build of the image (spec.workers.image), check that "
-            "the GPU nodes run the NVIDIA device plugin (kubectl describe node: nvidia.com/gpu allocatable) and that "
+            f"{image}. Use a CUDA build of the image (spec.workers.image), check that the GPU nodes run the NVIDIA "
+            f"device plugin (kubectl describe node: {run.spec.workers.gpu_resource or DEFAULT_GPU_RESOURCE} "
+            "allocatable) and that "
             "spec.workers.nodeSelector picks them; or set gpusPerWorker: 0 to train on CPU on purpose")
 
 

@@ -14,7 +14,7 @@ from typing import Any, Optional
 from scalingrun_api.engines import engine
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun
 from ..schema.endpoints import endpoint_refusal, local_path_refusal
-from ..schema.validation import InvalidScalingRun, parse_scalingrun
+from ..schema.validation import InvalidScalingRun, SpecWarning, parse_scalingrun, spec_warnings
 from ..builders.locations import logs_uri
 from . import pinning
 from .draft import Draft
@@ -47,8 +47,8 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
     if is_terminal(status):
         _restart_after_invalid_spec(draft.update)
     pinned = pinning.pinned_of(body)
-    run, invalid = snapshot.derive("run", lambda: _parse(body, pinning.effective_spec(body["spec"], pinned),
-                                                                    settings.trainer_images))
+    run, invalid, warnings = snapshot.derive("run", lambda: _parse(body, pinning.effective_spec(body["spec"], pinned),
+                                                                   settings))
     refusal = run and _refusal(run, settings)
     if refusal:  # the operator's own rule: refused before any child is made or storage asked
         run, invalid = None, f"{refusal} (the run is retried on edit)."
@@ -57,9 +57,11 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
     else:
         if draft.update.phase is None:
             draft.update.set_phase(Phase.pending.value, "accepted")
-        if pinned is None:
+        if pinned is None:  # the run starts: the spec it keeps, and what validate would have warned about
             draft.pin = pinning.pin(body["spec"])
             draft.update.desired[pinning.PINNED_FIELD] = draft.pin
+            for warning in warnings:
+                draft.update.warn(warning.reason, str(warning))
         else:
             _record_ignored_changes(snapshot, draft.update, body["spec"], pinned)
         logs = logs_uri(run)
@@ -87,23 +89,28 @@ def _refusal(run: ScalingRun, settings: Settings) -> Optional[str]:
             or local_path_refusal("spec.training.checkpoint.location", run.spec.training.checkpoint.location, policy))
 
 
-def _parse(body: dict[str, Any], spec: dict[str, Any], trainer_images: str) -> tuple[Optional[ScalingRun], str]:
-    """(the run, '') or (None, what is wrong with its spec). Not the server's metadata (managedFields grows with
-    every status write, and the model keeps what it does not know): nothing derived from the run reads it."""
+def _parse(body: dict[str, Any], spec: dict[str, Any],
+           settings: Settings) -> tuple[Optional[ScalingRun], str, list[SpecWarning]]:
+    """(the run, '', the spec's warnings) or (None, what is wrong with its spec, []). The warnings are the spec's as
+    written (before the default image is filled in). Not the server's metadata (managedFields grows with every
+    status write, and the model keeps what it does not know): nothing derived from the run reads it."""
     meta = {k: v for k, v in body["metadata"].items() if k in PARSED_METADATA}
     document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec}
     try:
-        return with_default_image(parse_scalingrun(document), trainer_images), ""
+        run = parse_scalingrun(document)
     except InvalidScalingRun as exc:
-        return None, "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the run is retried on edit)."
+        return None, "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the run is retried on edit).", []
+    warnings = spec_warnings(run)
+    return with_default_image(run, settings.trainer_images, settings.gpu_images), "", warnings
 
 
-def with_default_image(run: ScalingRun, trainer_images: str) -> ScalingRun:
-    """The run with spec.workers.image filled from the operator's trainerImages ("<repository>:<tag>"), when the
-    run names none and the operator has one: a team sets its registry once, not in every run."""
-    if trainer_images and not run.spec.workers.image:
-        training = run.spec.training
-        run.spec.workers.image = engine(training.framework, training.strategy).default_image(trainer_images)
+def with_default_image(run: ScalingRun, trainer_images: str, gpu_images: bool = True) -> ScalingRun:
+    """The run with spec.workers.image filled, when it names none, with its engine's image for its devices (the
+    GPU flavour with gpusPerWorker above 0, unless `gpu_images` is False: a machine without GPUs) under the
+    operator's trainerImages ("<repository>:<tag>"; a team sets its registry once, not in every run), else ours."""
+    if not run.spec.workers.image:
+        training, gpus = run.spec.training, run.spec.workers.gpus_per_worker if gpu_images else 0
+        run.spec.workers.image = engine(training.framework, training.strategy).default_image(gpus, trainer_images)
     return run
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Hashable, Mapping, Optional, Union
 
+from scalingrun_api.models import Toleration
+from ..builders.mpijob import DEFAULT_GPU_TOLERATIONS
 from ..schema.endpoints import EndpointPolicy
 from .status import Event
 
@@ -224,6 +226,11 @@ class Settings:
     #: "<repository>:<tag>" of the default trainer images (a run without spec.workers.image gets
     #: "<this>-<flavour>"); empty: ours (scalingrun_api.models.common.DEFAULT_TRAINER_IMAGES).
     trainer_images: str = ""
+    #: Whether a run that asks for GPUs gets its engine's GPU image by default: False where it trains on a machine
+    #: without GPUs (the local runner's, local.processes.gpus_here), which gets the CPU image whatever it asks for.
+    gpu_images: bool = True
+    #: What the workers of a run that asks for GPUs tolerate besides their own tolerations (Config.gpu_tolerations).
+    gpu_tolerations: tuple[Toleration, ...] = DEFAULT_GPU_TOLERATIONS
 
 
 # --- the decision -------------------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progre
 def decide_training(draft: Draft, run: ScalingRun) -> None:
     """Trained from the MPIJob, the trainer's progress document and the training's pods."""
     update, name = draft.update, mpijob_name(run)
-    wanted = draft.built("MPIJob", lambda: build_mpijob(run, draft.namespace))
+    wanted = draft.built("MPIJob", lambda: build_mpijob(run, draft.namespace, draft.settings.gpu_tolerations))
     mpijob = draft.child("MPIJob", name)
     if mpijob is not None and not draft.own(mpijob, wanted):
         return

@@ -31,6 +31,22 @@ class LocalRunError(RuntimeError):
     """Why a local run cannot start; the message says what to do."""
 
 
+# The NVIDIA driver's folder of GPUs: one entry per GPU, present only where the driver is loaded.
+NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
+
+
+def gpus_here(environ: Optional[dict[str, str]] = None, driver: str = NVIDIA_GPUS) -> int:
+    """The NVIDIA GPUs a local run's processes could use: the driver's entries, none where CUDA_VISIBLE_DEVICES
+    hides them ("" or -1). The operator imports no CUDA library to ask (the frameworks live in the trainer)."""
+    visible = (os.environ if environ is None else environ).get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return 0
+    try:
+        return sum(1 for _ in Path(driver).iterdir())
+    except OSError:
+        return 0
+
+
 def _horovodrun() -> str:
     """The venv's horovodrun even when the venv is not activated."""
     beside = Path(sys.executable).with_name("horovodrun")

@@ -42,7 +42,7 @@ from ..decide.snapshot import (
 from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, Event, get_condition, rfc3339
 from ..documents import read_heartbeat, read_manifest, read_progress
 from ..storage import Clients, StorageError, StorageTarget, list_names
-from .processes import Commands, LocalRunError, Shards, train_env, training_status
+from .processes import Commands, LocalRunError, Shards, gpus_here, train_env, training_status
 from .training import StallWatch, TrainingProcess
 
 __all__ = ["LocalRun", "LocalRunError"]
@@ -120,7 +120,9 @@ class LocalRun:
         self.check_credentials()
         self.workdir.mkdir(parents=True, exist_ok=True)
         try:
-            return self._loop(dataclasses.replace(SETTINGS, train=stop_after != "preprocessing"))
+            # The image a run names by default (messages, config.json) is the CPU one unless this machine has GPUs.
+            return self._loop(dataclasses.replace(SETTINGS, train=stop_after != "preprocessing",
+                                                  gpu_images=gpus_here() > 0))
         finally:  # also on SIGTERM / SIGINT (signals.Stopped) and errors: nothing this run started outlives it
             self.stop_processes()
 

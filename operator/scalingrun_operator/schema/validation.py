@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Iterable, TypeVar
 
 import pydantic
@@ -24,24 +23,11 @@ from scalingrun_api.models import (
 )
 from scalingrun_api.models.common import DURATION_PATTERN, MAX_INTEGER
 from scalingrun_api.models.dataset import Dataset
+from .findings import FieldError, InvalidScalingRun, SpecWarning
 from .sweep import build_point_run, sweep_points
+from .workers import workers_errors, workers_warnings
 
 Resource = TypeVar("Resource", bound=pydantic.BaseModel)
-
-
-@dataclass(frozen=True)
-class FieldError:
-    path: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
-
-
-class InvalidScalingRun(ValueError):
-    def __init__(self, errors: list[FieldError]):
-        self.errors = errors
-        super().__init__("; ".join(str(e) for e in errors))
 
 
 def _path(loc: Iterable[Any]) -> str:
@@ -152,6 +138,7 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
     errors += _own_model_errors(run)
     errors += _dataset_format_errors(run)
     errors += _cpu_limit_errors(run)
+    errors += workers_errors(run)
     gang = spec.run_policy.scheduling_policy
     pods = spec.workers.replicas + 1  # workers + launcher
     if gang and gang.min_available and gang.min_available > pods:
@@ -325,6 +312,21 @@ def parse_scalingrun(document: Any) -> ScalingRun:
     if errors:
         raise InvalidScalingRun(errors)
     return run
+
+
+def spec_warnings(run: ScalingRun) -> list[SpecWarning]:
+    """What a valid run may not mean: `scalingrun validate` prints these, the operator posts them as Events."""
+    return workers_warnings(run)
+
+
+def sweep_warnings(sweep: ScalingSweep) -> list[SpecWarning]:
+    """Every point's warnings, once each, at its spec.template path (each point run posts its own Events)."""
+    found: dict[str, SpecWarning] = {}
+    for point in sweep_points(sweep):
+        for warning in spec_warnings(parse_scalingrun(build_point_run(sweep, point))):
+            path = "spec.template." + warning.path[len("spec."):]
+            found.setdefault(path, SpecWarning(warning.reason, path, warning.message))
+    return list(found.values())
 
 
 def sweep_semantic_errors(sweep: ScalingSweep) -> list[FieldError]:

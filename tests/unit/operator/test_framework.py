@@ -9,6 +9,7 @@ import pytest
 
 from scalingrun_operator.schema.crd import build_crd
 from scalingrun_api.models import DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE
+from scalingrun_api.models.common import trainer_image_name
 from scalingrun_operator.schema.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.builders.common import trainer_image
 from tests.support.specs import MINIMAL, run_document
@@ -28,11 +29,15 @@ def errors_of(doc: dict) -> list[str]:
 def test_existing_specs_keep_their_meaning():
     run = parse_scalingrun(MINIMAL)
     assert run.spec.training.framework == "keras"
-    assert trainer_image(run) == DEFAULT_TRAINER_IMAGE
+    assert run.spec.workers.gpus_per_worker == 1  # the default asks for a GPU: the Keras GPU image
+    assert trainer_image(run) == trainer_image_name("gpu") == "ghcr.io/scalingrun/trainer:0.1.0-gpu"
+    assert trainer_image(parse_scalingrun(run_document(workers={"gpusPerWorker": 0}))) == DEFAULT_TRAINER_IMAGE
 
 
 def test_lightning_gets_its_own_default_image_and_an_explicit_one_wins():
-    assert trainer_image(parse_scalingrun(lightning())) == DEFAULT_LIGHTNING_TRAINER_IMAGE
+    assert trainer_image(parse_scalingrun(lightning())) == "ghcr.io/scalingrun/trainer:0.1.0-lightning-gpu"
+    on_cpu = parse_scalingrun(lightning(workers={"gpusPerWorker": 0}))
+    assert trainer_image(on_cpu) == DEFAULT_LIGHTNING_TRAINER_IMAGE
     assert DEFAULT_LIGHTNING_TRAINER_IMAGE.endswith(":0.1.0-lightning-cpu")
     run = parse_scalingrun(lightning(workers={"image": "registry.local/trainer:lt-gpu"}))
     assert trainer_image(run) == "registry.local/trainer:lt-gpu"

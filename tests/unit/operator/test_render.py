@@ -87,11 +87,12 @@ def _lost_node_tolerations(seconds: int) -> list[dict]:
 
 def test_workers_and_launcher_leave_a_lost_node_after_the_node_loss_grace_period():
     """The cluster evicts a lost node's pods after nodeLossGracePeriod, not its default 300 s; the user's own
-    tolerations stay, and one of the user's for the same taint wins."""
+    tolerations stay, and one of the user's for the same taint wins (the GPU workers' too: tests of test_gpu_shape)."""
     run = load(ROOT / "examples/06-8-single-gpu-nodes.yaml")
     replicas = build_children(run, "ml")[2]["spec"]["mpiReplicaSpecs"]
     worker, launcher = (replicas[r]["template"]["spec"]["tolerations"] for r in ("Worker", "Launcher"))
-    assert worker == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+    aks_gpu_pool = {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+    assert worker == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, aks_gpu_pool,
                       *_lost_node_tolerations(60)]
     assert launcher == _lost_node_tolerations(60)
 
@@ -101,7 +102,9 @@ def test_workers_and_launcher_leave_a_lost_node_after_the_node_loss_grace_period
            "tolerationSeconds": 900}
     spec["spec"]["workers"]["tolerations"] = [own]
     replicas = build_children(parse_scalingrun(spec), "ml")[2]["spec"]["mpiReplicaSpecs"]
-    assert replicas["Worker"]["template"]["spec"]["tolerations"] == [own, _lost_node_tolerations(120)[1]]
+    assert replicas["Worker"]["template"]["spec"]["tolerations"] == [
+        own, {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}, aks_gpu_pool,
+        _lost_node_tolerations(120)[1]]
     assert replicas["Launcher"]["template"]["spec"]["tolerations"] == _lost_node_tolerations(120)
 
 

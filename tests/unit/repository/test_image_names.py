@@ -49,7 +49,11 @@ def test_build_images_builds_the_api_defaults_under_one_scheme(built):
     assert built["trainer-lightning"] == DEFAULT_LIGHTNING_TRAINER_IMAGE
     flavours = {name: image for name, image in built.items() if name.startswith("trainer")}
     assert sorted(flavours.values()) == sorted(trainer_image_name(f) for f in TRAINER_FLAVOURS)
-    assert {engine.default_image() for engine in ENGINES.values()} <= set(built.values())
+    # Every engine's default image, on CPU and on GPUs, is one that is built.
+    defaults = {engine.default_image(gpus) for engine in ENGINES.values() for gpus in (0, 1)}
+    assert defaults <= set(built.values())
+    assert {engine.default_image(1) for engine in ENGINES.values()} == {built["trainer-gpu"],
+                                                                          built["trainer-lightning-gpu"]}
     assert all(image.startswith(f"{IMAGE_REGISTRY}/") and f":{IMAGE_VERSION}" in image for image in built.values())
 
 
@@ -143,20 +147,33 @@ def test_one_setting_moves_every_default_trainer_image_to_a_teams_registry():
     settings = settings_of(config)
     keras = parse_scalingrun({"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "a"},
                               "spec": {"storage": {"credentialsSecret": "s3"}, "dataset": {"source": "s3://bucket/in", "output": "s3://bucket/out"}}})
-    assert trainer_image(with_default_image(keras, settings.trainer_images)) == \
+    on_cpu = keras.model_copy(deep=True)
+    on_cpu.spec.workers.gpus_per_worker = 0
+    assert trainer_image(with_default_image(keras.model_copy(deep=True), settings.trainer_images)) == \
+        "registry.example.com:5000/ml/trainer:7.1-gpu"  # gpusPerWorker defaults to 1
+    assert trainer_image(with_default_image(on_cpu, settings.trainer_images)) == \
         "registry.example.com:5000/ml/trainer:7.1-cpu"
+    # Where the run trains on a machine without GPUs (a local run), the CPU image whatever it asks for.
+    assert trainer_image(with_default_image(keras.model_copy(deep=True), settings.trainer_images, gpu_images=False)) \
+        == "registry.example.com:5000/ml/trainer:7.1-cpu"
     lightning = parse_scalingrun({"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun",
                                   "metadata": {"name": "b"},
                                   "spec": {"storage": {"credentialsSecret": "s3"}, "dataset": {"source": "s3://bucket/in", "output": "s3://bucket/out"},
                                            "training": {"framework": "pytorch-lightning", "strategy": "ddp"}}})
+    lightning_on_cpu = lightning.model_copy(deep=True)
+    lightning_on_cpu.spec.workers.gpus_per_worker = 0
     assert trainer_image(with_default_image(lightning, settings.trainer_images)) == \
+        "registry.example.com:5000/ml/trainer:7.1-lightning-gpu"
+    assert trainer_image(with_default_image(lightning_on_cpu, settings.trainer_images)) == \
         "registry.example.com:5000/ml/trainer:7.1-lightning-cpu"
     own = keras.model_copy(deep=True)
     own.spec.workers.image = "team/mine:1"
     assert trainer_image(with_default_image(own, settings.trainer_images)) == "team/mine:1"  # a run's own wins
     unset = parse_scalingrun({"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "c"},
                               "spec": {"storage": {"credentialsSecret": "s3"}, "dataset": {"source": "s3://bucket/in", "output": "s3://bucket/out"}}})
-    assert trainer_image(with_default_image(unset, "")) == DEFAULT_TRAINER_IMAGE  # no setting: ours
+    assert trainer_image(with_default_image(unset, "")) == trainer_image_name("gpu")  # no setting: ours
+    unset.spec.workers.image, unset.spec.workers.gpus_per_worker = None, 0
+    assert trainer_image(with_default_image(unset, "")) == DEFAULT_TRAINER_IMAGE
 
 
 @pytest.mark.parametrize("bad", ["trainer", "registry.example.com/ml/trainer", "a b:1", "repo:tag with space"])

@@ -27,13 +27,14 @@ import time
 from typing import Callable, Optional
 
 from pyarrow import fs as pafs
-from scalingrun_api.heartbeat import STALL_EXIT_CODE
+from scalingrun_api.heartbeat import COLLECTIVE_TIMEOUT_VARIABLE, DEFAULT_COLLECTIVE_TIMEOUT_SECONDS, STALL_EXIT_CODE
 
 from ..storage import Location
 from .heartbeat import HeartbeatWriter
 
-TIMEOUT_VARIABLE = "SCALINGRUN_COLLECTIVE_TIMEOUT_SECONDS"
-DEFAULT_TIMEOUT_SECONDS = 300.0
+# Set by the MPIJob from spec.training.stallTimeout when GPUs are asked for (scalingrun_api.heartbeat).
+TIMEOUT_VARIABLE = COLLECTIVE_TIMEOUT_VARIABLE
+DEFAULT_TIMEOUT_SECONDS = DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
 # Added to the watch's time before an engine's own collective timeout fires: the watch, which names the silent
 # ranks, speaks first.
 ENGINE_TIMEOUT_MARGIN_SECONDS = 30.0

@@ -1,0 +1,42 @@
+"""The rules of spec.workers that the CRD schema cannot say: a GPU resource in Kubernetes' own domain and a /dev/shm
+as large as the memory limit are errors; an image our naming scheme marks as a CPU build beside a GPU request is a
+warning (valid, but the run would hold GPUs and train on the CPU)."""
+
+from __future__ import annotations
+
+from scalingrun_api.engines import cpu_flavour_of, engine
+from scalingrun_api.models import ScalingRun, quantity_value
+from .findings import FieldError, SpecWarning
+
+CPU_IMAGE_WITH_GPUS = "CPUImageWithGPUs"  # the Warning Event's reason
+
+
+def workers_errors(run: ScalingRun) -> list[FieldError]:
+    workers = run.spec.workers
+    errors = []
+    resource = workers.gpu_resource or ""
+    # The API server's rule for extended resources (IsExtendedResourceName): outside kubernetes.io, no requests.
+    if "kubernetes.io/" in resource or resource.startswith("requests."):
+        errors.append(FieldError("spec.workers.gpuResource", f"{resource} is not an extended resource "
+                                 "(Kubernetes' own domain): name the device plugin's, e.g. nvidia.com/gpu, "
+                                 "nvidia.com/mig-3g.40gb or amd.com/gpu"))
+    shm, memory = workers.shared_memory, workers.memory
+    if shm and memory and quantity_value(shm) >= quantity_value(memory):
+        errors.append(FieldError("spec.workers.sharedMemory", f"must be below spec.workers.memory ({memory}), got "
+                                 f"{shm}: what /dev/shm holds counts against the worker's memory limit"))
+    return errors
+
+
+def workers_warnings(run: ScalingRun) -> list[SpecWarning]:
+    workers, training = run.spec.workers, run.spec.training
+    flavour = cpu_flavour_of(workers.image or "")
+    if not workers.gpus_per_worker or flavour is None:
+        return []
+    gpu_flavour = engine(training.framework, training.strategy).gpu_flavour
+    instead = (f"{workers.image[:-len(flavour)]}{gpu_flavour}" if workers.image.endswith(flavour)
+               else f"the -{gpu_flavour} flavour")
+    return [SpecWarning(
+        CPU_IMAGE_WITH_GPUS, "spec.workers.image",
+        f"{workers.image} is a CPU build (its tag names the {flavour} flavour) but spec.workers.gpusPerWorker is "
+        f"{workers.gpus_per_worker}: the workers would hold their GPUs and train on the CPU. Use {instead}, leave "
+        "spec.workers.image out for the GPU image of the engine, or set gpusPerWorker: 0 to train on CPU on purpose")]
