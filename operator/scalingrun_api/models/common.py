@@ -215,6 +215,18 @@ def secret_name_field(description: str):
     return Field(None, description=description, pattern=SECRET_NAME_PATTERN, max_length=253)
 
 
+def _secret_name(value: object) -> object:
+    """A Secret's name; `name: regcred`, as a pod spec writes it, gets the spelling this API takes."""
+    if isinstance(value, dict) and set(value) == {"name"}:
+        raise PydanticCustomError("secret_name", f"write the Secret's name alone (- {value['name']}), not an object")
+    return value
+
+
+# A Secret in the run's namespace, by name (a list of them: imagePullSecrets). The constraints before the
+# validator: after it, pydantic leaves the pattern out of the JSON schema, and so out of the CRD.
+SecretName = Annotated[str, Field(pattern=SECRET_NAME_PATTERN, max_length=253), BeforeValidator(_secret_name)]
+
+
 class ObjectMeta(BaseModel):
     """The parts of metadata we read; the rest is kept as is."""
 
