@@ -224,7 +224,8 @@ def _secret_name(value: object) -> object:
 
 # A Secret in the run's namespace, by name (a list of them: imagePullSecrets). The constraints before the
 # validator: after it, pydantic leaves the pattern out of the JSON schema, and so out of the CRD.
-SecretName = Annotated[str, Field(pattern=SECRET_NAME_PATTERN, max_length=253), BeforeValidator(_secret_name)]
+SecretName = Annotated[str, Field(description="Name of a Secret in the run's namespace.", pattern=SECRET_NAME_PATTERN,
+                                   max_length=253), BeforeValidator(_secret_name)]
 
 
 class ObjectMeta(BaseModel):
