@@ -7,7 +7,7 @@
 # (e.g. --per-class 100).
 # --cluster: the quick start in the current kube context instead (scalingrun_operator.demo.quickstart: images,
 # chart, a demo SeaweedFS, the data, a 2-worker CPU ScalingRun followed to its report); --cluster --down removes
-# what it added. `scripts/quickstart.sh --cluster --help` lists its options.
+# what it added but the CRDs (they hold every ScalingRun). `scripts/quickstart.sh --cluster --help` lists its options.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -62,6 +62,16 @@ def test_operator_pod_is_locked_down(helm):
     assert container["image"].endswith(":" + yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
 
 
+def test_the_operator_pulls_with_the_image_pull_secrets_by_name_or_as_in_a_pod_spec(helm):
+    def pod(*args):
+        return next(o for o in render(helm, *args) if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+
+    assert "imagePullSecrets" not in pod()
+    mirror = pod(CHART / "ci/mirror-values.yaml", "--set", "imagePullSecrets[1].name=team-registry")
+    assert mirror["imagePullSecrets"] == [{"name": "mirror-pull"}, {"name": "team-registry"}]
+    assert mirror["containers"][0]["image"].startswith("registry.example.com/mirror/scalingrun/operator:")
+
+
 def test_namespaced_install_uses_roles_only(helm):
     objects = render(helm, CHART / "ci/namespaced-values.yaml")
     bindings = [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRoleBinding"]
@@ -166,7 +176,9 @@ def test_names_follow_the_release(helm, release):
                                  ["--set", "leaderElection.renewDeadlineSeconds=20"],
                                  ["--set", "leaderElection.renewSeconds=10"],
                                  ["--set", "replicaCount=-1"], ["--set", "peering.name=scalingrun"],
-                                 ["--set", "unknownKey=1"], ["--set", "operator.logFormat=xml"]])
+                                 ["--set", "unknownKey=1"], ["--set", "operator.logFormat=xml"],
+                                 ["--set", "imagePullSecrets[0]=Mirror_Pull"],
+                                 ["--set", "imagePullSecrets[0].nam=mirror-pull"]])
 def test_bad_values_are_refused(helm, bad):
     result = subprocess.run([helm, "template", "t", str(CHART), *bad], capture_output=True, text=True)
     assert result.returncode != 0 and result.stderr

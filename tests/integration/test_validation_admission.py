@@ -9,8 +9,8 @@ create, to a real kube-apiserver with the generated CRD: both must accept it or 
 validate's error must name the field.
 
 What 1.20's schema cannot express is kept apart and checked for what it is:
-- unknown fields: validate rejects them (a typo must not silently become a default); the API server
-  prunes them, so they never reach the operator;
+- unknown fields: validate rejects them in any spelling, snake_case too, with the name meant (a typo must
+  not silently become a default); the API server prunes them, so they never reach the operator;
 - cross-field rules (validation.semantic_errors): validate and the operator reject, admission cannot.
 """
 
@@ -24,7 +24,7 @@ import pytest
 from kubernetes import client
 
 from scalingrun_api import models
-from scalingrun_operator.schema.validation import parse_scalingrun
+from scalingrun_operator.schema.validation import InvalidScalingRun, parse_scalingrun
 from tests.support.admission import (  # noqa: F401 (installed: a fixture)
     BASE, RESOURCES, _models_in, _reason, installed, minimal, resources, value_candidates,
 )
@@ -136,3 +136,37 @@ def test_a_builder_or_command_is_stored_without_the_builtin_networks_defaults(ap
     assert run.spec.model.base is None
     plain = parse_scalingrun({**BASE, "spec": resource.create(api, namespace, copy.deepcopy(BASE))[1]["spec"]})
     assert (plain.spec.model.base, plain.spec.model.dropout) == ("efficientnet_lite0", 0.2)
+
+
+@pytest.mark.parametrize("workers, named, says", [
+    ({"gpus_per_worker": 0}, "spec.workers.gpus_per_worker", "write gpusPerWorker"),
+    ({"replica": 2}, "spec.workers.replica", "did you mean replicas?"),
+], ids=["snake-case", "near-miss"])
+def test_a_spelling_the_api_server_drops_is_refused_by_validate_with_the_name_meant(api_client, scalingrun_crd,
+                                                                                    namespace, workers, named, says):
+    """Issue 41: `gpus_per_worker: 0` was validated as a CPU run, while the API server drops it and the run gets
+    the default, 1 GPU. validate refuses it, with the name meant; the server (without strict field validation)
+    stores the run without it."""
+    resource, api = next(r for r in RESOURCES if r.model is models.ScalingRun), client.CustomObjectsApi(api_client)
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["workers"] = workers
+    with pytest.raises(InvalidScalingRun) as caught:
+        parse_scalingrun(doc)
+    [error] = caught.value.errors
+    assert error.path == named and says in error.message, error
+    admitted, created = resource.create(api, namespace, doc)
+    assert admitted, created
+    assert set(workers).isdisjoint(created["spec"].get("workers") or {}), created["spec"]
+
+
+def test_a_quantity_written_as_a_fraction_is_refused_by_both(api_client, scalingrun_crd, namespace):
+    """`cpu: 0.5` is neither an integer nor a string to the API server; validate says what to write instead."""
+    resource, api = next(r for r in RESOURCES if r.model is models.ScalingRun), client.CustomObjectsApi(api_client)
+    doc = copy.deepcopy(BASE)
+    doc["spec"]["workers"] = {"cpu": 0.5}
+    schema_ok, named = resource.validate(doc)
+    assert (schema_ok, named) == (False, ["spec.workers.cpu"])
+    with pytest.raises(InvalidScalingRun, match='write "500m" \\(a quantity string\\)'):
+        parse_scalingrun(doc)
+    admitted, answer = resource.create(api, namespace, doc)
+    assert not admitted, answer

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Annotated, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, WithJsonSchema
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationInfo, WithJsonSchema
 from pydantic_core import PydanticCustomError
 from pydantic.alias_generators import to_camel
 
@@ -75,12 +76,37 @@ INT64_MAX = 2**63 - 1
 MAX_INTEGER = 2**53 - 1
 
 
-def _quantity(value: object) -> object:
-    """An integer quantity becomes its string; one beyond int64 is refused, as the API server refuses it."""
+QUANTITY_NUMBER = "quantity_number"  # the error type of a fraction written as a number, e.g. cpu: 0.5
+
+
+def quantity_fix(number: float, field: str) -> str:
+    """How NUMBER, written where FIELD's quantity is due, is written as one: 0.5 CPU is "500m"; a fraction of memory
+    is most often meant in Gi."""
+    text = f"{number:g}"
+    if number <= 0:
+        return 'write a positive quantity string such as "500m", "2" or "16Gi"'
+    if field.startswith("cpu"):
+        millicores = Decimal(repr(number)) * 1000
+        if number.is_integer():
+            return f'write "{int(number)}" (a quantity string)'
+        if millicores == millicores.to_integral_value():
+            return f'write "{int(millicores)}m" (a quantity string)'
+        return 'write whole millicores such as "1m" or "500m" (a quantity string; 1000m is one CPU)'
+    if "e" in text:
+        return 'write a quantity string such as "512Mi" or "16Gi"'
+    return f'write a quantity string such as "{text}Gi" (if you meant gibibytes)'
+
+
+def _quantity(value: object, info: ValidationInfo) -> object:
+    """An integer quantity becomes its string; one beyond int64 is refused, as the API server refuses it; a fraction
+    (cpu: 0.5), which the API server refuses too, gets its fix."""
     if isinstance(value, int) and not isinstance(value, bool):
         if value > INT64_MAX:
             raise PydanticCustomError("quantity", f"Input should be at most {INT64_MAX} (int64), or a string")
         return str(value)
+    if isinstance(value, float):
+        raise PydanticCustomError(QUANTITY_NUMBER, f"{quantity_fix(value, info.field_name or '')}, not the number "
+                                  f"{value!r}")
     return value
 
 
@@ -194,6 +220,19 @@ class ApiModel(BaseModel):
 def secret_name_field(description: str):
     """An optional reference to a Secret in the run's namespace, by name: never the values themselves."""
     return Field(None, description=description, pattern=SECRET_NAME_PATTERN, max_length=253)
+
+
+def _secret_name(value: object) -> object:
+    """A Secret's name; `name: regcred`, as a pod spec writes it, gets the spelling this API takes."""
+    if isinstance(value, dict) and set(value) == {"name"}:
+        raise PydanticCustomError("secret_name", f"write the Secret's name alone (- {value['name']}), not an object")
+    return value
+
+
+# A Secret in the run's namespace, by name (a list of them: imagePullSecrets). The constraints before the
+# validator: after it, pydantic leaves the pattern out of the JSON schema, and so out of the CRD.
+SecretName = Annotated[str, Field(description="Name of a Secret in the run's namespace.", pattern=SECRET_NAME_PATTERN,
+                                   max_length=253), BeforeValidator(_secret_name)]
 
 
 class ObjectMeta(BaseModel):

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .common import (
     DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, DNS_SUBDOMAIN_PATTERN, EXTENDED_RESOURCE_PATTERN,
-    HTTP_URL_PATTERN, LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, ObjectMeta, Quantity, secret_name_field,
+    HTTP_URL_PATTERN, LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, ObjectMeta, Quantity, SecretName, secret_name_field,
 )
 from .status import ScalingRunStatus
 from .dataset import CPU_LIMIT_DESCRIPTION, Dataset, Resources
@@ -131,6 +131,10 @@ class Workers(ApiModel):
         "role is bound to when spec.storage.credentials is podIdentity. Default: the namespace's default. "
         "Its API token is still not mounted (the pods never call the Kubernetes API).",
         pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+    image_pull_secrets: list[SecretName] = Field(
+        default_factory=list, description="Secrets in the run's namespace (kubernetes.io/dockerconfigjson), by name, "
+        "that the run's pods (preprocessing, launcher, workers) pull their images with: a private registry or "
+        "mirror. The ServiceAccount's own imagePullSecrets apply as well.")
 
 
 class LauncherResources(Resources):

@@ -93,11 +93,18 @@ def service_account(run: ScalingRun) -> dict[str, Any]:
     return {"serviceAccountName": name} if name else {}
 
 
+def image_pull_secrets(run: ScalingRun) -> dict[str, Any]:
+    """spec.workers.imagePullSecrets for every pod of the run (a private registry or mirror)."""
+    names = run.spec.workers.image_pull_secrets
+    return {"imagePullSecrets": [{"name": name} for name in names]} if names else {}
+
+
 def pod_spec(run: ScalingRun, container: dict[str, Any], volumes: list[dict[str, Any]]) -> dict[str, Any]:
     """The spec of a run's pod of one container that never calls the Kubernetes API (no token mounted), non-root."""
     return {
         "automountServiceAccountToken": False,
         **service_account(run),
+        **image_pull_secrets(run),
         "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": volumes,

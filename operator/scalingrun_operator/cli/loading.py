@@ -12,6 +12,7 @@ from typing import Any, Iterable
 import yaml
 
 from scalingrun_api.models import GROUP, KIND, SWEEP_KIND
+from ..schema import strict_yaml
 
 OURS = (KIND, SWEEP_KIND)
 EXTENSIONS = (".yaml", ".yml", ".json")
@@ -73,13 +74,14 @@ def _flatten(body: Any) -> Iterable[Any]:
 
 
 def read_file(path: str) -> list[Document]:
-    """Every document of one file (or - for stdin), Lists flattened; nulls (an empty `---`) dropped."""
+    """Every document of one file (or - for stdin), Lists flattened; nulls (an empty `---`) dropped. A duplicate
+    key is bad YAML here, as it is to kubectl."""
     try:
         text = sys.stdin.read() if path == "-" else Path(path).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        bodies = list(yaml.safe_load_all(text))
+        bodies = strict_yaml.load_all(text)
     except yaml.YAMLError as exc:
         raise _yaml_error(path, exc) from None
     return [Document(path, body) for raw in bodies for body in _flatten(raw)]

@@ -2,7 +2,8 @@
 images and makes them available to the nodes, checks that something serves MPIJobs, installs the chart (unless an
 operator is there), runs SeaweedFS as the demo's object store, uploads Fashion-MNIST JPEGs, applies a 2-worker
 CPU ScalingRun (examples/quickstart.yaml), follows it on one line and prints its summary and report.
-`--down` removes what it added, and nothing else: the demo namespace records what that was.
+`--down` removes what it added that holds no user data (never a CRD: with it would go every ScalingRun and
+ScalingSweep in the cluster) and names what it leaves and why; the demo namespace records what it added.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import secrets
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -106,7 +108,8 @@ def install_operator(kube: Kube, operator_image: str, trainer_image: str) -> dic
     if kube.helm("status", RELEASE, "-n", SYSTEM_NAMESPACE, check=False).returncode == 0:
         say(f"using the operator already installed (helm release {RELEASE} in {SYSTEM_NAMESPACE})")
         return {}
-    if kube.get("crd", OPERATOR_CRDS[0]) is not None:
+    crd = kube.get("crd", OPERATOR_CRDS[0])
+    if crd is not None and not kept_by_release(crd):
         say(f"{OPERATOR_CRDS[0]} is there (an operator installed without this release): using it")
         return {}
     system_namespace_existed = kube.get("namespace", SYSTEM_NAMESPACE) is not None
@@ -121,6 +124,14 @@ def install_operator(kube: Kube, operator_image: str, trainer_image: str) -> dic
     say(f"operator ready in {time.monotonic() - started:.0f} s")
     return {"release": RELEASE, "releaseNamespace": SYSTEM_NAMESPACE, "crds": list(OPERATOR_CRDS),
             "createdNamespace": not system_namespace_existed}
+
+
+def kept_by_release(crd: dict[str, Any]) -> bool:
+    """A CRD the release left when it was uninstalled (`--down` keeps them): `helm install` of the same release
+    takes it back, so it is no sign of another operator."""
+    annotations = crd["metadata"].get("annotations") or {}
+    return (annotations.get("meta.helm.sh/release-name"), annotations.get("meta.helm.sh/release-namespace")) == \
+        (RELEASE, SYSTEM_NAMESPACE)
 
 
 def s3_keys(kube: Kube, namespace: str) -> tuple[str, str]:
@@ -248,23 +259,69 @@ def up(args: argparse.Namespace, kube: Kube) -> int:
 # --- down ------------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Step:
+    """One command of `--down`, and what it says before it."""
+
+    says: str
+    tool: str  # kubectl or helm
+    args: tuple[str, ...]
+
+
+def down_plan(namespace: str, added: dict[str, Any], others: dict[str, list[str]]) -> tuple[list[Step], list[str]]:
+    """What `--down` deletes (only what the quick start made and holds no user data) and what it leaves, with why.
+    ADDED: what the demo namespace records; OTHERS: per namespace, the ScalingRuns and ScalingSweeps there that the
+    quick start did not make. Never a CRD: deleting one deletes every object of its kind in every namespace."""
+    if others.get(namespace):
+        raise QuickstartError(f"namespace {namespace} holds {', '.join(others[namespace])}, which the quick start did "
+                              "not make: --down would delete them with the namespace. Delete or move them, then run "
+                              "--down again")
+    steps = [Step(f"deleting namespace {namespace} (the quick start's run, its pods, SeaweedFS and its demo data)",
+                  "kubectl", ("delete", "namespace", namespace, "--wait=true", "--timeout=300s"))]
+    left = []
+    if added.get("release"):
+        release, release_namespace = added["release"], added["releaseNamespace"]
+        steps.append(Step(f"uninstalling the chart (release {release} in {release_namespace})", "helm",
+                          ("uninstall", release, "-n", release_namespace, "--wait", "--timeout", "2m")))
+        if added.get("createdNamespace") and others.get(release_namespace):
+            left.append(f"namespace {release_namespace}: it holds {', '.join(others[release_namespace])}")
+        elif added.get("createdNamespace"):
+            steps.append(Step(f"deleting namespace {release_namespace} (the quick start made it for the chart)",
+                              "kubectl", ("delete", "namespace", release_namespace, "--ignore-not-found",
+                                          "--wait=true", "--timeout=300s")))
+        crds = " ".join(added.get("crds") or OPERATOR_CRDS)
+        left.append(f"the CRDs ({crds}): deleting a CRD deletes every ScalingRun and ScalingSweep in every "
+                    f"namespace, not only the quick start's. When no one needs any: kubectl delete crd {crds}")
+    left.append("the images, in Docker (and in the nodes' image caches)")
+    return steps, left
+
+
+def foreign_runs(kube: Kube, namespaces: list[str]) -> dict[str, list[str]]:
+    """Per namespace, the ScalingRuns and ScalingSweeps the quick start did not make (kind/name)."""
+    if kube.get("crd", OPERATOR_CRDS[0]) is None:
+        return {}
+    found = {}
+    for namespace in namespaces:
+        listed = (kube.get("scalingruns,scalingsweeps", "-n", namespace) or {}).get("items", [])
+        found[namespace] = [f"{item['kind']}/{item['metadata']['name']}" for item in listed
+                            if (item["kind"], item["metadata"]["name"]) != ("ScalingRun", RUN_NAME)]
+    return found
+
+
 def down(args: argparse.Namespace, kube: Kube) -> int:
     found = demo_namespace(kube, args.namespace)
     if found is None:
         say(f"namespace {args.namespace} is not there: nothing to remove")
         return 0
     added = json.loads((found["metadata"].get("annotations") or {}).get(ADDED) or "{}")
-    say(f"deleting namespace {args.namespace} (the run, its pods, SeaweedFS and its data)")
-    kube.kubectl("delete", "namespace", args.namespace, "--wait=true", "--timeout=300s")
-    if added.get("release"):
-        say(f"uninstalling the chart (release {added['release']} in {added['releaseNamespace']}) and its CRDs")
-        kube.helm("uninstall", added["release"], "-n", added["releaseNamespace"], "--wait", "--timeout", "2m")
-        for crd in added.get("crds", []):  # the chart keeps them (crds.keep); the quick start made them
-            kube.kubectl("delete", "crd", crd, "--ignore-not-found", "--wait=true")
-        if added.get("createdNamespace"):
-            kube.kubectl("delete", "namespace", added["releaseNamespace"], "--ignore-not-found", "--wait=true",
-                         "--timeout=300s")
-    say("removed; images stay in Docker (and in the nodes' image caches)")
+    checked = [args.namespace] + ([added["releaseNamespace"]] if added.get("createdNamespace") else [])
+    steps, left = down_plan(args.namespace, added, foreign_runs(kube, checked))
+    for step in steps:
+        say(step.says)
+        (kube.kubectl if step.tool == "kubectl" else kube.helm)(*step.args)
+    say("removed what the quick start added; left in place:")
+    for thing in left:
+        say(f"  {thing}")
     return 0
 
 

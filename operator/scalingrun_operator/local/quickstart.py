@@ -17,9 +17,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import yaml
-
 from scalingrun_api.progress import Progress
+from ..schema import strict_yaml
 from ..schema.validation import parse_scalingrun
 from ..builders.locations import progress_uri
 from .keep import Kept, keep
@@ -142,7 +141,7 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--max-epochs", type=int, help="override spec.training.maxEpochs (e.g. a short sweep)")
     args = parser.parse_args(argv)
 
-    document = yaml.safe_load(Path(args.filename).read_text())
+    document = strict_yaml.load(Path(args.filename).read_text())
     if args.max_epochs:
         document["spec"].setdefault("training", {})["maxEpochs"] = args.max_epochs
     run = parse_scalingrun(document)

@@ -2,9 +2,11 @@
 
 The CRD schema rejects what it can at admission, and `parse_schema` accepts and rejects the same specs
 (tests/integration/test_validation_admission.py checks both on generated specs); unknown fields, which
-the API server prunes, are rejected here. The rules a 1.20-era schema cannot express (cross-field rules)
-run in `scalingrun validate` and in the operator, where they become an `InvalidSpec` condition instead
-of a crash loop.
+the API server prunes (or refuses, under kubectl's strict field validation), are rejected here in any
+spelling, snake_case too, with the name meant (field_errors.py); a duplicate key is refused where YAML is
+read (strict_yaml.py). The rules a 1.20-era schema cannot express (cross-field rules) run in `scalingrun
+validate` and in the operator, where they become an `InvalidSpec` condition instead of a crash loop.
+ScalingRuns and ScalingSweeps go through the same `parse_schema`.
 """
 
 from __future__ import annotations
@@ -17,66 +19,17 @@ import pydantic
 
 from scalingrun_api.engines import ENGINES, framework_engine
 from scalingrun_api.models import (
-    AUTO, BUILDER_PATTERN, DATA_URI_PATTERN, DNS_SUBDOMAIN_PATTERN, FRAMEWORK_STRATEGIES, HTTP_URL_PATTERN,
-    LABEL_VALUE_PATTERN, QUANTITY_PATTERN, WEIGHTS_PATTERN, Columns, DatasetFormat, Framework, Monitor,
-    Preprocessing, ScalingRun, ScalingSweep, StorageCredentials, quantity_value,
+    AUTO, FRAMEWORK_STRATEGIES, Columns, DatasetFormat, Framework, Monitor, Preprocessing, ScalingRun, ScalingSweep,
+    StorageCredentials, quantity_value,
 )
-from scalingrun_api.models.common import DURATION_PATTERN, MAX_INTEGER
+from scalingrun_api.models.common import MAX_INTEGER
 from scalingrun_api.models.dataset import Dataset
+from .field_errors import schema_errors
 from .findings import FieldError, InvalidScalingRun, SpecWarning
 from .sweep import build_point_run, sweep_points
 from .workers import workers_errors, workers_warnings
 
 Resource = TypeVar("Resource", bound=pydantic.BaseModel)
-
-
-def _path(loc: Iterable[Any]) -> str:
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        else:
-            path += f".{part}" if path else str(part)
-    return path or "(document)"
-
-
-_MESSAGES = {
-    "extra_forbidden": "unknown field",
-    "missing": "required field is missing",
-}
-
-
-# Errors where a word was due: a boolean there is most often YAML 1.1's reading of an unquoted word.
-_WORD_EXPECTED = ("string_type", "enum", "literal_error", "string_pattern_mismatch")
-
-# A pattern said in words: a user reads "a positive quantity such as 500m", not the regular expression.
-_PATTERN_WORDS = {
-    QUANTITY_PATTERN: "must be a positive quantity such as 500m, 2 or 16Gi",
-    DURATION_PATTERN: "must be seconds or a duration such as 90s, 10m or 1h30m",
-    DATA_URI_PATTERN: "must be an s3://bucket/path, file:///path or /absolute/path URI",
-    WEIGHTS_PATTERN: "must be imagenet, none, or an s3://, file:/// or /absolute path to a weights file",
-    DNS_SUBDOMAIN_PATTERN: "must be a Kubernetes name: lower-case letters, digits, '-' and '.', starting and ending "
-                           "with a letter or digit",
-    LABEL_VALUE_PATTERN: "must be a label value: letters, digits, '-', '_' and '.', starting and ending with a "
-                         "letter or digit",
-    HTTP_URL_PATTERN: "must be an http:// or https:// URL",
-    BUILDER_PATTERN: "must be module.path:function, e.g. my_models.heads:build",
-}
-
-
-def _pydantic_errors(exc: pydantic.ValidationError) -> list[FieldError]:
-    errors = []
-    for err in exc.errors(include_url=False):
-        message = _MESSAGES.get(err["type"], err["msg"])
-        if err["type"] == "string_pattern_mismatch":
-            message = _PATTERN_WORDS.get((err.get("ctx") or {}).get("pattern"), message)
-        if err["type"] not in ("missing",):
-            message += f" (got {err['input']!r})" if not isinstance(err["input"], dict) else ""
-        if isinstance(err.get("input"), bool) and err["type"] in _WORD_EXPECTED:
-            message += (": YAML reads an unquoted yes, no, on, off, true or false as a boolean; quote the word, "
-                        "e.g. \"on\"")
-        errors.append(FieldError(_path(err["loc"]), message))
-    return errors
 
 
 def s3_fields(run: ScalingRun) -> list[str]:
@@ -205,12 +158,13 @@ def parse_schema(document: Any, resource: type[Resource] = ScalingRun) -> Resour
         raise InvalidScalingRun([FieldError("(document)", f"must be a mapping (a {resource.__name__} object)")])
     # Kubernetes adds server-side metadata and status; only the spec is the user's input.
     admitted = _as_admitted(document)
-    errors: list[FieldError] = []
+    run, failed = None, None
     try:
         # Strict JSON, as the API server types it: no '4' for 4, no 'yes' for true, no 2.5 for an integer.
         run = resource.model_validate_json(json.dumps(admitted, default=str), strict=True)
     except pydantic.ValidationError as exc:
-        errors = _pydantic_errors(exc)
+        failed = exc
+    errors = schema_errors(admitted, resource, failed)
     # 1.20 refuses an empty string in any field ("must be of type string: null"); the CRD says minLength 1.
     reported = {e.path for e in errors}
     spec = admitted.get("spec")
@@ -361,12 +315,7 @@ def sweep_semantic_errors(sweep: ScalingSweep) -> list[FieldError]:
 
 def parse_scalingsweep(document: Any) -> ScalingSweep:
     """Parses and validates one ScalingSweep document; raises InvalidScalingRun listing every bad field."""
-    if not isinstance(document, dict):
-        raise InvalidScalingRun([FieldError("(document)", "must be a mapping (a ScalingSweep object)")])
-    try:
-        sweep = ScalingSweep.model_validate(document)
-    except pydantic.ValidationError as exc:
-        raise InvalidScalingRun(_pydantic_errors(exc)) from None
+    sweep = parse_schema(document, ScalingSweep)
     errors = sweep_semantic_errors(sweep)
     if errors:
         raise InvalidScalingRun(errors)

@@ -1,7 +1,9 @@
-"""The cluster quick start's pure parts: the run it applies and the demo store it runs (the whole of it runs in the
-e2e's cluster: tests/e2e/test_quickstart_cluster.py)."""
+"""The cluster quick start's pure parts: the run it applies, the demo store it runs, what --down removes (the whole
+of it runs in the e2e's cluster: tests/e2e/test_quickstart_cluster.py)."""
 
 from __future__ import annotations
+
+import json
 
 import kubernetes_validate
 import pytest
@@ -10,7 +12,11 @@ from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.common import trainer_image
 from scalingrun_operator.demo import seaweedfs
 from scalingrun_operator.demo.delivery import split_image
-from scalingrun_operator.demo.quickstart import LABELS, SECRET, parse_args, run_document
+from scalingrun_operator.demo.delivery import QuickstartError
+from scalingrun_operator.demo.quickstart import (
+    ADDED, LABELS, NAMESPACE, OPERATOR_CRDS, OWNED, RUN_NAME, SECRET, down, down_plan, kept_by_release, parse_args,
+    run_document,
+)
 from scalingrun_api.models import DEFAULT_TRAINER_IMAGE
 
 
@@ -51,3 +57,74 @@ def test_the_defaults_are_the_readmes():
     args = parse_args([])
     assert (args.namespace, args.per_class, args.worker_cpu, args.down, args.no_build) == \
         ("scalingrun-quickstart", 1000, "1", False, False)
+
+
+INSTALLED = {"release": "scalingrun", "releaseNamespace": "scalingrun-system", "crds": list(OPERATOR_CRDS),
+             "createdNamespace": True}
+
+
+class FakeKube:
+    """kubectl and helm as --down calls them: what `get` finds, and every command it ran."""
+
+    def __init__(self, added: dict, runs: list[tuple[str, str, str]]):
+        self.context, self.commands = "test", []
+        self.namespace = {"metadata": {"name": NAMESPACE, "labels": {OWNED: "true"},
+                                       "annotations": {ADDED: json.dumps(added)}}}
+        self.runs = runs  # (namespace, kind, name)
+
+    def get(self, *args: str):
+        if args[0] == "namespace":
+            return self.namespace
+        if args[0] == "crd":
+            return {"metadata": {"name": args[1]}}
+        return {"items": [{"kind": kind, "metadata": {"name": name}} for namespace, kind, name in self.runs
+                          if namespace == args[2]]}
+
+    def kubectl(self, *args: str, **_):
+        self.commands.append(("kubectl", *args))
+
+    def helm(self, *args: str, **_):
+        self.commands.append(("helm", *args))
+
+
+@pytest.mark.parametrize("added", [{}, INSTALLED], ids=["operator-was-there", "operator-installed"])
+def test_down_never_deletes_a_crd_and_says_it_keeps_them(capsys, added):
+    kube = FakeKube(added, [(NAMESPACE, "ScalingRun", RUN_NAME), ("team-a", "ScalingRun", "resnet")])
+    assert down(parse_args(["--down"]), kube) == 0
+    assert not [c for c in kube.commands if "crd" in c or "customresourcedefinition" in c], kube.commands
+    expected = [("kubectl", "delete", "namespace", NAMESPACE, "--wait=true", "--timeout=300s")]
+    if added:
+        expected += [("helm", "uninstall", "scalingrun", "-n", "scalingrun-system", "--wait", "--timeout", "2m"),
+                     ("kubectl", "delete", "namespace", "scalingrun-system", "--ignore-not-found", "--wait=true",
+                      "--timeout=300s")]
+    assert kube.commands == expected
+    err = capsys.readouterr().err
+    assert "left in place:" in err and "the images, in Docker" in err
+    crds_kept = ("the CRDs (scalingruns.scalingrun.dev scalingsweeps.scalingrun.dev): deleting a CRD deletes every "
+                 "ScalingRun and ScalingSweep in every namespace")
+    assert (crds_kept in err) == bool(added)
+
+
+def test_down_refuses_a_demo_namespace_holding_someone_elses_runs():
+    others = {NAMESPACE: ["ScalingSweep/mine"]}
+    with pytest.raises(QuickstartError, match=f"namespace {NAMESPACE} holds ScalingSweep/mine, which the quick "
+                       "start did not make"):
+        down_plan(NAMESPACE, INSTALLED, others)
+    kube = FakeKube(INSTALLED, [(NAMESPACE, "ScalingSweep", "mine")])
+    with pytest.raises(QuickstartError):
+        down(parse_args(["--down"]), kube)
+    assert kube.commands == []  # nothing deleted
+
+
+def test_down_leaves_the_release_namespace_when_it_holds_runs():
+    steps, left = down_plan(NAMESPACE, INSTALLED, {"scalingrun-system": ["ScalingRun/x"]})
+    assert [s.args[:3] for s in steps] == [("delete", "namespace", NAMESPACE), ("uninstall", "scalingrun", "-n")]
+    assert left[0] == "namespace scalingrun-system: it holds ScalingRun/x"
+
+
+def test_crds_the_release_left_are_installed_again_not_taken_for_another_operator():
+    left = {"metadata": {"annotations": {"meta.helm.sh/release-name": "scalingrun",
+                                         "meta.helm.sh/release-namespace": "scalingrun-system"}}}
+    assert kept_by_release(left)
+    assert not kept_by_release({"metadata": {"annotations": {"meta.helm.sh/release-name": "other"}}})
+    assert not kept_by_release({"metadata": {}})

@@ -21,6 +21,7 @@ from scalingrun_operator.builders.mpijob import (
 from scalingrun_operator.cli import main
 from scalingrun_trainer.cli import build_parser
 from tests.support.env import require
+from tests.support.specs import run_document
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = sorted(p for p in (ROOT / "examples").glob("**/*.yaml") if "kind: ScalingSweep" not in p.read_text())
@@ -354,3 +355,33 @@ def test_horovod_ranks_get_a_stall_shutdown_and_other_engines_do_not():
         assert {"name": "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", "value": "390"} in container["env"]
     assert "-x HOROVOD_STALL_SHUTDOWN_TIME_SECONDS" in launcher["command"][-1]  # forwarded to every rank
     assert "HOROVOD_STALL" not in json.dumps(build_children(lightning_run(), "ml")[2])
+
+
+@pytest.mark.parametrize("dataset_format", ["jpeg-tree", "parquet"])
+def test_every_pod_of_the_run_pulls_with_its_image_pull_secrets(mpijob_schema, dataset_format):
+    """spec.workers.imagePullSecrets reach the preprocessing (or Parquet check) Job, the launcher and the workers,
+    as pod-spec references; a run without them renders none."""
+    document = run_document(dataset={"format": dataset_format},
+                            workers={"imagePullSecrets": ["mirror-pull", "team-registry"]})
+    objects = build_children(parse_scalingrun(document), "ml")
+    kubernetes_validate.validate(objects[1], K8S_SCHEMA_VERSION, strict=True)
+    jsonschema.validate(objects[2], mpijob_schema)
+    specs = _pod_specs(objects)
+    assert sorted(specs) == ["Launcher", "Worker", "preprocess"]
+    for role, pod in specs.items():
+        assert pod["imagePullSecrets"] == [{"name": "mirror-pull"}, {"name": "team-registry"}], role
+    plain = _pod_specs(build_children(load(ROOT / "examples/quickstart.yaml"), "ml"))
+    assert not [role for role, pod in plain.items() if "imagePullSecrets" in pod]
+
+
+@pytest.mark.parametrize("value, says", [
+    ([{"name": "regcred"}], "spec.workers.imagePullSecrets[0]: write the Secret's name alone (- regcred), not an object"),
+    (["Reg_Cred"], "spec.workers.imagePullSecrets[0]: must be a Kubernetes name"),
+    ("regcred", "spec.workers.imagePullSecrets: Input should be a valid array"),
+])
+def test_image_pull_secrets_are_secret_names(value, says):
+    document = yaml.safe_load((ROOT / "examples/quickstart.yaml").read_text())
+    document["spec"]["workers"]["imagePullSecrets"] = value
+    with pytest.raises(ValueError) as caught:
+        parse_scalingrun(document)
+    assert says in str(caught.value)

@@ -151,7 +151,7 @@ BAD_INPUTS = [
     ("spec.workers.cpu", -2, "spec.workers.cpu", "positive quantity such as 500m"),
     ("spec.workers.memory", "0Gi", "spec.workers.memory", "positive quantity such as 500m"),
     ("spec.launcher.resources", {"cpu": "0m"}, "spec.launcher.resources.cpu", "positive quantity such as 500m"),
-    ("spec.workers.cpu", 0.5, "spec.workers.cpu", "valid string"),
+    ("spec.workers.cpu", 0.5, "spec.workers.cpu", 'write "500m" (a quantity string), not the number 0.5'),
     # cross-field rules the CRD schema cannot express
     ("spec.storage.credentialsSecret", ..., "spec.storage.credentialsSecret", "s3:// is used by spec.dataset.source"),
     ("spec.dataset.output", "s3://bucket/raw/parquet", "spec.dataset.output", "must not be inside spec.dataset.source"),

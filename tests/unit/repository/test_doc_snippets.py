@@ -1,6 +1,6 @@
 """Every YAML snippet in README.md and docs/*.md that is a ScalingRun or ScalingSweep, or a part of a ScalingRun's
 spec, validates as written (issue 31, item 6), read by PyYAML as kubectl's parser reads it (YAML 1.1: an unquoted
-off is false). A part is put into the smallest valid run first. A snippet that is something else (Helm values)
+off is false; a duplicate key refused). A part is put into the smallest valid run first. A snippet that is something else (Helm values)
 says so in an HTML comment on the line before its fence: <!-- snippet: not a ScalingRun -->."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from scalingrun_api.models import KIND, SWEEP_KIND, ScalingRunSpec
+from scalingrun_operator.schema import strict_yaml
 from scalingrun_operator.schema.validation import parse_scalingrun, parse_scalingsweep
 from tests.support.specs import MINIMAL
 
@@ -60,7 +61,7 @@ def test_every_yaml_snippet_validates_as_written(where, text, not_ours):
     if not_ours:
         assert "apiVersion: scalingrun.dev" not in text, f"{where} is marked not a ScalingRun but is one"
         return
-    for document in yaml.safe_load_all(text):
+    for document in strict_yaml.load_all(text):
         if document is not None:
             check(document)
 

@@ -67,7 +67,8 @@ def test_e2e_without_a_cluster_fails_with_any_truthy_ci(plain_clone, ci):
 def test_the_test_command_runs_the_e2e_and_keeps_its_status():
     """scripts/test.sh with no arguments ends with scripts/e2e.sh and exits with pytest's or its failure."""
     script = (ROOT / "scripts/test.sh").read_text()
-    assert 'bash scripts/e2e.sh || status=$?' in script and script.rstrip().endswith('exit "$status"')
+    assert 'phase e2e bash scripts/e2e.sh --junitxml="$BUDGET/e2e.xml" || status=$?' in script
+    assert script.rstrip().endswith('exit "$status"')
 
 
 def test_python_and_shell_read_ci_alike():
