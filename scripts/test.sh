@@ -12,7 +12,7 @@
 #   unit         tests/unit and tests/chart, which need neither, while the builds run
 #   integration  the rest of pytest but the e2e, once the API server's binaries are there
 #   e2e          scripts/e2e.sh, once the node cluster and the images are built
-# pytest runs on SCALINGRUN_TEST_WORKERS processes (pytest-xdist, default 3; 0 = one process): the tests that
+# pytest runs on SCALINGRUN_TEST_WORKERS processes (pytest-xdist, default 4; 0 = one process): the tests that
 # train go one after another on one of them (tests/conftest.py), the others by file. At the end the phases and the
 # 25 slowest tests are printed (scripts/test_budget.py), and kept in .scalingrun/test-budget/.
 set -euo pipefail
@@ -20,7 +20,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 NODE_BUILDER="${SCALINGRUN_NODE_DIR:-$ROOT/../shared/node}/build.sh"
 ENVTEST_BUILDER="${SCALINGRUN_ENVTEST_BUILDER:-$ROOT/../shared/envtest/build-assets.sh}"
-WORKERS="${SCALINGRUN_TEST_WORKERS:-3}"
+WORKERS="${SCALINGRUN_TEST_WORKERS:-4}"
 unset KUBECONFIG
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 # Whether this run builds its own API server (and, for the whole suite, the node cluster).

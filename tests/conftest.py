@@ -18,20 +18,23 @@ from tests.support.env import NAMED_KUBECONFIG, ROOT, TEST_KUBECONFIG_VARIABLE, 
 from tests.support.apiserver import api_server, free_port, install_crd, mpijob_crd_document
 
 
-# Tests that train under horovodrun or mpirun keep both cores busy: with pytest-xdist (scripts/test.sh runs
-# `-n N --dist loadgroup`) they go one after another on one worker, beside the tests that mostly wait on an API
-# server, an operator or a store. Every other test runs on the worker of its file, with its file's module fixtures.
+# Tests that train under horovodrun or mpirun keep both cores busy. With pytest-xdist (scripts/test.sh runs
+# `-n N --dist loadgroup`) their files are dealt, in path order, to SCALINGRUN_TRAINING_LANES lanes (default 2),
+# each run by one worker one test after another, beside the workers taking the tests that mostly wait (on an API
+# server, an operator, a store). Every other test runs on the worker of its file, with its file's module fixtures.
 TRAINING_MARKERS = ("horovod", "lightning", "mirrored")
-TRAINING_LANE = "training"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     if not config.pluginmanager.hasplugin("xdist"):
         return
+    lanes = max(1, int(os.environ.get("SCALINGRUN_TRAINING_LANES", "2")))
+    training_files = sorted({item.location[0] for item in items
+                             if any(item.get_closest_marker(marker) for marker in TRAINING_MARKERS)})
+    lane_of = {path: f"training-{index % lanes + 1}" for index, path in enumerate(training_files)}
     for item in items:
-        trains = any(item.get_closest_marker(marker) for marker in TRAINING_MARKERS)
-        item.add_marker(pytest.mark.xdist_group(TRAINING_LANE if trains else item.location[0]))
+        item.add_marker(pytest.mark.xdist_group(lane_of.get(item.location[0], item.location[0])))
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ pytestmark = pytest.mark.lightning
 
 SCRIPT = """
 import json
+import sys
 import pytorch_lightning as pl
 from pytorch_lightning.strategies import DDPStrategy
 from scalingrun_trainer import sdk
@@ -32,19 +33,32 @@ except Exception as exc:
     habit = type(exc).__name__
 kwargs = sdk.lightning_trainer_kwargs()
 trainer = pl.Trainer(**kwargs, **quiet)
-print(json.dumps({"habit": habit, "rank": trainer.global_rank, "localRank": trainer.local_rank,
-                  "world": trainer.world_size, "devices": kwargs["devices"], "nodes": kwargs["num_nodes"],
-                  "accelerator": kwargs["accelerator"], "strategy": type(trainer.strategy).__name__,
-                  "device": str(trainer.strategy.root_device)}))
+# One write per rank (print writes the text and its newline apart when unbuffered, and mpirun may put the other
+# rank's line between them).
+sys.stdout.write(json.dumps({"habit": habit, "rank": trainer.global_rank, "localRank": trainer.local_rank,
+                             "world": trainer.world_size, "devices": kwargs["devices"], "nodes": kwargs["num_nodes"],
+                             "accelerator": kwargs["accelerator"], "strategy": type(trainer.strategy).__name__,
+                             "device": str(trainer.strategy.root_device)}) + "\\n")
+sys.stdout.flush()
 """
+
+
+def json_objects(output: str) -> list[dict]:
+    """The JSON objects the ranks wrote (the lines that start with one), also when mpirun put two on one line."""
+    decoder, objects = json.JSONDecoder(), []
+    for line in output.splitlines():
+        position = 0
+        while line.startswith("{", position):
+            document, position = decoder.raw_decode(line, position)
+            objects.append(document)
+    return objects
 
 
 def test_the_trainer_kwargs_give_lightning_the_mpi_world(mpirun, lightning_python):
     result = subprocess.run([*mpirun, lightning_python, "-c", SCRIPT], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "PL_DISABLE_FORK": "1"})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    seen = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),
-                  key=lambda s: s["rank"])
+    seen = sorted(json_objects(result.stdout), key=lambda s: s["rank"])
     assert [(s["rank"], s["localRank"], s["world"]) for s in seen] == [(0, 0, 2), (1, 1, 2)]
     assert all((s["devices"], s["nodes"], s["strategy"]) == (2, 1, "DDPStrategy") for s in seen)
     assert seen[0]["accelerator"] in ("cpu", "gpu") and all(s["device"] for s in seen)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import subprocess
 from pathlib import Path
@@ -39,6 +40,11 @@ def _api_server_ports() -> dict[str, str]:
             return {"APISERVER_PORT": str(ports[0]), "ETCD_PORT": str(ports[1]), "KCM_PORT": str(ports[2])}
 
 
+def _logs(state: Path) -> str:
+    """The ends of the logs the cluster script leaves (etcd's and the API server's say which port was taken)."""
+    return "".join(path.read_text(errors="replace")[-2000:] for path in sorted((state / "logs").glob("*.log")))
+
+
 @contextlib.contextmanager
 def api_server(state: Path, *, controllers: bool) -> Iterator[str]:
     """A real etcd + kube-apiserver (+ kube-controller-manager) from KUBEBUILDER_ASSETS, stopped afterwards;
@@ -46,19 +52,25 @@ def api_server(state: Path, *, controllers: bool) -> Iterator[str]:
     patch Job status by hand need it off)."""
     script = Path(os.environ.get("SCALINGRUN_CLUSTER_SCRIPT", ROOT.parent / "shared/envtest/cluster.sh"))
     require(script.exists(), f"cluster script {script} not found (set SCALINGRUN_CLUSTER_SCRIPT)")
-    env = {
-        **os.environ,
-        "K8S_BIN": os.environ["KUBEBUILDER_ASSETS"],
-        "STATE": str(state),
-        **_api_server_ports(),
-        "WITH_KCM": "1" if controllers else "0",
-        "KCM_JOB_CONTROLLER": os.environ.get("KCM_JOB_CONTROLLER", "0"),
-    }
-    try:
-        subprocess.run(["bash", str(script), "start"], env=env, check=True, capture_output=True, text=True)
-    except subprocess.CalledProcessError as exc:
-        subprocess.run(["bash", str(script), "stop"], env=env)
-        pytest.fail(f"cannot start the API server:\n{exc.stdout}\n{exc.stderr}", pytrace=False)
+    # Ports are free when chosen, not held: another process (pytest-xdist starts one API server per worker) can take
+    # one before etcd or the API server binds it. Such a start is tried again on other ports.
+    for attempt in range(3):
+        env = {
+            **os.environ,
+            "K8S_BIN": os.environ["KUBEBUILDER_ASSETS"],
+            "STATE": str(state),
+            **_api_server_ports(),
+            "WITH_KCM": "1" if controllers else "0",
+            "KCM_JOB_CONTROLLER": os.environ.get("KCM_JOB_CONTROLLER", "0"),
+        }
+        try:
+            subprocess.run(["bash", str(script), "start"], env=env, check=True, capture_output=True, text=True)
+            break
+        except subprocess.CalledProcessError as exc:
+            subprocess.run(["bash", str(script), "stop"], env=env, capture_output=True)
+            shutil.rmtree(state / "etcd", ignore_errors=True)  # the next etcd starts with its own peer address
+            if attempt == 2 or "address already in use" not in f"{exc.stdout}{exc.stderr}{_logs(state)}":
+                pytest.fail(f"cannot start the API server:\n{exc.stdout}\n{exc.stderr}", pytrace=False)
     try:
         yield str(state / "kubeconfig")
     finally:

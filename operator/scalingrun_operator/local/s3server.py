@@ -9,6 +9,7 @@ answers HTTP 500 for a while, and any HTTP answer is not enough.
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import socket
 import subprocess
@@ -31,14 +32,20 @@ def _port_free(port: int) -> bool:
 
 
 def _free_base(preferred: Optional[int], span: int = 10) -> int:
-    """A port p such that p..p+span-1 and p+10000..p+10000+span-1 (grpc) are free."""
-    candidates = [preferred] if preferred else []
-    candidates += list(range(20000, 29000, 37))
+    """A port p such that p..p+span-1 and p+10000..p+10000+span-1 (grpc) are free. Tried in a random order: servers
+    started at the same moment (test processes side by side) would otherwise all find the first base free."""
+    others = list(range(20000, 29000, 37))
+    random.shuffle(others)
+    candidates = ([preferred] if preferred else []) + others
     for base in candidates:
         ports = [base + i for i in range(span)] + [base + 10000 + i for i in range(span)]
         if all(_port_free(p) for p in ports):
             return base
     raise RuntimeError("no free ports for SeaweedFS on 127.0.0.1")
+
+
+class PortTaken(Exception):
+    """weed exited at start: one of its ports was taken after it was found free."""
 
 
 PROBE_BUCKET = "scalingrun-probe"
@@ -102,7 +109,16 @@ class S3Server:
             "credentials": [{"accessKey": self.access_key, "secretKey": self.secret_key}],
             "actions": ["Admin", "Read", "Write", "List", "Tagging"],
         }]}))
-        base = _free_base(preferred_s3_port - 3 if preferred_s3_port else None)
+        for attempt in range(3):
+            try:
+                return self._start(config, _free_base(preferred_s3_port - 3 if preferred_s3_port else None), timeout)
+            except PortTaken:  # free when chosen, taken before weed bound it: other ports
+                if attempt == 2:
+                    raise RuntimeError(f"SeaweedFS found its ports taken three times; see {self.data_dir}/weed.log")
+                preferred_s3_port = None
+        raise AssertionError("unreachable")
+
+    def _start(self, config: Path, base: int, timeout: float) -> "S3Server":
         self.s3_port = base + 3
         args = [
             weed_binary(), "mini", f"-dir={self.data_dir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
@@ -120,6 +136,8 @@ class S3Server:
         try:
             while time.monotonic() < deadline:
                 if self.process.poll() is not None:
+                    if "address already in use" in (self.data_dir / "weed.log").read_text(errors="replace")[-4000:]:
+                        raise PortTaken()
                     raise RuntimeError(f"SeaweedFS exited with {self.process.returncode}; see {self.data_dir}/weed.log")
                 if serves_reads(self.endpoint, self.access_key, self.secret_key):
                     return self
