@@ -8,10 +8,12 @@
 #
 # The whole run goes in phases, each timed (docs/testing.md, "The budget"):
 #   setup        the venvs (scripts/setup.sh)
-#   builds       in the background: the API server's binaries, then the node cluster and the e2e's images
-#   unit         tests/unit and tests/chart, which need neither, while the builds run
-#   integration  the rest of pytest but the e2e, once the API server's binaries are there
-#   e2e          scripts/e2e.sh, once the node cluster and the images are built
+#   builds       in the background: the API server's binaries, then the node cluster
+#   e2e          scripts/e2e.sh (our images, then the in-cluster tests), in the background as soon as the node
+#                cluster is built; its output goes to .scalingrun/test-budget/e2e.log and is printed when it ends
+#   unit         tests/unit and tests/chart, which need none of it, while the builds run
+#   integration  the rest of pytest, once the API server's binaries are there, beside the e2e: the e2e's pods are
+#                held to their CPU limits, and most of these tests wait (on an API server, an operator, a store)
 # pytest runs on SCALINGRUN_TEST_WORKERS processes (pytest-xdist, default 4; 0 = one process): the tests that
 # train go one after another on one of them (tests/conftest.py), the others by file. At the end the phases and the
 # 25 slowest tests are printed (scripts/test_budget.py), and kept in .scalingrun/test-budget/.
@@ -45,7 +47,8 @@ fi
 BUDGET="$ROOT/.scalingrun/test-budget"
 rm -rf "$BUDGET" && mkdir -p "$BUDGET"
 T0=$SECONDS
-log() { printf '[test %s] %s\n' "$(date +%T)" "$*" >&2; }
+exec 3>&2  # the phases' lines, also from the background chain whose output goes to a log
+log() { printf '[test %s] %s\n' "$(date +%T)" "$*" >&3; }
 # phase NAME COMMAND...: runs the command, and records when it started (seconds from the start) and how long it took.
 phase() {
   local name="$1" start=$SECONDS rc=0
@@ -64,38 +67,46 @@ pytest_phase() {  # pytest_phase NAME ARGS...: pytest with the phase's junit rep
 }
 setup() { bash scripts/setup.sh && SCALINGRUN_PROFILE=lightning bash scripts/setup.sh; }
 
-# The API server's binaries, then the node cluster and the e2e's images: one background chain, whose first step
-# the integration tests wait for (the file "assets").
-build_api_server() { api_server_binaries > "$BUDGET/assets.tmp" && mv "$BUDGET/assets.tmp" "$BUDGET/assets"; }
+# The API server's binaries, then the node cluster: the background chain's first steps; the integration tests wait
+# for the first (the file "assets").
+build_api_server() {
+  api_server_binaries > "$BUDGET/assets.tmp" && mv "$BUDGET/assets.tmp" "$BUDGET/assets" || { touch "$BUDGET/assets.failed"; return 1; }
+}
 build_node_cluster() { bash "$NODE_BUILDER" > /dev/null; }
-build_e2e_images() { bash scripts/build-images.sh > /dev/null; }
 builds() {
   if builds_api_server; then phase "build: API server" build_api_server || return 1; fi
   if [[ -z "${SCALINGRUN_TEST_KUBECONFIG:-}" && -x "$NODE_BUILDER" ]]; then
     phase "build: node cluster" build_node_cluster || return 1
-    # scripts/e2e.sh builds them again, from Docker's cache: seconds.
-    phase "build: e2e images" build_e2e_images || return 1
   fi
 }
-# Waits for the background chain to have made the API server's binaries (or to have ended without them).
+# Waits for the background chain to have made the API server's binaries (or to have gone past that step without).
 wait_for_api_server() {
-  while [[ ! -s "$BUDGET/assets" ]] && kill -0 "$BUILDS" 2>/dev/null; do sleep 1; done
+  while [[ ! -s "$BUDGET/assets" && ! -e "$BUDGET/assets.failed" ]] && kill -0 "$BUILDS" 2>/dev/null; do sleep 1; done
   [[ -s "$BUDGET/assets" ]] || { log "the API server's build failed: $BUDGET/builds.log"; tail -n 30 "$BUDGET/builds.log" >&2; return 1; }
   KUBEBUILDER_ASSETS="$(cat "$BUDGET/assets")"
   export KUBEBUILDER_ASSETS
 }
 
+# The builds, then the e2e: one background chain. A failed build leaves its message in builds.log; the e2e then
+# tries the node cluster's build itself and fails saying why.
+background() {
+  builds > "$BUDGET/builds.log" 2>&1 || log "a build failed: $BUDGET/builds.log"
+  phase e2e bash scripts/e2e.sh --junitxml="$BUDGET/e2e.xml" > "$BUDGET/e2e.log" 2>&1
+}
+
 status=0
 phase setup setup
-builds > "$BUDGET/builds.log" 2>&1 &
+background &
 BUILDS=$!
 phase unit pytest_phase unit tests/unit tests/chart || status=$?
 if builds_api_server; then phase "wait: API server build" wait_for_api_server || status=$?; fi
 phase integration pytest_phase integration -m "not e2e" --ignore=tests/unit --ignore=tests/chart || status=$?
-builds_status=0
-phase "wait: node cluster and images" wait "$BUILDS" || builds_status=$?
-if [[ "$builds_status" -ne 0 ]]; then log "a build failed: $BUDGET/builds.log"; tail -n 30 "$BUDGET/builds.log" >&2; fi
-phase e2e bash scripts/e2e.sh --junitxml="$BUDGET/e2e.xml" || status=$?
+e2e_status=0
+phase "wait: e2e" wait "$BUILDS" || e2e_status=$?
+[[ ! -s "$BUDGET/builds.log" ]] || { log "the builds' output (builds.log), last lines:"; tail -n 15 "$BUDGET/builds.log" >&2; }
+log "the e2e's output (e2e.log):"
+cat "$BUDGET/e2e.log" >&2 || true
+[[ "$e2e_status" -eq 0 ]] || status=$e2e_status
 printf '%s\t%d\t%d\t%d\n' "in all" 0 $((SECONDS - T0)) "$status" >> "$BUDGET/phases.tsv"
 "$ROOT/.venv/bin/python" scripts/test_budget.py "$BUDGET" || true
 exit "$status"

@@ -143,10 +143,17 @@ def check(command: str, code: int, out: str) -> None:
         return
     if any(w.startswith("jsonpath=") for w in words):
         return  # one status field, empty until an operator writes it: that the command runs is what is checked
-    names = [w for w in words[3:] if not w.startswith("-") and "=" not in w and w != "yaml"]
     resource = words[2]
+    ours = RUN_NAMES | SWEEP_NAMES | {"all", *models.CATEGORIES}
+    if resource.split(".")[0] not in ours | {n.lower() for n in ours}:
+        return  # another kind (`kubectl get nodes -L ...`): that the command runs is what is checked
+    names = [w for w in words[3:] if not w.startswith("-") and "=" not in w and w != "yaml"]
     if verb == "describe":
-        assert re.search(rf"^Name:\s+{names[0]}$", out, re.M), out
+        # a name describes that object; none describes every one of the kind in the namespace
+        wanted = names[:1] or (["flowers-sweep"] if resource.split(".")[0] in {n.lower() for n in SWEEP_NAMES}
+                               | SWEEP_NAMES else ["my-run", "flowers-auto-batch"])
+        for name in wanted:
+            assert re.search(rf"^Name:\s+{name}$", out, re.M), out
         return
     if names:
         assert names[0] in out, out

@@ -65,9 +65,12 @@ def test_e2e_without_a_cluster_fails_with_any_truthy_ci(plain_clone, ci):
 
 
 def test_the_test_command_runs_the_e2e_and_keeps_its_status():
-    """scripts/test.sh with no arguments ends with scripts/e2e.sh and exits with pytest's or its failure."""
+    """scripts/test.sh with no arguments runs scripts/e2e.sh (in its background chain), waits for it and exits
+    with pytest's or its failure."""
     script = (ROOT / "scripts/test.sh").read_text()
-    assert 'phase e2e bash scripts/e2e.sh --junitxml="$BUDGET/e2e.xml" || status=$?' in script
+    assert 'phase e2e bash scripts/e2e.sh --junitxml="$BUDGET/e2e.xml"' in script
+    assert 'phase "wait: e2e" wait "$BUILDS" || e2e_status=$?' in script
+    assert '[[ "$e2e_status" -eq 0 ]] || status=$e2e_status' in script
     assert script.rstrip().endswith('exit "$status"')
 
 
