@@ -39,6 +39,8 @@ def tests(folder: Path) -> list[tuple[float, str, str]]:
             continue
         for case in root.iter("testcase"):
             name = f"{case.get('classname', '')}::{case.get('name', '')}".lstrip(":")
+            if name.rfind("@") > name.rfind("]"):  # pytest-xdist's group, as --dist loadgroup adds it to the id
+                name = name[:name.rfind("@")]
             rows.append((float(case.get("time") or 0), name, report.stem))
     return rows
 

@@ -24,7 +24,7 @@ def test_phases_in_start_order_and_the_slowest_tests_across_phases(tmp_path):
                                          "integration\t412\t1500\t1\nin all\t0\t2900\t1\n")
     (tmp_path / "unit.xml").write_text(_junit([("tests.unit.test_a", "test_fast", 0.5),
                                                ("tests.unit.test_a", "test_slow", 30.0)]))
-    (tmp_path / "integration.xml").write_text(_junit([("tests.integration.test_b", "test_slowest", 120.25)]))
+    (tmp_path / "integration.xml").write_text(_junit([("tests.integration.test_b", "test_slowest@training-1", 120.25)]))
     (tmp_path / "e2e.xml").write_text("<testsuites><testsuite")  # the e2e killed mid-write
     lines = budget.render(tmp_path, slowest=2).splitlines()
     assert lines[3:8] == ["| setup | 0 s | 12 s | 0 |", "| unit | 12 s | 1 min 35 s | 0 |",
