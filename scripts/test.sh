@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command: installs the pinned stack (cached), provides a real Kubernetes API server, runs pytest,
-# then the end-to-end test in a real cluster (scripts/e2e.sh).
+# The test command: installs the pinned stack (cached), provides a real Kubernetes API server, runs pytest and,
+# beside it, the end-to-end test in a real cluster (scripts/e2e.sh).
 # The tests start their own API server from KUBEBUILDER_ASSETS; when it is not set and the workplace's envtest
 # builder is beside the checkout (../shared/envtest), it is built (cached). An existing cluster is used only
 # when named for the tests: SCALINGRUN_TEST_KUBECONFIG=<path> (an ambient KUBECONFIG is never used).
@@ -14,9 +14,10 @@
 #   unit         tests/unit and tests/chart, which need none of it, while the builds run
 #   integration  the rest of pytest, once the API server's binaries are there, beside the e2e: the e2e's pods are
 #                held to their CPU limits, and most of these tests wait (on an API server, an operator, a store)
-# pytest runs on SCALINGRUN_TEST_WORKERS processes (pytest-xdist, default 4; 0 = one process): the tests that
-# train go one after another on one of them (tests/conftest.py), the others by file. At the end the phases and the
-# 25 slowest tests are printed (scripts/test_budget.py), and kept in .scalingrun/test-budget/.
+# pytest runs on SCALINGRUN_TEST_WORKERS processes (pytest-xdist, default 4; 0 = one process): the files of the
+# tests that train go to SCALINGRUN_TRAINING_LANES lanes (default 2), one test after another in each, the other
+# tests by file (tests/conftest.py). At the end the phases and the 25 slowest tests are printed
+# (scripts/test_budget.py), and kept in .scalingrun/test-budget/.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -27,9 +28,9 @@ unset KUBECONFIG
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 # Whether this run builds its own API server (and, for the whole suite, the node cluster).
 builds_api_server() { [[ -z "${KUBEBUILDER_ASSETS:-}" && -z "${SCALINGRUN_TEST_KUBECONFIG:-}" && -x "$ENVTEST_BUILDER" ]]; }
-# The node builder makes the API server's binaries with the node's own beside them (and finds a cache without them
-# lacking), so with a node builder they are built with the scheduler and kube-proxy too, in one go: the node
-# builder then finds them built and relinks only its kubelet.
+# The node builder wants the API server's binaries with the scheduler and kube-proxy beside them (a cached build
+# without those stands in its way), so with a node builder they are built together, in one go; the node builder
+# then finds them built and relinks only its kubelet.
 api_server_binaries() {
   local what="cmd/kube-apiserver cmd/kube-controller-manager"
   [[ ! -x "$NODE_BUILDER" ]] || what+=" cmd/kube-scheduler cmd/kube-proxy"
