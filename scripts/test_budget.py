@@ -29,28 +29,33 @@ def phases(folder: Path) -> list[tuple[str, int, int, int]]:
     return sorted(rows, key=lambda row: (row[0] == "in all", row[1]))
 
 
-def tests(folder: Path) -> list[tuple[float, str, str]]:
-    """(seconds, test, phase) of every test case in the phases' junit reports: setup, call and teardown together."""
-    rows = []
+def tests(folder: Path) -> tuple[list[tuple[float, str, str]], list[str]]:
+    """(seconds, test, phase) of every test case in the phases' junit reports (setup, call and teardown together),
+    and the phases whose report could not be read (a phase cut short leaves no complete one)."""
+    rows, unread = [], []
     for report in sorted(folder.glob("*.xml")):
         try:
             root = ElementTree.parse(report).getroot()
-        except ElementTree.ParseError:  # a phase cut short leaves no complete report
+        except ElementTree.ParseError:
+            unread.append(report.stem)
             continue
         for case in root.iter("testcase"):
             name = f"{case.get('classname', '')}::{case.get('name', '')}".lstrip(":")
             if name.rfind("@") > name.rfind("]"):  # pytest-xdist's group, as --dist loadgroup adds it to the id
                 name = name[:name.rfind("@")]
             rows.append((float(case.get("time") or 0), name, report.stem))
-    return rows
+    return rows, unread
 
 
 def render(folder: Path, slowest: int) -> str:
     lines = ["== test budget ==", "| phase | started at | took | exit |", "|---|---|---|---|"]
     for name, started, took, code in phases(folder):
         lines.append(f"| {name} | {minutes(started)} | {minutes(took)} | {code} |")
-    cases = sorted(tests(folder), reverse=True)
-    lines += ["", f"{len(cases)} tests reported; the {min(slowest, len(cases))} slowest (setup, call and teardown):",
+    cases, unread = tests(folder)
+    cases.sort(reverse=True)
+    lines += [""] + [f"{phase}: its junit report is incomplete (the phase was cut short); its tests are not counted"
+                     for phase in unread]
+    lines += [f"{len(cases)} tests reported; the {min(slowest, len(cases))} slowest (setup, call and teardown):",
               "| test | phase | took |", "|---|---|---|"]
     lines += [f"| {name} | {phase} | {seconds:.1f} s |" for seconds, name, phase in cases[:slowest]]
     return "\n".join(lines)
