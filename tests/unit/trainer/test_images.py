@@ -72,3 +72,32 @@ def test_rows_per_group_gives_two_groups_per_reader():
     assert rows_per_group(1000, shard_count=4, min_groups_per_split=16) == 250
     assert rows_per_group(100000, shard_count=1, min_groups_per_split=2) == 256  # capped
     assert rows_per_group(3, shard_count=1, min_groups_per_split=16) == 1
+
+
+def test_greyscale_resized_before_conversion_gives_the_rgb_paths_bytes():
+    rng = np.random.default_rng(0)
+    grey = Image.fromarray(rng.integers(0, 256, (500, 380), dtype=np.uint8), "L")
+    # PNG: lossless, so both files hold the same pixels and only the mode differs
+    assert scale_image(encode(grey, "PNG"), 96) == scale_image(encode(grey.convert("RGB"), "PNG"), 96)
+
+
+def seeds_scale_image(data: bytes, side: int) -> bytes:
+    """The reference articles' code: convert, thumbnail with Lanczos, paste on white."""
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    image.thumbnail((side, side), Image.LANCZOS)
+    canvas = Image.new("RGB", (side, side), (255, 255, 255))
+    canvas.paste(image, ((side - image.size[0]) // 2, (side - image.size[1]) // 2))
+    return canvas.tobytes()
+
+
+def test_output_stays_within_32_db_of_the_seeds_on_real_photos():
+    from scalingrun_operator.local.sample_data import photos
+
+    for name, photo in photos():
+        for long_side in (640, 1600):
+            scale = long_side / max(photo.size)
+            data = encode(photo.resize((round(photo.width * scale), round(photo.height * scale)), Image.BICUBIC))
+            ours = np.frombuffer(scale_image(data, 299), np.uint8).astype(float)
+            theirs = np.frombuffer(seeds_scale_image(data, 299), np.uint8).astype(float)
+            psnr = 10 * np.log10(255**2 / max(np.mean((ours - theirs) ** 2), 1e-12))
+            assert psnr >= 32, (name, long_side, psnr)
