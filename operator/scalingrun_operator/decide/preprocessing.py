@@ -2,8 +2,8 @@
 to tell the user.
 
 The contract with the trainer's preprocessing: it writes the dataset manifest (scalingrun_api.manifest) with the
-source URI and the parameters that determine the content (`Params.dataset_parameters()` in
-scalingrun_trainer.preprocess.source, mirrored by `dataset_parameters` here without importing pyarrow).
+source URI and the parameters that determine the content, both sides from scalingrun_api.manifest's
+`image_dataset_parameters` / `table_dataset_parameters`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from scalingrun_api.manifest import DatasetManifest
+from scalingrun_api.manifest import DatasetManifest, image_dataset_parameters, table_dataset_parameters
 from scalingrun_api.models import Phase, ScalingRun
 from ..builders import build_config_map, build_preprocess_job
 from ..builders.common import preprocess_job_name
@@ -24,27 +24,15 @@ from .draft import Draft, store_of
 from .snapshot import CLUSTER, Listing, Names, Where
 from .status import DATASET_REUSED, PREPROCESSED, PREPROCESSING_FAILED, TABLE_INVALID, Event, parse_time
 
-FORMAT_VERSION = 2  # scalingrun_trainer.preprocess.source.FORMAT_VERSION
-TABLE_FORMAT_VERSION = 1  # scalingrun_trainer.preprocess.parquet_table.FORMAT_VERSION
-
 
 def dataset_parameters(run: ScalingRun) -> dict[str, Any]:
-    """The parameters the preprocessing (or a Parquet table's check) records for this run's dataset (must equal
-    the trainer's: Params and TableParams.dataset_parameters)."""
+    """The parameters the preprocessing (or a Parquet table's check) records for this run's dataset."""
     d = run.spec.dataset
     if is_parquet_table(run):
-        return {"formatVersion": TABLE_FORMAT_VERSION, "format": d.format, "imageSize": d.image_size,
-                "columns": {"image": d.columns.image, "label": d.columns.label},
-                "minRowGroupsPerSplit": 2 * dataset_readers(run)}
-    return {
-        "formatVersion": FORMAT_VERSION,
-        "imageSize": d.image_size,
-        "validationFraction": d.validation_fraction,
-        "sampleFraction": d.sample_fraction,
-        "seed": d.seed,
-        # Each split has >= 2 row groups per training process (petastorm shards by row group).
-        "minRowGroupsPerSplit": 2 * dataset_readers(run),
-    }
+        return table_dataset_parameters(image_size=d.image_size, image_column=d.columns.image,
+                                        label_column=d.columns.label, readers=dataset_readers(run))
+    return image_dataset_parameters(image_size=d.image_size, validation_fraction=d.validation_fraction,
+                                    sample_fraction=d.sample_fraction, seed=d.seed, readers=dataset_readers(run))
 
 
 def dataset_present(run: ScalingRun, manifest: Optional[DatasetManifest]) -> bool:

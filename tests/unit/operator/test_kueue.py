@@ -95,3 +95,29 @@ def test_the_users_own_suspend_still_applies_once():
     status = copy.deepcopy(dict(decision.desired))
     again = kueue_world(held(done("Running"), suspend=False), status, training_pods(), kueue_spec(suspend=True))
     assert not [a for a in again.decide().actions if isinstance(a, Patch)]
+
+
+def test_the_users_resume_never_unsuspends_what_kueue_holds():
+    """suspend true then false: the operator suspended the MPIJob once; setting it back to false leaves the MPIJob
+    suspended for Kueue to resume on admission (a `suspend: false` from the operator would start unadmitted pods)."""
+    status = training_status(condition("Suspended", "True", "Suspended", "by the user"), pods=[],
+                             suspendApplied=True)
+    status["phase"] = "Suspended"
+    decision = kueue_world(held(done("Suspended")), status, [], kueue_spec(suspend=False)).decide()
+    assert not [a for a in decision.actions if isinstance(a, Patch)], "the operator must not resume it"
+    assert decision.phase == "Queued"
+    assert conditions(decision)["Queued"][:2] == ("True", "WaitingForAdmission")
+    assert conditions(decision)["Suspended"][:2] == ("False", "ReturnedToQueue")
+    assert decision.desired["training"]["suspendApplied"] is False
+    # However many looks follow, none writes suspend: false.
+    again = kueue_world(held(done("Suspended")), dict(decision.desired), [], kueue_spec(suspend=False)).decide()
+    assert not [a for a in again.actions if isinstance(a, Patch)]
+
+
+def test_without_kueue_the_users_resume_is_applied():
+    status = training_status(condition("Suspended", "True", "Suspended", "by the user"), pods=[],
+                             suspendApplied=True)
+    spec = copy.deepcopy(SPEC)
+    obj = mpijob(done("Suspended"), suspend=True)
+    decision = kueue_world(obj, status, [], spec).decide()
+    assert [a.patch for a in decision.actions if isinstance(a, Patch)] == [{"spec": {"runPolicy": {"suspend": False}}}]
