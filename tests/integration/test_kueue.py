@@ -43,11 +43,15 @@ class PlayedKueue:
 def test_kueue_holds_admits_and_preempts_and_the_operator_leaves_suspend_to_it(cluster, operator, bucket, s3_server):
     cluster.create_run(new_run(cluster.ns, "queued", s3_server, runPolicy={"kueueQueueName": QUEUE}))
     job = wait_for(lambda: cluster.job("queued-preprocess"), what="the preprocessing Job", operator=operator)
+    # Queued too (its suspend: true, which Kueue resumes on admission, is a field 1.20's API server drops).
+    assert job["metadata"]["labels"][KUEUE_LABEL] == QUEUE
     run = cluster.run("queued")
     bucket.put_json(f"{run['spec']['dataset']['output']}/_manifest.json", manifest_for(run))
     cluster.complete_job(job["metadata"]["name"], succeeded=2)
 
-    wait_for(cluster.phase_is("queued", "Queued"), what="Queued", operator=operator)
+    # (The look that created the Job said Queued too, from the Job as created: wait for the MPIJob's.)
+    wait_for(lambda: cluster.mpijob("queued-train") and cluster.phase_is("queued", "Queued")(),
+             what="Queued with its MPIJob", operator=operator)
     mpijob = cluster.mpijob("queued-train")
     assert mpijob["spec"]["runPolicy"]["suspend"] is True, "created suspended: Kueue admits it by resuming it"
     assert mpijob["metadata"]["labels"][KUEUE_LABEL] == QUEUE

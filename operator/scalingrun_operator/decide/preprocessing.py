@@ -22,7 +22,9 @@ from ..builders.locations import manifest_uri, shards_uri
 from . import interruptions, pods
 from .draft import Draft, store_of
 from .snapshot import CLUSTER, Listing, Names, Where
-from .status import DATASET_REUSED, PREPROCESSED, PREPROCESSING_FAILED, TABLE_INVALID, Event, parse_time
+from .status import (
+    DATASET_REUSED, PREPROCESSED, PREPROCESSING_FAILED, QUEUED, TABLE_INVALID, Event, parse_time,
+)
 
 
 def dataset_parameters(run: ScalingRun) -> dict[str, Any]:
@@ -238,7 +240,11 @@ def decide_preprocessing(draft: Draft, run: ScalingRun) -> None:
         message = no_completion_index_message(job_name, shards, draft.server().git_version)
         update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
         update.fail(PREPROCESSING_FAILED, message)
+    elif state.state == "Running" and run.spec.run_policy.kueue_queue_name and job["spec"].get("suspend"):
+        _queued(draft, run, job_name)
     elif state.state == "Running":
+        if draft.condition_true(QUEUED):
+            update.condition(QUEUED, "False", "Admitted", f"Kueue admitted Job {job_name}")
         table = run.spec.dataset.source if is_parquet_table(run) else ""
         progress, started = job_progress_message(job_name, state, shards, table), f"Job {job_name}"
         if runs_shards_in_turn(job, shards):
@@ -255,6 +261,16 @@ def decide_preprocessing(draft: Draft, run: ScalingRun) -> None:
         _failed(draft, run, job_name, state)
     else:
         _complete(draft, run, job_name, state)
+
+
+def _queued(draft: Draft, run: ScalingRun, job_name: str) -> None:
+    """Kueue holds the preprocessing Job (created suspended, as the MPIJob): it waits for quota; the operator never
+    resumes it, Kueue does when it admits it."""
+    message = (f"Job {job_name} is suspended by Kueue: LocalQueue {run.spec.run_policy.kueue_queue_name} waits for "
+               "admission (quota)")
+    draft.update.condition(QUEUED, "True", "WaitingForAdmission", message)
+    draft.update.condition(PREPROCESSED, "Unknown", "Queued", message)
+    draft.update.set_phase(Phase.queued.value, message)
 
 
 def _indexed(draft: Draft, run: ScalingRun) -> bool:
