@@ -234,8 +234,9 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
         except ValueError:
             raise ConfigError(f"{PREFIX}CLUSTER_SERVICE_RANGES: {cidr!r} is not a CIDR such as 10.96.0.0/12") from None
     if config.trainer_images and not re.search(TRAINER_IMAGES_PATTERN, config.trainer_images):
-        raise ConfigError(f"{PREFIX}TRAINER_IMAGES must be <repository>:<tag> (e.g. registry.example.com/ml/trainer:0.1.0; "
-                          f"pin by digest with {PREFIX}TRAINER_IMAGE_DIGESTS), not {config.trainer_images!r}")
+        raise ConfigError(f"{PREFIX}TRAINER_IMAGES must be <repository>:<tag> (e.g. "
+                          f"registry.example.com/ml/trainer:0.1.0; pin by digest with {PREFIX}TRAINER_IMAGE_DIGESTS), "
+                          f"not {config.trainer_images!r}")
     config.trainer_image_digest_map()  # refuses a malformed one now, not at the first run
     if config.lease_name and not (0 < config.lease_renew_seconds < config.lease_renew_deadline_seconds
                                   < config.lease_duration_seconds):

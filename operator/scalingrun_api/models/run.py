@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .common import (
     DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, DNS_SUBDOMAIN_PATTERN, EXTENDED_RESOURCE_PATTERN,
-    HTTP_URL_PATTERN, IMAGE_REFERENCE_PATTERN, LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, ObjectMeta, Quantity, SecretName, secret_name_field,
+    HTTP_URL_PATTERN, IMAGE_REFERENCE_PATTERN, LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, ObjectMeta, Quantity,
+    SecretName, secret_name_field,
 )
 from .status import ScalingRunStatus
 from .dataset import CPU_LIMIT_DESCRIPTION, Dataset, Resources

@@ -241,7 +241,7 @@ def _suspend_change(run: ScalingRun, state: MPIJobState, applied: Optional[bool]
     """The patch of the MPIJob's suspend this look makes, if any. Without Kueue the MPIJob follows
     spec.runPolicy.suspend at every look. With a Kueue queue, Kueue suspends (for quota, or to preempt) and resumes
     the MPIJob: the operator suspends it when the user sets spec.runPolicy.suspend, and never resumes it (a
-    `suspend: false` written by anyone but Kueue starts pods no quota was granted for); Kueue resumes it on admission."""
+    `suspend: false` written by anyone but Kueue starts pods no quota was granted for)."""
     wanted = run.spec.run_policy.suspend
     if run.spec.run_policy.kueue_queue_name and (applied is None or applied == wanted or not wanted):
         return None

@@ -46,7 +46,8 @@ def test_the_default_trainer_images_are_pinned_by_their_flavours_digests():
     digests = config.trainer_image_digest_map()
     assert digests == {"cpu": DIGEST, "lightning-gpu": DIGEST}
     keras = engine("keras", "horovod")
-    assert keras.default_image(0, config.trainer_images, digests) == f"registry.example.com/ml/trainer:1.2.0-cpu@{DIGEST}"
+    pinned = f"registry.example.com/ml/trainer:1.2.0-cpu@{DIGEST}"
+    assert keras.default_image(0, config.trainer_images, digests) == pinned
     assert keras.default_image(1, config.trainer_images, digests) == "registry.example.com/ml/trainer:1.2.0-gpu"
     run = with_default_image(parse_scalingrun(run_document(workers={"gpusPerWorker": 0})), config.trainer_images, True,
                              digests)
