@@ -8,7 +8,7 @@ Adding an engine is a row here plus its trainer package.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional
 
 from .models.common import DEFAULT_TRAINER_IMAGES, trainer_image_name
 from .models.model import BaseNetwork
@@ -42,10 +42,10 @@ class Engine:
         """The image flavour of a worker with `gpus` GPUs: the devices choose the build, the engine its stack."""
         return self.gpu_flavour if gpus > 0 else self.cpu_flavour
 
-    def default_image(self, gpus: int, images: str = "") -> str:
+    def default_image(self, gpus: int, images: str = "", digests: Optional[Mapping[str, str]] = None) -> str:
         """The engine's trainer image for `gpus` GPUs per worker under IMAGES ("<repository>:<tag>", the operator's
-        setting), else ours."""
-        return trainer_image_name(self.image_flavour(gpus), images or DEFAULT_TRAINER_IMAGES)
+        setting), else ours; pinned by the flavour's digest in `digests` (the operator's trainerImageDigests)."""
+        return trainer_image_name(self.image_flavour(gpus), images or DEFAULT_TRAINER_IMAGES, digests)
 
     def slots_per_worker(self, gpus_per_worker: int) -> int:
         """MPI slots, = training processes, per worker pod."""

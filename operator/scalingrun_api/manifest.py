@@ -6,6 +6,10 @@ status.preprocessing.
 Its keys are the fields of `DatasetManifest` (camelCase on the wire) and are written nowhere else: writers fill the
 model and write `document()`; readers call `DatasetManifest.read(document)`, which keeps every valid field and
 leaves out a value of the wrong type (the field keeps its default), so that one junk value never hides the rest.
+
+Its `parameters` (what a dataset's content depends on, and so whether one can be reused) are defined here once, by
+`image_dataset_parameters` and `table_dataset_parameters`: the trainer's preprocessing records them, the operator and
+the local runner compare a run's against them. A change of the content's layout bumps its format version here.
 """
 
 from __future__ import annotations
@@ -15,13 +19,42 @@ from typing import Any, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 
+from .models.dataset import DatasetFormat
+
 MANIFEST_FILE = "_manifest.json"
 CLASSES_FILE = "_classes.json"  # the class names alone, beside the manifest
 
+IMAGES_FORMAT_VERSION = 2  # a preprocessed JPEG tree; 2: rows in a seeded order within each shard (1: in path order)
+TABLE_FORMAT = DatasetFormat.parquet.value  # a Parquet table the user brings
+TABLE_FORMAT_VERSION = 1  # of a Parquet table's manifest parameters
+ROW_GROUPS_PER_READER = 2  # petastorm shards by row group: each split gets at least 2 per training process
+
+
+def image_dataset_parameters(*, image_size: int, validation_fraction: float, sample_fraction: float, seed: int,
+                             readers: int) -> dict[str, Any]:
+    """The parameters of a dataset preprocessed from a JPEG tree: what determines its content (not where it is read
+    from), and the row groups its `readers` training processes need."""
+    return {
+        "formatVersion": IMAGES_FORMAT_VERSION,
+        "imageSize": image_size,
+        "validationFraction": validation_fraction,
+        "sampleFraction": sample_fraction,
+        "seed": seed,
+        "minRowGroupsPerSplit": ROW_GROUPS_PER_READER * readers,
+    }
+
+
+def table_dataset_parameters(*, image_size: int, image_column: str, label_column: str,
+                             readers: int) -> dict[str, Any]:
+    """The parameters a Parquet table's check records: what its manifest is valid for."""
+    return {"formatVersion": TABLE_FORMAT_VERSION, "format": TABLE_FORMAT, "imageSize": image_size,
+            "columns": {"image": image_column, "label": label_column},
+            "minRowGroupsPerSplit": ROW_GROUPS_PER_READER * readers}
+
 
 class DatasetManifest(BaseModel):
-    """_manifest.json. `parameters` are what the content depends on (the trainer's Params.dataset_parameters,
-    mirrored by the operator's decide/preprocessing.dataset_parameters); `files` the Parquet files of each split,
+    """_manifest.json. `parameters` are what the content depends on (`image_dataset_parameters` or
+    `table_dataset_parameters` above); `files` the Parquet files of each split,
     relative to the dataset (or to `dataRoot`, a Parquet table's own location)."""
 
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")

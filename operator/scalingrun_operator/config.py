@@ -23,7 +23,8 @@ from urllib.parse import urlparse
 
 import pydantic
 
-from scalingrun_api.models import Toleration
+from scalingrun_api.models import DIGEST_PATTERN, Toleration
+from scalingrun_api.models.common import TRAINER_FLAVOURS, TRAINER_IMAGES_PATTERN
 from .builders.mpijob import DEFAULT_GPU_TOLERATIONS
 from .schema.endpoints import EndpointPolicy
 from .storage import DEFAULT_MAX_DOCUMENT_BYTES, Clients, Credentials, StorageTarget
@@ -84,6 +85,9 @@ class Config:
     #: "<this>-cpu" (keras) or "<this>-lightning-cpu" (pytorch-lightning), "-gpu" / "-lightning-gpu" with
     #: spec.workers.gpusPerWorker above 0; empty: ghcr.io/scalingrun/trainer:<version>.
     trainer_images: str = ""
+    #: "<flavour>=sha256:<64 hex>", comma-separated: the default trainer images pinned by digest (the release prints
+    #: these); a flavour without one is named by its tag alone.
+    trainer_image_digests: tuple[str, ...] = ()
     #: Tolerations (a JSON list, in the Pod API's form) the workers of a run that asks for GPUs get, besides their
     #: own: the taints of the cluster's GPU node pools. Default: nvidia.com/gpu (Exists) and sku=gpu, NoSchedule.
     gpu_tolerations: tuple[Toleration, ...] = DEFAULT_GPU_TOLERATIONS
@@ -134,6 +138,17 @@ class Config:
         return EndpointPolicy(allow_any=self.allow_any_storage_endpoint, service_ranges=self.cluster_service_ranges,
                               api_server=self.api_server_hosts, local_files=self.allow_local_paths)
 
+    def trainer_image_digest_map(self) -> dict[str, str]:
+        """trainer_image_digests as flavour -> "sha256:..."; ConfigError on a flavour or digest that is not one."""
+        digests = {}
+        for entry in self.trainer_image_digests:
+            flavour, _, digest = entry.partition("=")
+            if flavour not in TRAINER_FLAVOURS or not re.search(DIGEST_PATTERN, digest):
+                raise ConfigError(f"{PREFIX}TRAINER_IMAGE_DIGESTS: {entry!r} is not <flavour>=sha256:<64 hex digits> "
+                                  f"with a flavour of {', '.join(TRAINER_FLAVOURS)}")
+            digests[flavour] = digest
+        return digests
+
 
 def _parse(name: str, raw: str, kind: type, default: object) -> object:
     try:
@@ -175,7 +190,7 @@ _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "storage_deadline_seconds": float, "max_document_bytes": int, "allowed_storage_endpoints": tuple,
           "allow_any_storage_endpoint": bool, "cluster_service_ranges": tuple, "allow_local_paths": bool,
           "api_server_hosts": tuple, "pod_identity_reads": bool, "trainer_images": str,
-          "gpu_tolerations": Toleration}
+          "trainer_image_digests": tuple, "gpu_tolerations": Toleration}
 
 
 def variable_names() -> list[str]:
@@ -218,10 +233,11 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
             ipaddress.ip_network(cidr, strict=False)
         except ValueError:
             raise ConfigError(f"{PREFIX}CLUSTER_SERVICE_RANGES: {cidr!r} is not a CIDR such as 10.96.0.0/12") from None
-    if config.trainer_images and not re.fullmatch(r"[^\s:@]+(:\d+)?/[^\s:@]+:[\w][\w.-]*|[^\s:@/]+:[\w][\w.-]*",
-                                                   config.trainer_images):
-        raise ConfigError(f"{PREFIX}TRAINER_IMAGES must be <repository>:<tag> (e.g. registry.example.com/ml/trainer:0.1.0), "
+    if config.trainer_images and not re.search(TRAINER_IMAGES_PATTERN, config.trainer_images):
+        raise ConfigError(f"{PREFIX}TRAINER_IMAGES must be <repository>:<tag> (e.g. "
+                          f"registry.example.com/ml/trainer:0.1.0; pin by digest with {PREFIX}TRAINER_IMAGE_DIGESTS), "
                           f"not {config.trainer_images!r}")
+    config.trainer_image_digest_map()  # refuses a malformed one now, not at the first run
     if config.lease_name and not (0 < config.lease_renew_seconds < config.lease_renew_deadline_seconds
                                   < config.lease_duration_seconds):
         raise ConfigError(f"{PREFIX}LEASE_RENEW_SECONDS ({config.lease_renew_seconds}) < "

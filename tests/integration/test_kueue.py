@@ -1,7 +1,7 @@
 """Kueue as Kueue expects, against a real API server, with the test playing Kueue (no Kueue can be installed here):
 it admits a held MPIJob by resuming it and preempts it by suspending it again, as Kueue's job integration does. The
 run is Queued while held, Training once admitted, Queued (Preempted) again with no interruption counted, and the
-operator never un-suspends what Kueue holds."""
+operator never un-suspends what Kueue holds, not even when the user sets spec.runPolicy.suspend back to false."""
 
 from __future__ import annotations
 
@@ -43,11 +43,15 @@ class PlayedKueue:
 def test_kueue_holds_admits_and_preempts_and_the_operator_leaves_suspend_to_it(cluster, operator, bucket, s3_server):
     cluster.create_run(new_run(cluster.ns, "queued", s3_server, runPolicy={"kueueQueueName": QUEUE}))
     job = wait_for(lambda: cluster.job("queued-preprocess"), what="the preprocessing Job", operator=operator)
+    # Queued too (its suspend: true, which Kueue resumes on admission, is a field 1.20's API server drops).
+    assert job["metadata"]["labels"][KUEUE_LABEL] == QUEUE
     run = cluster.run("queued")
     bucket.put_json(f"{run['spec']['dataset']['output']}/_manifest.json", manifest_for(run))
     cluster.complete_job(job["metadata"]["name"], succeeded=2)
 
-    wait_for(cluster.phase_is("queued", "Queued"), what="Queued", operator=operator)
+    # (The look that created the Job said Queued too, from the Job as created: wait for the MPIJob's.)
+    wait_for(lambda: cluster.mpijob("queued-train") and cluster.phase_is("queued", "Queued")(),
+             what="Queued with its MPIJob", operator=operator)
     mpijob = cluster.mpijob("queued-train")
     assert mpijob["spec"]["runPolicy"]["suspend"] is True, "created suspended: Kueue admits it by resuming it"
     assert mpijob["metadata"]["labels"][KUEUE_LABEL] == QUEUE
@@ -78,3 +82,15 @@ def test_kueue_holds_admits_and_preempts_and_the_operator_leaves_suspend_to_it(c
     cluster.patch_run("queued", {"spec": {"runPolicy": {"suspend": True}}})
     wait_for(cluster.phase_is("queued", "Suspended"), what="Suspended by the user", operator=operator)
     assert cluster.mpijob("queued-train")["spec"]["runPolicy"]["suspend"] is True
+
+    # Set back to false, the run returns to the queue: the operator never writes suspend: false under Kueue (that
+    # would start pods no quota was granted for); Kueue resumes the MPIJob when it admits it.
+    cluster.patch_run("queued", {"spec": {"runPolicy": {"suspend": False}}})
+    wait_for(lambda: cluster.condition("queued", "Suspended").get("reason") == "ReturnedToQueue",
+             what="the run back in the queue", operator=operator)
+    assert cluster.status("queued")["phase"] == "Queued"
+    assert cluster.condition("queued", "Queued")["reason"] == "WaitingForAdmission"
+    assert cluster.status("queued")["training"]["suspendApplied"] is False
+    assert cluster.mpijob("queued-train")["spec"]["runPolicy"]["suspend"] is True, "only Kueue resumes it"
+    kueue.admit()
+    wait_for(cluster.phase_is("queued", "Training"), what="Training once Kueue admits it again", operator=operator)

@@ -207,3 +207,18 @@ def test_the_table_covers_every_end_a_local_run_can_have(api_client, namespace, 
         seen |= {(found["phase"], reason) for _, status, reason, _ in found["conditions"] if status != "Unknown"}
     assert {("Succeeded", "Succeeded"), ("Succeeded", "DatasetReused"), ("Failed", "PreprocessingFailed"),
             ("Failed", "MPIJobFailed")} <= seen
+
+
+def test_a_queued_run_is_admitted_at_once_on_this_machine(tmp_path):
+    """spec.runPolicy.kueueQueueName: there is no Kueue on one machine to resume the suspended Job and MPIJob, so
+    the local runner admits them at once: the run is never Queued and trains to the end."""
+    root = tmp_path / "storage"
+    run = parse_scalingrun({"apiVersion": models.API_VERSION, "kind": models.KIND,
+                            "metadata": {"name": NAME, "namespace": "default"},
+                            "spec": {**spec(root), "runPolicy": {"kueueQueueName": "team-a"}}})
+    local = LocalRun(run, root / "work", commands=Trainer(ROWS[0], run), poll_seconds=0.2, log=lambda line: None)
+    local.start()
+    status = local.body["status"]
+    assert status["phase"] == "Succeeded", status.get("message")
+    assert "Queued" not in {c["type"] for c in status.get("conditions") or []}
+    assert "Queued" not in {e.reason for e in local.events} | {e.message.split()[0] for e in local.events if e.message}

@@ -25,6 +25,7 @@ from kubernetes import client
 
 from scalingrun_api import models
 from scalingrun_operator.schema.validation import InvalidScalingRun, parse_scalingrun
+from tests.support.image_refs import ACCEPTED, REFUSED
 from tests.support.admission import (  # noqa: F401 (installed: a fixture)
     BASE, RESOURCES, _models_in, _reason, installed, minimal, resources, value_candidates,
 )
@@ -170,3 +171,19 @@ def test_a_quantity_written_as_a_fraction_is_refused_by_both(api_client, scaling
         parse_scalingrun(doc)
     admitted, answer = resource.create(api, namespace, doc)
     assert not admitted, answer
+
+
+def test_image_references_by_tag_or_digest_one_rule_for_validate_and_admission(api_client, scalingrun_crd,
+                                                                                namespace):
+    """spec.workers.image: the CRD's pattern and validate take the same references, digests too."""
+    resource, api = next(r for r in RESOURCES if r.model is models.ScalingRun), client.CustomObjectsApi(api_client)
+    outcomes = {}
+    for image, wanted in [*((i, True) for i in ACCEPTED), *((i, False) for i in REFUSED)]:
+        doc = copy.deepcopy(BASE)
+        doc["spec"]["workers"] = {"image": image}
+        schema_ok, named = resource.validate(doc)
+        admitted, answer = resource.create(api, namespace, doc)
+        outcomes[image] = (schema_ok, admitted)
+        assert schema_ok == admitted == wanted, (image, named, answer)
+        assert schema_ok or named == ["spec.workers.image"]
+    assert len(outcomes) == len(ACCEPTED) + len(REFUSED)

@@ -85,4 +85,20 @@ the Roles. */}}
 - apiGroups: [""]
   resources: ["pods/log"]
   verbs: ["get"]
+{{- if .Values.rbac.ownerReferencesPermissionEnforcement }}
+# Never called: OwnerReferencesPermissionEnforcement (OpenShift) lets only who may delete an object change its
+# ownerReferences, which an adoption does (a child found without a controller; a sweep's point likewise).
+- apiGroups: [""]
+  resources: ["configmaps"]
+  verbs: ["delete"]
+- apiGroups: ["batch"]
+  resources: ["jobs"]
+  verbs: ["delete"]
+- apiGroups: ["kubeflow.org"]
+  resources: ["mpijobs"]
+  verbs: ["delete"]
+- apiGroups: ["scalingrun.dev"]
+  resources: ["scalingruns"]
+  verbs: ["delete"]
+{{- end }}
 {{- end }}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Annotated, Optional
+from typing import Annotated, Mapping, Optional
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainValidator, ValidationInfo, WithJsonSchema
 from pydantic_core import PydanticCustomError
@@ -37,9 +37,29 @@ DEFAULT_TRAINER_IMAGES = f"{IMAGE_REGISTRY}/trainer:{IMAGE_VERSION}"
 TRAINER_FLAVOURS = ("cpu", "lightning-cpu", "gpu", "lightning-gpu")
 
 
-def trainer_image_name(flavour: str, images: str = DEFAULT_TRAINER_IMAGES) -> str:
-    """The trainer image of a flavour (cpu, lightning-cpu, ...) under IMAGES ("<repository>:<tag>")."""
-    return f"{images}-{flavour}"
+# Image references, one set of rules for validate, admission (the CRD's pattern), the operator's settings and the
+# chart's values.schema.json: [registry[:port]/]path[:tag][@sha256:<64 hex>]. ASCII classes only (no \s or \w,
+# which are Unicode to pydantic's regexps and ASCII to the API server's).
+_NAME_COMPONENT = r"[a-z0-9]+([._-]+[a-z0-9]+)*"
+_REPOSITORY = rf"[A-Za-z0-9][A-Za-z0-9.-]*(:[0-9]+)?(/{_NAME_COMPONENT})*"
+_TAG = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
+DIGEST_PATTERN = r"^sha256:[a-f0-9]{64}$"
+IMAGE_REPOSITORY_PATTERN = rf"^{_REPOSITORY}$"
+# The chart's image.tag and trainerImages.tag, image.digest: empty is allowed there (the appVersion; no digest).
+OPTIONAL_TAG_PATTERN = rf"^({_TAG})?$"
+OPTIONAL_DIGEST_PATTERN = r"^(sha256:[a-f0-9]{64})?$"
+IMAGE_REFERENCE_PATTERN = rf"^{_REPOSITORY}(:{_TAG})?(@sha256:[a-f0-9]{{64}})?$"
+# The operator's trainerImages: a repository and a tag that the flavours extend (…:0.1.0 -> …:0.1.0-cpu), so no
+# digest: a digest names one image, pinned per flavour (TRAINER_IMAGE_DIGESTS).
+TRAINER_IMAGES_PATTERN = rf"^{_REPOSITORY}:{_TAG}$"
+
+
+def trainer_image_name(flavour: str, images: str = DEFAULT_TRAINER_IMAGES,
+                       digests: Optional[Mapping[str, str]] = None) -> str:
+    """The trainer image of a flavour (cpu, lightning-cpu, ...) under IMAGES ("<repository>:<tag>"), pinned by its
+    digest when `digests` (flavour -> "sha256:...") has one: the tag stays for people, the digest is what is run."""
+    digest = (digests or {}).get(flavour)
+    return f"{images}-{flavour}@{digest}" if digest else f"{images}-{flavour}"
 
 
 # The trainer image of a keras run without GPUs when spec.workers.image is not set (TensorFlow and Horovod, CPU build;

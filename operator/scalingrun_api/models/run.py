@@ -10,7 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .common import (
     DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, DNS_SUBDOMAIN_PATTERN, EXTENDED_RESOURCE_PATTERN,
-    HTTP_URL_PATTERN, LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, ObjectMeta, Quantity, SecretName, secret_name_field,
+    HTTP_URL_PATTERN, IMAGE_REFERENCE_PATTERN, LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, ObjectMeta, Quantity,
+    SecretName, secret_name_field,
 )
 from .status import ScalingRunStatus
 from .dataset import CPU_LIMIT_DESCRIPTION, Dataset, Resources
@@ -115,9 +116,10 @@ class Workers(ApiModel):
         description=f"Trainer image (launcher, workers, preprocessing). Default: the engine's image for the devices: "
         f"{DEFAULT_TRAINER_IMAGE} (-gpu with gpusPerWorker above 0) for training.framework keras, "
         f"{DEFAULT_LIGHTNING_TRAINER_IMAGE} (-lightning-gpu with GPUs) for pytorch-lightning (the operator's "
-        "trainerImages setting replaces their repository and tag). validate and the operator warn about an image "
-        "named -cpu beside a GPU request.",
-        min_length=1,
+        "trainerImages setting replaces their repository and tag, trainerImageDigests pins them). "
+        "[registry/]path[:tag][@sha256:<64 hex>]: pin it by digest for a run that must be repeatable. validate and "
+        "the operator warn about an image named -cpu beside a GPU request.",
+        min_length=1, max_length=512, pattern=IMAGE_REFERENCE_PATTERN,
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="Node labels the workers must have.")
     tolerations: list[Toleration] = Field(

@@ -51,6 +51,16 @@ def metadata(run: ScalingRun, name: str, namespace: str, component: str) -> dict
     return {"name": name, "namespace": namespace, "labels": labels(run, component)}
 
 
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+
+
+def queue_labels(run: ScalingRun) -> dict[str, str]:
+    """The Kueue LocalQueue label of a job (the MPIJob, the preprocessing Job) of a run with
+    spec.runPolicy.kueueQueueName: on the job only, not its pods (Kueue admits the job; its pods follow)."""
+    queue = run.spec.run_policy.kueue_queue_name
+    return {KUEUE_QUEUE_LABEL: queue} if queue else {}
+
+
 def storage_env(run: ScalingRun) -> list[dict[str, Any]]:
     """Object-store settings; the keys only as Secret references, never as values."""
     storage = run.spec.storage

@@ -19,6 +19,7 @@ from .common import (
     metadata,
     mpijob_name,
     pod_spec,
+    queue_labels,
     resources,
     storage_env,
     tracking_env,
@@ -223,8 +224,7 @@ def build_mpijob(run: ScalingRun, namespace: str,
     """The MPIJob of `run`; workers that ask for GPUs also get `gpu_tolerations` (the operator's setting)."""
     w = run.spec.workers
     meta = metadata(run, mpijob_name(run), namespace, "training")
-    if run.spec.run_policy.kueue_queue_name:
-        meta["labels"]["kueue.x-k8s.io/queue-name"] = run.spec.run_policy.kueue_queue_name
+    meta["labels"].update(queue_labels(run))
     volume, mount = config_volume(run)
     launcher_scratch, launcher_mounts = writable_dirs(TMP_DIR)
     worker_scratch, worker_mounts = writable_dirs(TMP_DIR, SSHD_STATE_DIR)

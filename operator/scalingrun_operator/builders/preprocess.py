@@ -14,6 +14,7 @@ from .common import (
     metadata,
     pod_spec,
     preprocess_job_name,
+    queue_labels,
     resources,
     storage_env,
     trainer_image,
@@ -68,11 +69,14 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
         "securityContext": container_security_context(),
         "volumeMounts": [mount, *scratch_mounts],
     }
+    # Kueue admits a job by un-suspending it (as the MPIJob): created running, it would start before its quota.
+    queued = queue_labels(run)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": meta,
+        "metadata": {**meta, "labels": {**meta["labels"], **queued}},
         "spec": {
+            **({"suspend": True} if queued else {}),
             **({"completionMode": "Indexed", "completions": shards, "parallelism": shards} if indexed
                else {"completions": 1, "parallelism": 1}),
             # Kubernetes < 1.28 has no per-index limit: allow the per-shard retries for every shard.

@@ -42,6 +42,7 @@ def settings_of(config: Config) -> Settings:
                     recheck_interval_seconds=config.recheck_interval_seconds,
                     allowed_storage_endpoints=config.allowed_storage_endpoints,
                     endpoint_policy=config.endpoint_policy(), trainer_images=config.trainer_images,
+                    trainer_image_digests=tuple(config.trainer_image_digest_map().items()),
                     gpu_tolerations=config.gpu_tolerations)
 
 

@@ -2,8 +2,8 @@
 to tell the user.
 
 The contract with the trainer's preprocessing: it writes the dataset manifest (scalingrun_api.manifest) with the
-source URI and the parameters that determine the content (`Params.dataset_parameters()` in
-scalingrun_trainer.preprocess.source, mirrored by `dataset_parameters` here without importing pyarrow).
+source URI and the parameters that determine the content, both sides from scalingrun_api.manifest's
+`image_dataset_parameters` / `table_dataset_parameters`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from scalingrun_api.manifest import DatasetManifest
+from scalingrun_api.manifest import DatasetManifest, image_dataset_parameters, table_dataset_parameters
 from scalingrun_api.models import Phase, ScalingRun
 from ..builders import build_config_map, build_preprocess_job
 from ..builders.common import preprocess_job_name
@@ -22,29 +22,19 @@ from ..builders.locations import manifest_uri, shards_uri
 from . import interruptions, pods
 from .draft import Draft, store_of
 from .snapshot import CLUSTER, Listing, Names, Where
-from .status import DATASET_REUSED, PREPROCESSED, PREPROCESSING_FAILED, TABLE_INVALID, Event, parse_time
-
-FORMAT_VERSION = 2  # scalingrun_trainer.preprocess.source.FORMAT_VERSION
-TABLE_FORMAT_VERSION = 1  # scalingrun_trainer.preprocess.parquet_table.FORMAT_VERSION
+from .status import (
+    DATASET_REUSED, PREPROCESSED, PREPROCESSING_FAILED, QUEUED, TABLE_INVALID, Event, parse_time,
+)
 
 
 def dataset_parameters(run: ScalingRun) -> dict[str, Any]:
-    """The parameters the preprocessing (or a Parquet table's check) records for this run's dataset (must equal
-    the trainer's: Params and TableParams.dataset_parameters)."""
+    """The parameters the preprocessing (or a Parquet table's check) records for this run's dataset."""
     d = run.spec.dataset
     if is_parquet_table(run):
-        return {"formatVersion": TABLE_FORMAT_VERSION, "format": d.format, "imageSize": d.image_size,
-                "columns": {"image": d.columns.image, "label": d.columns.label},
-                "minRowGroupsPerSplit": 2 * dataset_readers(run)}
-    return {
-        "formatVersion": FORMAT_VERSION,
-        "imageSize": d.image_size,
-        "validationFraction": d.validation_fraction,
-        "sampleFraction": d.sample_fraction,
-        "seed": d.seed,
-        # Each split has >= 2 row groups per training process (petastorm shards by row group).
-        "minRowGroupsPerSplit": 2 * dataset_readers(run),
-    }
+        return table_dataset_parameters(image_size=d.image_size, image_column=d.columns.image,
+                                        label_column=d.columns.label, readers=dataset_readers(run))
+    return image_dataset_parameters(image_size=d.image_size, validation_fraction=d.validation_fraction,
+                                    sample_fraction=d.sample_fraction, seed=d.seed, readers=dataset_readers(run))
 
 
 def dataset_present(run: ScalingRun, manifest: Optional[DatasetManifest]) -> bool:
@@ -250,7 +240,11 @@ def decide_preprocessing(draft: Draft, run: ScalingRun) -> None:
         message = no_completion_index_message(job_name, shards, draft.server().git_version)
         update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
         update.fail(PREPROCESSING_FAILED, message)
+    elif state.state == "Running" and run.spec.run_policy.kueue_queue_name and job["spec"].get("suspend"):
+        _queued(draft, run, job_name)
     elif state.state == "Running":
+        if draft.condition_true(QUEUED):
+            update.condition(QUEUED, "False", "Admitted", f"Kueue admitted Job {job_name}")
         table = run.spec.dataset.source if is_parquet_table(run) else ""
         progress, started = job_progress_message(job_name, state, shards, table), f"Job {job_name}"
         if runs_shards_in_turn(job, shards):
@@ -267,6 +261,16 @@ def decide_preprocessing(draft: Draft, run: ScalingRun) -> None:
         _failed(draft, run, job_name, state)
     else:
         _complete(draft, run, job_name, state)
+
+
+def _queued(draft: Draft, run: ScalingRun, job_name: str) -> None:
+    """Kueue holds the preprocessing Job (created suspended, as the MPIJob): it waits for quota; the operator never
+    resumes it, Kueue does when it admits it."""
+    message = (f"Job {job_name} is suspended by Kueue: LocalQueue {run.spec.run_policy.kueue_queue_name} waits for "
+               "admission (quota)")
+    draft.update.condition(QUEUED, "True", "WaitingForAdmission", message)
+    draft.update.condition(PREPROCESSED, "Unknown", "Queued", message)
+    draft.update.set_phase(Phase.queued.value, message)
 
 
 def _indexed(draft: Draft, run: ScalingRun) -> bool:

@@ -101,16 +101,20 @@ def _parse(body: dict[str, Any], spec: dict[str, Any],
     except InvalidScalingRun as exc:
         return None, "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the run is retried on edit).", []
     warnings = spec_warnings(run)
-    return with_default_image(run, settings.trainer_images, settings.gpu_images), "", warnings
+    return with_default_image(run, settings.trainer_images, settings.gpu_images,
+                              dict(settings.trainer_image_digests)), "", warnings
 
 
-def with_default_image(run: ScalingRun, trainer_images: str, gpu_images: bool = True) -> ScalingRun:
+def with_default_image(run: ScalingRun, trainer_images: str, gpu_images: bool = True,
+                       digests: Optional[dict[str, str]] = None) -> ScalingRun:
     """The run with spec.workers.image filled, when it names none, with its engine's image for its devices (the
     GPU flavour with gpusPerWorker above 0, unless `gpu_images` is False: a machine without GPUs) under the
-    operator's trainerImages ("<repository>:<tag>"; a team sets its registry once, not in every run), else ours."""
+    operator's trainerImages ("<repository>:<tag>"; a team sets its registry once, not in every run), else ours,
+    pinned by the flavour's digest where the operator's trainerImageDigests has one."""
     if not run.spec.workers.image:
         training, gpus = run.spec.training, run.spec.workers.gpus_per_worker if gpu_images else 0
-        run.spec.workers.image = engine(training.framework, training.strategy).default_image(gpus, trainer_images)
+        run.spec.workers.image = engine(training.framework, training.strategy).default_image(gpus, trainer_images,
+                                                                                              digests)
     return run
 
 

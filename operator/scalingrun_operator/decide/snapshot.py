@@ -226,6 +226,8 @@ class Settings:
     #: "<repository>:<tag>" of the default trainer images (a run without spec.workers.image gets
     #: "<this>-<flavour>"); empty: ours (scalingrun_api.models.common.DEFAULT_TRAINER_IMAGES).
     trainer_images: str = ""
+    #: (flavour, "sha256:...") pairs: those default images pinned by digest (Config.trainer_image_digests).
+    trainer_image_digests: tuple[tuple[str, str], ...] = ()
     #: Whether a run that asks for GPUs gets its engine's GPU image by default: False where it trains on a machine
     #: without GPUs (the local runner's, local.processes.gpus_here), which gets the CPU image whatever it asks for.
     gpu_images: bool = True

@@ -221,6 +221,9 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         update.condition(TRAINED, "Unknown", "Suspended", mirror.running_message(name, progress))
         update.set_phase(Phase.suspended.value, "spec.runPolicy.suspend is true")
     elif state.suspended and run.spec.run_policy.kueue_queue_name:
+        if draft.condition_true(SUSPENDED):
+            update.condition(SUSPENDED, "False", "ReturnedToQueue",
+                             f"spec.runPolicy.suspend is false: MPIJob {name} waits for Kueue to admit it again")
         _queued(draft, run, name, progress)
     else:
         if draft.condition_true(SUSPENDED):
@@ -237,9 +240,10 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
 def _suspend_change(run: ScalingRun, state: MPIJobState, applied: Optional[bool]) -> Optional[dict[str, Any]]:
     """The patch of the MPIJob's suspend this look makes, if any. Without Kueue the MPIJob follows
     spec.runPolicy.suspend at every look. With a Kueue queue, Kueue suspends (for quota, or to preempt) and resumes
-    the MPIJob: the operator changes it only when the user changes spec.runPolicy.suspend."""
+    the MPIJob: the operator suspends it when the user sets spec.runPolicy.suspend, and never resumes it (a
+    `suspend: false` written by anyone but Kueue starts pods no quota was granted for)."""
     wanted = run.spec.run_policy.suspend
-    if run.spec.run_policy.kueue_queue_name and (applied is None or applied == wanted):
+    if run.spec.run_policy.kueue_queue_name and (applied is None or applied == wanted or not wanted):
         return None
     return suspend_patch(wanted, state)
 

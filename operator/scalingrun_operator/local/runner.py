@@ -70,6 +70,9 @@ class LocalRun:
             self.run = self.run.model_copy(deep=True)
             self.run.spec.workers.replicas = self.np_override
             self.run.spec.workers.gpus_per_worker = min(self.run.spec.workers.gpus_per_worker, 1)
+        if self.run.spec.run_policy.kueue_queue_name:  # no Kueue on one machine to admit the jobs: they start at once
+            self.run = self.run.model_copy(deep=True)
+            self.run.spec.run_policy.kueue_queue_name = None
         meta = self.run.metadata
         self.body: dict[str, Any] = {
             "apiVersion": API_VERSION, "kind": KIND,

@@ -12,8 +12,8 @@ import pydantic
 from pydantic.alias_generators import to_camel
 
 from scalingrun_api.models import (
-    BUILDER_PATTERN, DATA_URI_PATTERN, DNS_SUBDOMAIN_PATTERN, HTTP_URL_PATTERN, LABEL_VALUE_PATTERN, QUANTITY_PATTERN,
-    WEIGHTS_PATTERN,
+    BUILDER_PATTERN, DATA_URI_PATTERN, DNS_SUBDOMAIN_PATTERN, HTTP_URL_PATTERN, IMAGE_REFERENCE_PATTERN,
+    LABEL_VALUE_PATTERN, QUANTITY_PATTERN, WEIGHTS_PATTERN,
 )
 from scalingrun_api.models.common import DURATION_PATTERN, QUANTITY_NUMBER
 
@@ -50,6 +50,8 @@ _PATTERN_WORDS = {
                          "letter or digit",
     HTTP_URL_PATTERN: "must be an http:// or https:// URL",
     BUILDER_PATTERN: "must be module.path:function, e.g. my_models.heads:build",
+    IMAGE_REFERENCE_PATTERN: "must be an image reference [registry/]path[:tag][@sha256:<64 hex digits>], e.g. "
+    "registry.example.com/ml/trainer:0.1.0-cpu or registry.example.com/ml/trainer@sha256:<digest>",
 }
 
 

@@ -67,7 +67,10 @@ def open_dataset(uri: str, endpoint: Optional[str] = None, region: Optional[str]
     except (FileNotFoundError, OSError) as exc:
         raise DatasetError(f"no dataset manifest at {manifest_at.uri} ({type(exc).__name__}): "
                            "run the preprocessing first") from None
-    manifest = DatasetManifest.model_validate(document)  # a writer's own document: strict, not lenient
+    manifest = DatasetManifest.read(document)  # the one reader of the manifest, the operator's too
+    if manifest is None or "imageSize" not in manifest.parameters or any(s not in manifest.files for s in SPLITS):
+        raise DatasetError(f"{manifest_at.uri} is not a complete dataset manifest (it names no image size or not "
+                           f"the files of each split {', '.join(SPLITS)}): run the preprocessing again")
     # A Parquet table's manifest (dataset.format parquet) names where its files are, and its columns.
     data_root = manifest.data_root or uri
     files_at = open_location(data_root, endpoint, region) if data_root != uri else root

@@ -30,14 +30,14 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyarrow import fs as pafs
 
-from scalingrun_api.manifest import CLASSES_FILE, MANIFEST_FILE, DatasetManifest
+from scalingrun_api.manifest import (
+    CLASSES_FILE, MANIFEST_FILE, TABLE_FORMAT, DatasetManifest, table_dataset_parameters,
+)
 
 from ..core.dataset import SPLITS
 from ..storage import Location, open_location
 from .source import PreprocessError, SourceError
 
-FORMAT = "parquet"
-FORMAT_VERSION = 1  # of this manifest's parameters (the operator's handlers/dataset.py mirrors them)
 LABEL_TYPES = (pa.int8(), pa.uint8(), pa.int16(), pa.int32(), pa.int64())  # what the readers take as labels
 MIN_ROWS_TO_JUDGE_ORDER = 100  # fewer rows say little about their order
 
@@ -60,10 +60,9 @@ class TableParams:
     region: Optional[str] = None
 
     def dataset_parameters(self) -> dict:
-        """What the manifest is valid for (handlers/dataset.py's dataset_parameters for format parquet)."""
-        return {"formatVersion": FORMAT_VERSION, "format": FORMAT, "imageSize": self.image_size,
-                "columns": {"image": self.image_column, "label": self.label_column},
-                "minRowGroupsPerSplit": 2 * self.readers}
+        """What the manifest is valid for (scalingrun_api.manifest, the operator's too)."""
+        return table_dataset_parameters(image_size=self.image_size, image_column=self.image_column,
+                                        label_column=self.label_column, readers=self.readers)
 
 
 @dataclass
@@ -205,7 +204,7 @@ def inspect_table(params: TableParams) -> DatasetManifest:
         fingerprint=digest.hexdigest()[:24],
         parameters=params.dataset_parameters(),
         source=params.source,
-        format=FORMAT,
+        format=TABLE_FORMAT,
         data_root=params.source,
         columns={"image": params.image_column, "label": params.label_column},
         classes=classes,

@@ -12,11 +12,12 @@ from typing import Optional
 
 from pyarrow import fs as pafs
 
+from scalingrun_api.manifest import image_dataset_parameters
+
 from ..storage import Location
 
 # 256 rows of 299 x 299 x 3 are about 70 MB: small enough to stream, large enough to read fast.
 MAX_ROWS_PER_GROUP = 256
-FORMAT_VERSION = 2  # 2: rows in a seeded order within each shard (1: in path order, so class order)
 
 
 class PreprocessError(RuntimeError):
@@ -48,15 +49,10 @@ class Params:
     region: Optional[str] = None
 
     def dataset_parameters(self) -> dict:
-        """What determines the content of the dataset (not where it is read from or by how many)."""
-        return {
-            "formatVersion": FORMAT_VERSION,
-            "imageSize": self.image_size,
-            "validationFraction": self.validation_fraction,
-            "sampleFraction": self.sample_fraction,
-            "seed": self.seed,
-            "minRowGroupsPerSplit": 2 * self.max_readers,
-        }
+        """What determines the content of the dataset (scalingrun_api.manifest, the operator's too)."""
+        return image_dataset_parameters(image_size=self.image_size, validation_fraction=self.validation_fraction,
+                                        sample_fraction=self.sample_fraction, seed=self.seed,
+                                        readers=self.max_readers)
 
 
 @dataclass(frozen=True)
