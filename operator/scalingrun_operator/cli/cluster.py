@@ -72,7 +72,7 @@ class Cluster:
                                 **selector)
         if listed is None:  # the CRD is not installed
             raise UserError(f"scalingrun: {plural}.{GROUP} is not served by this cluster: install the chart "
-                            "(or `scalingrun crd | kubectl apply -f -`)")
+                            "(or `scalingrun crd | kubectl apply --server-side -f -`)")
         return listed
 
     def watch(self, plural: str, name: Optional[str], version: str, seconds: int) -> Iterator[dict[str, Any]]:

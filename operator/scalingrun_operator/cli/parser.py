@@ -79,7 +79,7 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
 
     crd = _add(sub, "crd", "print the ScalingRun and ScalingSweep CustomResourceDefinitions",
                "Print both CustomResourceDefinitions (the chart installs the same ones).",
-               "  scalingrun crd | kubectl apply -f -", cmd_crd)
+               "  scalingrun crd | kubectl apply --server-side -f -", cmd_crd)
     crd.add_argument("-o", "--output", choices=OUTPUTS, default="yaml", help="output format (default yaml)")
 
     validate = _add(sub, "validate", "check ScalingRun and ScalingSweep files; name every bad field",
