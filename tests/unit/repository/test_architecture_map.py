@@ -39,3 +39,12 @@ def test_every_module_is_named_in_the_architecture_page():
         if rest and not re.search(rf"(?<![\w.]){re.escape(wanted)}", blocks[top]):
             missing.append(f"{name} ({wanted})")
     assert missing == [], f"docs/architecture.md's whole tree does not name: {missing}"
+
+
+def test_every_file_the_docs_name_under_tests_scripts_or_the_packages_exists():
+    """A test file that moved leaves no stale path in the README or docs/."""
+    pages = [ROOT / "README.md", ROOT / "charts/scalingrun/README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    stale = sorted({f"{page.relative_to(ROOT)}: {path}" for page in pages
+                    for path in re.findall(r"(?<![\w/.-])((?:tests|scripts|bench)/[\w/.-]+\.(?:py|sh))", page.read_text())
+                    if not (ROOT / path).exists()})
+    assert stale == []
