@@ -4,6 +4,7 @@ Needs the package registry (CI has it); the seconds it took are printed."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -19,7 +20,7 @@ from tests.support.env import ROOT
 
 # None of these may come with the CLI: the training stack, the operator's runtime, the demo's packages.
 NOT_IN_THE_CLI = {"tensorflow", "tensorflow-cpu", "torch", "horovod", "petastorm", "mpi4py", "kopf", "pyarrow",
-                  "numpy", "pillow", "matplotlib", "botocore", "pytorch-lightning", "lightning"}
+                  "numpy", "pillow", "matplotlib", "pytorch-lightning", "lightning"}
 # (platform tag, what it is): the CLI's closure must resolve to wheels there.
 PLATFORMS = [("manylinux2014_aarch64", "Linux arm64"), ("macosx_11_0_arm64", "macOS arm64"),
              ("macosx_10_12_x86_64", "macOS x86_64")]
@@ -56,7 +57,7 @@ def test_the_cli_installs_from_wheels_without_the_training_stack_and_validates(c
     names = {re.split(r"[=@ ]", line, 1)[0].lower().replace("_", "-")
              for line in pip(python, "freeze", "--all").stdout.splitlines()}
     print(f"clean venv + pip install of the CLI: {seconds:.1f} s, {len(names)} distributions: {sorted(names)}")
-    assert "scalingrun" in names and "kubernetes" in names and "pydantic" in names
+    assert {"scalingrun", "kubernetes", "pydantic", "pyyaml", "botocore"} <= names
     assert names & NOT_IN_THE_CLI == set()
 
     scalingrun = tmp_path / "venv/bin/scalingrun"
@@ -72,6 +73,15 @@ def test_the_cli_installs_from_wheels_without_the_training_stack_and_validates(c
     assert refused.returncode != 0 and "replicas" in refused.stdout + refused.stderr
     crd = subprocess.run([str(scalingrun), "crd"], capture_output=True, text=True, timeout=60, env=CLEAN)
     assert crd.returncode == 0 and "name: scalingruns.scalingrun.dev" in crd.stdout
+    # A command that needs an extra says which, in one line.
+    progress = tmp_path / "progress.json"
+    progress.write_text(json.dumps({"state": "running", "epoch": 1, "maxEpochs": 2, "history": [
+        {"epoch": 1, "loss": 0.9, "accuracy": 0.6, "val_loss": 0.8, "val_accuracy": 0.7}]}))
+    report = subprocess.run([str(scalingrun), "report", "--progress", str(progress), "-o", str(tmp_path / "out")],
+                            capture_output=True, text=True, timeout=60, env=CLEAN)
+    assert report.returncode == 1 and report.stderr.strip() == ("scalingrun report: needs matplotlib, which `pip "
+                                                                "install .` leaves out: pip install '.[demo]' "
+                                                                "(docs/install.md)"), report.stderr
 
 
 @pytest.mark.parametrize("platform", [p for p, _ in PLATFORMS], ids=[words for _, words in PLATFORMS])

@@ -28,7 +28,7 @@ class Cluster:
         try:
             from kubernetes import client, config
         except ImportError:
-            raise UserError("scalingrun: get and wait need the kubernetes package: pip install 'scalingrun[operator]'")
+            raise UserError("scalingrun: get and wait need the kubernetes package, which `pip install .` installs")
         try:
             api_client = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
             _, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
