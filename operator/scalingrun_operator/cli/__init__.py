@@ -15,8 +15,9 @@ from .parser import build_parser
 __all__ = ["build_parser", "main"]
 
 # `pip install .` is the CLI for a cluster; what else a command needs comes with an extra (pyproject.toml).
+# (The training stack of `run --local` comes from scripts/setup.sh, not from an extra.)
 EXTRAS = {"matplotlib": "demo", "pyarrow": "demo", "numpy": "demo", "PIL": "demo", "kopf": "operator",
-          "prometheus_client": "operator", "tensorflow": "trainer", "horovod": "trainer", "petastorm": "trainer"}
+          "prometheus_client": "operator"}
 
 
 def main(argv: list[str] | None = None) -> int:
