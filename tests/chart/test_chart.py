@@ -114,6 +114,15 @@ def test_no_hooks_and_no_peering_objects(helm, values):
         assert not [a for a in obj["metadata"].get("annotations") or {} if a.startswith("helm.sh/hook")], obj["kind"]
 
 
+def test_kustomize_installs_the_charts_crds_and_no_others(helm):
+    """manifests/crd is what the chart installs: kopf's peering CRDs, which no install uses (a Lease elects the
+    leader), are not in it."""
+    listed = yaml.safe_load((ROOT / "manifests/crd/kustomization.yaml").read_text())["resources"]
+    kustomize = {yaml.safe_load((ROOT / "manifests/crd" / name).read_text())["metadata"]["name"] for name in listed}
+    chart = {o["metadata"]["name"] for o in render(helm) if o["kind"] == "CustomResourceDefinition"}
+    assert kustomize == chart == {"scalingruns.scalingrun.dev", "scalingsweeps.scalingrun.dev"}
+
+
 def test_operator_reads_pods_and_needs_no_peering_objects(helm):
     role = next(o for o in render(helm) if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "t-scalingrun-operator")
     verbs = {resource: set(rule["verbs"]) for rule in role["rules"] for resource in rule["resources"]}

@@ -14,6 +14,11 @@ from .parser import build_parser
 
 __all__ = ["build_parser", "main"]
 
+# `pip install .` is the CLI for a cluster; what else a command needs comes with an extra (pyproject.toml).
+# (The training stack of `run --local` comes from scripts/setup.sh, not from an extra.)
+EXTRAS = {"matplotlib": "demo", "pyarrow": "demo", "numpy": "demo", "PIL": "demo", "kopf": "operator",
+          "prometheus_client": "operator"}
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -29,6 +34,13 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:  # the user's mistake: one line (or one per bad field), no traceback
         print(exc, file=sys.stderr)
         return exc.code
+    except ModuleNotFoundError as exc:  # a package of an extra this install left out
+        if (exc.name or "").split(".")[0] not in EXTRAS:
+            raise
+        extra = EXTRAS[exc.name.split(".")[0]]
+        print(f"scalingrun {args.command}: needs {exc.name}, which `pip install .` leaves out: "
+              f"pip install '.[{extra}]' (docs/install.md)", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `scalingrun render ... | head`: the reader left, as for kubectl
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0

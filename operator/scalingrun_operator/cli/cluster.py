@@ -28,7 +28,7 @@ class Cluster:
         try:
             from kubernetes import client, config
         except ImportError:
-            raise UserError("scalingrun: get and wait need the kubernetes package: pip install 'scalingrun[operator]'")
+            raise UserError("scalingrun: get and wait need the kubernetes package, which `pip install .` installs")
         try:
             api_client = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
             _, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
@@ -72,7 +72,7 @@ class Cluster:
                                 **selector)
         if listed is None:  # the CRD is not installed
             raise UserError(f"scalingrun: {plural}.{GROUP} is not served by this cluster: install the chart "
-                            "(or `scalingrun crd | kubectl apply -f -`)")
+                            "(or `scalingrun crd | kubectl apply --server-side -f -`)")
         return listed
 
     def watch(self, plural: str, name: Optional[str], version: str, seconds: int) -> Iterator[dict[str, Any]]:

@@ -15,10 +15,11 @@ from .logs import cmd_logs
 EXIT_CODES = """exit codes:
   0  done: the files are valid, the objects printed, the run succeeded
   1  failed: an invalid spec, a file that cannot be read or holds no ScalingRun, a failed run,
-     a wait that ends otherwise or times out, a run not found
+     a wait that ends otherwise or times out, a run not found, a log neither live nor archived,
+     a store that cannot be read
   2  usage: a wrong flag or argument, a ScalingSweep given to run (or the reverse)
   129, 130, 143  run --local, sweep --local: stopped by SIGHUP, SIGINT or SIGTERM (after stopping
-     every process it started)"""
+     every process it started); logs ended with Ctrl-C: 130"""
 
 OUTPUTS = ("yaml", "json")
 
@@ -79,7 +80,7 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
 
     crd = _add(sub, "crd", "print the ScalingRun and ScalingSweep CustomResourceDefinitions",
                "Print both CustomResourceDefinitions (the chart installs the same ones).",
-               "  scalingrun crd | kubectl apply -f -", cmd_crd)
+               "  scalingrun crd | kubectl apply --server-side -f -", cmd_crd)
     crd.add_argument("-o", "--output", choices=OUTPUTS, default="yaml", help="output format (default yaml)")
 
     validate = _add(sub, "validate", "check ScalingRun and ScalingSweep files; name every bad field",

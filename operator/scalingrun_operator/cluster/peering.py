@@ -37,8 +37,9 @@ def is_pattern(namespace: str) -> bool:
 
 
 def _remedy(name: str) -> str:
-    return (f"install kopf's peering CRDs (manifests/crd/kopf.dev_peerings.yaml, or the chart with crds.enabled), "
-            f"create the peering object {name!r} yourself, or run one replica with --standalone")
+    return (f"install kopf's peering CRDs (kubectl apply --server-side -f manifests/crd/kopf.dev_peerings.yaml; "
+            f"neither the chart nor kustomize installs them), create the peering object {name!r} yourself, or run "
+            "without --peering (a Lease elects the leader) or one replica with --standalone")
 
 
 def _exists(custom: client.CustomObjectsApi, plural: str, name: str, namespace: str | None) -> bool:

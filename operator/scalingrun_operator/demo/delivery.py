@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
@@ -102,35 +104,115 @@ def build_seaweedfs(base: str = "") -> None:
          DOCKERFILE_FOLDER])
 
 
-def deliver(kube: Kube, images: list[str], registry: str = "") -> dict[str, str]:
-    """Each image made available to the cluster's nodes; the reference pods use for it."""
+# Contexts whose nodes load images with a tool of their own, by the context's name (prefix or whole name).
+LOADERS = {"kind-": "kind load docker-image", "k3d-": "k3d image import", "minikube": "minikube image load"}
+# Desktop clusters whose nodes run in this machine's Docker, when their runtime is Docker.
+DESKTOP_CONTEXTS = ("docker-desktop", "docker-for-desktop", "rancher-desktop")
+
+
+@dataclass(frozen=True)
+class Node:
+    """What decides whether a node can run an image that is only in this machine's Docker."""
+
+    name: str
+    runtime: str  # status.nodeInfo.containerRuntimeVersion, e.g. docker://20.10.5
+    on_this_machine: bool  # its machine ID is this machine's, or its address is one of this machine's
+
+
+@dataclass(frozen=True)
+class Route:
+    """How the images reach the nodes: push (to REGISTRY), load (with a tool, by context) or shared (the nodes
+    use this Docker)."""
+
+    how: str
+    says: str
+
+
+def loader(context: str) -> str:
+    """The image-loading command of a kind, k3d or minikube context; "" for any other."""
+    return next((tool for prefix, tool in LOADERS.items() if context == prefix or
+                 (prefix.endswith("-") and context.startswith(prefix))), "")
+
+
+def image_route(context: str, registry: str, nodes: list[Node]) -> Route:
+    """How images built here reach the nodes of CONTEXT; QuickstartError, before anything is built or installed,
+    when they cannot (a cloud context without --registry would end in ImagePullBackOff after minutes)."""
+    if registry:
+        return Route("push", f"images pushed to {registry}")
+    if loader(context):
+        return Route("load", f"images loaded into {context} ({loader(context)})")
+    docker_nodes = [node for node in nodes if node.runtime.startswith("docker://")]
+    if nodes and len(docker_nodes) == len(nodes) and \
+            (context in DESKTOP_CONTEXTS or all(node.on_this_machine for node in nodes)):
+        return Route("shared", f"the nodes of {context} ({', '.join(n.name for n in nodes)}) use this machine's "
+                               "Docker: the images stay there")
+    seen = ", ".join(f"{n.name} ({n.runtime or 'runtime unknown'}, "
+                     f"{'this machine' if n.on_this_machine else 'another machine'})" for n in nodes) or "none listed"
+    raise QuickstartError(
+        f"the nodes of context {context} cannot use images built in this machine's Docker (nodes: {seen}). "
+        "Nothing was installed. Pass --registry REGISTRY/PREFIX, a registry the nodes pull from (after "
+        "`docker login`; for a private one give the nodes a pull secret: docs/install.md), or use a kind, k3d or "
+        "minikube context, whose nodes load the images")
+
+
+def deliver(kube: Kube, images: list[str], route: Route, registry: str = "") -> dict[str, str]:
+    """Each image made available to the cluster's nodes by ROUTE; the reference pods use for it."""
     context = kube.context
     references = {}
     for image in images:
         if not has_image(image):
             raise QuickstartError(f"image {image} is not in this Docker: build it (scripts/quickstart.sh --cluster "
                                   "without --no-build, or scripts/build-images.sh)")
-        if registry:
+        references[image] = image
+        if route.how == "push":
             pushed = f"{registry.rstrip('/')}/{image.rsplit('/', 1)[-1]}"
             run([docker(), "tag", image, pushed])
             run([docker(), "push", pushed], timeout=3600)
             references[image] = pushed
-            continue
-        references[image] = image
-        if context.startswith("kind-"):
+        elif route.how == "load" and context.startswith("kind-"):
             run(["kind", "load", "docker-image", image, "--name", context[len("kind-"):]], timeout=3600)
-        elif context.startswith("k3d-"):
+        elif route.how == "load" and context.startswith("k3d-"):
             run(["k3d", "image", "import", image, "-c", context[len("k3d-"):]], timeout=3600)
-        elif context == "minikube":
+        elif route.how == "load":
             run(["minikube", "image", "load", image], timeout=3600)
-    if registry:
-        say(f"images pushed to {registry}")
-    elif context.startswith(("kind-", "k3d-")) or context == "minikube":
-        say(f"images loaded into {context}")
-    else:
-        say(f"context {context}: the images stay in this Docker, which the nodes must share (Docker Desktop, a "
-            "single-node cluster on this host); for any other cluster give --registry REGISTRY/PREFIX")
+    say(route.says)
     return references
+
+
+def machine_id() -> str:
+    """This machine's ID as the kubelet reports its node's (status.nodeInfo.machineID); "" where there is none."""
+    for path in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            return Path(path).read_text().strip()
+        except OSError:
+            continue
+    return ""
+
+
+def is_local_address(address: str) -> bool:
+    """Whether ADDRESS is one of this machine's (a socket binds to it only then)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.bind((address, 0))
+        return True
+    except OSError:
+        return False
+
+
+def cluster_nodes(kube: Kube) -> list[Node]:
+    """The context's nodes as image_route needs them; none when they cannot be listed (a namespace-scoped user)."""
+    result = kube.kubectl("get", "nodes", "-o", "json", check=False)
+    if result.returncode != 0:
+        return []
+    here, nodes = machine_id(), []
+    for item in json.loads(result.stdout).get("items", []):
+        status = item.get("status") or {}
+        info = status.get("nodeInfo") or {}
+        addresses = [a["address"] for a in status.get("addresses") or [] if a.get("type") == "InternalIP"]
+        local = bool(here and info.get("machineID") == here) or any(is_local_address(a) for a in addresses)
+        nodes.append(Node(item["metadata"]["name"], info.get("containerRuntimeVersion", ""), local))
+    return nodes
 
 
 def split_image(image: str) -> tuple[str, str]:

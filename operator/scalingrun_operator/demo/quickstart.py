@@ -20,10 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import yaml
-
 from . import seaweedfs
-from .delivery import ROOT, Kube, QuickstartError, build_images, build_seaweedfs, deliver, image_names, say, split_image
+from .delivery import (ROOT, Kube, QuickstartError, build_images, build_seaweedfs, cluster_nodes, deliver, image_names,
+                       image_route, loader, say, split_image)
 
 NAMESPACE = "scalingrun-quickstart"
 RELEASE, SYSTEM_NAMESPACE = "scalingrun", "scalingrun-system"
@@ -38,6 +37,7 @@ MPIJOB_CRD = "mpijobs.kubeflow.org"
 MPI_OPERATOR_INSTALL = ("kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/"
                         "v0.8.2/deploy/v2beta1/mpi-operator.yaml")
 TERMINAL = ("Succeeded", "Failed")
+WORKER_CPUS = ("1", "500m", "250m")  # tried in this order when --worker-cpu is not given
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -51,10 +51,13 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                         help="push the images there (a cluster that cannot use this machine's Docker)")
     parser.add_argument("--per-class", type=int, default=1000, help="Fashion-MNIST images per class (default 1000)")
     parser.add_argument("--max-epochs", type=int, help="override spec.training.maxEpochs (default: the example's)")
-    parser.add_argument("--worker-cpu", default="1", help="CPU per worker and per preprocessing pod (default 1; "
-                        "500m fits a 2-CPU node)")
+    parser.add_argument("--worker-cpu", help="CPU per worker and per preprocessing pod (default: the first of "
+                        f"{', '.join(WORKER_CPUS)} that fits the nodes' free CPU, the arithmetic shown)")
     parser.add_argument("--worker-memory", default="4Gi", help="memory per worker (default 4Gi)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds to follow the run (default 3600)")
+    parser.add_argument("--skip-capacity-check", action="store_true",
+                        help="do not compare the requests with the nodes' free CPU and memory (a cluster that adds "
+                        "nodes on demand)")
     parser.add_argument("--skip-mpi-check", action="store_true",
                         help="do not look for an MPIJob controller (one this check does not recognise)")
     parser.add_argument("--reports", default=".scalingrun/quickstart-cluster/reports", help="where the report goes")
@@ -100,17 +103,62 @@ def demo_namespace(kube: Kube, namespace: str) -> Optional[dict[str, Any]]:
     return found
 
 
+def operator_there(kube: Kube) -> str:
+    """What says an operator is installed already (then the quick start uses it), or "" when there is none."""
+    if kube.helm("status", RELEASE, "-n", SYSTEM_NAMESPACE, check=False).returncode == 0:
+        return f"using the operator already installed (helm release {RELEASE} in {SYSTEM_NAMESPACE})"
+    crd = kube.get("crd", OPERATOR_CRDS[0])
+    if crd is not None and not kept_by_release(crd):
+        return f"{OPERATOR_CRDS[0]} is there (an operator installed without this release): using it"
+    return ""
+
+
+def worker_cpu(kube: Kube, args: argparse.Namespace, installs_chart: bool) -> str:
+    """--worker-cpu, or the first of WORKER_CPUS whose requests fit the nodes' free capacity; QuickstartError with
+    the arithmetic when none does (checked before anything is built or installed)."""
+    from ..builders import build_children
+    from ..schema.validation import parse_scalingrun
+    from . import capacity
+
+    tried = [args.worker_cpu] if args.worker_cpu else list(WORKER_CPUS)
+    if args.skip_capacity_check:
+        return tried[0]
+    resident = capacity.demands([o for o in yaml_documents(kube.helm("template", RELEASE, "charts/scalingrun", "-n",
+                                                                     SYSTEM_NAMESPACE).stdout)], "operator") \
+        if installs_chart else []
+    if kube.get("deployment", seaweedfs.SERVICE, "-n", args.namespace) is None:
+        resident += capacity.demands(seaweedfs.demo_manifests(args.namespace, seaweedfs.IMAGE, SECRET, "", "", LABELS),
+                                     "SeaweedFS")
+    candidates = [(cpu, resident + capacity.demands(build_children(parse_scalingrun(run_document(
+        args.namespace, None, args.max_epochs, cpu, args.worker_memory)), namespace=args.namespace)))
+        for cpu in tried]
+    nodes, pods = kube.get("nodes"), kube.get("pods", "--all-namespaces")
+    try:
+        chosen, lines = capacity.choose(candidates, capacity.capacity(nodes["items"], pods["items"]))
+    except ValueError as exc:
+        raise QuickstartError(f"the quick start does not fit the free CPU and memory of context {kube.context}; "
+                              f"nothing was installed:\n  {str(exc).replace(chr(10), chr(10) + '  ')}\n"
+                              "free some, add a node, or pass --skip-capacity-check when the cluster adds nodes on "
+                              "demand") from None
+    for line in lines:
+        say(line)
+    return chosen
+
+
+def yaml_documents(text: str) -> list[dict[str, Any]]:
+    import yaml
+
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
 # --- up --------------------------------------------------------------------------------------------------------
 
 
 def install_operator(kube: Kube, operator_image: str, trainer_image: str) -> dict[str, Any]:
     """The chart, unless a release or the CRDs say an operator is there; what it added."""
-    if kube.helm("status", RELEASE, "-n", SYSTEM_NAMESPACE, check=False).returncode == 0:
-        say(f"using the operator already installed (helm release {RELEASE} in {SYSTEM_NAMESPACE})")
-        return {}
-    crd = kube.get("crd", OPERATOR_CRDS[0])
-    if crd is not None and not kept_by_release(crd):
-        say(f"{OPERATOR_CRDS[0]} is there (an operator installed without this release): using it")
+    there = operator_there(kube)
+    if there:
+        say(there)
         return {}
     system_namespace_existed = kube.get("namespace", SYSTEM_NAMESPACE) is not None
     repository, tag = split_image(operator_image)
@@ -147,6 +195,8 @@ def s3_keys(kube: Kube, namespace: str) -> tuple[str, str]:
 def run_document(namespace: str, trainer_image: Optional[str], max_epochs: Optional[int], cpu: str,
                  memory: str) -> dict[str, Any]:
     """examples/quickstart.yaml pointed at the demo store (and at pushed images, when there are)."""
+    import yaml  # here, so that --help runs on a bare Python
+
     document = yaml.safe_load((ROOT / "examples/quickstart.yaml").read_text())
     document["metadata"] = {"name": RUN_NAME, "namespace": namespace}
     document["spec"]["storage"] = {"endpoint": seaweedfs.endpoint(namespace), "credentialsSecret": SECRET}
@@ -217,9 +267,12 @@ def up(args: argparse.Namespace, kube: Kube) -> int:
     existing = demo_namespace(kube, namespace)
     say(f"kube context {kube.context}, demo namespace {namespace}")
     check_mpi_operator(kube, args.skip_mpi_check)  # before minutes of building
+    nodes = [] if args.registry or loader(kube.context) else cluster_nodes(kube)
+    route = image_route(kube.context, args.registry, nodes)  # before building or installing anything
+    cpu = worker_cpu(kube, args, installs_chart=not operator_there(kube))
     names = image_names() if args.no_build else build_images()
     build_seaweedfs(names.get("base", ""))
-    references = deliver(kube, [names["operator"], names["trainer"], seaweedfs.IMAGE], args.registry)
+    references = deliver(kube, [names["operator"], names["trainer"], seaweedfs.IMAGE], route, args.registry)
     added = json.loads(((existing or {}).get("metadata", {}).get("annotations") or {}).get(ADDED) or "{}")
     if existing is None:
         kube.apply([{"apiVersion": "v1", "kind": "Namespace",
@@ -233,7 +286,7 @@ def up(args: argparse.Namespace, kube: Kube) -> int:
     say(f"SeaweedFS (the demo's object store: one pod, data on an emptyDir, not for real data) at "
         f"{seaweedfs.endpoint(namespace)}")
     document = run_document(namespace, references[names["trainer"]] if args.registry else None, args.max_epochs,
-                            args.worker_cpu, args.worker_memory)
+                            cpu, args.worker_memory)
     with seaweedfs.s3_filesystem(kube_command(kube), namespace, *keys) as s3:
         source = document["spec"]["dataset"]["source"]
         uploaded = seaweedfs.upload_jpegs(s3, source, args.per_class, None, split="train")

@@ -36,7 +36,7 @@ class EndpointPolicy:
     """The addresses a run's store may have, when no allow-list names the endpoints."""
 
     allow_any: bool = False  # SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT: addresses are not checked
-    service_ranges: tuple[str, ...] = ()  # the cluster's Service CIDRs (SCALINGRUN_SERVICE_CIDRS)
+    service_ranges: tuple[str, ...] = ()  # the cluster's Service CIDRs (SCALINGRUN_CLUSTER_SERVICE_RANGES)
     api_server: tuple[str, ...] = ()  # the API server's addresses (KUBERNETES_SERVICE_HOST)
     local_files: bool = False  # file:// and paths read this machine's disk: `scalingrun run --local` only
 

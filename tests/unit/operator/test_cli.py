@@ -78,6 +78,11 @@ def test_exit_codes_are_in_the_help_and_the_docs(capsys):
         assert line in help_text
     docs = (ROOT / "docs/command-line.md").read_text()
     assert "| 2 | usage" in docs and "| 1 | failed" in docs and "| 0 | done" in docs
+    # The cases of `logs` too, in both (they were in the page only).
+    words = " ".join(help_text.split())
+    for case in ("a run not found", "a log neither live nor archived", "a store that cannot be read",
+                 "ended with Ctrl-C: 130"):
+        assert case in words and case in " ".join(docs.split()), case
 
 
 def test_version_names_the_package_and_the_api(capsys):

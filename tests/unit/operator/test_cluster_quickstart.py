@@ -3,7 +3,11 @@ of it runs in the e2e's cluster: tests/e2e/test_quickstart_cluster.py)."""
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
+import subprocess
+import sys
 
 import kubernetes_validate
 import pytest
@@ -12,10 +16,10 @@ from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.common import trainer_image
 from scalingrun_operator.demo import seaweedfs
 from scalingrun_operator.demo.delivery import split_image
-from scalingrun_operator.demo.delivery import QuickstartError
+from scalingrun_operator.demo.delivery import ROOT, Node, QuickstartError, image_route
 from scalingrun_operator.demo.quickstart import (
     ADDED, LABELS, NAMESPACE, OPERATOR_CRDS, OWNED, RUN_NAME, SECRET, down, down_plan, kept_by_release, parse_args,
-    run_document,
+    run_document, up,
 )
 from scalingrun_api.models import DEFAULT_TRAINER_IMAGE
 
@@ -56,7 +60,7 @@ def test_images_split_into_repository_and_tag(image, parts):
 def test_the_defaults_are_the_readmes():
     args = parse_args([])
     assert (args.namespace, args.per_class, args.worker_cpu, args.down, args.no_build) == \
-        ("scalingrun-quickstart", 1000, "1", False, False)
+        ("scalingrun-quickstart", 1000, None, False, False)  # None: the first of WORKER_CPUS that fits
 
 
 INSTALLED = {"release": "scalingrun", "releaseNamespace": "scalingrun-system", "crds": list(OPERATOR_CRDS),
@@ -128,3 +132,50 @@ def test_crds_the_release_left_are_installed_again_not_taken_for_another_operato
     assert kept_by_release(left)
     assert not kept_by_release({"metadata": {"annotations": {"meta.helm.sh/release-name": "other"}}})
     assert not kept_by_release({"metadata": {}})
+
+
+# --- how the images reach the nodes, decided before anything is built or installed -------------------------------
+
+REMOTE = [Node("gke-pool-1-abc", "containerd://1.7.13", False), Node("gke-pool-1-def", "containerd://1.7.13", False)]
+
+
+@pytest.mark.parametrize("context, registry, nodes, how", [
+    ("gke_project_zone_prod", "registry.example.com/ml", REMOTE, "push"),  # a registry always wins
+    ("kind-demo", "", [], "load"), ("k3d-demo", "", [], "load"), ("minikube", "", [], "load"),
+    ("local", "", [Node("node-1", "docker://20.10.5", True)], "shared"),  # a node on this machine's Docker
+    ("docker-desktop", "", [Node("docker-desktop", "docker://27.1.1", False)], "shared"),
+])
+def test_images_reach_the_nodes_by_the_one_route_that_works(context, registry, nodes, how):
+    assert image_route(context, registry, nodes).how == how
+
+
+@pytest.mark.parametrize("context, nodes", [
+    ("gke_project_zone_prod", REMOTE),  # a cloud cluster: it would end in ImagePullBackOff
+    ("local", [Node("node-1", "containerd://1.7.13", True)]),  # on this machine but not in its Docker
+    ("local", [Node("node-1", "docker://20.10.5", True), Node("node-2", "docker://20.10.5", False)]),
+    ("docker-desktop", [Node("docker-desktop", "containerd://1.7.13", False)]),
+    ("restricted", []),  # nodes that cannot be listed
+])
+def test_a_context_that_cannot_see_local_images_stops_and_says_what_to_pass(context, nodes):
+    with pytest.raises(QuickstartError) as stopped:
+        image_route(context, "", nodes)
+    message = str(stopped.value)
+    assert f"the nodes of context {context} cannot use images built in this machine's Docker" in message
+    assert "Nothing was installed. Pass --registry REGISTRY/PREFIX" in message
+
+
+def test_the_route_is_decided_before_any_build_or_install():
+    """up() asks for the route and the capacity before it builds an image or installs the chart."""
+    source = inspect.getsource(up)
+    route, fit = source.index("image_route("), source.index("worker_cpu(")
+    assert route < fit < source.index("build_images()") < source.index("install_operator(")
+
+
+def test_help_runs_on_a_python_without_the_packages(tmp_path):
+    """`scripts/quickstart.sh --cluster --help` installs nothing: it runs on Python's own modules."""
+    blocked = "import sys\nfor name in ('yaml', 'pydantic', 'kubernetes', 'pyarrow'):\n    sys.modules[name] = None\n"
+    code = blocked + "from scalingrun_operator.demo.quickstart import main\nmain(['--help'])\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT / "operator")})
+    assert result.returncode == 0, result.stderr
+    assert "--registry REGISTRY/PREFIX" in result.stdout and "--skip-capacity-check" in result.stdout

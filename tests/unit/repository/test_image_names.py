@@ -85,8 +85,12 @@ def test_the_kustomize_mirror_overlay_moves_both_operator_and_trainer_images():
     deployment = next(d for d in yaml.safe_load_all(built) if d and d["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e.get("value") for e in container["env"]}
-    assert container["image"] == "registry.example.com/mirror/scalingrun-operator:0.1.0"
-    assert env["SCALINGRUN_TRAINER_IMAGES"] == "registry.example.com/mirror/scalingrun-trainer:0.1.0"
+    assert container["image"] == "registry.example.com/mirror/scalingrun/operator:0.1.0"
+    assert env["SCALINGRUN_TRAINER_IMAGES"] == "registry.example.com/mirror/scalingrun/trainer:0.1.0"
+    # One naming rule, REGISTRY/operator and REGISTRY/trainer: the chart's mirror values name the same repositories.
+    chart = yaml.safe_load((ROOT / "charts/scalingrun/ci/mirror-values.yaml").read_text())
+    assert container["image"].rsplit(":", 1)[0] == chart["image"]["repository"]
+    assert env["SCALINGRUN_TRAINER_IMAGES"].rsplit(":", 1)[0] == chart["trainerImages"]["repository"]
 
 
 @pytest.mark.parametrize("dockerfile", ["examples/custom-model/Dockerfile", "examples/custom-training/Dockerfile"])
