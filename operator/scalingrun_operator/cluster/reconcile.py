@@ -97,6 +97,7 @@ class _Reconciler:
                     decision = look(snapshot, self._decide, observer.read, settings_of(self.config))
                     act.apply(self.kube, self.metrics, body, decision, moment, self._patch_status())
                 except ApiException as exc:
+                    self.metrics.api_errors.labels(code=str(exc.status or 0)).inc()
                     # 409: the object or a child moved on since it was read; 404: it or a child is gone (a copy may
                     # still show a run deleted since). Either way, look again from what the API server has now.
                     if exc.status in (404, 409) and attempt < ATTEMPTS - 1:

@@ -32,6 +32,7 @@ class Runtime:
     def __init__(self, config: Config, kube: Optional[Kube] = None):
         self.config = config
         self.memory, self.metrics, self.clients = Memory(), Metrics(), Clients()
+        self._serving = False
         kube = kube or Kube(new_api_client(), config.component)
         # What no Kubernetes event announces: progress documents and rechecks of runs; rechecks of sweeps.
         self.watcher = ReconcileScheduler(lambda namespace, name: self.reconcile_run(namespace, name, "watcher"),
@@ -50,14 +51,25 @@ class Runtime:
         self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0, workers=config.max_workers,
                                       settle=POD_SETTLE_SECONDS)
         self.sweeps = SweepReconciler(kube, config, self.sweep_rechecks, self.memory, self.metrics, self.clients)
+        self.metrics.watch_queue("triggers", lambda: len(self.run_triggers.pending()))
+        self.metrics.watch_queue("rechecks", lambda: len(self.watcher.pending_rechecks()))
+        self.metrics.watch_queue("sweep_rechecks", lambda: len(self.sweep_rechecks.pending_rechecks()))
+        self.metrics.watch_queue("followed", lambda: len(self.watcher.watched()))
 
     def start(self) -> None:
         self.run_triggers.start()
         self.watcher.start()
         self.sweep_rechecks.start()
-        self.metrics.serve(self.config.metrics_port_number)
+        self.serve_metrics()  # once: main.py serves them before the Lease, so that a standby is seen too
+        self.metrics.leader.set(1)
+
+    def serve_metrics(self) -> None:
+        if not self._serving:
+            self._serving = True
+            self.metrics.serve(self.config.metrics_port_number)
 
     def stop(self) -> None:
+        self.metrics.leader.set(0)
         self.run_triggers.stop()
         self.watcher.stop()
         self.sweep_rechecks.stop()
