@@ -17,9 +17,8 @@ DASHBOARD = CHART / "dashboards/scalingrun.json"
 PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
 
 
-def exported_metric_names(per_run: bool = False) -> set[str]:
-    """Every sample name the operator's registry serves, with a run whose status has every per-run field; with
-    `per_run`, those labelled with the run only."""
+def populated_metrics() -> Metrics:
+    """The operator's registry with a sample in every family: a run whose status has every per-run field."""
     metrics = Metrics()
     metrics.observe_run("u", "Training", body={"metadata": {"namespace": "ns", "name": "r"}, "status": {
         "conditions": [{"type": "Stalled", "status": "True"}],
@@ -34,6 +33,12 @@ def exported_metric_names(per_run: bool = False) -> set[str]:
     metrics.run_to_child_seconds.labels(kind="Job").observe(1)
     metrics.events.labels(type="Normal", reason="Training").inc()
     metrics.watch_queue("triggers", lambda: 0)
+    return metrics
+
+
+def exported_metric_names(per_run: bool = False) -> set[str]:
+    """Every sample name the operator serves; with `per_run`, those labelled with a run only."""
+    metrics = populated_metrics()
     return {sample.name for family in metrics.registry.collect() for sample in family.samples
             if not per_run or "run" in sample.labels}
 
@@ -123,3 +128,11 @@ def test_the_dashboard_configmap_carries_the_file(helm):
     assert configmap["metadata"]["namespace"] == "monitoring"
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(configmap["data"]["scalingrun.json"]) == json.loads(DASHBOARD.read_text())
+
+
+def test_the_operations_page_names_every_exported_metric_and_no_other():
+    families = {family.name + ("_total" if family.type == "counter" else ""): family.type
+                for family in populated_metrics().registry.collect()}
+    page = (CHART.parents[1] / "docs/operations.md").read_text().split("## Metrics and alerts", 1)[1]
+    rows = dict(re.findall(r"^\| `(scalingrun_\w+)` \| (\w+) \|", page, flags=re.M))
+    assert rows == families
