@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 
 import pytest
+import yaml
 
 from scalingrun_operator.cluster.metrics import Metrics
 from tests.support.chart import CHART, helm, render  # noqa: F401 (fixtures)
+from tests.support.env import require
 
 DASHBOARD = CHART / "dashboards/scalingrun.json"
 # PromQL words that are not metric names: operators, and the modifiers between them.
@@ -136,3 +139,51 @@ def test_the_operations_page_names_every_exported_metric_and_no_other():
     page = (CHART.parents[1] / "docs/operations.md").read_text().split("## Metrics and alerts", 1)[1]
     rows = dict(re.findall(r"^\| `(scalingrun_\w+)` \| (\w+) \|", page, flags=re.M))
     assert rows == families
+
+
+def test_the_alerts_fire_on_what_they_name_and_not_otherwise(helm, tmp_path):
+    """The rendered alerts evaluated by Prometheus' own rule tester (promtool, Debian's prometheus package) over
+    series as the operator exports them: a stalled run and a silent one fire, a run that beats does not; no leader
+    (a leader gone, or none scraped at all) fires; a deep queue fires after 10 minutes."""
+    promtool = shutil.which("promtool")
+    require(promtool is not None, "needs promtool (apt-get install prometheus; scripts/setup.sh installs it)")
+    rule = next(o for o in render(helm, None, "--set", "metrics.prometheusRule.enabled=true")
+                if o["kind"] == "PrometheusRule")
+    for group in rule["spec"]["groups"]:
+        for body in group["rules"]:
+            body.pop("annotations")  # their wording is not under test; promtool would compare it
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"]))
+    system = 'namespace="scalingrun-system"'
+    cases = {"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m", "input_series": [
+            {"series": 'scalingrun_run_condition{namespace="a", run="stuck", condition="Stalled"}', "values": "1x60"},
+            {"series": 'scalingrun_run_phase{namespace="a", run="silent", phase="Training"}', "values": "1x60"},
+            {"series": 'scalingrun_run_heartbeat_timestamp_seconds{namespace="a", run="silent"}', "values": "0x60"},
+            {"series": 'scalingrun_run_phase{namespace="a", run="beating", phase="Training"}', "values": "1x60"},
+            {"series": 'scalingrun_run_heartbeat_timestamp_seconds{namespace="a", run="beating"}',
+             "values": "0+60x60"},
+            {"series": 'scalingrun_run_phase{namespace="a", run="done", phase="Succeeded"}', "values": "1x60"},
+            {"series": 'scalingrun_run_heartbeat_timestamp_seconds{namespace="a", run="done"}', "values": "0x60"},
+            {"series": f'scalingrun_leader{{{system}, pod="p1"}}', "values": "1x10 0x50"},
+            {"series": f'scalingrun_queue_depth{{{system}, queue="triggers"}}', "values": "500x60"},
+            {"series": f'scalingrun_queue_depth{{{system}, queue="followed"}}', "values": "9000x60"}],
+         "alert_rule_test": [
+            {"eval_time": "20m", "alertname": "ScalingRunStalled", "exp_alerts": [
+                {"exp_labels": {"severity": "warning", "namespace": "a", "run": "stuck"}}]},
+            {"eval_time": "40m", "alertname": "ScalingRunStalled", "exp_alerts": [
+                {"exp_labels": {"severity": "warning", "namespace": "a", "run": "stuck"}},
+                {"exp_labels": {"severity": "warning", "namespace": "a", "run": "silent"}}]},
+            {"eval_time": "12m", "alertname": "ScalingRunOperatorWithoutLeader", "exp_alerts": []},
+            {"eval_time": "20m", "alertname": "ScalingRunOperatorWithoutLeader",
+             "exp_alerts": [{"exp_labels": {"severity": "critical"}}]},
+            {"eval_time": "5m", "alertname": "ScalingRunOperatorQueueBackingUp", "exp_alerts": []},
+            {"eval_time": "20m", "alertname": "ScalingRunOperatorQueueBackingUp", "exp_alerts": [
+                {"exp_labels": {"severity": "warning", "namespace": "scalingrun-system", "queue": "triggers"}}]}]},
+        {"interval": "1m", "input_series": [], "alert_rule_test": [  # no operator scraped at all
+            {"eval_time": "10m", "alertname": "ScalingRunOperatorWithoutLeader",
+             "exp_alerts": [{"exp_labels": {"severity": "critical"}}]}]}]}
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(cases))
+    checked = subprocess.run([promtool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = subprocess.run([promtool, "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
