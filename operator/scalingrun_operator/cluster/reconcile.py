@@ -42,7 +42,8 @@ def settings_of(config: Config) -> Settings:
                     recheck_interval_seconds=config.recheck_interval_seconds,
                     allowed_storage_endpoints=config.allowed_storage_endpoints,
                     endpoint_policy=config.endpoint_policy(), trainer_images=config.trainer_images,
-                    gpu_tolerations=config.gpu_tolerations)
+                    gpu_tolerations=config.gpu_tolerations,
+                    mpijob_unserved_seconds=config.mpijob_unserved_seconds or None)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 import yaml
 
+from ..builders.mpijob import MPI_OPERATOR_INSTALL
 from . import seaweedfs
 from .delivery import ROOT, Kube, QuickstartError, build_images, build_seaweedfs, deliver, image_names, say, split_image
 
@@ -35,8 +36,6 @@ ADDED = "scalingrun.dev/quickstart-added"  # its annotation: what else the quick
 LABELS = {"app.kubernetes.io/name": seaweedfs.SERVICE, "app.kubernetes.io/part-of": "scalingrun-quickstart"}
 OPERATOR_CRDS = ("scalingruns.scalingrun.dev", "scalingsweeps.scalingrun.dev")
 MPIJOB_CRD = "mpijobs.kubeflow.org"
-MPI_OPERATOR_INSTALL = ("kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/"
-                        "v0.8.2/deploy/v2beta1/mpi-operator.yaml")
 TERMINAL = ("Succeeded", "Failed")
 
 
