@@ -36,6 +36,7 @@ def populated_metrics() -> Metrics:
     metrics.run_to_child_seconds.labels(kind="Job").observe(1)
     metrics.events.labels(type="Normal", reason="Training").inc()
     metrics.watch_queue("triggers", lambda: 0)
+    metrics.preflight_problem.labels(check="mpijob-api").set(0)
     return metrics
 
 

@@ -146,6 +146,9 @@ class Metrics:
                                  "(progress documents watched).", ["queue"], registry=self.registry)
         self.leader = Gauge("scalingrun_leader", "1 while this replica acts (holds the Lease, or runs standalone).",
                             registry=self.registry)
+        self.preflight_problem = Gauge("scalingrun_preflight_problem", "1 while a start-up check found a problem "
+                                       "(warning or error; the log says which), by check (mpijob-api, crd-version...).",
+                                       ["check"], registry=self.registry)
         self.run_series = RunSeries()
         self.registry.register(self.run_series)
         self._lock = threading.Lock()
