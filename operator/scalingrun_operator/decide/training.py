@@ -241,7 +241,10 @@ def _served(draft: Draft, mpijob: Optional[dict[str, Any]], name: str) -> None:
     here (none installed, one that is down, or the Training Operator v1's, which serves another version). Every
     controller writes a condition within seconds, suspended or not; the run would otherwise wait in silence."""
     bound = draft.settings.mpijob_unserved_seconds
-    if bound is None or mpijob is None:
+    if bound is None:
+        return
+    if mpijob is None:  # created by this look: no event need come for it (its controller's would), look then
+        draft.recheck(bound + 0.5)
         return
     before = get_condition(draft.update.desired["conditions"], MPIJOB_SERVED) or {}
     if (mpijob.get("status") or {}).get("conditions"):
