@@ -2,7 +2,7 @@
 
 A run reaches Training, its trainer's progress document says epoch 2, a worker pod is deleted (an interruption):
 the per-run series carry what the status says, under the run's namespace and name, and go when the run is
-deleted. The operator's own series (leader, queues, reconciles) are there beside them.
+deleted. The operator's own series (leader, queues, reconciles, preflight) are there beside them.
 """
 
 from __future__ import annotations
@@ -76,6 +76,11 @@ def test_a_training_runs_series_are_scraped_and_go_with_the_run(cluster, operato
     for queue in ("triggers", "rechecks", "sweep_rechecks", "followed"):
         assert ("scalingrun_queue_depth", frozenset({("queue", queue)})) in everything, queue
     assert everything[("scalingrun_queue_depth", frozenset({("queue", "followed")}))] >= 1  # its progress.json
+
+    # The start-up preflight (cluster/preflight.py): the MPIJob CRD here serves v2beta1, so no problem there.
+    mpijob_api = ("scalingrun_preflight_problem", frozenset({("check", "mpijob-api")}))
+    wait_for(lambda: mpijob_api in scrape(operator), what="the preflight's series", operator=operator)
+    assert scrape(operator)[mpijob_api] == 0
 
     cluster.delete_run("watched")
     wait_for(lambda: not run_samples(operator, cluster.ns, "watched"), what="the run's series gone",

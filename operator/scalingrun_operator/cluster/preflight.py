@@ -20,7 +20,7 @@ from ..schema.crd import VERSION_LABEL, project_version
 log = logging.getLogger(__name__)
 
 OK, INFO, WARNING, ERROR, UNKNOWN = "ok", "info", "warning", "error", "unknown"
-MPIJOB_GROUP, MPIJOB_V2 = MPIJOB_API_VERSION.split("/")
+MPIJOB_GROUP, MPIJOB_V2 = "kubeflow.org", "v2beta1"  # MPIJOB_API_VERSION's parts (a test holds them together)
 KUEUE_GROUP = "kueue.x-k8s.io"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=scalingrun,app.kubernetes.io/component=operator"
 COEXISTENCE = 'docs/run-in-a-cluster.md, "MPIJobs: mpi-operator and the Training Operator"'
