@@ -76,6 +76,8 @@ def test_a_training_runs_series_are_scraped_and_go_with_the_run(cluster, operato
     for queue in ("triggers", "rechecks", "sweep_rechecks", "followed"):
         assert ("scalingrun_queue_depth", frozenset({("queue", queue)})) in everything, queue
     assert everything[("scalingrun_queue_depth", frozenset({("queue", "followed")}))] >= 1  # its progress.json
+    for what in ("status", "child", "event"):  # every write of this run was accepted
+        assert everything[("scalingrun_push_errors_total", frozenset({("what", what)}))] == 0, what
 
     # The start-up preflight (cluster/preflight.py): the MPIJob CRD here serves v2beta1, so no problem there.
     mpijob_api = ("scalingrun_preflight_problem", frozenset({("check", "mpijob-api")}))

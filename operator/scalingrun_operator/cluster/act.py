@@ -26,7 +26,7 @@ from kubernetes.client.rest import ApiException
 from ..decide import children, pinning
 from ..decide.snapshot import Create, Decision, Delete, Patch
 from ..decide.status import parse_time
-from .k8s import Kube
+from .k8s import Kube, namespace_terminating
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -115,11 +115,11 @@ def delete_pod(kube: Kube, owner: dict[str, Any], action: Delete) -> None:
 @contextlib.contextmanager
 def _pushing(metrics: Metrics, what: str) -> Iterator[None]:
     """Counts a write the API server refused (scalingrun_push_errors_total); a conflict (409) is the routine
-    "look again", not an error."""
+    "look again", and a namespace being deleted takes the run with it: neither is an error."""
     try:
         yield
     except ApiException as exc:
-        if exc.status != 409:
+        if exc.status != 409 and not namespace_terminating(exc):
             metrics.push_errors.labels(what=what).inc()
         raise
 

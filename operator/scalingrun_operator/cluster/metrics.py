@@ -141,6 +141,8 @@ class Metrics:
         self.push_errors = Counter("scalingrun_push_errors_total",
                                    "Writes the API server refused, by what was written (status, child, event).",
                                    ["what"], registry=self.registry)
+        for what in ("status", "child", "event"):  # 0 from the start: rate() and absence alerts need the series
+            self.push_errors.labels(what=what)
         self.queue_depth = Gauge("scalingrun_queue_depth", "Objects waiting in one of the operator's queues: "
                                  "triggers (reconciles deferred), rechecks (runs), sweep_rechecks, followed "
                                  "(progress documents watched).", ["queue"], registry=self.registry)

@@ -23,7 +23,7 @@ from ..decide.snapshot import Decision, Settings, Snapshot, look
 from ..decide.sweep import decide_sweep
 from ..storage import Clients
 from . import act
-from .k8s import Kube
+from .k8s import Kube, namespace_terminating
 from .latest import LatestObjects
 from .memory import Memory
 from .metrics import Metrics
@@ -106,7 +106,7 @@ class _Reconciler:
                         attempt += 1
                         continue
                     self._distrust(namespace, name)
-                    if exc.status == 403 and "being terminated" in str(exc.body):
+                    if namespace_terminating(exc):
                         return None  # the namespace is going away, and the object with it
                     raise
                 except Exception:
