@@ -37,7 +37,7 @@ PIP=(--disable-pip-version-check --require-hashes)  # every install below checks
 GPU="${SCALINGRUN_GPU:-0}"
 TF_VERSION="$(sed -n 's/^tensorflow-cpu==\([^ ]*\).*/\1/p' "$REQ/lock.txt")"
 case "$PROFILE" in
-  full) LOCK="$ROOT/requirements/lock.txt"; APT_PACKAGES=(openmpi-bin libopenmpi-dev dataset-fashion-mnist) ;;
+  full) LOCK="$ROOT/requirements/lock.txt"; APT_PACKAGES=(openmpi-bin libopenmpi-dev dataset-fashion-mnist prometheus) ;;
   trainer) LOCK="$ROOT/requirements/trainer.txt"; APT_PACKAGES=(openmpi-bin libopenmpi-dev) ;;
   operator) LOCK="$ROOT/requirements/operator.txt"; APT_PACKAGES=() ;;
   lightning) LOCK="$ROOT/requirements/lightning.txt"; APT_PACKAGES=(openmpi-bin libopenmpi-dev) ;;

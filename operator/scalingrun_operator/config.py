@@ -56,6 +56,10 @@ class Config:
     #: How long a finished Job or MPIJob may wait for its manifest / final progress document to
     #: appear in storage before the run is judged on what is there.
     completion_grace_seconds: float = 120.0
+    #: Seconds an MPIJob may have no status at all (no controller wrote a condition) before its run says that nothing
+    #: serves MPIJobs (MPIJobServed=False, with the install command); 0 turns the check off. mpi-operator writes one
+    #: within seconds: the default leaves room for a controller that restarts or an API server under load.
+    mpijob_unserved_seconds: float = 300.0
     #: Connect/read timeout of one object-storage request.
     storage_timeout_seconds: float = 10.0
     #: 5xx answers and timeouts of object storage are retried (exponential backoff) until this deadline.
@@ -182,7 +186,7 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
 
 _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "progress_checks_per_second": float, "watch_timeout_seconds": int, "pod_resync_seconds": float,
-          "completion_grace_seconds": float, "storage_timeout_seconds": float,
+          "completion_grace_seconds": float, "storage_timeout_seconds": float, "mpijob_unserved_seconds": float,
           "metrics_port_number": int, "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str,
           "lease_name": str, "lease_namespace": str, "lease_holder": str, "lease_duration_seconds": float,

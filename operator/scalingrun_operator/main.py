@@ -89,10 +89,12 @@ def run(argv: Optional[list[str]] = None) -> int:
         except PeeringError as exc:
             log.error("scalingrun-operator cannot start: %s", exc)
             return 1
+    runtime = Runtime(config)
+    runtime.serve_metrics()  # a standby's too: scalingrun_leader 0 says it waits
     # Two replicas: only the Lease holder runs kopf (see leader.py for why not kopf peering).
     elector = lead(config) if config.lease_name and not config.peering else None
     kopf.run(
-        memo=kopf.Memo(runtime=Runtime(config)),
+        memo=kopf.Memo(runtime=runtime),
         clusterwide=not config.namespaces,
         namespaces=config.namespaces,
         standalone=not config.peering,

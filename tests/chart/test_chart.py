@@ -41,8 +41,10 @@ def test_rendered_objects_are_valid(helm, values):
         key = (obj["apiVersion"], obj["kind"])
         if key in schemas:
             jsonschema.validate(obj, schemas[key])
-        elif obj["apiVersion"] == "monitoring.coreos.com/v1":
+        elif obj["kind"] == "ServiceMonitor":
             assert obj["spec"]["endpoints"][0]["port"] == "metrics"  # no schema shipped here for it
+        elif obj["kind"] == "PrometheusRule":  # no schema shipped here either: tests/chart/test_monitoring.py
+            assert [rule["alert"] for rule in obj["spec"]["groups"][0]["rules"]]
         else:
             kubernetes_validate.validate(obj, K8S_SCHEMA_VERSION, strict=True)
 
@@ -322,3 +324,20 @@ def test_users_who_may_edit_runs_may_not_write_their_status(helm):
         for rule in role["rules"]:
             if any(resource.endswith("/status") or resource == "*" for resource in rule["resources"]):
                 assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
+
+
+def test_the_unserved_mpijob_bound_reaches_the_operator(helm):
+    def env(*args):
+        deployment = next(o for o in render(helm, None, *args) if o["kind"] == "Deployment")
+        return {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+
+    assert env()["SCALINGRUN_MPIJOB_UNSERVED_SECONDS"] == "300"
+    assert env("--set", "operator.mpiJobUnservedSeconds=0")["SCALINGRUN_MPIJOB_UNSERVED_SECONDS"] == "0"  # off
+
+
+def test_the_crds_carry_the_charts_version(helm):
+    """What `scalingrun doctor` and the operator's start-up compare with their own version (cluster/preflight.py)."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    crds = [o for o in render(helm) if o["kind"] == "CustomResourceDefinition"]
+    assert len(crds) == 2
+    assert {crd["metadata"]["labels"]["app.kubernetes.io/version"] for crd in crds} == {chart["version"]}

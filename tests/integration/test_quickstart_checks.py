@@ -4,9 +4,11 @@ one that is; it never takes over a namespace it did not make, and `--down` with 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -53,9 +55,24 @@ def test_mpijob_crd_and_controller_are_checked_with_what_to_do(kube):
         check_mpi_operator(kube, skip=False)
     assert MPI_OPERATOR_INSTALL in str(missing.value)
 
-    from kubernetes import config
+    from kubernetes import client, config
 
-    install_crd(config.new_client_from_config(config_file=os.environ["KUBECONFIG"]), mpijob_crd_document())
+    api = config.new_client_from_config(config_file=os.environ["KUBECONFIG"])
+    # The Training Operator v1's MPIJob (the same CRD name, kubeflow.org/v1 only): not taken for mpi-operator's.
+    training_operators = copy.deepcopy(mpijob_crd_document())
+    training_operators["spec"]["versions"] = [{"name": "v1", "served": True, "storage": True, "schema": {
+        "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]
+    install_crd(api, training_operators)
+    with pytest.raises(QuickstartError, match="serves v1, not v2beta1") as v1_only:
+        check_mpi_operator(kube, skip=True)
+    assert "run-in-a-cluster.md" in str(v1_only.value) and MPI_OPERATOR_INSTALL not in str(v1_only.value)
+    client.ApiextensionsV1Api(api).delete_custom_resource_definition("mpijobs.kubeflow.org")
+    wait_gone = time.monotonic() + 30
+    while kube.get("crd", "mpijobs.kubeflow.org") is not None:
+        assert time.monotonic() < wait_gone, "the v1 MPIJob CRD is not gone"
+        time.sleep(0.2)
+
+    install_crd(api, mpijob_crd_document())
     with pytest.raises(QuickstartError, match="no ready Deployment serves MPIJobs") as unserved:
         check_mpi_operator(kube, skip=False)
     assert "--skip-mpi-check" in str(unserved.value)

@@ -29,6 +29,13 @@ from .common import (
 from .config import slots_per_worker, total_processes
 from .locations import logs_uri
 
+# What serves the MPIJobs this renders (kubeflow.org/v2beta1): Kubeflow's mpi-operator v0.8, and how to install it
+# (the quick start's check, `scalingrun doctor` and the run's MPIJobServed condition say it).
+MPIJOB_API_VERSION = "kubeflow.org/v2beta1"
+MPI_OPERATOR = "Kubeflow's mpi-operator v0.8"
+MPI_OPERATOR_INSTALL = ("kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/"
+                        "v0.8.2/deploy/v2beta1/mpi-operator.yaml")
+
 MPI_USER_HOME = "/home/mpiuser"
 HOSTFILE = "/etc/mpi/hostfile"
 # The trainer image's non-root sshd listens here (Dockerfile.trainer, /etc/ssh/sshd_config).
@@ -250,7 +257,7 @@ def build_mpijob(run: ScalingRun, namespace: str,
         "volumeMounts": [mount, *worker_mounts, shm_mount],
     }
     return {
-        "apiVersion": "kubeflow.org/v2beta1",
+        "apiVersion": MPIJOB_API_VERSION,
         "kind": "MPIJob",
         "metadata": meta,
         "spec": {

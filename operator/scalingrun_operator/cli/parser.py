@@ -10,6 +10,7 @@ from scalingrun_api.models import API_VERSION
 from .cluster import cmd_get, cmd_wait
 from .commands import cmd_crd, cmd_operator, cmd_render, cmd_report, cmd_run, cmd_sweep, cmd_validate
 from .completion import SHELLS, cmd_completion
+from .doctor import cmd_doctor
 from .logs import cmd_logs
 
 EXIT_CODES = """exit codes:
@@ -162,6 +163,16 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
                       help="a phase (default Succeeded) or condition=TYPE[=STATUS]")
     wait.add_argument("--timeout", help="seconds or a duration such as 90s, 10m or 1h30m (default: no limit)")
     _cluster_flags(wait)
+
+    doctor = _add(sub, "doctor", "check the cluster: MPIJob API and controller, Kueue, CRD version, the operator",
+                  "Check what the kube context's cluster has for ScalingRuns to train, one line each: the MPIJob API "
+                  "served (kubeflow.org/v2beta1, not the Training Operator v1's v1), the controller serving it and "
+                  "a Training Operator v1 competing for it, Kueue, the CRDs' version against this scalingrun's, and "
+                  "the operator (ready, its /healthz through the API server). Exits 1 when a check fails.",
+                  "  scalingrun doctor\n  scalingrun doctor --context prod", cmd_doctor)
+    doctor.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)")
+    doctor.add_argument("--context", help="kubeconfig context (default: the current one)")
+    doctor.set_defaults(namespace=None)
 
     logs = _add(sub, "logs", "print a run's training log: from its launcher pod, or archived once the pods are gone",
                 "Print the launcher's log (mpirun's output: every rank's lines, each tagged [1,RANK]), one rank's lines "

@@ -13,18 +13,20 @@ resourceVersion it checked.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime as dt
 import logging
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import kopf
+from kubernetes.client.rest import ApiException
 
 from ..decide import children, pinning
 from ..decide.snapshot import Create, Decision, Delete, Patch
 from ..decide.status import parse_time
-from .k8s import Kube
+from .k8s import Kube, namespace_terminating
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -45,26 +47,29 @@ def apply(kube: Kube, metrics: Metrics, owner: dict[str, Any], decision: Decisio
                                              resource_version=version)
         version = patched["metadata"]["resourceVersion"]
     if decision.pin is not None:  # before any child is made from it
-        patched = patch_status(namespace, name, {pinning.PINNED_FIELD: decision.pin}, resource_version=version)
+        with _pushing(metrics, "status"):
+            patched = patch_status(namespace, name, {pinning.PINNED_FIELD: decision.pin}, resource_version=version)
         version = patched["metadata"]["resourceVersion"]
     status = copy.deepcopy(decision.status) if decision.status else None
     for action in decision.actions:
-        if isinstance(action, Create):
-            created = create_child(kube, metrics, owner, action.obj, now)
-            if action.uid_at:
-                section, key = action.uid_at
-                status = status or {}
-                status[section] = {**(status.get(section) or {}), key: created["metadata"]["uid"]}
-        elif isinstance(action, Delete):
-            delete_pod(kube, owner, action)
-        else:
-            patch_child(kube, owner, action)
+        with _pushing(metrics, "child"):
+            if isinstance(action, Create):
+                created = create_child(kube, metrics, owner, action.obj, now)
+                if action.uid_at:
+                    section, key = action.uid_at
+                    status = status or {}
+                    status[section] = {**(status.get(section) or {}), key: created["metadata"]["uid"]}
+            elif isinstance(action, Delete):
+                delete_pod(kube, owner, action)
+            else:
+                patch_child(kube, owner, action)
         if action.event is not None:
             # With the change itself: if the status patch below conflicts, the next look finds the change made
             # and would never say why.
             _post(kube, metrics, owner, action.event)
     if status:
-        patch_status(namespace, name, status, resource_version=version)
+        with _pushing(metrics, "status"):
+            patch_status(namespace, name, status, resource_version=version)
     for event in decision.events:
         _post(kube, metrics, owner, event)
 
@@ -107,7 +112,20 @@ def delete_pod(kube: Kube, owner: dict[str, Any], action: Delete) -> None:
              " (grace 0)" if action.grace_seconds == 0 else "")
 
 
+@contextlib.contextmanager
+def _pushing(metrics: Metrics, what: str) -> Iterator[None]:
+    """Counts a write the API server refused (scalingrun_push_errors_total); a conflict (409) is the routine
+    "look again", and a namespace being deleted takes the run with it: neither is an error."""
+    try:
+        yield
+    except ApiException as exc:
+        if exc.status != 409 and not namespace_terminating(exc):
+            metrics.push_errors.labels(what=what).inc()
+        raise
+
+
 def _post(kube: Kube, metrics: Metrics, owner: dict[str, Any], event) -> None:
-    kube.post_event(owner, event.type, event.reason, event.message)
+    if not kube.post_event(owner, event.type, event.reason, event.message):
+        metrics.push_errors.labels(what="event").inc()
     metrics.events.labels(type=event.type, reason=event.reason).inc()
     log.info("%s/%s: %s %s", owner["metadata"]["namespace"], owner["metadata"]["name"], event.reason, event.message)

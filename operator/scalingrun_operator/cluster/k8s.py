@@ -287,8 +287,9 @@ class Kube:
 
     # --- events --------------------------------------------------------------------------------
 
-    def post_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        """A core/v1 Event on `obj`; failures are logged, never raised (an Event is best effort)."""
+    def post_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> bool:
+        """A core/v1 Event on `obj`; False when the API server refused it (a namespace being deleted is no refusal:
+        nobody is left to tell). Failures are logged, never raised (an Event is best effort)."""
         meta = obj["metadata"]
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         event = {
@@ -308,6 +309,13 @@ class Kube:
             released(self.core.create_namespaced_event(meta["namespace"], event, _preload_content=False))
         except ApiException as exc:
             log.warning("cannot post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], exc.reason)
+            return namespace_terminating(exc)
+        return True
+
+
+def namespace_terminating(exc: ApiException) -> bool:
+    """The API server refused a write because its namespace is being deleted (the object goes with it)."""
+    return exc.status == 403 and "being terminated" in str(exc.body)
 
 
 def _api_message(exc: ApiException) -> str:

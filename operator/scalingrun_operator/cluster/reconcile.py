@@ -23,7 +23,7 @@ from ..decide.snapshot import Decision, Settings, Snapshot, look
 from ..decide.sweep import decide_sweep
 from ..storage import Clients
 from . import act
-from .k8s import Kube
+from .k8s import Kube, namespace_terminating
 from .latest import LatestObjects
 from .memory import Memory
 from .metrics import Metrics
@@ -43,7 +43,8 @@ def settings_of(config: Config) -> Settings:
                     allowed_storage_endpoints=config.allowed_storage_endpoints,
                     endpoint_policy=config.endpoint_policy(), trainer_images=config.trainer_images,
                     trainer_image_digests=tuple(config.trainer_image_digest_map().items()),
-                    gpu_tolerations=config.gpu_tolerations)
+                    gpu_tolerations=config.gpu_tolerations,
+                    mpijob_unserved_seconds=config.mpijob_unserved_seconds or None)
 
 
 @dataclass
@@ -98,6 +99,7 @@ class _Reconciler:
                     decision = look(snapshot, self._decide, observer.read, settings_of(self.config))
                     act.apply(self.kube, self.metrics, body, decision, moment, self._patch_status())
                 except ApiException as exc:
+                    self.metrics.api_errors.labels(code=str(exc.status or 0)).inc()
                     # 409: the object or a child moved on since it was read; 404: it or a child is gone (a copy may
                     # still show a run deleted since). Either way, look again from what the API server has now.
                     if exc.status in (404, 409) and attempt < ATTEMPTS - 1:
@@ -105,7 +107,7 @@ class _Reconciler:
                         attempt += 1
                         continue
                     self._distrust(namespace, name)
-                    if exc.status == 403 and "being terminated" in str(exc.body):
+                    if namespace_terminating(exc):
                         return None  # the namespace is going away, and the object with it
                     raise
                 except Exception:

@@ -7,6 +7,7 @@ nothing in the operator keeps state at module level, and a test makes its own.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Optional
 
 from ..store_slots import Busy
@@ -18,6 +19,7 @@ from .latest import LatestObjects
 from .memory import Memory
 from .metrics import Metrics
 from .pod_index import PodIndex
+from .preflight import run_at_start_up
 from .reconcile_scheduler import ReconcileScheduler
 from .reconcile import Reconciler, SweepReconciler
 
@@ -32,7 +34,9 @@ class Runtime:
     def __init__(self, config: Config, kube: Optional[Kube] = None):
         self.config = config
         self.memory, self.metrics, self.clients = Memory(), Metrics(), Clients()
+        self._serving = False
         kube = kube or Kube(new_api_client(), config.component)
+        self.kube = kube
         # What no Kubernetes event announces: progress documents and rechecks of runs; rechecks of sweeps.
         self.watcher = ReconcileScheduler(lambda namespace, name: self.reconcile_run(namespace, name, "watcher"),
                                           config.poll_interval_seconds, config.progress_checks_per_second)
@@ -50,14 +54,31 @@ class Runtime:
         self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0, workers=config.max_workers,
                                       settle=POD_SETTLE_SECONDS)
         self.sweeps = SweepReconciler(kube, config, self.sweep_rechecks, self.memory, self.metrics, self.clients)
+        self.metrics.watch_queue("triggers", lambda: len(self.run_triggers.pending()))
+        self.metrics.watch_queue("rechecks", lambda: len(self.watcher.pending_rechecks()))
+        self.metrics.watch_queue("sweep_rechecks", lambda: len(self.sweep_rechecks.pending_rechecks()))
+        self.metrics.watch_queue("followed", lambda: len(self.watcher.watched()))
 
     def start(self) -> None:
         self.run_triggers.start()
         self.watcher.start()
         self.sweep_rechecks.start()
-        self.metrics.serve(self.config.metrics_port_number)
+        self.serve_metrics()  # once: main.py serves them before the Lease, so that a standby is seen too
+        self.metrics.leader.set(1)
+        threading.Thread(target=self.preflight, name="preflight", daemon=True).start()
+
+    def preflight(self) -> None:
+        """What the cluster lacks for runs to train (no MPIJob API, CRDs of another version): logged, exported."""
+        for check in run_at_start_up(self.kube.api_client):
+            self.metrics.preflight_problem.labels(check=check.name).set(1 if check.problem else 0)
+
+    def serve_metrics(self) -> None:
+        if not self._serving:
+            self._serving = True
+            self.metrics.serve(self.config.metrics_port_number)
 
     def stop(self) -> None:
+        self.metrics.leader.set(0)
         self.run_triggers.stop()
         self.watcher.stop()
         self.sweep_rechecks.stop()

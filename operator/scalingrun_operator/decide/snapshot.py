@@ -233,6 +233,9 @@ class Settings:
     gpu_images: bool = True
     #: What the workers of a run that asks for GPUs tolerate besides their own tolerations (Config.gpu_tolerations).
     gpu_tolerations: tuple[Toleration, ...] = DEFAULT_GPU_TOLERATIONS
+    #: Seconds an MPIJob may go without any status (no controller wrote a condition) before the run says nothing
+    #: serves MPIJobs (MPIJobServed=False); None: never (the local runner's MPIJob is its own process).
+    mpijob_unserved_seconds: Optional[float] = None
 
 
 # --- the decision -------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@ INPUT_BOUND = "InputBound"  # True while training mostly waits for its input (de
 GPUS_UNUSED = "GPUsUnused"  # True while a run that asked for GPUs trains on CPU (decide.progress.gpus_unused)
 CHILD_CONFLICT = "ChildConflict"  # True while an object the run did not make holds a child's name
 NODE_LOST = "NodeLost"  # True once training pods were lost with their node (force-deleted), until all run again
+MPIJOB_SERVED = "MPIJobServed"  # False while nothing has reconciled the MPIJob past Settings.mpijob_unserved_seconds
 
 # Reasons a user sees (and tests assert).
 INVALID_SPEC = "InvalidSpec"
@@ -44,6 +45,7 @@ DATASET_REUSED = "DatasetReused"
 PREPROCESSING_FAILED = "PreprocessingFailed"
 TABLE_INVALID = "ParquetTableInvalid"  # dataset.format parquet: the table does not fit the run
 MPIJOB_FAILED = "MPIJobFailed"
+NO_MPIJOB_CONTROLLER = "NoMPIJobController"
 BUILDER_FAILED = "ModelBuilderFailed"  # spec.model.builder broke the contract before any training step
 BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"  # failures of the code past spec.training.backoffLimit
 MAX_INTERRUPTIONS_EXCEEDED = "MaxInterruptionsExceeded"  # the infrastructure's, past spec.training.maxInterruptions

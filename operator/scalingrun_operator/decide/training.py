@@ -13,12 +13,13 @@ from scalingrun_api.models import Phase, ScalingRun
 from scalingrun_api.progress import Progress, ProgressState
 from ..builders import build_config_map, build_mpijob
 from ..builders.common import mpijob_name, trainer_image
+from ..builders.mpijob import MPI_OPERATOR, MPI_OPERATOR_INSTALL, MPIJOB_API_VERSION
 from ..builders.locations import progress_uri
 from . import faults, interruptions, podrecords, pods, progress as mirror, stall
 from .draft import Draft, store_of
 from .snapshot import CLUSTER, PROGRESS, Log, Where
-from .status import (BUILDER_FAILED, GPUS_UNUSED, INPUT_BOUND, MPIJOB_FAILED, QUEUED, SUSPENDED, TRAINED, Event,
-                     get_condition, parse_time)
+from .status import (BUILDER_FAILED, GPUS_UNUSED, INPUT_BOUND, MPIJOB_FAILED, MPIJOB_SERVED, NO_MPIJOB_CONTROLLER,
+                     QUEUED, SUSPENDED, TRAINED, Event, get_condition, parse_time)
 
 @dataclass(frozen=True)
 class MPIJobState:
@@ -155,6 +156,7 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         draft.ensure(wanted, uid_at=("training", "mpiJobUid"))
     current_mpijob = mpijob or wanted  # one created now is as it will be read: no status yet
     state = mpijob_state(current_mpijob)
+    _served(draft, mpijob, name)
     wanted_suspend = run.spec.run_policy.suspend
     current = update.desired.get("training") or {}
     patch = _suspend_change(run, state, current.get("suspendApplied"))
@@ -235,6 +237,35 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         update.condition(TRAINED, "Unknown", holdup[0] if holdup else "Running",
                          f"{running}; {holdup[1]}" if holdup else running)
         update.set_phase(Phase.training.value, f"MPIJob {name}")
+
+
+def _served(draft: Draft, mpijob: Optional[dict[str, Any]], name: str) -> None:
+    """An MPIJob nobody has written a status on past Settings.mpijob_unserved_seconds: no controller serves MPIJobs
+    here (none installed, one that is down, or the Training Operator v1's, which serves another version). Every
+    controller writes a condition within seconds, suspended or not; the run would otherwise wait in silence."""
+    bound = draft.settings.mpijob_unserved_seconds
+    if bound is None:
+        return
+    if mpijob is None:  # created by this look: no event need come for it (its controller's would), look then
+        draft.recheck(bound + 0.5)
+        return
+    before = get_condition(draft.update.desired["conditions"], MPIJOB_SERVED) or {}
+    if (mpijob.get("status") or {}).get("conditions"):
+        if before.get("status") == "False":
+            draft.update.condition(MPIJOB_SERVED, "True", "Served", f"MPIJob {name} is reconciled by its controller")
+        return
+    born = parse_time(mpijob["metadata"].get("creationTimestamp"))
+    waited = (draft.update.moment - born).total_seconds() if born else 0.0
+    if waited < bound:
+        draft.recheck(bound - waited + 0.5)
+        return
+    message = (f"nothing has reconciled MPIJob {name} in {bound:g} s (no status, no condition): no controller serves "
+               f"{MPIJOB_API_VERSION} MPIJobs in this cluster, or it is down. Install {MPI_OPERATOR}: "
+               f"{MPI_OPERATOR_INSTALL} (beside Kubeflow's Training Operator v1, read docs/run-in-a-cluster.md, "
+               "\"MPIJobs: mpi-operator and the Training Operator\", first); `scalingrun doctor` checks the cluster")
+    if before.get("status") != "False":
+        draft.update.warn(NO_MPIJOB_CONTROLLER, message)
+    draft.update.condition(MPIJOB_SERVED, "False", NO_MPIJOB_CONTROLLER, message)
 
 
 def _suspend_change(run: ScalingRun, state: MPIJobState, applied: Optional[bool]) -> Optional[dict[str, Any]]:

@@ -34,8 +34,6 @@ ADDED = "scalingrun.dev/quickstart-added"  # its annotation: what else the quick
 LABELS = {"app.kubernetes.io/name": seaweedfs.SERVICE, "app.kubernetes.io/part-of": "scalingrun-quickstart"}
 OPERATOR_CRDS = ("scalingruns.scalingrun.dev", "scalingsweeps.scalingrun.dev")
 MPIJOB_CRD = "mpijobs.kubeflow.org"
-MPI_OPERATOR_INSTALL = ("kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/"
-                        "v0.8.2/deploy/v2beta1/mpi-operator.yaml")
 TERMINAL = ("Succeeded", "Failed")
 WORKER_CPUS = ("1", "500m", "250m")  # tried in this order when --worker-cpu is not given
 
@@ -68,21 +66,26 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 
 def mpijob_controllers(kube: Kube) -> list[str]:
-    """Ready Deployments that look like an MPIJob controller (mpi-operator, or a stand-in named so)."""
-    found = []
-    for deployment in (kube.get("deployments", "--all-namespaces") or {}).get("items", []):
-        meta = deployment["metadata"]
-        words = " ".join([meta["name"], *(meta.get("labels") or {}).values()]).lower()
-        if ("mpi-operator" in words or "mpijob-controller" in words) and \
-                (deployment.get("status") or {}).get("readyReplicas", 0) >= 1:
-            found.append(f"{meta['namespace']}/{meta['name']}")
-    return found
+    """Ready Deployments that serve v2beta1 MPIJobs (mpi-operator, or a stand-in named so), as `scalingrun doctor`
+    tells them (cluster/preflight.py)."""
+    from ..cluster.preflight import classify  # here, as yaml below: --help runs on a bare Python
+    found = [classify(d) for d in (kube.get("deployments", "--all-namespaces") or {}).get("items", [])]
+    return [c.where for c in found if c is not None and c.kind == "mpi-operator" and c.ready]
 
 
 def check_mpi_operator(kube: Kube, skip: bool) -> None:
-    if kube.get("crd", MPIJOB_CRD) is None:
+    from ..builders.mpijob import MPI_OPERATOR_INSTALL
+    from ..cluster.preflight import COEXISTENCE, MPIJOB_V2
+    crd = kube.get("crd", MPIJOB_CRD)
+    if crd is None:
         raise QuickstartError(f"the cluster has no MPIJob CRD ({MPIJOB_CRD}): ScalingRuns train through Kubeflow's "
                               f"mpi-operator v0.8. Install it, then run this again:\n  {MPI_OPERATOR_INSTALL}")
+    served = [v["name"] for v in crd["spec"].get("versions") or [] if v.get("served")]
+    if MPIJOB_V2 not in served:
+        # The Training Operator v1's MPIJob: installing mpi-operator over it would break that operator's MPIJobs.
+        raise QuickstartError(f"{MPIJOB_CRD} serves {', '.join(served) or 'no version'}, not {MPIJOB_V2}: that is the "
+                              "Training Operator v1's MPIJob, and ScalingRuns create v2beta1 MPIJobs. Installing "
+                              f"mpi-operator over it breaks the Training Operator's MPIJobs: read {COEXISTENCE}")
     if skip:
         say("MPIJob CRD found; not looking for its controller (--skip-mpi-check)")
         return

@@ -36,7 +36,7 @@ async def track(type: Optional[str], body: kopf.Body, uid: str, namespace: str, 
                 memo: kopf.Memo, **_: Any) -> None:
     memo.runtime.latest.run_seen(type, dict(body))  # what the next reconcile starts from, not a GET
     deleted = type == "DELETED"
-    memo.runtime.metrics.observe_run(uid, status.get("phase"), deleted=deleted)
+    memo.runtime.metrics.observe_run(uid, status.get("phase"), deleted=deleted, body=dict(body))
     if deleted:
         memo.runtime.forget_run(namespace, name)
 

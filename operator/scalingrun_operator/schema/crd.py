@@ -8,12 +8,26 @@ pydantic emits JSON Schema 2020-12; a CRD needs a *structural* OpenAPI v3.0 sche
 from __future__ import annotations
 
 import re
+from importlib import metadata
 from typing import Any
 
 import yaml
 from pydantic import BaseModel
 
 from scalingrun_api import models
+
+# The label on both CRDs that says which release of scalingrun made them (`scalingrun doctor` and the operator's
+# start-up compare it with their own: the version-skew check).
+VERSION_LABEL = "app.kubernetes.io/version"
+
+
+def project_version() -> str:
+    """The installed scalingrun's version (pyproject.toml's), "unknown" when run from a source tree not installed."""
+    try:
+        return metadata.version("scalingrun")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
 
 PRINTER_COLUMNS = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
@@ -139,7 +153,8 @@ def build_crd() -> dict[str, Any]:
         "kind": "CustomResourceDefinition",
         "metadata": {
             "name": f"{models.PLURAL}.{models.GROUP}",
-            "labels": {"app.kubernetes.io/name": "scalingrun", "app.kubernetes.io/component": "crd"},
+            "labels": {"app.kubernetes.io/name": "scalingrun", "app.kubernetes.io/component": "crd",
+                       VERSION_LABEL: project_version()},
         },
         "spec": {
             "group": models.GROUP,

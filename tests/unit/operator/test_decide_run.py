@@ -44,6 +44,24 @@ class Row:
     check: Optional[Callable[[Any], None]] = None
 
 
+UNSERVED = Settings(mpijob_unserved_seconds=300)
+INSTALL = "kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/v0.8.2/"
+
+
+def unserved_mpijob(minutes_ago: float) -> dict:
+    """An MPIJob no controller has written anything on: no status at all."""
+    found = mpijob()
+    del found["status"]
+    found["metadata"]["creationTimestamp"] = stamp(minutes_ago)
+    return found
+
+
+def unserved(minutes_ago: float, *conditions: dict) -> World:
+    return training(status=training_status(*conditions), pods=[], progress=None,
+                    children={"ConfigMap": config_map(), "Job": job(done("Complete"), succeeded=2),
+                              "MPIJob": unserved_mpijob(minutes_ago)})
+
+
 def pod_problem(name: str, world: Callable[[], World], reason: str, words: str, phase: str, held: str,
                 events: Optional[list[str]] = None) -> Row:
     return Row(name, world, phase, conditions={"PodsHealthy": ("False", reason, words), held: ("Unknown", reason, words)},
@@ -235,6 +253,26 @@ ROWS = [
                                                         "exceed spec.training.maxInterruptions (2)")},
         ["ChildDeleted", "Failed"]),
     # --- Training --------------------------------------------------------------------------------------
+    Row("an MPIJob nothing reconciled past the bound: MPIJobServed False, naming the controller and its install",
+        lambda: unserved(10), "Training", [],
+        {"MPIJobServed": ("False", "NoMPIJobController", f"Install Kubeflow's mpi-operator v0.8: {INSTALL}")},
+        ["NoMPIJobController"], settings=UNSERVED),
+    Row("an MPIJob still unserved: the condition stays, the Warning is not posted again",
+        lambda: unserved(20, condition("MPIJobServed", "False", "NoMPIJobController", "nothing has reconciled")),
+        "Training", [], {"MPIJobServed": ("False", "NoMPIJobController", "Training Operator v1")}, [],
+        settings=UNSERVED),
+    Row("the MPIJob made now: looked at again when the bound ends (no event need come for it)",
+        lambda: preprocessing(children={"ConfigMap": config_map(), "Job": job(done("Complete"), succeeded=2)},
+                              manifest=manifest()), "Training", [("create", "MPIJob")], events=["Training"],
+        recheck=300.5, settings=UNSERVED),
+    Row("an MPIJob without a status within the bound: looked at again when the bound ends, nothing said yet",
+        lambda: unserved(2), "Training", [], recheck=180.5, settings=UNSERVED,
+        check=lambda d: "MPIJobServed" not in conditions(d)),
+    Row("an MPIJob reconciled after all: MPIJobServed True",
+        lambda: training(status=training_status(condition("MPIJobServed", "False", "NoMPIJobController", "none"))),
+        "Training", [], {"MPIJobServed": ("True", "Served", "reconciled by its controller")}, settings=UNSERVED),
+    Row("the check off (the local runner): an MPIJob without a status says nothing",
+        lambda: unserved(60), "Training", [], check=lambda d: "MPIJobServed" not in conditions(d)),
     Row("training mirrors the progress document and follows it",
         training, "Training", [], {"Trained": ("Unknown", "Running", "MPIJob demo-train: epoch 2 of 5, val_accuracy "
                                                                      "0.7500")},

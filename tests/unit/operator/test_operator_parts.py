@@ -265,3 +265,35 @@ def test_config_carries_the_cap_and_the_allow_list_into_storage_targets():
         config.load({"SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": "minio:9000"})
     with pytest.raises(config.ConfigError, match="SCALINGRUN_MAX_DOCUMENT_BYTES must be >= 1024"):
         config.load({"SCALINGRUN_MAX_DOCUMENT_BYTES": "10"})
+
+
+def test_per_run_series_follow_the_status_and_go_with_the_run():
+    metrics = Metrics()
+    body = {"metadata": {"namespace": "team-a", "name": "cats"}, "status": {
+        "phase": "Training",
+        "conditions": [{"type": "Stalled", "status": "True"}, {"type": "InputBound", "status": "False"}],
+        "training": {"epoch": 3, "maxEpochs": 10, "imagesPerSecond": 412.5, "inputWaitFraction": 0.25,
+                     "restarts": 2, "gpuHours": 1.5, "processHours": 3.0,
+                     "heartbeat": {"time": "2026-11-27T10:00:00Z"},
+                     "interruptions": {"nodeLost": 1, "evicted": 0, "podDeleted": 1}}}}
+    metrics.observe_run("u1", "Training", body=body)
+    run = {"namespace": "team-a", "run": "cats"}
+    value = metrics.registry.get_sample_value
+    assert value("scalingrun_run_phase", {**run, "phase": "Training"}) == 1
+    assert value("scalingrun_run_epoch", run) == 3 and value("scalingrun_run_max_epochs", run) == 10
+    assert value("scalingrun_run_images_per_second", run) == 412.5
+    assert value("scalingrun_run_input_wait_ratio", run) == 0.25
+    assert value("scalingrun_run_restarts_total", run) == 2
+    assert value("scalingrun_run_gpu_hours_total", run) == 1.5
+    assert value("scalingrun_run_interruptions_total", {**run, "cause": "nodeLost"}) == 1
+    assert value("scalingrun_run_condition", {**run, "condition": "Stalled"}) == 1
+    assert value("scalingrun_run_condition", {**run, "condition": "InputBound"}) == 0
+    assert value("scalingrun_run_heartbeat_timestamp_seconds", run) == 1795773600.0
+    # A phase change leaves one phase series, not two.
+    metrics.observe_run("u1", "Succeeded", body={**body, "status": {**body["status"], "phase": "Succeeded"}})
+    assert value("scalingrun_run_phase", {**run, "phase": "Training"}) is None
+    assert value("scalingrun_run_phase", {**run, "phase": "Succeeded"}) == 1
+    # Deleted: no series of the run is left (cardinality stays bounded by the runs that exist).
+    metrics.observe_run("u1", None, deleted=True)
+    exposed = [s for family in metrics.registry.collect() for s in family.samples if s.labels.get("run") == "cats"]
+    assert exposed == []
