@@ -44,12 +44,12 @@ def _dataset(batches: Callable, width: int):
 
 
 def train_dataset(cache: FeatureCacheData, *, first_epoch: int, steps: int, batch_size: int, clock=None,
-                  delay: float = 0.0):
-    """Endless batches of (features, labels), `steps` per epoch from `first_epoch` on; clock and delay as the
-    reader's (keras/data.py): the input-wait stamp, and the diagnostic delay per batch."""
+                  delay: float = 0.0, first_step: int = 0):
+    """Endless batches of (features, labels), `steps` per epoch from step `first_step` of `first_epoch` on; clock
+    and delay as the reader's (keras/data.py): the input-wait stamp, and the diagnostic delay per batch."""
     import tensorflow as tf
 
-    data = _dataset(lambda: cache.train_batches(first_epoch, steps, batch_size), cache.width)
+    data = _dataset(lambda: cache.train_batches(first_epoch, steps, batch_size, first_step), cache.width)
     if delay > 0:
         from .input_clock import delay_batches
 
