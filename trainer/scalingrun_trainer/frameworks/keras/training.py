@@ -263,7 +263,7 @@ class KerasTraining:
         epoch, step = attempt.initial_epoch, attempt.initial_step
         with _inputs(attempt, self.engine, self.network, scaled, self.clock) as (train_from, val_data):
             def fit(epochs: int, steps: int):
-                self.trained.fit(train_from(epoch, step), steps_per_epoch=steps, epochs=epochs, initial_epoch=epoch,
+                self.trained.fit(train_from(epoch, step, steps if step else None), steps_per_epoch=steps, epochs=epochs, initial_epoch=epoch,
                                  validation_data=val_data, validation_steps=validation_steps,
                                  callbacks=self.callbacks, verbose=0)  # rank 0's EpochReporter prints each epoch
 
@@ -297,8 +297,8 @@ class KerasTraining:
 
 @contextlib.contextmanager
 def _inputs(attempt: Attempt, engine: KerasEngine, network: TransferNetwork, scaled: ScaledRun, clock):
-    """(train_from, validation): `train_from(epoch, step)` the training data from that step of that epoch on, and the
-    validation data, as the trained model takes them: Petastorm readers of pixels, or this rank's cached features
+    """(train_from, validation): `train_from(epoch, step, count)` the training data from that step of that epoch on
+    (`count` batches, or endless for None), and the validation data, as the trained model takes them: Petastorm readers of pixels, or this rank's cached features
     (built here, every rank). Cached features start exactly there (their order is a function of the epoch); the
     reader's endless stream has no replayable order, so it goes on where it is (a resumed epoch's steps are
     counted, its rows not replayed)."""
@@ -310,9 +310,9 @@ def _inputs(attempt: Attempt, engine: KerasEngine, network: TransferNetwork, sca
         cache = cache_features(attempt, extract, batch_size,
                                None if engine.variables_start_equal else feature_cache.ModelWeights(network.model))
         try:
-            yield (lambda epoch, step: engine.distribute(lambda: feature_cache.train_dataset(
-                       cache, first_epoch=epoch, first_step=step, steps=scaled.steps_per_epoch, batch_size=batch_size,
-                       clock=clock, delay=delay)),
+            yield (lambda epoch, step, count: engine.distribute(lambda: feature_cache.train_dataset(
+                       cache, first_epoch=epoch, first_step=step, count=count, steps=scaled.steps_per_epoch,
+                       batch_size=batch_size, clock=clock, delay=delay)),
                    engine.distribute(lambda: feature_cache.validation_dataset(cache, batch_size=batch_size)))
         finally:
             cache.close()
@@ -332,7 +332,7 @@ def _inputs(attempt: Attempt, engine: KerasEngine, network: TransferNetwork, sca
 
     try:
         train = engine.distribute(reader_of("train", clock=clock, delay=delay))
-        yield (lambda epoch, step: train), engine.distribute(reader_of("validation"))
+        yield (lambda epoch, step, count: train), engine.distribute(reader_of("validation"))
     finally:
         for reader in readers:
             reader.stop()
