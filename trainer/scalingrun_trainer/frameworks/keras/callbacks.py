@@ -119,10 +119,12 @@ class EpochReporter(tf.keras.callbacks.Callback):
     """Rank 0: measures training throughput (validation excluded) and records the epoch (core.progress)."""
 
     def __init__(self, recorder: EpochRecorder, images_per_epoch: int,
-                 early_stopping: Optional[ResumableEarlyStopping], input_meter: Optional[InputWaitMeter] = None):
+                 early_stopping: Optional[ResumableEarlyStopping], input_meter: Optional[InputWaitMeter] = None,
+                 images_skipped: Callable[[int], int] = lambda epoch: 0):
         super().__init__()
         self.recorder, self.images_per_epoch = recorder, images_per_epoch
         self.early_stopping, self.input_meter = early_stopping, input_meter
+        self.images_skipped = images_skipped  # by the epoch a training resumed inside: not trained in this attempt
         self.timer = EpochTimer()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -134,7 +136,7 @@ class EpochReporter(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
         self.recorder.record(
-            epoch + 1, metrics, self.timer.images_per_second(self.images_per_epoch),
+            epoch + 1, metrics, self.timer.images_per_second(self.images_per_epoch - self.images_skipped(epoch)),
             early_stopping_best=self.early_stopping.best_epoch_number if self.early_stopping else None,
             input_figures=self.input_meter.latest if self.input_meter is not None else None)
 

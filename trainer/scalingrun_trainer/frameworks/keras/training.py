@@ -240,7 +240,8 @@ class KerasTraining:
             callbacks.append(early_stopping)
         if recorder is not None:
             callbacks.append(EpochReporter(recorder, scaled.steps_per_epoch * scaled.effective_batch_size,
-                                           early_stopping, input_meter))
+                                           early_stopping, input_meter,
+                                           lambda epoch: position.skipped(epoch) * scaled.effective_batch_size))
         checkpointer = None
         if rank == 0 or engine.every_rank_saves:
             checkpointer = Checkpointer(attempt.checkpoints, self.checkpoint,
@@ -262,8 +263,10 @@ class KerasTraining:
             / scaled.batch_size_per_worker))
         epoch, step = attempt.initial_epoch, attempt.initial_step
         with _inputs(attempt, self.engine, self.network, scaled, self.clock) as (train_from, val_data):
-            def fit(epochs: int, steps: int):
-                self.trained.fit(train_from(epoch, step, steps if step else None), steps_per_epoch=steps, epochs=epochs, initial_epoch=epoch,
+            def fit(first_epoch: int, first_step: int, epochs: int, steps: int):
+                # A fit from a step inside an epoch takes that epoch's rest only (count): nothing drawn beyond it.
+                data = train_from(first_epoch, first_step, steps if first_step else None)
+                self.trained.fit(data, steps_per_epoch=steps, epochs=epochs, initial_epoch=first_epoch,
                                  validation_data=val_data, validation_steps=validation_steps,
                                  callbacks=self.callbacks, verbose=0)  # rank 0's EpochReporter prints each epoch
 
@@ -274,7 +277,7 @@ class KerasTraining:
                 for callback in held:
                     callback.train_end_held = True
                 try:
-                    fit(epoch + 1, scaled.steps_per_epoch - step)
+                    fit(epoch, step, epoch + 1, scaled.steps_per_epoch - step)
                 finally:
                     for callback in held:
                         callback.train_end_held = False
@@ -283,7 +286,7 @@ class KerasTraining:
                     for callback in held:
                         callback.on_train_end()
                     return
-            fit(training.max_epochs, scaled.steps_per_epoch)
+            fit(epoch, 0, training.max_epochs, scaled.steps_per_epoch)
 
     def save(self) -> Optional[str]:
         rank = self.attempt.rank
