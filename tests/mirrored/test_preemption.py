@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.mirrored.test_train import SIZE, command, environment, without_horovod, write_config  # noqa: F401
+from tests.support.mirrored_train import SIZE, command, environment, without_horovod, write_config  # noqa: F401
 from tests.support.preemption import BATCH, preempt_and_resume
 from tests.support.training import preprocessed_fashion_mnist
 
