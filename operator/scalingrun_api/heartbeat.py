@@ -25,6 +25,11 @@ HEARTBEAT_INTERVAL_SECONDS = 30.0
 # answering (scalingrun_trainer.core.stall). EX_TEMPFAIL: an interruption to resume from, counted as stalled by the
 # operator, not as the code's failure (the trainer's own errors exit 1 or 2, `scalingrun-trainer launch` 3).
 STALL_EXIT_CODE = 75
+# What a rank exits with after a preemption notice (SIGTERM, or its node's termination taint seen by the operator,
+# which deletes the worker pod so that its kubelet sends it): the ranks agreed on a step, rank 0 wrote a checkpoint at
+# it, and the next attempt resumes from that step. An interruption by the infrastructure, counted as evicted, not as
+# the code's failure (scalingrun_trainer.core.preemption).
+PREEMPTED_EXIT_CODE = 76
 # stallTimeout auto: the larger of this floor and STALL_GAP_FACTOR x the longest gap seen in the attempt.
 STALL_TIMEOUT_FLOOR_SECONDS = 600.0
 STALL_GAP_FACTOR = 3.0

@@ -14,16 +14,15 @@ from pathlib import Path
 import pytest
 from pyarrow import fs as pafs
 
-from scalingrun_operator.schema.validation import parse_scalingrun
-from scalingrun_operator.builders.config import build_trainer_config
 from scalingrun_trainer.core.scaling import scale_run
 from tests.support.training import assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, epoch_saved_before_a_rank_was_killed, preprocessed_fashion_mnist, the_one_mlflow_run, validation_split
 from tests.support.operator import read_json
 from tests.support.stall import TEST_TIMEOUT_SECONDS, frozen_mpirun
+from tests.support.mirrored_train import (  # noqa: F401 (a fixture)
+    BUCKET, SIZE, command, environment, run_training, without_horovod, write_config,
+)
 
 pytestmark = [pytest.mark.mirrored, pytest.mark.s3]
-BUCKET = "mirrored"
-SIZE = 32
 HERE = Path(__file__).resolve().parent
 # ImageNet weights: a head on a random base stays near chance, which any features would score alike.
 PRETRAINED = {"base": "efficientnet_lite0", "weights": "imagenet"}
@@ -33,50 +32,6 @@ PRETRAINED = {"base": "efficientnet_lite0", "weights": "imagenet"}
 def dataset(s3_server) -> str:
     """Fashion-MNIST, 24 images per class, preprocessed for 2 readers."""
     return preprocessed_fashion_mnist(s3_server, BUCKET, per_class=24, size=SIZE)
-
-
-@pytest.fixture(scope="module")
-def without_horovod(tmp_path_factory) -> dict[str, str]:
-    """Environment in which `import horovod` fails in every process (a sitecustomize on PYTHONPATH)."""
-    folder = tmp_path_factory.mktemp("no-horovod")
-    (folder / "sitecustomize.py").write_text("import sys\nsys.modules['horovod'] = None\n")
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))}
-
-
-def write_config(path: Path, server, dataset: str, run_location: str, tracking: dict | None = None,
-                 model: dict | None = None, **training) -> Path:
-    spec = {
-        "apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "mirrored-test"},
-        "spec": {
-            "storage": {"endpoint": server.endpoint, "credentialsSecret": "unused-locally"},
-            "dataset": {"source": f"s3://{BUCKET}/jpeg", "output": dataset, "imageSize": SIZE},
-            "model": {"base": "mobilenet_v2", "weights": "none", "dropout": 0.1, **(model or {})},
-            "training": {"strategy": "multi-worker-mirrored", "batchSizePerWorker": 16, "maxEpochs": 2,
-                         "checkpoint": {"location": run_location}, **training},
-            "workers": {"replicas": 2, "gpusPerWorker": 0},
-            **({"tracking": tracking} if tracking else {}),
-        },
-    }
-    path.write_text(json.dumps(build_trainer_config(parse_scalingrun(spec))))
-    return path
-
-
-def command(mpirun: list[str], config: Path, env: dict[str, str]) -> list[str]:
-    forwarded = [arg for name in env for arg in ("-x", name)]
-    return [*mpirun, *forwarded, sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
-
-
-def environment(server, *extra: dict[str, str]) -> dict[str, str]:
-    env = {**server.env(), "TF_CPP_MIN_LOG_LEVEL": "2"}
-    for more in extra:
-        env.update(more)
-    return env
-
-
-def run_training(mpirun, server, config: Path, *extra: dict[str, str], timeout: int = 600):
-    env = environment(server, *extra)
-    return subprocess.run(command(mpirun, config, env), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **env})
 
 
 def listing(server, uri: str) -> list[str]:

@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .common import (
     DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, DNS_SUBDOMAIN_PATTERN, EXTENDED_RESOURCE_PATTERN,
-    HTTP_URL_PATTERN, IMAGE_REFERENCE_PATTERN, LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, ObjectMeta, Quantity,
-    SecretName, secret_name_field,
+    HTTP_URL_PATTERN, IMAGE_REFERENCE_PATTERN, LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, Duration, ObjectMeta,
+    Quantity, SecretName, secret_name_field,
 )
 from .status import ScalingRunStatus
 from .dataset import CPU_LIMIT_DESCRIPTION, Dataset, Resources
@@ -22,6 +22,9 @@ from .training import Training
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"  # the NVIDIA device plugin's resource
 # /dev/shm of a worker without spec.workers.sharedMemory; a worker whose memory is under SMALL_POD_MEMORY gets half.
 DEFAULT_SHARED_MEMORY, SMALL_POD_MEMORY = "1Gi", "2Gi"
+# spec.workers.terminationGracePeriod's default: a training step, the checkpoint at it and its upload (Kubernetes' own
+# default, 30 s, is short for a large model's).
+DEFAULT_TERMINATION_GRACE_SECONDS = 60
 
 
 class StorageCredentials(str, Enum):
@@ -128,6 +131,13 @@ class Workers(ApiModel):
         "not cover.")
     priority_class_name: Optional[str] = Field(
         None, description="PriorityClass of the workers.", pattern=DNS_SUBDOMAIN_PATTERN, max_length=253)
+    termination_grace_period: Duration = Field(
+        DEFAULT_TERMINATION_GRACE_SECONDS,
+        description="The workers' and the launcher's termination grace period (seconds or a duration): after "
+        "SIGTERM (a preemption, a drain, a graceful node shutdown, the pod deleted) the trainer stops at the next "
+        "training step and writes a checkpoint there, so that the next attempt resumes at that step; this must "
+        "cover a step and the checkpoint's upload. The cloud bounds it: graceful node shutdown gives pods 15 s by "
+        "default (GKE), a spot interruption notice comes 2 minutes ahead (AWS).")
     service_account_name: Optional[str] = Field(
         None, description="ServiceAccount of the run's pods (preprocessing, launcher, workers): the one an IAM "
         "role is bound to when spec.storage.credentials is podIdentity. Default: the namespace's default. "

@@ -156,6 +156,7 @@ def _pod_template(run: ScalingRun, labels: dict[str, str], container: dict[str, 
     w = run.spec.workers
     # Neither mpirun (over ssh, not kubectl exec) nor the trainer calls the Kubernetes API.
     pod = pod_spec(run, container, volumes)
+    pod["terminationGracePeriodSeconds"] = termination_grace_seconds(w)
     user = [_toleration(t) for t in w.tolerations] if workers else []
     if workers and w.gpus_per_worker:
         user += missing_tolerations(user, gpu_tolerations)
@@ -166,6 +167,13 @@ def _pod_template(run: ScalingRun, labels: dict[str, str], container: dict[str, 
         if w.priority_class_name:
             pod["priorityClassName"] = w.priority_class_name
     return {"metadata": {"labels": dict(labels)}, "spec": pod}
+
+
+def termination_grace_seconds(workers: Workers) -> int:
+    """spec.workers.terminationGracePeriod: the time a worker's ranks have after SIGTERM for the checkpoint at the
+    next step (scalingrun_trainer.core.preemption). The launcher gets the same, so that its mpirun, which forwards a
+    SIGTERM of its own to the ranks, is not killed before them."""
+    return duration_seconds(workers.termination_grace_period)
 
 
 def _toleration(toleration: Toleration) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from scalingrun_api.heartbeat import STALL_EXIT_CODE
+from scalingrun_api.heartbeat import PREEMPTED_EXIT_CODE, STALL_EXIT_CODE
 from scalingrun_api.logs import RANK_TAG
 from scalingrun_api.models import ScalingRun
 from .draft import Draft
@@ -164,10 +164,20 @@ def _lost(record: dict[str, Any], how: str, cause: str) -> Interruption:
 
 
 def code_cause(role: str, pod: Optional[dict[str, Any]] = None) -> str:
-    """A non-zero exit on a healthy node: the code's failure, unless the stall watch said a peer stopped answering."""
+    """A non-zero exit on a healthy node: the code's failure, unless the stall watch said a peer stopped answering or
+    the ranks stopped on a preemption notice."""
     if role == LAUNCHER and pod is not None and STALL_EXIT_CODE in _exit_codes(pod):
         return STALLED
+    if role == LAUNCHER and pod is not None and stopped_on_notice(pod):
+        return EVICTED
     return LAUNCHER_FAILED if role == LAUNCHER else WORKER_FAILED
+
+
+def stopped_on_notice(pod: dict[str, Any]) -> bool:
+    """A launcher whose ranks stopped on a preemption notice (exit PREEMPTED_EXIT_CODE: a checkpoint at their last
+    step, scalingrun_trainer.core.preemption): its restart is not counted, since its cause is counted where it is
+    seen (a worker deleted, evicted or on a node about to go, the launcher pod itself deleted)."""
+    return PREEMPTED_EXIT_CODE in _exit_codes(pod)
 
 
 def _gone_how(record: dict[str, Any], replacement: Optional[dict[str, Any]], hint: Optional[str]) -> tuple[str, str]:
@@ -240,7 +250,9 @@ def track_interruptions(records: list[dict[str, Any]], pods: list[dict[str, Any]
         if restarts > record["restarts"]:
             times = restarts - record["restarts"]
             what = f"restarted{f' {times} times' if times > 1 else ''}: {_last_exit(pod)}"
-            if role == LAUNCHER:
+            if role == LAUNCHER and stopped_on_notice(pod):
+                pass  # one fault, one interruption: the notice's cause is counted
+            elif role == LAUNCHER:
                 interruptions.append(Interruption(LAUNCHER, name, LAUNCHER_RESTARTED,
                                                   f"launcher pod {name} {what}; {_RESUMES}", code_cause(role, pod)))
             else:

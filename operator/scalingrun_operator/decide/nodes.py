@@ -17,7 +17,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from .pods import TRAINING_ROLES, metadata_of, pod_name, pod_role, status_of
+from .pods import TRAINING_ROLES, WORKER, metadata_of, pod_name, pod_role, status_of
 from .status import parse_time
 
 
@@ -111,3 +111,61 @@ def lost_pods(pods: list[dict[str, Any]], found_nodes: dict[str, Optional[dict[s
                 waits.append((deleting + grace - now).total_seconds())
     # One second more: condition and deletion times are whole seconds.
     return lost, (max(0.0, min(waits)) + 1.0 if waits else None)
+
+
+# --- preemption notices -----------------------------------------------------------------------------
+
+# The taints a cloud's node-termination handler puts on a node about to go, by the notice each stands for. A worker
+# on such a node is best deleted at once (gracefully: its ranks get SIGTERM and write a checkpoint at their next
+# step, scalingrun_trainer.core.preemption) rather than when the node goes. AWS NTH's rebalance-recommendation taint
+# is no notice: the node is at risk, not leaving.
+TERMINATION_TAINTS = {
+    "cloud.google.com/impending-node-termination": "GKE's notice of the node's termination",
+    "aws-node-termination-handler/spot-itn": "an AWS spot interruption notice",
+    "aws-node-termination-handler/scheduled-maintenance": "an AWS scheduled maintenance event",
+    "aws-node-termination-handler/asg-lifecycle-termination": "an AWS Auto Scaling group's termination",
+}
+
+
+@dataclass(frozen=True)
+class NoticedPod:
+    pod: dict[str, Any]
+    node: str
+    why: str  # 'node node-1 has the taint aws-node-termination-handler/spot-itn (an AWS spot interruption notice)'
+
+
+def termination_notice(node: Optional[dict[str, Any]]) -> Optional[str]:
+    """Why a Node is about to go, from its taints; None when it carries no termination taint."""
+    for taint in ((node or {}).get("spec") or {}).get("taints") or []:
+        what = TERMINATION_TAINTS.get(taint.get("key") or "")
+        if what:
+            return f"has the taint {taint['key']} ({what})"
+    return None
+
+
+def worker_nodes(pods: list[dict[str, Any]], mpijob: str) -> tuple[str, ...]:
+    """The nodes of the training's workers that may get a notice: those a look for termination taints reads."""
+    return tuple(sorted({p["spec"]["nodeName"] for p in pods if _may_get_notice(p, mpijob)}))
+
+
+def _may_get_notice(pod: dict[str, Any], mpijob: str) -> bool:
+    """A scheduled worker, not ended and not Terminating (one being deleted already has its SIGTERM)."""
+    return (pod_role(pod, mpijob) == WORKER and bool((pod.get("spec") or {}).get("nodeName"))
+            and not metadata_of(pod).get("deletionTimestamp")
+            and status_of(pod).get("phase") not in ("Succeeded", "Failed"))
+
+
+def noticed_workers(pods: list[dict[str, Any]], found_nodes: dict[str, Optional[dict[str, Any]]],
+                    mpijob: str) -> list[NoticedPod]:
+    """The training's workers on a node with a termination taint, not yet Terminating: each to be deleted with its
+    own grace period, so that the checkpoint at the next step starts now. `found_nodes`: the Nodes of
+    worker_nodes(pods) by name."""
+    noticed = []
+    for pod in sorted(pods, key=pod_name):
+        if not _may_get_notice(pod, mpijob):
+            continue
+        node_name = pod["spec"]["nodeName"]
+        why = termination_notice(found_nodes.get(node_name))
+        if why:
+            noticed.append(NoticedPod(pod, node_name, f"node {node_name} {why}"))
+    return noticed

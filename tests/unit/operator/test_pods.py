@@ -343,6 +343,20 @@ def test_launcher_restarts_are_counted_by_difference_with_the_exit_code():
     assert len(found) == 1 and "restarted 2 times" in found[0].message and records[0]["restarts"] == 3
 
 
+def test_a_launcher_whose_ranks_stopped_on_a_preemption_notice_is_not_a_failure_of_the_code():
+    """Exit PREEMPTED_EXIT_CODE: the ranks wrote a checkpoint at their step on SIGTERM. The restart is not counted
+    (its cause, a worker deleted or evicted, is), and never against backoffLimit."""
+    from scalingrun_api.heartbeat import PREEMPTED_EXIT_CODE
+
+    records, _ = interruptions.track_interruptions([], training_pods(), MPIJOB)
+    current = training_pods(launcher_restarts=1)
+    current[0]["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] = PREEMPTED_EXIT_CODE
+    records, found = interruptions.track_interruptions(records, current, MPIJOB)
+    assert found == [] and records[0]["restarts"] == 1
+    assert interruptions.code_cause("launcher", current[0]) == interruptions.EVICTED
+    assert interruptions.code_cause("launcher", training_pods(launcher_restarts=1)[0]) == interruptions.LAUNCHER_FAILED
+
+
 def test_a_lost_worker_and_the_launcher_restart_it_causes_are_one_interruption():
     """A deleted worker ends mpirun, and the launcher's container restarts: one fault, counted once, whether the
     operator sees the restart later or in the same look; a restart beyond that one is counted on its own."""

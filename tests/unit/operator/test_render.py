@@ -109,6 +109,25 @@ def test_workers_and_launcher_leave_a_lost_node_after_the_node_loss_grace_period
     assert replicas["Launcher"]["template"]["spec"]["tolerations"] == _lost_node_tolerations(120)
 
 
+def test_workers_and_launcher_get_the_termination_grace_period_for_a_checkpoint_at_the_next_step():
+    """SIGTERM leaves the ranks spec.workers.terminationGracePeriod for the checkpoint at their next step (default
+    60 s, not Kubernetes' 30 s); the launcher, whose mpirun forwards its own SIGTERM, gets the same."""
+    run = load(ROOT / "examples/06-8-single-gpu-nodes.yaml")
+    assert run.spec.workers.termination_grace_period == 60
+    replicas = build_children(run, "ml")[2]["spec"]["mpiReplicaSpecs"]
+    assert [replicas[r]["template"]["spec"]["terminationGracePeriodSeconds"] for r in ("Worker", "Launcher")] == [
+        60, 60]
+    for given, seconds in ((90, 90), ("2m30s", 150), (0, 0)):
+        spec = run.model_dump(mode="json", by_alias=True, exclude_none=True)
+        spec["spec"]["workers"]["terminationGracePeriod"] = given
+        replicas = build_children(parse_scalingrun(spec), "ml")[2]["spec"]["mpiReplicaSpecs"]
+        assert [replicas[r]["template"]["spec"]["terminationGracePeriodSeconds"]
+                for r in ("Worker", "Launcher")] == [seconds, seconds], given
+    spec["spec"]["workers"]["terminationGracePeriod"] = "soon"
+    with pytest.raises(Exception, match="duration such as 10m"):
+        parse_scalingrun(spec)
+
+
 @pytest.mark.parametrize("example", ["05-4gpus-one-node.yaml", "06-8-single-gpu-nodes.yaml"])
 def test_launcher_waits_for_every_workers_sshd_then_execs_mpirun_whatever_the_creation_policy(example):
     replicas = build_children(load(ROOT / "examples" / example), "ml")[2]["spec"]["mpiReplicaSpecs"]

@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -172,13 +174,75 @@ def test_trainer_image_serves_what_the_mpijob_expects():
     assert f"  Port {SSH_PORT}" in final  # the launcher's ssh client
     host_key = re.search(r'"HostKey (\S+)"', sshd_config).group(1)
     entrypoint = (ROOT / "scripts/trainer-entrypoint.sh").read_text()
-    assert f"key={host_key}\n" in entrypoint and 'exec "$@"' in entrypoint
+    assert f"key={host_key}\n" in entrypoint and '"$@" &' in entrypoint
     # What sshd writes (host key, pid file) is in the one folder workers get writable besides /tmp.
     assert host_key.startswith(SSHD_STATE_DIR + "/")
     assert re.search(r'"PidFile (\S+)"', sshd_config).group(1).startswith(SSHD_STATE_DIR + "/")
     # No key baked in: none generated at build time, and the ones openssh-server's install makes are removed.
     assert "ssh-keygen" not in (ROOT / "Dockerfile.trainer").read_text()
     assert "rm -f /etc/ssh/ssh_host_*" in (ROOT / "scripts/image-packages.sh").read_text()
+
+
+# A training rank as the entrypoint sees it: notes its pid, and on SIGTERM says so, then ends once released.
+RANK = """
+import os, signal, sys, time
+folder, release = sys.argv[1], sys.argv[2]
+def on_term(*_):
+    print("SIGTERM", flush=True)
+    while not os.path.exists(release):
+        time.sleep(0.05)
+    os.remove(os.path.join(folder, str(os.getpid())))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(folder, str(os.getpid())), "w").close()
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def _line_within(process: subprocess.Popen, seconds: float) -> str:
+    """The process's next line of output, or '' when none comes within `seconds`."""
+    import select
+
+    ready, _, _ = select.select([process.stdout], [], [], seconds)
+    return process.stdout.readline().strip() if ready else ""
+
+
+def test_the_entrypoint_passes_sigterm_on_to_the_ranks_and_stops_its_command_only_after_them(tmp_path):
+    """The kubelet's SIGTERM reaches the worker's first process (the entrypoint); the ranks, started through sshd,
+    get it from there and have until they end (their checkpoint) before sshd is stopped."""
+    import psutil
+
+    ranks, release = tmp_path / "ranks", tmp_path / "release"
+    ranks.mkdir()
+    rank = subprocess.Popen([sys.executable, "-c", RANK, str(ranks), str(release)], stdout=subprocess.PIPE, text=True)
+    entrypoint = None
+    try:
+        assert rank.stdout.readline().strip() == "ready"
+        entrypoint = subprocess.Popen(["sh", str(ROOT / "scripts/trainer-entrypoint.sh"), "sleep", "600"],
+                                      env={"PATH": "/usr/bin:/bin", "SCALINGRUN_RANK_PIDS_DIR": str(ranks)},
+                                      stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 60
+        while not [c for c in psutil.Process(entrypoint.pid).children() if c.name() == "sleep"]:
+            assert time.monotonic() < deadline and entrypoint.poll() is None, "the entrypoint did not start sleep"
+            time.sleep(0.05)
+        command = [c for c in psutil.Process(entrypoint.pid).children() if c.name() == "sleep"][0]
+        entrypoint.send_signal(signal.SIGTERM)
+        assert _line_within(rank, 60) == "SIGTERM", "the rank never got SIGTERM"
+        # The rank has not ended: its command (sshd) runs on, and the entrypoint waits.
+        time.sleep(0.5)
+        assert entrypoint.poll() is None and command.is_running()
+        release.touch()
+        assert rank.wait(timeout=60) == 0
+        entrypoint.wait(timeout=60)
+        assert not command.is_running() or command.status() == psutil.STATUS_ZOMBIE
+        assert "SIGTERM passed on to the training ranks" in entrypoint.stderr.read()
+    finally:
+        for process in (rank, entrypoint):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()
 
 
 def test_build_context_is_an_allowlist_of_what_the_dockerfiles_copy():

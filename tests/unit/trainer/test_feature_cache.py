@@ -139,6 +139,11 @@ def test_epochs_of_batches_cover_the_shard_and_resume_where_they_left_off():
     resumed = cache.train_batches(2, steps=2, batch_size=3)
     for (expected, _), (got, _) in zip(first[4:], [next(resumed) for _ in range(4)], strict=True):
         np.testing.assert_array_equal(got, expected)
+    # Resumed at a step inside an epoch (a checkpoint on a preemption notice): the rest of that epoch's batches,
+    # then the next epochs', as an uninterrupted run draws them.
+    mid_epoch = cache.train_batches(1, steps=2, batch_size=3, first_step=1)
+    for (expected, _), (got, _) in zip(first[3:], [next(mid_epoch) for _ in range(5)], strict=True):
+        np.testing.assert_array_equal(got, expected)
     validation = list(cache.validation_batches(2))
     assert [len(labels) for _, labels in validation] == [2, 2, 1]
     np.testing.assert_array_equal(np.concatenate([f for f, _ in validation]), cache.stores["validation"].features)

@@ -1,6 +1,8 @@
 """Checkpoints in the run's storage, `<runLocation>/checkpoints/`, for every engine: one `epoch-NNNNN/` folder of the
 engine's files (the last one only) and `state.json`, the commit point, written after the files. A training resumes
 from the epoch state.json names when its `trainedOn` facts (dataset, base, classes, input, engine) are this run's.
+A checkpoint written on a preemption notice (core/preemption.py) is at a step inside the next epoch:
+`epoch-NNNNN-step-NNNNN/`, and the training resumes at that step.
 """
 
 from __future__ import annotations
@@ -31,7 +33,8 @@ class EarlyStoppingState(_Document):
 class CheckpointState(_Document):
     """state.json."""
 
-    epoch: int
+    epoch: int  # epochs completed
+    step: int = 0  # steps of the next epoch completed too (a checkpoint on a preemption notice)
     checkpoint: str  # the epoch-NNNNN folder
     prefix: Optional[str] = None  # a tf.train.Checkpoint's file prefix in it (Keras)
     early_stopping: Optional[EarlyStoppingState] = None
@@ -46,8 +49,8 @@ class CheckpointState(_Document):
         return self.model_dump(by_alias=True)
 
 
-def epoch_folder(epoch: int) -> str:
-    return f"epoch-{epoch:05d}"
+def epoch_folder(epoch: int, step: int = 0) -> str:
+    return f"epoch-{epoch:05d}" + (f"-step-{step:05d}" if step else "")
 
 
 class CheckpointStore:
@@ -69,14 +72,14 @@ class CheckpointStore:
 
     def save(self, epoch: int, files: Iterable[tuple[str, bytes]], *, history: list[dict],
              early_stopping: Optional[EarlyStoppingState], best_weights: bool, resume_facts: dict[str, Any],
-             prefix: Optional[str] = None, finished: bool = False) -> None:
-        """Writes the engine's files for `epoch`, then state.json, then removes older epochs' folders; a store that
-        does not commit only takes note (`files` is not read)."""
-        folder = epoch_folder(epoch)
+             prefix: Optional[str] = None, finished: bool = False, step: int = 0) -> None:
+        """Writes the engine's files for `epoch` (and `step` steps of the next), then state.json, then removes older
+        checkpoints' folders; a store that does not commit only takes note (`files` is not read)."""
+        folder = epoch_folder(epoch, step)
         if self.commit:
             for name, data in files:
                 self.root.join(folder, name).write_bytes_atomic(data)
-        self._commit(CheckpointState(epoch=epoch, checkpoint=folder, prefix=prefix, early_stopping=early_stopping,
+        self._commit(CheckpointState(epoch=epoch, step=step, checkpoint=folder, prefix=prefix, early_stopping=early_stopping,
                                      best_weights=best_weights, history=history, finished=finished, **resume_facts))
         if self.commit:
             self._remove_older(folder)
@@ -84,7 +87,7 @@ class CheckpointStore:
     def finish(self, epoch: int, save: Callable[[], None]) -> None:
         """Marks the run finished, so that a rerun of the same run does not train again: state.json again when the
         last checkpoint is this epoch's, else `save()` (which saves `epoch` with finished=True)."""
-        if self.last is not None and self.last.epoch == epoch:
+        if self.last is not None and self.last.epoch == epoch and not self.last.step:
             self._commit(self.last.model_copy(update={"finished": True}))
         else:
             save()

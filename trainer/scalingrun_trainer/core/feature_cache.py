@@ -118,6 +118,25 @@ class FeatureStore:
                 pass
 
 
+# Diagnostic: a folder where every rank appends `epoch step row...` for each training batch it draws (the rows'
+# positions in its shard), to check which rows a resumed epoch trains on.
+BATCH_LOG_ENV = "SCALINGRUN_DIAGNOSTIC_BATCH_LOG"
+
+
+def _batch_log(rank: int) -> Optional[Callable[[str], object]]:
+    folder = os.environ.get(BATCH_LOG_ENV, "").strip()
+    if not folder:
+        return None
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"rank-{rank}.log")
+
+    def write(line: str) -> None:
+        with open(path, "a") as f:
+            f.write(line)
+
+    return write
+
+
 def epoch_rows(rows: int, count: int, epoch: int, seed: int, rank: int) -> np.ndarray:
     """Indices of the `count` rows epoch `epoch` (0-based) trains on: positions [epoch x count, (epoch + 1) x count)
     of the stream of permutations of range(rows), pass k seeded by (seed, rank, k)."""
@@ -148,16 +167,21 @@ class FeatureCacheData:
     def on_disk(self) -> bool:
         return any(store.on_disk for store in self.stores.values())
 
-    def train_batches(self, first_epoch: int, steps: int, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Endless: `steps` batches per epoch from `first_epoch` (0-based) on, drawn by epoch_rows."""
-        store, epoch = self.stores["train"], first_epoch
+    def train_batches(self, first_epoch: int, steps: int, batch_size: int,
+                      first_step: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Endless: `steps` batches per epoch from step `first_step` of `first_epoch` (0-based) on, drawn by
+        epoch_rows: a training resumed at a step of an epoch trains on the rest of that epoch's rows, exactly."""
+        store, epoch, first = self.stores["train"], first_epoch, first_step
+        batch_log = _batch_log(self.rank)
         while True:
             order = epoch_rows(store.rows, steps * batch_size, epoch, self.seed, self.rank)
-            for step in range(steps):
+            for step in range(first, steps):
                 # Sorted within the batch: a memory map reads forward; the batch's order does not matter to the loss.
                 rows = np.sort(order[step * batch_size:(step + 1) * batch_size])
+                if batch_log is not None:
+                    batch_log(f"{epoch} {step} {' '.join(map(str, rows))}\n")
                 yield store.features[rows], store.labels[rows]
-            epoch += 1
+            epoch, first = epoch + 1, 0
 
     def validation_batches(self, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """This rank's validation rows in order, once."""

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 from scalingrun_api.config import TrainerConfig
-from scalingrun_api.heartbeat import HEARTBEAT_FILE
+from scalingrun_api.heartbeat import HEARTBEAT_FILE, PREEMPTED_EXIT_CODE
 from scalingrun_api.progress import PROGRESS_FILE, Devices, FeatureCache
 from ..storage import open_location
 from .builder import BuilderError, network_name
@@ -25,6 +25,7 @@ from .collective import Collective
 from .dataset import Dataset, DatasetError, check_shardable, open_dataset
 from .feature_cache import FeatureCacheData, Weights, build_feature_cache, reason_not_used, share
 from .heartbeat import HeartbeatWriter
+from .preemption import Preempted, PreemptionNotice
 from .probe import ProbeError
 from .progress import Best, ProgressWriter, best_so_far
 from .scaling import ScaledRun
@@ -79,6 +80,8 @@ class Attempt:
         self.started = time.monotonic()
         # None when the head trains on cached features (core/feature_cache.py), else why not.
         self.feature_cache_reason = reason_not_used(config)
+        # SIGTERM: a checkpoint at the next training step (core/preemption.py); installed by run().
+        self.notice = PreemptionNotice(leave_now)
 
     def log(self, line: str) -> None:
         """Rank 0 speaks for all."""
@@ -88,6 +91,11 @@ class Attempt:
     @property
     def initial_epoch(self) -> int:
         return self.state.epoch if self.state else 0
+
+    @property
+    def initial_step(self) -> int:
+        """Steps of epoch initial_epoch already trained (a checkpoint written on a preemption notice)."""
+        return self.state.step if self.state else 0
 
     @property
     def caches_features(self) -> bool:
@@ -108,6 +116,7 @@ class Attempt:
         A rank that fails among others leaves at once (leave_now): a normal exit finalizes MPI (mpi4py, Horovod),
         which waits for every other rank, so a rank failing alone, or beside a frozen one, would wait for ever
         instead of letting mpirun stop the others."""
+        self.notice.install()
         try:
             code = self._run(train)
         except Exception as exc:  # noqa: BLE001 - printed as Python would, then the rank leaves
@@ -121,6 +130,8 @@ class Attempt:
                       f"({type(exc).__name__}: its heartbeat to the other ranks timed out)", file=sys.stderr,
                       flush=True)
             leave_now(1)
+        finally:
+            self.notice.uninstall()
         if code and self.size > 1:
             leave_now(code)
         return code
@@ -129,6 +140,12 @@ class Attempt:
         try:
             self.heartbeat.beat("starting")
             return train()
+        except Preempted as preempted:
+            self.stop_watching()
+            where = f"{self.engine}, " if self.engine else ""
+            print(f"scalingrun-trainer train ({where}rank {self.rank}/{self.size}): {preempted}", file=sys.stderr,
+                  flush=True)
+            return PREEMPTED_EXIT_CODE
         except EXPECTED_ERRORS as exc:
             self.stop_watching()
             message = error_line(exc)
@@ -229,7 +246,10 @@ class Attempt:
                                                                 reason=self.feature_cache_reason),
             devices=self.devices)
         self.progress.start(best_epoch=self.best_so_far()[0])
-        if state:
+        if state and state.step:
+            self.log(f"resuming at step {state.step} of epoch {state.epoch + 1} (a checkpoint written on a "
+                     f"preemption notice) from {self.checkpoints.root.uri}")
+        elif state:
             self.log(f"resuming after epoch {state.epoch} from {self.checkpoints.root.uri}")
         return self.progress
 

@@ -18,6 +18,7 @@ from scalingrun_api.progress import InputEpoch
 from ...core.checkpoints import CheckpointState, CheckpointStore, EarlyStoppingState
 from ...core.early_stopping import EarlyStoppingRule
 from ...core.heartbeat import HeartbeatWriter
+from ...core.preemption import Preempted, PreemptionNotice
 from ...core.stall import StallWatch
 from ...core.input_wait import GpuSampler, StepTimes, input_entry
 from ...core.progress import EpochRecorder, EpochTimer
@@ -33,6 +34,8 @@ class ResumableEarlyStopping(tf.keras.callbacks.Callback):
         self.rule, self.restore_best_weights, self.verbose = rule, restore_best_weights, verbose
         self.best_weights: Optional[list[np.ndarray]] = None
         self.stopped_epoch: Optional[int] = None  # 0-based, as Keras counts
+        # True during the fit of a resumed epoch's remaining steps: training goes on in a second fit.
+        self.train_end_held = False
 
     @property
     def best_epoch_number(self) -> Optional[int]:
@@ -56,6 +59,8 @@ class ResumableEarlyStopping(tf.keras.callbacks.Callback):
             self._restore()
 
     def on_train_end(self, logs=None):
+        if self.train_end_held:
+            return
         if self.stopped_epoch is None:
             self._restore()  # maxEpochs reached
         elif self.verbose:
@@ -114,10 +119,12 @@ class EpochReporter(tf.keras.callbacks.Callback):
     """Rank 0: measures training throughput (validation excluded) and records the epoch (core.progress)."""
 
     def __init__(self, recorder: EpochRecorder, images_per_epoch: int,
-                 early_stopping: Optional[ResumableEarlyStopping], input_meter: Optional[InputWaitMeter] = None):
+                 early_stopping: Optional[ResumableEarlyStopping], input_meter: Optional[InputWaitMeter] = None,
+                 images_skipped: Callable[[int], int] = lambda epoch: 0):
         super().__init__()
         self.recorder, self.images_per_epoch = recorder, images_per_epoch
         self.early_stopping, self.input_meter = early_stopping, input_meter
+        self.images_skipped = images_skipped  # by the epoch a training resumed inside: not trained in this attempt
         self.timer = EpochTimer()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -129,7 +136,7 @@ class EpochReporter(tf.keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         metrics = {k: float(v) for k, v in (logs or {}).items() if k != "lr"}
         self.recorder.record(
-            epoch + 1, metrics, self.timer.images_per_second(self.images_per_epoch),
+            epoch + 1, metrics, self.timer.images_per_second(self.images_per_epoch - self.images_skipped(epoch)),
             early_stopping_best=self.early_stopping.best_epoch_number if self.early_stopping else None,
             input_figures=self.input_meter.latest if self.input_meter is not None else None)
 
@@ -139,17 +146,20 @@ class Heartbeat(tf.keras.callbacks.Callback):
     (the writer throttles; rank 0's writes heartbeat.json). `step`: steps since the run's start (epoch x steps).
     The stall watch, if any, is armed at the first step (the first graph build is not watched) until the end."""
 
-    def __init__(self, heartbeat: HeartbeatWriter, steps_per_epoch: int, watch: Optional[StallWatch] = None):
+    def __init__(self, heartbeat: HeartbeatWriter, steps_per_epoch: int, watch: Optional[StallWatch] = None,
+                 position: Optional["StepPosition"] = None):
         super().__init__()
         self.heartbeat, self.steps_per_epoch, self.watch = heartbeat, steps_per_epoch, watch
+        self.position = position or StepPosition()
         self._epoch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
-        self.heartbeat.beat("training", step=epoch * self.steps_per_epoch, epoch=epoch)
+        self.heartbeat.beat("training", step=epoch * self.steps_per_epoch + self.position.skipped(epoch), epoch=epoch)
 
     def on_train_batch_end(self, batch, logs=None):
-        self.heartbeat.beat("training", step=self._epoch * self.steps_per_epoch + batch + 1, epoch=self._epoch)
+        step = self._epoch * self.steps_per_epoch + self.position.step(self._epoch, batch)
+        self.heartbeat.beat("training", step=step, epoch=self._epoch)
         if self.watch is not None:
             self.watch.arm()
 
@@ -164,6 +174,50 @@ class Heartbeat(tf.keras.callbacks.Callback):
             self.watch.disarm()
 
 
+class StepPosition:
+    """Where a resumed epoch starts: the fit of its remaining steps counts its batches from 0, the run from `first`."""
+
+    def __init__(self, epoch: int = 0, first: int = 0):
+        self.epoch, self.first = epoch, first
+
+    def skipped(self, epoch: int) -> int:
+        return self.first if epoch == self.epoch else 0
+
+    def step(self, epoch: int, batch: int) -> int:
+        """Steps of `epoch` done after Keras' `batch` (0-based, of this fit's epoch)."""
+        return self.skipped(epoch) + batch + 1
+
+
+class PreemptionCheck(tf.keras.callbacks.Callback):
+    """Every rank, after each training step (core/preemption.py): the ranks agree whether any saw SIGTERM; if so the
+    checkpointer's rank(s) write the checkpoint at this step, every rank waits for it and raises Preempted out of
+    fit, before validation and the epoch's end (the epoch is not done). An epoch's last step is not a stop: its end
+    (validation, the records, the epoch's checkpoint) follows, and the next step's check stops."""
+
+    def __init__(self, notice: PreemptionNotice, world, steps_per_epoch: int,
+                 checkpointer: Optional["Checkpointer"], position: Optional[StepPosition] = None):
+        super().__init__()
+        self.notice, self.world, self.steps_per_epoch = notice, world, steps_per_epoch
+        self.checkpointer, self.position = checkpointer, position or StepPosition()
+        self._epoch = 0
+
+    def on_train_begin(self, logs=None):
+        self.notice.armed = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = self.position.step(self._epoch, batch)
+        self.notice.done = (self._epoch, step)
+        if step >= self.steps_per_epoch or not self.notice.agreed(self.world):
+            return
+        if self.checkpointer is not None:
+            self.checkpointer.save(self._epoch, step=step)
+        self.notice.committed(self.world)
+        raise Preempted(self._epoch, step, self.notice.noticed_at)
+
+
 class Checkpointer(tf.keras.callbacks.Callback):
     """Every N epochs: model + optimizer (tf.train.Checkpoint), best weights and the early-stopping state, into the
     run's CheckpointStore. Where saving is a collective (MultiWorkerMirroredStrategy's variables), every rank writes
@@ -176,6 +230,7 @@ class Checkpointer(tf.keras.callbacks.Callback):
         self.store, self.checkpoint, self.every_epochs = store, checkpoint, every_epochs
         self.early_stopping, self.history, self.resume_facts = early_stopping, history, resume_facts
         self._epoch = 0
+        self.train_end_held = False  # as ResumableEarlyStopping's
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -185,9 +240,11 @@ class Checkpointer(tf.keras.callbacks.Callback):
             self.save(epoch + 1)
 
     def on_train_end(self, logs=None):
-        self.store.finish(self._epoch + 1, lambda: self.save(self._epoch + 1, finished=True))
+        if not self.train_end_held:
+            self.store.finish(self._epoch + 1, lambda: self.save(self._epoch + 1, finished=True))
 
-    def save(self, epoch: int, finished: bool = False) -> None:
+    def save(self, epoch: int, finished: bool = False, step: int = 0) -> None:
+        """`epoch` epochs trained, and `step` steps of the next (a checkpoint on a preemption notice)."""
         workdir = tempfile.mkdtemp(prefix="ckpt-")
         try:
             prefix = self.checkpoint.write(os.path.join(workdir, "ckpt"))
@@ -195,7 +252,7 @@ class Checkpointer(tf.keras.callbacks.Callback):
             self.store.save(epoch, self._files(workdir, best), history=self.history(),
                             early_stopping=self.early_stopping.state() if self.early_stopping else None,
                             best_weights=best is not None, resume_facts=self.resume_facts,
-                            prefix=os.path.basename(prefix), finished=finished)
+                            prefix=os.path.basename(prefix), finished=finished, step=step)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 

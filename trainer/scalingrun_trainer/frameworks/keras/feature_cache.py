@@ -3,7 +3,7 @@ fills it, and the cached batches as tf.data pipelines for the head (models.Trans
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -44,12 +44,16 @@ def _dataset(batches: Callable, width: int):
 
 
 def train_dataset(cache: FeatureCacheData, *, first_epoch: int, steps: int, batch_size: int, clock=None,
-                  delay: float = 0.0):
-    """Endless batches of (features, labels), `steps` per epoch from `first_epoch` on; clock and delay as the
+                  delay: float = 0.0, first_step: int = 0, count: Optional[int] = None):
+    """Batches of (features, labels), `steps` per epoch from step `first_step` of `first_epoch` on: endless, or
+    `count` of them (the rest of a resumed epoch: nothing of the next one is drawn ahead); clock and delay as the
     reader's (keras/data.py): the input-wait stamp, and the diagnostic delay per batch."""
+    import itertools
+
     import tensorflow as tf
 
-    data = _dataset(lambda: cache.train_batches(first_epoch, steps, batch_size), cache.width)
+    data = _dataset(lambda: itertools.islice(cache.train_batches(first_epoch, steps, batch_size, first_step), count),
+                    cache.width)
     if delay > 0:
         from .input_clock import delay_batches
 

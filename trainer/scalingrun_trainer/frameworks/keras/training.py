@@ -226,10 +226,11 @@ class KerasTraining:
         metrics; then rank 0's report, the checkpoints, TensorBoard and the heartbeat."""
         import tensorflow as tf
 
-        from .callbacks import Checkpointer, EpochReporter, Heartbeat, InputWaitMeter
+        from .callbacks import Checkpointer, EpochReporter, Heartbeat, InputWaitMeter, PreemptionCheck, StepPosition
         from .input_clock import InputClock
 
         attempt, engine, rank = self.attempt, self.engine, self.attempt.rank
+        position = StepPosition(attempt.initial_epoch, attempt.initial_step)
         self.clock = InputClock()
         gpu = GpuSampler.open(engine.local_rank) if tf.config.list_physical_devices("GPU") else None
         input_meter = InputWaitMeter(self.clock, gpu,
@@ -239,15 +240,20 @@ class KerasTraining:
             callbacks.append(early_stopping)
         if recorder is not None:
             callbacks.append(EpochReporter(recorder, scaled.steps_per_epoch * scaled.effective_batch_size,
-                                           early_stopping, input_meter))
+                                           early_stopping, input_meter,
+                                           lambda epoch: position.skipped(epoch) * scaled.effective_batch_size))
+        checkpointer = None
         if rank == 0 or engine.every_rank_saves:
-            callbacks.append(Checkpointer(attempt.checkpoints, self.checkpoint,
-                                          attempt.config.training.checkpoint.every_epochs, early_stopping, history,
-                                          attempt.resume_facts(batch_size_probe=probe)))
+            checkpointer = Checkpointer(attempt.checkpoints, self.checkpoint,
+                                        attempt.config.training.checkpoint.every_epochs, early_stopping, history,
+                                        attempt.resume_facts(batch_size_probe=probe))
+            callbacks.append(checkpointer)
         if rank == 0:
             self.tensorboard_dir = tempfile.mkdtemp(prefix="tensorboard-")
             callbacks.append(tf.keras.callbacks.TensorBoard(self.tensorboard_dir, update_freq="epoch", profile_batch=0))
-        callbacks.append(Heartbeat(attempt.heartbeat, scaled.steps_per_epoch, attempt.watch_peers()))
+        callbacks.append(Heartbeat(attempt.heartbeat, scaled.steps_per_epoch, attempt.watch_peers(), position))
+        # Last: a stop on a preemption notice comes after this step's beat and records.
+        callbacks.append(PreemptionCheck(attempt.notice, engine.world, scaled.steps_per_epoch, checkpointer, position))
         self.callbacks = callbacks
 
     def fit(self, scaled: ScaledRun) -> None:
@@ -255,11 +261,32 @@ class KerasTraining:
         validation_steps = self.engine.validation_steps(lambda: math.ceil(validation_rows(
             attempt.dataset, shard=attempt.rank, shards=attempt.size, seed=attempt.config.dataset.seed)
             / scaled.batch_size_per_worker))
-        with _inputs(attempt, self.engine, self.network, scaled, self.clock) as (train_data, val_data):
-            self.trained.fit(train_data, steps_per_epoch=scaled.steps_per_epoch, epochs=training.max_epochs,
-                             initial_epoch=attempt.initial_epoch, validation_data=val_data,
-                             validation_steps=validation_steps, callbacks=self.callbacks,
-                             verbose=0)  # rank 0's EpochReporter prints one line per epoch
+        epoch, step = attempt.initial_epoch, attempt.initial_step
+        with _inputs(attempt, self.engine, self.network, scaled, self.clock) as (train_from, val_data):
+            def fit(first_epoch: int, first_step: int, epochs: int, steps: int):
+                # A fit from a step inside an epoch takes that epoch's rest only (count): nothing drawn beyond it.
+                data = train_from(first_epoch, first_step, steps if first_step else None)
+                self.trained.fit(data, steps_per_epoch=steps, epochs=epochs, initial_epoch=first_epoch,
+                                 validation_data=val_data, validation_steps=validation_steps,
+                                 callbacks=self.callbacks, verbose=0)  # rank 0's EpochReporter prints each epoch
+
+            if step:
+                # A checkpoint inside an epoch: Keras' epochs all have steps_per_epoch steps, so the rest of this one
+                # is a fit of its own, whose end is not the training's (early stopping and the checkpointer hold).
+                held = [c for c in self.callbacks if hasattr(c, "train_end_held")]
+                for callback in held:
+                    callback.train_end_held = True
+                try:
+                    fit(epoch, step, epoch + 1, scaled.steps_per_epoch - step)
+                finally:
+                    for callback in held:
+                        callback.train_end_held = False
+                epoch, step = epoch + 1, 0
+                if self.trained.stop_training or epoch >= training.max_epochs:
+                    for callback in held:
+                        callback.on_train_end()
+                    return
+            fit(epoch, 0, training.max_epochs, scaled.steps_per_epoch)
 
     def save(self) -> Optional[str]:
         rank = self.attempt.rank
@@ -273,8 +300,11 @@ class KerasTraining:
 
 @contextlib.contextmanager
 def _inputs(attempt: Attempt, engine: KerasEngine, network: TransferNetwork, scaled: ScaledRun, clock):
-    """(training, validation) data as the trained model takes it: Petastorm readers of pixels, or this rank's
-    cached features (built here, every rank)."""
+    """(train_from, validation): `train_from(epoch, step, count)` the training data from that step of that epoch on
+    (`count` batches, or endless for None), and the validation data, as the trained model takes them: Petastorm readers of pixels, or this rank's cached features
+    (built here, every rank). Cached features start exactly there (their order is a function of the epoch); the
+    reader's endless stream has no replayable order, so it goes on where it is (a resumed epoch's steps are
+    counted, its rows not replayed)."""
     from . import feature_cache
 
     batch_size, delay = scaled.batch_size_per_worker, reader_delay()
@@ -283,9 +313,9 @@ def _inputs(attempt: Attempt, engine: KerasEngine, network: TransferNetwork, sca
         cache = cache_features(attempt, extract, batch_size,
                                None if engine.variables_start_equal else feature_cache.ModelWeights(network.model))
         try:
-            yield (engine.distribute(lambda: feature_cache.train_dataset(
-                       cache, first_epoch=attempt.initial_epoch, steps=scaled.steps_per_epoch, batch_size=batch_size,
-                       clock=clock, delay=delay)),
+            yield (lambda epoch, step, count: engine.distribute(lambda: feature_cache.train_dataset(
+                       cache, first_epoch=epoch, first_step=step, count=count, steps=scaled.steps_per_epoch,
+                       batch_size=batch_size, clock=clock, delay=delay)),
                    engine.distribute(lambda: feature_cache.validation_dataset(cache, batch_size=batch_size)))
         finally:
             cache.close()
@@ -304,7 +334,8 @@ def _inputs(attempt: Attempt, engine: KerasEngine, network: TransferNetwork, sca
         return make
 
     try:
-        yield engine.distribute(reader_of("train", clock=clock, delay=delay)), engine.distribute(reader_of("validation"))
+        train = engine.distribute(reader_of("train", clock=clock, delay=delay))
+        yield (lambda epoch, step, count: train), engine.distribute(reader_of("validation"))
     finally:
         for reader in readers:
             reader.stop()
