@@ -35,8 +35,8 @@ PREVIOUS_COMMIT = next(line.split("=", 1)[1] for line in (ROOT / "tests/e2e/prev
                        if line.startswith("commit="))
 CRDS = ("scalingruns.scalingrun.dev", "scalingsweeps.scalingrun.dev")
 NEW_WORKERS_FIELD = "sharedMemory"  # in this chart's ScalingRun CRD, not in the previous one's
-# Enough epochs (1 to 5 s each from cached features, on 2 busy cores) to outlast the upgrade, which starts once the launcher
-# runs; no early stopping before the last.
+# Enough epochs (1 to 5 s each from cached features, on 2 busy cores) to outlast the upgrade, which starts once the
+# launcher runs; no early stopping before the last.
 EPOCHS = 12
 
 
