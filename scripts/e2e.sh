@@ -17,6 +17,8 @@
 #      mpi-operator v0.8 already in the cluster), SCALINGRUN_NODE_DIR (../shared/node),
 #      SCALINGRUN_MPIJOB_CRD (the MPIJob CRD for the stand-in; ../shared/crds/kubeflow.org_mpijobs.yaml).
 #      With the node cluster, SCALINGRUN_E2E_NODE_DIR is exported to the tests (they stop its kubelet).
+# Besides the images of scripts/build-images.sh it builds the previous release's operator (the commit
+# tests/e2e/previous-release names; SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE) for tests/e2e/test_upgrade.py.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
