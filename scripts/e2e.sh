@@ -17,6 +17,8 @@
 #      mpi-operator v0.8 already in the cluster), SCALINGRUN_NODE_DIR (../shared/node),
 #      SCALINGRUN_MPIJOB_CRD (the MPIJob CRD for the stand-in; ../shared/crds/kubeflow.org_mpijobs.yaml).
 #      With the node cluster, SCALINGRUN_E2E_NODE_DIR is exported to the tests (they stop its kubelet).
+# Besides the images of scripts/build-images.sh it builds the previous release's operator (the commit
+# tests/e2e/previous-release names; SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE) for tests/e2e/test_upgrade.py.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -87,6 +89,7 @@ build_images() {
   SCALINGRUN_E2E_SEAWEEDFS_IMAGE="scalingrun-demo/seaweedfs:4.48"  # scalingrun_operator.demo.seaweedfs.IMAGE, the quick start's too
   "$DOCKER" build -q ${base:+--build-arg "BASE_IMAGE=$base"} -t "$SCALINGRUN_E2E_SEAWEEDFS_IMAGE" \
     tests/e2e/seaweedfs >/dev/null
+  build_previous_operator "$base"
   if [[ -n "${SCALINGRUN_E2E_REGISTRY:-}" ]]; then
     load_images "$SCALINGRUN_E2E_OPERATOR_IMAGE" "$SCALINGRUN_E2E_TRAINER_IMAGE" "$SCALINGRUN_E2E_SEAWEEDFS_IMAGE" \
       "$SCALINGRUN_E2E_LIGHTNING_IMAGE" "$SCALINGRUN_E2E_CUSTOM_MODEL_IMAGE" "$SCALINGRUN_E2E_CUSTOM_TRAINING_IMAGE"
@@ -96,12 +99,34 @@ build_images() {
     SCALINGRUN_E2E_SEAWEEDFS_IMAGE="$SCALINGRUN_E2E_REGISTRY/${SCALINGRUN_E2E_SEAWEEDFS_IMAGE##*/}"
     SCALINGRUN_E2E_CUSTOM_MODEL_IMAGE="$SCALINGRUN_E2E_REGISTRY/${SCALINGRUN_E2E_CUSTOM_MODEL_IMAGE##*/}"
     SCALINGRUN_E2E_CUSTOM_TRAINING_IMAGE="$SCALINGRUN_E2E_REGISTRY/${SCALINGRUN_E2E_CUSTOM_TRAINING_IMAGE##*/}"
+    if [[ -n "$SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE" ]]; then
+      load_images "$SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE"
+      SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE="$SCALINGRUN_E2E_REGISTRY/${SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE##*/}"
+    fi
   else
     load_images "$SCALINGRUN_E2E_OPERATOR_IMAGE" "$SCALINGRUN_E2E_TRAINER_IMAGE" "$SCALINGRUN_E2E_SEAWEEDFS_IMAGE" \
       "$SCALINGRUN_E2E_LIGHTNING_IMAGE" "$SCALINGRUN_E2E_CUSTOM_MODEL_IMAGE" "$SCALINGRUN_E2E_CUSTOM_TRAINING_IMAGE"
+    [[ -z "$SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE" ]] || load_images "$SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE"
   fi
   export SCALINGRUN_E2E_OPERATOR_IMAGE SCALINGRUN_E2E_TRAINER_IMAGE SCALINGRUN_E2E_SEAWEEDFS_IMAGE SCALINGRUN_E2E_LIGHTNING_IMAGE \
-    SCALINGRUN_E2E_CUSTOM_MODEL_IMAGE SCALINGRUN_E2E_CUSTOM_TRAINING_IMAGE
+    SCALINGRUN_E2E_CUSTOM_MODEL_IMAGE SCALINGRUN_E2E_CUSTOM_TRAINING_IMAGE SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE
+}
+
+# The previous release's operator (tests/e2e/previous-release names its commit), for tests/e2e/test_upgrade.py: built
+# from that commit's own tree and Dockerfile.operator. A clone without that commit (a shallow one) builds nothing,
+# and the test says what to fetch.
+build_previous_operator() {
+  local commit; commit="$(sed -n 's/^commit=//p' tests/e2e/previous-release)"
+  SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE=""
+  if ! git cat-file -e "$commit^{commit}" 2>/dev/null; then
+    log "no commit $commit in this clone (git fetch --unshallow): the previous operator is not built"
+    return 0
+  fi
+  local image="ghcr.io/scalingrun/operator:previous-${commit:0:12}" t0=$SECONDS
+  git archive --format=tar "$commit" | "$DOCKER" build -q ${1:+--build-arg "BASE_IMAGE=$1"} -f Dockerfile.operator \
+    -t "$image" - >/dev/null
+  SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE="$image"
+  log "previous operator $image (commit ${commit:0:12}) ready in $((SECONDS - t0)) s"
 }
 
 down() {
@@ -129,6 +154,8 @@ build_images
 log "images ready in $((SECONDS - t_images)) s"
 exports="$("$PY" -m tests.e2e.environment up)"
 [[ -z "${SCALINGRUN_E2E_NODE_DIR:-}" ]] || exports+=$'\n'"export SCALINGRUN_E2E_NODE_DIR=$SCALINGRUN_E2E_NODE_DIR"
+exports+=$'\n'"export SCALINGRUN_E2E_OPERATOR_IMAGE=$SCALINGRUN_E2E_OPERATOR_IMAGE"
+exports+=$'\n'"export SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE=$SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE"
 eval "$exports"
 log "cluster, images and services ready in $((SECONDS - t0)) s"
 

@@ -17,13 +17,13 @@ import pytest
 
 from tests.e2e.environment import CORRUPT_FILES, IMAGES_PER_CLASS, RELEASE, SYSTEM_NAMESPACE
 from tests.support.e2e_runs import (
-    _name, child_objects, children, condition_texts, finished, launcher_log, phase, run_body, wait_for_launcher_line,
+    OPERATOR_PODS, _name, child_objects, children, condition_texts, finished, launcher_attempt, launcher_log, phase,
+    run_body, wait_for_launcher_line,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
 
 SOURCE_FILES = 10 * IMAGES_PER_CLASS
-OPERATOR_PODS = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"
 
 
 def lease_holder(cluster) -> str:
@@ -181,18 +181,6 @@ def checkpoint_files(cluster, run_location: str) -> tuple[int, dict[str, int]]:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1)
-
-
-def launcher_attempt(cluster, name: str) -> tuple[str, int]:
-    """(pod uid, container restarts) of the running launcher: it changes when mpirun starts again."""
-    launchers = [p for p in cluster.run_pods(name)
-                 if (p.metadata.labels or {}).get("training.kubeflow.org/job-role") == "launcher"
-                 and p.status.phase in ("Pending", "Running") and p.metadata.deletion_timestamp is None]
-    if len(launchers) != 1:
-        return "", -1
-    pod = launchers[0]
-    running = [c for c in pod.status.container_statuses or [] if c.state.running]
-    return (pod.metadata.uid, running[0].restart_count) if running else ("", -1)
 
 
 def delete_s3_server(cluster) -> float:

@@ -1,6 +1,7 @@
 """`scripts/quickstart.sh --cluster` in the e2e's cluster, as the README starts "In a cluster": with the images the
 e2e built (--no-build), the operator the e2e installed and its MPIJob controller, small data and one epoch. The run
-must succeed and print its summary and report; `--down` must leave the cluster as it found it."""
+must succeed and print its summary and report; `--down` must leave the cluster as it found it, every ScalingRun
+in it included (a run of someone else's is there throughout)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.environment import RELEASE, SYSTEM_NAMESPACE
+from tests.support.e2e_runs import _name, run_body
 
 pytestmark = pytest.mark.e2e
 
@@ -20,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "scalingrun-quickstart-e2e"
 # Cluster-wide and in every namespace: what the quick start could add or remove.
 KINDS = ["namespaces", "customresourcedefinitions", "clusterroles", "clusterrolebindings",
-         "deployments", "statefulsets", "services", "secrets", "roles", "rolebindings", "serviceaccounts"]
+         "deployments", "statefulsets", "services", "secrets", "roles", "rolebindings", "serviceaccounts",
+         "scalingruns", "scalingsweeps"]
 
 
 def inventory(cluster) -> set[str]:
@@ -47,8 +50,27 @@ def quickstart(cluster, *args: str, timeout: float) -> subprocess.CompletedProce
                           env=env, capture_output=True, text=True, timeout=timeout)
 
 
+def bystander(cluster) -> str:
+    """A ScalingRun of someone else's, in the e2e's namespace, that uses no CPU meanwhile: its preprocessing pod asks
+    for more CPU than a node has, so it waits, unscheduled. --down must leave it (and every other run) in place."""
+    name = _name("bystander")
+    body = run_body(cluster, name, output=f"s3://scalingrun-e2e/runs/{name}/parquet")
+    body["spec"]["dataset"]["preprocessing"]["resources"]["cpu"] = "64"
+    cluster.create_run(body)
+    return name
+
+
 def test_the_cluster_quick_start_trains_reports_and_leaves_nothing_behind(cluster, tmp_path):
+    other_run = bystander(cluster)
+    try:
+        quick_start_and_down(cluster, tmp_path)
+    finally:
+        cluster.delete_run(other_run)
+
+
+def quick_start_and_down(cluster, tmp_path) -> None:
     before = inventory(cluster)
+    assert f"{cluster.namespace}/scalingruns/" in " ".join(before)  # the bystander is counted
     assert f"helm/{RELEASE}" in before  # the e2e's operator: the quick start uses it and leaves it
     started = time.monotonic()
     result = quickstart(cluster, "--no-build", "--per-class", "20", "--max-epochs", "1", "--worker-cpu", "500m",

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.environment import DATA_SOURCE
+from tests.e2e.environment import DATA_SOURCE, RELEASE
+
+OPERATOR_PODS = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"  # the chart's pods
 
 
 def _name(prefix: str) -> str:
@@ -93,3 +95,15 @@ def wait_for_launcher_line(cluster, name: str, text: str, timeout: float, after:
         time.sleep(1)
     pytest.fail(f"{name}: no {text!r} in the launcher's log within {timeout:.0f} s:\n"
                 f"{launcher_log(cluster, name)[-3000:]}")
+
+
+def launcher_attempt(cluster, name: str) -> tuple[str, int]:
+    """(pod uid, container restarts) of the running launcher: it changes when mpirun starts again."""
+    launchers = [p for p in cluster.run_pods(name)
+                 if (p.metadata.labels or {}).get("training.kubeflow.org/job-role") == "launcher"
+                 and p.status.phase in ("Pending", "Running") and p.metadata.deletion_timestamp is None]
+    if len(launchers) != 1:
+        return "", -1
+    pod = launchers[0]
+    running = [c for c in pod.status.container_statuses or [] if c.state.running]
+    return (pod.metadata.uid, running[0].restart_count) if running else ("", -1)
