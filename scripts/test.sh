@@ -66,7 +66,14 @@ pytest_phase() {  # pytest_phase NAME ARGS...: pytest with the phase's junit rep
   # shellcheck disable=SC2046
   "$ROOT/.venv/bin/python" -m pytest $(xdist_args) --junitxml="$BUDGET/$name.xml" "$@"
 }
-setup() { bash scripts/setup.sh && SCALINGRUN_PROFILE=lightning bash scripts/setup.sh; }
+setup() { bash scripts/setup.sh && SCALINGRUN_PROFILE=lightning bash scripts/setup.sh && previous_release; }
+# The upgrade tests install the release tests/e2e/previous-release names, from git: a shallow clone fetches it first.
+previous_release() {
+  local commit; commit="$(sed -n 's/^commit=//p' tests/e2e/previous-release)"
+  git cat-file -e "$commit^{commit}" 2>/dev/null && return 0
+  echo "fetching $commit (tests/e2e/previous-release): this clone lacks it" >&2
+  git fetch --quiet origin "$commit" 2>/dev/null || git fetch --quiet --unshallow origin
+}
 
 # The API server's binaries, then the node cluster: the background chain's first steps; the integration tests wait
 # for the first (the file "assets").
