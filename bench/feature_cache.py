@@ -9,7 +9,9 @@
 With --rounds N the two modes alternate N times (load from other work spreads over both); figures are the median
 round's by training seconds (of two, the faster). With --seeds A,B,... the data is preprocessed once per seed
 (another split, row order, head initialisation, batch order and dropout masks) and both modes train on each:
-every pair's val_accuracy is printed, and their differences, auto minus off.
+every pair's last val_accuracy and val_loss are printed with their differences, auto minus off, then per metric the
+medians each way, the differences' median and range, and the spread between seeds of each mode (what "the same
+result" is measured against: docs/feature-cache.md).
 
 Keras runs under horovodrun (.venv), Keras + MultiWorkerMirroredStrategy (`--frameworks keras-mirrored`) under
 mpirun (.venv), Lightning under mpirun (.venv-lightning); the model is EfficientNet-Lite0 with
