@@ -9,7 +9,9 @@
 With --rounds N the two modes alternate N times (load from other work spreads over both); figures are the median
 round's by training seconds (of two, the faster). With --seeds A,B,... the data is preprocessed once per seed
 (another split, row order, head initialisation, batch order and dropout masks) and both modes train on each:
-every pair's val_accuracy is printed, and their differences, auto minus off.
+every pair's last val_accuracy and val_loss are printed with their differences, auto minus off, then per metric the
+medians each way, the differences' median and range, and the spread between seeds of each mode (what "the same
+result" is measured against: docs/feature-cache.md).
 
 Keras runs under horovodrun (.venv), Keras + MultiWorkerMirroredStrategy (`--frameworks keras-mirrored`) under
 mpirun (.venv), Lightning under mpirun (.venv-lightning); the model is EfficientNet-Lite0 with
@@ -96,6 +98,25 @@ def median_round(runs: list[tuple[Progress, float]]) -> tuple[Progress, float]:
     return sorted(runs, key=lambda run: run[0].elapsed_seconds)[(len(runs) - 1) // 2]
 
 
+METRICS = ("val_accuracy", "val_loss")
+
+
+def spread(values: list[float]) -> str:
+    """A sample's range and standard deviation, as the summary prints them."""
+    return f"{min(values):.3f}..{max(values):.3f} (range {max(values) - min(values):.3f}, sd {statistics.stdev(values):.3f})"
+
+
+def spread_summary(framework: str, args, metric: str, finals: dict[str, list[float]]) -> str:
+    """One line to set the cache's effect beside the seeds' own: the medians of the last epoch's `metric` each way,
+    the paired differences (auto minus off, same seed) and how far the seeds alone move it without the cache."""
+    differences = [auto - off for auto, off in zip(finals["auto"], finals["off"])]
+    return (f"    summary {framework}, {args.per_class * 10} images x {args.epochs} epochs, {len(differences)} seeds, "
+            f"{metric}: median off {statistics.median(finals['off']):.3f}, auto {statistics.median(finals['auto']):.3f}; "
+            f"auto - off median {statistics.median(differences):+.3f}, {min(differences):+.3f}..{max(differences):+.3f} "
+            f"(sd {statistics.stdev(differences):.3f}); between seeds, off {spread(finals['off'])}, "
+            f"auto {spread(finals['auto'])}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-class", type=int, default=30)
@@ -121,6 +142,8 @@ def main() -> None:
         for framework in frameworks:
             rounds: dict[str, list[tuple[Progress, float]]] = {mode: [] for mode in MODES}
             differences = []
+            # The last epoch's metrics of every pair, per mode and metric (the summary's spread).
+            finals: dict[str, dict[str, list[float]]] = {metric: {mode: [] for mode in MODES} for metric in METRICS}
             for seed in seeds:
                 for round_ in range(args.rounds):
                     pair = {}
@@ -130,9 +153,14 @@ def main() -> None:
                     accuracy = {mode: progress.metrics.get("val_accuracy", float("nan"))
                                 for mode, (progress, _) in pair.items()}
                     differences.append(accuracy["auto"] - accuracy["off"])
+                    for metric in METRICS:
+                        for mode, (progress, _) in pair.items():
+                            finals[metric][mode].append(progress.metrics.get(metric, float("nan")))
                     if len(seeds) > 1 or args.rounds > 1:
+                        loss = {mode: progress.metrics.get("val_loss", float("nan")) for mode, (progress, _) in pair.items()}
                         print(f"    {framework} seed {seed} round {round_ + 1}: val_accuracy off {accuracy['off']:.3f}, "
-                              f"auto {accuracy['auto']:.3f} ({differences[-1]:+.3f}); training "
+                              f"auto {accuracy['auto']:.3f} ({differences[-1]:+.3f}); val_loss off {loss['off']:.4f}, "
+                              f"auto {loss['auto']:.4f} ({loss['auto'] - loss['off']:+.4f}); training "
                               f"{pair['off'][0].elapsed_seconds:.1f} s against {pair['auto'][0].elapsed_seconds:.1f} s",
                               flush=True)
             runs = {mode: median_round(found) for mode, found in rounds.items()}
@@ -151,6 +179,8 @@ def main() -> None:
             if len(differences) > 1:
                 print(f"    val_accuracy, auto minus off, per pair: {' '.join(f'{d:+.3f}' for d in differences)}; "
                       f"mean {statistics.mean(differences):+.3f}, largest {max(differences, key=abs):+.3f}")
+                for metric in METRICS:
+                    print(spread_summary(framework, args, metric, finals[metric]), flush=True)
 
 
 if __name__ == "__main__":

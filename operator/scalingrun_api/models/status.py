@@ -144,7 +144,8 @@ class FeatureCache(ApiModel):
     """spec.training.featureCache: whether this attempt trained the head on features the frozen base computed once,
     and what computing them cost."""
 
-    used: bool = Field(..., description="True when the head trained on cached features.")
+    used: bool = Field(..., description="True when the head trained on cached features (the same model as without "
+                       "them, within the seeds' own spread).")
     reason: Optional[str] = Field(
         None, description="Why not, when not used: featureCache off, a trainable base, or a custom network.")
     seconds: Optional[float] = Field(
@@ -204,7 +205,9 @@ class TrainingStatus(ApiModel):
     input_history: list[InputEpoch] = Field(
         default_factory=list, description="Input wait and GPU utilisation of the last epochs (InputBound reads it).")
     feature_cache: Optional[FeatureCache] = Field(
-        None, description="Whether the head trained on features the frozen base computed once, and what that cost.")
+        None, description="Whether the head trained on features the frozen base computed once, and what that cost. "
+        "The same model as without the cache: its val_accuracy and val_loss differ from an uncached run's by no more "
+        "than the seeds' own spread (docs/feature-cache.md).")
     devices: Optional[Devices] = Field(
         None, description="What rank 0 trains on (GPUsUnused says when GPUs were asked for and none is used).")
     process_hours: Optional[float] = Field(

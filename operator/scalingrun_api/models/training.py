@@ -184,7 +184,9 @@ class Training(ApiModel):
         FeatureCacheMode.auto,
         description="auto: with a frozen built-in base (model.trainableBase false), each process runs the base once "
         "over its share of the data, keeps the pooled features (in memory, on local disk beyond 512 MiB) and trains "
-        "the head on them in every epoch; the same result, without the base's forward pass in every epoch. off: "
+        "the head on them in every epoch; the same model trained the same way (val_accuracy and val_loss within the "
+        "seeds' own spread of an uncached run's, docs/feature-cache.md), without the base's forward pass in every "
+        "epoch. off: "
         "every epoch runs the whole network (an unquoted off, which YAML reads as false, is off; true is auto). "
         "Rebuilt by every attempt (a resumed one too); "
         "status.training.featureCache says whether it was used and what it cost.",
