@@ -84,6 +84,7 @@ def preprocessing_status(manifest: DatasetManifest, job_name: Optional[str], reu
         "imagesWritten": train + validation,
         "imagesSkipped": skipped,
         "shards": manifest.shards,
+        "shardsReused": manifest.shards_reused,
         "classes": len(manifest.classes),
     }
     if job_name:
@@ -104,6 +105,9 @@ def preprocessed_message(run: ScalingRun, manifest: DatasetManifest, reused: boo
     text = (f"{train + validation} images ({train} train, {validation} validation) in "
             f"{len(manifest.classes)} classes, {skipped} undecodable files skipped; "
             f"fingerprint {manifest.fingerprint}")
+    if manifest.shards_reused and not reused:
+        text += (f"; {manifest.shards_reused} of {manifest.shards} shards kept from the earlier dataset (their files "
+                 "did not change)")
     if reused:
         return (f"dataset at {run.spec.dataset.output} already made from the same source with the same "
                 f"parameters, no preprocessing Job: {text}")
