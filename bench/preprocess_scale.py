@@ -5,7 +5,8 @@ The tree: IMAGES files in 100 class folders, each a 64 x 64 JPEG (about 2 KB) dr
 noise-and-gradient images, uploaded by 16 threads (the keys differ, the bytes repeat: decoding cost is real,
 generation is quick). Measured per row:
   plan       the planner alone (the listing and the plan, as shard 0 makes it), in its own process, through a
-             counting proxy: its LIST requests (ListObjectsV2 under the source), seconds and peak RSS;
+             counting proxy: its LIST requests (ListObjectsV2 under the source), seconds and peak RSS; beside it
+             the LIST requests of one recursive listing of the source, what every shard made before the plan;
   1 process  `scalingrun-trainer preprocess --shard-count 1 --workers 1`: seconds, images/s, peak RSS;
   2 processes  two shard processes with one plan id (shard 0 plans, shard 1 waits): wall seconds, images/s,
              peak RSS of each;
@@ -100,6 +101,12 @@ def preprocess(source: str, output: str, shards: int, index: int, plan_id: str) 
             "--plan-id", plan_id]
 
 
+def source_lists(proxy: FlakyS3, since: int = 0) -> int:
+    """ListObjectsV2 requests under the source's prefix."""
+    return sum(1 for method, path, _ in proxy.requests[since:]
+               if method == "GET" and "list-type=2" in path and "prefix=tree/" in unquote(path))
+
+
 def size_of(server: S3Server, prefix: str) -> int:
     fs = server.filesystem()
     return sum(i.size for i in fs.get_file_info(pafs.FileSelector(f"{BUCKET}/{prefix}", recursive=True))
@@ -119,13 +126,20 @@ def run(images: int) -> dict:
             plan_env = {**env, "AWS_ENDPOINT_URL": proxy.endpoint}
             plan_seconds, [plan_rss], [plan_out] = timed(
                 [[sys.executable, "-c", PLAN_ONLY, source, f"s3://{BUCKET}/planned", str(SIDE), "2"]], plan_env)
-            lists = sum(1 for method, path, _ in proxy.requests
-                        if method == "GET" and "list-type=2" in path and "prefix=tree/" in unquote(path))
+            lists = source_lists(proxy)
+            # Before the plan, every shard made one recursive listing of the whole source: this many requests each.
+            before = len(proxy.requests)
+            proxied = pafs.S3FileSystem(access_key=server.access_key, secret_key=server.secret_key,
+                                        endpoint_override=proxy.endpoint[len("http://"):], scheme="http",
+                                        region="us-east-1")
+            proxied.get_file_info(pafs.FileSelector(f"{BUCKET}/tree", recursive=True))
+            lists_per_shard_before = source_lists(proxy, since=before)
         finally:
             proxy.close()
         one_seconds, [one_rss], _ = timed([preprocess(source, f"s3://{BUCKET}/one", 1, 0, "one")], env)
         two_seconds, two_rss, _ = timed([preprocess(source, f"s3://{BUCKET}/two", 2, i, "two") for i in (0, 1)], env)
         return {"images": images, "generateSeconds": round(generated, 1), "listRequests": lists,
+                "listRequestsPerShardBefore": lists_per_shard_before,
                 "planSeconds": round(json.loads(plan_out)["seconds"], 2), "planPeakRssMiB": round(plan_rss / 2**20),
                 "oneProcessSeconds": round(one_seconds, 1), "oneProcessImagesPerSecond": round(images / one_seconds),
                 "oneProcessPeakRssMiB": round(one_rss / 2**20),

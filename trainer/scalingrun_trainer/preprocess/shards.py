@@ -48,7 +48,7 @@ from ..core.dataset import SPLITS
 from ..core.heartbeat import HeartbeatWriter
 from ..storage import Location, open_location
 from .images import BadImage, scale_image
-from .plan import Plan, obtain_plan, read_json, shard_files
+from .plan import PLAN_FOLDER, Plan, obtain_plan, read_json, shard_files
 from .source import Params, PreprocessError, TooManyBadFiles, rows_per_group
 
 SCHEMA = pa.schema([("image", pa.binary()), ("label", pa.int32()), ("path", pa.string())])
@@ -340,12 +340,14 @@ def finalize(params: Params, output: Location, plan: Plan) -> Optional[DatasetMa
 
 
 def _remove_stale(output: Location, manifest: DatasetManifest) -> None:
-    """Deletes Parquet files, shard manifests and part records that are not part of this dataset."""
+    """Deletes Parquet files, shard manifests, part records and plan chunks that are not part of this dataset."""
     keep = {posixpath.join(output.path, f) for s in SPLITS for f in manifest.files[s]}
-    for folder in (*SPLITS, "_shards", "_parts"):
-        for info in _listing(output.join(folder), recursive=folder == "_parts"):
+    for folder in (*SPLITS, "_shards", "_parts", PLAN_FOLDER):
+        for info in _listing(output.join(folder), recursive=folder in ("_parts", PLAN_FOLDER)):
             if folder == "_shards":
                 stale = f"-of-{manifest.shards:05d}.json" not in info.base_name
+            elif folder == PLAN_FOLDER:  # plans for another shard count
+                stale = info.base_name != "index.json" and f"-of-{manifest.shards:05d}/" not in info.path
             elif folder == "_parts":
                 stale = True  # every shard is done: their records are left over from attempts that died
             else:
