@@ -11,7 +11,7 @@ generation is quick). Measured per row:
   2 processes  two shard processes with one plan id (shard 0 plans, shard 1 waits): wall seconds, images/s,
              peak RSS of each;
   output     the dataset's Parquet bytes.
-Peak RSS is the process's own (wait4's ru_maxrss; --workers 1 decodes in the shard process itself).
+Peak RSS is the process's own VmHWM, read by itself as it ends (--workers 1 decodes in the shard process itself).
 Run: PYTHONPATH=operator:trainer:. .venv/bin/python bench/preprocess.py --scale --images 20000 [--images 200000]
 """
 
@@ -80,19 +80,39 @@ def make_tree(server: S3Server, prefix: str, images: int) -> float:
     return time.monotonic() - started
 
 
+# Runs a command line's module under `python -c` and writes its own peak RSS (VmHWM, which exec resets: a child's
+# ru_maxrss would include the forked copy of this bench) to the file named first.
+PEAK_RSS = """
+import runpy, sys
+out, sys.argv = sys.argv[1], sys.argv[2:]
+try:
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+finally:
+    peak = [line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:")][0]
+    open(out, "w").write(peak)
+"""
+
+
 def timed(commands: list[list[str]], env: dict) -> tuple[float, list[int], list[str]]:
-    """Wall seconds, each process's peak RSS (bytes) and stdout."""
+    """Wall seconds, each process's peak RSS (bytes) and stdout. Commands are [python, -m, module, ...] or
+    [python, -c, code, ...]."""
+    folder = Path(tempfile.mkdtemp(prefix="peaks-"))
+    wrapped = []
+    for index, c in enumerate(commands):
+        if c[1] == "-m":
+            wrapped.append([c[0], "-c", PEAK_RSS, str(folder / str(index)), c[2], *c[3:]])
+        else:
+            code = PEAK_RSS.replace("runpy.run_module(sys.argv[0], run_name=\"__main__\", alter_sys=True)",
+                                    "exec(compile(sys.argv[0], '<plan>', 'exec'), {'__name__': '__main__'})")
+            wrapped.append([c[0], "-c", code, str(folder / str(index)), c[2], *c[3:]])
     started = time.monotonic()
-    processes = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env) for c in commands]
-    peaks, outputs = {}, {}
-    for process in processes:
-        out = process.stdout.read()
-        _, status, usage = os.wait4(process.pid, 0)
-        process.returncode = os.waitstatus_to_exitcode(status)
+    processes = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env) for c in wrapped]
+    outputs = [p.communicate()[0].decode() for p in processes]
+    seconds = time.monotonic() - started
+    for command, process in zip(commands, processes):
         if process.returncode:
-            raise SystemExit(f"{commands[processes.index(process)]} failed ({process.returncode})")
-        peaks[process.pid], outputs[process.pid] = usage.ru_maxrss * 1024, out.decode()
-    return time.monotonic() - started, [peaks[p.pid] for p in processes], [outputs[p.pid] for p in processes]
+            raise SystemExit(f"{command[:6]} failed ({process.returncode})")
+    return seconds, [int((folder / str(i)).read_text()) * 1024 for i in range(len(commands))], outputs
 
 
 def preprocess(source: str, output: str, shards: int, index: int, plan_id: str) -> list[str]:
