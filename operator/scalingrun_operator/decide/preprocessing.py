@@ -209,7 +209,7 @@ def preprocessing_failure_message(run: ScalingRun, namespace: str, job_name: str
     parts.append(
         f"{where.job_logs(namespace, job_name)}; "
         "undecodable files count against spec.dataset.preprocessing.maxBadFraction, and finished shards "
-        "are reused when the run is recreated")
+        "(and the parts of unfinished ones already written) are reused when the run is recreated")
     return "; ".join(parts)
 
 
