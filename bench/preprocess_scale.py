@@ -163,7 +163,8 @@ def run(images: int) -> dict:
                 "planSeconds": round(json.loads(plan_out)["seconds"], 2), "planPeakRssMiB": round(plan_rss / 2**20),
                 "oneProcessSeconds": round(one_seconds, 1), "oneProcessImagesPerSecond": round(images / one_seconds),
                 "oneProcessPeakRssMiB": round(one_rss / 2**20),
-                "twoProcessesSeconds": round(two_seconds, 1), "twoProcessesImagesPerSecond": round(images / two_seconds),
+                "twoProcessesSeconds": round(two_seconds, 1),
+                "twoProcessesImagesPerSecond": round(images / two_seconds),
                 "twoProcessesPeakRssMiB": [round(r / 2**20) for r in two_rss],
                 "outputMiB": round(size_of(server, "one") / 2**20, 1)}
     finally:

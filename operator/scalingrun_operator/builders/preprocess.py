@@ -24,7 +24,8 @@ from .locations import join, logs_uri
 
 # Shard 0 lists the source once and writes the plan under this id; the other shards wait for the plan with their
 # Job's uid, so a plan left by an earlier Job (of an older tree) is never used (scalingrun_trainer.preprocess.plan).
-PLAN_ID_ENV = {"name": "SCALINGRUN_PLAN_ID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['controller-uid']"}}}
+PLAN_ID_ENV = {"name": "SCALINGRUN_PLAN_ID",
+               "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['controller-uid']"}}}
 
 
 def is_parquet_table(run: ScalingRun) -> bool:
