@@ -90,9 +90,8 @@ def test_only_the_planner_lists_the_source(s3_server, bucket):
                    for index in (1, 2)]
         for process in waiting:  # each says it waits before shard 0 exists
             assert any("waiting for shard 0's plan (job-1)" in line for line in process.stderr), process.args
-        run(s3_server, source, output, "--shard-count", "3", "--shard-index", "0", "--plan-id", "job-1",
-            "--workers", "1", endpoint=planner.endpoint)
-        summaries = []
+        summaries = run(s3_server, source, output, "--shard-count", "3", "--shard-index", "0", "--plan-id", "job-1",
+                        "--workers", "1", endpoint=planner.endpoint)
         for process in waiting:
             out, err = process.communicate(timeout=300)
             assert process.returncode == 0, err
@@ -102,7 +101,8 @@ def test_only_the_planner_lists_the_source(s3_server, bucket):
         others.close()
     assert source_lists(planner, "listed/") >= 1
     assert source_lists(others, "listed/") == 0  # the waiting shards never listed the source
-    assert sum(s["complete"] for s in summaries) == 1
+    # Whichever shard finished last published the dataset (two finishing together may both write the same one).
+    assert [s["shard"] for s in summaries] == [0, 1, 2] and any(s["complete"] for s in summaries)
     one = f"s3://{BUCKET}/listed-one"
     run(s3_server, source, one, "--shard-count", "1", "--workers", "1")
     assert {split: sorted(r for g in groups for r in g) for split, groups in dataset_rows(s3_server, output).items()} \
