@@ -5,6 +5,7 @@ our output against the seeds'. The one-process rates count CPU time (process_tim
 alternate the two functions, and report medians: on a shared machine wall time measures the neighbours.
 The ratio is printed for all the inputs and for the RGB JPEGs alone (an ImageNet-like tree is nearly all
 RGB, and greyscale images gain more). Run: .venv/bin/python bench/preprocess.py [--repeat 5]
+`--scale [--images N]`: the whole preprocessing over a synthetic tree in SeaweedFS instead (preprocess_scale.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import io
 import math
 import os
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -87,6 +89,10 @@ def rate_parallel(inputs, repeat: int, workers: int) -> float:
 
 
 def main() -> None:
+    if "--scale" in sys.argv[1:]:
+        from bench.preprocess_scale import main as scale
+
+        return scale([a for a in sys.argv[1:] if a != "--scale"])
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()

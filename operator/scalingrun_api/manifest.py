@@ -69,6 +69,7 @@ class DatasetManifest(BaseModel):
     classes: list[str] = Field(default_factory=list)
     source_files: Optional[int] = None
     shards: Optional[int] = None  # the preprocessing's shards (none for a Parquet table)
+    shards_reused: Optional[int] = None  # of those, kept from an earlier dataset (their files did not change)
     written: dict[str, int] = Field(default_factory=dict)  # rows per split
     skipped: int = 0  # undecodable source files
     skipped_files: list[dict[str, Any]] = Field(default_factory=list)

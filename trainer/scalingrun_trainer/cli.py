@@ -16,6 +16,8 @@ from typing import Optional
 from .launch.mpirun import DEFAULT_HOSTFILE, DEFAULT_SSH_PORT, DEFAULT_TIMEOUT_SECONDS, launch
 
 TERMINATION_LOG = "/dev/termination-log"
+# The preprocessing's plan id (the Job's uid in the cluster): shard 0 plans, the others wait for that plan.
+PLAN_ID_VARIABLE = "SCALINGRUN_PLAN_ID"
 
 
 def _preprocess_params(args: argparse.Namespace):
@@ -60,20 +62,29 @@ def _preprocess_params(args: argparse.Namespace):
 
 def _cmd_preprocess(args: argparse.Namespace) -> int:
     from .preprocess.shards import PreprocessError, process_shard
+    from .preprocess.plan import obtain_plan
+    from .storage import open_location
 
     params = _preprocess_params(args)
+    plan_id = args.plan_id or os.environ.get(PLAN_ID_VARIABLE) or None
+    plan = None
     if args.all_shards:
         if args.shard_index is not None:
             raise SystemExit("scalingrun-trainer preprocess: --all-shards and --shard-index exclude each other")
-        # A Job without completion indexes (Kubernetes < 1.22): this one process does every shard, in order;
-        # shards already done are skipped, so a retried pod continues where the last one stopped.
+        # A Job without completion indexes (Kubernetes < 1.22): this one process plans once, then does every
+        # shard, in order; shards already done are skipped, so a retried pod continues where the last one stopped.
         indexes = list(range(args.shard_count))
     else:
         index = args.shard_index
         indexes = [int(os.environ.get("JOB_COMPLETION_INDEX", "0")) if index is None else index]
     for index in indexes:
         try:
-            summary = process_shard(params, index, args.shard_count, workers=args.workers)
+            if args.all_shards and plan is None:
+                plan = obtain_plan(params, open_location(params.source, params.endpoint, params.region),
+                                   open_location(params.output, params.endpoint, params.region), 0,
+                                   args.shard_count, plan_id)
+            summary = process_shard(params, index, args.shard_count, workers=args.workers, plan_id=plan_id,
+                                    plan=plan)
         except PreprocessError as exc:
             print(f"preprocess failed: {exc}", file=sys.stderr)
             print(json.dumps({"event": "preprocess", "shard": index, "error": str(exc)}))
@@ -216,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--all-shards", action="store_true",
                      help="process every shard in turn (for Jobs without a completion index)")
     pre.add_argument("--workers", type=int, help="decoding processes (default: one per core)")
+    pre.add_argument("--plan-id", help=f"shard 0 lists the source and writes the plan, the other shards wait for "
+                     f"the plan of this id (default: ${PLAN_ID_VARIABLE}); without one every call plans for itself")
     pre.add_argument("--endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
     pre.add_argument("--region")
     pre.set_defaults(func=_cmd_preprocess)

@@ -42,6 +42,9 @@ class PreprocessingStatus(ApiModel):
     images_written: Optional[int] = Field(None, description="Images written to Parquet.")
     images_skipped: Optional[int] = Field(None, description="Undecodable files skipped.")
     shards: Optional[int] = Field(None, description="Number of preprocessing shards.")
+    shards_reused: Optional[int] = Field(
+        None, description="Shards kept from an earlier dataset because their files did not change (the source grew "
+        "or changed elsewhere); the others were made anew.")
     classes: Optional[int] = Field(None, description="Number of classes found.")
 
 

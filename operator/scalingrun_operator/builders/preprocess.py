@@ -23,6 +23,12 @@ from .common import (
 from .locations import join, logs_uri
 
 
+# Shard 0 lists the source once and writes the plan under this id; the other shards wait for the plan with their
+# Job's uid, so a plan left by an earlier Job (of an older tree) is never used (scalingrun_trainer.preprocess.plan).
+PLAN_ID_ENV = {"name": "SCALINGRUN_PLAN_ID",
+               "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['controller-uid']"}}}
+
+
 def is_parquet_table(run: ScalingRun) -> bool:
     """dataset.format parquet: the Job checks the user's table instead of preprocessing a JPEG tree."""
     return run.spec.dataset.format == DatasetFormat.parquet.value
@@ -64,7 +70,7 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
         # What failed (a table's missing column, an undecodable source) is the pod's termination message, which
         # the operator quotes: written by the command, else the end of its log.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "env": storage_env(run),
+        "env": [*storage_env(run), *([] if is_parquet_table(run) else [PLAN_ID_ENV])],
         "resources": resources(pre.resources.cpu, pre.resources.memory, cpu_limit=pre.resources.cpu_limit),
         "securityContext": container_security_context(),
         "volumeMounts": [mount, *scratch_mounts],

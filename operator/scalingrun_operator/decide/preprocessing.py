@@ -74,6 +74,7 @@ def preprocessing_status(manifest: DatasetManifest, job_name: Optional[str], reu
         "imagesWritten": train + validation,
         "imagesSkipped": skipped,
         "shards": manifest.shards,
+        "shardsReused": manifest.shards_reused,
         "classes": len(manifest.classes),
     }
     if job_name:
@@ -94,6 +95,9 @@ def preprocessed_message(run: ScalingRun, manifest: DatasetManifest, reused: boo
     text = (f"{train + validation} images ({train} train, {validation} validation) in "
             f"{len(manifest.classes)} classes, {skipped} undecodable files skipped; "
             f"fingerprint {manifest.fingerprint}")
+    if manifest.shards_reused and not reused:
+        text += (f"; {manifest.shards_reused} of {manifest.shards} shards kept from the earlier dataset (their files "
+                 "did not change)")
     if reused:
         return (f"dataset at {run.spec.dataset.output} already made from the same source with the same "
                 f"parameters, no preprocessing Job: {text}")
@@ -195,7 +199,7 @@ def preprocessing_failure_message(run: ScalingRun, namespace: str, job_name: str
     parts.append(
         f"{where.job_logs(namespace, job_name)}; "
         "undecodable files count against spec.dataset.preprocessing.maxBadFraction, and finished shards "
-        "are reused when the run is recreated")
+        "(and the parts of unfinished ones already written) are reused when the run is recreated")
     return "; ".join(parts)
 
 

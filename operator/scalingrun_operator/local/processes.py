@@ -81,9 +81,11 @@ def _mpirun(processes: int) -> list[str]:
 class Commands:
     """The command lines of a local run's processes."""
 
-    def preprocess(self, config: Path, shards: int, index: int, workers: int) -> list[str]:
+    def preprocess(self, config: Path, shards: int, index: int, workers: int, plan_id: str) -> list[str]:
+        """`plan_id`: one per start of the shards (the Job's uid in the cluster): shard 0 plans, the others wait."""
         return [sys.executable, "-m", "scalingrun_trainer.cli", "preprocess", "--config", str(config),
-                "--shard-count", str(shards), "--shard-index", str(index), "--workers", str(workers)]
+                "--shard-count", str(shards), "--shard-index", str(index), "--workers", str(workers),
+                "--plan-id", plan_id]
 
     def inspect(self, config: Path) -> list[str]:
         """dataset.format parquet: the check of the table, in the preprocessing's place."""

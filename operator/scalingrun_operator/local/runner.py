@@ -230,7 +230,9 @@ class LocalRun:
         elif obj["kind"] == "Job":
             shards = obj["spec"]["completions"]
             workers = max(1, (os.cpu_count() or 1) // shards)
-            commands = [self.commands.preprocess(self.config_path, shards, index, workers) for index in range(shards)]
+            plan_id = uuid.uuid4().hex
+            commands = [self.commands.preprocess(self.config_path, shards, index, workers, plan_id)
+                        for index in range(shards)]
             self.log(f"preprocessing: {shards} shard processes")
             self._shards = (meta["name"], Shards.start(commands, self._env(), self.log))
             self.seconds["started"] = time.monotonic()

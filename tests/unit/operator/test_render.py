@@ -263,11 +263,15 @@ def test_credentials_only_as_secret_references():
     config_map = build_children(run, "ml")[0]
     assert "s3-credentials" not in config_map["data"]["config.json"]
     job_env = build_children(run, "ml")[1]["spec"]["template"]["spec"]["containers"][0]["env"]
-    secret_vars = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in job_env if "valueFrom" in e}
+    secret_vars = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in job_env
+                   if "secretKeyRef" in e.get("valueFrom", {})}
     assert secret_vars == {
         "AWS_ACCESS_KEY_ID": {"name": "s3-credentials", "key": "AWS_ACCESS_KEY_ID"},
         "AWS_SECRET_ACCESS_KEY": {"name": "s3-credentials", "key": "AWS_SECRET_ACCESS_KEY"},
     }
+    # The rest of valueFrom is the Job's own uid: the id of the plan shard 0 writes and the others wait for.
+    others = {e["name"]: e["valueFrom"] for e in job_env if "valueFrom" in e and e["name"] not in secret_vars}
+    assert others == {"SCALINGRUN_PLAN_ID": {"fieldRef": {"fieldPath": "metadata.labels['controller-uid']"}}}
 
 
 def test_mlflow_credentials_only_as_optional_secret_references_forwarded_to_every_rank():

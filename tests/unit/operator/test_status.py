@@ -163,6 +163,11 @@ def test_preprocessing_status_from_manifest():
         "jobName": "demo-preprocess", "reused": False, "fingerprint": "abc", "imagesWritten": 100,
         "imagesSkipped": 3, "shards": 4, "classes": 2}
     assert "jobName" not in dataset.preprocessing_status(manifest(run), None, reused=True)
+    # A grown tree: the shards whose files did not change were kept, and status and message say how many.
+    grown = manifest(run, shardsReused=3)
+    assert dataset.preprocessing_status(grown, "demo-preprocess", reused=False)["shardsReused"] == 3
+    assert "3 of 4 shards kept from the earlier dataset" in dataset.preprocessed_message(run, grown, reused=False)
+    assert "kept from" not in dataset.preprocessed_message(run, manifest(run), reused=False)
 
 
 def test_job_state_from_conditions():

@@ -4,18 +4,24 @@ Every decision about a file (in the sample? train or validation? which shard? wh
 of its path and the seed, so the result is the same whatever the number of shards. Rows are written in that
 seeded order, not the tree's: each row group then mixes the classes, and the readers' shuffling buffer, which
 spans only a few row groups, draws batches of mixed classes (in the tree's order a batch held one or two).
-Shard i of n writes only its own Parquet files, under a temporary name first, then a shard manifest; whichever
-shard finds all n manifests checks the share of undecodable files over the whole dataset, writes the dataset
-manifest (scalingrun_api.manifest, atomically) and removes files that an earlier run with other parameters left behind.
-Readers take the file list from the manifest, so nothing is visible before it exists. A rerun with the same
-fingerprint does nothing; a crashed shard can be rerun alone.
+The source is listed once, by the planner (plan.py); shard i of n reads only its part of the plan. It writes its
+files a part at a time (ROW_GROUPS_PER_PART row groups each), each under a temporary name first, then moved into
+place and recorded under _parts/: a retried shard keeps the parts recorded and does the rest. When done, it
+writes a shard manifest with its shard fingerprint (its own files, their sizes, the parameters); a shard whose
+fingerprint has not changed since (a grown tree, whose new files fell in other shards) is kept as it is.
+Whichever shard finds all n manifests checks the share of undecodable files over the whole dataset, writes the
+dataset manifest (scalingrun_api.manifest, atomically; shardsReused counts the shards kept from an earlier
+dataset) and removes files that no longer belong to it. Readers take the file list from the manifest, so nothing
+is visible before it exists. A rerun with the same fingerprint does nothing.
 
 Layout under OUTPUT:
-  train/part-SSSSS-of-NNNNN-<fp>.parquet, validation/...   columns image (binary, S x S x 3 uint8,
-                                                           row-major), label (int32), path (string)
+  train/part-SSSSS-of-NNNNN-<shard fp>-KKKKK.parquet, validation/...   columns image (binary, S x S x 3
+                     uint8, row-major), label (int32), path (string); K: the part
+  _plan/             the plan (plan.py)
   _classes.json      class names, index = label
   (manifest)         counts, parameters, fingerprint, file lists (scalingrun_api.manifest.MANIFEST_FILE)
   _shards/           one manifest per finished shard
+  _parts/            shard-SSSSS-of-NNNNN-<shard fp>/<split>-KKKKK.json: the parts a running shard committed
   _heartbeat/        shard-SSSSS.json: each shard's heartbeat while it runs (scalingrun_api.heartbeat; the shard
                      index as its rank, the images done as its step)
 """
@@ -42,8 +48,8 @@ from ..core.dataset import SPLITS
 from ..core.heartbeat import HeartbeatWriter
 from ..storage import Location, open_location
 from .images import BadImage, scale_image
-from .source import (Params, PreprocessError, SourceFile, TooManyBadFiles, assign, fingerprint, list_source,
-                     rows_per_group)
+from .plan import PLAN_FOLDER, Plan, obtain_plan, read_json, shard_files
+from .source import Params, PreprocessError, TooManyBadFiles, rows_per_group
 
 SCHEMA = pa.schema([("image", pa.binary()), ("label", pa.int32()), ("path", pa.string())])
 
@@ -69,7 +75,7 @@ def _decode(task: tuple[str, int]) -> tuple[str, Optional[bytes], Optional[str]]
         return path, None, f"read failed: {exc}"
 
 
-def _decoded(files: list[SourceFile], params: Params, workers: int) -> Iterator[tuple[str, Optional[bytes], Optional[str]]]:
+def _decoded(files: list, params: Params, workers: int) -> Iterator[tuple[str, Optional[bytes], Optional[str]]]:
     tasks = [(f.path, params.image_size) for f in files]
     init = (params.source, params.endpoint, params.region)
     if workers <= 1:
@@ -84,16 +90,30 @@ def _decoded(files: list[SourceFile], params: Params, workers: int) -> Iterator[
 # --- one shard -------------------------------------------------------------------------------------
 
 
+# A shard commits its work a part at a time (a Parquet file of this many row groups): a retried pod redoes only
+# the part it was in.
+ROW_GROUPS_PER_PART = 4
+
+
 @dataclass
 class ShardResult:
     shard: int
     shards: int
-    fingerprint: str
+    fingerprint: str  # the dataset's when the shard was made (another one later: the shard was reused)
+    shard_fingerprint: str
     written: dict = field(default_factory=lambda: {s: 0 for s in SPLITS})
     skipped: int = 0
     skipped_files: list = field(default_factory=list)
     files: dict = field(default_factory=lambda: {s: [] for s in SPLITS})
+    parts_resumed: int = 0
     seconds: float = 0.0
+
+    def add(self, split: str, part_record: dict) -> None:
+        self.written[split] += part_record["written"]
+        self.skipped += len(part_record["skipped_files"])
+        self.skipped_files += part_record["skipped_files"]
+        if part_record["file"]:
+            self.files[split].append(part_record["file"])
 
 
 class _SplitWriter:
@@ -151,36 +171,46 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def process_shard(params: Params, shard_index: int, shard_count: int, workers: Optional[int] = None) -> dict:
-    """Runs shard `shard_index` of `shard_count`; returns the JSON summary (also for a no-op rerun)."""
+def process_shard(params: Params, shard_index: int, shard_count: int, workers: Optional[int] = None,
+                  plan_id: Optional[str] = None, plan: Optional[Plan] = None) -> dict:
+    """Runs shard `shard_index` of `shard_count` from the plan (made or awaited here unless given); returns the
+    JSON summary (also for a no-op rerun)."""
     if not 0 <= shard_index < shard_count:
         raise PreprocessError(f"shard index {shard_index} is outside 0..{shard_count - 1}")
     started = time.monotonic()
     source = open_location(params.source, params.endpoint, params.region)
     output = open_location(params.output, params.endpoint, params.region)
-    classes, files = list_source(source)
-    fp = fingerprint(params, classes, files)
+    heartbeat = HeartbeatWriter(output.join("_heartbeat", f"shard-{shard_index:05d}.json"), rank=shard_index)
+    if plan is None:
+        plan = obtain_plan(params, source, output, shard_index, shard_count, plan_id,
+                           waiting=lambda: heartbeat.beat("preprocessing", step=0))
+    fp = plan.fingerprint
 
-    manifest = DatasetManifest.read(_read_json(output.join(MANIFEST_FILE)))
+    manifest = DatasetManifest.read(read_json(output.join(MANIFEST_FILE)))
     if manifest and manifest.fingerprint == fp:
         return {**_summary_from_manifest(manifest), "shard": shard_index, "shards": shard_count, "reused": True}
 
     shard_manifest_at = output.join("_shards", f"shard-{shard_index:05d}-of-{shard_count:05d}.json")
-    done = _read_json(shard_manifest_at)
-    if done and done.get("fingerprint") == fp:
+    done = read_json(shard_manifest_at)
+    shard_fp = plan.shards[shard_index].fingerprint
+    if done and done.get("shard_fingerprint") == shard_fp:
         result = done
-        _progress(f"shard {shard_index}/{shard_count}: already done for fingerprint {fp}")
+        _progress(f"shard {shard_index}/{shard_count}: already done for fingerprint {shard_fp} (its files unchanged)")
     else:
-        result = asdict(_write_shard(params, source, output, classes, files, fp, shard_index, shard_count, workers))
+        result = asdict(_write_shard(params, output, plan, shard_index, workers, heartbeat))
         shard_manifest_at.write_bytes_atomic(json.dumps(result, indent=1).encode())
+        for record in _listing(_parts_folder(output, shard_index, shard_count, shard_fp)):
+            output.fs.delete_file(record.path)  # the shard manifest says it all now
     result["seconds"] = round(time.monotonic() - started, 3)
-    final = finalize(params, output, classes, files, fp, shard_count)
+    final = finalize(params, output, plan)
     return {
         "event": "preprocess",
         "shard": shard_index,
         "shards": shard_count,
         "fingerprint": fp,
         "reused": False,
+        "shardReused": result is done,
+        "partsResumed": 0 if result is done else result["parts_resumed"],
         "written": result["written"],
         "skipped": result["skipped"],
         "skippedFiles": result["skipped_files"][:20],
@@ -191,68 +221,92 @@ def process_shard(params: Params, shard_index: int, shard_count: int, workers: O
     }
 
 
-def _write_shard(params: Params, source: Location, output: Location, classes: list[str],
-                 files: list[SourceFile], fp: str, shard_index: int, shard_count: int,
-                 workers: Optional[int]) -> ShardResult:
-    mine: dict[str, list[tuple[int, SourceFile]]] = {s: [] for s in SPLITS}
-    for f in files:
-        a = assign(f.path, params.seed, params.sample_fraction, params.validation_fraction, shard_count)
-        if a is not None and a.shard == shard_index:
-            mine[a.split].append((a.place, f))
-    for rows in mine.values():
-        rows.sort(key=lambda placed: (placed[0], placed[1].path))
-    result = ShardResult(shard_index, shard_count, fp)
-    name = f"part-{shard_index:05d}-of-{shard_count:05d}-{fp[:12]}.parquet"
-    writers = {
-        split: _SplitWriter(
-            output.join(split, name),
-            rows_per_group(len(mine[split]), shard_count, 2 * params.max_readers),
-        )
-        for split in SPLITS
-    }
-    ordered = [(split, f) for split in SPLITS for _, f in mine[split]]
-    total = len(ordered)
+@dataclass(frozen=True)
+class _Part:
+    """A run of the shard's files (whole row groups) written and committed as one Parquet file."""
+
+    split: str
+    index: int
+    files: list
+    rows_per_group: int
+
+
+def _parts(mine: dict, shard_count: int, min_groups_per_split: int) -> list[_Part]:
+    parts = []
+    for split in SPLITS:
+        group = rows_per_group(len(mine[split]), shard_count, min_groups_per_split)
+        size = group * ROW_GROUPS_PER_PART
+        parts += [_Part(split, k, mine[split][start:start + size], group)
+                  for k, start in enumerate(range(0, len(mine[split]), size))]
+    return parts
+
+
+def _parts_folder(output: Location, shard: int, shard_count: int, shard_fp: str) -> Location:
+    return output.join("_parts", f"shard-{shard:05d}-of-{shard_count:05d}-{shard_fp[:12]}")
+
+
+def _write_shard(params: Params, output: Location, plan: Plan, shard_index: int, workers: Optional[int],
+                 heartbeat: HeartbeatWriter) -> ShardResult:
+    shard_count = len(plan.shards)
+    shard_fp = plan.shards[shard_index].fingerprint
+    parts = _parts(shard_files(output, plan, shard_index), shard_count, 2 * params.max_readers)
+    records = _parts_folder(output, shard_index, shard_count, shard_fp)
+    result = ShardResult(shard_index, shard_count, plan.fingerprint, shard_fp)
+    todo = []
+    for part in parts:
+        record = read_json(records.join(f"{part.split}-{part.index:05d}.json"))
+        if record is None:
+            todo.append(part)
+        else:  # committed by an earlier attempt: kept, not redone
+            result.add(part.split, record)
+            result.parts_resumed += 1
+    total = sum(len(p.files) for p in parts)
     workers = workers or os.cpu_count() or 1
-    _progress(f"shard {shard_index}/{shard_count}: {total} of {len(files)} files, {len(classes)} classes, "
-              f"{workers} processes")
+    _progress(f"shard {shard_index}/{shard_count}: {total} of {plan.source_files} files, {len(plan.classes)} "
+              f"classes, {len(parts)} parts ({result.parts_resumed} committed before), {workers} processes")
     started = last_report = time.monotonic()
-    heartbeat = HeartbeatWriter(output.join("_heartbeat", f"shard-{shard_index:05d}.json"), rank=shard_index)
-    heartbeat.beat("preprocessing", step=0)
-    try:
-        for done, ((split, f), (path, image, error)) in enumerate(
-            zip(ordered, _decoded([f for _, f in ordered], params, workers)), start=1
-        ):
-            assert path == f.path
-            if image is None:
-                result.skipped += 1
-                result.skipped_files.append({"path": path, "reason": error})
-            else:
-                writers[split].add(image, f.label, path)
-                result.written[split] += 1
-            heartbeat.beat("preprocessing", step=done)
-            now = time.monotonic()
-            if now - last_report >= 2 or done == total:
-                last_report = now
-                _progress(f"shard {shard_index}/{shard_count}: {done}/{total} images "
-                          f"({done / max(now - started, 1e-9):.0f} img/s), {result.skipped} skipped")
-        for split, writer in writers.items():
+    done = total - sum(len(p.files) for p in todo)
+    heartbeat.beat("preprocessing", step=done)
+    decoded = _decoded([f for part in todo for f in part.files], params, workers)
+    for part in todo:
+        name = f"part-{shard_index:05d}-of-{shard_count:05d}-{shard_fp[:12]}-{part.index:05d}.parquet"
+        writer = _SplitWriter(output.join(part.split, name), part.rows_per_group)
+        record = {"written": 0, "skipped_files": [], "file": None}
+        try:
+            for f in part.files:
+                path, image, error = next(decoded)
+                assert path == f.path
+                if image is None:
+                    record["skipped_files"].append({"path": path, "reason": error})
+                else:
+                    writer.add(image, f.label, path)
+                    record["written"] += 1
+                done += 1
+                heartbeat.beat("preprocessing", step=done)
+                now = time.monotonic()
+                if now - last_report >= 2 or done == total:
+                    last_report = now
+                    _progress(f"shard {shard_index}/{shard_count}: {done}/{total} images "
+                              f"({done / max(now - started, 1e-9):.0f} img/s)")
             committed = writer.commit()
-            if committed:
-                result.files[split].append(f"{split}/{committed}")
-    except BaseException:
-        for writer in writers.values():
+        except BaseException:
             writer.abort()
-        raise
+            decoded.close()
+            raise
+        record["file"] = f"{part.split}/{committed}" if committed else None
+        records.join(f"{part.split}-{part.index:05d}.json").write_bytes_atomic(json.dumps(record).encode())
+        result.add(part.split, record)
+        _progress(f"shard {shard_index}/{shard_count}: committed {part.split} part {part.index}")
     return result
 
 
-def finalize(params: Params, output: Location, classes: list[str], files: list[SourceFile], fp: str,
-             shard_count: int) -> Optional[DatasetManifest]:
+def finalize(params: Params, output: Location, plan: Plan) -> Optional[DatasetManifest]:
     """Writes the dataset manifest once every shard has finished; returns it, or None while shards remain."""
+    shard_count, fp = len(plan.shards), plan.fingerprint
     shards = []
     for index in range(shard_count):
-        done = _read_json(output.join("_shards", f"shard-{index:05d}-of-{shard_count:05d}.json"))
-        if not done or done.get("fingerprint") != fp:
+        done = read_json(output.join("_shards", f"shard-{index:05d}-of-{shard_count:05d}.json"))
+        if not done or done.get("shard_fingerprint") != plan.shards[index].fingerprint:
             return None
         shards.append(done)
     skipped = [x for d in shards for x in d["skipped_files"]]
@@ -269,48 +323,44 @@ def finalize(params: Params, output: Location, classes: list[str], files: list[S
         fingerprint=fp,
         parameters=params.dataset_parameters(),
         source=params.source,
-        classes=classes,
-        source_files=len(files),
+        classes=plan.classes,
+        source_files=plan.source_files,
         shards=shard_count,
+        # Shards made for an earlier dataset whose files did not change (a grown tree rebuilds only the others).
+        shards_reused=sum(1 for d in shards if d["fingerprint"] != fp),
         written={s: sum(d["written"][s] for d in shards) for s in SPLITS},
         skipped=len(skipped),
         skipped_files=skipped[:100],
         files={s: sorted(x for d in shards for x in d["files"][s]) for s in SPLITS},
     )
-    output.join(CLASSES_FILE).write_bytes_atomic(json.dumps(classes).encode())
+    output.join(CLASSES_FILE).write_bytes_atomic(json.dumps(plan.classes).encode())
     output.join(MANIFEST_FILE).write_bytes_atomic(json.dumps(manifest.document(), indent=1).encode())
     _remove_stale(output, manifest)
     return manifest
 
 
 def _remove_stale(output: Location, manifest: DatasetManifest) -> None:
-    """Deletes Parquet files and shard manifests that are not part of this dataset."""
+    """Deletes Parquet files, shard manifests, part records and plan chunks that are not part of this dataset."""
     keep = {posixpath.join(output.path, f) for s in SPLITS for f in manifest.files[s]}
-    for folder in (*SPLITS, "_shards"):
-        for info in _listing(output.join(folder)):
+    for folder in (*SPLITS, "_shards", "_parts", PLAN_FOLDER):
+        for info in _listing(output.join(folder), recursive=folder in ("_parts", PLAN_FOLDER)):
             if folder == "_shards":
                 stale = f"-of-{manifest.shards:05d}.json" not in info.base_name
+            elif folder == PLAN_FOLDER:  # plans for another shard count
+                stale = info.base_name != "index.json" and f"-of-{manifest.shards:05d}/" not in info.path
+            elif folder == "_parts":
+                stale = True  # every shard is done: their records are left over from attempts that died
             else:
                 stale = info.path not in keep and not info.base_name.startswith("_tmp-")
             if stale:
                 output.fs.delete_file(info.path)
 
 
-def _listing(location: Location) -> list[pafs.FileInfo]:
+def _listing(location: Location, recursive: bool = False) -> list[pafs.FileInfo]:
     if not location.exists():
         return []
-    return [i for i in location.fs.get_file_info(pafs.FileSelector(location.path)) if i.type == pafs.FileType.File]
-
-
-def _read_json(location: Location) -> Optional[dict]:
-    try:
-        return json.loads(location.read_bytes())
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if "NoSuchKey" in str(exc) or "not found" in str(exc).lower() or "Path does not exist" in str(exc):
-            return None
-        raise
+    return [i for i in location.fs.get_file_info(pafs.FileSelector(location.path, recursive=recursive))
+            if i.type == pafs.FileType.File]
 
 
 def _summary_from_manifest(manifest: DatasetManifest) -> dict:

@@ -8,7 +8,7 @@ import hashlib
 import json
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterator, Optional
 
 from pyarrow import fs as pafs
 
@@ -80,41 +80,54 @@ def assign(path: str, seed: int, sample_fraction: float, validation_fraction: fl
     return Assignment(split, int.from_bytes(digest[16:24], "big") % shard_count, int.from_bytes(digest[24:32], "big"))
 
 
-def list_source(source: Location) -> tuple[list[str], list[SourceFile]]:
-    """Classes (sorted folder names) and every image file under them."""
+def list_classes(source: Location) -> list[str]:
+    """Classes: the sorted names of the source's top folders (one non-recursive listing)."""
     info = source.fs.get_file_info(source.path)
     if info.type != pafs.FileType.Directory:
         raise SourceError(f"source {source.uri} does not exist or is not a folder")
-    entries = source.fs.get_file_info(pafs.FileSelector(source.path, recursive=True))
-    prefix = source.path.rstrip("/") + "/"
-    classes = sorted(
-        e.path[len(prefix):] for e in entries
-        if e.type == pafs.FileType.Directory and "/" not in e.path[len(prefix):]
-        and not e.base_name.startswith((".", "_"))
-    )
-    label_of = {name: index for index, name in enumerate(classes)}
-    files = []
-    for e in entries:
-        relative = e.path[len(prefix):]
-        top = relative.split("/", 1)[0]
-        if e.type != pafs.FileType.File or top not in label_of or "/" not in relative:
-            continue
-        if e.base_name.startswith((".", "_")):
-            continue
-        files.append(SourceFile(relative, e.size, label_of[top]))
-    files.sort(key=lambda f: f.path)
-    if not classes or not files:
+    top = source.fs.get_file_info(pafs.FileSelector(source.path))
+    classes = sorted(e.base_name for e in top
+                     if e.type == pafs.FileType.Directory and not e.base_name.startswith((".", "_")))
+    if not classes:
         raise SourceError(f"source {source.uri} has no class folders with files (expected SOURCE/<class>/<image>)")
-    return classes, files
+    return classes
+
+
+def iter_source(source: Location, classes: list[str]) -> Iterator[SourceFile]:
+    """Every image file under the class folders, in the order of their paths, one class folder's listing in
+    memory at a time (so memory is bounded by the largest class, not the tree)."""
+    label_of = {name: index for index, name in enumerate(classes)}
+    prefix = source.path.rstrip("/") + "/"
+    # Folders in the order of "<name>/": then the concatenation is sorted by path ("a-b/x" < "a/x").
+    for name in sorted(classes, key=lambda c: c + "/"):
+        entries = source.fs.get_file_info(pafs.FileSelector(prefix + name, recursive=True))
+        files = [SourceFile(e.path[len(prefix):], e.size, label_of[name]) for e in entries
+                 if e.type == pafs.FileType.File and not e.base_name.startswith((".", "_"))]
+        files.sort(key=lambda f: f.path)
+        yield from files
+
+
+class Fingerprint:
+    """The dataset's fingerprint (parameters, classes, every file's path and size in path order), fed one file at a
+    time; the same value as hashing the whole sorted listing at once."""
+
+    def __init__(self, parameters: dict, classes: list[str]):
+        self.digest = hashlib.sha256()
+        self.digest.update(json.dumps(parameters, sort_keys=True).encode())
+        self.digest.update(json.dumps(classes).encode())
+
+    def add(self, f: SourceFile) -> None:
+        self.digest.update(f"{f.path}\0{f.size}\n".encode())
+
+    def hexdigest(self) -> str:
+        return self.digest.hexdigest()[:24]
 
 
 def fingerprint(params: Params, classes: list[str], files: list[SourceFile]) -> str:
-    digest = hashlib.sha256()
-    digest.update(json.dumps(params.dataset_parameters(), sort_keys=True).encode())
-    digest.update(json.dumps(classes).encode())
+    whole = Fingerprint(params.dataset_parameters(), classes)
     for f in files:
-        digest.update(f"{f.path}\0{f.size}\n".encode())
-    return digest.hexdigest()[:24]
+        whole.add(f)
+    return whole.hexdigest()
 
 
 def rows_per_group(expected_rows: int, shard_count: int, min_groups_per_split: int) -> int:

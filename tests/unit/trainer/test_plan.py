@@ -1,0 +1,90 @@
+"""The plan (scalingrun_trainer.preprocess.plan) over a local tree: written in chunks, the same on a retry, every
+file where source.assign puts it, and shard fingerprints that change only with their own files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scalingrun_trainer.preprocess import plan as planning
+from scalingrun_trainer.preprocess.source import Params, SourceFile, assign, fingerprint
+from scalingrun_trainer.storage import open_location
+
+# "a" and "a-b": the folders' name order differs from their files' path order ("a-b/x" < "a/x").
+CLASSES = ["a", "a-b", "cat", "dog"]
+SHARDS = 3
+
+
+def make_tree(root: Path, per_class: int = 20) -> list[str]:
+    paths = []
+    for name in CLASSES:
+        for index in range(per_class):
+            path = f"{name}/{'sub/' if index % 5 == 0 else ''}{index:03d}.jpg"
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(b"x" * (index + 1))
+            paths.append(path)
+    (root / "a" / ".hidden.jpg").write_bytes(b"no")
+    (root / "_notes").mkdir()
+    (root / "_notes" / "n.txt").write_bytes(b"no")
+    return paths
+
+
+def files_under(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def tree(tmp_path, monkeypatch):
+    monkeypatch.setattr(planning, "PLAN_BUFFER_ROWS", 7)  # many chunks from a small tree
+    paths = make_tree(tmp_path / "src")
+    params = Params(str(tmp_path / "src"), str(tmp_path / "out"), image_size=8, validation_fraction=0.3)
+    return params, paths
+
+
+def write(params: Params, plan_id: str = "job-1") -> planning.Plan:
+    return planning.write_plan(params, open_location(params.source), open_location(params.output), SHARDS, plan_id)
+
+
+def test_every_file_goes_where_assign_puts_it_and_the_fingerprint_is_the_whole_listings(tree):
+    params, paths = tree
+    plan = write(params)
+    assert plan.classes == CLASSES and plan.source_files == len(paths)
+    assert sum(s.chunks for s in plan.shards) > SHARDS  # flushed every 7 planned files
+    output = open_location(params.output)
+    seen = []
+    for shard in range(SHARDS):
+        for split, files in planning.shard_files(output, plan, shard).items():
+            assert [f.place for f in files] == sorted(f.place for f in files)
+            for f in files:
+                a = assign(f.path, params.seed, params.sample_fraction, params.validation_fraction, SHARDS)
+                assert (a.split, a.shard, a.place) == (split, shard, f.place)
+                assert CLASSES[f.label] == f.path.split("/")[0]
+                seen.append(f.path)
+    assert sorted(seen) == sorted(paths)  # hidden files and "_" folders left out
+    listing = sorted((SourceFile(p, int(p.split("/")[-1][:3]) + 1, CLASSES.index(p.split("/")[0])) for p in paths),
+                     key=lambda f: f.path)
+    assert plan.fingerprint == fingerprint(params, CLASSES, listing)
+
+
+def test_a_retried_planner_writes_the_same_plan(tree):
+    params, _ = tree
+    write(params)
+    first = files_under(Path(params.output) / planning.PLAN_FOLDER)
+    write(params)
+    assert files_under(Path(params.output) / planning.PLAN_FOLDER) == first
+    output = open_location(params.output)
+    assert planning.read_plan(output, params, SHARDS, "job-1") is not None
+    assert planning.read_plan(output, params, SHARDS, "job-2") is None  # another Job's shards wait for their own
+    assert planning.read_plan(output, params, SHARDS + 1, "job-1") is None
+
+
+def test_a_new_file_changes_only_its_shards_fingerprint(tree):
+    params, _ = tree
+    before = write(params)
+    new = "dog/new-one.jpg"
+    (Path(params.source) / new).write_bytes(b"new")
+    after = write(params)
+    changed = [i for i in range(SHARDS) if before.shards[i].fingerprint != after.shards[i].fingerprint]
+    assert changed == [assign(new, params.seed, 1.0, params.validation_fraction, SHARDS).shard]
+    assert after.fingerprint != before.fingerprint
