@@ -121,7 +121,8 @@ build() {  # build NAME TAG DOCKERFILE [BUILD ARGS...]
   log "$name: $tag built in $((SECONDS - started)) s, $((size / 1000000)) MB"
 }
 if [[ "$CHECK" == gpu ]]; then
-  # Nothing from the host: no CPU Horovod wheel, no CPU torch wheel (the folder stays for the COPY).
+  # Nothing from the host: no CPU Horovod wheel, no CPU torch wheel (the folder stays for the COPY). The builder
+  # stage compiles Horovod with NCCL (its rpath names the image's venv, so a host-built wheel would not do).
   rm -rf build/wheels && mkdir -p build/wheels
   build trainer-gpu "$TRAINER_GPU" Dockerfile.trainer "${GPU_KERAS_ARGS[@]}"
   build trainer-lightning-gpu "$TRAINER_LIGHTNING_GPU" Dockerfile.trainer "${GPU_LIGHTNING_ARGS[@]}"
