@@ -24,12 +24,12 @@ import sysconfig
 from pathlib import Path
 
 NVIDIA = Path(sysconfig.get_paths()["purelib"]) / "nvidia"
-# The sonames each flavour's framework loads: TensorFlow 2.15's CUDA 12 set, torch 2.13's CUDA 13 set.
+# The libraries each flavour's framework loads, by soname: TensorFlow 2.15's CUDA 12 set, torch 2.13's CUDA 13 set.
 LIBRARIES = {
-    "keras": {"CUDA runtime": "cuda_runtime/lib/libcudart.so.12", "cuDNN": "cudnn/lib/libcudnn.so.8",
-              "cuBLAS": "cublas/lib/libcublas.so.12", "NCCL": "nccl/lib/libnccl.so.2"},
-    "lightning": {"CUDA runtime": "cu13/lib/libcudart.so.13", "cuDNN": "cu13/lib/libcudnn.so.9",
-                  "cuBLAS": "cu13/lib/libcublas.so.13", "NCCL": "cu13/lib/libnccl.so.2"},
+    "keras": {"CUDA runtime": "libcudart.so.12", "cuDNN": "libcudnn.so.8", "cuBLAS": "libcublas.so.12",
+              "NCCL": "libnccl.so.2"},
+    "lightning": {"CUDA runtime": "libcudart.so.13", "cuDNN": "libcudnn.so.9", "cuBLAS": "libcublas.so.13",
+                  "NCCL": "libnccl.so.2"},
 }
 RUN = """apiVersion: scalingrun.dev/v1alpha1
 kind: ScalingRun
@@ -62,11 +62,14 @@ def check(name: str, ok: bool, detail: str) -> None:
 
 
 def libraries(flavour: str) -> None:
-    for name, relative in LIBRARIES[flavour].items():
-        path = NVIDIA / relative
+    for name, soname in LIBRARIES[flavour].items():
+        found = sorted(NVIDIA.glob(f"*/lib/{soname}"))  # nvidia/<package>/lib, as the wheels lay them out
+        if not found:
+            check(f"{name} loads", False, f"no {soname} under {NVIDIA}/*/lib")
+            continue
         try:
-            ctypes.CDLL(str(path))
-            check(f"{name} loads", True, str(path))
+            ctypes.CDLL(str(found[0]))
+            check(f"{name} loads", True, str(found[0]))
         except OSError as error:
             check(f"{name} loads", False, str(error))
     try:
