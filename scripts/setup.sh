@@ -70,13 +70,14 @@ stack_fingerprint() {
 }
 
 # The CUDA 13.0 compiler, headers and static runtime from PyPI wheels (cuda-build.txt), as a CUDA_HOME in the
-# cache: its wheels share one tree (nvidia/cu13/{bin,include,lib,nvvm}); CMake's CUDA toolkit search wants lib64.
+# cache: its wheels share one tree (nvidia/cu13/{bin,include,lib,nvvm}); CMake's CUDA toolkit search wants lib64
+# and the unversioned libcudart.so (the wheel has libcudart.so.13), though the kernels link the static one.
 cuda_home() {
   local dir="$CACHE/cuda-build-$(sha256sum "$REQ/cuda-build.txt" | cut -c1-12)"
   if [[ ! -x "$dir/nvidia/cu13/bin/nvcc" ]]; then
     log "installing the CUDA compiler wheels (requirements/cuda-build.txt) into $dir"
     rm -rf "$dir" && "$VENV/bin/pip" install -q "${PIP[@]}" --no-deps --target "$dir" -r "$REQ/cuda-build.txt" >&2
-    ln -s lib "$dir/nvidia/cu13/lib64"
+    ln -s lib "$dir/nvidia/cu13/lib64" && ln -s libcudart.so.13 "$dir/nvidia/cu13/lib/libcudart.so"
   fi
   echo "$dir/nvidia/cu13"
 }
