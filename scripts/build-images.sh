@@ -19,18 +19,25 @@
 # A Horovod wheel cached by scripts/setup.sh is handed to the build (build/wheels), so a build on a
 # machine that ran setup.sh does not compile Horovod again.
 # --names prints, instead, every image name (the CPU ones above and the GPU flavours) as name=image, builds nothing.
-# --gpu-commands prints, instead, the build commands of the GPU flavours (Keras, Lightning; see Dockerfile.trainer):
-# their CUDA images cannot be pulled here, so tests/unit/repository/test_dockerfiles.py checks them against the locks.
+# --gpu builds, instead, the two GPU flavours (same Debian base, CUDA libraries from the PyPI wheels of the locks;
+# see Dockerfile.trainer), with their build times and sizes on stderr and, on stdout:
+#   trainer-gpu=ghcr.io/scalingrun/trainer:<version>-gpu
+#   trainer-lightning-gpu=ghcr.io/scalingrun/trainer:<version>-lightning-gpu
+# then check them with scripts/verify-image.sh --gpu. Several GB of downloads and about half an hour on 2 cores:
+# not part of scripts/test.sh or the e2e.
+# --gpu-commands prints the docker builds that --gpu runs (and .github/workflows/release.yml repeats), which
+# tests/unit/repository/test_dockerfiles.py checks against the locks without building.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 CHECK=1
 case "${1:-}" in
   --no-check) CHECK=0 ;;
+  --gpu) CHECK=gpu ;;
   --gpu-commands) CHECK=gpu-commands ;;
   --names) CHECK=names ;;
   "") ;;
-  *) echo "usage: $0 [--no-check | --names | --gpu-commands]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--no-check | --names | --gpu | --gpu-commands]" >&2; exit 2 ;;
 esac
 # BuildKit (built into Docker 20.10+, no frontend image to pull) skips the stages a build does not need.
 export DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-1}"
@@ -47,15 +54,15 @@ EXAMPLE_MODEL="$REGISTRY/example-custom-model:$VERSION-cpu"
 EXAMPLE_MODEL_LIGHTNING="$REGISTRY/example-custom-model:$VERSION-lightning-cpu"
 EXAMPLE_TRAINING="$REGISTRY/example-custom-training:$VERSION-cpu"
 NODE_CLUSTER="$ROOT/../shared/node/cluster.sh"
-# The CUDA build of the lock's torch: the index's CUDA version is the cuda-torch-runtime stage's.
-TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu126
+# The GPU flavours' build args (the base image is the CPU ones'). Lightning: no torch index, torch-cuda.txt's
+# wheels are PyPI's (setup.sh takes that lock with SCALINGRUN_GPU=1).
+GPU_KERAS_ARGS=(--build-arg SCALINGRUN_GPU=1)
+GPU_LIGHTNING_ARGS=(--build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning --build-arg SCALINGRUN_GPU=1
+  --build-arg TORCH_INDEX=)
 
 if [[ "$CHECK" == gpu-commands ]]; then
-  echo "DOCKER_BUILDKIT=1 docker build -f Dockerfile.trainer --build-arg BUILD_IMAGE=cuda-tf-devel" \
-    "--build-arg BASE_IMAGE=cuda-tf-runtime --build-arg SCALINGRUN_GPU=1 -t $TRAINER_GPU ."
-  echo "DOCKER_BUILDKIT=1 docker build -f Dockerfile.trainer --build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning" \
-    "--build-arg BASE_IMAGE=cuda-torch-runtime --build-arg SCALINGRUN_GPU=1 --build-arg TORCH_INDEX=$TORCH_CUDA_INDEX" \
-    "-t $TRAINER_LIGHTNING_GPU ."
+  echo "DOCKER_BUILDKIT=1 docker build -f Dockerfile.trainer ${GPU_KERAS_ARGS[*]} -t $TRAINER_GPU ."
+  echo "DOCKER_BUILDKIT=1 docker build -f Dockerfile.trainer ${GPU_LIGHTNING_ARGS[*]} -t $TRAINER_LIGHTNING_GPU ."
   exit 0
 fi
 if [[ "$CHECK" == names ]]; then
@@ -113,6 +120,17 @@ build() {  # build NAME TAG DOCKERFILE [BUILD ARGS...]
   size="$("$DOCKER" image inspect -f '{{.Size}}' "$tag")"
   log "$name: $tag built in $((SECONDS - started)) s, $((size / 1000000)) MB"
 }
+if [[ "$CHECK" == gpu ]]; then
+  # Nothing from the host: no CPU Horovod wheel, no CPU torch wheel (the folder stays for the COPY). The builder
+  # stage compiles Horovod with NCCL (its rpath names the image's venv, so a host-built wheel would not do).
+  rm -rf build/wheels && mkdir -p build/wheels
+  build trainer-gpu "$TRAINER_GPU" Dockerfile.trainer "${GPU_KERAS_ARGS[@]}"
+  build trainer-lightning-gpu "$TRAINER_LIGHTNING_GPU" Dockerfile.trainer "${GPU_LIGHTNING_ARGS[@]}"
+  echo "base=$BASE"
+  echo "trainer-gpu=$TRAINER_GPU"
+  echo "trainer-lightning-gpu=$TRAINER_LIGHTNING_GPU"
+  exit 0
+fi
 build trainer "$TRAINER" Dockerfile.trainer
 build trainer-lightning "$TRAINER_LIGHTNING" Dockerfile.trainer --build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning \
   "${torch_args[@]}"

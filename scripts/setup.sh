@@ -4,8 +4,9 @@
 #   petastorm without its declared deps, Horovod 0.28.1 built from source with TF + Gloo + MPI
 #   (the wheel is cached, so a second setup does not rebuild it), and this project in editable mode.
 # Every download is checked against the hashes in requirements/ (pip --require-hashes; scripts/lock.sh writes
-# them): the locks, pip/setuptools/wheel (bootstrap.txt), petastorm.txt, torch-cpu.txt, tensorflow-gpu.txt, and
-# Horovod's source distribution (horovod.txt) before it is built. Not hashed: the Horovod wheel built here from
+# them): the locks, pip/setuptools/wheel (bootstrap.txt), petastorm.txt, torch-cpu.txt, and for the GPU images
+# tensorflow-gpu.txt, torch-cuda.txt and cuda-build.txt, and Horovod's source distribution (horovod.txt) before it
+# is built. Not hashed: the Horovod wheel built here from
 # that checked source (a local build has no published hash; its cache folder is named after the sdist's hash)
 # and this project itself (the checkout).
 # A second run with unchanged inputs returns in about a second.
@@ -16,9 +17,11 @@
 #     Horovod, into SCALINGRUN_VENV default .venv-lightning; quickstart.sh and test.sh call it when needed),
 #   SCALINGRUN_TORCH_INDEX (lightning): an extra index for torch, e.g. https://download.pytorch.org/whl/cpu
 #     (images); a torch wheel in $SCALINGRUN_CACHE/wheels/torch is used first,
-#   SCALINGRUN_TORCH_LOCK (lightning): the hashed torch pin (default requirements/torch-cpu.txt; a GPU image
-#     names a file with the CUDA build's pin and hash from its index),
-#   SCALINGRUN_GPU=1: TensorFlow's GPU wheel (same version) and Horovod built with NCCL,
+#   SCALINGRUN_TORCH_LOCK (lightning): the hashed torch pins (default requirements/torch-cpu.txt, with
+#     SCALINGRUN_GPU=1 requirements/torch-cuda.txt: PyPI's CUDA build and the NVIDIA wheels it pins),
+#   SCALINGRUN_GPU=1: the GPU images. Keras: TensorFlow's GPU wheel (same version) with its CUDA, cuDNN and NCCL
+#     wheels (tensorflow-gpu.txt), and Horovod built with NCCL by the CUDA compiler of cuda-build.txt (PyPI
+#     wheels, installed into the cache, not the venv); Lightning: torch-cuda.txt. No CUDA toolkit on the host.
 #   SCALINGRUN_EDITABLE=0: install the project itself non-editable (images).
 # The full profile also installs the MLflow tracking server the tests run, in its own venv
 # (SCALINGRUN_MLFLOW_VENV, default .venv-mlflow) from requirements/mlflow-server.txt.
@@ -32,9 +35,10 @@ PYTHON="${PYTHON:-python3}"
 REQ="$ROOT/requirements"
 HOROVOD_VERSION="$(sed -n 's/^horovod==\([^ ]*\).*/\1/p' "$REQ/horovod.txt")"
 HOROVOD_SDIST_HASH="$(sed -n 's/.*--hash=sha256:\([0-9a-f]*\).*/\1/p' "$REQ/horovod.txt")"
-TORCH_LOCK="${SCALINGRUN_TORCH_LOCK:-$REQ/torch-cpu.txt}"
 PIP=(--disable-pip-version-check --require-hashes)  # every install below checks the hashes of what it downloads
 GPU="${SCALINGRUN_GPU:-0}"
+TORCH_LOCK="${SCALINGRUN_TORCH_LOCK:-$REQ/torch-cpu.txt}"
+[[ "$GPU" != 1 || -n "${SCALINGRUN_TORCH_LOCK:-}" ]] || TORCH_LOCK="$REQ/torch-cuda.txt"
 TF_VERSION="$(sed -n 's/^tensorflow-cpu==\([^ ]*\).*/\1/p' "$REQ/lock.txt")"
 case "$PROFILE" in
   full) LOCK="$ROOT/requirements/lock.txt"; APT_PACKAGES=(openmpi-bin libopenmpi-dev dataset-fashion-mnist prometheus) ;;
@@ -61,13 +65,38 @@ install_system_packages() {
 
 # Inputs whose change must trigger a reinstall; their hash is stamped into the venv.
 stack_fingerprint() {
-  { cat "$LOCK" "$REQ"/{bootstrap,petastorm,horovod,tensorflow-gpu}.txt "$ROOT/pyproject.toml" "${BASH_SOURCE[0]}"
+  { cat "$LOCK" "$REQ"/{bootstrap,petastorm,horovod,tensorflow-gpu,cuda-build}.txt "$ROOT/pyproject.toml" "${BASH_SOURCE[0]}"
     [[ "$PROFILE" != lightning ]] || cat "$TORCH_LOCK"; echo "$PROFILE $GPU"; } | sha256sum | cut -c1-16
+}
+
+# The CUDA 13.0 compiler, headers and static runtime from PyPI wheels (cuda-build.txt), as a CUDA_HOME in the
+# cache: its wheels share one tree (nvidia/cu13/{bin,include,lib,nvvm}); CMake's CUDA toolkit search wants lib64
+# and the unversioned libcudart.so (the wheel has libcudart.so.13), though the kernels link the static one.
+cuda_home() {
+  local dir="$CACHE/cuda-build-$(sha256sum "$REQ/cuda-build.txt" | cut -c1-12)"
+  if [[ ! -x "$dir/nvidia/cu13/bin/nvcc" ]]; then
+    log "installing the CUDA compiler wheels (requirements/cuda-build.txt) into $dir"
+    rm -rf "$dir" && "$VENV/bin/pip" install -q "${PIP[@]}" --no-deps --target "$dir" -r "$REQ/cuda-build.txt" >&2
+    ln -s lib "$dir/nvidia/cu13/lib64" && ln -s libcudart.so.13 "$dir/nvidia/cu13/lib/libcudart.so"
+  fi
+  echo "$dir/nvidia/cu13"
 }
 
 horovod_wheel() {
   local flavour=cpu gpu_ops=()
-  if [[ "$GPU" == 1 ]]; then flavour=gpu; gpu_ops=(HOROVOD_GPU_OPERATIONS=NCCL); fi
+  if [[ "$GPU" == 1 ]]; then
+    # NCCL is TensorFlow's (tensorflow-gpu.txt): headers and library from its wheel, linked shared and found at run
+    # time through the rpath (the wheel has libnccl.so.2 only; the link wants libnccl.so). The CUDA kernels link the
+    # CUDA runtime statically: the image keeps TensorFlow's CUDA 12.2 libraries only.
+    local cuda nccl site
+    cuda="$(cuda_home)"
+    site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    nccl="$CACHE/nccl-link" && mkdir -p "$nccl" && ln -sf "$site/nvidia/nccl/lib/libnccl.so.2" "$nccl/libnccl.so"
+    flavour=gpu
+    gpu_ops=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda" CUDA_HOME="$cuda" PATH="$cuda/bin:$PATH"
+      HOROVOD_NCCL_INCLUDE="$site/nvidia/nccl/include" HOROVOD_NCCL_LIB="$nccl" HOROVOD_NCCL_LINK=SHARED
+      LDFLAGS="-Wl,-rpath,$site/nvidia/nccl/lib")
+  fi
   local dir="$CACHE/wheels/horovod-$HOROVOD_VERSION-${HOROVOD_SDIST_HASH:0:12}-tf$TF_VERSION-$flavour-py$("$VENV/bin/python" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')"
   if ! ls "$dir"/horovod-*.whl >/dev/null 2>&1; then
     log "building Horovod $HOROVOD_VERSION against TF $TF_VERSION (about 7 minutes, once)"

@@ -1,5 +1,7 @@
 """The Dockerfiles: linted, the tested install, and what the MPIJob renders agrees with what the trainer image
-runs. scripts/build-images.sh builds both images and checks them by running them (the e2e runs it)."""
+runs. scripts/build-images.sh builds both images and checks them by running them (the e2e runs it); the GPU flavours
+are checked here against the locks without building (`scripts/build-images.sh --gpu` and
+`scripts/verify-image.sh --gpu` build and check them, too slow for CI)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from scalingrun_operator.builders.mpijob import MPI_USER_HOME, SSH_PORT, SSHD_STATE_DIR, WORKER_COMMAND
 
@@ -66,8 +69,8 @@ def test_base_image_is_a_build_arg_with_a_pullable_debian_python_default(dockerf
     assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim-bookworm$", text, re.M)
     for stage in stages(dockerfile):
         first = stage.splitlines()[0]
-        # Besides the build args: the GPU flavours' pinned CUDA bases, named stages that only they reach.
-        assert re.match(r"FROM (\$\{(BASE_IMAGE|BUILD_IMAGE)\}( AS \w+)?|nvidia/cuda:\S+ AS cuda-[\w-]+)$", first), first
+        # One base for every flavour, GPU ones included: their CUDA libraries are PyPI wheels, not a CUDA image.
+        assert re.match(r"FROM \$\{(BASE_IMAGE|BUILD_IMAGE)\}( AS \w+)?$", first), first
 
 
 def stage_named(dockerfile: str, name: str) -> str:
@@ -101,65 +104,77 @@ def gpu_flavours() -> dict[str, dict[str, str]]:
     return flavours
 
 
-def cuda_stage(name: str) -> dict[str, str]:
-    """CUDA version, cuDNN major, kind and OS of a pinned nvidia/cuda stage of Dockerfile.trainer."""
-    first = stage_named("Dockerfile.trainer", name).splitlines()[0]
-    tag = re.match(r"FROM nvidia/cuda:(\d+\.\d+)\.\d+-cudnn(\d*)-(devel|runtime)-(ubuntu[\d.]+) AS", first)
-    assert tag, first
-    return dict(zip(("cuda", "cudnn", "kind", "os"), tag.groups()))
-
-
 def locked(lock: str, package: str) -> str:
     """The version a lock pins (hash lines and a local version such as +cpu left out)."""
     text = (ROOT / "requirements" / lock).read_text()
     return re.search(rf"^{re.escape(package)}==([^\s+\\]+)", text, re.M).group(1)
 
 
+def pinned(lock: str) -> dict[str, str]:
+    text = (ROOT / "requirements" / lock).read_text()
+    return {name.lower(): version for name, version in re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)", text, re.M)}
+
+
 # TensorFlow's tested build configurations (tensorflow.org/install/source#gpu): CUDA and cuDNN per release.
 TENSORFLOW_TESTED_CUDA = {"2.15": ("12.2", "8.9"), "2.16": ("12.3", "8.9"), "2.17": ("12.3", "8.9")}
 
 
-def test_keras_gpu_flavour_is_tensorflows_tested_cuda_and_cudnn():
+def test_gpu_flavours_build_on_the_cpu_base_with_no_other_image():
+    for flavour in gpu_flavours().values():
+        assert flavour["SCALINGRUN_GPU"] == "1"
+        assert not {"BASE_IMAGE", "BUILD_IMAGE"} & set(flavour)  # build-images.sh passes the CPU images' base
+    assert "nvidia/cuda" not in (ROOT / "Dockerfile.trainer").read_text()
+
+
+def test_keras_gpu_flavour_is_tensorflows_tested_cuda_and_cudnn_from_wheels():
     flavour = gpu_flavours()["gpu"]
-    assert flavour["SCALINGRUN_GPU"] == "1" and "SCALINGRUN_FRAMEWORK" not in flavour
+    assert "SCALINGRUN_FRAMEWORK" not in flavour
     version = locked("lock.txt", "tensorflow-cpu")
     assert locked("trainer.txt", "tensorflow-cpu") == version
     cuda, cudnn = TENSORFLOW_TESTED_CUDA[".".join(version.split(".")[:2])]
-    build, base = cuda_stage(flavour["BUILD_IMAGE"]), cuda_stage(flavour["BASE_IMAGE"])
-    for stage in (build, base):
-        # The cudnn8 images of CUDA 12.2 carry cuDNN 8.9.
-        assert (stage["cuda"], stage["cudnn"]) == (cuda, cudnn.split(".")[0]), stage
-    assert build["kind"] == "devel" and base["kind"] == "runtime"  # nvcc for Horovod's NCCL ops; no compilers
-    assert build["os"] == base["os"]  # the venv moves from one to the other
+    gpu = pinned("tensorflow-gpu.txt")
+    assert gpu["tensorflow"] == version
+    assert gpu["nvidia-cuda-runtime-cu12"].startswith(cuda + ".") and gpu["nvidia-cudnn-cu12"].startswith(cudnn + ".")
+    assert "nvidia-nccl-cu12" in gpu
+    # The set goes over trainer.txt with --no-deps: it adds, never replaces, and nothing but TensorFlow and NVIDIA's.
+    assert not set(gpu) & set(pinned("trainer.txt"))
+    assert all(name == "tensorflow" or name.startswith("nvidia-") for name in gpu)
     setup = (ROOT / "scripts/setup.sh").read_text()
-    assert '--no-deps -r "$REQ/tensorflow-gpu.txt"' in setup and locked("tensorflow-gpu.txt", "tensorflow") == version
-    assert "HOROVOD_GPU_OPERATIONS=NCCL" in setup
+    assert '--no-deps -r "$REQ/tensorflow-gpu.txt"' in setup
+    assert "HOROVOD_GPU_OPERATIONS=NCCL" in setup and 'HOROVOD_NCCL_INCLUDE="$site/nvidia/nccl/include"' in setup
 
 
-def test_lightning_gpu_flavour_installs_the_locks_torch_built_for_its_cuda():
+def test_horovods_cuda_compiler_is_torchs_cuda_and_stays_out_of_the_image():
+    build = pinned("cuda-build.txt")
+    assert {"nvidia-cuda-nvcc", "nvidia-nvvm", "nvidia-cuda-crt", "nvidia-cuda-runtime", "nvidia-cuda-cccl"} <= set(build)
+    assert build["cuda-toolkit"] == pinned("torch-cuda.txt")["cuda-toolkit"]  # one CUDA 13 in the project
+    setup = (ROOT / "scripts/setup.sh").read_text()
+    # Into the cache (which the builder stage removes), never into the venv that the final stage copies.
+    assert '--no-deps --target "$dir" -r "$REQ/cuda-build.txt"' in setup and 'dir="$CACHE/cuda-build-' in setup
+    assert "rm -rf /tmp/scalingrun-cache" in stage_named("Dockerfile.trainer", "builder")
+
+
+def test_lightning_gpu_flavour_installs_the_locks_torch_built_for_cuda_from_pypi():
     flavour = gpu_flavours()["lightning-gpu"]
-    assert flavour["SCALINGRUN_FRAMEWORK"] == "pytorch-lightning" and flavour["SCALINGRUN_GPU"] == "1"
-    index = re.fullmatch(r"https://download\.pytorch\.org/whl/cu(\d+)(\d)", flavour["TORCH_INDEX"])
-    assert index, flavour["TORCH_INDEX"]
-    base = cuda_stage(flavour["BASE_IMAGE"])
-    assert base["cuda"] == f"{index.group(1)}.{index.group(2)}" and base["kind"] == "runtime"
-    assert "BUILD_IMAGE" not in flavour  # built on the same image: the venv's Python is the final one's
-    # The locked torch's version, from that index: setup.sh takes its hashed pin from SCALINGRUN_TORCH_LOCK.
-    assert re.match(r"2\.\d+\.\d+$", locked("torch-cpu.txt", "torch"))
+    assert flavour["SCALINGRUN_FRAMEWORK"] == "pytorch-lightning"
+    assert flavour["TORCH_INDEX"] == ""  # PyPI's torch is the CUDA build; no second index
+    cuda = pinned("torch-cuda.txt")
+    assert cuda["torch"] == locked("torch-cpu.txt", "torch")  # the CPU lock's version, PyPI's CUDA build
+    assert {"nvidia-cudnn-cu13", "nvidia-nccl-cu13", "nvidia-cuda-runtime"} <= set(cuda)
+    assert not set(cuda) & set(pinned("lightning.txt"))  # installed over lightning.txt with --no-deps
+    setup = (ROOT / "scripts/setup.sh").read_text()
+    assert 'TORCH_LOCK="${SCALINGRUN_TORCH_LOCK:-$REQ/torch-cpu.txt}"' in setup
+    assert '[[ "$GPU" != 1 || -n "${SCALINGRUN_TORCH_LOCK:-}" ]] || TORCH_LOCK="$REQ/torch-cuda.txt"' in setup
     assert "SCALINGRUN_TORCH_INDEX=\"$TORCH_INDEX\"" in stage_named("Dockerfile.trainer", "builder")
-    assert 'TORCH_LOCK="${SCALINGRUN_TORCH_LOCK:-$REQ/torch-cpu.txt}"' in (ROOT / "scripts/setup.sh").read_text()
 
 
-def test_hadolint_checks_the_gpu_stages_too(tmp_path):
-    """The CUDA stages are real FROM lines: hadolint reads their images (an unpinned one fails the lint)."""
-    text = (ROOT / "Dockerfile.trainer").read_text()
-    for name in ("cuda-tf-devel", "cuda-tf-runtime", "cuda-torch-runtime"):
-        image = re.search(rf"^FROM (\S+) AS {name}$", text, re.M).group(1)
-        broken = tmp_path / f"Dockerfile.{name}"
-        broken.write_text(text.replace(f"FROM {image} AS {name}", f"FROM {image.split(':')[0]}:latest AS {name}"))
-        result = subprocess.run([hadolint(), "--config", str(ROOT / ".hadolint.yaml"), str(broken)],
-                                capture_output=True, text=True)
-        assert result.returncode != 0 and "DL3007" in result.stdout, (name, result.stdout)
+def test_release_builds_the_gpu_flavours_with_build_images_args():
+    workflow = yaml.safe_load((ROOT / ".github/workflows/release.yml").read_text())
+    matrix = {entry["flavour"]: entry for entry in workflow["jobs"]["images"]["strategy"]["matrix"]["include"]}
+    for tag, args in gpu_flavours().items():
+        entry = matrix[tag]
+        assert entry["dockerfile"] == "Dockerfile.trainer"
+        assert dict(line.split("=", 1) for line in entry["build-args"].split()) == args, tag
 
 
 def test_trainer_image_serves_what_the_mpijob_expects():
@@ -263,8 +278,7 @@ def test_lightning_flavour_is_a_build_arg_installing_the_lightning_profile():
     assert re.search(r"^ARG SCALINGRUN_FRAMEWORK=keras$", builder, re.M)
     assert 'if [ "$SCALINGRUN_FRAMEWORK" = pytorch-lightning ]' in builder
     assert "SCALINGRUN_PROFILE=lightning" in builder and "TORCH_INDEX=https://download.pytorch.org/whl/cpu" in builder
-    assert "TORCH_INDEX=https://download.pytorch.org/whl/cu126" in text  # the GPU flavour, documented
-    assert "TORCH_CUDA_INDEX=https://download.pytorch.org/whl/cu126" in (ROOT / "scripts/build-images.sh").read_text()
+    assert "--build-arg SCALINGRUN_GPU=1 --build-arg TORCH_INDEX=:" in text  # the GPU flavour, documented
     script = (ROOT / "scripts/build-images.sh").read_text()
     assert "--build-arg SCALINGRUN_FRAMEWORK=pytorch-lightning" in script
     assert 'echo "trainer-lightning=$TRAINER_LIGHTNING"' in script

@@ -79,9 +79,17 @@ def test_every_lock_pins_exact_versions_to_file_hashes(path):
         assert hashes and all(re.fullmatch(r"--hash=sha256:[0-9a-f]{64}", h) for h in hashes), (pin, hashes)
 
 
-def test_the_gpu_tensorflow_is_the_cpu_one_s_version():
-    assert pins(ROOT / "requirements/tensorflow-gpu.txt") == {"tensorflow": pins(ROOT / "requirements/lock.txt")[
-        "tensorflow-cpu"]}
+def test_the_gpu_tensorflow_is_the_cpu_one_s_version_with_its_cuda_wheels():
+    gpu = pins(ROOT / "requirements/tensorflow-gpu.txt")
+    assert gpu.pop("tensorflow") == pins(ROOT / "requirements/lock.txt")["tensorflow-cpu"]
+    assert {"nvidia-cuda-runtime-cu12", "nvidia-cudnn-cu12", "nvidia-nccl-cu12", "nvidia-cublas-cu12"} <= set(gpu)
+    assert all(name.startswith("nvidia-") and name.endswith("-cu12") for name in gpu), gpu
+
+
+def test_the_gpu_torch_is_the_cpu_one_s_version_from_pypi():
+    cuda = pins(ROOT / "requirements/torch-cuda.txt")
+    assert cuda["torch"] == pins(ROOT / "requirements/torch-cpu.txt")["torch"].split("+")[0]
+    assert {"nvidia-cudnn-cu13", "nvidia-nccl-cu13", "triton"} <= set(cuda)
 
 
 def test_every_install_checks_hashes():
@@ -92,6 +100,6 @@ def test_every_install_checks_hashes():
         for line in lines:
             if re.search(r"pip\"? (install|download|wheel)\b", line) and not line.lstrip().startswith("#"):
                 resolving = script == "scripts/lock.sh" and any(  # lock.sh resolving new pins, before hashing them
-                    word in line for word in ("top.txt", "LIGHTNING_TOP", "MLFLOW_SERVER"))
+                    word in line for word in ("top.txt", "LIGHTNING_TOP", "MLFLOW_SERVER", "--dry-run"))
                 exempt = resolving or '"$(horovod_wheel)"' in line or '"$ROOT"' in line
                 assert exempt or "--require-hashes" in line or '"${PIP[@]}"' in line, f"{script}: {line.strip()}"
