@@ -33,6 +33,14 @@ class Metrics:
         self.events = Counter("scalingrun_events_total",
                               "Events posted on ScalingRuns, by type and reason (e.g. ImagePullFailed, WorkerPodLost).",
                               ["type", "reason"], registry=self.registry)
+        self.pushes = Counter("scalingrun_status_pushes_total",
+                              "Pushes accepted by the status endpoint, by document (progress, heartbeat).",
+                              ["document"], registry=self.registry)
+        self.push_refusals = Counter(
+            "scalingrun_status_push_refusals_total",
+            "Pushes the status endpoint refused, by reason (NoToken, InvalidToken, WrongAudience, PodGone, "
+            "NotAPodToken, OtherNamespace, OtherRun, TooLarge, RateLimited, BadDocument).", ["reason"],
+            registry=self.registry)
         self._lock = threading.Lock()
         self._phases: dict[str, str] = {}
 

@@ -1,0 +1,167 @@
+"""The push path against a real API server: the status endpoint (HTTPS) takes a run's document only from a pod of
+that run, proven by a projected ServiceAccount token (TokenRequest bound to the pod, TokenReview by the server).
+
+No kubelet runs: the pods are API objects, and their tokens come from the TokenRequest API bound to them
+(boundObjectRef kind Pod), as the kubelet's projected volume would get them.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Optional
+
+import pytest
+from kubernetes import client
+
+from scalingrun_api.models import MANAGED_BY
+from scalingrun_api.progress import Progress
+from scalingrun_api.status_push import MAX_BODY_BYTES, PROGRESS, STATUS_AUDIENCE, push_path
+from scalingrun_operator.builders.common import RUN_LABEL
+from scalingrun_operator.cluster import push_auth
+from scalingrun_operator.cluster.metrics import Metrics
+from scalingrun_operator.cluster.push_auth import PushAuthenticator
+from scalingrun_operator.cluster.pushed import PushedDocuments
+from scalingrun_operator.cluster.status_server import BAD_DOCUMENT, RATE_LIMITED, TOO_LARGE, StatusServer
+from tests.support.tls import write_serving_certificate
+
+pytestmark = pytest.mark.k8s
+
+SERVICE_ACCOUNT = "runner"
+
+
+@pytest.fixture
+def other_namespace(api_client):
+    core = client.CoreV1Api(api_client)
+    name = f"sr-push-{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name)
+
+
+def _pod(core: client.CoreV1Api, namespace: str, name: str, run: str) -> client.V1Pod:
+    return core.create_namespaced_pod(namespace, {
+        "metadata": {"name": name, "labels": {**MANAGED_BY, RUN_LABEL: run}},
+        "spec": {"serviceAccountName": SERVICE_ACCOUNT, "automountServiceAccountToken": False,
+                 "containers": [{"name": "trainer", "image": "trainer:test"}]}})
+
+
+def _token(core: client.CoreV1Api, pod: client.V1Pod, audience: str = STATUS_AUDIENCE) -> str:
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+        audiences=[audience], expiration_seconds=600,
+        bound_object_ref=client.V1BoundObjectReference(kind="Pod", api_version="v1", name=pod.metadata.name,
+                                                       uid=pod.metadata.uid)))
+    return core.create_namespaced_service_account_token(SERVICE_ACCOUNT, pod.metadata.namespace, request).status.token
+
+
+def _service_account(core: client.CoreV1Api, namespace: str) -> None:
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": SERVICE_ACCOUNT}})
+
+
+def post(port: int, ca: Path, path: str, body: bytes, token: Optional[str]) -> tuple[int, dict]:
+    context = ssl.create_default_context(cafile=str(ca))
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(f"https://127.0.0.1:{port}{path}", data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+@pytest.fixture
+def status_server(api_client, tmp_path):
+    write_serving_certificate(tmp_path / "tls")
+    metrics, pushed, pushes = Metrics(), PushedDocuments(), []
+    server = StatusServer(PushAuthenticator(api_client), pushed, str(tmp_path / "tls/tls.crt"),
+                          str(tmp_path / "tls/tls.key"), port=0, host="127.0.0.1",
+                          on_push=lambda namespace, name: pushes.append((namespace, name)),
+                          count_refused=lambda reason: metrics.push_refusals.labels(reason=reason).inc(),
+                          count_accepted=lambda what: metrics.pushes.labels(document=what).inc(), burst=3,
+                          pushes_per_second=0.01)
+    server.start()
+    server.metrics, server.pushes, server.ca = metrics, pushes, tmp_path / "tls/ca.crt"
+    yield server
+    server.stop()
+
+
+def test_only_a_pod_of_the_run_may_push_its_status(api_client, namespace, other_namespace, status_server):
+    core = client.CoreV1Api(api_client)
+    for ns in (namespace, other_namespace):
+        _service_account(core, ns)
+    own = _pod(core, namespace, "alpha-launcher", "alpha")
+    other_run = _pod(core, namespace, "beta-launcher", "beta")
+    elsewhere = _pod(core, other_namespace, "alpha-launcher", "alpha")  # the same run name, another namespace
+    gone = _pod(core, namespace, "alpha-worker-0", "alpha")
+    tokens = {"own": _token(core, own), "other run": _token(core, other_run),
+              "other namespace": _token(core, elsewhere), "wrong audience": _token(core, own, "someone-else"),
+              "deleted pod": _token(core, gone)}
+    core.delete_namespaced_pod(gone.metadata.name, namespace, grace_period_seconds=0)
+    header, payload, signature = tokens["own"].split(".")
+    tokens["forged"] = f"{header}.{payload}.{signature[::-1]}"
+    tokens["garbage"] = "not-a-token"
+
+    document = Progress(epoch=3, max_epochs=10, metrics={"loss": 0.5}).document()
+    path = push_path(namespace, "alpha", PROGRESS)
+    table = [  # who pushes, its token, the status and the reason expected
+        ("the run's own pod", tokens["own"], 202, None),
+        ("another run's pod", tokens["other run"], 403, push_auth.OTHER_RUN),
+        ("another namespace's pod", tokens["other namespace"], 403, push_auth.OTHER_NAMESPACE),
+        ("a token of another audience", tokens["wrong audience"], 401, push_auth.WRONG_AUDIENCE),
+        ("a token bound to a deleted pod", tokens["deleted pod"], 401, push_auth.POD_GONE),
+        ("a forged token", tokens["forged"], 401, push_auth.INVALID_TOKEN),
+        ("garbage", tokens["garbage"], 401, push_auth.INVALID_TOKEN),
+        ("no token", None, 401, push_auth.NO_TOKEN),
+    ]
+    found = []
+    for who, token, _, _ in table:
+        code, answer = post(status_server.port, status_server.ca, path, json.dumps(document).encode(), token)
+        found.append((who, code, answer.get("reason")))
+        print(f"{who:32} -> {code} {answer.get('reason') or answer}")
+    assert found == [(who, code, reason) for who, _, code, reason in table]
+
+    # Only the accepted push was kept, and its run reconciled; each refusal counted by its reason.
+    kept = status_server.pushed.get(namespace, "alpha", PROGRESS)
+    assert kept is not None and kept.epoch == 3 and kept.metrics == {"loss": 0.5}
+    assert status_server.pushed.get(other_namespace, "alpha", PROGRESS) is None
+    assert status_server.pushes == [(namespace, "alpha")]
+    sample = status_server.metrics.registry.get_sample_value
+    assert sample("scalingrun_status_pushes_total", {"document": PROGRESS}) == 1
+    for reason in {reason for *_, reason in table if reason}:
+        expected = sum(1 for *_, r in table if r == reason)
+        assert sample("scalingrun_status_push_refusals_total", {"reason": reason}) == expected, reason
+
+
+def test_the_body_is_capped_parsed_and_pushes_rate_limited(api_client, namespace, status_server):
+    core = client.CoreV1Api(api_client)
+    _service_account(core, namespace)
+    token = _token(core, _pod(core, namespace, "alpha-launcher", "alpha"))
+    path = push_path(namespace, "alpha", PROGRESS)
+
+    assert post(status_server.port, status_server.ca, path, b" " * (MAX_BODY_BYTES + 1), token)[0] == 413
+    code, answer = post(status_server.port, status_server.ca, path, b"{not json", token)
+    assert (code, answer["reason"]) == (400, BAD_DOCUMENT)
+    # A body too large is refused before its token is even reviewed: it takes nothing from the run's burst (3), which
+    # the bad body and these two spend; the next push is refused until the bucket refills.
+    for epoch in (1, 2):
+        assert post(status_server.port, status_server.ca, path, json.dumps({"epoch": epoch}).encode(), token)[0] == 202
+    code, answer = post(status_server.port, status_server.ca, path, json.dumps({"epoch": 3}).encode(), token)
+    assert (code, answer["reason"]) == (429, RATE_LIMITED)
+    assert status_server.pushed.get(namespace, "alpha", PROGRESS).epoch == 2  # the newest accepted
+    sample = status_server.metrics.registry.get_sample_value
+    assert sample("scalingrun_status_push_refusals_total", {"reason": TOO_LARGE}) == 1
+
+
+def test_a_rotated_certificate_is_served_without_a_restart(status_server, tmp_path):
+    before = ssl.get_server_certificate(("127.0.0.1", status_server.port))
+    time.sleep(0.01)
+    write_serving_certificate(tmp_path / "tls")  # a new CA and certificate, as a renewed Secret
+    assert status_server.reload_certificate()
+    after = ssl.get_server_certificate(("127.0.0.1", status_server.port))
+    assert after != before
+    assert not status_server.reload_certificate()  # nothing changed since
