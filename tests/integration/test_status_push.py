@@ -165,3 +165,67 @@ def test_a_rotated_certificate_is_served_without_a_restart(status_server, tmp_pa
     after = ssl.get_server_certificate(("127.0.0.1", status_server.port))
     assert after != before
     assert not status_server.reload_certificate()  # nothing changed since
+
+
+# --- the trainer's side -------------------------------------------------------------------------------
+
+
+def _mounted(directory: Path, port: int, ca: Path, token: str) -> Path:
+    """What the kubelet mounts into a run's pod: the token, the endpoint's URL and CA bundle."""
+    directory.mkdir()
+    (directory / "token").write_text(token)
+    (directory / "url").write_text(f"https://127.0.0.1:{port}")
+    (directory / "ca.crt").write_bytes(ca.read_bytes())
+    return directory
+
+
+def test_the_trainers_pushes_reach_the_run_newest_first(api_client, namespace, status_server, tmp_path, monkeypatch):
+    from scalingrun_trainer.core import status_push
+
+    core = client.CoreV1Api(api_client)
+    _service_account(core, namespace)
+    token = _token(core, _pod(core, namespace, "alpha-worker-0", "alpha"))
+    mounted = _mounted(tmp_path / "status", status_server.port, status_server.ca, token)
+    monkeypatch.setenv(status_push.STATUS_DIR_VARIABLE, str(mounted))
+    monkeypatch.setenv(status_push.STATUS_PATH_VARIABLE, f"/v1/namespaces/{namespace}/scalingruns/alpha")
+    status_push.status_pusher.cache_clear()
+    pusher = status_push.status_pusher()
+    assert pusher is not None
+    started = time.monotonic()
+    for epoch in range(1, 31):  # faster than the run's share of pushes: only the newest one need arrive
+        pusher.push(PROGRESS, Progress(epoch=epoch, max_epochs=30).document())
+    queued = time.monotonic() - started
+    assert pusher.flush(60)
+    print(f"30 pushes queued in {queued * 1000:.1f} ms; {pusher.sent} sent")
+    assert status_server.pushed.get(namespace, "alpha", PROGRESS).epoch == 30
+    assert 1 <= pusher.sent <= 30
+    status_push.status_pusher.cache_clear()
+
+
+def test_the_trainer_waits_out_an_operator_that_is_away(api_client, namespace, tmp_path):
+    from scalingrun_trainer.core.status_push import StatusPusher
+    from tests.support.apiserver import free_port
+
+    core = client.CoreV1Api(api_client)
+    _service_account(core, namespace)
+    token = _token(core, _pod(core, namespace, "alpha-launcher", "alpha"))
+    write_serving_certificate(tmp_path / "tls")
+    port = free_port()
+    said: list[str] = []
+    pusher = StatusPusher(f"https://127.0.0.1:{port}", f"/v1/namespaces/{namespace}/scalingruns/alpha",
+                          tmp_path / "tls/ca.crt", _mounted(tmp_path / "status", port, tmp_path / "tls/ca.crt",
+                                                            token) / "token", log=said.append)
+    pusher.push(PROGRESS, Progress(epoch=1).document())  # nobody listens: kept, tried again later
+    assert not pusher.flush(0.5)
+    assert len(said) == 1 and "does not answer" in said[0]
+    pusher.push(PROGRESS, Progress(epoch=2).document())
+    pushed = PushedDocuments()
+    server = StatusServer(PushAuthenticator(api_client), pushed, str(tmp_path / "tls/tls.crt"),
+                          str(tmp_path / "tls/tls.key"), port=port, host="127.0.0.1")
+    server.start()
+    try:
+        assert pusher.flush(120)
+        assert pushed.get(namespace, "alpha", PROGRESS).epoch == 2
+        assert len(said) == 1  # said once, however often it tried
+    finally:
+        server.stop()

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 from scalingrun_api.heartbeat import HEARTBEAT_INTERVAL_SECONDS, Heartbeat, HeartbeatPhase
 from ..storage import Location
+from .status_push import status_pusher
 
 # A phase change (training -> validation -> saving) is written sooner than the interval, but not more often than
 # this: short phases in a row must not turn the heartbeat into a write per step.
@@ -76,6 +77,9 @@ class HeartbeatWriter:
         return since >= self.interval or (phase != self._written_phase and since >= self.phase_floor)
 
     def _write(self) -> bool:
+        pusher = status_pusher()
+        if pusher is not None:
+            pusher.push("heartbeat", self.document.document())  # sent by its thread: the beat never waits
         data = json.dumps(self.document.document()).encode()
         try:
             self.location.write_bytes_atomic(data, deadline=WRITE_DEADLINE_SECONDS)
