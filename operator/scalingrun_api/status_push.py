@@ -13,6 +13,7 @@ STATUS_AUDIENCE = "scalingrun.dev/status"
 STATUS_DIR = "/var/run/scalingrun.dev/status"
 STATUS_DIR_VARIABLE = "SCALINGRUN_STATUS_DIR"  # the trainer reads STATUS_DIR from here (tests point it elsewhere)
 TOKEN_FILE, URL_FILE, CA_FILE = "token", "url", "ca.crt"
+STATUS_PATH_VARIABLE = "SCALINGRUN_STATUS_PATH"  # the run's push path, /v1/namespaces/<ns>/scalingruns/<run>
 STATUS_CONFIG_MAP = "scalingrun-status"
 # The kubelet rotates the token at 80 % of its life; 1 h is the longest the push path needs.
 TOKEN_EXPIRATION_SECONDS = 3600

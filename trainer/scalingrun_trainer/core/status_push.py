@@ -24,9 +24,10 @@ import urllib.parse
 from pathlib import Path
 from typing import Callable, Optional
 
-from scalingrun_api.status_push import CA_FILE, STATUS_DIR, STATUS_DIR_VARIABLE, TOKEN_FILE, URL_FILE
+from scalingrun_api.status_push import (
+    CA_FILE, STATUS_DIR, STATUS_DIR_VARIABLE, STATUS_PATH_VARIABLE, TOKEN_FILE, URL_FILE,
+)
 
-STATUS_PATH_VARIABLE = "SCALINGRUN_STATUS_PATH"  # /v1/namespaces/<ns>/scalingruns/<run>: the builders set it
 TIMEOUT_SECONDS = 10.0
 FIRST_BACKOFF_SECONDS, MAX_BACKOFF_SECONDS = 1.0, 60.0
 FINAL_FLUSH_SECONDS = 5.0  # how long the end of training waits for its last document to be sent
