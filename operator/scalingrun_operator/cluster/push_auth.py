@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from scalingrun_api.models import MANAGED_BY
 from scalingrun_api.status_push import STATUS_AUDIENCE
@@ -90,12 +89,9 @@ class PushAuthenticator:
         self._guard = threading.Lock()
 
     def _get_pod(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
-        try:
-            return self.api_client.sanitize_for_serialization(self.core.read_namespaced_pod(name, namespace))
-        except ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise
+        # Listed by name: the operator may list pods (the pod watch), not get them.
+        found = self.core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}", limit=1).items
+        return self.api_client.sanitize_for_serialization(found[0]) if found else None
 
     def identity(self, token: str) -> PodIdentity:
         """The token's pod, from a recent review or a new one."""

@@ -7,6 +7,7 @@ nothing in the operator keeps state at module level, and a test makes its own.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Optional
 
 from ..store_slots import Busy
@@ -18,6 +19,10 @@ from .latest import LatestObjects
 from .memory import Memory
 from .metrics import Metrics
 from .pod_index import PodIndex
+from .push_auth import PushAuthenticator
+from .pushed import PushedDocuments
+from .status_config import StatusConfigMaps
+from .status_server import StatusServer
 from .reconcile_scheduler import ReconcileScheduler
 from .reconcile import Reconciler, SweepReconciler
 
@@ -43,8 +48,13 @@ class Runtime:
         self.pods = PodIndex(config.pod_resync_seconds)
         # The runs, their Jobs and MPIJobs from their watches, and the stores' keys, not a read per reconcile.
         self.latest = LatestObjects()
+        # What the runs' pods push to the status endpoint (status_server.py), newest per run.
+        self.pushed = PushedDocuments()
+        self.kube = kube
+        self.status_server: Optional[StatusServer] = None
+        self.status_config_maps: Optional[StatusConfigMaps] = None
         self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients, self.pods,
-                               self.latest)
+                               self.latest, self.pushed)
         # One reconcile per run at a time; pod events at most one per run per second, a burst of them one
         # (cluster/coalesce.py), in a pool of their own: the pod handler never waits for a reconcile.
         self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0, workers=config.max_workers,
@@ -56,11 +66,28 @@ class Runtime:
         self.watcher.start()
         self.sweep_rechecks.start()
         self.metrics.serve(self.config.metrics_port_number)
+        if self.config.status_port_number:
+            self.start_status_server()
+
+    def start_status_server(self) -> int:
+        """The status endpoint on its port (a free one for 0: tests); returns the port."""
+        config, tls = self.config, Path(self.config.status_tls_dir)
+        self.status_config_maps = StatusConfigMaps(self.kube.api_client, config.status_url, config.status_tls_dir)
+        self.status_server = StatusServer(
+            PushAuthenticator(self.kube.api_client), self.pushed, str(tls / "tls.crt"), str(tls / "tls.key"),
+            config.status_port_number,
+            # Soon, not in the server's loop: a reconcile may take a while, and a burst of pushes makes one.
+            on_push=lambda namespace, name: self.reconcile_run(namespace, name, "push", urgent=False),
+            count_refused=lambda reason: self.metrics.push_refusals.labels(reason=reason).inc(),
+            count_accepted=lambda what: self.metrics.pushes.labels(document=what).inc())
+        return self.status_server.start()
 
     def stop(self) -> None:
         self.run_triggers.stop()
         self.watcher.stop()
         self.sweep_rechecks.stop()
+        if self.status_server is not None:
+            self.status_server.stop()
 
     def health(self) -> Optional[str]:
         """What is wrong with the threads every run depends on, for the liveness probe; None when nothing."""
@@ -74,6 +101,11 @@ class Runtime:
     def _reconcile_run_now(self, key: tuple[str, str], handler: str) -> None:
         namespace, name = key
         self.metrics.reconciles.labels(kind="run").inc()
+        if self.status_config_maps is not None:
+            try:
+                self.status_config_maps.ensure(namespace)
+            except Exception as exc:  # noqa: BLE001 - the run goes on; its pods push nothing until this works
+                log.warning("%s: cannot write the ConfigMap of the status endpoint: %s", namespace, exc)
         try:
             self.runs(namespace, name)
         except Busy as exc:
@@ -96,6 +128,7 @@ class Runtime:
 
     def forget_run(self, namespace: str, name: str) -> None:
         self.memory.forget(("run", namespace, name))
+        self.pushed.forget(namespace, name)
         self.runs.forget(namespace, name)
         self.pods.forget(namespace, name)
         self.run_triggers.forget((namespace, name))
