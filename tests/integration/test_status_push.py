@@ -51,11 +51,12 @@ def _pod(core: client.CoreV1Api, namespace: str, name: str, run: str) -> client.
                  "containers": [{"name": "trainer", "image": "trainer:test"}]}})
 
 
-def _token(core: client.CoreV1Api, pod: client.V1Pod, audience: str = STATUS_AUDIENCE) -> str:
+def _token(core: client.CoreV1Api, pod: client.V1Pod, audience: str = STATUS_AUDIENCE, bound: bool = True) -> str:
+    """A token as the kubelet's projected volume gets it (`bound`: to the pod; else the ServiceAccount's own)."""
     request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
         audiences=[audience], expiration_seconds=600,
         bound_object_ref=client.V1BoundObjectReference(kind="Pod", api_version="v1", name=pod.metadata.name,
-                                                       uid=pod.metadata.uid)))
+                                                       uid=pod.metadata.uid) if bound else None))
     return core.create_namespaced_service_account_token(SERVICE_ACCOUNT, pod.metadata.namespace, request).status.token
 
 
@@ -100,7 +101,7 @@ def test_only_a_pod_of_the_run_may_push_its_status(api_client, namespace, other_
     gone = _pod(core, namespace, "alpha-worker-0", "alpha")
     tokens = {"own": _token(core, own), "other run": _token(core, other_run),
               "other namespace": _token(core, elsewhere), "wrong audience": _token(core, own, "someone-else"),
-              "deleted pod": _token(core, gone)}
+              "deleted pod": _token(core, gone), "no pod": _token(core, own, bound=False)}
     core.delete_namespaced_pod(gone.metadata.name, namespace, grace_period_seconds=0)
     header, payload, signature = tokens["own"].split(".")
     tokens["forged"] = f"{header}.{payload}.{signature[::-1]}"
@@ -114,6 +115,7 @@ def test_only_a_pod_of_the_run_may_push_its_status(api_client, namespace, other_
         ("another namespace's pod", tokens["other namespace"], 403, push_auth.OTHER_NAMESPACE),
         ("a token of another audience", tokens["wrong audience"], 401, push_auth.WRONG_AUDIENCE),
         ("a token bound to a deleted pod", tokens["deleted pod"], 401, push_auth.POD_GONE),
+        ("a token bound to no pod", tokens["no pod"], 403, push_auth.NOT_A_POD),
         ("a forged token", tokens["forged"], 401, push_auth.INVALID_TOKEN),
         ("garbage", tokens["garbage"], 401, push_auth.INVALID_TOKEN),
         ("no token", None, 401, push_auth.NO_TOKEN),
