@@ -27,7 +27,9 @@ from scalingrun_operator.cluster import push_auth
 from scalingrun_operator.cluster.metrics import Metrics
 from scalingrun_operator.cluster.push_auth import PushAuthenticator
 from scalingrun_operator.cluster.pushed import PushedDocuments
-from scalingrun_operator.cluster.status_server import BAD_DOCUMENT, RATE_LIMITED, TOO_LARGE, StatusServer
+from scalingrun_operator.cluster.status_server import (
+    BAD_DOCUMENT, RATE_LIMITED, TOO_LARGE, Buckets, StatusServer,
+)
 from tests.support.tls import write_serving_certificate
 
 pytestmark = pytest.mark.k8s
@@ -83,8 +85,7 @@ def status_server(api_client, tmp_path):
                           str(tmp_path / "tls/tls.key"), port=0, host="127.0.0.1",
                           on_push=lambda namespace, name: pushes.append((namespace, name)),
                           count_refused=lambda reason: metrics.push_refusals.labels(reason=reason).inc(),
-                          count_accepted=lambda what: metrics.pushes.labels(document=what).inc(), burst=3,
-                          pushes_per_second=0.01)
+                          count_accepted=lambda what: metrics.pushes.labels(document=what).inc())
     server.start()
     server.metrics, server.pushes, server.ca = metrics, pushes, tmp_path / "tls/ca.crt"
     yield server
@@ -144,6 +145,7 @@ def test_the_body_is_capped_parsed_and_pushes_rate_limited(api_client, namespace
     _service_account(core, namespace)
     token = _token(core, _pod(core, namespace, "alpha-launcher", "alpha"))
     path = push_path(namespace, "alpha", PROGRESS)
+    status_server.buckets = Buckets(rate=0.01, burst=3)  # this run's share: 3 pushes, then one every 100 s
 
     assert post(status_server.port, status_server.ca, path, b" " * (MAX_BODY_BYTES + 1), token)[0] == 413
     code, answer = post(status_server.port, status_server.ca, path, b"{not json", token)
@@ -202,6 +204,43 @@ def test_the_trainers_pushes_reach_the_run_newest_first(api_client, namespace, s
     assert status_server.pushed.get(namespace, "alpha", PROGRESS).epoch == 30
     assert 1 <= pusher.sent <= 30
     status_push.status_pusher.cache_clear()
+
+
+def test_rank_0s_writers_push_beside_their_write_and_a_shards_heartbeat_does_not(api_client, namespace, status_server,
+                                                                                 tmp_path, monkeypatch):
+    from scalingrun_api.status_push import HEARTBEAT
+    from scalingrun_trainer.core import status_push
+    from scalingrun_trainer.core.heartbeat import HeartbeatWriter
+    from scalingrun_trainer.core.progress import ProgressWriter
+    from scalingrun_trainer.storage import open_location
+
+    core = client.CoreV1Api(api_client)
+    _service_account(core, namespace)
+    token = _token(core, _pod(core, namespace, "alpha-worker-0", "alpha"))
+    monkeypatch.setenv(status_push.STATUS_DIR_VARIABLE,
+                       str(_mounted(tmp_path / "status", status_server.port, status_server.ca, token)))
+    monkeypatch.setenv(status_push.STATUS_PATH_VARIABLE, f"/v1/namespaces/{namespace}/scalingruns/alpha")
+    status_push.status_pusher.cache_clear()
+    try:
+        shard = HeartbeatWriter(open_location(str(tmp_path / "_heartbeat/shard-00001.json")), rank=1)
+        shard.beat("preprocessing", step=7)
+        assert status_push.status_pusher().flush(30)
+        assert status_server.pushed.get(namespace, "alpha", HEARTBEAT) is None
+
+        beats = HeartbeatWriter(open_location(str(tmp_path / "heartbeat.json")), pushed=True)
+        beats.beat("training", step=12, epoch=1)
+        writer = ProgressWriter(open_location(str(tmp_path / "progress.json")), max_epochs=5, processes=2,
+                                learning_rate=0.002, effective_batch_size=32)
+        writer.start()
+        writer.epoch(1, {"loss": 0.4}, 100.0, 1, {"loss": 0.4})
+        writer.finish("succeeded")  # waits for its last document to be sent
+        progress = status_server.pushed.get(namespace, "alpha", PROGRESS)
+        assert (progress.state, progress.epoch, progress.metrics) == ("succeeded", 1, {"loss": 0.4})
+        assert progress == Progress.read(json.loads((tmp_path / "progress.json").read_text()))  # the same document
+        beat = status_server.pushed.get(namespace, "alpha", HEARTBEAT)
+        assert (beat.phase, beat.step, beat.epoch) == ("training", 12, 1)
+    finally:
+        status_push.status_pusher.cache_clear()
 
 
 def test_the_trainer_waits_out_an_operator_that_is_away(api_client, namespace, tmp_path):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import ipaddress
 from pathlib import Path
 
 from cryptography import x509
@@ -15,22 +16,16 @@ def _name(common_name: str) -> x509.Name:
     return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
 
 
-def write_serving_certificate(directory: Path, host: str = "127.0.0.1",
-                              ca: tuple[ec.EllipticCurvePrivateKey, x509.Certificate] | None = None
-                              ) -> tuple[ec.EllipticCurvePrivateKey, x509.Certificate]:
-    """Writes ca.crt, tls.crt and tls.key into `directory` (a new CA unless `ca` is given); returns the CA."""
-    import ipaddress
-
+def write_serving_certificate(directory: Path, host: str = "127.0.0.1") -> None:
+    """Writes ca.crt, tls.crt (for IP address `host`) and tls.key into `directory`, from a new CA."""
     now = dt.datetime.now(dt.timezone.utc)
-    if ca is None:
-        ca_key = ec.generate_private_key(ec.SECP256R1())
-        ca_cert = (x509.CertificateBuilder().subject_name(_name("scalingrun-test-ca")).issuer_name(_name("scalingrun-test-ca"))
-                   .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
-                   .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
-                   .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-                   .sign(ca_key, hashes.SHA256()))
-        ca = (ca_key, ca_cert)
-    ca_key, ca_cert = ca
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = _name("scalingrun-test-ca")
+    ca_cert = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+               .public_key(ca_key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+               .sign(ca_key, hashes.SHA256()))
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (x509.CertificateBuilder().subject_name(_name(host)).issuer_name(ca_cert.subject)
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
@@ -43,4 +38,3 @@ def write_serving_certificate(directory: Path, host: str = "127.0.0.1",
     (directory / "tls.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                                            serialization.PrivateFormat.PKCS8,
                                                            serialization.NoEncryption()))
-    return ca

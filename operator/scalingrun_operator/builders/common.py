@@ -7,7 +7,8 @@ from typing import Any
 from scalingrun_api.engines import engine
 from scalingrun_api.models import MANAGED_BY, ScalingRun
 from scalingrun_api.status_push import (
-    CA_FILE, STATUS_AUDIENCE, STATUS_CONFIG_MAP, STATUS_DIR, STATUS_PATH_VARIABLE, TOKEN_EXPIRATION_SECONDS, TOKEN_FILE, URL_FILE,
+    CA_FILE, STATUS_AUDIENCE, STATUS_CONFIG_MAP, STATUS_DIR, STATUS_PATH_VARIABLE, TOKEN_EXPIRATION_SECONDS,
+    TOKEN_FILE, URL_FILE,
     push_path,
 )
 from scalingrun_api.models.run import DEFAULT_GPU_RESOURCE

@@ -129,6 +129,8 @@ class Runtime:
     def forget_run(self, namespace: str, name: str) -> None:
         self.memory.forget(("run", namespace, name))
         self.pushed.forget(namespace, name)
+        if self.status_server is not None:
+            self.status_server.buckets.forget((namespace, name))
         self.runs.forget(namespace, name)
         self.pods.forget(namespace, name)
         self.run_triggers.forget((namespace, name))

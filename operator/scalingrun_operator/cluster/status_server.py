@@ -39,8 +39,8 @@ REVIEW_THREADS = 4  # TokenReviews and pod reads in flight at once, whoever push
 TOO_LARGE, RATE_LIMITED, BAD_DOCUMENT = "TooLarge", "RateLimited", "BadDocument"
 
 
-class _Buckets:
-    """A token bucket per run."""
+class Buckets:
+    """A token bucket per run (used in the server's loop only; a run's goes with the run)."""
 
     def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic):
         self.rate, self.burst, self._clock = rate, burst, clock
@@ -75,7 +75,7 @@ class StatusServer:
         self.on_push = on_push or (lambda namespace, name: None)
         self.count_refused = count_refused or (lambda reason: None)
         self.count_accepted = count_accepted or (lambda what: None)
-        self.buckets = _Buckets(pushes_per_second, burst)
+        self.buckets = Buckets(pushes_per_second, burst)
         self.ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.ssl_context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.ssl_context.load_cert_chain(cert_file, key_file)
