@@ -270,3 +270,19 @@ def test_the_trainer_waits_out_an_operator_that_is_away(api_client, namespace, t
         assert len(said) == 1  # said once, however often it tried
     finally:
         server.stop()
+
+
+def test_the_pod_watchs_index_answers_for_its_runs_pods_and_nothing_else(api_client, namespace):
+    from scalingrun_operator.cluster.pod_index import PodIndex
+
+    core = client.CoreV1Api(api_client)
+    _service_account(core, namespace)
+    own, other = _pod(core, namespace, "alpha-launcher", "alpha"), _pod(core, namespace, "beta-launcher", "beta")
+    index = PodIndex(resync_seconds=300)
+    index.listing(namespace, "alpha", lambda: [api_client.sanitize_for_serialization(own)])
+    authenticator = PushAuthenticator(api_client, index.pods)
+    bearer = {pod.metadata.name: f"Bearer {_token(core, pod)}" for pod in (own, other)}
+    assert authenticator.authorize(bearer["alpha-launcher"], namespace, "alpha").uid == own.metadata.uid
+    with pytest.raises(push_auth.Refused) as refused:  # not in alpha's index: read, and found to be beta's
+        authenticator.authorize(bearer["beta-launcher"], namespace, "alpha")
+    assert refused.value.reason == push_auth.OTHER_RUN

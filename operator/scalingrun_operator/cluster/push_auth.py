@@ -3,7 +3,8 @@
 The token is checked by the API server (TokenReview with audiences=[STATUS_AUDIENCE]); the pod it is bound to (name
 and uid from the review, namespace from the username) must be the run's: labelled as the run's by the operator, in
 the run's namespace, with the same uid. Successful reviews are kept briefly (bounded, keyed by the token's hash), so
-a run's pushes cost the API server one review per token per REVIEW_TTL_SECONDS; the pod check runs on every push.
+a run's pushes cost the API server one review per token per REVIEW_TTL_SECONDS. The pod check runs on every push,
+against the pod watch's index where it knows the run's pods, else by listing the pod by name.
 Every refusal is a Refused with its HTTP status and a reason (the metric's label).
 """
 
@@ -79,11 +80,14 @@ def review_token(api_client: client.ApiClient, token: str) -> PodIdentity:
 class PushAuthenticator:
     """Decides whether a bearer token may push the status of run `namespace/name`."""
 
-    def __init__(self, api_client: client.ApiClient, pod_lookup: Optional[Callable[[str, str], Any]] = None,
+    def __init__(self, api_client: client.ApiClient,
+                 known_pods: Optional[Callable[[str, str], Optional[list[dict[str, Any]]]]] = None,
                  clock: Callable[[], float] = time.monotonic):
+        """`known_pods(namespace, run)`: the run's pods as the pod watch knows them (PodIndex.pods; None: not
+        known), so that a push from one of them costs no API call; other pods are listed by name."""
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
-        self._pod_lookup = pod_lookup or self._get_pod
+        self._known_pods = known_pods or (lambda namespace, run: None)
         self._clock = clock
         self._reviews: OrderedDict[str, tuple[float, PodIdentity]] = OrderedDict()
         self._guard = threading.Lock()
@@ -117,7 +121,10 @@ class PushAuthenticator:
         pod = self.identity(token.strip())
         if pod.namespace != namespace:
             raise Refused(403, OTHER_NAMESPACE, f"a pod of namespace {pod.namespace} pushes only for its own")
-        found = self._pod_lookup(namespace, pod.pod)
+        known = self._known_pods(namespace, run) or []
+        if any((p.get("metadata") or {}).get("uid") == pod.uid for p in known):
+            return pod  # the watch's index holds only pods labelled as this run's
+        found = self._get_pod(namespace, pod.pod)
         meta = (found or {}).get("metadata") or {}
         if not found or meta.get("uid") != pod.uid:
             raise Refused(401, POD_GONE, f"pod {pod.pod} is gone")

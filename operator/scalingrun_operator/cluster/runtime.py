@@ -74,7 +74,7 @@ class Runtime:
         config, tls = self.config, Path(self.config.status_tls_dir)
         self.status_config_maps = StatusConfigMaps(self.kube.api_client, config.status_url, config.status_tls_dir)
         self.status_server = StatusServer(
-            PushAuthenticator(self.kube.api_client), self.pushed, str(tls / "tls.crt"), str(tls / "tls.key"),
+            PushAuthenticator(self.kube.api_client, self.pods.pods), self.pushed, str(tls / "tls.crt"), str(tls / "tls.key"),
             config.status_port_number,
             # Soon, not in the server's loop: a reconcile may take a while, and a burst of pushes makes one.
             on_push=lambda namespace, name: self.reconcile_run(namespace, name, "push", urgent=False),

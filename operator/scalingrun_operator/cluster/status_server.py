@@ -112,7 +112,7 @@ class StatusServer:
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)
         self._loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = self._runner.addresses[0][1]
         reload = self._loop.create_task(self._reload_certificate())
         self._started.set()
         try:
