@@ -71,3 +71,9 @@ def test_status_follows_a_push_from_the_runs_pod(cluster, operator, bucket, s3_s
              operator=operator)
     print(f"push -> status.training.epoch: {time.monotonic() - pushed_at:.2f} s")
     assert 'scalingrun_status_pushes_total{document="progress"} 1.0' in operator.metrics()
+
+    # A namespace this operator does not serve is refused before any token is looked at.
+    from tests.integration.test_status_push import post
+
+    code, answer = post(STATUS_PORT, tmp_path / CA_FILE, push_path("elsewhere", "pushed", PROGRESS), b"{}", token)
+    assert (code, answer["reason"]) == (403, "NotWatched")

@@ -39,7 +39,7 @@ class Metrics:
         self.push_refusals = Counter(
             "scalingrun_status_push_refusals_total",
             "Pushes the status endpoint refused, by reason (NoToken, InvalidToken, WrongAudience, PodGone, "
-            "NotAPodToken, OtherNamespace, OtherRun, TooLarge, RateLimited, BadDocument).", ["reason"],
+            "NotAPodToken, OtherNamespace, OtherRun, NotWatched, TooLarge, RateLimited, BadDocument).", ["reason"],
             registry=self.registry)
         self._lock = threading.Lock()
         self._phases: dict[str, str] = {}

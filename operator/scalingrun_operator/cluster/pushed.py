@@ -8,6 +8,7 @@ the push is how status follows it without waiting for a poll.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any, Optional
 
 from scalingrun_api.heartbeat import Heartbeat
@@ -34,14 +35,23 @@ def newer(what: str, read: Any, pushed: Any) -> Any:
     return read
 
 
+# Documents kept, the least recently pushed dropped first: a bound on what pods of runs the operator has forgotten
+# (or never had) can make it hold. A dropped run's status waits for its next push, or reads storage.
+DOCUMENTS_KEPT = 8192
+
+
 class PushedDocuments:
-    def __init__(self) -> None:
-        self._documents: dict[tuple[str, str, str], Any] = {}
+    def __init__(self, kept: int = DOCUMENTS_KEPT) -> None:
+        self._documents: OrderedDict[tuple[str, str, str], Any] = OrderedDict()
+        self._kept = kept
         self._guard = threading.Lock()
 
     def record(self, namespace: str, run: str, what: str, document: Any) -> None:
         with self._guard:
             self._documents[(namespace, run, what)] = document
+            self._documents.move_to_end((namespace, run, what))
+            while len(self._documents) > self._kept:
+                self._documents.popitem(last=False)
 
     def get(self, namespace: str, run: str, what: str) -> Optional[Any]:
         with self._guard:

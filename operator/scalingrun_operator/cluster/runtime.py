@@ -6,6 +6,7 @@ nothing in the operator keeps state at module level, and a test makes its own.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 from pathlib import Path
 from typing import Optional
@@ -79,7 +80,8 @@ class Runtime:
             # Soon, not in the server's loop: a reconcile may take a while, and a burst of pushes makes one.
             on_push=lambda namespace, name: self.reconcile_run(namespace, name, "push", urgent=False),
             count_refused=lambda reason: self.metrics.push_refusals.labels(reason=reason).inc(),
-            count_accepted=lambda what: self.metrics.pushes.labels(document=what).inc())
+            count_accepted=lambda what: self.metrics.pushes.labels(document=what).inc(),
+            watched=self.watches_namespace)
         return self.status_server.start()
 
     def stop(self) -> None:
@@ -88,6 +90,11 @@ class Runtime:
         self.sweep_rechecks.stop()
         if self.status_server is not None:
             self.status_server.stop()
+
+    def watches_namespace(self, namespace: str) -> bool:
+        """Whether this operator serves runs in `namespace` (its namespaces are kopf globs; none: all)."""
+        return not self.config.namespaces or any(fnmatch.fnmatchcase(namespace, pattern)
+                                                 for pattern in self.config.namespaces)
 
     def health(self) -> Optional[str]:
         """What is wrong with the threads every run depends on, for the liveness probe; None when nothing."""

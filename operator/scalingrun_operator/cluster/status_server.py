@@ -2,7 +2,8 @@
 
 POST /v1/namespaces/{namespace}/scalingruns/{run}/{progress|heartbeat} with a bearer token (push_auth.py) and the
 full state document (the JSON the trainer writes to storage). Refused, each counted by reason: a body over
-MAX_BODY_BYTES (413), a token that is missing, invalid or not ours (401), a pod of another run or namespace (403),
+MAX_BODY_BYTES (413), a namespace the operator does not watch (403), a token that is missing, invalid or not ours
+(401), a pod of another run or namespace (403),
 more than the run's share of pushes (429), a body that is no JSON object (400). Accepted pushes are kept
 (pushed.py) and their run is reconciled at once (`on_push`).
 
@@ -36,7 +37,7 @@ CERT_CHECK_SECONDS = 10.0
 # epoch; the preprocessing Job's indexes push at most once a second each).
 PUSHES_PER_SECOND, PUSH_BURST = 5.0, 20
 REVIEW_THREADS = 4  # TokenReviews and pod reads in flight at once, whoever pushes
-TOO_LARGE, RATE_LIMITED, BAD_DOCUMENT = "TooLarge", "RateLimited", "BadDocument"
+TOO_LARGE, RATE_LIMITED, BAD_DOCUMENT, NOT_WATCHED = "TooLarge", "RateLimited", "BadDocument", "NotWatched"
 
 
 class Buckets:
@@ -69,13 +70,15 @@ class StatusServer:
                  port: int, host: str = "0.0.0.0", on_push: Optional[Callable[[str, str], None]] = None,
                  count_refused: Optional[Callable[[str], None]] = None,
                  count_accepted: Optional[Callable[[str], None]] = None,
-                 pushes_per_second: float = PUSHES_PER_SECOND, burst: int = PUSH_BURST):
+                 pushes_per_second: float = PUSHES_PER_SECOND, burst: int = PUSH_BURST,
+                 watched: Callable[[str], bool] = lambda namespace: True):
         self.authenticator, self.pushed = authenticator, pushed
         self.cert_file, self.key_file, self.host, self.port = cert_file, key_file, host, port
         self.on_push = on_push or (lambda namespace, name: None)
         self.count_refused = count_refused or (lambda reason: None)
         self.count_accepted = count_accepted or (lambda what: None)
         self.buckets = Buckets(pushes_per_second, burst)
+        self.watched = watched
         self.ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.ssl_context.minimum_version = ssl.TLSVersion.TLSv1_2
         self.ssl_context.load_cert_chain(cert_file, key_file)
@@ -154,6 +157,8 @@ class StatusServer:
             return web.json_response({"message": f"no document {what!r}"}, status=404)
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
             return self._refuse(413, TOO_LARGE, f"a push is at most {MAX_BODY_BYTES} bytes")
+        if not self.watched(namespace):
+            return self._refuse(403, NOT_WATCHED, f"this operator runs no runs in namespace {namespace}")
         try:
             await asyncio.get_running_loop().run_in_executor(
                 self._reviews, self.authenticator.authorize, request.headers.get("Authorization"), namespace, run)

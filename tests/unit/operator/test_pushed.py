@@ -41,6 +41,15 @@ def test_pushed_documents_are_parsed_as_storage_reads_them_and_forgotten_with_th
     assert pushed.get("ns", "run", PROGRESS) is None and pushed.get("ns", "run", HEARTBEAT) is None
 
 
+def test_the_least_recently_pushed_go_first_past_the_bound():
+    pushed = PushedDocuments(kept=2)
+    for run in ("a", "b"):
+        pushed.record("ns", run, PROGRESS, Progress(epoch=1))
+    pushed.record("ns", "a", PROGRESS, Progress(epoch=2))  # a is the most recent now
+    pushed.record("ns", "c", PROGRESS, Progress(epoch=1))
+    assert [run for run in "abc" if pushed.get("ns", run, PROGRESS)] == ["a", "c"]
+
+
 def test_the_status_endpoint_needs_the_https_url_the_pods_reach_it_at():
     with pytest.raises(ConfigError, match="STATUS_URL"):
         load({"SCALINGRUN_STATUS_PORT_NUMBER": "8443"})
