@@ -21,7 +21,7 @@ from tests.support.apiserver import free_port
 from tests.support.operator import (  # noqa: F401 (fixtures)
     bucket, mpijob_pod_labels, new_run, progress, progress_uri, reach_training, served, wait_for,
 )
-from tests.support.tls import write_serving_certificate
+from tests.support.tls import post, write_serving_certificate
 
 pytestmark = pytest.mark.k8s
 
@@ -73,7 +73,5 @@ def test_status_follows_a_push_from_the_runs_pod(cluster, operator, bucket, s3_s
     assert 'scalingrun_status_pushes_total{document="progress"} 1.0' in operator.metrics()
 
     # A namespace this operator does not serve is refused before any token is looked at.
-    from tests.integration.test_status_push import post
-
     code, answer = post(STATUS_PORT, tmp_path / CA_FILE, push_path("elsewhere", "pushed", PROGRESS), b"{}", token)
     assert (code, answer["reason"]) == (403, "NotWatched")

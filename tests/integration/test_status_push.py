@@ -10,11 +10,8 @@ from __future__ import annotations
 import json
 import ssl
 import time
-import urllib.error
-import urllib.request
 import uuid
 from pathlib import Path
-from typing import Optional
 
 import pytest
 from kubernetes import client
@@ -30,7 +27,7 @@ from scalingrun_operator.cluster.pushed import PushedDocuments
 from scalingrun_operator.cluster.status_server import (
     BAD_DOCUMENT, RATE_LIMITED, TOO_LARGE, Buckets, StatusServer,
 )
-from tests.support.tls import write_serving_certificate
+from tests.support.tls import post, write_serving_certificate
 
 pytestmark = pytest.mark.k8s
 
@@ -64,17 +61,6 @@ def _token(core: client.CoreV1Api, pod: client.V1Pod, audience: str = STATUS_AUD
 
 def _service_account(core: client.CoreV1Api, namespace: str) -> None:
     core.create_namespaced_service_account(namespace, {"metadata": {"name": SERVICE_ACCOUNT}})
-
-
-def post(port: int, ca: Path, path: str, body: bytes, token: Optional[str]) -> tuple[int, dict]:
-    context = ssl.create_default_context(cafile=str(ca))
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-    request = urllib.request.Request(f"https://127.0.0.1:{port}{path}", data=body, headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(request, context=context, timeout=30) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
 
 
 @pytest.fixture

@@ -1,10 +1,16 @@
-"""A CA and a serving certificate signed by it, as files (what the chart's genCA/genSignedCert Secret holds)."""
+"""A CA and a serving certificate signed by it, as files (what the chart's genCA/genSignedCert Secret holds), and an
+HTTPS POST that trusts such a CA (a push to the status endpoint)."""
 
 from __future__ import annotations
 
 import datetime as dt
 import ipaddress
+import json
+import ssl
+import urllib.error
+import urllib.request
 from pathlib import Path
+from typing import Optional
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -38,3 +44,16 @@ def write_serving_certificate(directory: Path, host: str = "127.0.0.1") -> None:
     (directory / "tls.key").write_bytes(key.private_bytes(serialization.Encoding.PEM,
                                                            serialization.PrivateFormat.PKCS8,
                                                            serialization.NoEncryption()))
+
+
+def post(port: int, ca: Path, path: str, body: bytes, token: Optional[str]) -> tuple[int, dict]:
+    """POSTs `body` to https://127.0.0.1:`port``path` with `token` as bearer (none: no header), trusting only `ca`;
+    (the status code, the JSON answer)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(f"https://127.0.0.1:{port}{path}", data=body, headers=headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")

@@ -7,7 +7,6 @@ and writes it again when the CA changed (a rotated certificate) or the namespace
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
 from pathlib import Path
@@ -18,8 +17,6 @@ from kubernetes.client.rest import ApiException
 
 from scalingrun_api.models import MANAGED_BY
 from scalingrun_api.status_push import CA_FILE, STATUS_CONFIG_MAP, URL_FILE
-
-log = logging.getLogger(__name__)
 
 
 class StatusConfigMaps:
