@@ -97,6 +97,15 @@ class Config:
     gpu_tolerations: tuple[Toleration, ...] = DEFAULT_GPU_TOLERATIONS
     #: Port of the Prometheus /metrics endpoint; 0 turns it off.
     metrics_port_number: int = 9090
+    #: Port of the status endpoint (HTTPS), where the runs' pods push their progress and heartbeat
+    #: (cluster/status_server.py, docs/security.md "The push path"); 0 turns it off.
+    status_port_number: int = 0
+    #: Directory of the status endpoint's serving certificate (tls.crt, tls.key, ca.crt: the kubelet mounts its
+    #: Secret there), read again when it changes.
+    status_tls_dir: str = "/etc/scalingrun/status-tls"
+    #: The URL the runs' pods push to (e.g. https://scalingrun-status.scalingrun-system.svc:8443), written with
+    #: the CA bundle into the ConfigMap scalingrun-status of every namespace the operator runs a run in.
+    status_url: str = ""
     #: kopf liveness endpoint (served by kopf, answered by the on.probe handlers); empty turns it off.
     liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
     #: Namespaces (or kopf globs) to watch; empty means the whole cluster.
@@ -187,7 +196,8 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
 _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "progress_checks_per_second": float, "watch_timeout_seconds": int, "pod_resync_seconds": float,
           "completion_grace_seconds": float, "storage_timeout_seconds": float, "mpijob_unserved_seconds": float,
-          "metrics_port_number": int, "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
+          "metrics_port_number": int, "status_port_number": int, "status_tls_dir": str, "status_url": str,
+          "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str,
           "lease_name": str, "lease_namespace": str, "lease_holder": str, "lease_duration_seconds": float,
           "lease_renew_seconds": float, "lease_renew_deadline_seconds": float, "lease_retry_seconds": float,
@@ -226,6 +236,11 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
         raise ConfigError(f"{PREFIX}WATCH_TIMEOUT_SECONDS must be >= 1, not {config.watch_timeout_seconds}")
     if not 0 <= config.metrics_port_number <= 65535:
         raise ConfigError(f"{PREFIX}METRICS_PORT_NUMBER must be a port number, not {config.metrics_port_number}")
+    if not 0 <= config.status_port_number <= 65535:
+        raise ConfigError(f"{PREFIX}STATUS_PORT_NUMBER must be a port number, not {config.status_port_number}")
+    if config.status_port_number and urlparse(config.status_url).scheme != "https":
+        raise ConfigError(f"{PREFIX}STATUS_URL must be the https:// URL the runs' pods reach the status endpoint at, "
+                          f"not {config.status_url!r}")
     if config.max_document_bytes < 1024:
         raise ConfigError(f"{PREFIX}MAX_DOCUMENT_BYTES must be >= 1024, not {config.max_document_bytes}")
     for endpoint in config.allowed_storage_endpoints:

@@ -6,6 +6,11 @@ from typing import Any
 
 from scalingrun_api.engines import engine
 from scalingrun_api.models import MANAGED_BY, ScalingRun
+from scalingrun_api.status_push import (
+    CA_FILE, STATUS_AUDIENCE, STATUS_CONFIG_MAP, STATUS_DIR, STATUS_PATH_VARIABLE, TOKEN_EXPIRATION_SECONDS,
+    TOKEN_FILE, URL_FILE,
+    push_path,
+)
 from scalingrun_api.models.run import DEFAULT_GPU_RESOURCE
 from scalingrun_api.models.training import CONFIG_PATH
 
@@ -109,15 +114,41 @@ def image_pull_secrets(run: ScalingRun) -> dict[str, Any]:
     return {"imagePullSecrets": [{"name": name} for name in names]} if names else {}
 
 
-def pod_spec(run: ScalingRun, container: dict[str, Any], volumes: list[dict[str, Any]]) -> dict[str, Any]:
-    """The spec of a run's pod of one container that never calls the Kubernetes API (no token mounted), non-root."""
+STATUS_VOLUME = "scalingrun-status"
+def status_env(run: ScalingRun, namespace: str) -> list[dict[str, Any]]:
+    """The run's push path (scalingrun_api.status_push.push_path without the document)."""
+    return [{"name": STATUS_PATH_VARIABLE, "value": push_path(namespace, run.metadata.name, "").rstrip("/")}]
+
+
+def status_volume() -> tuple[dict[str, Any], dict[str, Any]]:
+    """What a run's pod pushes its status with (docs/security.md, "The push path"): a projected ServiceAccount token
+    of our own audience (the kubelet rotates it; it is good for nothing else: the API server refuses its audience),
+    and the status endpoint's URL and CA bundle from the namespace's ConfigMap, optional (an operator without the
+    endpoint writes none, and the pod pushes nothing): (volume, volumeMount)."""
+    return ({"name": STATUS_VOLUME, "projected": {"sources": [
+                {"serviceAccountToken": {"audience": STATUS_AUDIENCE, "path": TOKEN_FILE,
+                                         "expirationSeconds": TOKEN_EXPIRATION_SECONDS}},
+                {"configMap": {"name": STATUS_CONFIG_MAP, "optional": True,
+                               "items": [{"key": URL_FILE, "path": URL_FILE}, {"key": CA_FILE, "path": CA_FILE}]}},
+            ]}},
+            {"name": STATUS_VOLUME, "mountPath": STATUS_DIR, "readOnly": True})
+
+
+def pod_spec(run: ScalingRun, namespace: str, container: dict[str, Any],
+             volumes: list[dict[str, Any]]) -> dict[str, Any]:
+    """The spec of a run's pod of one container, non-root, that never calls the Kubernetes API: no API token is
+    mounted, only the status token, whose audience the API server refuses (status_volume)."""
+    volume, mount = status_volume()
+    env = [e for e in container.get("env", []) if e["name"] != STATUS_PATH_VARIABLE]
+    container = {**container, "env": env + status_env(run, namespace),
+                 "volumeMounts": [*container.get("volumeMounts", []), mount]}
     return {
         "automountServiceAccountToken": False,
         **service_account(run),
         **image_pull_secrets(run),
         "securityContext": pod_security_context(),
         "containers": [container],
-        "volumes": volumes,
+        "volumes": [*volumes, volume],
     }
 
 

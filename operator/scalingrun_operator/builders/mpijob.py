@@ -11,6 +11,7 @@ from scalingrun_api.models import ScalingRun, Toleration, Workers, quantity_valu
 from scalingrun_api.models.common import duration_seconds
 from scalingrun_api.models.run import DEFAULT_GPU_RESOURCE, DEFAULT_SHARED_MEMORY, SMALL_POD_MEMORY
 from scalingrun_api.models.training import CONFIG_VARIABLE
+from scalingrun_api.status_push import STATUS_PATH_VARIABLE
 from .common import (
     CONFIG_FILE,
     TMP_DIR,
@@ -56,7 +57,7 @@ DEFAULT_GPU_TOLERATIONS = (
 )
 SHARED_MEMORY_DIR = "/dev/shm"
 FORWARDED_ENV = ("AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                 "PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
+                 "PATH", "LD_LIBRARY_PATH", "PYTHONPATH", STATUS_PATH_VARIABLE)
 
 
 def command_env(run: ScalingRun) -> list[dict[str, Any]]:
@@ -150,12 +151,12 @@ def launcher_script(run: ScalingRun) -> str:
     return "exec " + shlex.join(launch + mpirun)
 
 
-def _pod_template(run: ScalingRun, labels: dict[str, str], container: dict[str, Any],
+def _pod_template(run: ScalingRun, namespace: str, labels: dict[str, str], container: dict[str, Any],
                   volumes: list[dict[str, Any]], workers: bool,
                   gpu_tolerations: Sequence[Toleration] = ()) -> dict[str, Any]:
     w = run.spec.workers
     # Neither mpirun (over ssh, not kubectl exec) nor the trainer calls the Kubernetes API.
-    pod = pod_spec(run, container, volumes)
+    pod = pod_spec(run, namespace, container, volumes)
     pod["terminationGracePeriodSeconds"] = termination_grace_seconds(w)
     user = [_toleration(t) for t in w.tolerations] if workers else []
     if workers and w.gpus_per_worker:
@@ -281,14 +282,15 @@ def build_mpijob(run: ScalingRun, namespace: str,
                 "Launcher": {
                     "replicas": 1,
                     "restartPolicy": "OnFailure",
-                    "template": _pod_template(run, meta["labels"], launcher, [volume, *launcher_scratch],
-                                             workers=False),
+                    "template": _pod_template(run, namespace, meta["labels"], launcher,
+                                              [volume, *launcher_scratch], workers=False),
                 },
                 "Worker": {
                     "replicas": w.replicas,
                     "restartPolicy": "Never",
-                    "template": _pod_template(run, meta["labels"], worker, [volume, *worker_scratch, shm_volume],
-                                              workers=True, gpu_tolerations=gpu_tolerations),
+                    "template": _pod_template(run, namespace, meta["labels"], worker,
+                                              [volume, *worker_scratch, shm_volume], workers=True,
+                                              gpu_tolerations=gpu_tolerations),
                 },
             },
         },

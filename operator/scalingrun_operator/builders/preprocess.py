@@ -92,7 +92,7 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
             "template": {
                 "metadata": {"labels": dict(meta["labels"])},
                 # It reads storage, never the Kubernetes API.
-                "spec": {"restartPolicy": "Never", **pod_spec(run, container, [volume, *scratch])},
+                "spec": {"restartPolicy": "Never", **pod_spec(run, namespace, container, [volume, *scratch])},
             },
         },
     }

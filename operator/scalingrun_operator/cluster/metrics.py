@@ -153,6 +153,14 @@ class Metrics:
                                        ["check"], registry=self.registry)
         self.run_series = RunSeries()
         self.registry.register(self.run_series)
+        self.pushes = Counter("scalingrun_status_pushes_total",
+                              "Pushes accepted by the status endpoint, by document (progress, heartbeat).",
+                              ["document"], registry=self.registry)
+        self.push_refusals = Counter(
+            "scalingrun_status_push_refusals_total",
+            "Pushes the status endpoint refused, by reason (NoToken, InvalidToken, WrongAudience, PodGone, "
+            "NotAPodToken, OtherNamespace, OtherRun, NotWatched, TooLarge, RateLimited, BadDocument).", ["reason"],
+            registry=self.registry)
         self._lock = threading.Lock()
         self._phases: dict[str, str] = {}
 

@@ -1,4 +1,5 @@
-"""observe: the facts decide asks for, read from the API server and object storage for one look.
+"""observe: the facts decide asks for, read from the API server and object storage for one look, and the newer
+of the progress and heartbeat documents read and pushed by the run's pods (pushed.py).
 
 One Observer serves one look at one run or sweep: it reads the Secret of a store once, however many
 documents the look reads with it; with the operator's copies (latest.py), a Job, an MPIJob or a store's keys
@@ -22,13 +23,15 @@ from .k8s import Kube
 from .latest import LatestObjects
 from .memory import Memory
 from .pod_index import PodIndex
+from .pushed import PushedDocuments, newer
 
 
 class Observer:
     def __init__(self, kube: Kube, config: Config, memory: Memory, clients: Clients, namespace: str, name: str,
-                 pods: Optional[PodIndex] = None, latest: Optional[LatestObjects] = None):
+                 pods: Optional[PodIndex] = None, latest: Optional[LatestObjects] = None,
+                 pushed: Optional[PushedDocuments] = None):
         self.kube, self.config, self.memory, self.clients, self.pods = kube, config, memory, clients, pods
-        self.latest = latest
+        self.latest, self.pushed = latest, pushed
         self.namespace, self.name = namespace, name
         self._targets: dict[Store, Union[StorageTarget, StorageError]] = {}
 
@@ -47,9 +50,10 @@ class Observer:
             try:
                 target = self.target(ask.store)
                 if ask.what == PROGRESS:
-                    return Read(*read_progress(ask.uri, target, ask.versioned))
+                    document, version = read_progress(ask.uri, target, ask.versioned)
+                    return Read(self._newer(PROGRESS, document), version)
                 if ask.what == HEARTBEAT:
-                    return Read(read_heartbeat(ask.uri, target))
+                    return Read(self._newer(HEARTBEAT, read_heartbeat(ask.uri, target)))
                 return Read(read_manifest(ask.uri, target))
             except StorageError as exc:
                 self._doubt_credentials(ask.store)
@@ -68,6 +72,12 @@ class Observer:
         if isinstance(ask, ServerVersion):
             return Server(*self.kube.server_version())
         raise TypeError(f"observe cannot read {ask!r}")
+
+    def _newer(self, what: str, read: Any) -> Any:
+        """The newer of the document read and the one the run's pods pushed (pushed.py)."""
+        if self.pushed is None:
+            return read
+        return newer(what, read, self.pushed.get(self.namespace, self.name, what))
 
     def _pods(self) -> list[dict[str, Any]]:
         """From the pod watch's index where it knows the run's pods, else listed (and the index seeded)."""

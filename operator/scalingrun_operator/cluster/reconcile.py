@@ -29,6 +29,7 @@ from .memory import Memory
 from .metrics import Metrics
 from .observe import Observer
 from .pod_index import PodIndex
+from .pushed import PushedDocuments
 from .reconcile_scheduler import ReconcileScheduler
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class _Reconciler:
     clients: Clients = field(default_factory=Clients)
     pods: Optional[PodIndex] = None  # the pod watch's index (Runtime); None: a look lists the run's pods
     latest: Optional[LatestObjects] = None  # copies from the watches (Runtime); None: a look reads them anew
+    pushed: Optional[PushedDocuments] = None  # documents the runs' pods pushed (Runtime); None: storage only
 
     kind = ""
 
@@ -92,7 +94,7 @@ class _Reconciler:
                     return None
                 # After a conflict no copy either: a child's may lag behind the write it conflicted with.
                 observer = Observer(self.kube, self.config, self.memory, self.clients, namespace, name, self.pods,
-                                    self.latest if attempt == 0 else None)
+                                    self.latest if attempt == 0 else None, self.pushed)
                 moment = clock.now()
                 snapshot = Snapshot(body, moment, derived=self._derived_for(namespace, name, body))
                 try:

@@ -6,8 +6,10 @@ nothing in the operator keeps state at module level, and a test makes its own.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import threading
+from pathlib import Path
 from typing import Optional
 
 from ..store_slots import Busy
@@ -20,6 +22,10 @@ from .memory import Memory
 from .metrics import Metrics
 from .pod_index import PodIndex
 from .preflight import run_at_start_up
+from .push_auth import PushAuthenticator
+from .pushed import PushedDocuments
+from .status_config import StatusConfigMaps
+from .status_server import StatusServer
 from .reconcile_scheduler import ReconcileScheduler
 from .reconcile import Reconciler, SweepReconciler
 
@@ -47,8 +53,13 @@ class Runtime:
         self.pods = PodIndex(config.pod_resync_seconds)
         # The runs, their Jobs and MPIJobs from their watches, and the stores' keys, not a read per reconcile.
         self.latest = LatestObjects()
+        # What the runs' pods push to the status endpoint (status_server.py), newest per run.
+        self.pushed = PushedDocuments()
+        self.kube = kube
+        self.status_server: Optional[StatusServer] = None
+        self.status_config_maps: Optional[StatusConfigMaps] = None
         self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients, self.pods,
-                               self.latest)
+                               self.latest, self.pushed)
         # One reconcile per run at a time; pod events at most one per run per second, a burst of them one
         # (cluster/coalesce.py), in a pool of their own: the pod handler never waits for a reconcile.
         self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0, workers=config.max_workers,
@@ -66,6 +77,8 @@ class Runtime:
         self.serve_metrics()  # once: main.py serves them before the Lease, so that a standby is seen too
         self.metrics.leader.set(1)
         threading.Thread(target=self.preflight, name="preflight", daemon=True).start()
+        if self.config.status_port_number:
+            self.start_status_server()
 
     def preflight(self) -> None:
         """What the cluster lacks for runs to train (no MPIJob API, CRDs of another version): logged, exported."""
@@ -77,11 +90,32 @@ class Runtime:
             self._serving = True
             self.metrics.serve(self.config.metrics_port_number)
 
+    def start_status_server(self) -> int:
+        """The status endpoint on its port (a free one for 0: tests); returns the port."""
+        config, tls = self.config, Path(self.config.status_tls_dir)
+        self.status_config_maps = StatusConfigMaps(self.kube.api_client, config.status_url, config.status_tls_dir)
+        self.status_server = StatusServer(
+            PushAuthenticator(self.kube.api_client, self.pods.pods), self.pushed, str(tls / "tls.crt"), str(tls / "tls.key"),
+            config.status_port_number,
+            # Soon, not in the server's loop: a reconcile may take a while, and a burst of pushes makes one.
+            on_push=lambda namespace, name: self.reconcile_run(namespace, name, "push", urgent=False),
+            count_refused=lambda reason: self.metrics.push_refusals.labels(reason=reason).inc(),
+            count_accepted=lambda what: self.metrics.pushes.labels(document=what).inc(),
+            watched=self.watches_namespace)
+        return self.status_server.start()
+
     def stop(self) -> None:
         self.metrics.leader.set(0)
         self.run_triggers.stop()
         self.watcher.stop()
         self.sweep_rechecks.stop()
+        if self.status_server is not None:
+            self.status_server.stop()
+
+    def watches_namespace(self, namespace: str) -> bool:
+        """Whether this operator serves runs in `namespace` (its namespaces are kopf globs; none: all)."""
+        return not self.config.namespaces or any(fnmatch.fnmatchcase(namespace, pattern)
+                                                 for pattern in self.config.namespaces)
 
     def health(self) -> Optional[str]:
         """What is wrong with the threads every run depends on, for the liveness probe; None when nothing."""
@@ -95,6 +129,11 @@ class Runtime:
     def _reconcile_run_now(self, key: tuple[str, str], handler: str) -> None:
         namespace, name = key
         self.metrics.reconciles.labels(kind="run").inc()
+        if self.status_config_maps is not None:
+            try:
+                self.status_config_maps.ensure(namespace)
+            except Exception as exc:  # noqa: BLE001 - the run goes on; its pods push nothing until this works
+                log.warning("%s: cannot write the ConfigMap of the status endpoint: %s", namespace, exc)
         try:
             self.runs(namespace, name)
         except Busy as exc:
@@ -117,6 +156,9 @@ class Runtime:
 
     def forget_run(self, namespace: str, name: str) -> None:
         self.memory.forget(("run", namespace, name))
+        self.pushed.forget(namespace, name)
+        if self.status_server is not None:
+            self.status_server.buckets.forget((namespace, name))
         self.runs.forget(namespace, name)
         self.pods.forget(namespace, name)
         self.run_triggers.forget((namespace, name))

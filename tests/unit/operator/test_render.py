@@ -11,6 +11,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from scalingrun_api.status_push import (
+    STATUS_AUDIENCE, STATUS_CONFIG_MAP, STATUS_DIR, STATUS_PATH_VARIABLE,
+)
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import build_children
 from scalingrun_operator.builders.common import CONFIG_FILE
@@ -239,6 +242,28 @@ def test_no_pod_gets_a_service_account_token(example):
     assert sorted(specs) == ["Launcher", "Worker", "preprocess"]
     for role, pod in specs.items():
         assert pod["automountServiceAccountToken"] is False, role
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_pod_may_push_its_runs_status_and_nothing_else(example):
+    """The only token a pod gets is the status endpoint's: our audience (the API server refuses it), short-lived,
+    with the endpoint's URL and CA from an optional ConfigMap; and the run's push path, forwarded to every rank."""
+    children = build_children(load(example), "ml")
+    specs = _pod_specs(children)
+    for role, pod in specs.items():
+        container = pod["containers"][0]
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        mounts = {m["mountPath"]: volumes[m["name"]] for m in container["volumeMounts"]}
+        sources = mounts[STATUS_DIR]["projected"]["sources"]
+        tokens = [s["serviceAccountToken"] for s in sources if "serviceAccountToken" in s]
+        assert tokens == [{"audience": STATUS_AUDIENCE, "path": "token", "expirationSeconds": 3600}], role
+        (config,) = [s["configMap"] for s in sources if "configMap" in s]
+        assert config["name"] == STATUS_CONFIG_MAP and config["optional"] is True, role
+        assert {"name": STATUS_PATH_VARIABLE, "value": "/v1/namespaces/ml/scalingruns/" + children[0]["metadata"][
+            "labels"]["scalingrun.dev/run"]} in container["env"], role
+        assert sum(1 for v in pod["volumes"] if "projected" in v) == 1, role  # no other token, anywhere
+    launcher = specs["Launcher"]["containers"][0]["command"]
+    assert f"-x {STATUS_PATH_VARIABLE}" in " ".join(launcher)
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)

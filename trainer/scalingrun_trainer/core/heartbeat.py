@@ -16,6 +16,7 @@ from typing import Callable, Optional
 
 from scalingrun_api.heartbeat import HEARTBEAT_INTERVAL_SECONDS, Heartbeat, HeartbeatPhase
 from ..storage import Location
+from .status_push import status_pusher
 
 # A phase change (training -> validation -> saving) is written sooner than the interval, but not more often than
 # this: short phases in a row must not turn the heartbeat into a write per step.
@@ -27,13 +28,15 @@ WRITE_DEADLINE_SECONDS = 5.0
 class HeartbeatWriter:
     """One attempt's heartbeat on one rank. `location` None: this rank writes nothing (not rank 0), but its beats
     still count the longest gap. `clock`: wall time written in the document; `monotonic`: what gaps are measured
-    with."""
+    with. `pushed`: the run's own heartbeat, also pushed to the operator (status_push.py); a preprocessing
+    shard's beat is not (the run's status would take it for the training's)."""
 
     def __init__(self, location: Optional[Location], *, rank: int = 0,
                  interval: float = HEARTBEAT_INTERVAL_SECONDS, phase_floor: float = PHASE_CHANGE_FLOOR_SECONDS,
                  clock: Callable[[], float] = time.time, monotonic: Callable[[], float] = time.monotonic,
-                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)):
-        self.location, self.rank = location, rank
+                 log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+                 pushed: bool = False):
+        self.location, self.rank, self.pushed = location, rank, pushed
         self.interval, self.phase_floor = interval, phase_floor
         self.clock, self.monotonic, self.log = clock, monotonic, log
         self.document = Heartbeat(phase=HeartbeatPhase.starting, time=clock(), attempt_started=clock(), rank=rank)
@@ -76,6 +79,9 @@ class HeartbeatWriter:
         return since >= self.interval or (phase != self._written_phase and since >= self.phase_floor)
 
     def _write(self) -> bool:
+        pusher = status_pusher() if self.pushed else None
+        if pusher is not None:
+            pusher.push("heartbeat", self.document.document())  # sent by its thread: the beat never waits
         data = json.dumps(self.document.document()).encode()
         try:
             self.location.write_bytes_atomic(data, deadline=WRITE_DEADLINE_SECONDS)

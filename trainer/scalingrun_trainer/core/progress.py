@@ -17,6 +17,7 @@ from scalingrun_api.progress import (
     INPUT_HISTORY_EPOCHS, BatchSizeProbe, Devices, Epoch, FeatureCache, InputEpoch, Progress, ProgressState,
 )
 from ..storage import Location
+from .status_push import FINAL_FLUSH_SECONDS, status_pusher
 
 if TYPE_CHECKING:
     from .tracking import RunTracker
@@ -51,7 +52,11 @@ class ProgressWriter:
 
     def _write(self) -> None:
         self.progress.elapsed_seconds = round(time.monotonic() - self.started, 2)
-        self.location.write_bytes_atomic(json.dumps(self.progress.document(), indent=1).encode())
+        document = self.progress.document()
+        pusher = status_pusher()
+        if pusher is not None:
+            pusher.push("progress", document)  # to the operator at once, beside the durable record
+        self.location.write_bytes_atomic(json.dumps(document, indent=1).encode())
 
     def start(self, best_epoch: Optional[int] = None) -> None:
         """Writes the first document; best_epoch: the best epoch so far of a resumed training."""
@@ -81,6 +86,9 @@ class ProgressWriter:
     def finish(self, state: str, model_uri: Optional[str] = None, error: Optional[str] = None) -> None:
         self.progress.state, self.progress.model_uri, self.progress.error = ProgressState(state).value, model_uri, error
         self._write()
+        pusher = status_pusher()
+        if pusher is not None:
+            pusher.flush(FINAL_FLUSH_SECONDS)  # the last document before the process (and its daemon thread) ends
 
 
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:

@@ -70,9 +70,9 @@ class Attempt:
         self.tracker: Optional[RunTracker] = None
         self.run_root = open_location(config.run_location, self.endpoint, self.region)
         self.checkpoints = CheckpointStore(self.run_root.join("checkpoints"), commit=self.rank == 0)
-        # Every rank beats from its loop (the longest gap); rank 0 writes heartbeat.json.
+        # Every rank beats from its loop (the longest gap); rank 0 writes heartbeat.json and pushes it.
         self.heartbeat = HeartbeatWriter(self.run_root.join(HEARTBEAT_FILE) if self.rank == 0 else None,
-                                         rank=self.rank)
+                                         rank=self.rank, pushed=True)
         self.stall_watch: Optional[StallWatch] = None  # from watch_peers(), armed at the first training step
         self.state: Optional[CheckpointState] = None
         self.dataset: Optional[Dataset] = None

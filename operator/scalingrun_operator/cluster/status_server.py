@@ -1,0 +1,184 @@
+"""The status endpoint: HTTPS on its own port, where the runs' own pods push their progress and heartbeat.
+
+POST /v1/namespaces/{namespace}/scalingruns/{run}/{progress|heartbeat} with a bearer token (push_auth.py) and the
+full state document (the JSON the trainer writes to storage). Refused, each counted by reason: a body over
+MAX_BODY_BYTES (413), a namespace the operator does not watch (403), a token that is missing, invalid or not ours
+(401), a pod of another run or namespace (403),
+more than the run's share of pushes (429), a body that is no JSON object (400). Accepted pushes are kept
+(pushed.py) and their run is reconciled at once (`on_push`).
+
+It runs its own event loop in a thread of its own: a flood of pushes never waits on kopf's loop, nor kopf on it.
+The serving certificate is read from files (the kubelet mounts its Secret; the operator needs no Secret RBAC) and
+read again when they change, so a rotated certificate is served without a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import ssl
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from aiohttp import web
+
+from scalingrun_api.status_push import MAX_BODY_BYTES, PUSHED_DOCUMENTS
+from .push_auth import PushAuthenticator, Refused
+from .pushed import PushedDocuments, parse_pushed
+
+log = logging.getLogger(__name__)
+
+CERT_CHECK_SECONDS = 10.0
+# Per run: pushes a second, and the burst allowed (a run's rank 0 pushes a heartbeat every 30 s and progress per
+# epoch; the preprocessing Job's indexes push at most once a second each).
+PUSHES_PER_SECOND, PUSH_BURST = 5.0, 20
+REVIEW_THREADS = 4  # TokenReviews and pod reads in flight at once, whoever pushes
+TOO_LARGE, RATE_LIMITED, BAD_DOCUMENT, NOT_WATCHED = "TooLarge", "RateLimited", "BadDocument", "NotWatched"
+
+
+class Buckets:
+    """A token bucket per run (used in the server's loop only; a run's goes with the run)."""
+
+    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic):
+        self.rate, self.burst, self._clock = rate, burst, clock
+        self._buckets: dict[tuple[str, str], tuple[float, float]] = {}
+
+    def take(self, key: tuple[str, str]) -> bool:
+        now = self._clock()
+        tokens, then = self._buckets.get(key, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - then) * self.rate)
+        if tokens < 1:
+            self._buckets[key] = (tokens, now)
+            return False
+        self._buckets[key] = (tokens - 1, now)
+        return True
+
+    def forget(self, key: tuple[str, str]) -> None:
+        self._buckets.pop(key, None)
+
+
+def _file_state(*paths: str) -> tuple[Any, ...]:
+    return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in map(os.stat, paths))
+
+
+class StatusServer:
+    def __init__(self, authenticator: PushAuthenticator, pushed: PushedDocuments, cert_file: str, key_file: str,
+                 port: int, host: str = "0.0.0.0", on_push: Optional[Callable[[str, str], None]] = None,
+                 count_refused: Optional[Callable[[str], None]] = None,
+                 count_accepted: Optional[Callable[[str], None]] = None,
+                 pushes_per_second: float = PUSHES_PER_SECOND, burst: int = PUSH_BURST,
+                 watched: Callable[[str], bool] = lambda namespace: True):
+        self.authenticator, self.pushed = authenticator, pushed
+        self.cert_file, self.key_file, self.host, self.port = cert_file, key_file, host, port
+        self.on_push = on_push or (lambda namespace, name: None)
+        self.count_refused = count_refused or (lambda reason: None)
+        self.count_accepted = count_accepted or (lambda what: None)
+        self.buckets = Buckets(pushes_per_second, burst)
+        self.watched = watched
+        self.ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ssl_context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.ssl_context.load_cert_chain(cert_file, key_file)
+        self._cert_state = _file_state(cert_file, key_file)
+        self._reviews = concurrent.futures.ThreadPoolExecutor(REVIEW_THREADS, thread_name_prefix="status-review")
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._runner: Optional[web.AppRunner] = None
+        self._thread: Optional[threading.Thread] = None
+        self._started = threading.Event()
+
+    # --- life ---------------------------------------------------------------------------------------
+
+    def start(self) -> int:
+        """Serves in a thread of its own; returns the port bound (the one asked for, or a free one for 0)."""
+        self._thread = threading.Thread(target=self._serve, name="status-server", daemon=True)
+        self._thread.start()
+        if not self._started.wait(30):
+            raise RuntimeError("the status server did not start")
+        return self.port
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(10)
+        self._reviews.shutdown(wait=False, cancel_futures=True)
+
+    def _serve(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(self._loop)
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/v1/namespaces/{namespace}/scalingruns/{run}/{what}", self._push)
+        self._runner = web.AppRunner(app, access_log=None)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, self.host, self.port, ssl_context=self.ssl_context)
+        self._loop.run_until_complete(site.start())
+        self.port = self._runner.addresses[0][1]
+        reload = self._loop.create_task(self._reload_certificate())
+        self._started.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            reload.cancel()
+            self._loop.run_until_complete(self._runner.cleanup())
+            self._loop.close()
+
+    async def _reload_certificate(self) -> None:
+        while True:
+            await asyncio.sleep(CERT_CHECK_SECONDS)
+            self.reload_certificate()
+
+    def reload_certificate(self) -> bool:
+        """Loads the certificate again when its files changed (the kubelet swaps a Secret's files at once);
+        returns whether it did. New connections get the new one; a broken pair keeps the old one served."""
+        try:
+            state = _file_state(self.cert_file, self.key_file)
+            if state == self._cert_state:
+                return False
+            self.ssl_context.load_cert_chain(self.cert_file, self.key_file)
+        except (OSError, ssl.SSLError) as exc:
+            log.warning("status server: cannot load the serving certificate again (%s); the old one stays", exc)
+            return False
+        self._cert_state = state
+        log.info("status server: serving certificate reloaded from %s", self.cert_file)
+        return True
+
+    # --- one push -----------------------------------------------------------------------------------
+
+    def _refuse(self, status: int, reason: str, message: str) -> web.Response:
+        self.count_refused(reason)
+        return web.json_response({"reason": reason, "message": message}, status=status)
+
+    async def _push(self, request: web.Request) -> web.Response:
+        namespace, run, what = (request.match_info[k] for k in ("namespace", "run", "what"))
+        if what not in PUSHED_DOCUMENTS:
+            return web.json_response({"message": f"no document {what!r}"}, status=404)
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            return self._refuse(413, TOO_LARGE, f"a push is at most {MAX_BODY_BYTES} bytes")
+        if not self.watched(namespace):
+            return self._refuse(403, NOT_WATCHED, f"this operator runs no runs in namespace {namespace}")
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                self._reviews, self.authenticator.authorize, request.headers.get("Authorization"), namespace, run)
+        except Refused as refused:
+            return self._refuse(refused.status, refused.reason, refused.message)
+        if not self.buckets.take((namespace, run)):
+            response = self._refuse(429, RATE_LIMITED, "too many pushes for this run; the newest one counts")
+            response.headers["Retry-After"] = "1"
+            return response
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return self._refuse(413, TOO_LARGE, f"a push is at most {MAX_BODY_BYTES} bytes")
+        try:
+            document = parse_pushed(what, json.loads(body))
+        except (ValueError, UnicodeDecodeError):
+            document = None
+        if document is None:
+            return self._refuse(400, BAD_DOCUMENT, f"the body is no JSON object of a {what} document")
+        self.pushed.record(namespace, run, what, document)
+        self.count_accepted(what)
+        self.on_push(namespace, run)
+        return web.json_response({"accepted": what}, status=202)

@@ -1,0 +1,86 @@
+"""The chart's part of the push path: the status endpoint's Service, port and certificate, the TokenReview grant and
+the NetworkPolicies that let the runs' pods reach it (docs/security.md, "The push path")."""
+
+from __future__ import annotations
+
+import base64
+
+from cryptography import x509
+
+from tests.support.chart import CHART, helm, render  # noqa: F401 (fixtures)
+
+STATUS = CHART / "ci/status-values.yaml"
+
+
+def _one(objects: list[dict], kind: str, name: str) -> dict:
+    (found,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    return found
+
+
+def _operator_container(objects: list[dict]) -> dict:
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    return deployment["spec"]["template"]["spec"]["containers"][0]
+
+
+def test_the_status_endpoint_is_off_by_default(helm):
+    objects = render(helm)
+    assert not [o for o in objects if o["metadata"]["name"].endswith(("-status", "-status-tls", "-status-push"))]
+    assert "SCALINGRUN_STATUS_PORT_NUMBER" not in {e["name"] for e in _operator_container(objects)["env"]}
+
+
+def test_the_status_endpoint_serves_on_its_own_port_with_a_certificate_the_kubelet_mounts(helm):
+    objects = render(helm, STATUS)
+    service = _one(objects, "Service", "t-scalingrun-status")
+    assert service["spec"]["ports"] == [{"name": "status", "port": 8443, "targetPort": "status", "protocol": "TCP"}]
+    container = _operator_container(objects)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["SCALINGRUN_STATUS_PORT_NUMBER"] == "8443"
+    assert env["SCALINGRUN_STATUS_URL"] == "https://t-scalingrun-status.scalingrun-system.svc:8443"
+    assert {"name": "status", "containerPort": 8443, "protocol": "TCP"} in container["ports"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "status-tls")
+    assert mount["mountPath"] == env["SCALINGRUN_STATUS_TLS_DIR"] and mount["readOnly"] is True
+    pod = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]
+    assert {"name": "status-tls", "secret": {"secretName": "t-scalingrun-status-tls"}} in pod["volumes"]
+
+    # The chart-made certificate: signed by the CA whose ca.crt the operator hands the runs' pods, for the Service.
+    secret = _one(objects, "Secret", "t-scalingrun-status-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    cert, ca = (x509.load_pem_x509_certificate(base64.b64decode(secret["data"][k])) for k in ("tls.crt", "ca.crt"))
+    cert.verify_directly_issued_by(ca)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName)
+    assert "t-scalingrun-status.scalingrun-system.svc" in names
+
+
+def test_cert_manager_makes_the_certificate_when_asked(helm):
+    objects = render(helm, STATUS, "--set", "statusServer.certManager.enabled=true",
+                     "--set", "statusServer.certManager.issuerRef.name=ca-issuer")
+    certificate = _one(objects, "Certificate", "t-scalingrun-status-tls")
+    assert certificate["spec"]["secretName"] == "t-scalingrun-status-tls"
+    assert certificate["spec"]["issuerRef"] == {"kind": "Issuer", "name": "ca-issuer"}
+    assert not [o for o in objects if o["kind"] == "Secret"]
+
+
+def test_the_operator_may_review_tokens_and_gets_no_secret_verb_for_it(helm):
+    from tests.support.rbac import bound_rules, grants
+
+    account = "t-scalingrun"
+    without, with_status = (grants(bound_rules(render(helm, values), account, "scalingrun-system"))
+                            for values in (CHART / "ci/networkpolicy-values.yaml", STATUS))
+    added = with_status - without
+    assert added == {("create", "authentication.k8s.io", "tokenreviews")}
+
+
+def test_the_runs_pods_may_reach_the_status_port_and_only_run_pods_may(helm):
+    objects = render(helm, STATUS)
+    runs = _one(objects, "NetworkPolicy", "t-scalingrun-runs")
+    operator_pods = next(o for o in objects if o["kind"] == "Deployment")["spec"]["selector"]["matchLabels"]
+    to_operator = [rule for rule in runs["spec"]["egress"] if rule.get("ports") == [{"port": 8443, "protocol": "TCP"}]]
+    assert to_operator == [{"to": [{
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "scalingrun-system"}},
+        "podSelector": {"matchLabels": operator_pods}}], "ports": [{"port": 8443, "protocol": "TCP"}]}]
+    operator = _one(objects, "NetworkPolicy", "t-scalingrun-operator")
+    status_rule = next(r for r in operator["spec"]["ingress"] if {"port": "status", "protocol": "TCP"} in r["ports"])
+    assert status_rule["from"] == [{"namespaceSelector": {},
+                                    "podSelector": {"matchExpressions": [{"key": "scalingrun.dev/run",
+                                                                          "operator": "Exists"}]}}]

@@ -1,0 +1,274 @@
+"""The push path against a real API server: the status endpoint (HTTPS) takes a run's document only from a pod of
+that run, proven by a projected ServiceAccount token (TokenRequest bound to the pod, TokenReview by the server).
+
+No kubelet runs: the pods are API objects, and their tokens come from the TokenRequest API bound to them
+(boundObjectRef kind Pod), as the kubelet's projected volume would get them.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+
+from scalingrun_api.models import MANAGED_BY
+from scalingrun_api.progress import Progress
+from scalingrun_api.status_push import MAX_BODY_BYTES, PROGRESS, STATUS_AUDIENCE, push_path
+from scalingrun_operator.builders.common import RUN_LABEL
+from scalingrun_operator.cluster import push_auth
+from scalingrun_operator.cluster.metrics import Metrics
+from scalingrun_operator.cluster.push_auth import PushAuthenticator
+from scalingrun_operator.cluster.pushed import PushedDocuments
+from scalingrun_operator.cluster.status_server import (
+    BAD_DOCUMENT, RATE_LIMITED, TOO_LARGE, Buckets, StatusServer,
+)
+from tests.support.tls import post, write_serving_certificate
+
+pytestmark = pytest.mark.k8s
+
+SERVICE_ACCOUNT = "runner"
+
+
+@pytest.fixture
+def other_namespace(api_client):
+    core = client.CoreV1Api(api_client)
+    name = f"sr-push-{uuid.uuid4().hex[:8]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
+    yield name
+    core.delete_namespace(name)
+
+
+def _pod(core: client.CoreV1Api, namespace: str, name: str, run: str) -> client.V1Pod:
+    return core.create_namespaced_pod(namespace, {
+        "metadata": {"name": name, "labels": {**MANAGED_BY, RUN_LABEL: run}},
+        "spec": {"serviceAccountName": SERVICE_ACCOUNT, "automountServiceAccountToken": False,
+                 "containers": [{"name": "trainer", "image": "trainer:test"}]}})
+
+
+def _token(core: client.CoreV1Api, pod: client.V1Pod, audience: str = STATUS_AUDIENCE, bound: bool = True) -> str:
+    """A token as the kubelet's projected volume gets it (`bound`: to the pod; else the ServiceAccount's own)."""
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+        audiences=[audience], expiration_seconds=600,
+        bound_object_ref=client.V1BoundObjectReference(kind="Pod", api_version="v1", name=pod.metadata.name,
+                                                       uid=pod.metadata.uid) if bound else None))
+    return core.create_namespaced_service_account_token(SERVICE_ACCOUNT, pod.metadata.namespace, request).status.token
+
+
+def _service_account(core: client.CoreV1Api, namespace: str) -> None:
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": SERVICE_ACCOUNT}})
+
+
+@pytest.fixture
+def status_server(api_client, tmp_path):
+    write_serving_certificate(tmp_path / "tls")
+    metrics, pushed, pushes = Metrics(), PushedDocuments(), []
+    server = StatusServer(PushAuthenticator(api_client), pushed, str(tmp_path / "tls/tls.crt"),
+                          str(tmp_path / "tls/tls.key"), port=0, host="127.0.0.1",
+                          on_push=lambda namespace, name: pushes.append((namespace, name)),
+                          count_refused=lambda reason: metrics.push_refusals.labels(reason=reason).inc(),
+                          count_accepted=lambda what: metrics.pushes.labels(document=what).inc())
+    server.start()
+    server.metrics, server.pushes, server.ca = metrics, pushes, tmp_path / "tls/ca.crt"
+    yield server
+    server.stop()
+
+
+def test_only_a_pod_of_the_run_may_push_its_status(api_client, namespace, other_namespace, status_server):
+    core = client.CoreV1Api(api_client)
+    for ns in (namespace, other_namespace):
+        _service_account(core, ns)
+    own = _pod(core, namespace, "alpha-launcher", "alpha")
+    other_run = _pod(core, namespace, "beta-launcher", "beta")
+    elsewhere = _pod(core, other_namespace, "alpha-launcher", "alpha")  # the same run name, another namespace
+    gone = _pod(core, namespace, "alpha-worker-0", "alpha")
+    tokens = {"own": _token(core, own), "other run": _token(core, other_run),
+              "other namespace": _token(core, elsewhere), "wrong audience": _token(core, own, "someone-else"),
+              "deleted pod": _token(core, gone), "no pod": _token(core, own, bound=False)}
+    core.delete_namespaced_pod(gone.metadata.name, namespace, grace_period_seconds=0)
+    header, payload, signature = tokens["own"].split(".")
+    tokens["forged"] = f"{header}.{payload}.{signature[::-1]}"
+    tokens["garbage"] = "not-a-token"
+
+    document = Progress(epoch=3, max_epochs=10, metrics={"loss": 0.5}).document()
+    path = push_path(namespace, "alpha", PROGRESS)
+    table = [  # who pushes, its token, the status and the reason expected
+        ("the run's own pod", tokens["own"], 202, None),
+        ("another run's pod", tokens["other run"], 403, push_auth.OTHER_RUN),
+        ("another namespace's pod", tokens["other namespace"], 403, push_auth.OTHER_NAMESPACE),
+        ("a token of another audience", tokens["wrong audience"], 401, push_auth.WRONG_AUDIENCE),
+        ("a token bound to a deleted pod", tokens["deleted pod"], 401, push_auth.POD_GONE),
+        ("a token bound to no pod", tokens["no pod"], 403, push_auth.NOT_A_POD),
+        ("a forged token", tokens["forged"], 401, push_auth.INVALID_TOKEN),
+        ("garbage", tokens["garbage"], 401, push_auth.INVALID_TOKEN),
+        ("no token", None, 401, push_auth.NO_TOKEN),
+    ]
+    found = []
+    for who, token, _, _ in table:
+        code, answer = post(status_server.port, status_server.ca, path, json.dumps(document).encode(), token)
+        found.append((who, code, answer.get("reason")))
+        print(f"{who:32} -> {code} {answer.get('reason') or answer}")
+    assert found == [(who, code, reason) for who, _, code, reason in table]
+
+    # Only the accepted push was kept, and its run reconciled; each refusal counted by its reason.
+    kept = status_server.pushed.get(namespace, "alpha", PROGRESS)
+    assert kept is not None and kept.epoch == 3 and kept.metrics == {"loss": 0.5}
+    assert status_server.pushed.get(other_namespace, "alpha", PROGRESS) is None
+    assert status_server.pushes == [(namespace, "alpha")]
+    sample = status_server.metrics.registry.get_sample_value
+    assert sample("scalingrun_status_pushes_total", {"document": PROGRESS}) == 1
+    for reason in {reason for *_, reason in table if reason}:
+        expected = sum(1 for *_, r in table if r == reason)
+        assert sample("scalingrun_status_push_refusals_total", {"reason": reason}) == expected, reason
+
+
+def test_the_body_is_capped_parsed_and_pushes_rate_limited(api_client, namespace, status_server):
+    core = client.CoreV1Api(api_client)
+    _service_account(core, namespace)
+    token = _token(core, _pod(core, namespace, "alpha-launcher", "alpha"))
+    path = push_path(namespace, "alpha", PROGRESS)
+    status_server.buckets = Buckets(rate=0.01, burst=3)  # this run's share: 3 pushes, then one every 100 s
+
+    assert post(status_server.port, status_server.ca, path, b" " * (MAX_BODY_BYTES + 1), token)[0] == 413
+    code, answer = post(status_server.port, status_server.ca, path, b"{not json", token)
+    assert (code, answer["reason"]) == (400, BAD_DOCUMENT)
+    # A body too large is refused before its token is even reviewed: it takes nothing from the run's burst (3), which
+    # the bad body and these two spend; the next push is refused until the bucket refills.
+    for epoch in (1, 2):
+        assert post(status_server.port, status_server.ca, path, json.dumps({"epoch": epoch}).encode(), token)[0] == 202
+    code, answer = post(status_server.port, status_server.ca, path, json.dumps({"epoch": 3}).encode(), token)
+    assert (code, answer["reason"]) == (429, RATE_LIMITED)
+    assert status_server.pushed.get(namespace, "alpha", PROGRESS).epoch == 2  # the newest accepted
+    sample = status_server.metrics.registry.get_sample_value
+    assert sample("scalingrun_status_push_refusals_total", {"reason": TOO_LARGE}) == 1
+
+
+def test_a_rotated_certificate_is_served_without_a_restart(status_server, tmp_path):
+    before = ssl.get_server_certificate(("127.0.0.1", status_server.port))
+    time.sleep(0.01)
+    write_serving_certificate(tmp_path / "tls")  # a new CA and certificate, as a renewed Secret
+    assert status_server.reload_certificate()
+    after = ssl.get_server_certificate(("127.0.0.1", status_server.port))
+    assert after != before
+    assert not status_server.reload_certificate()  # nothing changed since
+
+
+# --- the trainer's side -------------------------------------------------------------------------------
+
+
+def _mounted(directory: Path, port: int, ca: Path, token: str) -> Path:
+    """What the kubelet mounts into a run's pod: the token, the endpoint's URL and CA bundle."""
+    directory.mkdir()
+    (directory / "token").write_text(token)
+    (directory / "url").write_text(f"https://127.0.0.1:{port}")
+    (directory / "ca.crt").write_bytes(ca.read_bytes())
+    return directory
+
+
+def test_the_trainers_pushes_reach_the_run_newest_first(api_client, namespace, status_server, tmp_path, monkeypatch):
+    from scalingrun_trainer.core import status_push
+
+    core = client.CoreV1Api(api_client)
+    _service_account(core, namespace)
+    token = _token(core, _pod(core, namespace, "alpha-worker-0", "alpha"))
+    mounted = _mounted(tmp_path / "status", status_server.port, status_server.ca, token)
+    monkeypatch.setenv(status_push.STATUS_DIR_VARIABLE, str(mounted))
+    monkeypatch.setenv(status_push.STATUS_PATH_VARIABLE, f"/v1/namespaces/{namespace}/scalingruns/alpha")
+    status_push.status_pusher.cache_clear()
+    pusher = status_push.status_pusher()
+    assert pusher is not None
+    started = time.monotonic()
+    for epoch in range(1, 31):  # faster than the run's share of pushes: only the newest one need arrive
+        pusher.push(PROGRESS, Progress(epoch=epoch, max_epochs=30).document())
+    queued = time.monotonic() - started
+    assert pusher.flush(60)
+    print(f"30 pushes queued in {queued * 1000:.1f} ms; {pusher.sent} sent")
+    assert status_server.pushed.get(namespace, "alpha", PROGRESS).epoch == 30
+    assert 1 <= pusher.sent <= 30
+    status_push.status_pusher.cache_clear()
+
+
+def test_rank_0s_writers_push_beside_their_write_and_a_shards_heartbeat_does_not(api_client, namespace, status_server,
+                                                                                 tmp_path, monkeypatch):
+    from scalingrun_api.status_push import HEARTBEAT
+    from scalingrun_trainer.core import status_push
+    from scalingrun_trainer.core.heartbeat import HeartbeatWriter
+    from scalingrun_trainer.core.progress import ProgressWriter
+    from scalingrun_trainer.storage import open_location
+
+    core = client.CoreV1Api(api_client)
+    _service_account(core, namespace)
+    token = _token(core, _pod(core, namespace, "alpha-worker-0", "alpha"))
+    monkeypatch.setenv(status_push.STATUS_DIR_VARIABLE,
+                       str(_mounted(tmp_path / "status", status_server.port, status_server.ca, token)))
+    monkeypatch.setenv(status_push.STATUS_PATH_VARIABLE, f"/v1/namespaces/{namespace}/scalingruns/alpha")
+    status_push.status_pusher.cache_clear()
+    try:
+        shard = HeartbeatWriter(open_location(str(tmp_path / "_heartbeat/shard-00001.json")), rank=1)
+        shard.beat("preprocessing", step=7)
+        assert status_push.status_pusher().flush(30)
+        assert status_server.pushed.get(namespace, "alpha", HEARTBEAT) is None
+
+        beats = HeartbeatWriter(open_location(str(tmp_path / "heartbeat.json")), pushed=True)
+        beats.beat("training", step=12, epoch=1)
+        writer = ProgressWriter(open_location(str(tmp_path / "progress.json")), max_epochs=5, processes=2,
+                                learning_rate=0.002, effective_batch_size=32)
+        writer.start()
+        writer.epoch(1, {"loss": 0.4}, 100.0, 1, {"loss": 0.4})
+        writer.finish("succeeded")  # waits for its last document to be sent
+        progress = status_server.pushed.get(namespace, "alpha", PROGRESS)
+        assert (progress.state, progress.epoch, progress.metrics) == ("succeeded", 1, {"loss": 0.4})
+        assert progress == Progress.read(json.loads((tmp_path / "progress.json").read_text()))  # the same document
+        beat = status_server.pushed.get(namespace, "alpha", HEARTBEAT)
+        assert (beat.phase, beat.step, beat.epoch) == ("training", 12, 1)
+    finally:
+        status_push.status_pusher.cache_clear()
+
+
+def test_the_trainer_waits_out_an_operator_that_is_away(api_client, namespace, tmp_path):
+    from scalingrun_trainer.core.status_push import StatusPusher
+    from tests.support.apiserver import free_port
+
+    core = client.CoreV1Api(api_client)
+    _service_account(core, namespace)
+    token = _token(core, _pod(core, namespace, "alpha-launcher", "alpha"))
+    write_serving_certificate(tmp_path / "tls")
+    port = free_port()
+    said: list[str] = []
+    pusher = StatusPusher(f"https://127.0.0.1:{port}", f"/v1/namespaces/{namespace}/scalingruns/alpha",
+                          tmp_path / "tls/ca.crt", _mounted(tmp_path / "status", port, tmp_path / "tls/ca.crt",
+                                                            token) / "token", log=said.append)
+    pusher.push(PROGRESS, Progress(epoch=1).document())  # nobody listens: kept, tried again later
+    assert not pusher.flush(0.5)
+    assert len(said) == 1 and "does not answer" in said[0]
+    pusher.push(PROGRESS, Progress(epoch=2).document())
+    pushed = PushedDocuments()
+    server = StatusServer(PushAuthenticator(api_client), pushed, str(tmp_path / "tls/tls.crt"),
+                          str(tmp_path / "tls/tls.key"), port=port, host="127.0.0.1")
+    server.start()
+    try:
+        assert pusher.flush(120)
+        assert pushed.get(namespace, "alpha", PROGRESS).epoch == 2
+        assert len(said) == 1  # said once, however often it tried
+    finally:
+        server.stop()
+
+
+def test_the_pod_watchs_index_answers_for_its_runs_pods_and_nothing_else(api_client, namespace):
+    from scalingrun_operator.cluster.pod_index import PodIndex
+
+    core = client.CoreV1Api(api_client)
+    _service_account(core, namespace)
+    own, other = _pod(core, namespace, "alpha-launcher", "alpha"), _pod(core, namespace, "beta-launcher", "beta")
+    index = PodIndex(resync_seconds=300)
+    index.listing(namespace, "alpha", lambda: [api_client.sanitize_for_serialization(own)])
+    authenticator = PushAuthenticator(api_client, index.pods)
+    bearer = {pod.metadata.name: f"Bearer {_token(core, pod)}" for pod in (own, other)}
+    assert authenticator.authorize(bearer["alpha-launcher"], namespace, "alpha").uid == own.metadata.uid
+    with pytest.raises(push_auth.Refused) as refused:  # not in alpha's index: read, and found to be beta's
+        authenticator.authorize(bearer["beta-launcher"], namespace, "alpha")
+    assert refused.value.reason == push_auth.OTHER_RUN
