@@ -214,6 +214,14 @@ def test_operator_works_with_only_the_chart_service_account(installed, api_clien
 
 
 def test_operator_that_cannot_create_its_peering_object_exits_saying_why(installed, kubeconfig, tmp_path):
+    # kopf's peering CRDs are not part of any install (manifests/crd leaves them out); one who asks for --peering
+    # applies them, as the remedy says.
+    peering_crd = subprocess.run([*installed, "apply", "-f", str(ROOT / "manifests/crd/kopf.dev_peerings.yaml")],
+                                 capture_output=True, text=True)
+    assert peering_crd.returncode == 0, peering_crd.stderr
+    established = subprocess.run([*installed, "wait", "--for=condition=Established", "--timeout=60s", "-f",
+                                  str(ROOT / "manifests/crd/kopf.dev_peerings.yaml")], capture_output=True, text=True)
+    assert established.returncode == 0, established.stderr
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     result = subprocess.run(
         [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--namespace", "no-such-namespace-x1",

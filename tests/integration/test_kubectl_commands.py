@@ -30,6 +30,9 @@ DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "
              *sorted((ROOT / "examples").glob("**/*.yaml"))]
 COMMAND = re.compile(r"kubectl (?:get|describe|explain) [^`#\n]*")
 PLACEHOLDERS = {"<name>": "my-run"}
+# Kinds the documents name that this test's API server does not serve by design: the Training Operator v1's
+# MPIJob (docs/run-in-a-cluster.md, coexistence), where that operator is installed.
+NOT_SERVED_HERE = {"mpijobs.v1.kubeflow.org"}
 RUN_NAMES = {models.SINGULAR, models.PLURAL, *models.SHORT_NAMES, models.KIND}
 SWEEP_NAMES = {models.SWEEP_SINGULAR, models.SWEEP_PLURAL, *models.SWEEP_SHORT_NAMES, models.SWEEP_KIND}
 SPEC = {"storage": {"credentialsSecret": "s3-creds"},
@@ -43,7 +46,7 @@ def documented_commands() -> list[str]:
             command = match.strip()
             for placeholder, value in PLACEHOLDERS.items():
                 command = command.replace(placeholder, value)
-            if command not in found:
+            if command not in found and not set(command.split()) & NOT_SERVED_HERE:
                 found.append(command)
     return found
 

@@ -166,7 +166,7 @@ class Trainer(Commands):
     def __init__(self, row: Row, run):
         self.row, self.run = row, run
 
-    def preprocess(self, config: Path, shards: int, index: int, workers: int) -> list[str]:
+    def preprocess(self, config: Path, shards: int, index: int, workers: int, plan_id: str) -> list[str]:
         failing = self.row.shard_error is not None
         summary = {"error": self.row.shard_error} if failing else {"complete": index == 0}
         path = manifest_uri(self.run) if self.row.writes_manifest and index == 0 and not self.row.shard_error else ""

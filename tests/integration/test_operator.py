@@ -66,7 +66,14 @@ def _run_kubelets_part(job: dict, config_map: dict, secret: dict[str, str], work
     command += ["--workers", "1"]
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     for var in container["env"]:
-        env[var["name"]] = var["value"] if "value" in var else secret[var["valueFrom"]["secretKeyRef"]["key"]]
+        if "value" in var:
+            env[var["name"]] = var["value"]
+        elif "fieldRef" in var["valueFrom"]:
+            # The plan id: the Job controller's label on its pods, the Job's uid.
+            assert var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['controller-uid']", var
+            env[var["name"]] = job["metadata"]["uid"]
+        else:
+            env[var["name"]] = secret[var["valueFrom"]["secretKeyRef"]["key"]]
     procs = [subprocess.Popen(command, env={**env, "JOB_COMPLETION_INDEX": str(index)}, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
              for index in range(job["spec"]["completions"])]

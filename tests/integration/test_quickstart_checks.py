@@ -16,9 +16,8 @@ from tests.support.apiserver import api_server, install_crd, mpijob_crd_document
 from tests.support.env import require
 
 from scalingrun_operator.demo.delivery import Kube, QuickstartError
-from scalingrun_operator.demo.quickstart import (
-    MPI_OPERATOR_INSTALL, check_mpi_operator, demo_namespace, main, mpijob_controllers,
-)
+from scalingrun_operator.builders.mpijob import MPI_OPERATOR_INSTALL
+from scalingrun_operator.demo.quickstart import check_mpi_operator, demo_namespace, main, mpijob_controllers
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -176,7 +176,9 @@ def test_a_pod_stuck_pending_is_surfaced_within_60_s_without_any_pod_event(unser
     reconciles in this process, so nothing else (no poll, no pod event) can look in between."""
     cluster = unserved
     watcher = RecordingWatcher()
-    reconcile_run = reconcile.Reconciler(Kube(api_client), Config(poll_interval_seconds=300, **TEST_STORES), watcher)
+    # No MPIJobServed look at 300 s (mpijob_unserved_seconds 0): the only look asked here is the pending pod's.
+    reconcile_run = reconcile.Reconciler(Kube(api_client), Config(poll_interval_seconds=300, mpijob_unserved_seconds=0,
+                                                                  **TEST_STORES), watcher)
     asked = watcher.rechecks
     cluster.create_run(new_run(cluster.ns, "slow", s3_server))
     assert reconcile_run(cluster.ns, "slow") == "Preprocessing"
