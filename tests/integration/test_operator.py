@@ -111,7 +111,7 @@ def test_happy_path_status_children_progress_and_events(cluster, operator, bucke
     assert status["preprocessing"] == {
         "jobName": "happy-preprocess", "reused": False, "fingerprint": manifest["fingerprint"],
         "imagesWritten": manifest["written"]["train"] + manifest["written"]["validation"],
-        "imagesSkipped": 0, "shards": 2, "classes": 10}
+        "imagesSkipped": 0, "shards": 2, "classes": 10, "shardsReused": 0}
     assert status["preprocessing"]["imagesWritten"] == 30
     assert cluster.condition("happy", "Preprocessed")["reason"] == "Preprocessed"
     mpijob = cluster.mpijob("happy-train")
