@@ -17,8 +17,8 @@ import pytest
 
 from tests.e2e.environment import CORRUPT_FILES, IMAGES_PER_CLASS, RELEASE, SYSTEM_NAMESPACE
 from tests.support.e2e_runs import (
-    OPERATOR_PODS, _name, child_objects, children, condition_texts, finished, launcher_attempt, launcher_log, phase,
-    run_body, wait_for_launcher_line,
+    OPERATOR_PODS, RESUMED, _name, child_objects, children, condition_texts, finished, launcher_attempt, launcher_log,
+    phase, resumed_epochs, run_body, wait_for_launcher_line,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
@@ -246,13 +246,13 @@ def test_faults_in_training_the_s3_server_and_a_worker_twice(cluster):
             while launcher_attempt(cluster, name) in (attempt, ("", -1)):  # the next attempt's log, running
                 assert time.monotonic() < deadline, f"the launcher did not start again: {attempt}"
                 time.sleep(1)
-            wait_for_launcher_line(cluster, name, f"/{epochs}:", timeout=300, after="resuming after epoch")
-            resumed = int(launcher_log(cluster, name).rsplit("resuming after epoch", 1)[1].split()[0])
+            wait_for_launcher_line(cluster, name, f"/{epochs}:", timeout=300, after=RESUMED)
+            resumed = resumed_epochs(launcher_log(cluster, name))
             print(f"worker deleted ({fault}): resumed after epoch {resumed}, training again "
                   f"{time.monotonic() - at:.1f} s after the deletion")
             if fault == 1:  # the second fault after the resumed training has checkpointed once more
                 wait_for_launcher_line(cluster, name, f"epoch {resumed + 2}/{epochs}:", timeout=300,
-                                       after="resuming after epoch")
+                                       after=RESUMED)
         run = cluster.wait(name, finished, timeout=600, what="Succeeded after its faults", each=record)
         # Preprocessing with parallelism 2 covered every file, whatever the server's Job features.
         assert run["status"]["preprocessing"]["imagesWritten"] == SOURCE_FILES - CORRUPT_FILES

@@ -27,7 +27,7 @@ import pytest
 
 from tests.support.env import require
 from tests.support.e2e_runs import (
-    _name, condition_texts, finished, launcher_log, phase, run_body, wait_for_launcher_line,
+    RESUMED, _name, condition_texts, finished, launcher_log, phase, resumed_epochs, run_body, wait_for_launcher_line,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
@@ -40,7 +40,6 @@ NODE_LOSS_GRACE = 20
 # log, not from status: status follows progress.json at the operator's next poll (15 s), and on a busy node a run
 # was at epoch 12 of 20 in status when the test froze its worker, and had finished before the node was lost.
 EPOCHS = 14
-RESUMED = "resuming after epoch"  # the launcher's line when an attempt starts from a checkpoint
 
 
 def node_cluster() -> Path:
@@ -104,7 +103,7 @@ def resumed_epoch_done(run: dict[str, Any], after: Optional[int]) -> bool:
 
 def resumed_in_log(cluster, name: str) -> int:
     """The checkpoint epoch the launcher's current attempt resumed from."""
-    return int(launcher_log(cluster, name).rsplit(RESUMED, 1)[1].split()[0])
+    return resumed_epochs(launcher_log(cluster, name))
 
 
 def node_ready(cluster, node: str) -> str:

@@ -24,7 +24,7 @@ import pytest
 
 from tests.e2e.environment import README_HELM_INSTALL, RELEASE, ROOT, SYSTEM_NAMESPACE, image_values
 from tests.support.e2e_runs import (
-    OPERATOR_PODS, _name, condition_texts, finished, launcher_attempt, launcher_log, phase, run_body,
+    OPERATOR_PODS, RESUMED, _name, condition_texts, finished, launcher_attempt, launcher_log, phase, run_body,
     wait_for_launcher_line,
 )
 from tests.support.env import require
@@ -145,7 +145,7 @@ def test_install_upgrade_with_a_run_in_flight_and_removal_keep_every_run(cluster
         run = cluster.wait(name, finished, timeout=600, what="Succeeded after the upgrade")
         assert mpijob_uid(cluster, name) == mpijob, "the MPIJob is the one the previous operator made"
         assert launcher_attempt(cluster, name)[0] in ("", attempt[0]), "the launcher was not started again"
-        assert "resuming after epoch" not in launcher_log(cluster, name)
+        assert RESUMED not in launcher_log(cluster, name)
         training = run["status"]["training"]
         assert training["epoch"] == EPOCHS and training.get("restarts", 0) == 0, training
         assert every_run(cluster) == runs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 import uuid
@@ -12,6 +13,21 @@ import pytest
 from tests.e2e.environment import DATA_SOURCE, RELEASE
 
 OPERATOR_PODS = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=operator"  # the chart's pods
+
+
+# The launcher's line when an attempt starts from a checkpoint: an epoch's end, or a step within one (written on a
+# preemption notice: the SIGTERM of a deleted or evicted pod too).
+RESUMED = "resuming "
+_RESUMED_FROM = re.compile(r"resuming (?:after epoch (\d+)|at step \d+ of epoch (\d+))")
+
+
+def resumed_epochs(log: str) -> int:
+    """The epochs finished before the last attempt the log shows resuming: the checkpoint's epoch, or for a step
+    checkpoint the epoch it was written in, less one."""
+    found = list(_RESUMED_FROM.finditer(log))
+    assert found, f"no resumed attempt in the launcher's log:\n{log[-3000:]}"
+    after, within = found[-1].groups()
+    return int(after) if after is not None else int(within) - 1
 
 
 def _name(prefix: str) -> str:

@@ -147,7 +147,7 @@ _QUANTITY_SUFFIXES = {"": 1.0, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e1
 def quantity_value(quantity: str | int) -> float:
     """A Quantity as a number: '500m' -> 0.5 (cores), '2' -> 2.0, '1Ki' -> 1024.0."""
     text = str(quantity)
-    number = text.rstrip("kMGTPEimi")
+    number = text.rstrip("kKMGTPEim")
     return float(number) * _QUANTITY_SUFFIXES[text[len(number):]]
 
 

@@ -226,7 +226,8 @@ def test_cli_validate_unreadable_file(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("quantity, value", [("500m", 0.5), ("2", 2.0), (3, 3.0), ("1.5", 1.5), ("1k", 1000.0),
-                                             ("16Gi", 16 * 2.0 ** 30), ("250M", 250e6)])
+                                             ("16Gi", 16 * 2.0 ** 30), ("250M", 250e6),
+                                             ("24581684Ki", 24581684 * 1024.0)])  # a node's memory, as kubelets say it
 def test_quantities_compare_as_numbers(quantity, value):
     from scalingrun_api.models import quantity_value
 
