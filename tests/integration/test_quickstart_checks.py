@@ -7,38 +7,20 @@ from __future__ import annotations
 import copy
 import json
 import os
-import subprocess
 import time
-from pathlib import Path
 
 import pytest
-from tests.support.apiserver import api_server, install_crd, mpijob_crd_document
-from tests.support.env import require
+from tests.support.apiserver import kubectl_environment, install_crd, mpijob_crd_document
 
 from scalingrun_operator.demo.delivery import Kube, QuickstartError
 from scalingrun_operator.builders.mpijob import MPI_OPERATOR_INSTALL
 from scalingrun_operator.demo.quickstart import check_mpi_operator, demo_namespace, main, mpijob_controllers
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory):
-    require(bool(os.environ.get("KUBEBUILDER_ASSETS")), "needs KUBEBUILDER_ASSETS (an API server of its own)")
-    tools = subprocess.run(["bash", str(ROOT / "scripts/tools.sh")], capture_output=True, text=True)
-    require(tools.returncode == 0, f"kubectl not available: {tools.stderr[-500:]}")
-    with api_server(tmp_path_factory.mktemp("quickstart-cluster"), controllers=False) as kubeconfig:
-        saved = {k: os.environ.get(k) for k in ("KUBECONFIG", "PATH")}
-        os.environ["KUBECONFIG"] = kubeconfig
-        os.environ["PATH"] = f"{tools.stdout.strip()}:{os.environ['PATH']}"
-        try:
-            yield Kube()
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+    with kubectl_environment(tmp_path_factory.mktemp("quickstart-cluster")):
+        yield Kube()
 
 
 def deployment(name: str, namespace: str, labels: dict[str, str]) -> dict:

@@ -7,17 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-from pathlib import Path
 
 import pytest
-from tests.support.apiserver import api_server, install_crd, mpijob_crd_document
-from tests.support.env import require
+from tests.support.apiserver import kubectl_environment, install_crd, mpijob_crd_document
 
 from scalingrun_operator.demo.delivery import Kube, QuickstartError, cluster_nodes, image_route, machine_id
 from scalingrun_operator.demo.quickstart import main, parse_args, worker_cpu
 
-ROOT = Path(__file__).resolve().parents[2]
 # kind's control plane on its node, by its manifests: apiserver, controller-manager, etcd, scheduler, kindnet,
 # coredns x 2.
 CONTROL_PLANE = ["250m", "200m", "100m", "100m", "100m", "100m", "100m"]
@@ -25,21 +21,8 @@ CONTROL_PLANE = ["250m", "200m", "100m", "100m", "100m", "100m", "100m"]
 
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory):
-    require(bool(os.environ.get("KUBEBUILDER_ASSETS")), "needs KUBEBUILDER_ASSETS (an API server of its own)")
-    tools = subprocess.run(["bash", str(ROOT / "scripts/tools.sh")], capture_output=True, text=True)
-    require(tools.returncode == 0, f"kubectl not available: {tools.stderr[-500:]}")
-    with api_server(tmp_path_factory.mktemp("quickstart-fit"), controllers=False) as kubeconfig:
-        saved = {k: os.environ.get(k) for k in ("KUBECONFIG", "PATH")}
-        os.environ["KUBECONFIG"] = kubeconfig
-        os.environ["PATH"] = f"{tools.stdout.strip()}:{os.environ['PATH']}"
-        try:
-            yield Kube()
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+    with kubectl_environment(tmp_path_factory.mktemp("quickstart-fit")):
+        yield Kube()
 
 
 def add_node(kube: Kube, name: str, cpu: str, runtime: str, machine: str, address: str) -> None:

@@ -77,6 +77,27 @@ def api_server(state: Path, *, controllers: bool) -> Iterator[str]:
         subprocess.run(["bash", str(script), "stop"], env=env, check=False)
 
 
+@contextlib.contextmanager
+def kubectl_environment(state: Path) -> Iterator[str]:
+    """An API server of its own, named by KUBECONFIG, with scripts/tools.sh's kubectl and helm first on PATH, for code
+    of this process that shells out to them (the quick start's Kube); both variables restored afterwards."""
+    require(bool(os.environ.get("KUBEBUILDER_ASSETS")), "needs KUBEBUILDER_ASSETS (an API server of its own)")
+    tools = subprocess.run(["bash", str(ROOT / "scripts/tools.sh")], capture_output=True, text=True)
+    require(tools.returncode == 0, f"kubectl not available: {tools.stderr[-500:]}")
+    with api_server(state, controllers=False) as kubeconfig:
+        saved = {k: os.environ.get(k) for k in ("KUBECONFIG", "PATH")}
+        os.environ["KUBECONFIG"] = kubeconfig
+        os.environ["PATH"] = f"{tools.stdout.strip()}:{os.environ['PATH']}"
+        try:
+            yield kubeconfig
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
 # The CRDs this session created (on a named cluster, the only ones a test may delete and then put back).
 CREATED_CRDS: dict[str, dict] = {}
 
