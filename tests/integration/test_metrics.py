@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.operator import (  # noqa: F401 (fixtures)
-    SCHEDULED, bucket, mpijob_pod_labels, new_run, progress, progress_uri, reach_training, running, served, wait_for,
+    bucket, new_run, progress, progress_uri, reach_training, served, start_training_pod, wait_for,
 )
 
 pytestmark = pytest.mark.k8s
@@ -39,11 +39,8 @@ def sample(samples: dict[tuple[str, frozenset], float], name: str, **labels: Any
 def test_a_training_runs_series_are_scraped_and_go_with_the_run(cluster, operator, bucket, s3_server):
     created = cluster.create_run(new_run(cluster.ns, "watched", s3_server))
     reach_training(cluster, bucket, "watched", operator)
-    mpijob = cluster.mpijob("watched-train")
-    image = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"]
     worker = "watched-train-worker-0"
-    cluster.create_pod(worker, mpijob_pod_labels(mpijob, "worker"), "worker", image)
-    cluster.set_pod_status(worker, phase="Running", containers=running("worker"), conditions=SCHEDULED)
+    start_training_pod(cluster, cluster.mpijob("watched-train"), "worker", worker)
     cluster.set_mpijob_condition("watched-train", "Running", "", "")
     bucket.put_json(progress_uri(created), progress("running", 2, inputWaitFraction=0.25,
                                                     devices={"kind": "gpu", "count": 1}))

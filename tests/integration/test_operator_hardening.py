@@ -19,8 +19,8 @@ from kubernetes.client.rest import ApiException
 from scalingrun_api import models
 
 from tests.support.operator import (
-    Cluster, Operator, SCHEDULED, SECRET, bucket, manifest_for, mpijob_pod_labels, new_run, progress, progress_uri,
-    reach_training, running, wait_for,
+    Cluster, Operator, SECRET, bucket, manifest_for, new_run, progress, progress_uri, reach_training,
+    start_training_pod, wait_for,
 )
 
 pytestmark = pytest.mark.k8s
@@ -347,11 +347,8 @@ def test_a_run_failed_over_its_interruption_limit_suspends_its_still_running_mpi
         op.start()
         cluster.create_run(new_run(cluster.ns, "fragile", s3_server, training={"maxInterruptions": 0}))
         reach_training(cluster, bucket, "fragile", op)
-        mpijob = cluster.mpijob("fragile-train")
-        image = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"]
         worker = "fragile-train-worker-0"
-        cluster.create_pod(worker, mpijob_pod_labels(mpijob, "worker"), "worker", image)
-        cluster.set_pod_status(worker, phase="Running", containers=running("worker"), conditions=SCHEDULED)
+        start_training_pod(cluster, cluster.mpijob("fragile-train"), "worker", worker)
         cluster.set_mpijob_condition("fragile-train", "Running", "", "")
         wait_for(lambda: len((cluster.status("fragile").get("training") or {}).get("pods") or []) == 1,
                  what="the worker recorded", operator=op)

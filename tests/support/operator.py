@@ -487,3 +487,11 @@ def waiting(container: str, reason: str, message: str) -> list[dict]:
 
 
 SCHEDULED = [{"type": "PodScheduled", "status": "True"}]
+
+
+def start_training_pod(cluster: "Cluster", mpijob: dict, role: str, name: str) -> None:
+    """A launcher or worker pod as the MPI operator makes it (labels, the template's image), scheduled and Running."""
+    spec = mpijob["spec"]["mpiReplicaSpecs"]["Launcher" if role == "launcher" else "Worker"]
+    image = spec["template"]["spec"]["containers"][0]["image"]
+    cluster.create_pod(name, mpijob_pod_labels(mpijob, role), role, image)
+    cluster.set_pod_status(name, phase="Running", containers=running(role), conditions=SCHEDULED)
