@@ -21,7 +21,9 @@ from tests.support.operator import (  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.k8s
 
-UNSERVED_SECONDS = 5
+# The stand-in controller writes its first condition after it has made the launcher and workers: a second when the
+# machine is idle, several under CI's load. The bound is well above that, so "served from the start" holds.
+UNSERVED_SECONDS = 20
 ROOT = Path(__file__).resolve().parents[2]
 
 operator, cluster = served("srq", env=lambda s3_server: {"SCALINGRUN_MPIJOB_UNSERVED_SECONDS": str(UNSERVED_SECONDS)})
@@ -40,7 +42,10 @@ def controller_for(kubeconfig, tmp_path) -> Iterator:
     started: list[subprocess.Popen] = []
 
     def start(namespace: str) -> subprocess.Popen:
-        started.append(mpijob_controller(kubeconfig, namespace, tmp_path / "mpijob-controller.log"))
+        log = tmp_path / "mpijob-controller.log"
+        started.append(mpijob_controller(kubeconfig, namespace, log))
+        wait_for(lambda: log.exists() and "starting: watching MPIJobs" in log.read_text(), what="the MPIJob controller",
+                 describe=lambda: log.read_text() if log.exists() else "no log")
         return started[-1]
 
     yield start
@@ -80,4 +85,7 @@ def test_an_mpijob_served_from_the_start_gets_no_such_condition(cluster, operato
     bucket.put_json(progress_uri(created), progress("running", 1))
     wait_for(lambda: (cluster.status("served").get("training") or {}).get("epoch") == 1,
              what="a look after the bound (epoch 1 in status)", operator=operator)
-    assert not cluster.condition("served", "MPIJobServed"), cluster.status("served")["conditions"]
+    first = min(c["lastTransitionTime"] for c in mpijob["status"]["conditions"])
+    assert not cluster.condition("served", "MPIJobServed"), (
+        f"MPIJob created {mpijob['metadata']['creationTimestamp']}, first controller condition {first}",
+        cluster.status("served")["conditions"])
