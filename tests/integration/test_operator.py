@@ -22,7 +22,8 @@ from kubernetes.client.rest import ApiException
 from scalingrun_api import models
 from tests.support.operator import (  # noqa: F401 (fixtures)
     Cluster, Operator, SCHEDULED, SECRET, _now, bucket, cluster, manifest_for, mpijob_pod_labels, namespace_cluster,
-    new_run, operator, preprocess_pod_labels, progress, progress_uri, reach_training, running, wait_for, waiting,
+    new_run, operator, preprocess_pod_labels, progress, progress_uri, reach_training, running, start_training_pod,
+    wait_for, waiting,
 )
 
 pytestmark = pytest.mark.k8s
@@ -521,12 +522,10 @@ def test_restarts_are_counted_once_across_operator_restarts_and_the_epoch_never_
         created = cluster.create_run(new_run(cluster.ns, "again", s3_server))
         reach_training(cluster, bucket, "again", op)
         mpijob = cluster.mpijob("again-train")
-        image = mpijob["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]["image"]
         launcher, workers = "again-train-launcher-abcde", ["again-train-worker-0", "again-train-worker-1"]
 
         def start_pod(name: str, role: str) -> None:
-            cluster.create_pod(name, mpijob_pod_labels(mpijob, role), role, image)
-            cluster.set_pod_status(name, phase="Running", containers=running(role), conditions=SCHEDULED)
+            start_training_pod(cluster, mpijob, role, name)
 
         for name in workers:
             start_pod(name, "worker")
