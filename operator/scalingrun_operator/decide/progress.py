@@ -143,9 +143,10 @@ def input_bound(run: ScalingRun, history: Any) -> Optional[tuple[str, str, str]]
             f"(InputBound above {INPUT_WAIT_THRESHOLD:.0%} for {INPUT_BOUND_EPOCHS} epochs in a row)")
 
 
-def gpus_unused(run: ScalingRun, image: str, devices: Any) -> Optional[tuple[str, str, str]]:
+def gpus_unused(run: ScalingRun, place: str, devices: Any) -> Optional[tuple[str, str, str]]:
     """The GPUsUnused condition (status, reason, message) for a run that asked for GPUs, from what rank 0 trains on
-    (status.training.devices); None when no GPU was asked for or the trainer has not said yet."""
+    (status.training.devices; `place`: where rank 0 runs, "in image ..."); None when no GPU was asked for or the
+    trainer has not said yet."""
     asked = run.spec.workers.gpus_per_worker
     found = lenient(Devices, devices)
     if not asked or found is None:
@@ -154,8 +155,8 @@ def gpus_unused(run: ScalingRun, image: str, devices: Any) -> Optional[tuple[str
         name = f" ({found.name})" if found.name else ""
         return ("False", "GPUsInUse", f"rank 0 trains on {found.count} GPU(s){name}")
     return ("True", "NoGPUVisible",
-            f"spec.workers.gpusPerWorker is {asked}, but rank 0 trains on CPU: its process sees no GPU in image "
-            f"{image}. Use a CUDA build of the image (spec.workers.image), check that the GPU nodes run the NVIDIA "
+            f"spec.workers.gpusPerWorker is {asked}, but rank 0 trains on CPU: its process sees no GPU "
+            f"{place}. Use a CUDA build of the image (spec.workers.image), check that the GPU nodes run the NVIDIA "
             f"device plugin (kubectl describe node: {run.spec.workers.gpu_resource or DEFAULT_GPU_RESOURCE} "
             "allocatable) and that "
             "spec.workers.nodeSelector picks them; or set gpusPerWorker: 0 to train on CPU on purpose")

@@ -201,6 +201,12 @@ class Where:
             return "the run's output above"
         return f"kubectl get events -n {namespace}"
 
+    def trainer_place(self, image: str) -> str:
+        """Where rank 0 runs: a local run's trainer runs in this machine's Python, whatever image the spec names."""
+        if self.local:
+            return "on this machine (a local run trains in its own Python environment, not in the spec's image)"
+        return f"in image {image}"
+
 
 CLUSTER = Where()
 LOCAL = Where(local=True)

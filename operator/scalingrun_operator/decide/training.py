@@ -329,7 +329,7 @@ def _input_bound(draft: Draft, run: ScalingRun, history: Any) -> None:
 
 
 def _gpus_unused(draft: Draft, run: ScalingRun, devices: Any) -> None:
-    decision = mirror.gpus_unused(run, trainer_image(run), devices)
+    decision = mirror.gpus_unused(run, draft.settings.where.trainer_place(trainer_image(run)), devices)
     if decision is None:
         return
     before = get_condition(draft.update.desired["conditions"], GPUS_UNUSED)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from scalingrun_api.models import Devices
 from scalingrun_api.progress import Progress
 from scalingrun_operator.decide import progress as mirror
+from scalingrun_operator.decide.snapshot import CLUSTER, LOCAL
 from tests.support.decide_world import RUN
 
 
@@ -22,10 +23,14 @@ def test_the_document_carries_the_devices_and_readers_take_only_valid_ones():
 def test_gpus_unused_only_when_gpus_were_asked_for_and_none_is_used():
     on_gpus = RUN.model_copy(deep=True)
     on_gpus.spec.workers.gpus_per_worker = 2
-    status, reason, message = mirror.gpus_unused(on_gpus, "my/trainer:cpu", {"kind": "cpu", "count": 0})
+    status, reason, message = mirror.gpus_unused(on_gpus, CLUSTER.trainer_place("my/trainer:cpu"),
+                                                 {"kind": "cpu", "count": 0})
     assert (status, reason) == ("True", "NoGPUVisible")
-    for words in ("gpusPerWorker is 2", "image my/trainer:cpu", "CUDA build", "NVIDIA device plugin", "nodeSelector"):
+    for words in ("gpusPerWorker is 2", "in image my/trainer:cpu", "CUDA build", "NVIDIA device plugin", "nodeSelector"):
         assert words in message
+    # A local run trains in this machine's Python (inside a GPU image, say): no image of the spec's is named.
+    local = mirror.gpus_unused(on_gpus, LOCAL.trainer_place("my/trainer:cpu"), {"kind": "cpu", "count": 0})[2]
+    assert "sees no GPU on this machine" in local and "my/trainer" not in local
     assert mirror.gpus_unused(on_gpus, "x", {"kind": "gpu", "count": 1})[:2] == ("False", "GPUsInUse")
     assert mirror.gpus_unused(on_gpus, "x", None) is None  # the trainer has not said (or a command of one's own)
     assert mirror.gpus_unused(RUN, "x", {"kind": "cpu", "count": 0}) is None  # gpusPerWorker 0: CPU on purpose
