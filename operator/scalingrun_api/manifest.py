@@ -14,6 +14,7 @@ the local runner compare a run's against them. A change of the content's layout 
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -67,6 +68,7 @@ class DatasetManifest(BaseModel):
     data_root: Optional[str] = None
     columns: Optional[dict[str, str]] = None
     classes: list[str] = Field(default_factory=list)
+    class_count: Optional[int] = None  # only in a Job's termination message, where `classes` may not fit
     source_files: Optional[int] = None
     shards: Optional[int] = None  # the preprocessing's shards (none for a Parquet table)
     shards_reused: Optional[int] = None  # of those, kept from an earlier dataset (their files did not change)
@@ -93,3 +95,37 @@ class DatasetManifest(BaseModel):
     def document(self) -> dict[str, Any]:
         """The JSON document the writers write: the fields they set."""
         return self.model_dump(by_alias=True, exclude_none=True)
+
+    def number_of_classes(self) -> int:
+        return len(self.classes) if self.classes or self.class_count is None else self.class_count
+
+
+# The preprocessing and check Jobs' pods end with their dataset's manifest in their termination message (what a
+# container writes to /dev/termination-log; the kubelet keeps at most 4096 bytes of it in the pod's status): the
+# operator reads it from the pod, not from storage (docs/security.md, "The push path"). Only what the operator
+# uses goes in: no file lists; the class names only when they fit.
+TERMINATION_MESSAGE_KEY = "scalingrunManifest"
+TERMINATION_MESSAGE_BYTES = 4096
+
+
+def manifest_termination_message(manifest: DatasetManifest) -> str:
+    """The JSON a finished preprocessing or check pod leaves as its termination message: the class names given
+    as a count when they do not fit, then the warnings left out too when those do not."""
+    summary = {k: v for k, v in manifest.document().items() if k not in ("files", "skippedFiles")}
+    shorter = ({}, {"classes": [], "classCount": len(manifest.classes)},
+               {"classes": [], "classCount": len(manifest.classes), "warnings": None})
+    for changes in shorter:
+        text = json.dumps({TERMINATION_MESSAGE_KEY: {k: v for k, v in {**summary, **changes}.items()
+                                                     if v is not None}}, separators=(",", ":"))
+        if len(text.encode()) <= TERMINATION_MESSAGE_BYTES:
+            break
+    return text
+
+
+def manifest_from_termination_message(message: Optional[str]) -> Optional[DatasetManifest]:
+    """The manifest a finished pod left (manifest_termination_message); None when its message holds none."""
+    try:
+        document = json.loads(message or "")
+    except ValueError:
+        return None
+    return DatasetManifest.read(document.get(TERMINATION_MESSAGE_KEY)) if isinstance(document, dict) else None

@@ -139,6 +139,13 @@ class Config:
     #: How often a standby tries to take the Lease.
     lease_retry_seconds: float = 2.0
 
+    @property
+    def reads_storage(self) -> bool:
+        """Whether the operator reads the runs' storage (and the Secrets with its keys): only without its status
+        endpoint; with it, the runs' pods push their documents and leave their Jobs' results in termination
+        messages (docs/security.md, "The push path")."""
+        return not self.status_port_number
+
     def storage_target(self, endpoint: Optional[str], region: str, credentials: Optional[Credentials],
                        clients: Clients) -> StorageTarget:
         """A run's store (spec.storage), read under these settings: timeouts, size cap, allow-list."""

@@ -13,6 +13,7 @@ import os
 import sys
 from typing import Optional
 
+from scalingrun_api.manifest import TERMINATION_MESSAGE_BYTES
 from .launch.mpirun import DEFAULT_HOSTFILE, DEFAULT_SSH_PORT, DEFAULT_TIMEOUT_SECONDS, launch
 
 TERMINATION_LOG = "/dev/termination-log"
@@ -90,7 +91,21 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
             print(json.dumps({"event": "preprocess", "shard": index, "error": str(exc)}))
             return exc.exit_code
         print(json.dumps(summary))
+    _leave_manifest(params, summary["fingerprint"])
     return 0
+
+
+def _leave_manifest(params, fingerprint: str) -> None:
+    """The dataset's manifest, once the shards made it (an earlier dataset's is not this one), in this pod's
+    termination message: where the operator reads it (it reads no storage when its status endpoint is on)."""
+    from scalingrun_api.manifest import MANIFEST_FILE, DatasetManifest, manifest_termination_message
+    from .preprocess.plan import read_json
+    from .storage import open_location
+
+    manifest = DatasetManifest.read(read_json(open_location(params.output, params.endpoint, params.region)
+                                              .join(MANIFEST_FILE)))
+    if manifest is not None and manifest.fingerprint == fingerprint:
+        _termination_message(manifest_termination_message(manifest))
 
 
 def _table_params(args: argparse.Namespace):
@@ -123,6 +138,7 @@ def _table_params(args: argparse.Namespace):
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     """dataset.format parquet: check the table and write the dataset manifest (in the preprocessing Job's place)."""
+    from scalingrun_api.manifest import manifest_termination_message
     from .preprocess.parquet_table import forget_manifest, inspect_table, summary, write_manifest
     from .preprocess.source import PreprocessError
 
@@ -138,6 +154,7 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
         _termination_message(message)
         print(json.dumps({"event": "inspect", "error": message}))
         return getattr(exc, "exit_code", 1)
+    _termination_message(manifest_termination_message(manifest))
     for warning in manifest.warnings or []:
         print(f"warning: {warning}", file=sys.stderr)
     print(f"inspect: {params.source}: {manifest.written['train']} train / {manifest.written['validation']} "
@@ -151,7 +168,7 @@ def _termination_message(message: str) -> None:
     """Kubernetes shows a container's /dev/termination-log in its terminated state: the operator quotes it."""
     try:
         with open(TERMINATION_LOG, "w") as f:
-            f.write(message[:4000])
+            f.write(message[:TERMINATION_MESSAGE_BYTES])
     except OSError:
         pass  # not in a pod
 

@@ -1,6 +1,10 @@
 """observe: the facts decide asks for, read from the API server and object storage for one look, and the newer
 of the progress and heartbeat documents read and pushed by the run's pods (pushed.py).
 
+With the status endpoint on (Config.reads_storage False) storage is never read and no Secret either: the
+documents come from the run's own pods, progress and heartbeat as pushed, the dataset manifest from the
+termination message of the preprocessing or check pod that made it (decide.pods.manifest_left).
+
 One Observer serves one look at one run or sweep: it reads the Secret of a store once, however many
 documents the look reads with it; with the operator's copies (latest.py), a Job, an MPIJob or a store's keys
 shown recently are not read at all. Failures that decide reports as conditions (storage that cannot be
@@ -14,9 +18,10 @@ from typing import Any, Optional, Union
 
 from ..config import Config
 from ..decide.snapshot import (
-    HEARTBEAT, PROGRESS, Child, Document, Listing, Log, LogTail, Names, Nodes, PodList, Pods, Read, Server, ServerVersion,
-    Store,
+    HEARTBEAT, MANIFEST, PROGRESS, Child, Document, Listing, Log, LogTail, Names, Nodes, PodList, Pods, Read, Server,
+    ServerVersion, Store,
 )
+from ..decide.pods import manifest_left
 from ..documents import read_heartbeat, read_manifest, read_progress
 from ..storage import Clients, Credentials, StorageError, StorageTarget, list_names
 from .k8s import Kube
@@ -46,14 +51,19 @@ class Observer:
             return found
         if isinstance(ask, Pods):
             return PodList(tuple(self._pods()), MappingProxyType(self.memory.deleted_pods()))
+        if isinstance(ask, Document) and not self.config.reads_storage:
+            return self._from_pods(ask)
+        if isinstance(ask, Listing) and not self.config.reads_storage:
+            # The shard manifests are not counted: the failure says how many of the Job's pods succeeded.
+            return Names()
         if isinstance(ask, Document):
             try:
                 target = self.target(ask.store)
                 if ask.what == PROGRESS:
                     document, version = read_progress(ask.uri, target, ask.versioned)
-                    return Read(self._newer(PROGRESS, document), version)
+                    return Read(self._newer(ask, document), version)
                 if ask.what == HEARTBEAT:
-                    return Read(self._newer(HEARTBEAT, read_heartbeat(ask.uri, target)))
+                    return Read(self._newer(ask, read_heartbeat(ask.uri, target)))
                 return Read(read_manifest(ask.uri, target))
             except StorageError as exc:
                 self._doubt_credentials(ask.store)
@@ -73,11 +83,18 @@ class Observer:
             return Server(*self.kube.server_version())
         raise TypeError(f"observe cannot read {ask!r}")
 
-    def _newer(self, what: str, read: Any) -> Any:
+    def _from_pods(self, ask: Document) -> Read:
+        """A document as the run's own pods told it (no storage read, no Secret): progress and heartbeat as pushed,
+        the dataset manifest from the termination message of a preprocessing or check pod that succeeded."""
+        if ask.what == MANIFEST:
+            return Read(manifest_left(self._pods()))
+        return Read(self.pushed.get(self.namespace, ask.run or self.name, ask.what) if self.pushed else None)
+
+    def _newer(self, ask: Document, read: Any) -> Any:
         """The newer of the document read and the one the run's pods pushed (pushed.py)."""
         if self.pushed is None:
             return read
-        return newer(what, read, self.pushed.get(self.namespace, self.name, what))
+        return newer(ask.what, read, self.pushed.get(self.namespace, ask.run or self.name, ask.what))
 
     def _pods(self) -> list[dict[str, Any]]:
         """From the pod watch's index where it knows the run's pods, else listed (and the index seeded)."""

@@ -185,7 +185,7 @@ class Reconciler(_Reconciler):
         if decision is None or observer is None:
             self.watcher.forget(namespace, name)
             return
-        if decision.follow is not None:
+        if decision.follow is not None and self.config.reads_storage:  # else each push makes a reconcile
             document, version = decision.follow
             self.watcher.watch(namespace, name, document.uri, observer.target(document.store), version)
         else:

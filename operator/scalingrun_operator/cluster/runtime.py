@@ -64,7 +64,8 @@ class Runtime:
         # (cluster/coalesce.py), in a pool of their own: the pod handler never waits for a reconcile.
         self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0, workers=config.max_workers,
                                       settle=POD_SETTLE_SECONDS)
-        self.sweeps = SweepReconciler(kube, config, self.sweep_rechecks, self.memory, self.metrics, self.clients)
+        self.sweeps = SweepReconciler(kube, config, self.sweep_rechecks, self.memory, self.metrics, self.clients,
+                                      pushed=self.pushed)
         self.metrics.watch_queue("triggers", lambda: len(self.run_triggers.pending()))
         self.metrics.watch_queue("rechecks", lambda: len(self.watcher.pending_rechecks()))
         self.metrics.watch_queue("sweep_rechecks", lambda: len(self.sweep_rechecks.pending_rechecks()))

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
+from scalingrun_api.manifest import DatasetManifest, manifest_from_termination_message
 from .status import PODS_HEALTHY, get_condition, parse_time
 
 if TYPE_CHECKING:
@@ -360,6 +361,20 @@ def termination_message(pods: list[dict[str, Any]], roles: tuple[str, ...]) -> s
                 if terminated and terminated.get("exitCode", 0) != 0 and terminated.get("message"):
                     said.append((str(terminated.get("finishedAt") or ""), str(terminated["message"]).strip()))
     return max(said)[1][:1500] if said else ""
+
+
+def manifest_left(pods: list[dict[str, Any]]) -> Optional[DatasetManifest]:
+    """The dataset manifest the newest preprocessing or check pod that succeeded left in its termination message
+    (scalingrun_api.manifest.manifest_termination_message); None when none did."""
+    left = []
+    for pod, _ in pods_of(pods, (PREPROCESS,)):
+        for container in container_statuses(pod):
+            terminated = (container.get("state") or {}).get("terminated")
+            if terminated and terminated.get("exitCode") == 0:
+                manifest = manifest_from_termination_message(terminated.get("message"))
+                if manifest is not None:
+                    left.append((str(terminated.get("finishedAt") or ""), pod_name(pod), manifest))
+    return max(left, key=lambda found: found[:2])[2] if left else None
 
 
 def pods_done(draft: "Draft") -> None:

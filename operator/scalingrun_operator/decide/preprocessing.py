@@ -75,7 +75,7 @@ def preprocessing_status(manifest: DatasetManifest, job_name: Optional[str], reu
         "imagesSkipped": skipped,
         "shards": manifest.shards,
         "shardsReused": manifest.shards_reused,
-        "classes": len(manifest.classes),
+        "classes": manifest.number_of_classes(),
     }
     if job_name:
         out["jobName"] = job_name
@@ -87,13 +87,13 @@ def preprocessed_message(run: ScalingRun, manifest: DatasetManifest, reused: boo
     if is_parquet_table(run):
         groups = manifest.row_groups or {}
         text = (f"Parquet table at {run.spec.dataset.source} checked: {train + validation} images ({train} train, "
-                f"{validation} validation) in {len(manifest.classes)} classes, row groups "
+                f"{validation} validation) in {manifest.number_of_classes()} classes, row groups "
                 f"{groups.get('train')} train / {groups.get('validation')} validation; fingerprint "
                 f"{manifest.fingerprint}")
         warnings = manifest.warnings or []
         return text + "".join(f"; warning: {w}" for w in warnings) + ("; manifest reused" if reused else "")
     text = (f"{train + validation} images ({train} train, {validation} validation) in "
-            f"{len(manifest.classes)} classes, {skipped} undecodable files skipped; "
+            f"{manifest.number_of_classes()} classes, {skipped} undecodable files skipped; "
             f"fingerprint {manifest.fingerprint}")
     if manifest.shards_reused and not reused:
         text += (f"; {manifest.shards_reused} of {manifest.shards} shards kept from the earlier dataset (their files "

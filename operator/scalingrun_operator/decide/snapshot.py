@@ -60,6 +60,7 @@ class Document:
     store: Store
     what: str = MANIFEST
     versioned: bool = False
+    run: Optional[str] = None  # whose document, when not the looked-at object's (a sweep reads its points')
 
 
 @dataclass(frozen=True)

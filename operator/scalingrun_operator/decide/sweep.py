@@ -293,5 +293,6 @@ def _progress(snapshot: Snapshot, child: dict[str, Any]) -> Optional[Progress]:
         run = parse_scalingrun(child)
     except InvalidScalingRun:
         return None
-    found: Read = snapshot.need(Document(progress_uri(run), store_of(run), PROGRESS))
+    found: Read = snapshot.need(Document(progress_uri(run), store_of(run), PROGRESS,
+                                          run=child["metadata"]["name"]))
     return found.document
