@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import base64
 
+import pytest
+
 from cryptography import x509
 
 from tests.support.chart import CHART, helm, render  # noqa: F401 (fixtures)
@@ -61,14 +63,32 @@ def test_cert_manager_makes_the_certificate_when_asked(helm):
     assert not [o for o in objects if o["kind"] == "Secret"]
 
 
-def test_the_operator_may_review_tokens_and_gets_no_secret_verb_for_it(helm):
+def test_with_the_status_endpoint_the_operator_may_review_tokens_and_read_no_secret(helm):
     from tests.support.rbac import bound_rules, grants
 
     account = "t-scalingrun"
     without, with_status = (grants(bound_rules(render(helm, values), account, "scalingrun-system"))
                             for values in (CHART / "ci/networkpolicy-values.yaml", STATUS))
-    added = with_status - without
-    assert added == {("create", "authentication.k8s.io", "tokenreviews")}
+    assert with_status - without == {("create", "authentication.k8s.io", "tokenreviews")}
+    assert without - with_status == {("get", "", "secrets")}  # the storage keys: no storage read any more
+
+
+@pytest.mark.parametrize("kind, profile", [
+    ("ClusterRole", ("--set", "watch.namespaces=null", "--set", "networkPolicy.enabled=false")),  # cluster-wide
+    ("Role", ("--set", "watch.namespaces={ml-team-a,ml-team-b}")),  # the namespaced profile: a Role per namespace
+])
+def test_with_the_status_endpoint_no_role_of_the_chart_names_secrets(helm, kind, profile):
+    objects = render(helm, STATUS, *profile)
+    roles = [o for o in objects if o["kind"] in ("ClusterRole", "Role")]
+    assert [o["kind"] for o in roles if o["metadata"]["name"] == "t-scalingrun-operator"] == (
+        ["Role", "Role"] if kind == "Role" else ["ClusterRole"])
+    # Not the operator's, nor any other: the serving certificate's Secret is mounted by the kubelet.
+    assert [(o["kind"], o["metadata"]["name"], rule) for o in roles for rule in o.get("rules") or []
+            if {"secrets", "*"} & set(rule.get("resources", []))] == []
+    # The same rules without the status endpoint do grant it: what the test looks for is there to find.
+    pulling = render(helm, STATUS, *profile, "--set", "statusServer.enabled=false")
+    assert any("secrets" in rule.get("resources", []) for o in pulling if o["kind"] == kind
+               for rule in o.get("rules") or [])
 
 
 def test_the_runs_pods_may_reach_the_status_port_and_only_run_pods_may(helm):

@@ -7,16 +7,12 @@ the start never gets the condition."""
 from __future__ import annotations
 
 import datetime as dt
-import subprocess
-import sys
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from scalingrun_operator.builders.mpijob import MPI_OPERATOR_INSTALL
 from tests.support.operator import (  # noqa: F401 (fixtures)
-    bucket, new_run, progress, progress_uri, reach_training, served, wait_for,
+    bucket, controller_for, new_run, progress, progress_uri, reach_training, served, wait_for,
 )
 
 pytestmark = pytest.mark.k8s
@@ -24,34 +20,8 @@ pytestmark = pytest.mark.k8s
 # The stand-in controller writes its first condition after it has made the launcher and workers: a second when the
 # machine is idle, several under CI's load. The bound is well above that, so "served from the start" holds.
 UNSERVED_SECONDS = 20
-ROOT = Path(__file__).resolve().parents[2]
 
 operator, cluster = served("srq", env=lambda s3_server: {"SCALINGRUN_MPIJOB_UNSERVED_SECONDS": str(UNSERVED_SECONDS)})
-
-
-def mpijob_controller(kubeconfig: str, namespace: str, log: Path) -> subprocess.Popen:
-    """The stand-in MPIJob controller for one namespace, as the e2e runs it in its cluster."""
-    with open(log, "ab") as out:
-        return subprocess.Popen([sys.executable, str(ROOT / "tests/e2e/mpijob_controller/controller.py"),
-                                 "--kubeconfig", kubeconfig, "--namespace", namespace, "--resync-seconds", "5"],
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-@pytest.fixture
-def controller_for(kubeconfig, tmp_path) -> Iterator:
-    started: list[subprocess.Popen] = []
-
-    def start(namespace: str) -> subprocess.Popen:
-        log = tmp_path / "mpijob-controller.log"
-        started.append(mpijob_controller(kubeconfig, namespace, log))
-        wait_for(lambda: log.exists() and "starting: watching MPIJobs" in log.read_text(), what="the MPIJob controller",
-                 describe=lambda: log.read_text() if log.exists() else "no log")
-        return started[-1]
-
-    yield start
-    for process in started:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 def test_an_mpijob_nothing_reconciles_names_the_missing_controller_until_one_serves_it(

@@ -25,6 +25,9 @@ from scalingrun_operator.builders.common import RUN_LABEL
 from tests.support.apiserver import free_port
 
 
+ROOT = Path(__file__).resolve().parents[2]
+
+
 BUCKET = "scalingrun-operator"
 
 
@@ -397,6 +400,22 @@ def reach_training(cluster: Cluster, bucket: Bucket, name: str, operator: Operat
     return wait_for(cluster.phase_is(name, "Training"), what=f"{name} Training", operator=operator)
 
 
+def finish_preprocessing_by_pod(cluster: Cluster, name: str, operator: Operator) -> dict:
+    """Drives a created run through preprocessing to Training as an operator with its status endpoint on sees it:
+    the Job's pod ends with the manifest in its termination message (no storage is written), the Job Complete."""
+    from scalingrun_api.manifest import DatasetManifest, manifest_termination_message
+
+    run = cluster.run(name)
+    job = wait_for(lambda: cluster.job(f"{name}-preprocess"), what="the preprocessing Job", operator=operator)
+    pod = f"{job['metadata']['name']}-0"
+    cluster.create_pod(pod, preprocess_pod_labels(job), "preprocess", "trainer:test")
+    message = manifest_termination_message(DatasetManifest.read(manifest_for(run)))
+    cluster.set_pod_status(pod, phase="Succeeded", containers=[{"name": "preprocess", "state": {"terminated": {
+        "exitCode": 0, "reason": "Completed", "message": message, "startedAt": _now(), "finishedAt": _now()}}}])
+    cluster.complete_job(job["metadata"]["name"], succeeded=2)
+    return wait_for(cluster.phase_is(name, "Training"), what=f"{name} Training", operator=operator)
+
+
 @pytest.fixture(scope="module")
 def bucket(s3_server) -> Bucket:
     return Bucket.created(s3_server, BUCKET)
@@ -495,3 +514,30 @@ def start_training_pod(cluster: "Cluster", mpijob: dict, role: str, name: str) -
     image = spec["template"]["spec"]["containers"][0]["image"]
     cluster.create_pod(name, mpijob_pod_labels(mpijob, role), role, image)
     cluster.set_pod_status(name, phase="Running", containers=running(role), conditions=SCHEDULED)
+
+
+def mpijob_controller(kubeconfig: str, namespace: str, log: Path) -> subprocess.Popen:
+    """The stand-in MPIJob controller (tests/e2e/mpijob_controller, mpi-operator v0.8's) for one namespace, as the e2e
+    runs it in its cluster."""
+    with open(log, "ab") as out:
+        return subprocess.Popen([sys.executable, str(ROOT / "tests/e2e/mpijob_controller/controller.py"),
+                                 "--kubeconfig", kubeconfig, "--namespace", namespace, "--resync-seconds", "5"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.fixture
+def controller_for(kubeconfig, tmp_path) -> Iterator[Callable[[str], subprocess.Popen]]:
+    """Starts the stand-in MPIJob controller for a namespace (controller_for(ns)); stopped after the test."""
+    started: list[subprocess.Popen] = []
+
+    def start(namespace: str) -> subprocess.Popen:
+        log = tmp_path / "mpijob-controller.log"
+        started.append(mpijob_controller(kubeconfig, namespace, log))
+        wait_for(lambda: log.exists() and "starting: watching MPIJobs" in log.read_text(), what="the MPIJob controller",
+                 describe=lambda: log.read_text() if log.exists() else "no log")
+        return started[-1]
+
+    yield start
+    for process in started:
+        process.terminate()
+        process.wait(timeout=30)

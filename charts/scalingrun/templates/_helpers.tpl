@@ -69,10 +69,13 @@ the Roles. */}}
 - apiGroups: ["kubeflow.org"]
   resources: ["mpijobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
+{{- if not .Values.statusServer.enabled }}
 # The storage keys of the Secret a run names (spec.storage.credentialsSecret), to read its manifest and progress.
+# Not with the status endpoint: the runs' pods push those, and the operator reads no storage and no Secret.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
+{{- end }}
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
