@@ -150,3 +150,38 @@ def test_missing_split_folders_are_named(tmp_path):
 
     with pytest.raises(SourceError, match="validation is not a folder"):
         inspect_table(params(root, tmp_path))
+
+
+def test_the_check_leaves_its_manifest_where_the_operator_reads_it_with_push_on(tmp_path, monkeypatch):
+    from scalingrun_api.manifest import DatasetManifest
+    from scalingrun_operator.decide.pods import manifest_left
+    from scalingrun_trainer import cli
+
+    root = write_table(tmp_path / "table")
+    monkeypatch.setattr(cli, "TERMINATION_LOG", str(tmp_path / "termination-log"))
+    assert cli.main(["inspect", "--source", str(root), "--output", str(tmp_path / "out"), "--image-size", str(SIDE),
+                     "--image-column", "pixels", "--label-column", "y", "--max-readers", "2"]) == 0
+    written = DatasetManifest.read(json.loads((tmp_path / "out" / "_manifest.json").read_text()))
+    pod = {"metadata": {"name": "r-preprocess-0", "labels": {"app.kubernetes.io/component": "preprocess"}},
+           "status": {"containerStatuses": [{"name": "preprocess", "state": {"terminated": {
+               "exitCode": 0, "message": (tmp_path / "termination-log").read_text()}}}]}}
+    left = manifest_left([pod])
+    assert left.document() == {**written.document(), "files": {}}  # all the operator uses, without the file lists
+    assert left.row_groups == written.row_groups and left.fingerprint == written.fingerprint
+
+
+def test_a_shard_leaves_the_manifest_only_when_it_is_the_datasets_it_made(tmp_path, monkeypatch):
+    from scalingrun_api.manifest import DatasetManifest, manifest_from_termination_message
+    from scalingrun_trainer import cli
+    from scalingrun_trainer.preprocess.source import Params
+
+    monkeypatch.setattr(cli, "TERMINATION_LOG", str(tmp_path / "termination-log"))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "_manifest.json").write_text(json.dumps(
+        DatasetManifest(fingerprint="a" * 16, classes=["cat", "dog"], written={"train": 4}).document()))
+    shard = Params(source=str(tmp_path / "raw"), output=str(tmp_path / "out"))
+    cli._leave_manifest(shard, "b" * 16)  # an earlier dataset's manifest: not this one's
+    assert not (tmp_path / "termination-log").exists()
+    cli._leave_manifest(shard, "a" * 16)
+    left = manifest_from_termination_message((tmp_path / "termination-log").read_text())
+    assert (left.fingerprint, left.classes, left.written) == ("a" * 16, ["cat", "dog"], {"train": 4})
