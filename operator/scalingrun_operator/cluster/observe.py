@@ -1,5 +1,4 @@
-"""observe: the facts decide asks for, read from the API server and object storage for one look, and the newer
-of the progress and heartbeat documents read and pushed by the run's pods (pushed.py).
+"""observe: the facts decide asks for, read from the API server and object storage for one look.
 
 With the status endpoint on (Config.reads_storage False) storage is never read and no Secret either: the
 documents come from the run's own pods, progress and heartbeat as pushed, the dataset manifest from the
@@ -28,7 +27,7 @@ from .k8s import Kube
 from .latest import LatestObjects
 from .memory import Memory
 from .pod_index import PodIndex
-from .pushed import PushedDocuments, newer
+from .pushed import PushedDocuments
 
 
 class Observer:
@@ -61,9 +60,9 @@ class Observer:
                 target = self.target(ask.store)
                 if ask.what == PROGRESS:
                     document, version = read_progress(ask.uri, target, ask.versioned)
-                    return Read(self._newer(ask, document), version)
+                    return Read(document, version)
                 if ask.what == HEARTBEAT:
-                    return Read(self._newer(ask, read_heartbeat(ask.uri, target)))
+                    return Read(read_heartbeat(ask.uri, target))
                 return Read(read_manifest(ask.uri, target))
             except StorageError as exc:
                 self._doubt_credentials(ask.store)
@@ -89,12 +88,6 @@ class Observer:
         if ask.what == MANIFEST:
             return Read(manifest_left(self._pods()))
         return Read(self.pushed.get(self.namespace, ask.run or self.name, ask.what) if self.pushed else None)
-
-    def _newer(self, ask: Document, read: Any) -> Any:
-        """The newer of the document read and the one the run's pods pushed (pushed.py)."""
-        if self.pushed is None:
-            return read
-        return newer(ask.what, read, self.pushed.get(self.namespace, ask.run or self.name, ask.what))
 
     def _pods(self) -> list[dict[str, Any]]:
         """From the pod watch's index where it knows the run's pods, else listed (and the index seeded)."""

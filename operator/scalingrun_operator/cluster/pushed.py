@@ -1,8 +1,8 @@
 """The newest document each run's pods pushed (progress, heartbeat), kept in memory for the reconcile.
 
-A push is a full state document, so only the newest counts. observe serves the newer of what was pushed and what
-storage holds (`newer`): storage stays the durable record (for resume, reports and an operator that restarted),
-the push is how status follows it without waiting for a poll.
+A push is a full state document, so only the newest counts. With the status endpoint on, observe answers decide's
+progress and heartbeat asks from here alone (the operator reads no storage); storage stays the trainer's durable
+record for resume and reports. Without the endpoint nothing is pushed, and observe reads storage.
 """
 
 from __future__ import annotations
@@ -12,27 +12,8 @@ from collections import OrderedDict
 from typing import Any, Optional
 
 from scalingrun_api.heartbeat import Heartbeat
-from scalingrun_api.progress import Progress, ProgressState
+from scalingrun_api.progress import Progress
 from scalingrun_api.status_push import HEARTBEAT, PROGRESS
-
-
-def _progress_rank(progress: Progress) -> tuple[int, int, float]:
-    """How far a progress document got: the epoch, then whether it ended, then this attempt's training time."""
-    return (progress.epoch if progress.epoch is not None else -1, progress.state != ProgressState.running.value,
-            progress.elapsed_seconds or 0.0)
-
-
-def newer(what: str, read: Any, pushed: Any) -> Any:
-    """The newer of a document read from storage and one pushed (either may be None); the pushed one on a tie."""
-    if pushed is None:
-        return read
-    if read is None:
-        return pushed
-    if what == HEARTBEAT:
-        return pushed if pushed.time >= read.time else read
-    if what == PROGRESS:
-        return pushed if _progress_rank(pushed) >= _progress_rank(read) else read
-    return read
 
 
 # Documents kept, the least recently pushed dropped first: a bound on what pods of runs the operator has forgotten

@@ -1,4 +1,5 @@
-"""Which document status follows when the run's pods pushed one and storage holds another: the newer."""
+"""The documents the runs' pods pushed, as the operator keeps them: parsed as storage's, the newest per run and kind,
+bounded, forgotten with the run; and the setting that turns the status endpoint on."""
 
 from __future__ import annotations
 
@@ -7,28 +8,8 @@ import pytest
 from scalingrun_api.heartbeat import Heartbeat
 from scalingrun_api.progress import Progress
 from scalingrun_api.status_push import HEARTBEAT, PROGRESS
-from scalingrun_operator.cluster.pushed import PushedDocuments, newer, parse_pushed
+from scalingrun_operator.cluster.pushed import PushedDocuments, parse_pushed
 from scalingrun_operator.config import ConfigError, load
-
-
-@pytest.mark.parametrize("read, pushed, expected", [
-    (None, None, None),
-    ({"epoch": 2}, None, "read"),
-    (None, {"epoch": 2}, "pushed"),
-    ({"epoch": 2}, {"epoch": 3}, "pushed"),
-    ({"epoch": 3}, {"epoch": 2}, "read"),  # a push that lagged behind storage
-    ({"epoch": 3, "state": "running"}, {"epoch": 3, "state": "succeeded"}, "pushed"),
-    ({"epoch": 3, "elapsedSeconds": 90.0}, {"epoch": 3, "elapsedSeconds": 60.0}, "read"),
-    ({"epoch": 3}, {"epoch": 3}, "pushed"),  # a tie: the push
-])
-def test_progress_the_further_one_wins(read, pushed, expected):
-    documents = {"read": read and Progress.read(read), "pushed": pushed and Progress.read(pushed)}
-    assert newer(PROGRESS, documents["read"], documents["pushed"]) is documents.get(expected)
-
-
-def test_heartbeat_the_later_one_wins():
-    early, late = Heartbeat(time=100.0, step=5), Heartbeat(time=130.0, step=9)
-    assert newer(HEARTBEAT, early, late) is late and newer(HEARTBEAT, late, early) is late
 
 
 def test_pushed_documents_are_parsed_as_storage_reads_them_and_forgotten_with_the_run():
