@@ -10,6 +10,7 @@ dataset's manifest in its termination message, as the trainer leaves it.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import tempfile
 import threading
@@ -121,7 +122,7 @@ class LoggedStore:
 
     @staticmethod
     def _copy(source: socket.socket, sink: socket.socket) -> None:
-        with source, sink:
+        with contextlib.suppress(OSError), source, sink:  # the other direction may close both first
             while data := source.recv(65536):
                 sink.sendall(data)
 
