@@ -22,16 +22,15 @@ import pytest
 from kubernetes import client
 
 from scalingrun_api.status_push import (
-    CA_FILE, HEARTBEAT, PROGRESS, STATUS_AUDIENCE, STATUS_CONFIG_MAP, URL_FILE, push_path,
+    CA_FILE, HEARTBEAT, PROGRESS, STATUS_CONFIG_MAP, URL_FILE, push_path,
 )
 from scalingrun_operator import config
 from scalingrun_operator.documents import read_manifest
 from scalingrun_operator.storage import Clients, Credentials, StorageError
-from scalingrun_trainer.core.status_push import StatusPusher
 from tests.support.apiserver import free_port
 from tests.support.operator import (  # noqa: F401 (fixtures)
     SCHEDULED, controller_for, finish_preprocessing_by_pod, mpijob_pod_labels, new_run, progress, running, served,
-    wait_for,
+    status_pusher, wait_for,
 )
 from tests.support.tls import post, write_serving_certificate
 
@@ -51,22 +50,6 @@ def _status_env(_s3_server) -> dict[str, str]:
 operator, cluster = served("srh", env=_status_env)
 
 
-def _pusher(cluster, pod: dict, run: str, directory: Path) -> StatusPusher:
-    """The trainer's client as `pod` has it: the URL and CA from the namespace's ConfigMap (written by the
-    operator), a token bound to the pod."""
-    core = client.CoreV1Api(cluster.core.api_client)
-    token = core.create_namespaced_service_account_token("default", cluster.ns, client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[STATUS_AUDIENCE], expiration_seconds=600,
-                                       bound_object_ref=client.V1BoundObjectReference(
-                                           kind="Pod", api_version="v1", name=pod["metadata"]["name"],
-                                           uid=pod["metadata"]["uid"])))).status.token
-    config_map = core.read_namespaced_config_map(STATUS_CONFIG_MAP, cluster.ns).data
-    (directory / "token").write_text(token)
-    (directory / CA_FILE).write_text(config_map[CA_FILE])
-    return StatusPusher(config_map[URL_FILE], push_path(cluster.ns, run, "").rstrip("/"), directory / CA_FILE,
-                        directory / "token")
-
-
 def test_status_follows_a_push_from_the_runs_pod(cluster, operator, s3_server, tmp_path):
     # Storage holds nothing of this run: the manifest comes from the Job's pod, progress by push.
     cluster.create_run(new_run(cluster.ns, "pushed", s3_server))
@@ -80,7 +63,7 @@ def test_status_follows_a_push_from_the_runs_pod(cluster, operator, s3_server, t
     assert "BEGIN CERTIFICATE" in config_map[CA_FILE]
     mpijob = cluster.mpijob(cluster.status("pushed")["training"]["mpiJobName"])
     pod = cluster.create_pod("pushed-worker-0", mpijob_pod_labels(mpijob, "worker"), "worker", "trainer:test")
-    pusher = _pusher(cluster, pod, "pushed", tmp_path)
+    pusher = status_pusher(cluster, pod, "pushed", tmp_path)
     token = (tmp_path / "token").read_text()
 
     # Only the push says 3, and status follows it without a storage write.
@@ -156,7 +139,7 @@ def test_with_push_on_the_operator_reaches_no_store_and_reads_no_secret(cluster,
         for worker in workers:  # what the kubelet would report: the controller then makes the launcher
             cluster.set_pod_status(worker.metadata.name, phase="Running", containers=running("worker"),
                                    conditions=[*SCHEDULED, {"type": "Ready", "status": "True"}])
-        pusher = _pusher(cluster, cluster.core.api_client.sanitize_for_serialization(workers[0]), "quiet", tmp_path)
+        pusher = status_pusher(cluster, cluster.core.api_client.sanitize_for_serialization(workers[0]), "quiet", tmp_path)
         pusher.push(HEARTBEAT, {"time": time.time(), "step": 10, "rank": 0, "phase": "training"})
         pusher.push(PROGRESS, progress("running", 2))
         wait_for(lambda: cluster.status("quiet").get("training", {}).get("epoch") == 2, what="epoch 2 from the push",

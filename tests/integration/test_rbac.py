@@ -9,7 +9,8 @@ preprocesses, trains (MPIJob, progress, status, Events, suspend and resume), fai
 log read, a sweep creates its points, and the leader renews its Lease. Then:
 - a request refused (403) is a grant missing;
 - a granted (verb, group, resource) that no request used is a grant too many.
-Both install modes: cluster-wide (a ClusterRole) and namespaced (watch.namespaces, a Role in each).
+Both install modes: cluster-wide (a ClusterRole) and namespaced (watch.namespaces, a Role in each); and the
+cluster-wide one with the status endpoint on, where the run's pods report and no role names Secrets.
 
 It needs an API server of its own: a cluster-wide operator would act on every other test's runs.
 """
@@ -77,6 +78,21 @@ def test_cluster_wide_install_grants_what_the_operator_calls(helm, admin, bucket
     create_namespace(admin, home)
     with operator_as_the_chart_runs_it(admin, objects, tmp_path) as (operator, proxy):
         lifecycle(create_namespace(admin, f"cw-team-{_suffix()}", s3_server), bucket, s3_server, operator)
+    check_least_privilege(proxy.requests, rules_of_the_operator(objects))
+
+
+def test_with_the_push_path_the_cluster_wide_install_grants_no_secret_and_the_operator_reads_none(
+        helm, admin, bucket, s3_server, tmp_path):
+    """The default install's profile with the status endpoint on: the same lifecycle, the run's pods reporting. A
+    Secret read would be refused (403: no role names `secrets`), and every grant is used, TokenReviews too."""
+    home = f"cwp-system-{_suffix()}"
+    objects = render(helm, None, "--set", "crds.enabled=false", "--set", "statusServer.enabled=true",
+                     release="rbac-cwp", namespace=home)
+    assert ("get", "", "secrets") not in grants(rules_of_the_operator(objects))
+    create_namespace(admin, home)
+    with operator_as_the_chart_runs_it(admin, objects, tmp_path) as (operator, proxy):
+        lifecycle(create_namespace(admin, f"cwp-team-{_suffix()}", s3_server), bucket, s3_server, operator, push=True)
+    assert not [r for r in proxy.requests if r.is_resource and "secrets" in r.grant[2]]
     check_least_privilege(proxy.requests, rules_of_the_operator(objects))
 
 

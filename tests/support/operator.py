@@ -400,20 +400,44 @@ def reach_training(cluster: Cluster, bucket: Bucket, name: str, operator: Operat
     return wait_for(cluster.phase_is(name, "Training"), what=f"{name} Training", operator=operator)
 
 
-def finish_preprocessing_by_pod(cluster: Cluster, name: str, operator: Operator) -> dict:
-    """Drives a created run through preprocessing to Training as an operator with its status endpoint on sees it:
-    the Job's pod ends with the manifest in its termination message (no storage is written), the Job Complete."""
+def leave_manifest_in_a_pod(cluster: Cluster, job: dict, run: dict) -> None:
+    """The preprocessing Job's pod as it ends for an operator with its status endpoint on: succeeded, with the
+    dataset's manifest in its termination message (the trainer's form); nothing is written to storage."""
     from scalingrun_api.manifest import DatasetManifest, manifest_termination_message
 
-    run = cluster.run(name)
-    job = wait_for(lambda: cluster.job(f"{name}-preprocess"), what="the preprocessing Job", operator=operator)
     pod = f"{job['metadata']['name']}-0"
     cluster.create_pod(pod, preprocess_pod_labels(job), "preprocess", "trainer:test")
     message = manifest_termination_message(DatasetManifest.read(manifest_for(run)))
     cluster.set_pod_status(pod, phase="Succeeded", containers=[{"name": "preprocess", "state": {"terminated": {
         "exitCode": 0, "reason": "Completed", "message": message, "startedAt": _now(), "finishedAt": _now()}}}])
+
+
+def finish_preprocessing_by_pod(cluster: Cluster, name: str, operator: Operator) -> dict:
+    """Drives a created run through preprocessing to Training as an operator with its status endpoint on sees it:
+    the Job's pod leaves the manifest (leave_manifest_in_a_pod), the Job Complete."""
+    job = wait_for(lambda: cluster.job(f"{name}-preprocess"), what="the preprocessing Job", operator=operator)
+    leave_manifest_in_a_pod(cluster, job, cluster.run(name))
     cluster.complete_job(job["metadata"]["name"], succeeded=2)
     return wait_for(cluster.phase_is(name, "Training"), what=f"{name} Training", operator=operator)
+
+
+def status_pusher(cluster: Cluster, pod: dict, run: str, directory: Path):
+    """The trainer's client (scalingrun_trainer.core.status_push) as `pod` has it: the URL and CA from the
+    namespace's ConfigMap that the operator writes, and a token bound to the pod (TokenRequest, as the kubelet
+    projects it)."""
+    from scalingrun_api.status_push import CA_FILE, STATUS_AUDIENCE, STATUS_CONFIG_MAP, URL_FILE, push_path
+    from scalingrun_trainer.core.status_push import StatusPusher
+
+    token = cluster.core.create_namespaced_service_account_token("default", cluster.ns, client.AuthenticationV1TokenRequest(
+        spec=client.V1TokenRequestSpec(audiences=[STATUS_AUDIENCE], expiration_seconds=600,
+                                       bound_object_ref=client.V1BoundObjectReference(
+                                           kind="Pod", api_version="v1", name=pod["metadata"]["name"],
+                                           uid=pod["metadata"]["uid"])))).status.token
+    config_map = cluster.core.read_namespaced_config_map(STATUS_CONFIG_MAP, cluster.ns).data
+    (directory / "token").write_text(token)
+    (directory / CA_FILE).write_text(config_map[CA_FILE])
+    return StatusPusher(config_map[URL_FILE], push_path(cluster.ns, run, "").rstrip("/"), directory / CA_FILE,
+                        directory / "token")
 
 
 @pytest.fixture(scope="module")

@@ -18,13 +18,16 @@ from scalingrun_api import models
 from scalingrun_operator.schema.crd import build_crd, build_sweep_crd
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import build_config_map, build_preprocess_job
-from tests.support.apiserver import api_server, install_crd, mpijob_crd_document
+from scalingrun_api.status_push import PROGRESS
+from tests.support.apiserver import api_server, free_port, install_crd, mpijob_crd_document
 from tests.support.env import require
 from tests.support.recording_proxy import RecordingProxy
 from tests.support.operator import (
-    Bucket, Cluster, Operator, SCHEDULED, SECRET, manifest_for, new_run, progress, progress_uri, running, wait_for,
+    Bucket, Cluster, Operator, SCHEDULED, SECRET, leave_manifest_in_a_pod, manifest_for, new_run, progress, progress_uri,
+    running, status_pusher, wait_for,
 )
 from tests.support.pods import create_training_pod
+from tests.support.tls import write_serving_certificate
 
 
 BUCKET = "scalingrun-rbac"
@@ -120,6 +123,13 @@ def chart_operator(deployment: dict, kubeconfig: str, log_path: Path) -> Operato
     for var in container["env"]:
         env[var["name"]] = var["value"] if "value" in var else downward[var["valueFrom"]["fieldRef"]["fieldPath"]]
     env.pop("SCALINGRUN_POLL_INTERVAL_SECONDS")  # 1 s here (Operator's), as in every operator test
+    if "SCALINGRUN_STATUS_PORT_NUMBER" in env:
+        # The status endpoint on a free port, its certificate in a folder as the kubelet mounts the chart's Secret.
+        port, tls = free_port(), log_path.parent / "status-tls"
+        tls.mkdir(exist_ok=True)
+        write_serving_certificate(tls)
+        env.update(SCALINGRUN_STATUS_PORT_NUMBER=str(port), SCALINGRUN_STATUS_URL=f"https://127.0.0.1:{port}",
+                   SCALINGRUN_STATUS_TLS_DIR=str(tls))
     return Operator(kubeconfig, log_path, [], *args, env=env)
 
 
@@ -134,8 +144,10 @@ def owners(obj: dict) -> list[str]:
     return [r["uid"] for r in obj["metadata"].get("ownerReferences") or []]
 
 
-def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator) -> None:
-    """Every call the operator makes, once at least (what each step reaches is in its comment)."""
+def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator, push: bool = False) -> None:
+    """Every call the operator makes, once at least (what each step reaches is in its comment). `push`: the
+    operator's status endpoint is on, so the run's pods report (the manifest in the Job pod's termination message,
+    progress pushed) and nothing is written to storage for it."""
     prefix = f"s3://{BUCKET}/{cluster.ns}"
     body = new_run(cluster.ns, "life", s3_server, dataset={"source": f"{prefix}/raw", "output": f"{prefix}/data"})
     admitted, run = admitted_run(cluster, body)
@@ -150,13 +162,22 @@ def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator) -
     assert owners(cluster.job("life-preprocess")) == [uid]
     assert cluster.job("life-preprocess")["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
     # The dataset is written: the MPIJob is created (mpijobs: create), progress mirrored into status.
-    bucket.put_json(f"{prefix}/data/_manifest.json", manifest_for(admitted))
+    if push:
+        leave_manifest_in_a_pod(cluster, cluster.job("life-preprocess"), admitted)
+    else:
+        bucket.put_json(f"{prefix}/data/_manifest.json", manifest_for(admitted))
     cluster.complete_job("life-preprocess", succeeded=1)
     wait_for(cluster.phase_is("life", "Training"), what="Training", operator=operator)
     assert owners(client.ApiClient().sanitize_for_serialization(
         cluster.core.read_namespaced_config_map("life-runconfig", cluster.ns))) == [uid]
     cluster.set_mpijob_condition("life-train", "Running", "", "")
-    bucket.put_json(progress_uri(admitted), progress("running", 1))
+    if push:  # a worker's push, its token reviewed (tokenreviews: create)
+        worker = create_training_pod(cluster, cluster.mpijob("life-train"), "worker", "life-train-worker-1")
+        pusher = status_pusher(cluster, worker, "life", Path(operator.log_path).parent)
+        pusher.push(PROGRESS, progress("running", 1))
+        assert pusher.flush(60) and pusher.sent == 1
+    else:
+        bucket.put_json(progress_uri(admitted), progress("running", 1))
     wait_for(lambda: (cluster.status("life").get("training") or {}).get("epoch") == 1, what="epoch 1",
              operator=operator)
     # Suspended and resumed (mpijobs: patch).
