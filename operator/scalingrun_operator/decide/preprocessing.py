@@ -300,8 +300,13 @@ def _complete(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> 
         update.set_phase(Phase.preprocessing.value)
         return
     found = mismatch(run, manifest) or "there is none"
-    message = (f"Job {job_name} completed but {manifest_uri(run)} does not describe this run's dataset "
-               f"({found}); check that nothing else writes to spec.dataset.output")
+    if draft.settings.reads_storage:
+        message = (f"Job {job_name} completed but {manifest_uri(run)} does not describe this run's dataset "
+                   f"({found}); check that nothing else writes to spec.dataset.output")
+    else:
+        message = (f"Job {job_name} completed but none of its pods left this run's dataset manifest in its "
+                   f"termination message ({found}); a trainer image older than the operator leaves none, and "
+                   f"something else writing to spec.dataset.output can replace {manifest_uri(run)}")
     update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
     update.fail(PREPROCESSING_FAILED, message)
 

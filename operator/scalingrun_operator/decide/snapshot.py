@@ -243,6 +243,9 @@ class Settings:
     #: Seconds an MPIJob may go without any status (no controller wrote a condition) before the run says nothing
     #: serves MPIJobs (MPIJobServed=False); None: never (the local runner's MPIJob is its own process).
     mpijob_unserved_seconds: Optional[float] = None
+    #: False: the documents come from the run's pods, not storage (the operator's status endpoint is on), and a
+    #: missing manifest is said as the pods' (Config.reads_storage).
+    reads_storage: bool = True
 
 
 # --- the decision -------------------------------------------------------------------------------------

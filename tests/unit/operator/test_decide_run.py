@@ -219,6 +219,14 @@ ROWS = [
                                                                               succeeded=2)}),
         "Failed", [], {"Preprocessed": ("False", "PreprocessingFailed", "does not describe this run's dataset "
                                                                          "(there is none)")}, ["Failed"]),
+    Row("with the status endpoint on, a Job whose pods left no manifest says so after the grace",
+        lambda: preprocessing(children={"ConfigMap": config_map(), "Job": job(done("Complete", minutes_ago=5),
+                                                                              succeeded=2)}),
+        "Failed", [], {"Preprocessed": ("False", "PreprocessingFailed", "none of its pods left this run's dataset "
+                                                                         "manifest in its termination message (there "
+                                                                         "is none); a trainer image older than the "
+                                                                         "operator leaves none")}, ["Failed"],
+        settings=Settings(reads_storage=False)),
     Row("a failed Job fails the run with the shards done and what its pod said",
         lambda: preprocessing(children={"ConfigMap": config_map(), "Job": job(done(
             "Failed", "BackoffLimitExceeded", "Job has reached the specified backoff limit"), succeeded=1, failed=4)},
