@@ -101,6 +101,8 @@ class Observer:
     def target(self, store: Store) -> StorageTarget:
         """The storage target of `store`, with the keys from its Secret (read once per look); with pod identity none,
         so botocore's default chain finds the operator's own."""
+        if not self.config.reads_storage:  # the push path's promise: no store dialled, no Secret read
+            raise RuntimeError("this operator reads no storage (its status endpoint is on)")
         if store not in self._targets:
             try:
                 credentials = None

@@ -86,6 +86,8 @@ def test_push_mode_reads_documents_from_the_pods_and_pull_mode_from_storage_alik
     assert push.read(Document(uri, store, PROGRESS, versioned=True)).document.epoch == 3
     assert push.read(Listing(str(tmp_path), store)) == Names()  # not listed: the Job's own counts say it
     assert push._targets == {}  # no storage target made, no Secret read (there is no Kube to read one with)
+    with pytest.raises(RuntimeError, match="reads no storage"):
+        push.target(store)
 
     pull = _observer(PULL, pods)
     with pytest.raises(AttributeError):  # pull mode reads the Secret first: with no Kube, it cannot
