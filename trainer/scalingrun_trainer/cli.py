@@ -165,7 +165,11 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _termination_message(message: str) -> None:
-    """Kubernetes shows a container's /dev/termination-log in its terminated state: the operator quotes it."""
+    """Kubernetes shows a container's /dev/termination-log in its terminated state: the operator quotes it (a
+    failure) or reads the dataset's manifest from it. The kubelet makes the file; where there is none (a local run,
+    even as root) nothing is written."""
+    if not os.path.isfile(TERMINATION_LOG):
+        return
     try:
         with open(TERMINATION_LOG, "w") as f:
             f.write(message[:TERMINATION_MESSAGE_BYTES])

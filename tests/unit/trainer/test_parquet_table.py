@@ -158,6 +158,7 @@ def test_the_check_leaves_its_manifest_where_the_operator_reads_it_with_push_on(
     from scalingrun_trainer import cli
 
     root = write_table(tmp_path / "table")
+    (tmp_path / "termination-log").touch()  # as the kubelet makes it
     monkeypatch.setattr(cli, "TERMINATION_LOG", str(tmp_path / "termination-log"))
     assert cli.main(["inspect", "--source", str(root), "--output", str(tmp_path / "out"), "--image-size", str(SIDE),
                      "--image-column", "pixels", "--label-column", "y", "--max-readers", "2"]) == 0
@@ -180,8 +181,11 @@ def test_a_shard_leaves_the_manifest_only_when_it_is_the_datasets_it_made(tmp_pa
     (tmp_path / "out" / "_manifest.json").write_text(json.dumps(
         DatasetManifest(fingerprint="a" * 16, classes=["cat", "dog"], written={"train": 4}).document()))
     shard = Params(source=str(tmp_path / "raw"), output=str(tmp_path / "out"))
-    cli._leave_manifest(shard, "b" * 16)  # an earlier dataset's manifest: not this one's
+    cli._leave_manifest(shard, "a" * 16)  # outside a pod (no file from the kubelet): nothing written
     assert not (tmp_path / "termination-log").exists()
+    (tmp_path / "termination-log").touch()
+    cli._leave_manifest(shard, "b" * 16)  # an earlier dataset's manifest: not this one's
+    assert (tmp_path / "termination-log").read_text() == ""
     cli._leave_manifest(shard, "a" * 16)
     left = manifest_from_termination_message((tmp_path / "termination-log").read_text())
     assert (left.fingerprint, left.classes, left.written) == ("a" * 16, ["cat", "dog"], {"train": 4})
