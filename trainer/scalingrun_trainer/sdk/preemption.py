@@ -49,10 +49,15 @@ def _mpi() -> Collective:
     """COMM_WORLD (mpi4py, imported at the first step) under a launcher; a world of one without."""
     global _world
     if _world is None:
-        if ranks()[1] > 1:
+        size = ranks()[1]
+        if size > 1:
             from ..core.mpi import MpiWorld
 
-            _world = MpiWorld()
+            world = MpiWorld()
+            if world.size != size:  # e.g. horovodrun --gloo: no MPI world to agree in
+                raise RuntimeError(f"sdk.step_boundary agrees over MPI, but MPI sees {world.size} process(es) of the "
+                                   f"launcher's {size}: start the script with mpirun (as a ScalingRun's MPIJob does)")
+            _world = world
         else:
             _world = _Alone()
     return _world
