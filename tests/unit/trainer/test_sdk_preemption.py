@@ -5,17 +5,13 @@ exit with PREEMPTED_EXIT_CODE; without a signal the script runs to its end and n
 from __future__ import annotations
 
 import os
-import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from scalingrun_api.heartbeat import PREEMPTED_EXIT_CODE
 from scalingrun_trainer.core.preemption import RANK_PIDS_DIR_ENV
 from tests.support.mpirun import mpirun  # noqa: F401 (fixture)
-from tests.support.preemption import rank_pid
+from tests.support.preemption import check_script_stopped, script_position, stop_script_mid_epoch
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -40,14 +36,6 @@ print(f"rank {rank} done", flush=True)
 """
 
 
-def position(out: Path, rank: int) -> tuple[int, int]:
-    try:
-        epoch, step = (out / f"rank-{rank}").read_text().split()
-    except (OSError, ValueError):
-        return -1, 0
-    return int(epoch), int(step)
-
-
 def run(mpirun: list[str], tmp_path: Path, epochs: int, steps: int) -> subprocess.Popen:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
@@ -60,25 +48,8 @@ def run(mpirun: list[str], tmp_path: Path, epochs: int, steps: int) -> subproces
 
 def test_a_sigterm_to_one_rank_stops_every_rank_at_the_same_step_with_rank_0s_checkpoint(mpirun, tmp_path):
     first = run(mpirun, tmp_path, epochs=3, steps=400)
-    try:
-        deadline = time.monotonic() + 120
-        while position(tmp_path, 0) < (1, 5):
-            assert first.poll() is None, first.stdout.read()
-            assert time.monotonic() < deadline, "the script did not reach its second epoch in 120 s"
-            time.sleep(0.05)
-        noticed = position(tmp_path, 1)
-        os.kill(rank_pid(tmp_path / "pids", 1), signal.SIGTERM)
-        output, _ = first.communicate(timeout=60)
-    finally:
-        if first.poll() is None:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait()
-    assert first.returncode == PREEMPTED_EXIT_CODE, output
-    epoch, step, writer = map(int, (tmp_path / "saved").read_text().split())
-    assert (epoch, writer) == (1, 0) and noticed[1] <= step < 400, (noticed, step)
-    # Both ranks stopped after that step, and neither trained a step past it.
-    assert len(re.findall(rf"every rank stopped after step {step} of epoch 2", output)) == 2, output
-    assert position(tmp_path, 0) == position(tmp_path, 1) == (1, step)
+    output, noticed = stop_script_mid_epoch(first, tmp_path, tmp_path / "pids")
+    check_script_stopped(first, output, tmp_path, noticed, steps=400)
     assert "done" not in output
 
 
@@ -87,4 +58,4 @@ def test_without_a_signal_the_script_runs_to_its_end_and_saves_nothing(mpirun, t
     output, _ = second.communicate(timeout=120)
     assert second.returncode == 0, output
     assert "rank 0 done" in output and "rank 1 done" in output
-    assert not (tmp_path / "saved").exists() and position(tmp_path, 1) == (1, 5)
+    assert not (tmp_path / "saved").exists() and script_position(tmp_path, 1) == (1, 5)
