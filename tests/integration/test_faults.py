@@ -231,8 +231,9 @@ def test_a_node_that_gets_a_termination_taint_has_its_training_pods_deleted_with
         def deleting(name: str) -> dict:
             return cluster.core.read_namespaced_pod(name, cluster.ns).metadata
 
-        worker = wait_for(lambda: deleting("spot-train-worker-0").deletion_timestamp and deleting("spot-train-worker-0"),
-                          what="the worker on the tainted node deleted", timeout=60, operator=operator)
+        worker = wait_for(lambda: deleting("spot-train-worker-0").deletion_timestamp
+                          and deleting("spot-train-worker-0"), what="the worker on the tainted node deleted",
+                          timeout=60, operator=operator)
         assert worker.deletion_grace_period_seconds == 45  # its own grace period, not a force-delete
         # The launcher with it (its mpirun passes SIGTERM on too), gracefully; the worker on the other node stays.
         launcher = wait_for(lambda: deleting("spot-train-launcher-q8m2v").deletion_timestamp

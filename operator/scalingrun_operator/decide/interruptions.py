@@ -33,7 +33,8 @@ CHILD_DELETED_CAUSE = "childDeleted"  # the Job or MPIJob deleted mid-run
 LAUNCHER_FAILED = "launcherFailed"  # the launcher exited non-zero on a node that was there: the code's failure
 WORKER_FAILED = "workerFailed"  # a worker container exited non-zero on a node that was there
 CODE_CAUSES = (LAUNCHER_FAILED, WORKER_FAILED)  # spec.training.backoffLimit
-INFRASTRUCTURE_CAUSES = (POD_DELETED, NODE_LOST, NODE_TERMINATING, EVICTED, STALLED, CHILD_DELETED_CAUSE)  # spec.training.maxInterruptions
+# spec.training.maxInterruptions
+INFRASTRUCTURE_CAUSES = (POD_DELETED, NODE_LOST, NODE_TERMINATING, EVICTED, STALLED, CHILD_DELETED_CAUSE)
 CAUSES = (*INFRASTRUCTURE_CAUSES, *CODE_CAUSES)
 
 # Pod condition DisruptionTarget (Kubernetes 1.26+): why a pod is going away.
