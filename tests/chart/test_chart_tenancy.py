@@ -20,6 +20,7 @@ from tests.support.rbac import bound_rules, grants
 RBAC = ("Role", "ClusterRole", "RoleBinding", "ClusterRoleBinding")
 # What the operator of a namespaced install needs beyond its namespaces: cluster-scoped resources only.
 CLUSTER_SCOPED_NEEDED = {("list", "", "namespaces"), ("watch", "", "namespaces"), ("get", "", "nodes"),
+                         ("list", "", "nodes"), ("watch", "", "nodes"),
                          ("list", "apiextensions.k8s.io", "customresourcedefinitions"),
                          ("watch", "apiextensions.k8s.io", "customresourcedefinitions")}
 ADOPTION_DELETES = {("delete", "", "configmaps"), ("delete", "batch", "jobs"), ("delete", "kubeflow.org", "mpijobs"),

@@ -198,3 +198,67 @@ def test_a_run_whose_heartbeat_stops_is_stalled_and_restarted(cluster, operator,
 
 def _stamp(unix: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(unix))
+
+
+def test_a_node_that_gets_a_termination_taint_has_its_training_pods_deleted_with_their_grace_period_once(
+        cluster, operator, bucket, s3_server, node, api_client):
+    """A cloud's node-termination handler taints a node about to go: the operator sees it on its Node watch and
+    deletes the training pods there with their own grace period (the kubelet's SIGTERM: the ranks checkpoint at
+    their next step), with the launcher, once; counted as nodeTerminating, with a Warning Event. A pod on a node
+    without the taint stays."""
+    other = f"node-{uuid.uuid4().hex[:6]}"
+    cluster.core.create_node({"metadata": {"name": other}})
+    try:
+        cluster.create_run(new_run(cluster.ns, "spot", s3_server, workers={"replicas": 2, "gpusPerWorker": 0,
+                                                                           "terminationGracePeriod": "45s"}))
+        reach_training(cluster, bucket, "spot", operator)
+        mpijob = cluster.mpijob("spot-train")
+        pods = {"spot-train-worker-0": ("worker", node), "spot-train-worker-1": ("worker", other),
+                "spot-train-launcher-q8m2v": ("launcher", other)}
+        ready = [*SCHEDULED, {"type": "Ready", "status": "True"}]
+        for name, (role, on) in pods.items():
+            body = create_training_pod(cluster, mpijob, role, name, node=on, with_grace=True)
+            assert body["spec"]["terminationGracePeriodSeconds"] == 45, body["spec"]
+            cluster.set_pod_status(name, phase="Running", containers=running(role), conditions=ready)
+        wait_for(lambda: len((cluster.status("spot").get("training") or {}).get("pods") or []) == 3,
+                 what="the three pods recorded", operator=operator)
+
+        # A rebalance recommendation is a risk, not a notice: then the spot interruption notice.
+        cluster.core.patch_node(node, {"spec": {"taints": [
+            {"key": "aws-node-termination-handler/rebalance-recommendation", "effect": "PreferNoSchedule"},
+            {"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}]}})
+
+        def deleting(name: str) -> dict:
+            return cluster.core.read_namespaced_pod(name, cluster.ns).metadata
+
+        worker = wait_for(lambda: deleting("spot-train-worker-0").deletion_timestamp
+                          and deleting("spot-train-worker-0"), what="the worker on the tainted node deleted",
+                          timeout=60, operator=operator)
+        assert worker.deletion_grace_period_seconds == 45  # its own grace period, not a force-delete
+        # The launcher with it (its mpirun passes SIGTERM on too), gracefully; the worker on the other node stays.
+        launcher = wait_for(lambda: deleting("spot-train-launcher-q8m2v").deletion_timestamp
+                            and deleting("spot-train-launcher-q8m2v"), what="the launcher deleted", timeout=30,
+                            operator=operator)
+        assert launcher.deletion_grace_period_seconds == 45
+        assert deleting("spot-train-worker-1").deletion_timestamp is None
+        training = wait_for(lambda: (cluster.status("spot").get("training") or {}).get("restarts") == 1
+                            and cluster.status("spot")["training"], what="the interruption counted",
+                            operator=operator)
+        assert {cause: n for cause, n in training["interruptions"].items() if n} == {"nodeTerminating": 1}
+        cluster.wait_events("spot", lambda events: any(
+            e[:2] == ("Warning", "NodeTerminating") and "spot-train-worker-0 on node " + node in e[2]
+            and "aws-node-termination-handler/spot-itn" in e[2] for e in events), operator)
+
+        # Once: the taint seen again (removed and put back: a new notice on the watch) and a later look (a spec
+        # change, reported as ignored) find the pods Terminating: nothing deleted or counted again.
+        cluster.core.patch_node(node, {"spec": {"taints": None}})
+        cluster.core.patch_node(node, {"spec": {"taints": [
+            {"key": "aws-node-termination-handler/spot-itn", "effect": "NoSchedule"}]}})
+        cluster.patch_run("spot", {"spec": {"training": {"maxEpochs": 7}}})
+        wait_for(lambda: cluster.condition("spot", "SpecChangeIgnored").get("status") == "True",
+                 what="a look after the taint came again", operator=operator)
+        assert len([e for e in cluster.events("spot") if e[1] == "NodeTerminating"]) == 1
+        assert cluster.status("spot")["training"]["interruptions"]["nodeTerminating"] == 1
+        assert deleting("spot-train-worker-1").deletion_timestamp is None
+    finally:
+        cluster.core.delete_node(other)

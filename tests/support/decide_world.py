@@ -15,9 +15,10 @@ from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_operator.decide.run import decide_run
 from scalingrun_operator.documents import parse_heartbeat, parse_manifest, parse_progress
 from scalingrun_operator.decide.snapshot import (
-    HEARTBEAT, MANIFEST, Child, Create, Decision, Delete, Document, Listing, Log, LogTail, Names, Nodes, Patch, PodList,
-    Pods, Read, Server, ServerVersion, Settings, Snapshot, look,
+    HEARTBEAT, MANIFEST, Child, Create, Decision, Delete, Document, Listing, Log, LogTail, Names, Nodes, NoticedNodes,
+    Patch, PodList, Pods, Read, Server, ServerVersion, Settings, Snapshot, look,
 )
+from scalingrun_operator.decide.nodes import termination_notice
 
 NS, NAME, UID = "ml", "demo", "run-uid"
 NOW = dt.datetime(2026, 1, 1, 12, 10, tzinfo=dt.timezone.utc)
@@ -170,6 +171,8 @@ class World:
             return self.server
         if isinstance(ask, Nodes):
             return {name: copy.deepcopy(self.nodes.get(name)) for name in ask.names}
+        if isinstance(ask, NoticedNodes):  # as the Node watch keeps them: the tainted ones only
+            return {name: copy.deepcopy(node) for name, node in self.nodes.items() if termination_notice(node)}
         raise AssertionError(f"unexpected ask {ask!r}")
 
     def decide(self, settings: Settings = Settings()) -> Decision:

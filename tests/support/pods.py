@@ -12,15 +12,19 @@ from tests.support.operator import Cluster, mpijob_pod_labels
 IMAGE = "registry.invalid/scalingrun/trainer:1"
 
 
-def create_training_pod(cluster: Cluster, mpijob: dict, role: str, name: str, node: str = "") -> dict:
+def create_training_pod(cluster: Cluster, mpijob: dict, role: str, name: str, node: str = "",
+                        with_grace: bool = False) -> dict:
     """A launcher or worker pod as the MPI operator makes it: the template's labels, container, image and
-    resources (the memory limit an OOM message names); with `node`, as if it had been scheduled there."""
+    resources (the memory limit an OOM message names); with `node`, as if it had been scheduled there; with
+    `with_grace`, the template's terminationGracePeriodSeconds (else Kubernetes' default)."""
     spec = mpijob["spec"]["mpiReplicaSpecs"]["Launcher" if role == "launcher" else "Worker"]
     template = spec["template"]["spec"]["containers"][0]
     container = {"name": template["name"], "image": IMAGE, "resources": template.get("resources") or {}}
+    grace = spec["template"]["spec"].get("terminationGracePeriodSeconds") if with_grace else None
     return create_pod(cluster, {"metadata": {"name": name, "labels": mpijob_pod_labels(mpijob, role)},
                                 "spec": {"automountServiceAccountToken": False, "containers": [container],
-                                         **({"nodeName": node} if node else {})}})
+                                         **({"nodeName": node} if node else {}),
+                                         **({"terminationGracePeriodSeconds": grace} if grace else {})}})
 
 
 def create_pod(cluster: Cluster, body: dict) -> dict:

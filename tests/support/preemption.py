@@ -98,3 +98,46 @@ def preempt_and_resume(command: list[str], env: dict[str, str], s3_server, run: 
         rows = [row for _, _, batch in before + resumed for row in batch]
         assert len(rows) == steps * BATCH and len(set(rows)) == len(rows)
         assert [s for e, s, _ in after if e == 2] == list(range(steps))  # the next epoch from its first step
+
+
+# --- the SDK's step_boundary (scripts of the user's own: each rank writes `epoch step` to rank-N after each step) ---
+
+
+def script_position(out: Path, rank: int) -> tuple[int, int]:
+    """(epoch, step) rank `rank` of a test script last wrote after a step; (-1, 0) before its first."""
+    try:
+        epoch, step = (out / f"rank-{rank}").read_text().split()
+    except (OSError, ValueError):
+        return -1, 0
+    return int(epoch), int(step)
+
+
+def stop_script_mid_epoch(process: subprocess.Popen, out: Path, pids: Path, at: tuple[int, int] = (1, 5),
+                          timeout: float = 300) -> tuple[str, tuple[int, int]]:
+    """Once rank 0 of `process` (the script under mpirun, output piped) passed `at`, SIGTERM to rank 1 alone; its
+    output once it ended, and where rank 1 was when the signal was sent."""
+    try:
+        deadline = time.monotonic() + timeout
+        while script_position(out, 0) < at:
+            assert process.poll() is None, process.stdout.read()
+            assert time.monotonic() < deadline, f"the script did not reach {at} in {timeout:.0f} s"
+            time.sleep(0.05)
+        noticed = script_position(out, 1)
+        os.kill(rank_pid(pids, 1), signal.SIGTERM)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    return output, noticed
+
+
+def check_script_stopped(process: subprocess.Popen, output: str, out: Path, noticed: tuple[int, int],
+                         steps: int) -> None:
+    """Both ranks exited PREEMPTED_EXIT_CODE after the same step of the second epoch, the step rank 0's save() wrote,
+    at or after the one rank 1 had reached when it got the signal; neither trained a step past it."""
+    assert process.returncode == PREEMPTED_EXIT_CODE, output[-3000:]
+    epoch, step, writer = map(int, (out / "saved").read_text().split())
+    assert (epoch, writer) == (1, 0) and noticed[1] <= step < steps, (noticed, step)
+    assert len(re.findall(rf"every rank stopped after step {step} of epoch 2", output)) == 2, output[-3000:]
+    assert script_position(out, 0) == script_position(out, 1) == (1, step)

@@ -66,6 +66,9 @@ class Interruptions(ApiModel):
     node_lost: int = Field(0, description="Pods lost with their node: NotReady or Unknown past "
                            "spec.training.nodeLossGracePeriod (the operator force-deleted them), or deleted by the "
                            "taint manager or the pod garbage collector.")
+    node_terminating: int = Field(0, description="Nodes that got a cloud's termination taint (GKE, AWS NTH) under "
+                                  "training pods: the operator deleted those pods with their grace period, so that "
+                                  "the training checkpointed at its next step before the node went.")
     evicted: int = Field(0, description="Pods evicted (node pressure, the eviction API) or preempted.")
     stalled: int = Field(0, description="Restarts because no heartbeat came for spec.training.stallTimeout.")
     child_deleted: int = Field(0, description="The Job or MPIJob deleted mid-run.")

@@ -17,8 +17,8 @@ from typing import Any, Optional, Union
 
 from ..config import Config
 from ..decide.snapshot import (
-    HEARTBEAT, MANIFEST, PROGRESS, Child, Document, Listing, Log, LogTail, Names, Nodes, PodList, Pods, Read, Server,
-    ServerVersion, Store,
+    HEARTBEAT, MANIFEST, PROGRESS, Child, Document, Listing, Log, LogTail, Names, Nodes, NoticedNodes, PodList, Pods,
+    Read, Server, ServerVersion, Store,
 )
 from ..decide.pods import manifest_left
 from ..documents import read_heartbeat, read_manifest, read_progress
@@ -26,6 +26,7 @@ from ..storage import Clients, Credentials, StorageError, StorageTarget, list_na
 from .k8s import Kube
 from .latest import LatestObjects
 from .memory import Memory
+from .node_notices import NodeNotices
 from .pod_index import PodIndex
 from .pushed import PushedDocuments
 
@@ -33,9 +34,9 @@ from .pushed import PushedDocuments
 class Observer:
     def __init__(self, kube: Kube, config: Config, memory: Memory, clients: Clients, namespace: str, name: str,
                  pods: Optional[PodIndex] = None, latest: Optional[LatestObjects] = None,
-                 pushed: Optional[PushedDocuments] = None):
+                 pushed: Optional[PushedDocuments] = None, notices: Optional[NodeNotices] = None):
         self.kube, self.config, self.memory, self.clients, self.pods = kube, config, memory, clients, pods
-        self.latest, self.pushed = latest, pushed
+        self.latest, self.pushed, self.notices = latest, pushed, notices
         self.namespace, self.name = namespace, name
         self._targets: dict[Store, Union[StorageTarget, StorageError]] = {}
 
@@ -78,6 +79,8 @@ class Observer:
             return LogTail(text, error)
         if isinstance(ask, Nodes):
             return MappingProxyType({name: self.kube.get_node(name) for name in ask.names})
+        if isinstance(ask, NoticedNodes):  # the Node watch's (Runtime); none in a tool
+            return self.notices.nodes() if self.notices is not None else MappingProxyType({})
         if isinstance(ask, ServerVersion):
             return Server(*self.kube.server_version())
         raise TypeError(f"observe cannot read {ask!r}")

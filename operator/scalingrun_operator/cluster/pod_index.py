@@ -95,6 +95,12 @@ class PodIndex:
             entry.pods, entry.gone, entry.listed_at = fresh, {}, at
             return sorted((pod for _, pod in fresh.values()), key=lambda p: p["metadata"].get("name", ""))
 
+    def runs_on(self, node: str) -> list[Key]:
+        """The runs with a pod on `node`, as the pod watch saw them."""
+        with self._guard:
+            return sorted(key for key, entry in self._runs.items()
+                          if any((pod.get("spec") or {}).get("nodeName") == node for _, pod in entry.pods.values()))
+
     def forget(self, namespace: str, run: str) -> None:
         """The run is gone; its pods' DELETED events follow and find nothing to keep."""
         with self._guard:

@@ -28,6 +28,7 @@ from .latest import LatestObjects
 from .memory import Memory
 from .metrics import Metrics
 from .observe import Observer
+from .node_notices import NodeNotices
 from .pod_index import PodIndex
 from .pushed import PushedDocuments
 from .reconcile_scheduler import ReconcileScheduler
@@ -60,6 +61,7 @@ class _Reconciler:
     pods: Optional[PodIndex] = None  # the pod watch's index (Runtime); None: a look lists the run's pods
     latest: Optional[LatestObjects] = None  # copies from the watches (Runtime); None: a look reads them anew
     pushed: Optional[PushedDocuments] = None  # documents the runs' pods pushed (Runtime); None: storage only
+    notices: Optional[NodeNotices] = None  # the Node watch's tainted Nodes (Runtime); None: no notices seen
 
     kind = ""
 
@@ -95,7 +97,7 @@ class _Reconciler:
                     return None
                 # After a conflict no copy either: a child's may lag behind the write it conflicted with.
                 observer = Observer(self.kube, self.config, self.memory, self.clients, namespace, name, self.pods,
-                                    self.latest if attempt == 0 else None, self.pushed)
+                                    self.latest if attempt == 0 else None, self.pushed, self.notices)
                 moment = clock.now()
                 snapshot = Snapshot(body, moment, derived=self._derived_for(namespace, name, body))
                 try:

@@ -20,6 +20,7 @@ from .k8s import Kube, new_api_client
 from .latest import LatestObjects
 from .memory import Memory
 from .metrics import Metrics
+from .node_notices import NodeNotices
 from .pod_index import PodIndex
 from .preflight import run_at_start_up
 from .push_auth import PushAuthenticator
@@ -58,8 +59,10 @@ class Runtime:
         self.kube = kube
         self.status_server: Optional[StatusServer] = None
         self.status_config_maps: Optional[StatusConfigMaps] = None
+        # The Nodes with a cloud's termination taint, from the Node watch (handlers.runs.node_changed).
+        self.notices = NodeNotices()
         self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients, self.pods,
-                               self.latest, self.pushed)
+                               self.latest, self.pushed, self.notices)
         # One reconcile per run at a time; pod events at most one per run per second, a burst of them one
         # (cluster/coalesce.py), in a pool of their own: the pod handler never waits for a reconcile.
         self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0, workers=config.max_workers,

@@ -6,13 +6,13 @@ phases (preprocessing.py, training.py) write into it, and `decision()` freezes i
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from scalingrun_api.models import ScalingRun, StorageCredentials
 from . import children
 from .snapshot import (
-    MANIFEST, Child, Create, Decision, Delete, Document, Nodes, Patch, PodList, Pods, Read, Server, ServerVersion,
-    Settings, Snapshot, Store,
+    MANIFEST, Child, Create, Decision, Delete, Document, Nodes, NoticedNodes, Patch, PodList, Pods, Read, Server,
+    ServerVersion, Settings, Snapshot, Store,
 )
 from .status import CHILD_CONFLICT, READY, STORAGE_READABLE, Event, StatusUpdate, get_condition
 
@@ -58,6 +58,10 @@ class Draft:
         if not names:
             return {}
         return dict(self.need(Nodes(tuple(sorted(set(names))))))
+
+    def noticed_nodes(self) -> Mapping[str, dict[str, Any]]:
+        """The Nodes with a termination taint, from the operator's Node watch (no read)."""
+        return self.need(NoticedNodes())
 
     def server(self) -> Server:
         return self.need(ServerVersion())

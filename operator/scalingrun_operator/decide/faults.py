@@ -1,5 +1,6 @@
 """The faults the operator ends itself, pure: training pods lost with their node (force-deleted so that the MPI
-operator makes them elsewhere), and a training that stopped beating (stall.py says when). Each is counted in
+operator makes them elsewhere), training pods on a node about to go (deleted gracefully, so that the ranks
+checkpoint at their next step first), and a training that stopped beating (stall.py says when). Each is counted in
 status.training.interruptions against spec.training.maxInterruptions.
 """
 
@@ -13,7 +14,7 @@ from . import interruptions, nodes, podrecords
 from .draft import Draft
 from .podrecords import same_uid
 from .pods import LAUNCHER, TRAINING_ROLES, WORKER, metadata_of, pod_name, pod_role, status_of
-from .status import NODE_LOST, get_condition
+from .status import NODE_LOST, NODE_TERMINATING, get_condition
 
 _RESUMES = "the launcher restarts and resumes from the last checkpoint"
 
@@ -86,4 +87,30 @@ def lost_nodes(draft: Draft, run: ScalingRun, training_status: dict[str, Any], m
     update.condition(NODE_LOST, "True", reason, message)
     if counted or existing.get("message") != message:
         update.warn(NODE_LOST, message)
+    return True
+
+
+def terminating_nodes(draft: Draft, training_status: dict[str, Any], mpijob: str) -> bool:
+    """NodeTerminating: the training's pods on a node with a cloud's termination taint (the Node watch's, no read)
+    are deleted with their own grace period: the kubelet's SIGTERM makes the ranks checkpoint at their next step
+    while the node is still there, and the MPI operator makes the pods anew elsewhere. Counted once per node as
+    nodeTerminating, with a Warning Event; a pod already Terminating is not noticed again. True when pods were
+    deleted."""
+    noticed = nodes.noticed_pods(draft.pods(), draft.noticed_nodes(), mpijob)
+    if not noticed:
+        return False
+    by_node: dict[str, list[nodes.NoticedPod]] = {}
+    for item in noticed:
+        by_node.setdefault(item.node, []).append(item)
+    counted = 0
+    for node, items in sorted(by_node.items()):
+        if restart_pods(draft, training_status, [i.pod for i in items], mpijob, None):
+            interruptions.count(training_status, interruptions.NODE_TERMINATING)
+            counted += 1
+    if counted:
+        draft.update.warn(NODE_TERMINATING, "; ".join(
+            f"{', '.join(pod_name(i.pod) for i in items)} on node {node}: {items[0].why}"
+            for node, items in sorted(by_node.items()))
+            + "; deleted with their grace period, so that the training checkpoints at its next step before the "
+              f"node goes, and {_RESUMES}")
     return True

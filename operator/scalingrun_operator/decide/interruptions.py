@@ -26,13 +26,15 @@ from .status import BACKOFF_LIMIT_EXCEEDED, CHILD_DELETED, MAX_INTERRUPTIONS_EXC
 
 POD_DELETED = "podDeleted"  # a launcher or worker pod deleted (by a person, a controller, a drain)
 NODE_LOST = "nodeLost"  # a pod's node NotReady or Unknown past spec.training.nodeLossGracePeriod
+NODE_TERMINATING = "nodeTerminating"  # a pod's node got a cloud's termination taint: the operator deleted it
 EVICTED = "evicted"  # evicted (node pressure, the eviction API) or preempted by the scheduler
 STALLED = "stalled"  # no heartbeat for spec.training.stallTimeout: the operator restarted the training
 CHILD_DELETED_CAUSE = "childDeleted"  # the Job or MPIJob deleted mid-run
 LAUNCHER_FAILED = "launcherFailed"  # the launcher exited non-zero on a node that was there: the code's failure
 WORKER_FAILED = "workerFailed"  # a worker container exited non-zero on a node that was there
 CODE_CAUSES = (LAUNCHER_FAILED, WORKER_FAILED)  # spec.training.backoffLimit
-INFRASTRUCTURE_CAUSES = (POD_DELETED, NODE_LOST, EVICTED, STALLED, CHILD_DELETED_CAUSE)  # spec.training.maxInterruptions
+# spec.training.maxInterruptions
+INFRASTRUCTURE_CAUSES = (POD_DELETED, NODE_LOST, NODE_TERMINATING, EVICTED, STALLED, CHILD_DELETED_CAUSE)
 CAUSES = (*INFRASTRUCTURE_CAUSES, *CODE_CAUSES)
 
 # Pod condition DisruptionTarget (Kubernetes 1.26+): why a pod is going away.

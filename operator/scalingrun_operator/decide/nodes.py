@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
-from .pods import TRAINING_ROLES, WORKER, metadata_of, pod_name, pod_role, status_of
+from .pods import TRAINING_ROLES, metadata_of, pod_name, pod_role, status_of
 from .status import parse_time
 
 
@@ -115,10 +115,10 @@ def lost_pods(pods: list[dict[str, Any]], found_nodes: dict[str, Optional[dict[s
 
 # --- preemption notices -----------------------------------------------------------------------------
 
-# The taints a cloud's node-termination handler puts on a node about to go, by the notice each stands for. A worker
-# on such a node is best deleted at once (gracefully: its ranks get SIGTERM and write a checkpoint at their next
-# step, scalingrun_trainer.core.preemption) rather than when the node goes. AWS NTH's rebalance-recommendation taint
-# is no notice: the node is at risk, not leaving.
+# The taints a cloud's node-termination handler puts on a node about to go, by the notice each stands for. A
+# launcher or worker on such a node is best deleted at once (gracefully: its ranks, or its mpirun, get SIGTERM and
+# the ranks write a checkpoint at their next step, scalingrun_trainer.core.preemption) rather than when the node
+# goes. AWS NTH's rebalance-recommendation taint is no notice: the node is at risk, not leaving.
 TERMINATION_TAINTS = {
     "cloud.google.com/impending-node-termination": "GKE's notice of the node's termination",
     "aws-node-termination-handler/spot-itn": "an AWS spot interruption notice",
@@ -143,29 +143,24 @@ def termination_notice(node: Optional[dict[str, Any]]) -> Optional[str]:
     return None
 
 
-def worker_nodes(pods: list[dict[str, Any]], mpijob: str) -> tuple[str, ...]:
-    """The nodes of the training's workers that may get a notice: those a look for termination taints reads."""
-    return tuple(sorted({p["spec"]["nodeName"] for p in pods if _may_get_notice(p, mpijob)}))
-
-
 def _may_get_notice(pod: dict[str, Any], mpijob: str) -> bool:
-    """A scheduled worker, not ended and not Terminating (one being deleted already has its SIGTERM)."""
-    return (pod_role(pod, mpijob) == WORKER and bool((pod.get("spec") or {}).get("nodeName"))
+    """A scheduled launcher or worker, not ended and not Terminating (one being deleted already has its SIGTERM)."""
+    return (pod_role(pod, mpijob) in TRAINING_ROLES and bool((pod.get("spec") or {}).get("nodeName"))
             and not metadata_of(pod).get("deletionTimestamp")
             and status_of(pod).get("phase") not in ("Succeeded", "Failed"))
 
 
-def noticed_workers(pods: list[dict[str, Any]], found_nodes: dict[str, Optional[dict[str, Any]]],
-                    mpijob: str) -> list[NoticedPod]:
-    """The training's workers on a node with a termination taint, not yet Terminating: each to be deleted with its
-    own grace period, so that the checkpoint at the next step starts now. `found_nodes`: the Nodes of
-    worker_nodes(pods) by name."""
+def noticed_pods(pods: list[dict[str, Any]], noticed_nodes: Mapping[str, dict[str, Any]],
+                 mpijob: str) -> list[NoticedPod]:
+    """The training's launcher and workers on a node with a termination taint, not yet Terminating: each to be
+    deleted with its own grace period, so that the checkpoint at the next step starts now. `noticed_nodes`: the
+    Nodes that carry such a taint, by name (the operator's Node watch keeps them; others may be left out)."""
     noticed = []
     for pod in sorted(pods, key=pod_name):
         if not _may_get_notice(pod, mpijob):
             continue
         node_name = pod["spec"]["nodeName"]
-        why = termination_notice(found_nodes.get(node_name))
+        why = termination_notice(noticed_nodes.get(node_name))
         if why:
             noticed.append(NoticedPod(pod, node_name, f"node {node_name} {why}"))
     return noticed

@@ -93,7 +93,13 @@ class Nodes:
     names: tuple[str, ...]
 
 
-Ask = Union[Child, Pods, Document, Listing, Log, ServerVersion, Nodes]
+@dataclass(frozen=True)
+class NoticedNodes:
+    """The Nodes that carry a cloud's termination taint (decide/nodes.py: TERMINATION_TAINTS), {name: the Node}, as
+    the operator's Node watch last saw them: no read. Empty where no watch runs (a tool, the local runner)."""
+
+
+Ask = Union[Child, Pods, Document, Listing, Log, ServerVersion, Nodes, NoticedNodes]
 
 # --- facts: what observe answers ------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ CHILD_DELETED = "ChildDeleted"  # True once the Job or MPIJob was deleted mid-ru
 INPUT_BOUND = "InputBound"  # True while training mostly waits for its input (decide.progress.input_bound)
 GPUS_UNUSED = "GPUsUnused"  # True while a run that asked for GPUs trains on CPU (decide.progress.gpus_unused)
 CHILD_CONFLICT = "ChildConflict"  # True while an object the run did not make holds a child's name
+NODE_TERMINATING = "NodeTerminating"  # the Warning Event of pods deleted on a node's termination notice
 NODE_LOST = "NodeLost"  # True once training pods were lost with their node (force-deleted), until all run again
 MPIJOB_SERVED = "MPIJobServed"  # False while nothing has reconciled the MPIJob past Settings.mpijob_unserved_seconds
 

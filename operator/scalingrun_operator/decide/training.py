@@ -183,7 +183,9 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         _track_interruptions(draft, merged, name, paused)
         # A lost node's restart is the restart a stall would make: one fault, counted once. A silence while a
         # node is down (within its grace too) is that node's: the stall check leaves it to the lost-node handling.
-        if not paused and not faults.lost_nodes(draft, run, merged, name) and not node_down:
+        # A node about to go: its pods deleted gracefully now (a checkpoint at the next step), not lost later.
+        noticed = not paused and faults.terminating_nodes(draft, merged, name)
+        if not paused and not faults.lost_nodes(draft, run, merged, name) and not node_down and not noticed:
             stall.check_stall(draft, run, merged, name)
     update.desired["training"] = merged
     stopped = update.phase == Phase.failed.value  # a stall with onStall fail

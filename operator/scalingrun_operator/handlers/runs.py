@@ -69,3 +69,13 @@ async def pod_changed(type: Optional[str], body: kopf.Body, namespace: str, labe
     memo.runtime.pods.observe(type, pod)  # before the trigger: the reconcile reads it
     if memo.runtime.memory.pod_event_matters(type, pod):
         memo.runtime.reconcile_run(namespace, run, "pod", urgent=False)  # never here: after the burst settled
+
+
+@kopf.on.event("v1", "nodes")
+async def node_changed(type: Optional[str], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A node got a cloud's termination taint (GKE, AWS NTH): the runs with pods on it look now, and delete those
+    pods gracefully (decide/faults.py: terminating_nodes). Other Node events only keep the index current."""
+    node = dict(body)
+    if memo.runtime.notices.observe(type, node):
+        for namespace, run in memo.runtime.pods.runs_on(node["metadata"]["name"]):
+            memo.runtime.reconcile_run(namespace, run, "node", urgent=False)  # never here: in the trigger pool

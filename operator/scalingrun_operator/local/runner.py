@@ -37,7 +37,7 @@ from ..decide.children import owner_reference
 from ..decide.run import decide_run
 from ..decide.snapshot import (
     HEARTBEAT, INDEXED_JOBS_SINCE, LOCAL, PROGRESS, Child, Create, Decision, Document, Listing, Names, PodList, Pods, Read,
-    Server, ServerVersion, Settings, Snapshot, look,
+    NoticedNodes, Server, ServerVersion, Settings, Snapshot, look,
 )
 from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, Event, get_condition, rfc3339
 from ..documents import read_heartbeat, read_manifest, read_progress
@@ -166,6 +166,8 @@ class LocalRun:
             return copy.deepcopy(found) if found else None
         if isinstance(ask, Pods):
             return PodList()  # processes, not pods: nothing to diagnose or count
+        if isinstance(ask, NoticedNodes):
+            return {}  # one machine, no Nodes: no termination notice but its own SIGTERM
         if isinstance(ask, ServerVersion):
             return Server(*INDEXED_JOBS_SINCE, "this machine")  # shards run side by side, as in an Indexed Job
         # The keys come from the environment.

@@ -446,3 +446,44 @@ def test_a_healthy_run_reads_its_progress():
     world = training()
     world.decide()
     assert [a for a in world.asks if isinstance(a, Document) and a.what == PROGRESS]
+
+
+def _tainted(*keys: str) -> dict:
+    return {"metadata": {"name": "node-2"}, "spec": {"taints": [{"key": k, "effect": "NoSchedule"} for k in keys]},
+            "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def _healthy_on_node_2() -> list[dict]:
+    return _on_node_2(ready="True")
+
+
+def test_pods_on_a_node_with_a_termination_taint_are_deleted_with_their_grace_once():
+    world = training(pods=_healthy_on_node_2(),
+                     nodes={"node-2": _tainted("cloud.google.com/impending-node-termination")})
+    decision = world.decide()
+    # Gracefully (None: the pod's own grace period), the launcher with the worker; counted once, a Warning Event.
+    assert actions(decision) == LOST_WORKER and [a.grace_seconds for a in decision.actions] == [None, None]
+    assert decision.desired["training"]["interruptions"] == {"nodeTerminating": 1}
+    assert decision.desired["training"]["restarts"] == 1 and decision.phase == "Training"
+    events = [e for e in decision.events if e.reason == "NodeTerminating"]
+    assert len(events) == 1 and events[0].type == "Warning"
+    assert events[0].message.startswith("demo-train-worker-1 on node node-2: node node-2 has the taint "
+                                        "cloud.google.com/impending-node-termination (GKE's notice")
+    # The next look sees them Terminating: nothing deleted or counted again.
+    terminating = _on_node_2(ready="True", deleting_ago=-40)
+    terminating[0]["metadata"]["deletionTimestamp"] = stamp(-40 / 60)  # the launcher too
+    status = training_status(pods=decision.desired["training"]["pods"], restarts=1,
+                             interruptions={"nodeTerminating": 1})
+    again = training(status=status, pods=terminating,  # the launcher's node-1 is there (no NodeLost)
+                     nodes={"node-1": _tainted(), "node-2": _tainted("cloud.google.com/impending-node-termination")}
+                     ).decide()
+    assert actions(again) == [] and again.desired["training"]["interruptions"] == {"nodeTerminating": 1}
+    assert not [e for e in again.events if e.reason == "NodeTerminating"]
+
+
+def test_a_node_without_a_termination_taint_deletes_nothing():
+    world = training(pods=_healthy_on_node_2(),
+                     nodes={"node-2": _tainted("aws-node-termination-handler/rebalance-recommendation")})
+    decision = world.decide()
+    assert actions(decision) == [] and not decision.desired["training"].get("interruptions", {}).get(
+        "nodeTerminating")

@@ -1,5 +1,6 @@
-"""Preemption notices from Nodes, pure (decide/nodes.py): a worker on a node that a cloud's node-termination handler
-tainted is one to delete gracefully now, so that its ranks checkpoint at their next step before the node goes."""
+"""Preemption notices from Nodes, pure (decide/nodes.py): a launcher or worker on a node that a cloud's
+node-termination handler tainted is one to delete gracefully now, so that its ranks checkpoint at their next step
+before the node goes."""
 
 from __future__ import annotations
 
@@ -32,24 +33,25 @@ def training() -> list[dict]:
     ("aws-node-termination-handler/scheduled-maintenance", "an AWS scheduled maintenance event"),
     ("aws-node-termination-handler/asg-lifecycle-termination", "an AWS Auto Scaling group's termination"),
 ])
-def test_a_worker_on_a_node_with_a_termination_taint_is_noticed_with_the_cause(taint, what):
+def test_a_pod_on_a_node_with_a_termination_taint_is_noticed_with_the_cause(taint, what):
     pods = training()
-    # Only the scheduled workers' nodes are read: not the launcher's alone, not an unscheduled worker's.
-    assert nodes.worker_nodes(pods, MPIJOB) == ("node-a", "node-b")
-    noticed = nodes.noticed_workers(pods, {"node-a": node("node-a"), "node-b": node("node-b", "other", taint)}, MPIJOB)
+    noticed = nodes.noticed_pods(pods, {"node-a": node("node-a"), "node-b": node("node-b", "other", taint)}, MPIJOB)
     assert [(nodes.pod_name(n.pod), n.node, n.why) for n in noticed] == [
         ("demo-train-worker-1", "node-b", f"node node-b has the taint {taint} ({what})")]
+    # The launcher too: its mpirun passes SIGTERM on to the ranks, which checkpoint as a worker's would.
+    noticed = nodes.noticed_pods(pods, {"node-a": node("node-a", taint)}, MPIJOB)
+    assert [(nodes.pod_name(n.pod), n.node) for n in noticed] == [("demo-train-launcher-aaaaa", "node-a"),
+                                                                  ("demo-train-worker-0", "node-a")]
 
 
-def test_no_notice_without_a_termination_taint_for_a_worker_already_terminating_or_for_the_launcher():
+def test_no_notice_without_a_termination_taint_or_for_a_pod_already_terminating_or_ended():
     pods = training()
     healthy = {"node-a": node("node-a", "nvidia.com/gpu", "aws-node-termination-handler/rebalance-recommendation"),
                "node-b": node("node-b")}
-    assert nodes.noticed_workers(pods, healthy, MPIJOB) == []  # a rebalance recommendation is a risk, not a notice
-    going = {"node-a": node("node-a", "cloud.google.com/impending-node-termination"), "node-b": None}
-    pods[1]["metadata"]["deletionTimestamp"] = "2026-01-01T12:05:00Z"  # its SIGTERM is on its way
-    assert nodes.noticed_workers(pods, going, MPIJOB) == []  # the launcher on node-a is no worker; node-b is gone
-    assert nodes.worker_nodes(pods, MPIJOB) == ("node-b",)
+    assert nodes.noticed_pods(pods, healthy, MPIJOB) == []  # a rebalance recommendation is a risk, not a notice
+    going = {"node-a": node("node-a", "cloud.google.com/impending-node-termination")}
+    pods[0]["metadata"]["deletionTimestamp"] = pods[1]["metadata"]["deletionTimestamp"] = "2026-01-01T12:05:00Z"
+    assert nodes.noticed_pods(pods, going, MPIJOB) == []  # their SIGTERM is on its way; node-b has no notice
     pods[1]["metadata"].pop("deletionTimestamp")
     pods[1]["status"]["phase"] = "Succeeded"
-    assert nodes.noticed_workers(pods, going, MPIJOB) == []
+    assert nodes.noticed_pods(pods, going, MPIJOB) == []

@@ -68,6 +68,13 @@ class PreemptionNotice:
         except OSError:  # no writable folder (a local run's read-only tmp): a signal to the process still works
             self._pid_file = None
 
+    def reclaim(self) -> None:
+        """The handler again, in place of one a framework put over it: Lightning's (2.x) registers its own at each
+        fit, which, for a SIGTERM on any rank but 0, stops that rank alone (and makes a collective inside the
+        handler); the ranks agree through `agreed` instead."""
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
     def uninstall(self) -> None:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)

@@ -9,6 +9,7 @@ from typing import Optional
 
 from ..core.config import parse_config
 from .context import CONFIG_VARIABLE, DEFAULT_CONFIG, Context, ContextError, build_context
+from .preemption import install as install_preemption_notice
 from .session import Session, install_excepthook
 
 _session: Optional[Session] = None  # this process's run, made by the first context() (like hvd.init())
@@ -30,6 +31,7 @@ def context(config_path: Optional[str] = None) -> Context:
                                f"a ScalingRun's training.command, or set {CONFIG_VARIABLE}") from None
         _session = Session(build_context(document), parse_config(document), log=lambda line: print(line, flush=True))
         install_excepthook(_session)
+        install_preemption_notice()
     return _session.context
 
 

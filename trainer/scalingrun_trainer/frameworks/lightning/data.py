@@ -15,12 +15,14 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Iterator, Optional
 
 import numpy as np
 import torch
 
 from ...core.dataset import Dataset, batches, open_reader, pixel_groups
+from ...core.input_wait import reader_delay
 
 # Reader threads per process: 2 keep some S3 requests overlapping without crowding 2 cores (the pixels are
 # zero-copy views: the threads only read and decompress).
@@ -84,24 +86,47 @@ class _Prefetched:
         self._thread.join()
 
 
-class TrainBatches:
-    """An endless sharded reader cut into epochs of `steps` batches (len() is what Lightning counts)."""
+class EpochLengths:
+    """Batches per epoch as Lightning counts them (len()): `steps`, but the first epoch's rest only when an attempt
+    resumes at a step of it (`first_step` steps trained before a checkpoint on a preemption notice). Lightning reads
+    len() when it sets an epoch's data up (reload_dataloaders_every_n_epochs=1 then: each epoch's), and also calls
+    iter() there without drawing, so the count moves on at an epoch's first batch; its diagnostic delay
+    (SCALINGRUN_DIAGNOSTIC_READER_DELAY) before each batch."""
+
+    def __init__(self, steps: int, first_step: int = 0):
+        self.steps, self.first_step = steps, first_step
+        self.delay = reader_delay()
+
+    def __len__(self) -> int:
+        return self.steps - self.first_step
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        count, self.first_step = len(self), 0
+        for _ in range(count):
+            if self.delay:
+                time.sleep(self.delay)
+            yield self.next_batch()
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+class TrainBatches(EpochLengths):
+    """An endless sharded reader cut into epochs of `steps` batches. A resumed epoch's rest comes from where the
+    reader's stream is (its order cannot be replayed): its steps are counted, its rows not replayed."""
 
     def __init__(self, dataset: Dataset, *, rank: int, size: int, batch_size: int, steps: int, seed: int,
-                 shuffle_rows: int = 256, reader_threads: int = READER_THREADS, pinned: Optional[bool] = None):
+                 first_step: int = 0, shuffle_rows: int = 256, reader_threads: int = READER_THREADS,
+                 pinned: Optional[bool] = None):
+        super().__init__(steps, first_step)
         # Rows are mixed across row groups by a shuffling buffer, seeded per rank.
         self.reader = open_reader(dataset, "train", shard=rank, shards=size, seed=seed, reader_threads=reader_threads)
         pinned = torch.cuda.is_available() if pinned is None else pinned
         self._batches = _Prefetched(_tensors(self.reader, dataset, batch_size, shuffle_rows, (seed, rank), True,
                                              pinned))
-        self.steps = steps
 
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for _ in range(self.steps):
-            yield next(self._batches)
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return next(self._batches)
 
     def close(self) -> None:
         self._batches.close()

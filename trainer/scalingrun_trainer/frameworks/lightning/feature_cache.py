@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from ...core.feature_cache import FeatureCacheData
+from .data import EpochLengths
 
 
 class ModuleWeights:
@@ -41,19 +42,17 @@ def _tensors(batch: tuple[np.ndarray, np.ndarray]) -> tuple[torch.Tensor, torch.
     return torch.from_numpy(np.ascontiguousarray(features)), torch.from_numpy(labels)
 
 
-class CachedTrainBatches:
-    """Epochs of `steps` batches of cached features (len() is what Lightning counts), from `first_epoch` on."""
+class CachedTrainBatches(EpochLengths):
+    """Epochs of `steps` batches of cached features, from step `first_step` of `first_epoch` on: a resumed epoch's
+    rest is exactly the rows it had not trained on (core/feature_cache.py: epoch_rows)."""
 
-    def __init__(self, cache: FeatureCacheData, *, first_epoch: int, steps: int, batch_size: int):
-        self.cache, self.steps = cache, steps
-        self._batches = cache.train_batches(first_epoch, steps, batch_size)
+    def __init__(self, cache: FeatureCacheData, *, first_epoch: int, steps: int, batch_size: int, first_step: int = 0):
+        super().__init__(steps, first_step)
+        self.cache = cache
+        self._batches = cache.train_batches(first_epoch, steps, batch_size, first_step=first_step)
 
-    def __len__(self) -> int:
-        return self.steps
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for _ in range(self.steps):
-            yield _tensors(next(self._batches))
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return _tensors(next(self._batches))
 
     def close(self) -> None:
         self.cache.close()

@@ -96,23 +96,29 @@ class LightningTraining:
                     history: Callable[[], list[dict]], probe: Optional[dict]) -> None:
         import pytorch_lightning as pl
 
-        from .callbacks import Checkpointer, EpochEnd, Heartbeat
+        from .callbacks import Checkpointer, EpochEnd, Heartbeat, PreemptionCheck
 
         attempt, training = self.attempt, self.attempt.config.training
+        first_step, steps = attempt.initial_step, scaled.steps_per_epoch
         checkpointer = None
         if attempt.rank == 0:
             checkpointer = Checkpointer(attempt.checkpoints, training.checkpoint.every_epochs, history,
                                         attempt.resume_facts())
         epoch_end = EpochEnd(initial_epoch=attempt.initial_epoch,
-                             images_per_epoch=scaled.steps_per_epoch * scaled.effective_batch_size,
-                             early_stopping=early_stopping, recorder=recorder, checkpointer=checkpointer)
+                             images_per_epoch=steps * scaled.effective_batch_size,
+                             early_stopping=early_stopping, recorder=recorder, checkpointer=checkpointer,
+                             skipped_images=first_step * scaled.effective_batch_size)
         self.trainer = pl.Trainer(
             accelerator=self.accelerator, devices=self.local_size, num_nodes=self.nodes, strategy=self.strategy(),
             max_epochs=training.max_epochs - attempt.initial_epoch, num_sanity_val_steps=0,
             use_distributed_sampler=False, logger=False, enable_checkpointing=False, enable_progress_bar=False,
             enable_model_summary=False,
-            callbacks=[epoch_end, Heartbeat(attempt.heartbeat, scaled.steps_per_epoch, attempt.initial_epoch,
-                                            attempt.watch_peers())],
+            # A resumed epoch's rest is shorter than the epochs after it: Lightning reads each epoch's length anew.
+            reload_dataloaders_every_n_epochs=1 if first_step else 0,
+            callbacks=[epoch_end,
+                       Heartbeat(attempt.heartbeat, steps, attempt.initial_epoch, attempt.watch_peers(), first_step),
+                       PreemptionCheck(attempt.notice, attempt.world, steps, attempt.initial_epoch, first_step,
+                                       checkpointer, early_stopping)],
         )
         os.environ.setdefault("LITLOGGER_DISABLE_TIP", "1")
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
@@ -133,19 +139,22 @@ class LightningTraining:
 
     def _inputs(self, scaled: ScaledRun):
         """(training, validation) batches as the module takes them: Petastorm readers of pixels, or this rank's
-        cached features (built here, every rank)."""
+        cached features (built here, every rank); a resumed epoch from its step (exact rows with cached features
+        only: data.TrainBatches)."""
         from .data import TrainBatches, ValidationBatches
         from .feature_cache import CachedTrainBatches, CachedValidationBatches, ModuleWeights, extractor
 
         attempt, module = self.attempt, self.module
         dataset, rank, size, seed = attempt.dataset, attempt.rank, attempt.size, attempt.config.dataset.seed
-        batch_size, steps = scaled.batch_size_per_worker, scaled.steps_per_epoch
+        batch_size, steps, first_step = scaled.batch_size_per_worker, scaled.steps_per_epoch, attempt.initial_step
         if attempt.caches_features:
             cache = cache_features(attempt, extractor(module.net), batch_size, ModuleWeights(module))
             module.on_features = True
-            return (CachedTrainBatches(cache, first_epoch=attempt.initial_epoch, steps=steps, batch_size=batch_size),
+            return (CachedTrainBatches(cache, first_epoch=attempt.initial_epoch, steps=steps, batch_size=batch_size,
+                                       first_step=first_step),
                     CachedValidationBatches(cache, batch_size=batch_size))
-        return (TrainBatches(dataset, rank=rank, size=size, batch_size=batch_size, steps=steps, seed=seed),
+        return (TrainBatches(dataset, rank=rank, size=size, batch_size=batch_size, steps=steps, seed=seed,
+                             first_step=first_step),
                 ValidationBatches(dataset, rank=rank, size=size, batch_size=batch_size, seed=seed))
 
 
