@@ -11,7 +11,8 @@ It ends with the export lines that scripts/e2e.sh prints and other tools read.
 
 Settings come from the environment: KUBECONFIG, SCALINGRUN_TOOLS (folder with helm and kubectl),
 SCALINGRUN_E2E_{NAMESPACE,OPERATOR_IMAGE,TRAINER_IMAGE,LIGHTNING_IMAGE,SEAWEEDFS_IMAGE,MPI_OPERATOR},
-SCALINGRUN_E2E_CUSTOM_{MODEL,TRAINING}_IMAGE (the examples' images, built FROM the trainer), SCALINGRUN_MPIJOB_CRD.
+SCALINGRUN_E2E_CUSTOM_{MODEL,TRAINING}_IMAGE (the examples' images, built FROM the trainer), SCALINGRUN_MPIJOB_CRD,
+SCALINGRUN_E2E_STATUS_PUSH=1 (the operator with its status endpoint on: the runs' pods push, it reads no store).
 """
 
 from __future__ import annotations
@@ -224,12 +225,17 @@ def image_values(image: str) -> list[str]:
     return flags + (["--set", f"image.tag={tag}"] if tag else [])
 
 
+def push_values() -> list[str]:
+    """--set flags for the push path when SCALINGRUN_E2E_STATUS_PUSH=1 (the README's install is pull mode)."""
+    return ["--set", "statusServer.enabled=true"] if os.environ.get("SCALINGRUN_E2E_STATUS_PUSH") == "1" else []
+
+
 def install_operator(cluster: Cluster) -> None:
     installed = cluster.tool("helm", "status", RELEASE, "-n", SYSTEM_NAMESPACE, check=False).returncode == 0
     command = README_HELM_INSTALL if not installed else ["helm", "upgrade", RELEASE, "charts/scalingrun",
                                                           "-n", SYSTEM_NAMESPACE]
     started = time.monotonic()
-    cluster.tool(*command, *image_values(cluster.settings.operator_image), "--wait", "--timeout", "5m")
+    cluster.tool(*command, *image_values(cluster.settings.operator_image), *push_values(), "--wait", "--timeout", "5m")
     log(f"{' '.join(command)} --wait: {time.monotonic() - started:.1f} s")
 
 
