@@ -61,9 +61,10 @@ def test_the_crd_carries_the_fields_without_defaults():
 
 @pytest.mark.parametrize("field, value", [("minReplicas", 1), ("resizeAfter", "1m")])
 def test_a_sweep_refuses_an_elastic_template(field, value):
-    from tests.unit.operator.test_sweep import SWEEP
-    doc = copy.deepcopy(SWEEP)
-    doc["spec"]["template"]["workers"][field] = value
+    template = copy.deepcopy(MINIMAL["spec"])
+    template.setdefault("workers", {})[field] = value
+    doc = {"apiVersion": MINIMAL["apiVersion"], "kind": "ScalingSweep", "metadata": {"name": "demo"},
+           "spec": {"workers": [1, 2, 4], "template": template}}
     with pytest.raises(InvalidScalingRun) as caught:
         parse_scalingsweep(doc)
     assert [e.path for e in caught.value.errors] == [f"spec.template.workers.{field}"]
