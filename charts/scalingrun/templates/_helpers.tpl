@@ -65,10 +65,11 @@ the Roles. */}}
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# MPIJobs are patched for spec.runPolicy.suspend too.
+# MPIJobs are patched for spec.runPolicy.suspend too, and deleted to resize an elastic run (spec.workers.minReplicas:
+# the launcher's mpirun -np is fixed when the MPI operator creates it, so a new size is a new MPIJob).
 - apiGroups: ["kubeflow.org"]
   resources: ["mpijobs"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # The storage keys of the Secret a run names (spec.storage.credentialsSecret), to read its manifest and progress.
 - apiGroups: [""]
   resources: ["secrets"]
@@ -93,9 +94,6 @@ the Roles. */}}
   verbs: ["delete"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["delete"]
-- apiGroups: ["kubeflow.org"]
-  resources: ["mpijobs"]
   verbs: ["delete"]
 - apiGroups: ["scalingrun.dev"]
   resources: ["scalingruns"]

@@ -136,6 +136,20 @@ class Kube:
                 return False
             raise
 
+    def delete_mpijob(self, namespace: str, name: str, uid: str) -> bool:
+        """Deletes the MPIJob `name` if it is still the one of `uid`, its pods and launcher Job with it (background
+        propagation: the MPI operator's children are owned by it); False when it is gone already or replaced."""
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid),
+                                      propagation_policy="Background")
+        try:
+            released(self.custom.delete_namespaced_custom_object(
+                MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, name, body=body, _preload_content=False))
+            return True
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+
     def get_node(self, name: str) -> Optional[dict[str, Any]]:
         """A Node (cluster-scoped: the operator's ClusterRole grants get on nodes), None when there is none. Where
         the operator may not read Nodes (an older chart's RBAC), {}: a node that says nothing counts as Ready, so

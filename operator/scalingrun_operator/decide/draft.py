@@ -151,6 +151,10 @@ class Draft:
         """Deletes one of the run's training pods (a lost or stalled one): the MPI operator makes it anew."""
         self.actions.append(Delete(pod, grace_seconds, event))
 
+    def delete_child(self, found: dict[str, Any], event: Optional[Event] = None) -> None:
+        """Deletes a child the run controls (an elastic run's MPIJob, to start it again at another size)."""
+        self.actions.append(Delete(found, None, event))
+
     # --- the decision ------------------------------------------------------------------------------
 
     def decision(self) -> Decision:

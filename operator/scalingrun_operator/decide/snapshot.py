@@ -270,7 +270,8 @@ class Patch:
 
 @dataclass(frozen=True)
 class Delete:
-    """Delete the pod `found` (only that uid); `grace_seconds` 0 forces it: its node is not there to confirm."""
+    """Delete the pod `found` (only that uid); `grace_seconds` 0 forces it: its node is not there to confirm. An
+    MPIJob `found` (its kind) is deleted the same way, by uid (an elastic run's resize)."""
 
     found: dict[str, Any]
     grace_seconds: Optional[int] = None  # None: the pod's own grace period
