@@ -78,10 +78,11 @@ the Roles. */}}
   resources: ["events"]
   verbs: ["create"]
 # Pods of its children: to tell why a run is stuck (image pull, scheduling, a lost worker); delete: a training pod
-# lost with its node (force, grace 0) or stalled, so that the MPI operator makes it anew.
+# lost with its node (force, grace 0) or stalled, so that the MPI operator makes it anew; create and delete: an
+# elastic run's capacity probes (templates/priorityclass.yaml).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "delete"]
+  verbs: ["list", "watch", "create", "delete"]
 # The failed launcher's last log lines, for the Failed condition.
 - apiGroups: [""]
   resources: ["pods/log"]

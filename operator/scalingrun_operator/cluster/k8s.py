@@ -257,6 +257,8 @@ class Kube:
             return _raw(self.core.create_namespaced_config_map(namespace, obj, _preload_content=False))
         if kind == "Job":
             return _raw(self.batch.create_namespaced_job(namespace, obj, _preload_content=False))
+        if kind == "Pod":  # an elastic run's capacity probe
+            return _raw(self.core.create_namespaced_pod(namespace, obj, _preload_content=False))
         if kind == "MPIJob":
             return _raw(self.custom.create_namespaced_custom_object(
                 MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, obj, _preload_content=False))

@@ -45,7 +45,8 @@ def settings_of(config: Config) -> Settings:
                     endpoint_policy=config.endpoint_policy(), trainer_images=config.trainer_images,
                     trainer_image_digests=tuple(config.trainer_image_digest_map().items()),
                     gpu_tolerations=config.gpu_tolerations,
-                    mpijob_unserved_seconds=config.mpijob_unserved_seconds or None)
+                    mpijob_unserved_seconds=config.mpijob_unserved_seconds or None,
+                    capacity_probe_priority_class=config.capacity_probe_priority_class or None)
 
 
 @dataclass

@@ -22,6 +22,7 @@ import datetime as dt
 from typing import Any, Optional
 
 from scalingrun_api.models import ScalingRun
+from ..builders.capacity import CAPACITY_PROBE, build_capacity_probe, probe_name
 from . import podrecords, pods as pod_facts
 from .draft import Draft
 from .status import Event, get_condition, parse_time, rfc3339
@@ -33,7 +34,9 @@ WAITING_TO_SHRINK = "WaitingToShrink"
 BELOW_MIN_REPLICAS = "BelowMinReplicas"
 RESIZING = "Resizing"
 SHRUNK = "Shrunk"
+GROWING_AT_EPOCH = "GrowingAtEpoch"
 SHRINK_CAUSE = "workersUnplaced"  # a resize's cause: lost workers' replacements the scheduler could not place
+GROW_CAUSE = "capacityReturned"  # a resize's cause: capacity probes placed, the run grows at an epoch boundary
 MAX_RESIZES = 20  # status.training.elastic.resizes keeps the last ones: status stays small
 
 
@@ -101,7 +104,10 @@ def decide_size(draft: Draft, run: ScalingRun, mpijob: dict[str, Any], mpijob_st
     training.mpijob_state reads it. True: this look is a step of a resize (the intent written, or the MPIJob
     deleted) and the training phase stops here."""
     workers = run.spec.workers
-    if not workers.elastic or mpijob_state in ("Succeeded", "Failed") or draft.settings.where.local:
+    if not workers.elastic or draft.settings.where.local:
+        return False
+    if mpijob_state in ("Succeeded", "Failed"):
+        _drop_probes(draft)
         return False
     elastic = elastic_of(training_status)
     target, current = workers_now(run, training_status), mpijob_workers(mpijob)
@@ -121,8 +127,7 @@ def decide_size(draft: Draft, run: ScalingRun, mpijob: dict[str, Any], mpijob_st
         return False
     unplaced = unplaced_workers(draft.pods(), mpijob)
     if not unplaced:
-        _at_size(draft, run, current)
-        return False
+        return _grow(draft, run, current, training_status, elastic)
     lost_at, bound = unplaced[0][1], workers.resize_after_seconds
     waited = (draft.update.moment - lost_at).total_seconds()
     names = ", ".join(n for n, _, _ in unplaced[:5]) + (" ..." if len(unplaced) > 5 else "")
@@ -159,6 +164,68 @@ def _delete(draft: Draft, mpijob: dict[str, Any], training_status: dict[str, Any
     podrecords.mark_all_lost(training_status, name)
     training_status["mpiJobUid"] = None
     draft.again = True
+    _drop_probes(draft)  # the room they held is the new workers'
+
+
+def capacity_probes(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for p in found if (pod_facts.metadata_of(p).get("labels") or {}).get("app.kubernetes.io/component")
+            == CAPACITY_PROBE and not pod_facts.metadata_of(p).get("deletionTimestamp")]
+
+
+def _drop_probes(draft: Draft) -> None:
+    for probe in capacity_probes(draft.pods()):
+        draft.delete_pod(probe, 0)
+
+
+def _grow(draft: Draft, run: ScalingRun, current: int, training_status: dict[str, Any],
+          elastic: dict[str, Any]) -> bool:
+    """All of the MPIJob's workers placed. Below spec.workers.replicas (and with the operator's probe PriorityClass
+    set): a capacity probe per missing worker; probes placed by the scheduler make the run grow at the next epoch
+    boundary (an epoch finished after the capacity was seen) to the workers that fit. True: the grow's intent is
+    written (step 1 of a resize)."""
+    most, priority_class = run.spec.workers.replicas, draft.settings.capacity_probe_priority_class
+    probes = capacity_probes(draft.pods())
+    if current >= most or not priority_class:
+        for probe in probes:
+            draft.delete_pod(probe, 0)
+        elastic.pop("capacity", None)
+        training_status[ELASTIC_FIELD] = elastic
+        _at_size(draft, run, current)
+        return False
+    names = {pod_facts.pod_name(p) for p in probes}
+    for index in range(most - current):
+        if probe_name(run, index) not in names:
+            draft.create(build_capacity_probe(run, draft.namespace, index, priority_class,
+                                              draft.settings.gpu_tolerations))
+    placed = sorted(pod_facts.pod_name(p) for p in probes if (p.get("spec") or {}).get("nodeName"))
+    if not placed:
+        elastic.pop("capacity", None)
+        training_status[ELASTIC_FIELD] = elastic
+        _at_size(draft, run, current)
+        return False
+    fits, epoch = min(most, current + len(placed)), training_status.get("epoch") or 0
+    seen = elastic.get("capacity") or {}
+    if seen.get("workers") != fits:
+        seen = {"workers": fits, "seenAt": seen.get("seenAt") or rfc3339(draft.update.moment),
+                "seenAtEpoch": seen.get("seenAtEpoch", epoch)}
+        elastic["capacity"] = seen
+        training_status[ELASTIC_FIELD] = elastic
+    if epoch <= seen["seenAtEpoch"]:
+        _placed(draft, GROWING_AT_EPOCH, f"capacity for {fits - current} more workers ({', '.join(placed)} placed); "
+                f"the run grows to {fits} of {most} workers when epoch {seen['seenAtEpoch'] + 1} ends, from its "
+                "checkpoint")
+        return False
+    cause = f"{GROW_CAUSE}: {', '.join(placed)} placed since {seen['seenAt']}"
+    elastic.pop("capacity", None)
+    elastic.update(workers=fits, resizing={"from": current, "to": fits, "cause": cause, "lostAt": seen["seenAt"],
+                                           "decidedAt": rfc3339(draft.update.moment)})
+    training_status[ELASTIC_FIELD] = elastic
+    message = f"growing from {current} to {fits} workers after epoch {epoch}: {cause}; a new MPIJob resumes from " \
+              "the last checkpoint"
+    draft.update.warn("Growing", message)
+    _placed(draft, RESIZING, message)
+    draft.again = True
+    return True
 
 
 def _resized(draft: Draft, run: ScalingRun, training_status: dict[str, Any], elastic: dict[str, Any],

@@ -242,6 +242,9 @@ class Settings:
     #: Seconds an MPIJob may go without any status (no controller wrote a condition) before the run says nothing
     #: serves MPIJobs (MPIJobServed=False); None: never (the local runner's MPIJob is its own process).
     mpijob_unserved_seconds: Optional[float] = None
+    #: The PriorityClass of an elastic run's capacity probes (Config.capacity_probe_priority_class); None: no probes,
+    #: so a shrunk run does not grow back (the local runner's case).
+    capacity_probe_priority_class: Optional[str] = None
 
 
 # --- the decision -------------------------------------------------------------------------------------

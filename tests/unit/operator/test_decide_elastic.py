@@ -10,7 +10,7 @@ from typing import Any
 
 from scalingrun_operator.builders import build_mpijob
 from scalingrun_operator.decide import pinning
-from scalingrun_operator.decide.snapshot import Create, Delete
+from scalingrun_operator.decide.snapshot import Create, Delete, Settings
 from scalingrun_operator.schema.validation import parse_scalingrun
 from tests.support.decide_pods import pod, unschedulable
 from tests.support.decide_run import training
@@ -168,3 +168,70 @@ def test_the_resize_is_measured_from_the_first_unplaced_pod():
     found = world(minutes_ago=2)
     found.pods[-1]["metadata"]["creationTimestamp"] = (NOW - dt.timedelta(minutes=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert found.decide().desired["training"]["elastic"]["resizing"]["lostAt"] == stamp(3)
+
+
+# --- growing back: capacity probes, then a resize at the next epoch boundary ------------------------------------
+
+PROBES = Settings(capacity_probe_priority_class="scalingrun-capacity-probe")
+
+
+def shrunk(epoch: int = 2, probes_placed: int = 0, probes: int = 2) -> World:
+    """The run after a 4 -> 2 shrink: its MPIJob at 2 workers, both placed and Running."""
+    found = world(unplaced=0)
+    found.children["MPIJob"] = elastic_mpijob(2)
+    found.pods = [launcher(), worker(0), worker(1)]
+    found.status["training"]["elastic"] = {"workers": 2, "resizes": [
+        {"from": 4, "to": 2, "cause": "workersUnplaced: ...", "lostAt": stamp(9), "costSeconds": 300}]}
+    found.progress = {**found.progress, "epoch": epoch}
+    for index in range(probes):
+        probe = pod(f"demo-capacity-{index}", "worker", created=stamp(1))
+        probe["metadata"]["labels"] = {"app.kubernetes.io/component": "capacity-probe", "scalingrun.dev/run": "demo"}
+        if index < probes_placed:
+            probe["spec"]["nodeName"] = f"node-{index + 5}"
+        else:
+            probe["status"] = {"phase": "Pending", "conditions": unschedulable(NO_ROOM)}
+        found.pods.append(probe)
+    return found
+
+
+def test_a_shrunk_run_keeps_a_lowest_priority_probe_per_missing_worker():
+    decision = shrunk(probes=0).decide(PROBES)
+    made = [a.obj for a in decision.actions if isinstance(a, Create)]
+    assert [p["metadata"]["name"] for p in made] == ["demo-capacity-0", "demo-capacity-1"]
+    probe = made[0]["spec"]
+    assert probe["priorityClassName"] == "scalingrun-capacity-probe" and probe["containers"][0]["command"][0] == "sleep"
+    run, _ = elastic_run(4)
+    worker_spec = build_mpijob(run, NS)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert probe["containers"][0]["resources"] == worker_spec["containers"][0]["resources"]
+    assert probe["tolerations"] == worker_spec["tolerations"]
+    assert placed(decision)[:2] == ("False", "Shrunk")
+    assert shrunk(probes=2).decide(PROBES).actions == ()  # made once
+    assert [a for a in shrunk(probes=0).decide().actions if isinstance(a, Create)] == []  # probes off: none
+
+
+def test_placed_probes_make_the_run_grow_only_once_an_epoch_has_ended():
+    found = shrunk(epoch=2, probes_placed=1)
+    seen = found.decide(PROBES)
+    assert placed(seen)[:2] == ("False", "GrowingAtEpoch") and "grows to 3 of 4 workers when epoch 3 ends" in placed(
+        seen)[2]
+    assert seen.desired["training"]["elastic"]["capacity"] == {"workers": 3, "seenAt": stamp(0), "seenAtEpoch": 2}
+    assert actions(seen) == [] and not seen.again
+    found = after(found, seen)
+    assert found.decide(PROBES).status is None  # the same epoch: nothing changes
+    found.progress = {**found.progress, "epoch": 3}
+    grow = found.decide(PROBES)
+    elastic = grow.desired["training"]["elastic"]
+    assert elastic["workers"] == 3 and "capacity" not in elastic and grow.again
+    assert (elastic["resizing"]["from"], elastic["resizing"]["to"]) == (2, 3)
+    assert elastic["resizing"]["cause"].startswith("capacityReturned: demo-capacity-0 placed since")
+    assert "Growing" in [e.reason for e in grow.events]
+    deleting = after(found, grow).decide(PROBES)
+    assert actions(deleting) == [("delete", "demo-train"), ("delete", "demo-capacity-0"), ("delete", "demo-capacity-1")]
+
+
+def test_probes_go_when_the_mpijob_ends():
+    found = shrunk(probes_placed=1)
+    found.children["MPIJob"]["status"] = {"conditions": [done("Succeeded")], "completionTime": stamp(1)}
+    found.progress = {**found.progress, "state": "succeeded"}
+    assert [a for a in actions(found.decide(PROBES)) if "capacity" in a[1]] == [
+        ("delete", "demo-capacity-0"), ("delete", "demo-capacity-1")]
