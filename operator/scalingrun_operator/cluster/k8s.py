@@ -137,10 +137,12 @@ class Kube:
             raise
 
     def delete_mpijob(self, namespace: str, name: str, uid: str) -> bool:
-        """Deletes the MPIJob `name` if it is still the one of `uid`, its pods and launcher Job with it (background
-        propagation: the MPI operator's children are owned by it); False when it is gone already or replaced."""
+        """Deletes the MPIJob `name` if it is still the one of `uid`; False when it is gone already or replaced.
+        Foreground: the MPIJob stays (deletionTimestamp set) until its pods, launcher Job, Service and ConfigMap are
+        gone, so the MPIJob made next at the new size never meets its predecessor's children (the MPI operator
+        refuses objects of its names that another MPIJob controls)."""
         body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid),
-                                      propagation_policy="Background")
+                                      propagation_policy="Foreground")
         try:
             released(self.custom.delete_namespaced_custom_object(
                 MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, name, body=body, _preload_content=False))

@@ -112,15 +112,15 @@ def decide_size(draft: Draft, run: ScalingRun, mpijob: dict[str, Any], mpijob_st
     elastic = elastic_of(training_status)
     target, current = workers_now(run, training_status), mpijob_workers(mpijob)
     if mpijob["metadata"].get("deletionTimestamp"):
-        draft.recheck(1.0)  # our deletion under way: the new MPIJob once it is gone
+        # Our deletion under way (foreground: until its pods and the rest are gone): the new MPIJob once it is.
+        draft.recheck(1.0)
         return True
     pending = elastic.get("resizing")
     if pending and current != target:
         _delete(draft, mpijob, training_status, pending)
         return True
     if pending and mpijob_state == "Running":
-        _resized(draft, run, training_status, elastic, pending)
-        return False
+        return _resized(draft, run, training_status, elastic, pending)
     if pending:
         _placed(draft, RESIZING, f"MPIJob {mpijob['metadata']['name']} resumes from the last checkpoint with "
                 f"{target} of {workers.replicas} workers (from {pending['from']})")
@@ -229,7 +229,7 @@ def _grow(draft: Draft, run: ScalingRun, current: int, training_status: dict[str
 
 
 def _resized(draft: Draft, run: ScalingRun, training_status: dict[str, Any], elastic: dict[str, Any],
-             pending: dict[str, Any]) -> None:
+             pending: dict[str, Any]) -> bool:
     lost_at = parse_time(pending.get("lostAt"))
     cost = round((draft.update.moment - lost_at).total_seconds()) if lost_at else None
     record = {**{k: pending[k] for k in ("from", "to", "cause", "lostAt") if k in pending},
@@ -239,7 +239,7 @@ def _resized(draft: Draft, run: ScalingRun, training_status: dict[str, Any], ela
     training_status[ELASTIC_FIELD] = elastic
     draft.update.warn("Resized", f"training again with {pending['to']} workers (from {pending['from']}), "
                       f"{cost} s after the loss")
-    _at_size(draft, run, pending["to"])
+    return _grow(draft, run, pending["to"], training_status, elastic)  # probes at once: no event may come
 
 
 def _at_size(draft: Draft, run: ScalingRun, workers: int) -> None:
