@@ -25,6 +25,7 @@ import pydantic
 
 from scalingrun_api.models import DIGEST_PATTERN, Toleration
 from scalingrun_api.models.common import TRAINER_FLAVOURS, TRAINER_IMAGES_PATTERN
+from .builders.capacity import CAPACITY_PROBE_PRIORITY_CLASS
 from .builders.mpijob import DEFAULT_GPU_TOLERATIONS
 from .schema.endpoints import EndpointPolicy
 from .storage import DEFAULT_MAX_DOCUMENT_BYTES, Clients, Credentials, StorageTarget
@@ -60,6 +61,9 @@ class Config:
     #: serves MPIJobs (MPIJobServed=False, with the install command); 0 turns the check off. mpi-operator writes one
     #: within seconds: the default leaves room for a controller that restarts or an API server under load.
     mpijob_unserved_seconds: float = 300.0
+    #: The PriorityClass of an elastic run's capacity probes (the chart's scalingrun-capacity-probe: lowest priority,
+    #: never preempting); empty: no probes, and a shrunk run does not grow back.
+    capacity_probe_priority_class: str = CAPACITY_PROBE_PRIORITY_CLASS
     #: Connect/read timeout of one object-storage request.
     storage_timeout_seconds: float = 10.0
     #: 5xx answers and timeouts of object storage are retried (exponential backoff) until this deadline.
@@ -203,6 +207,7 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
 _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "progress_checks_per_second": float, "watch_timeout_seconds": int, "pod_resync_seconds": float,
           "completion_grace_seconds": float, "storage_timeout_seconds": float, "mpijob_unserved_seconds": float,
+          "capacity_probe_priority_class": str,
           "metrics_port_number": int, "status_port_number": int, "status_tls_dir": str, "status_url": str,
           "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str,

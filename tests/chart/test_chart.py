@@ -129,8 +129,9 @@ def test_operator_reads_pods_and_needs_no_peering_objects(helm):
     role = next(o for o in render(helm) if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "t-scalingrun-operator")
     verbs = {resource: set(rule["verbs"]) for rule in role["rules"] for resource in rule["resources"]}
     assert "clusterkopfpeerings" not in verbs and "kopfpeerings" not in verbs  # a Lease, not kopf peering
-    # Listed and watched, never read one by one; deleted: a lost or stalled training pod.
-    assert verbs["pods"] == {"list", "watch", "delete"}
+    # Listed and watched, never read one by one; deleted: a lost or stalled training pod; created and deleted: an
+    # elastic run's capacity probes.
+    assert verbs["pods"] == {"list", "watch", "create", "delete"}
     assert verbs["pods/log"] == {"get"}  # the failed launcher's last lines, nothing more
 
 

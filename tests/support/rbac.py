@@ -19,6 +19,7 @@ from scalingrun_operator.schema.crd import build_crd, build_sweep_crd
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import build_config_map, build_preprocess_job
 from scalingrun_api.status_push import PROGRESS
+from scalingrun_operator.builders.capacity import CAPACITY_PROBE_PRIORITY_CLASS
 from tests.support.apiserver import api_server, free_port, install_crd, mpijob_crd_document
 from tests.support.env import require
 from tests.support.recording_proxy import RecordingProxy
@@ -198,6 +199,8 @@ def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator, p
     wait_for(cluster.phase_is("life", "Failed"), what="Failed", operator=operator)
     assert f"the log of launcher pod {launcher} container launcher could not be read" in \
         cluster.condition("life", "Failed")["message"]
+    # An elastic run shrinks (mpijobs: delete) and probes for capacity to grow back (pods: create).
+    elastic_resize(cluster, bucket, s3_server, operator)
     # A sweep (scalingsweeps: get, list, watch, patch; scalingsweeps/status: patch) creates its first point
     # (scalingruns: create).
     template = new_run(cluster.ns, "template", s3_server, dataset={"source": f"{prefix}/raw",
@@ -211,6 +214,43 @@ def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator, p
     wait_for(lambda: cluster.custom.list_namespaced_custom_object(
         models.GROUP, models.VERSION, cluster.ns, models.PLURAL, label_selector="scalingrun.dev/sweep")["items"],
         what="the sweep's first point", operator=operator)
+
+
+def elastic_resize(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator) -> None:
+    """A 2-worker run with minReplicas 1 whose second worker cannot be placed: its MPIJob is made again with one
+    worker; once that one runs, a capacity probe asks for the missing worker's room."""
+    try:  # the chart's PriorityClass (its RBAC alone is applied here): the probes name it
+        client.SchedulingV1Api(cluster.core.api_client).create_priority_class(client.V1PriorityClass(
+            metadata=client.V1ObjectMeta(name=CAPACITY_PROBE_PRIORITY_CLASS), value=-1000000))
+    except client.ApiException as exc:
+        if exc.status != 409:  # the other install mode's test made it
+            raise
+    prefix = f"s3://{BUCKET}/{cluster.ns}"
+    body = new_run(cluster.ns, "spot", s3_server, dataset={"source": f"{prefix}/raw", "output": f"{prefix}/spot"},
+                   workers={"replicas": 2, "gpusPerWorker": 0, "minReplicas": 1, "resizeAfter": 0})
+    admitted, _ = admitted_run(cluster, body)
+    cluster.create_run(body)
+    wait_for(cluster.phase_is("spot", "Preprocessing"), what="spot Preprocessing", operator=operator)
+    bucket.put_json(f"{prefix}/spot/_manifest.json", manifest_for(admitted))
+    cluster.complete_job("spot-preprocess", succeeded=1)
+    wait_for(cluster.phase_is("spot", "Training"), what="spot Training", operator=operator)
+    first = cluster.mpijob("spot-train")
+    owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": "spot-train",
+             "uid": first["metadata"]["uid"], "controller": True}
+    for index, node in ((0, "node-spot"), (1, "")):
+        name = f"spot-train-worker-{index}"
+        create_training_pod(cluster, first, "worker", name, node=node)
+        cluster.core.patch_namespaced_pod(name, cluster.ns, {"metadata": {"ownerReferences": [owner]}})
+        cluster.set_pod_status(name, phase="Running" if node else "Pending", containers=running("worker") if node
+                               else [], conditions=SCHEDULED if node else [{
+                                   "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                   "message": "0/1 nodes are available"}])
+    wait_for(lambda: (lambda m: m and m["metadata"]["uid"] != first["metadata"]["uid"] and m)(
+        cluster.mpijob("spot-train")), what="spot's MPIJob made again", timeout=120, operator=operator)
+    cluster.set_mpijob_condition("spot-train", "Running", "", "")
+    wait_for(lambda: cluster.core.list_namespaced_pod(
+        cluster.ns, label_selector="app.kubernetes.io/component=capacity-probe").items,
+        what="a capacity probe", timeout=60, operator=operator)
 
 
 def lost_worker_on_an_unknown_node(cluster: Cluster, mpijob: dict, operator: Operator) -> None:

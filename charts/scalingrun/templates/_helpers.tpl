@@ -65,10 +65,11 @@ the Roles. */}}
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
-# MPIJobs are patched for spec.runPolicy.suspend too.
+# MPIJobs are patched for spec.runPolicy.suspend too, and deleted to resize an elastic run (spec.workers.minReplicas:
+# the launcher's mpirun -np is fixed when the MPI operator creates it, so a new size is a new MPIJob).
 - apiGroups: ["kubeflow.org"]
   resources: ["mpijobs"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- if not .Values.statusServer.enabled }}
 # The storage keys of the Secret a run names (spec.storage.credentialsSecret), to read its manifest and progress.
 # Not with the status endpoint: the runs' pods push those, and the operator reads no storage and no Secret.
@@ -80,10 +81,11 @@ the Roles. */}}
   resources: ["events"]
   verbs: ["create"]
 # Pods of its children: to tell why a run is stuck (image pull, scheduling, a lost worker); delete: a training pod
-# lost with its node (force, grace 0) or stalled, so that the MPI operator makes it anew.
+# lost with its node (force, grace 0) or stalled, so that the MPI operator makes it anew; create and delete: an
+# elastic run's capacity probes (templates/priorityclass.yaml).
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "delete"]
+  verbs: ["list", "watch", "create", "delete"]
 # The failed launcher's last log lines, for the Failed condition.
 - apiGroups: [""]
   resources: ["pods/log"]
@@ -96,9 +98,6 @@ the Roles. */}}
   verbs: ["delete"]
 - apiGroups: ["batch"]
   resources: ["jobs"]
-  verbs: ["delete"]
-- apiGroups: ["kubeflow.org"]
-  resources: ["mpijobs"]
   verbs: ["delete"]
 - apiGroups: ["scalingrun.dev"]
   resources: ["scalingruns"]

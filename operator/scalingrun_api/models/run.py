@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from .common import (
     DEFAULT_LIGHTNING_TRAINER_IMAGE, DEFAULT_TRAINER_IMAGE, DNS_SUBDOMAIN_PATTERN, EXTENDED_RESOURCE_PATTERN,
     HTTP_URL_PATTERN, IMAGE_REFERENCE_PATTERN, LABEL_VALUE_PATTERN, MAX_INTEGER, ApiModel, Duration, ObjectMeta,
-    Quantity, SecretName, secret_name_field,
+    Quantity, duration_seconds, SecretName, secret_name_field,
 )
 from .status import ScalingRunStatus
 from .dataset import CPU_LIMIT_DESCRIPTION, Dataset, Resources
@@ -25,6 +25,9 @@ DEFAULT_SHARED_MEMORY, SMALL_POD_MEMORY = "1Gi", "2Gi"
 # spec.workers.terminationGracePeriod's default: a training step, the checkpoint at it and its upload (Kubernetes' own
 # default, 30 s, is short for a large model's).
 DEFAULT_TERMINATION_GRACE_SECONDS = 60
+# spec.workers.resizeAfter's default: long enough for a lost node's replacement (a spot node comes back in a minute
+# or two), short enough that a run does not stand still for a spot pool's hours.
+DEFAULT_RESIZE_AFTER_SECONDS = 300
 
 
 class StorageCredentials(str, Enum):
@@ -93,7 +96,18 @@ class Workers(ApiModel):
     """The MPIJob workers: one training process per GPU (slotsPerWorker = gpusPerWorker), or one per worker using
     all of its GPUs under training.strategy multi-worker-mirrored (slotsPerWorker = 1)."""
 
-    replicas: int = Field(1, ge=1, le=1024, description="Number of worker pods (usually nodes).")
+    replicas: int = Field(1, ge=1, le=1024, description="Number of worker pods (usually nodes); with minReplicas, "
+                          "the most.")
+    min_replicas: Optional[int] = Field(
+        None, ge=1, le=1024, description="Makes the run elastic: when workers are lost (node loss, preemption, "
+        "eviction) or cannot be placed for resizeAfter, the run resumes from its last checkpoint with the workers "
+        "that can be placed, never fewer than this (below it, it waits and says so), and grows back to replicas at "
+        "an epoch boundary when capacity returns. The global batch stays replicas' (the trainer accumulates "
+        "gradients). At most replicas. Absent: the run always trains with replicas workers.")
+    # No default in the CRD: it means something only beside minReplicas (validate refuses it alone).
+    resize_after: Optional[Duration] = Field(
+        None, description="With minReplicas: how long lost workers may stay unplaced before the run shrinks to "
+        f"the workers that can be placed (seconds or a duration). Default: {DEFAULT_RESIZE_AFTER_SECONDS} s.")
     gpus_per_worker: int = Field(
         1, ge=0, le=16, description="GPUs per worker, = training processes (MPI slots) per worker, except under "
         "multi-worker-mirrored (one process using them all); 0 trains on CPU (1 slot)."
@@ -147,6 +161,14 @@ class Workers(ApiModel):
         default_factory=list, description="Secrets in the run's namespace (kubernetes.io/dockerconfigjson), by name, "
         "that the run's pods (preprocessing, launcher, workers) pull their images with: a private registry or "
         "mirror. The ServiceAccount's own imagePullSecrets apply as well.")
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_replicas is not None
+
+    @property
+    def resize_after_seconds(self) -> int:
+        return DEFAULT_RESIZE_AFTER_SECONDS if self.resize_after is None else duration_seconds(self.resize_after)
 
 
 class LauncherResources(Resources):

@@ -163,6 +163,40 @@ class FeatureCache(ApiModel):
         "memory.")
 
 
+class Resize(ApiModel):
+    """One resize of an elastic run: from how many workers to how many, why, and what it cost."""
+
+    from_: int = Field(..., alias="from", description="Workers before.")
+    to: int = Field(..., description="Workers after.")
+    cause: str = Field(..., description="Why: workersUnplaced (lost workers' replacements the scheduler could not "
+                       "place within spec.workers.resizeAfter), with the pods and the scheduler's words; "
+                       "capacityReturned (capacity probes placed), with the probes.")
+    lost_at: Optional[str] = Field(None, description="When the loss began: the first unplaced replacement's creation; "
+                                   "for a grow, when the capacity was seen (RFC 3339).")
+    decided_at: Optional[str] = Field(None, description="When the operator decided the resize (RFC 3339).")
+    training_at: Optional[str] = Field(None, description="When the MPIJob at the new size ran again (RFC 3339).")
+    cost_seconds: Optional[int] = Field(None, description="Seconds from lostAt to trainingAt.")
+
+
+class CapacitySeen(ApiModel):
+    """Capacity probes placed: how many workers would fit, since when, and the epoch after which the run grows."""
+
+    workers: int = Field(..., description="Workers that fit now (the MPIJob's plus the placed probes).")
+    seen_at: Optional[str] = Field(None, description="When the probes were seen placed (RFC 3339).")
+    seen_at_epoch: Optional[int] = Field(None, description="The epoch then; the run grows once a later one ends.")
+
+
+class ElasticStatus(ApiModel):
+    """An elastic run's size (spec.workers.minReplicas): the worker count its MPIJob has now, and its resizes."""
+
+    workers: Optional[int] = Field(None, description="Workers the MPIJob has (spec.workers.replicas at full size).")
+    resizing: Optional[Resize] = Field(None, description="A resize under way (the MPIJob being made again at `to`).")
+    capacity: Optional[CapacitySeen] = Field(None, description="Capacity probes placed: the run grows at the next "
+                                             "epoch boundary.")
+    resizes: list[Resize] = Field(default_factory=list, max_length=20,
+                                  description="The last 20 resizes, oldest first: the worker count over time.")
+
+
 class TrainingStatus(ApiModel):
     """Progress of the training, mirrored from the trainer's progress document."""
 
@@ -231,6 +265,9 @@ class TrainingStatus(ApiModel):
         None, description="Over 64 pods: every pod's record, compact (name after the MPIJob's name:first 8 "
         "characters of its uid:restarts counted[:lost]), space-separated; at most 4096 pods.")
     pod_summary: Optional[PodSummary] = Field(None, description="Over 64 pods: the pods counted by phase and reason.")
+    elastic: Optional[ElasticStatus] = Field(
+        None, description="An elastic run's (spec.workers.minReplicas) worker count and its resizes, each with its "
+        "cause and cost.")
 
 
 class ScalingRunStatus(ApiModel):

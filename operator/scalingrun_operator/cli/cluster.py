@@ -123,6 +123,20 @@ def _message(status: dict[str, Any], wide: bool) -> str:
     return message if wide or len(message) <= MESSAGE_WIDTH else message[:MESSAGE_WIDTH - 1] + "…"
 
 
+def _workers(spec: dict[str, Any], training: dict[str, Any], wide: bool) -> str:
+    """spec.workers.replicas; an elastic run below it shows `now/most`, and wide output its resizes (each with its
+    cost: seconds from the loss to training again), the last three."""
+    most = (spec.get("workers") or {}).get("replicas")
+    elastic = training.get("elastic") or {}
+    now = elastic.get("workers")
+    text = f"{now}/{most}" if isinstance(now, int) and now != most else _number(most, "{}")
+    resizes = [f"{r.get('from')}->{r.get('to')} {_number(r.get('costSeconds'), '{}s')}"
+               for r in (elastic.get("resizes") or [])[-3:]]
+    if elastic.get("resizing"):
+        resizes.append(f"{elastic['resizing'].get('from')}->{elastic['resizing'].get('to')} now")
+    return f"{text} ({', '.join(resizes)})" if wide and resizes else text
+
+
 def run_row(run: dict[str, Any], now: dt.datetime, wide: bool = False) -> list[str]:
     status, spec = run.get("status") or {}, run.get("spec") or {}
     training = status.get("training") or {}
@@ -132,8 +146,7 @@ def run_row(run: dict[str, Any], now: dt.datetime, wide: bool = False) -> list[s
     best_text = _number(best, "{:.4f}") + (f" @{training['bestEpoch']}" if best is not None and
                                            training.get("bestEpoch") else "")
     wait = training.get("inputWaitFraction")
-    return [run["metadata"]["name"], status.get("phase") or "-", _number((spec.get("workers") or {}).get("replicas"),
-            "{}"), epochs, _number(training.get("imagesPerSecond"), "{:.0f}"), _number(wait, "{:.0%}"), best_text,
+    return [run["metadata"]["name"], status.get("phase") or "-", _workers(spec, training, wide), epochs, _number(training.get("imagesPerSecond"), "{:.0f}"), _number(wait, "{:.0%}"), best_text,
             _eta(training, now), _number(training.get("restarts") or 0, "{}"), _message(status, wide)]
 
 

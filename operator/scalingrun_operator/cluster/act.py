@@ -59,6 +59,8 @@ def apply(kube: Kube, metrics: Metrics, owner: dict[str, Any], decision: Decisio
                     section, key = action.uid_at
                     status = status or {}
                     status[section] = {**(status.get(section) or {}), key: created["metadata"]["uid"]}
+            elif isinstance(action, Delete) and action.found.get("kind") == "MPIJob":
+                delete_mpijob(kube, owner, action)
             elif isinstance(action, Delete):
                 delete_pod(kube, owner, action)
             else:
@@ -110,6 +112,17 @@ def delete_pod(kube: Kube, owner: dict[str, Any], action: Delete) -> None:
     deleted = kube.delete_pod(namespace, meta["name"], meta.get("uid", ""), action.grace_seconds)
     log.info("%s pod %s/%s%s", "deleted" if deleted else "found gone", namespace, meta["name"],
              " (grace 0)" if action.grace_seconds == 0 else "")
+
+
+def delete_mpijob(kube: Kube, owner: dict[str, Any], action: Delete) -> None:
+    """Deletes the run's MPIJob (an elastic run's resize), only one the run controls and only the uid decide saw."""
+    found, meta = action.found, action.found["metadata"]
+    namespace = meta.get("namespace") or owner["metadata"]["namespace"]
+    why = children.refusal(found, owner["metadata"].get("uid"), False, {})
+    if why:
+        raise NotControlled(f"MPIJob {namespace}/{meta['name']} {why}; not deleted")
+    deleted = kube.delete_mpijob(namespace, meta["name"], meta.get("uid", ""))
+    log.info("%s MPIJob %s/%s", "deleted" if deleted else "found gone", namespace, meta["name"])
 
 
 @contextlib.contextmanager

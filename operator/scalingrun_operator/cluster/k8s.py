@@ -136,6 +136,22 @@ class Kube:
                 return False
             raise
 
+    def delete_mpijob(self, namespace: str, name: str, uid: str) -> bool:
+        """Deletes the MPIJob `name` if it is still the one of `uid`; False when it is gone already or replaced.
+        Foreground: the MPIJob stays (deletionTimestamp set) until its pods, launcher Job, Service and ConfigMap are
+        gone, so the MPIJob made next at the new size never meets its predecessor's children (the MPI operator
+        refuses objects of its names that another MPIJob controls)."""
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=uid),
+                                      propagation_policy="Foreground")
+        try:
+            released(self.custom.delete_namespaced_custom_object(
+                MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, name, body=body, _preload_content=False))
+            return True
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+
     def get_node(self, name: str) -> Optional[dict[str, Any]]:
         """A Node (cluster-scoped: the operator's ClusterRole grants get on nodes), None when there is none. Where
         the operator may not read Nodes (an older chart's RBAC), {}: a node that says nothing counts as Ready, so
@@ -243,6 +259,8 @@ class Kube:
             return _raw(self.core.create_namespaced_config_map(namespace, obj, _preload_content=False))
         if kind == "Job":
             return _raw(self.batch.create_namespaced_job(namespace, obj, _preload_content=False))
+        if kind == "Pod":  # an elastic run's capacity probe
+            return _raw(self.core.create_namespaced_pod(namespace, obj, _preload_content=False))
         if kind == "MPIJob":
             return _raw(self.custom.create_namespaced_custom_object(
                 MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, obj, _preload_content=False))

@@ -47,7 +47,8 @@ def settings_of(config: Config) -> Settings:
                     trainer_image_digests=tuple(config.trainer_image_digest_map().items()),
                     gpu_tolerations=config.gpu_tolerations,
                     mpijob_unserved_seconds=config.mpijob_unserved_seconds or None,
-                    reads_storage=config.reads_storage)
+                    reads_storage=config.reads_storage,
+                    capacity_probe_priority_class=config.capacity_probe_priority_class or None)
 
 
 @dataclass

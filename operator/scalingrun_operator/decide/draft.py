@@ -155,6 +155,15 @@ class Draft:
         """Deletes one of the run's training pods (a lost or stalled one): the MPI operator makes it anew."""
         self.actions.append(Delete(pod, grace_seconds, event))
 
+    def create(self, desired: dict[str, Any]) -> None:
+        """Creates an object no other look reads back by name (an elastic run's capacity probe, found among the
+        run's pods): a 409 when it exists after all makes the next look."""
+        self.actions.append(Create(desired))
+
+    def delete_child(self, found: dict[str, Any], event: Optional[Event] = None) -> None:
+        """Deletes a child the run controls (an elastic run's MPIJob, to start it again at another size)."""
+        self.actions.append(Delete(found, None, event))
+
     # --- the decision ------------------------------------------------------------------------------
 
     def decision(self) -> Decision:

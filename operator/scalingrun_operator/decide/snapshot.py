@@ -252,6 +252,9 @@ class Settings:
     #: False: the documents come from the run's pods, not storage (the operator's status endpoint is on), and a
     #: missing manifest is said as the pods' (Config.reads_storage).
     reads_storage: bool = True
+    #: The PriorityClass of an elastic run's capacity probes (Config.capacity_probe_priority_class); None: no probes,
+    #: so a shrunk run does not grow back (the local runner's case).
+    capacity_probe_priority_class: Optional[str] = None
 
 
 # --- the decision -------------------------------------------------------------------------------------
@@ -280,7 +283,8 @@ class Patch:
 
 @dataclass(frozen=True)
 class Delete:
-    """Delete the pod `found` (only that uid); `grace_seconds` 0 forces it: its node is not there to confirm."""
+    """Delete the pod `found` (only that uid); `grace_seconds` 0 forces it: its node is not there to confirm. An
+    MPIJob `found` (its kind) is deleted the same way, by uid (an elastic run's resize)."""
 
     found: dict[str, Any]
     grace_seconds: Optional[int] = None  # None: the pod's own grace period

@@ -15,7 +15,7 @@ from ..builders import build_config_map, build_mpijob
 from ..builders.common import mpijob_name, trainer_image
 from ..builders.mpijob import MPI_OPERATOR, MPI_OPERATOR_INSTALL, MPIJOB_API_VERSION
 from ..builders.locations import progress_uri
-from . import faults, interruptions, podrecords, pods, progress as mirror, stall
+from . import elastic, faults, interruptions, podrecords, pods, progress as mirror, stall
 from .draft import Draft, store_of
 from .snapshot import CLUSTER, PROGRESS, Log, Where
 from .status import (BUILDER_FAILED, GPUS_UNUSED, INPUT_BOUND, MPIJOB_FAILED, MPIJOB_SERVED, NO_MPIJOB_CONTROLLER,
@@ -124,7 +124,9 @@ def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progre
 def decide_training(draft: Draft, run: ScalingRun) -> None:
     """Trained from the MPIJob, the trainer's progress document and the training's pods."""
     update, name = draft.update, mpijob_name(run)
-    wanted = draft.built("MPIJob", lambda: build_mpijob(run, draft.namespace, draft.settings.gpu_tolerations))
+    size = elastic.workers_now(run, update.desired.get("training"))
+    wanted = draft.built(("MPIJob", size), lambda: build_mpijob(elastic.sized(run, size), draft.namespace,
+                                                                draft.settings.gpu_tolerations))
     mpijob = draft.child("MPIJob", name)
     if mpijob is not None and not draft.own(mpijob, wanted):
         return
@@ -132,6 +134,10 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
     resumes = ("a new MPIJob resumes from the last checkpoint" if run.spec.training.resume
                else "a new MPIJob starts over (spec.training.resume is false)")
     trained = get_condition(update.desired["conditions"], TRAINED) or {}
+    if mpijob is None and recorded and elastic.forget_deleted(update.desired.get("training")):
+        _forget_mpijob(draft, name, mpijob=None)  # deleted by this run's resize: not an interruption
+        draft.again = True
+        return
     if mpijob is None and recorded and trained.get("reason") == "WaitingForProgress":
         # It had succeeded, and its ttlSecondsAfterFinished removed it: no interruption, judged on what is there.
         _, progress = draft.read(progress_uri(run), store_of(run), PROGRESS)
@@ -173,10 +179,15 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         _, progress = draft.read(progress_uri(run), store_of(run), PROGRESS, versioned=True)
     uid = current_mpijob["metadata"].get("uid")
     same_mpijob = current.get("mpiJobUid") in (None, uid)
-    merged = mirror.merge_training_status(current, mirror.base_training_status(run, name),
+    merged = mirror.merge_training_status(current, mirror.base_training_status(elastic.sized(run, size), name),
                                           mirror.training_status(progress), same_mpijob)
     merged["mpiJobUid"] = uid
     merged["suspendApplied"] = wanted_suspend
+    if elastic.ELASTIC_FIELD in current:  # kept across MPIJobs: the size and the resizes are the run's
+        merged[elastic.ELASTIC_FIELD] = current[elastic.ELASTIC_FIELD]
+    if mpijob is not None and not paused and elastic.decide_size(draft, run, mpijob, state.state, merged):
+        update.desired["training"] = merged
+        return
     merged["estimatedCompletion"] = (None if state.finished else
                                      mirror.estimated_completion(current, merged, progress, update.moment))
     if not state.finished:

@@ -293,6 +293,12 @@ def sweep_semantic_errors(sweep: ScalingSweep) -> list[FieldError]:
     if spec.gpus_per_worker is not None and len(spec.gpus_per_worker) != len(spec.workers):
         errors.append(FieldError("spec.gpusPerWorker", f"needs one entry per point: {len(spec.workers)} "
                                  f"(as many as spec.workers), got {len(spec.gpus_per_worker)}"))
+    if spec.template.workers.min_replicas is not None or spec.template.workers.resize_after is not None:
+        # A point measures one size: a resized point's throughput and time would be a mix of sizes.
+        field = "minReplicas" if spec.template.workers.min_replicas is not None else "resizeAfter"
+        errors.append(FieldError(f"spec.template.workers.{field}", "a sweep measures each point at its own fixed "
+                                 "worker count, and a resized point would mix sizes in its row: remove it (run an "
+                                 "elastic ScalingRun on its own)"))
     if errors:
         return errors
     seen: set[str] = set()

@@ -1,6 +1,7 @@
 """The rules of spec.workers that the CRD schema cannot say: a GPU resource in Kubernetes' own domain and a /dev/shm
 as large as the memory limit are errors; an image our naming scheme marks as a CPU build beside a GPU request is a
-warning (valid, but the run would hold GPUs and train on the CPU)."""
+warning (valid, but the run would hold GPUs and train on the CPU). An elastic run's range (minReplicas <= replicas;
+resizeAfter only beside minReplicas)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,21 @@ def workers_errors(run: ScalingRun) -> list[FieldError]:
     if shm and memory and quantity_value(shm) >= quantity_value(memory):
         errors.append(FieldError("spec.workers.sharedMemory", f"must be below spec.workers.memory ({memory}), got "
                                  f"{shm}: what /dev/shm holds counts against the worker's memory limit"))
+    errors += _elastic_errors(run)
     return errors
+
+
+def _elastic_errors(run: ScalingRun) -> list[FieldError]:
+    workers = run.spec.workers
+    if workers.min_replicas is None:
+        if workers.resize_after is not None:
+            return [FieldError("spec.workers.resizeAfter", "means something only for an elastic run: set "
+                               "spec.workers.minReplicas (the fewest workers it may train with), or remove it")]
+        return []
+    if workers.min_replicas > workers.replicas:
+        return [FieldError("spec.workers.minReplicas", f"must be at most spec.workers.replicas ({workers.replicas}, "
+                           f"the most workers), got {workers.min_replicas}")]
+    return []
 
 
 def workers_warnings(run: ScalingRun) -> list[SpecWarning]:

@@ -38,3 +38,14 @@ def test_wait_reads_phases_and_conditions():
     run = {"status": {"phase": "Training", "conditions": [{"type": "Ready", "status": "False"}]}}
     assert _reached(run, "Training") and not _reached(run, "Succeeded")
     assert _reached(run, "condition=Ready=False") and not _reached(run, "condition=Ready")
+
+
+def test_an_elastic_run_shows_its_size_and_wide_output_its_resizes_with_their_cost():
+    run = {"metadata": {"name": "spot"}, "spec": {"workers": {"replicas": 4, "minReplicas": 2}},
+           "status": {"training": {"elastic": {"workers": 2, "resizes": [
+               {"from": 4, "to": 2, "cause": "workersUnplaced", "costSeconds": 310}]}}}}
+    assert run_row(run, NOW)[2] == "2/4"
+    assert run_row(run, NOW, wide=True)[2] == "2/4 (4->2 310s)"
+    run["status"]["training"]["elastic"].update(workers=4, resizing={"from": 2, "to": 4})
+    assert run_row(run, NOW, wide=True)[2] == "4 (4->2 310s, 2->4 now)"
+    assert run_row({"metadata": {"name": "fixed"}, "spec": {"workers": {"replicas": 3}}}, NOW, wide=True)[2] == "3"

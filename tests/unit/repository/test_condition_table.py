@@ -70,6 +70,8 @@ def _computed() -> dict[tuple[str, str, str], set[str]]:
         ("status.py", "Failed", "reason"): set(),  # StatusUpdate.fail: its callers are read instead
         ("training.py", "InputBound", "*"): {"InputWaitHigh", "InputKeepsUp"},
         ("training.py", "GPUsUnused", "*"): {"NoGPUVisible", "GPUsInUse"},
+        ("elastic.py", "WorkersPlaced", "reason"): {"AllPlaced", "WaitingToShrink", "BelowMinReplicas", "Resizing",
+                                                    "Shrunk", "GrowingAtEpoch"},
     }
 
 

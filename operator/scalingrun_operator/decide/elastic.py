@@ -1,0 +1,258 @@
+"""An elastic run (spec.workers.minReplicas), pure: how many workers its MPIJob has, when it shrinks, and the record
+of every resize in status.training.elastic.
+
+spec.workers.replicas stays the most (the trainer config holds the whole spec: the trainer keeps the global batch
+of `replicas` workers by gradient accumulation). The MPIJob is rendered with `status.training.elastic.workers`
+workers. A resize recreates the MPIJob instead of patching its Worker replicas: mpi-operator v2beta1 creates the
+launcher Job once, and its pod's command carries `mpirun -np <replicas x slots>` (builders/mpijob.py), so a patched
+MPIJob would get a new hostfile and fewer workers under a launcher that still starts the old number of ranks. A new
+MPIJob starts a new launcher with the new -np and host list, and the trainer resumes from its last checkpoint.
+
+A resize is two looks, so that a restart of the operator in between loses and duplicates nothing:
+1. the intent is written to status (`resizing`: from, to, cause, lostAt; `workers`: the new count) and nothing else;
+2. the MPIJob whose Worker replicas differ from `workers` is deleted (uid precondition) and forgotten (mpiJobUid
+   cleared, its pods' losses counted as the MPIJob's). An MPIJob found gone while `resizing` is set is that deletion,
+   never a `ChildDeleted` interruption. The next look creates the MPIJob at the new size.
+The resize ends when that MPIJob's launcher runs (MPIJob Running): its cost is the seconds from the loss to then.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Optional
+
+from scalingrun_api.models import ScalingRun
+from ..builders.capacity import CAPACITY_PROBE, build_capacity_probe, probe_name
+from . import podrecords, pods as pod_facts
+from .draft import Draft
+from .status import Event, get_condition, parse_time, rfc3339
+
+ELASTIC_FIELD = "elastic"  # status.training.elastic
+WORKERS_PLACED = "WorkersPlaced"  # an elastic run's condition: are all spec.workers.replicas workers training?
+ALL_PLACED = "AllPlaced"
+WAITING_TO_SHRINK = "WaitingToShrink"
+BELOW_MIN_REPLICAS = "BelowMinReplicas"
+RESIZING = "Resizing"
+SHRUNK = "Shrunk"
+GROWING_AT_EPOCH = "GrowingAtEpoch"
+SHRINK_CAUSE = "workersUnplaced"  # a resize's cause: lost workers' replacements the scheduler could not place
+GROW_CAUSE = "capacityReturned"  # a resize's cause: capacity probes placed, the run grows at an epoch boundary
+MAX_RESIZES = 20  # status.training.elastic.resizes keeps the last ones: status stays small
+
+
+def elastic_of(training_status: Optional[dict[str, Any]]) -> dict[str, Any]:
+    return dict((training_status or {}).get(ELASTIC_FIELD) or {})
+
+
+def workers_now(run: ScalingRun, training_status: Optional[dict[str, Any]]) -> int:
+    """The worker count the run's MPIJob is to have: spec.workers.replicas, or an elastic run's current size."""
+    workers = run.spec.workers
+    recorded = elastic_of(training_status).get("workers")
+    if not workers.elastic or not isinstance(recorded, int):
+        return workers.replicas
+    return max(workers.min_replicas, min(workers.replicas, recorded))
+
+
+def sized(run: ScalingRun, workers: int) -> ScalingRun:
+    """`run` as its MPIJob is rendered at `workers` workers (a gang's minAvailable lowered to fit)."""
+    if workers == run.spec.workers.replicas:
+        return run
+    copy = run.model_copy(deep=True)
+    copy.spec.workers.replicas = workers
+    gang = copy.spec.run_policy.scheduling_policy
+    if gang is not None and gang.min_available and gang.min_available > workers + 1:
+        gang.min_available = workers + 1
+    return copy
+
+
+def mpijob_workers(mpijob: dict[str, Any]) -> int:
+    worker = (((mpijob.get("spec") or {}).get("mpiReplicaSpecs") or {}).get("Worker") or {})
+    return int(worker.get("replicas") or 0)
+
+
+def resizing(training_status: Optional[dict[str, Any]]) -> bool:
+    return bool(elastic_of(training_status).get("resizing"))
+
+
+def unplaced_workers(found: list[dict[str, Any]], mpijob: dict[str, Any]) -> list[tuple[str, dt.datetime, str]]:
+    """(pod, since, the scheduler's words) for each worker pod of `mpijob` (its controller) that no node was
+    assigned to: a lost worker's replacement waits Pending, unschedulable, for capacity. Oldest first."""
+    uid, name = mpijob["metadata"].get("uid"), mpijob["metadata"]["name"]
+    waiting = []
+    for pod, role in pod_facts.pods_of(found, (pod_facts.WORKER,), name):
+        meta, status = pod_facts.metadata_of(pod), pod_facts.status_of(pod)
+        owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), {})
+        if owner.get("uid") != uid or (pod.get("spec") or {}).get("nodeName"):
+            continue
+        if (status.get("phase") or "Pending") != "Pending":
+            continue
+        scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+        since = parse_time(meta.get("creationTimestamp"))
+        if since is not None:
+            waiting.append((pod_facts.pod_name(pod), since, str(scheduled.get("message") or "").strip()[:200]))
+    return sorted(waiting, key=lambda w: (w[1], w[0]))
+
+
+def forget_deleted(training_status: dict[str, Any]) -> bool:
+    """The MPIJob is gone while a resize is under way: this run deleted it (step 2), so nothing is counted."""
+    return resizing(training_status)
+
+
+def decide_size(draft: Draft, run: ScalingRun, mpijob: dict[str, Any], mpijob_state: str,
+                training_status: dict[str, Any]) -> bool:
+    """An elastic run's size this look, on `training_status` (status.training being built); `mpijob_state` as
+    training.mpijob_state reads it. True: this look is a step of a resize (the intent written, or the MPIJob
+    deleted) and the training phase stops here."""
+    workers = run.spec.workers
+    if not workers.elastic or draft.settings.where.local:
+        return False
+    if mpijob_state in ("Succeeded", "Failed"):
+        _drop_probes(draft)
+        return False
+    elastic = elastic_of(training_status)
+    target, current = workers_now(run, training_status), mpijob_workers(mpijob)
+    if mpijob["metadata"].get("deletionTimestamp"):
+        # Our deletion under way (foreground: until its pods and the rest are gone): the new MPIJob once it is.
+        draft.recheck(1.0)
+        return True
+    pending = elastic.get("resizing")
+    if pending and current != target:
+        _delete(draft, mpijob, training_status, pending)
+        return True
+    if pending and mpijob_state == "Running":
+        return _resized(draft, run, training_status, elastic, pending)
+    if pending:
+        _placed(draft, RESIZING, f"MPIJob {mpijob['metadata']['name']} resumes from the last checkpoint with "
+                f"{target} of {workers.replicas} workers (from {pending['from']})")
+        return False
+    unplaced = unplaced_workers(draft.pods(), mpijob)
+    if not unplaced:
+        return _grow(draft, run, current, training_status, elastic)
+    lost_at, bound = unplaced[0][1], workers.resize_after_seconds
+    waited = (draft.update.moment - lost_at).total_seconds()
+    names = ", ".join(n for n, _, _ in unplaced[:5]) + (" ..." if len(unplaced) > 5 else "")
+    words = next((w for _, _, w in unplaced if w), "no node was assigned")
+    placeable = current - len(unplaced)
+    if waited < bound:
+        draft.recheck(bound - waited + 1.0)
+        _placed(draft, WAITING_TO_SHRINK, f"{len(unplaced)} of {current} workers unplaced since {rfc3339(lost_at)} "
+                f"({names}: {words}); unless placed, the run resumes with the {placeable} that are at "
+                f"{rfc3339(lost_at + dt.timedelta(seconds=bound))} (spec.workers.resizeAfter {bound} s)")
+        return False
+    if placeable < workers.min_replicas:
+        message = (f"only {placeable} of {current} workers can be placed ({names} unplaced since {rfc3339(lost_at)}: "
+                   f"{words}), fewer than spec.workers.minReplicas {workers.min_replicas}: the run waits for capacity")
+        _placed(draft, BELOW_MIN_REPLICAS, message, warn=True)
+        return False
+    cause = f"{SHRINK_CAUSE}: {len(unplaced)} unplaced for {int(waited)} s ({names}: {words})"
+    elastic.update(workers=placeable, resizing={"from": current, "to": placeable, "cause": cause,
+                                               "lostAt": rfc3339(lost_at), "decidedAt": rfc3339(draft.update.moment)})
+    training_status[ELASTIC_FIELD] = elastic
+    message = (f"shrinking from {current} to {placeable} workers: {cause}; a new MPIJob resumes from the last "
+               "checkpoint")
+    draft.update.warn("Shrinking", message)
+    _placed(draft, RESIZING, message)
+    draft.again = True  # step 2 at once, after this intent is written
+    return True
+
+
+def _delete(draft: Draft, mpijob: dict[str, Any], training_status: dict[str, Any],
+            pending: dict[str, Any]) -> None:
+    name = mpijob["metadata"]["name"]
+    draft.delete_child(mpijob, Event("Normal", "Resizing", f"MPIJob {name} deleted to start again with "
+                                     f"{pending['to']} workers (from {pending['from']})"))
+    podrecords.mark_all_lost(training_status, name)
+    training_status["mpiJobUid"] = None
+    draft.again = True
+    _drop_probes(draft)  # the room they held is the new workers'
+
+
+def capacity_probes(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [p for p in found if (pod_facts.metadata_of(p).get("labels") or {}).get("app.kubernetes.io/component")
+            == CAPACITY_PROBE and not pod_facts.metadata_of(p).get("deletionTimestamp")]
+
+
+def _drop_probes(draft: Draft) -> None:
+    for probe in capacity_probes(draft.pods()):
+        draft.delete_pod(probe, 0)
+
+
+def _grow(draft: Draft, run: ScalingRun, current: int, training_status: dict[str, Any],
+          elastic: dict[str, Any]) -> bool:
+    """All of the MPIJob's workers placed. Below spec.workers.replicas (and with the operator's probe PriorityClass
+    set): a capacity probe per missing worker; probes placed by the scheduler make the run grow at the next epoch
+    boundary (an epoch finished after the capacity was seen) to the workers that fit. True: the grow's intent is
+    written (step 1 of a resize)."""
+    most, priority_class = run.spec.workers.replicas, draft.settings.capacity_probe_priority_class
+    probes = capacity_probes(draft.pods())
+    if current >= most or not priority_class:
+        for probe in probes:
+            draft.delete_pod(probe, 0)
+        elastic.pop("capacity", None)
+        training_status[ELASTIC_FIELD] = elastic
+        _at_size(draft, run, current)
+        return False
+    names = {pod_facts.pod_name(p) for p in probes}
+    for index in range(most - current):
+        if probe_name(run, index) not in names:
+            draft.create(build_capacity_probe(run, draft.namespace, index, priority_class,
+                                              draft.settings.gpu_tolerations))
+    placed = sorted(pod_facts.pod_name(p) for p in probes if (p.get("spec") or {}).get("nodeName"))
+    if not placed:
+        elastic.pop("capacity", None)
+        training_status[ELASTIC_FIELD] = elastic
+        _at_size(draft, run, current)
+        return False
+    fits, epoch = min(most, current + len(placed)), training_status.get("epoch") or 0
+    seen = elastic.get("capacity") or {}
+    if seen.get("workers") != fits:
+        seen = {"workers": fits, "seenAt": seen.get("seenAt") or rfc3339(draft.update.moment),
+                "seenAtEpoch": seen.get("seenAtEpoch", epoch)}
+        elastic["capacity"] = seen
+        training_status[ELASTIC_FIELD] = elastic
+    if epoch <= seen["seenAtEpoch"]:
+        _placed(draft, GROWING_AT_EPOCH, f"capacity for {fits - current} more workers ({', '.join(placed)} placed); "
+                f"the run grows to {fits} of {most} workers when epoch {seen['seenAtEpoch'] + 1} ends, from its "
+                "checkpoint")
+        return False
+    cause = f"{GROW_CAUSE}: {', '.join(placed)} placed since {seen['seenAt']}"
+    elastic.pop("capacity", None)
+    elastic.update(workers=fits, resizing={"from": current, "to": fits, "cause": cause, "lostAt": seen["seenAt"],
+                                           "decidedAt": rfc3339(draft.update.moment)})
+    training_status[ELASTIC_FIELD] = elastic
+    message = f"growing from {current} to {fits} workers after epoch {epoch}: {cause}; a new MPIJob resumes from " \
+              "the last checkpoint"
+    draft.update.warn("Growing", message)
+    _placed(draft, RESIZING, message)
+    draft.again = True
+    return True
+
+
+def _resized(draft: Draft, run: ScalingRun, training_status: dict[str, Any], elastic: dict[str, Any],
+             pending: dict[str, Any]) -> bool:
+    lost_at = parse_time(pending.get("lostAt"))
+    cost = round((draft.update.moment - lost_at).total_seconds()) if lost_at else None
+    record = {**{k: pending[k] for k in ("from", "to", "cause", "lostAt") if k in pending},
+              "trainingAt": rfc3339(draft.update.moment), "costSeconds": cost}
+    elastic["resizes"] = ([*(elastic.get("resizes") or []), record])[-MAX_RESIZES:]
+    elastic.pop("resizing", None)
+    training_status[ELASTIC_FIELD] = elastic
+    draft.update.warn("Resized", f"training again with {pending['to']} workers (from {pending['from']}), "
+                      f"{cost} s after the loss")
+    return _grow(draft, run, pending["to"], training_status, elastic)  # probes at once: no event may come
+
+
+def _at_size(draft: Draft, run: ScalingRun, workers: int) -> None:
+    most = run.spec.workers.replicas
+    if workers >= most:
+        _placed(draft, ALL_PLACED, f"all {most} workers are placed")
+    else:
+        _placed(draft, SHRUNK, f"training with {workers} of {most} workers (spec.workers.minReplicas "
+                f"{run.spec.workers.min_replicas}); it grows back when capacity returns")
+
+
+def _placed(draft: Draft, reason: str, message: str, warn: bool = False) -> None:
+    before = get_condition(draft.update.desired["conditions"], WORKERS_PLACED) or {}
+    if warn and before.get("reason") != reason:
+        draft.update.warn(reason, message)
+    draft.update.condition(WORKERS_PLACED, "True" if reason == ALL_PLACED else "False", reason, message)

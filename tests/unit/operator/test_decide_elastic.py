@@ -1,0 +1,237 @@
+"""An elastic run (spec.workers.minReplicas) in decide: lost workers unplaced past resizeAfter shrink the run, in two
+looks (the intent in status, then the MPIJob deleted), to a new MPIJob at the placeable size; never under the minimum;
+every resize recorded with its cause and cost. A restart between any two looks duplicates and loses nothing."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from typing import Any
+
+from scalingrun_operator.builders import build_mpijob
+from scalingrun_operator.decide import pinning
+from scalingrun_operator.decide.snapshot import Create, Delete, Settings
+from scalingrun_operator.schema.validation import parse_scalingrun
+from tests.support.decide_pods import pod, unschedulable
+from tests.support.decide_run import training
+from tests.support.decide_world import (
+    NOW, NS, SPEC, World, actions, conditions, done, owned, stamp, training_status,
+)
+
+ELASTIC_SPEC = {**copy.deepcopy(SPEC), "workers": {"replicas": 4, "gpusPerWorker": 0, "minReplicas": 2,
+                                                   "resizeAfter": 60}}
+NO_ROOM = "0/3 nodes are available: 3 Insufficient example.com/capacity."
+
+
+def elastic_run(workers: int = 4, **spec_workers: Any):
+    spec = copy.deepcopy(ELASTIC_SPEC)
+    spec["workers"].update(spec_workers)
+    run = parse_scalingrun({"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun",
+                            "metadata": {"name": "demo", "namespace": NS}, "spec": spec})
+    run.spec.workers.replicas = workers
+    return run, spec
+
+
+def elastic_mpijob(workers: int = 4, uid: str = "mpi-1", state: str = "Running") -> dict:
+    run, _ = elastic_run(workers)
+    return owned(build_mpijob(run, NS), uid, status={"conditions": [done(state)]})
+
+
+def worker(index: int, placed: bool = True, minutes_ago: float = 9, mpijob_uid: str = "mpi-1") -> dict:
+    found = pod(f"demo-train-worker-{index}", "worker", uid=f"w{index}-{mpijob_uid}",
+                phase="Running" if placed else "Pending", created=stamp(minutes_ago),
+                conditions=None if placed else unschedulable(NO_ROOM),
+                containers=None if placed else [])
+    found["metadata"]["ownerReferences"] = [{"kind": "MPIJob", "name": "demo-train", "uid": mpijob_uid,
+                                             "controller": True}]
+    if placed:
+        found["spec"]["nodeName"] = f"node-{index}"
+    return found
+
+
+def launcher(mpijob_uid: str = "mpi-1") -> dict:
+    found = pod("demo-train-launcher-aaaaa", "launcher", uid=f"l-{mpijob_uid}")
+    found["spec"]["nodeName"] = "node-0"
+    return found
+
+
+def world(unplaced: int = 2, minutes_ago: float = 2, spec_workers: dict | None = None, **changes: Any) -> World:
+    _, spec = elastic_run(**(spec_workers or {}))
+    pods = [launcher()] + [worker(i, placed=i < 4 - unplaced, minutes_ago=minutes_ago if i >= 4 - unplaced else 9)
+                           for i in range(4)]
+    found = training(spec=spec, pods=pods, status=training_status(pods=[]), **changes)
+    found.children["MPIJob"] = elastic_mpijob()
+    found.status[pinning.PINNED_FIELD] = pinning.pin(spec)
+    found.status["training"]["processes"] = 4
+    return found
+
+
+def after(found: World, decision) -> World:
+    """`found` as act leaves it: the status written, MPIJobs deleted or created (the MPI operator runs a new one)."""
+    found.status = copy.deepcopy(dict(decision.desired))
+    for action in decision.actions:
+        if isinstance(action, Delete) and action.found.get("kind") == "MPIJob":
+            found.children.pop("MPIJob", None)
+            found.pods = []
+        elif isinstance(action, Create) and action.obj["kind"] == "MPIJob":
+            found.children["MPIJob"] = owned(action.obj, "mpi-2", status={"conditions": [done("Created")]})
+            found.status["training"]["mpiJobUid"] = "mpi-2"
+    return found
+
+
+def placed(decision) -> tuple[str, str, str]:
+    return conditions(decision)["WorkersPlaced"]
+
+
+def test_lost_workers_within_the_bound_wait_and_say_when_the_run_shrinks():
+    decision = world(minutes_ago=0.5).decide()
+    assert placed(decision)[:2] == ("False", "WaitingToShrink")
+    assert "2 of 4 workers unplaced since" in placed(decision)[2] and "resumes with the 2" in placed(decision)[2]
+    assert NO_ROOM in placed(decision)[2]
+    assert decision.recheck_in is not None and decision.recheck_in <= 32  # the bound at the latest
+    assert actions(decision) == [] and "elastic" not in decision.desired["training"]
+
+
+def test_past_the_bound_the_intent_is_written_first_and_nothing_is_deleted():
+    found = world(minutes_ago=2)
+    decision = found.decide()
+    assert actions(decision) == [] and decision.again
+    elastic = decision.desired["training"]["elastic"]
+    assert elastic["workers"] == 2
+    assert {k: elastic["resizing"][k] for k in ("from", "to", "lostAt")} == {"from": 4, "to": 2, "lostAt": stamp(2)}
+    assert elastic["resizing"]["cause"].startswith("workersUnplaced: 2 unplaced for 120 s")
+    assert placed(decision)[:2] == ("False", "Resizing")
+    assert "Shrinking" in [e.reason for e in decision.events]
+    assert found.decide() == decision  # the same look twice decides the same
+
+
+def test_a_shrink_runs_to_a_new_mpijob_at_the_placeable_size_counting_no_interruption():
+    found = world(minutes_ago=2)
+    restarts_before = found.status["training"]["restarts"]
+    intent = found.decide()
+    deleting = after(found, intent).decide()
+    assert actions(deleting) == [("delete", "demo-train")] and deleting.again
+    assert deleting.desired["training"]["mpiJobUid"] is None
+    # A restart of the operator here: the same look decides the same delete (by uid: the API refuses a second one).
+    assert after(copy.deepcopy(found), intent).decide().actions == deleting.actions
+    gone = after(found, deleting).decide()
+    assert [a for a in actions(gone) if a[1] == "MPIJob"] == [("create", "MPIJob")]
+    assert "ChildDeleted" not in conditions(gone) and gone.desired["training"]["restarts"] == restarts_before
+    created = [a.obj for a in gone.actions if isinstance(a, Create) and a.obj["kind"] == "MPIJob"][0]
+    assert created["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 2
+    assert "-np 2 " in created["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0][
+        "command"][-1]
+    assert gone.desired["training"]["processes"] == 2
+    found = after(found, gone)
+    waiting = found.decide()
+    assert placed(waiting)[:2] == ("False", "Resizing") and waiting.desired["training"]["elastic"]["resizing"]
+    found.children["MPIJob"]["status"] = {"conditions": [done("Running")]}
+    found.pods = [launcher("mpi-2"), worker(0, mpijob_uid="mpi-2"), worker(1, mpijob_uid="mpi-2")]
+    trained = found.decide()
+    elastic = trained.desired["training"]["elastic"]
+    assert "resizing" not in elastic and elastic["workers"] == 2
+    [resize] = elastic["resizes"]
+    assert (resize["from"], resize["to"], resize["costSeconds"], resize["trainingAt"]) == (
+        4, 2, 120, NOW.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    assert placed(trained)[:2] == ("False", "Shrunk") and "training with 2 of 4 workers" in placed(trained)[2]
+    assert "Resized" in [e.reason for e in trained.events]
+    steady = after(found, trained).decide()
+    assert steady.status is None and steady.actions == () and steady.events == ()
+
+
+def test_below_the_minimum_the_run_waits_and_says_so_once():
+    found = world(unplaced=3, minutes_ago=5)
+    decision = found.decide()
+    assert placed(decision)[:2] == ("False", "BelowMinReplicas")
+    assert "only 1 of 4 workers can be placed" in placed(decision)[2] and "minReplicas 2" in placed(decision)[2]
+    assert "BelowMinReplicas" in [e.reason for e in decision.events]
+    assert actions(decision) == [] and "elastic" not in decision.desired["training"]
+    assert "BelowMinReplicas" not in [e.reason for e in after(found, decision).decide().events]
+
+
+def test_all_placed_says_so_and_a_run_without_min_replicas_never_resizes():
+    assert placed(world(unplaced=0).decide())[:2] == ("True", "AllPlaced")
+    fixed = world(minutes_ago=30, spec_workers={"minReplicas": None, "resizeAfter": None})
+    fixed.spec["workers"] = {"replicas": 4, "gpusPerWorker": 0}
+    fixed.status[pinning.PINNED_FIELD] = pinning.pin(fixed.spec)
+    decision = fixed.decide()
+    assert "WorkersPlaced" not in conditions(decision) and actions(decision) == []
+
+
+def test_pods_of_an_earlier_mpijob_are_not_counted_as_unplaced():
+    found = world(unplaced=0)
+    found.pods.append(worker(7, placed=False, minutes_ago=30, mpijob_uid="mpi-0"))
+    assert placed(found.decide())[:2] == ("True", "AllPlaced")
+
+
+def test_the_resize_is_measured_from_the_first_unplaced_pod():
+    found = world(minutes_ago=2)
+    found.pods[-1]["metadata"]["creationTimestamp"] = (NOW - dt.timedelta(minutes=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert found.decide().desired["training"]["elastic"]["resizing"]["lostAt"] == stamp(3)
+
+
+# --- growing back: capacity probes, then a resize at the next epoch boundary ------------------------------------
+
+PROBES = Settings(capacity_probe_priority_class="scalingrun-capacity-probe")
+
+
+def shrunk(epoch: int = 2, probes_placed: int = 0, probes: int = 2) -> World:
+    """The run after a 4 -> 2 shrink: its MPIJob at 2 workers, both placed and Running."""
+    found = world(unplaced=0)
+    found.children["MPIJob"] = elastic_mpijob(2)
+    found.pods = [launcher(), worker(0), worker(1)]
+    found.status["training"]["elastic"] = {"workers": 2, "resizes": [
+        {"from": 4, "to": 2, "cause": "workersUnplaced: ...", "lostAt": stamp(9), "costSeconds": 300}]}
+    found.progress = {**found.progress, "epoch": epoch}
+    for index in range(probes):
+        probe = pod(f"demo-capacity-{index}", "worker", created=stamp(1))
+        probe["metadata"]["labels"] = {"app.kubernetes.io/component": "capacity-probe", "scalingrun.dev/run": "demo"}
+        if index < probes_placed:
+            probe["spec"]["nodeName"] = f"node-{index + 5}"
+        else:
+            probe["status"] = {"phase": "Pending", "conditions": unschedulable(NO_ROOM)}
+        found.pods.append(probe)
+    return found
+
+
+def test_a_shrunk_run_keeps_a_lowest_priority_probe_per_missing_worker():
+    decision = shrunk(probes=0).decide(PROBES)
+    made = [a.obj for a in decision.actions if isinstance(a, Create)]
+    assert [p["metadata"]["name"] for p in made] == ["demo-capacity-0", "demo-capacity-1"]
+    probe = made[0]["spec"]
+    assert probe["priorityClassName"] == "scalingrun-capacity-probe" and probe["containers"][0]["command"][0] == "sleep"
+    run, _ = elastic_run(4)
+    worker_spec = build_mpijob(run, NS)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
+    assert probe["containers"][0]["resources"] == worker_spec["containers"][0]["resources"]
+    assert probe["tolerations"] == worker_spec["tolerations"]
+    assert placed(decision)[:2] == ("False", "Shrunk")
+    assert shrunk(probes=2).decide(PROBES).actions == ()  # made once
+    assert [a for a in shrunk(probes=0).decide().actions if isinstance(a, Create)] == []  # probes off: none
+
+
+def test_placed_probes_make_the_run_grow_only_once_an_epoch_has_ended():
+    found = shrunk(epoch=2, probes_placed=1)
+    seen = found.decide(PROBES)
+    assert placed(seen)[:2] == ("False", "GrowingAtEpoch") and "grows to 3 of 4 workers when epoch 3 ends" in placed(
+        seen)[2]
+    assert seen.desired["training"]["elastic"]["capacity"] == {"workers": 3, "seenAt": stamp(0), "seenAtEpoch": 2}
+    assert actions(seen) == [] and not seen.again
+    found = after(found, seen)
+    assert found.decide(PROBES).status is None  # the same epoch: nothing changes
+    found.progress = {**found.progress, "epoch": 3}
+    grow = found.decide(PROBES)
+    elastic = grow.desired["training"]["elastic"]
+    assert elastic["workers"] == 3 and "capacity" not in elastic and grow.again
+    assert (elastic["resizing"]["from"], elastic["resizing"]["to"]) == (2, 3)
+    assert elastic["resizing"]["cause"].startswith("capacityReturned: demo-capacity-0 placed since")
+    assert "Growing" in [e.reason for e in grow.events]
+    deleting = after(found, grow).decide(PROBES)
+    assert actions(deleting) == [("delete", "demo-train"), ("delete", "demo-capacity-0"), ("delete", "demo-capacity-1")]
+
+
+def test_probes_go_when_the_mpijob_ends():
+    found = shrunk(probes_placed=1)
+    found.children["MPIJob"]["status"] = {"conditions": [done("Succeeded")], "completionTime": stamp(1)}
+    found.progress = {**found.progress, "state": "succeeded"}
+    assert [a for a in actions(found.decide(PROBES)) if "capacity" in a[1]] == [
+        ("delete", "demo-capacity-0"), ("delete", "demo-capacity-1")]
