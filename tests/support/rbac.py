@@ -200,7 +200,7 @@ def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator, p
     assert f"the log of launcher pod {launcher} container launcher could not be read" in \
         cluster.condition("life", "Failed")["message"]
     # An elastic run shrinks (mpijobs: delete) and probes for capacity to grow back (pods: create).
-    elastic_resize(cluster, bucket, s3_server, operator)
+    elastic_resize(cluster, bucket, s3_server, operator, push)
     # A sweep (scalingsweeps: get, list, watch, patch; scalingsweeps/status: patch) creates its first point
     # (scalingruns: create).
     template = new_run(cluster.ns, "template", s3_server, dataset={"source": f"{prefix}/raw",
@@ -216,7 +216,7 @@ def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator, p
         what="the sweep's first point", operator=operator)
 
 
-def elastic_resize(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator) -> None:
+def elastic_resize(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator, push: bool) -> None:
     """A 2-worker run with minReplicas 1 whose second worker cannot be placed: its MPIJob is made again with one
     worker; once that one runs, a capacity probe asks for the missing worker's room."""
     try:  # the chart's PriorityClass (its RBAC alone is applied here): the probes name it
@@ -231,7 +231,10 @@ def elastic_resize(cluster: Cluster, bucket: Bucket, s3_server, operator: Operat
     admitted, _ = admitted_run(cluster, body)
     cluster.create_run(body)
     wait_for(cluster.phase_is("spot", "Preprocessing"), what="spot Preprocessing", operator=operator)
-    bucket.put_json(f"{prefix}/spot/_manifest.json", manifest_for(admitted))
+    if push:
+        leave_manifest_in_a_pod(cluster, cluster.job("spot-preprocess"), admitted)
+    else:
+        bucket.put_json(f"{prefix}/spot/_manifest.json", manifest_for(admitted))
     cluster.complete_job("spot-preprocess", succeeded=1)
     wait_for(cluster.phase_is("spot", "Training"), what="spot Training", operator=operator)
     first = cluster.mpijob("spot-train")
