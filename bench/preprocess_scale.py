@@ -2,17 +2,19 @@
 planned once and preprocessed with 1 and with 2 shard processes.
 
 The tree: IMAGES files in 100 class folders, each a 64 x 64 JPEG (about 2 KB) drawn from 256 distinct seeded
-noise-and-gradient images, uploaded by 16 threads (the keys differ, the bytes repeat: decoding cost is real,
-generation is quick). Measured per row:
+noise-and-gradient images (the keys differ, the bytes repeat: decoding cost is real, generation is quick), loaded by
+`weed filer.copy` from local hard links into the bucket's filer folder (make_tree). Measured per row:
   plan       the planner alone (the listing and the plan, as shard 0 makes it), in its own process, through a
              counting proxy: its LIST requests (ListObjectsV2 under the source), seconds and peak RSS; beside it
              the LIST requests of one recursive listing of the source, what every shard made before the plan;
   1 process  `scalingrun-trainer preprocess --shard-count 1 --workers 1`: seconds, images/s, peak RSS;
   2 processes  two shard processes with one plan id (shard 0 plans, shard 1 waits): wall seconds, images/s,
              peak RSS of each;
-  output     the dataset's Parquet bytes.
+  output     the dataset's Parquet bytes;
+  first batch  the trainer's readers over the 2-process result in a fresh process (FIRST_BATCH).
 Peak RSS is the process's own VmHWM, read by itself as it ends (--workers 1 decodes in the shard process itself).
 Run: PYTHONPATH=operator:trainer:. .venv/bin/python bench/preprocess.py --scale --images 20000 [--images 200000]
+`--shard-images 20000`: instead, shard 0 alone of a Job with images / 20000 shards (its peak RSS and seconds).
 """
 
 from __future__ import annotations
@@ -176,6 +178,25 @@ def size_of(server: S3Server, prefix: str) -> int:
                if i.path.endswith(".parquet"))
 
 
+def run_one_shard(images: int, per_shard: int) -> dict:
+    """Shard 0 alone of a Job with a fixed number of files per shard (images / per_shard shards): it plans the
+    whole tree, then processes its share, as shard 0's pod does. Its peak RSS is what a pod needs when
+    `parallelism` grows with the tree."""
+    folder = Path(tempfile.mkdtemp(prefix="scale-bench-"))
+    server = S3Server(folder / "seaweedfs", "bench-" + uuid.uuid4().hex[:6], uuid.uuid4().hex).start()
+    try:
+        server.create_bucket(BUCKET)
+        make_tree(server, "tree", images)
+        shards = max(1, images // per_shard)
+        seconds, [rss], _, [cpu] = timed([preprocess(f"s3://{BUCKET}/tree", f"s3://{BUCKET}/fixed", shards, 0, "fixed")],
+                                         {**os.environ, **server.env()})
+        return {"images": images, "shards": shards, "shard0Seconds": round(seconds, 1),
+                "shard0PeakRssMiB": round(rss / 2**20), "shard0CpuSeconds": round(cpu, 1)}
+    finally:
+        server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def run(images: int) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="scale-bench-"))
     server = S3Server(folder / "seaweedfs", "bench-" + uuid.uuid4().hex[:6], uuid.uuid4().hex).start()
@@ -218,6 +239,7 @@ def run(images: int) -> dict:
                 "outputMiB": round(size_of(server, "one") / 2**20, 1)}
     finally:
         server.stop()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: list[str]) -> None:
@@ -225,9 +247,10 @@ def main(argv: list[str]) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--images", type=int, action="append", help="tree sizes (default: 20000)")
+    parser.add_argument("--shard-images", type=int, help="instead: shard 0 alone, of images / this many shards")
     args = parser.parse_args(argv)
     for images in args.images or [20000]:
-        print(json.dumps(run(images)), flush=True)
+        print(json.dumps(run_one_shard(images, args.shard_images) if args.shard_images else run(images)), flush=True)
 
 
 if __name__ == "__main__":
