@@ -71,10 +71,11 @@ def _run_kubelets_part(job: dict, config_map: dict, secret: dict[str, str], work
             env[var["name"]] = var["value"]
         elif "fieldRef" in var["valueFrom"]:
             # The plan id: the Job controller's label on its pods, the Job's uid.
-            assert var["valueFrom"]["fieldRef"]["fieldPath"] in ("metadata.labels['controller-uid']",
-                                                                  "metadata.labels['batch.kubernetes.io/controller-uid']"), var
+            field = var["valueFrom"]["fieldRef"]["fieldPath"]
+            assert field in ("metadata.labels['controller-uid']",
+                             "metadata.labels['batch.kubernetes.io/controller-uid']"), var
             # A 1.20 server (envtest) labels pods controller-uid only: the newer label's variable arrives empty.
-            legacy = var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['controller-uid']"
+            legacy = field == "metadata.labels['controller-uid']"
             env[var["name"]] = job["metadata"]["uid"] if legacy else ""
         else:
             env[var["name"]] = secret[var["valueFrom"]["secretKeyRef"]["key"]]

@@ -236,8 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="process every shard in turn (for Jobs without a completion index)")
     pre.add_argument("--workers", type=int, help="decoding processes (default: one per core)")
     pre.add_argument("--plan-id", help=f"shard 0 lists the source and writes the plan, the other shards wait for "
-                     f"the plan of this id (default: ${PLAN_ID_VARIABLE}, else ${PLAN_ID_VARIABLES[1]}); without one every "
-                     "call plans for itself")
+                     f"the plan of this id (default: ${PLAN_ID_VARIABLE}, else ${PLAN_ID_VARIABLES[1]}); "
+                     "without one every call plans for itself")
     pre.add_argument("--endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
     pre.add_argument("--region")
     pre.set_defaults(func=_cmd_preprocess)
