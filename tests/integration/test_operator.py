@@ -71,8 +71,12 @@ def _run_kubelets_part(job: dict, config_map: dict, secret: dict[str, str], work
             env[var["name"]] = var["value"]
         elif "fieldRef" in var["valueFrom"]:
             # The plan id: the Job controller's label on its pods, the Job's uid.
-            assert var["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['controller-uid']", var
-            env[var["name"]] = job["metadata"]["uid"]
+            field = var["valueFrom"]["fieldRef"]["fieldPath"]
+            assert field in ("metadata.labels['controller-uid']",
+                             "metadata.labels['batch.kubernetes.io/controller-uid']"), var
+            # A 1.20 server (envtest) labels pods controller-uid only: the newer label's variable arrives empty.
+            legacy = field == "metadata.labels['controller-uid']"
+            env[var["name"]] = job["metadata"]["uid"] if legacy else ""
         else:
             env[var["name"]] = secret[var["valueFrom"]["secretKeyRef"]["key"]]
     procs = [subprocess.Popen(command, env={**env, "JOB_COMPLETION_INDEX": str(index)}, stdout=subprocess.PIPE,

@@ -11,7 +11,7 @@ import importlib
 import json
 import os
 import sys
-from typing import Optional
+from typing import Mapping, Optional
 
 from scalingrun_api.manifest import TERMINATION_MESSAGE_BYTES
 from .launch.mpirun import DEFAULT_HOSTFILE, DEFAULT_SSH_PORT, DEFAULT_TIMEOUT_SECONDS, launch
@@ -19,6 +19,14 @@ from .launch.mpirun import DEFAULT_HOSTFILE, DEFAULT_SSH_PORT, DEFAULT_TIMEOUT_S
 TERMINATION_LOG = "/dev/termination-log"
 # The preprocessing's plan id (the Job's uid in the cluster): shard 0 plans, the others wait for that plan.
 PLAN_ID_VARIABLE = "SCALINGRUN_PLAN_ID"
+# The operator's Job sets both from its pods' labels (the Job's uid under the 1.27+ name and the legacy one); a label
+# the server does not set arrives empty.
+PLAN_ID_VARIABLES = (PLAN_ID_VARIABLE, "SCALINGRUN_PLAN_ID_LEGACY")
+
+
+def plan_id_from(given: Optional[str], environ: Mapping[str, str]) -> Optional[str]:
+    """The preprocessing's plan id: --plan-id, else the first of PLAN_ID_VARIABLES set and not empty, else None."""
+    return given or next((environ[name] for name in PLAN_ID_VARIABLES if environ.get(name)), None)
 
 
 def _preprocess_params(args: argparse.Namespace):
@@ -67,7 +75,7 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
     from .storage import open_location
 
     params = _preprocess_params(args)
-    plan_id = args.plan_id or os.environ.get(PLAN_ID_VARIABLE) or None
+    plan_id = plan_id_from(args.plan_id, os.environ)
     plan = None
     if args.all_shards:
         if args.shard_index is not None:
@@ -249,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="process every shard in turn (for Jobs without a completion index)")
     pre.add_argument("--workers", type=int, help="decoding processes (default: one per core)")
     pre.add_argument("--plan-id", help=f"shard 0 lists the source and writes the plan, the other shards wait for "
-                     f"the plan of this id (default: ${PLAN_ID_VARIABLE}); without one every call plans for itself")
+                     f"the plan of this id (default: ${PLAN_ID_VARIABLE}, else ${PLAN_ID_VARIABLES[1]}); "
+                     "without one every call plans for itself")
     pre.add_argument("--endpoint", help="S3 endpoint URL (default: $AWS_ENDPOINT_URL)")
     pre.add_argument("--region")
     pre.set_defaults(func=_cmd_preprocess)

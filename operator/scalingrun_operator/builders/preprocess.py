@@ -25,8 +25,12 @@ from .locations import join, logs_uri
 
 # Shard 0 lists the source once and writes the plan under this id; the other shards wait for the plan with their
 # Job's uid, so a plan left by an earlier Job (of an older tree) is never used (scalingrun_trainer.preprocess.plan).
-PLAN_ID_ENV = {"name": "SCALINGRUN_PLAN_ID",
-               "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['controller-uid']"}}}
+# The Job controller labels its pods with the Job's uid as `batch.kubernetes.io/controller-uid` since Kubernetes 1.27
+# and as the legacy `controller-uid` before (still set beside it, but due to go): both are passed, a missing label
+# reads as an empty value, and the trainer takes the first one set (scalingrun_trainer.cli.plan_id_from).
+PLAN_ID_ENVS = [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{label}']"}}}
+                for name, label in (("SCALINGRUN_PLAN_ID", "batch.kubernetes.io/controller-uid"),
+                                    ("SCALINGRUN_PLAN_ID_LEGACY", "controller-uid"))]
 
 
 def is_parquet_table(run: ScalingRun) -> bool:
@@ -70,7 +74,7 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
         # What failed (a table's missing column, an undecodable source) is the pod's termination message, which
         # the operator quotes: written by the command, else the end of its log.
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "env": [*storage_env(run), *([] if is_parquet_table(run) else [PLAN_ID_ENV])],
+        "env": [*storage_env(run), *([] if is_parquet_table(run) else PLAN_ID_ENVS)],
         "resources": resources(pre.resources.cpu, pre.resources.memory, cpu_limit=pre.resources.cpu_limit),
         "securityContext": container_security_context(),
         "volumeMounts": [mount, *scratch_mounts],

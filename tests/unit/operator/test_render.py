@@ -296,7 +296,11 @@ def test_credentials_only_as_secret_references():
     }
     # The rest of valueFrom is the Job's own uid: the id of the plan shard 0 writes and the others wait for.
     others = {e["name"]: e["valueFrom"] for e in job_env if "valueFrom" in e and e["name"] not in secret_vars}
-    assert others == {"SCALINGRUN_PLAN_ID": {"fieldRef": {"fieldPath": "metadata.labels['controller-uid']"}}}
+    # The Job's uid under both of the Job controller's pod labels: the 1.27+ name first, the legacy one beside it.
+    assert others == {
+        "SCALINGRUN_PLAN_ID": {"fieldRef": {"fieldPath": "metadata.labels['batch.kubernetes.io/controller-uid']"}},
+        "SCALINGRUN_PLAN_ID_LEGACY": {"fieldRef": {"fieldPath": "metadata.labels['controller-uid']"}},
+    }
 
 
 def test_mlflow_credentials_only_as_optional_secret_references_forwarded_to_every_rank():

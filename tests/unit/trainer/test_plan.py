@@ -88,3 +88,19 @@ def test_a_new_file_changes_only_its_shards_fingerprint(tree):
     changed = [i for i in range(SHARDS) if before.shards[i].fingerprint != after.shards[i].fingerprint]
     assert changed == [assign(new, params.seed, 1.0, params.validation_fraction, SHARDS).shard]
     assert after.fingerprint != before.fingerprint
+
+
+def test_the_plan_id_is_the_flag_else_the_newer_job_label_else_the_legacy_one():
+    from scalingrun_trainer.cli import plan_id_from
+
+    newer, legacy = "SCALINGRUN_PLAN_ID", "SCALINGRUN_PLAN_ID_LEGACY"
+    # Kubernetes 1.27+ sets both labels to the Job's uid; an older server only the legacy one (the other variable
+    # arrives empty); a later one may drop the legacy label.
+    assert plan_id_from(None, {newer: "uid-a", legacy: "uid-a"}) == "uid-a"
+    assert plan_id_from(None, {newer: "", legacy: "uid-b"}) == "uid-b"
+    assert plan_id_from(None, {newer: "uid-c", legacy: ""}) == "uid-c"
+    assert plan_id_from(None, {newer: "uid-c"}) == "uid-c"
+    assert plan_id_from("given", {newer: "uid-d", legacy: "uid-d"}) == "given"
+    # No id at all: every call plans for itself (a local run without --plan-id).
+    assert plan_id_from(None, {newer: "", legacy: ""}) is None
+    assert plan_id_from(None, {}) is None
