@@ -236,7 +236,7 @@ def install_operator(cluster: Cluster) -> None:
                                                           "-n", SYSTEM_NAMESPACE]
     started = time.monotonic()
     cluster.tool(*command, *image_values(cluster.settings.operator_image), *push_values(), "--wait", "--timeout", "5m")
-    log(f"{' '.join(command)} --wait: {time.monotonic() - started:.1f} s")
+    log(f"{' '.join([*command, *push_values()])} --wait: {time.monotonic() - started:.1f} s")
 
 
 # --- SeaweedFS ---------------------------------------------------------------------------------------------
