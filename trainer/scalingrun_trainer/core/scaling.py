@@ -55,6 +55,12 @@ class ScaledRun:
     def rows_per_micro_step(self) -> int:
         return self.processes * self.batch_size_per_worker
 
+    def folded(self) -> "ScaledRun":
+        """The same update with the accumulated micro-batches taken as one batch per replica (k times the memory):
+        for an engine that cannot accumulate."""
+        return ScaledRun(self.processes, self.batch_size_per_worker * self.accumulation, self.effective_batch_size,
+                         self.learning_rate, self.steps_per_epoch)
+
     def describe(self, replicas: str = "processes") -> str:
         """`replicas`: what the engine calls its replicas."""
         accumulated = f" x {self.accumulation} accumulated" if self.accumulation > 1 else ""

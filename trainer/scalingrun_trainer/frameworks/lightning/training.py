@@ -58,7 +58,8 @@ class LightningTraining:
     def scale(self, weights: Optional[str]) -> tuple[ScaledRun, Optional[ProbeResult]]:
         training = self.attempt.config.training
         return scale_run(self.attempt.dataset.rows["train"], training.batch_size_per_worker,
-                         training.base_learning_rate, training.learning_rate_scaling, self.attempt.size), None
+                         training.base_learning_rate, training.learning_rate_scaling, self.attempt.size,
+                         self.attempt.config.processes), None
 
     def heading(self, scaled: ScaledRun) -> str:
         return f"scalingrun-trainer ({FRAMEWORK}, {self.accelerator}): {scaled.describe()}"
@@ -111,7 +112,10 @@ class LightningTraining:
             max_epochs=training.max_epochs - attempt.initial_epoch, num_sanity_val_steps=0,
             use_distributed_sampler=False, logger=False, enable_checkpointing=False, enable_progress_bar=False,
             enable_model_summary=False,
-            callbacks=[epoch_end, Heartbeat(attempt.heartbeat, scaled.steps_per_epoch, attempt.initial_epoch,
+            # Fewer processes than the spec's: Lightning counts micro-batches and steps the optimizer every k of
+            # them (DDP skips the all-reduce on the others), so an epoch takes the full-size run's updates.
+            accumulate_grad_batches=scaled.accumulation,
+            callbacks=[epoch_end, Heartbeat(attempt.heartbeat, scaled.micro_steps_per_epoch, attempt.initial_epoch,
                                             attempt.watch_peers())],
         )
         os.environ.setdefault("LITLOGGER_DISABLE_TIP", "1")
@@ -139,7 +143,7 @@ class LightningTraining:
 
         attempt, module = self.attempt, self.module
         dataset, rank, size, seed = attempt.dataset, attempt.rank, attempt.size, attempt.config.dataset.seed
-        batch_size, steps = scaled.batch_size_per_worker, scaled.steps_per_epoch
+        batch_size, steps = scaled.batch_size_per_worker, scaled.micro_steps_per_epoch
         if attempt.caches_features:
             cache = cache_features(attempt, extractor(module.net), batch_size, ModuleWeights(module))
             module.on_features = True
