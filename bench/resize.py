@@ -11,7 +11,7 @@ Each seed preprocesses the data once (its split and row order) and seeds the hea
 under horovodrun (.venv), Keras + MultiWorkerMirroredStrategy under mpirun (.venv), Lightning under mpirun
 (.venv-lightning); EfficientNet-Lite0 with the ImageNet weights, frozen (the quick start's model), cached features.
 
-Run: .venv/bin/python bench/resize.py [--per-class 30] [--size 64] [--batch 16] [--seeds 1,2,3]
+Run: .venv/bin/python bench/resize.py [--per-class 200] [--size 32] [--batch 16] [--seeds 1,2,3]
      [--frameworks keras,keras-mirrored,pytorch-lightning]
 """
 
@@ -89,8 +89,8 @@ def train(framework: str, folder: Path, output: str, args, seed: int, resized: b
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--per-class", type=int, default=30)
-    parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--per-class", type=int, default=200)
+    parser.add_argument("--size", type=int, default=32)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--frameworks", default="keras,keras-mirrored,pytorch-lightning")
