@@ -44,6 +44,9 @@ class CheckpointState(_Document):
     trained_on: Optional[dict[str, Any]] = None
     mlflow_run_id: Optional[str] = None  # the MLflow run a resumed training continues
     batch_size_probe: Optional[dict[str, Any]] = None  # a resumed auto batch size keeps its probe's choice
+    # The world that wrote it: a resume at another size (issue 42) says so, and counts `step` in these updates.
+    processes: Optional[int] = None
+    effective_batch_size: Optional[int] = None
 
     def document(self) -> dict[str, Any]:
         return self.model_dump(by_alias=True)

@@ -75,6 +75,7 @@ class Attempt:
                                          rank=self.rank, pushed=True)
         self.stall_watch: Optional[StallWatch] = None  # from watch_peers(), armed at the first training step
         self.state: Optional[CheckpointState] = None
+        self.scaled: Optional[ScaledRun] = None  # set by the training once it scaled the run
         self.dataset: Optional[Dataset] = None
         self.classes = 0
         self.started = time.monotonic()
@@ -94,8 +95,15 @@ class Attempt:
 
     @property
     def initial_step(self) -> int:
-        """Steps of epoch initial_epoch already trained (a checkpoint written on a preemption notice)."""
-        return self.state.step if self.state else 0
+        """Updates of epoch initial_epoch already trained (a checkpoint written on a preemption notice). A checkpoint
+        of another effective batch (a resize whose replicas do not divide the spec's: core/scaling.py) counts in
+        its own updates: the step that follows the rows it trained."""
+        if not self.state:
+            return 0
+        written, now = self.state.effective_batch_size, self.scaled.effective_batch_size if self.scaled else None
+        if written and now and written != now:
+            return self.state.step * written // now
+        return self.state.step
 
     @property
     def caches_features(self) -> bool:
@@ -246,11 +254,13 @@ class Attempt:
                                                                 reason=self.feature_cache_reason),
             devices=self.devices)
         self.progress.start(best_epoch=self.best_so_far()[0])
+        resized = (f"; written by {state.processes} processes, now {self.size}"
+                   if state and state.processes and state.processes != self.size else "")
         if state and state.step:
-            self.log(f"resuming at step {state.step} of epoch {state.epoch + 1} (a checkpoint written on a "
-                     f"preemption notice) from {self.checkpoints.root.uri}")
+            self.log(f"resuming at step {self.initial_step} of epoch {state.epoch + 1} (a checkpoint written on a "
+                     f"preemption notice{resized}) from {self.checkpoints.root.uri}")
         elif state:
-            self.log(f"resuming after epoch {state.epoch} from {self.checkpoints.root.uri}")
+            self.log(f"resuming after epoch {state.epoch}{resized} from {self.checkpoints.root.uri}")
         return self.progress
 
     def _before_training(self) -> ProgressWriter:
@@ -266,7 +276,9 @@ class Attempt:
         """What every checkpoint of this attempt records besides the epoch: what it was trained on (a checkpoint is
         resumed only by a run with the same data, model and engine) and the MLflow run a resumed training
         continues."""
-        return {"trained_on": self.trained_on, "mlflow_run_id": self.tracker.run_id if self.tracker else None, **extra}
+        size = {"processes": self.size, "effective_batch_size": self.scaled.effective_batch_size} if self.scaled else {}
+        return {"trained_on": self.trained_on, "mlflow_run_id": self.tracker.run_id if self.tracker else None, **size,
+                **extra}
 
     def succeed(self, model_uri: str) -> None:
         """Rank 0: the final progress document and MLflow status, and the last line."""

@@ -74,6 +74,7 @@ def run_training(attempt: Attempt, framework: Framework) -> int:
     framework.check_network()
     weights = local_weights(config.model.weights, attempt.endpoint, attempt.region) if config.model.base else None
     scaled, probe = framework.scale(weights)
+    attempt.scaled = scaled
     dataset = attempt.dataset
     log(f"{framework.heading(scaled)}; {dataset.rows['train']} train / {dataset.rows['validation']} validation rows, "
         f"{attempt.classes} classes")

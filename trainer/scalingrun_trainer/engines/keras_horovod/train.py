@@ -38,8 +38,10 @@ class HorovodEngine(KerasEngine):
         super().__init__(HorovodWorld(hvd), hvd.local_rank())
         self.hvd = hvd
 
-    def distributed_optimizer(self, optimizer):
-        return self.hvd.DistributedOptimizer(optimizer)
+    def distributed_optimizer(self, optimizer, accumulation: int = 1):
+        # Horovod accumulates locally and all-reduces the averaged gradients every `accumulation` backward passes.
+        return self.hvd.DistributedOptimizer(optimizer, backward_passes_per_step=accumulation,
+                                             average_aggregated_gradients=True)
 
     def first_callbacks(self) -> list:
         return [self.hvd.callbacks.BroadcastGlobalVariablesCallback(0), self.hvd.callbacks.MetricAverageCallback()]

@@ -36,6 +36,9 @@ class MirroredEngine(KerasEngine):
     replicas_word = "replicas"
     every_rank_saves = True
     variables_start_equal = True  # the strategy broadcasts worker 0's initial value of every variable it creates
+    # The strategy all-reduces inside apply_gradients, which cannot sit in a conditional update: a run on fewer
+    # workers than its spec's takes its accumulated micro-batches as one batch per replica (the same update).
+    accumulates = False
 
     def __init__(self, world: MpiWorld, strategy, local_rank: int):
         super().__init__(world, local_rank)

@@ -192,13 +192,19 @@ class PreemptionCheck(tf.keras.callbacks.Callback):
     """Every rank, after each training step (core/preemption.py): the ranks agree whether any saw SIGTERM; if so the
     checkpointer's rank(s) write the checkpoint at this step, every rank waits for it and raises Preempted out of
     fit, before validation and the epoch's end (the epoch is not done). An epoch's last step is not a stop: its end
-    (validation, the records, the epoch's checkpoint) follows, and the next step's check stops."""
+    (validation, the records, the epoch's checkpoint) follows, and the next step's check stops.
+
+    With gradient accumulation Keras' steps are micro-batches: the check runs after each update only (every
+    `accumulation` micro-batches, the same on every rank), and the checkpoint counts updates, so that a resume at
+    another world size starts at the same update."""
 
     def __init__(self, notice: PreemptionNotice, world, steps_per_epoch: int,
-                 checkpointer: Optional["Checkpointer"], position: Optional[StepPosition] = None):
+                 checkpointer: Optional["Checkpointer"], position: Optional[StepPosition] = None,
+                 accumulation: int = 1):
         super().__init__()
         self.notice, self.world, self.steps_per_epoch = notice, world, steps_per_epoch
         self.checkpointer, self.position = checkpointer, position or StepPosition()
+        self.accumulation = accumulation
         self._epoch = 0
 
     def on_train_begin(self, logs=None):
@@ -208,9 +214,10 @@ class PreemptionCheck(tf.keras.callbacks.Callback):
         self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        step = self.position.step(self._epoch, batch)
+        micro = self.position.step(self._epoch, batch)
+        step = micro // self.accumulation
         self.notice.done = (self._epoch, step)
-        if step >= self.steps_per_epoch or not self.notice.agreed(self.world):
+        if micro % self.accumulation or micro >= self.steps_per_epoch or not self.notice.agreed(self.world):
             return
         if self.checkpointer is not None:
             self.checkpointer.save(self._epoch, step=step)

@@ -46,10 +46,19 @@ class KerasEngine:
     def __init__(self, world: Collective, local_rank: int = 0):
         self.world, self.local_rank = world, local_rank
 
+    #: True when the optimizer's wrapper accumulates micro-batches (distributed_optimizer's `accumulation`); else a
+    #: run on fewer replicas than its spec's takes the accumulated micro-batches as one batch (ScaledRun.folded).
+    accumulates = True
+
     @property
     def replicas(self) -> int:
         """Data-parallel replicas: the effective batch's and the learning rate's multiplier."""
         return self.world.size
+
+    def spec_replicas(self, processes: int) -> int:
+        """The replicas of the spec's `processes` (workers.replicas x slots): a resized run starts fewer processes,
+        each with as many replicas as now."""
+        return processes * max(1, self.replicas // self.world.size)
 
     def trained_on(self) -> dict[str, Any]:
         """What a checkpoint must match besides the data and the model to be resumed by this engine."""
@@ -63,7 +72,8 @@ class KerasEngine:
         """Where the model, the optimizer and their variables are created."""
         return contextlib.nullcontext()
 
-    def distributed_optimizer(self, optimizer):
+    def distributed_optimizer(self, optimizer, accumulation: int = 1):
+        """`accumulation`: micro-batches per update (ScaledRun.accumulation), 1 unless `accumulates`."""
         return optimizer
 
     def first_callbacks(self) -> list:
@@ -129,9 +139,11 @@ def _scaled(attempt: Attempt, engine: KerasEngine, weights: Optional[str]) -> tu
 
     config, training, state = attempt.config, attempt.config.training, attempt.state
     train_rows = attempt.dataset.rows["train"]
+    spec_replicas = engine.spec_replicas(config.processes)
     if training.batch_size_per_worker != AUTO:
-        return scale_run(train_rows, training.batch_size_per_worker, training.base_learning_rate,
-                         training.learning_rate_scaling, engine.replicas), None
+        scaled = scale_run(train_rows, training.batch_size_per_worker, training.base_learning_rate,
+                           training.learning_rate_scaling, engine.replicas, spec_replicas)
+        return (scaled if engine.accumulates else scaled.folded()), None
     if state and (state.batch_size_probe or {}).get("chosen"):
         probe = ProbeResult.from_document(state.batch_size_probe)
         attempt.log(f"scalingrun-trainer: batch size {probe.chosen} from the probe before the checkpoint")
@@ -146,8 +158,9 @@ def _scaled(attempt: Attempt, engine: KerasEngine, weights: Optional[str]) -> tu
 
         probe = probe_batch_size(attempt, probe_model, engine.replicas)
         tf.keras.utils.set_random_seed(config.dataset.seed)  # rank 0's probe drew numbers the other ranks did not
-    return scale_auto_run(train_rows, probe.chosen, training.base_learning_rate, training.learning_rate_scaling,
-                          engine.replicas), probe
+    scaled = scale_auto_run(train_rows, probe.chosen, training.base_learning_rate, training.learning_rate_scaling,
+                            engine.replicas, spec_replicas)
+    return (scaled if engine.accumulates else scaled.folded()), probe
 
 
 def _build(attempt: Attempt, weights: Optional[str]) -> TransferNetwork:
@@ -202,7 +215,8 @@ class KerasTraining:
         self.network = network = _build(self.attempt, weights)
         # With the feature cache the head alone trains (its layers are the model's); the model is saved.
         self.trained = network.head if self.attempt.caches_features else network.model
-        optimizer = self.engine.distributed_optimizer(_optimizer(training.optimizer, scaled.learning_rate))
+        optimizer = self.engine.distributed_optimizer(_optimizer(training.optimizer, scaled.learning_rate),
+                                                      scaled.accumulation)
         for compiled in {id(network.model): network.model, id(self.trained): self.trained}.values():
             compiled.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
         self.checkpoint = tf.train.Checkpoint(model=network.model, optimizer=optimizer)
@@ -230,7 +244,9 @@ class KerasTraining:
         from .input_clock import InputClock
 
         attempt, engine, rank = self.attempt, self.engine, self.attempt.rank
-        position = StepPosition(attempt.initial_epoch, attempt.initial_step)
+        # Keras counts micro-batches; checkpoints count updates (the same at every world size: core/scaling.py).
+        micro_steps, accumulation = scaled.micro_steps_per_epoch, scaled.accumulation
+        position = StepPosition(attempt.initial_epoch, attempt.initial_step * accumulation)
         self.clock = InputClock()
         gpu = GpuSampler.open(engine.local_rank) if tf.config.list_physical_devices("GPU") else None
         input_meter = InputWaitMeter(self.clock, gpu,
@@ -241,7 +257,7 @@ class KerasTraining:
         if recorder is not None:
             callbacks.append(EpochReporter(recorder, scaled.steps_per_epoch * scaled.effective_batch_size,
                                            early_stopping, input_meter,
-                                           lambda epoch: position.skipped(epoch) * scaled.effective_batch_size))
+                                           lambda epoch: position.skipped(epoch) * scaled.rows_per_micro_step))
         checkpointer = None
         if rank == 0 or engine.every_rank_saves:
             checkpointer = Checkpointer(attempt.checkpoints, self.checkpoint,
@@ -251,9 +267,10 @@ class KerasTraining:
         if rank == 0:
             self.tensorboard_dir = tempfile.mkdtemp(prefix="tensorboard-")
             callbacks.append(tf.keras.callbacks.TensorBoard(self.tensorboard_dir, update_freq="epoch", profile_batch=0))
-        callbacks.append(Heartbeat(attempt.heartbeat, scaled.steps_per_epoch, attempt.watch_peers(), position))
+        callbacks.append(Heartbeat(attempt.heartbeat, micro_steps, attempt.watch_peers(), position))
         # Last: a stop on a preemption notice comes after this step's beat and records.
-        callbacks.append(PreemptionCheck(attempt.notice, engine.world, scaled.steps_per_epoch, checkpointer, position))
+        callbacks.append(PreemptionCheck(attempt.notice, engine.world, micro_steps, checkpointer, position,
+                                         accumulation))
         self.callbacks = callbacks
 
     def fit(self, scaled: ScaledRun) -> None:
@@ -261,7 +278,8 @@ class KerasTraining:
         validation_steps = self.engine.validation_steps(lambda: math.ceil(validation_rows(
             attempt.dataset, shard=attempt.rank, shards=attempt.size, seed=attempt.config.dataset.seed)
             / scaled.batch_size_per_worker))
-        epoch, step = attempt.initial_epoch, attempt.initial_step
+        epoch, step = attempt.initial_epoch, attempt.initial_step * scaled.accumulation
+        micro_steps = scaled.micro_steps_per_epoch
         with _inputs(attempt, self.engine, self.network, scaled, self.clock) as (train_from, val_data):
             def fit(first_epoch: int, first_step: int, epochs: int, steps: int):
                 # A fit from a step inside an epoch takes that epoch's rest only (count): nothing drawn beyond it.
@@ -277,7 +295,7 @@ class KerasTraining:
                 for callback in held:
                     callback.train_end_held = True
                 try:
-                    fit(epoch, step, epoch + 1, scaled.steps_per_epoch - step)
+                    fit(epoch, step, epoch + 1, micro_steps - step)
                 finally:
                     for callback in held:
                         callback.train_end_held = False
@@ -286,7 +304,7 @@ class KerasTraining:
                     for callback in held:
                         callback.on_train_end()
                     return
-            fit(epoch, 0, training.max_epochs, scaled.steps_per_epoch)
+            fit(epoch, 0, training.max_epochs, micro_steps)
 
     def save(self) -> Optional[str]:
         rank = self.attempt.rank
@@ -314,7 +332,7 @@ def _inputs(attempt: Attempt, engine: KerasEngine, network: TransferNetwork, sca
                                None if engine.variables_start_equal else feature_cache.ModelWeights(network.model))
         try:
             yield (lambda epoch, step, count: engine.distribute(lambda: feature_cache.train_dataset(
-                       cache, first_epoch=epoch, first_step=step, count=count, steps=scaled.steps_per_epoch,
+                       cache, first_epoch=epoch, first_step=step, count=count, steps=scaled.micro_steps_per_epoch,
                        batch_size=batch_size, clock=clock, delay=delay)),
                    engine.distribute(lambda: feature_cache.validation_dataset(cache, batch_size=batch_size)))
         finally:

@@ -142,9 +142,12 @@ class PreemptionCheck(pl.Callback):
     epoch's checkpoint) follows, and the next step's check stops. Last in the callbacks: the step's beat first."""
 
     def __init__(self, notice: PreemptionNotice, world: Collective, steps_per_epoch: int, initial_epoch: int,
-                 first_step: int, checkpointer: Optional["Checkpointer"], early_stopping: Optional[EarlyStopping]):
+                 first_step: int, checkpointer: Optional["Checkpointer"], early_stopping: Optional[EarlyStopping],
+                 accumulation: int = 1):
+        # Steps here are micro-batches; a stop and its checkpoint fall on an optimizer update (every
+        # `accumulation` micro-batches, the same batch on every rank), and the checkpoint counts updates.
         self.notice, self.world, self.steps_per_epoch = notice, world, steps_per_epoch
-        self.initial_epoch, self.first_step = initial_epoch, first_step
+        self.initial_epoch, self.first_step, self.accumulation = initial_epoch, first_step, accumulation
         self.checkpointer, self.early_stopping = checkpointer, early_stopping
 
     def on_train_start(self, trainer, pl_module):
@@ -154,13 +157,16 @@ class PreemptionCheck(pl.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         epoch, step = self.initial_epoch + trainer.current_epoch, epoch_step(trainer, batch_idx, self.first_step)
-        self.notice.done = (epoch, step)
+        if step % self.accumulation:  # mid-update: the gradients of this update are not applied yet
+            return
+        update = step // self.accumulation
+        self.notice.done = (epoch, update)
         if step >= self.steps_per_epoch or not self.notice.agreed(self.world):
             return
         if self.checkpointer is not None:
-            self.checkpointer.save(epoch, pl_module, trainer.optimizers[0], self.early_stopping, step=step)
+            self.checkpointer.save(epoch, pl_module, trainer.optimizers[0], self.early_stopping, step=update)
         self.notice.committed(self.world)
-        raise Preempted(epoch, step, self.notice.noticed_at)
+        raise Preempted(epoch, update, self.notice.noticed_at)
 
 
 class Checkpointer:

@@ -58,7 +58,8 @@ class LightningTraining:
     def scale(self, weights: Optional[str]) -> tuple[ScaledRun, Optional[ProbeResult]]:
         training = self.attempt.config.training
         return scale_run(self.attempt.dataset.rows["train"], training.batch_size_per_worker,
-                         training.base_learning_rate, training.learning_rate_scaling, self.attempt.size), None
+                         training.base_learning_rate, training.learning_rate_scaling, self.attempt.size,
+                         self.attempt.config.processes), None
 
     def heading(self, scaled: ScaledRun) -> str:
         return f"scalingrun-trainer ({FRAMEWORK}, {self.accelerator}): {scaled.describe()}"
@@ -99,7 +100,9 @@ class LightningTraining:
         from .callbacks import Checkpointer, EpochEnd, Heartbeat, PreemptionCheck
 
         attempt, training = self.attempt, self.attempt.config.training
-        first_step, steps = attempt.initial_step, scaled.steps_per_epoch
+        first_step, steps = attempt.initial_step, scaled.steps_per_epoch  # optimizer updates
+        # The data, the beats and the preemption check count micro-batches (accumulation k: k per update).
+        micro_steps, first_micro_step = scaled.micro_steps_per_epoch, first_step * scaled.accumulation
         checkpointer = None
         if attempt.rank == 0:
             checkpointer = Checkpointer(attempt.checkpoints, training.checkpoint.every_epochs, history,
@@ -115,10 +118,14 @@ class LightningTraining:
             enable_model_summary=False,
             # A resumed epoch's rest is shorter than the epochs after it: Lightning reads each epoch's length anew.
             reload_dataloaders_every_n_epochs=1 if first_step else 0,
+            # Fewer processes than the spec's: Lightning counts micro-batches and steps the optimizer every k of
+            # them (DDP skips the all-reduce on the others), so an epoch takes the full-size run's updates.
+            accumulate_grad_batches=scaled.accumulation,
             callbacks=[epoch_end,
-                       Heartbeat(attempt.heartbeat, steps, attempt.initial_epoch, attempt.watch_peers(), first_step),
-                       PreemptionCheck(attempt.notice, attempt.world, steps, attempt.initial_epoch, first_step,
-                                       checkpointer, early_stopping)],
+                       Heartbeat(attempt.heartbeat, micro_steps, attempt.initial_epoch, attempt.watch_peers(),
+                                 first_micro_step),
+                       PreemptionCheck(attempt.notice, attempt.world, micro_steps, attempt.initial_epoch,
+                                       first_micro_step, checkpointer, early_stopping, scaled.accumulation)],
         )
         os.environ.setdefault("LITLOGGER_DISABLE_TIP", "1")
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
@@ -146,7 +153,8 @@ class LightningTraining:
 
         attempt, module = self.attempt, self.module
         dataset, rank, size, seed = attempt.dataset, attempt.rank, attempt.size, attempt.config.dataset.seed
-        batch_size, steps, first_step = scaled.batch_size_per_worker, scaled.steps_per_epoch, attempt.initial_step
+        batch_size, steps = scaled.batch_size_per_worker, scaled.micro_steps_per_epoch
+        first_step = attempt.initial_step * scaled.accumulation  # a step checkpoint counts optimizer updates
         if attempt.caches_features:
             cache = cache_features(attempt, extractor(module.net), batch_size, ModuleWeights(module))
             module.on_features = True
