@@ -36,17 +36,22 @@ ALLOWED = [
     ("get", "pods", "log"),
     # ... force-deletes training pods lost with their node, and restarts a stalled training; reads their nodes
     ("delete", "pods"), ("get", "nodes"),
+    # ... watches Nodes for a cloud's termination taint (its pods there are deleted gracefully: a step checkpoint)
+    ("list", "nodes"), ("watch", "nodes"),
+    # ... resizes an elastic run (a new size is a new MPIJob) and places its capacity probes (no more than creating
+    # its Jobs and MPIJobs already allows: their pods)
+    ("delete", "mpijobs.kubeflow.org"), ("create", "pods"),
     # ... and runs the points of a ScalingSweep as ScalingRuns it creates
     ("create", "scalingruns.scalingrun.dev"), ("watch", "scalingsweeps.scalingrun.dev"),
     ("patch", "scalingsweeps.scalingrun.dev", "status"),
 ]
 # ... and what it must not be able to do (a subresource as its own item: `pods/log` would mean the pod "log").
 DENIED = [
-    ("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("delete", "secrets"), ("create", "pods"),
-    ("delete", "jobs.batch"), ("delete", "mpijobs.kubeflow.org"), ("delete", "scalingruns.scalingrun.dev"),
+    ("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("delete", "secrets"),
+    ("delete", "jobs.batch"), ("delete", "scalingruns.scalingrun.dev"),
     ("delete", "scalingsweeps.scalingrun.dev"), ("create", "scalingsweeps.scalingrun.dev"), ("update", "configmaps"), ("create", "deployments.apps"),
     ("create", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
-    ("create", "pods", "exec"), ("create", "pods", "portforward"), ("patch", "nodes"), ("list", "nodes"), ("patch", "pods"),
+    ("create", "pods", "exec"), ("create", "pods", "portforward"), ("patch", "nodes"), ("patch", "pods"),
     ("delete", "clusterkopfpeerings.kopf.dev"), ("create", "kopfpeerings.kopf.dev"),
     # a Lease, not kopf peering, elects the acting replica
     ("patch", "clusterkopfpeerings.kopf.dev"), ("create", "clusterkopfpeerings.kopf.dev"),
