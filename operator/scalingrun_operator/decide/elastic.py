@@ -188,7 +188,7 @@ def _grow(draft: Draft, run: ScalingRun, current: int, training_status: dict[str
     if current >= most or not priority_class:
         for probe in probes:
             draft.delete_pod(probe, 0)
-        elastic.pop("capacity", None)
+        _drop(elastic, "capacity")
         training_status[ELASTIC_FIELD] = elastic
         _at_size(draft, run, current)
         return False
@@ -199,7 +199,7 @@ def _grow(draft: Draft, run: ScalingRun, current: int, training_status: dict[str
                                               draft.settings.gpu_tolerations))
     placed = sorted(pod_facts.pod_name(p) for p in probes if (p.get("spec") or {}).get("nodeName"))
     if not placed:
-        elastic.pop("capacity", None)
+        _drop(elastic, "capacity")
         training_status[ELASTIC_FIELD] = elastic
         _at_size(draft, run, current)
         return False
@@ -216,7 +216,7 @@ def _grow(draft: Draft, run: ScalingRun, current: int, training_status: dict[str
                 "checkpoint")
         return False
     cause = f"{GROW_CAUSE}: {', '.join(placed)} placed since {seen['seenAt']}"
-    elastic.pop("capacity", None)
+    _drop(elastic, "capacity")
     elastic.update(workers=fits, resizing={"from": current, "to": fits, "cause": cause, "lostAt": seen["seenAt"],
                                            "decidedAt": rfc3339(draft.update.moment)})
     training_status[ELASTIC_FIELD] = elastic
@@ -235,11 +235,18 @@ def _resized(draft: Draft, run: ScalingRun, training_status: dict[str, Any], ela
     record = {**{k: pending[k] for k in ("from", "to", "cause", "lostAt") if k in pending},
               "trainingAt": rfc3339(draft.update.moment), "costSeconds": cost}
     elastic["resizes"] = ([*(elastic.get("resizes") or []), record])[-MAX_RESIZES:]
-    elastic.pop("resizing", None)
+    _drop(elastic, "resizing")
     training_status[ELASTIC_FIELD] = elastic
     draft.update.warn("Resized", f"training again with {pending['to']} workers (from {pending['from']}), "
                       f"{cost} s after the loss")
     return _grow(draft, run, pending["to"], training_status, elastic)  # probes at once: no event may come
+
+
+def _drop(elastic: dict[str, Any], key: str) -> None:
+    """Removes `key` from status.training.elastic: None, which the status merge patch sends as null (a key merely
+    left out of a nested object would stay on the server, and the next look would see it again)."""
+    if key in elastic:
+        elastic[key] = None
 
 
 def _at_size(draft: Draft, run: ScalingRun, workers: int) -> None:
