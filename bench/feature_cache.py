@@ -117,6 +117,15 @@ def spread_summary(framework: str, args, metric: str, finals: dict[str, list[flo
             f"auto {spread(finals['auto'])}")
 
 
+def available_frameworks(names: str) -> list[str]:
+    """The comma-separated frameworks asked for, less Lightning when its venv is missing (said so)."""
+    frameworks = names.split(",")
+    if "pytorch-lightning" in frameworks and not LIGHTNING_PYTHON.exists():
+        print(f"no {LIGHTNING_PYTHON} (SCALINGRUN_PROFILE=lightning scripts/setup.sh): Keras only")
+        frameworks.remove("pytorch-lightning")
+    return frameworks
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-class", type=int, default=30)
@@ -128,10 +137,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="42", help="comma-separated dataset seeds, one preprocessing each")
     parser.add_argument("--frameworks", default="keras,pytorch-lightning")
     args = parser.parse_args()
-    frameworks = args.frameworks.split(",")
-    if "pytorch-lightning" in frameworks and not LIGHTNING_PYTHON.exists():
-        print(f"no {LIGHTNING_PYTHON} (SCALINGRUN_PROFILE=lightning scripts/setup.sh): Keras only")
-        frameworks.remove("pytorch-lightning")
+    frameworks = available_frameworks(args.frameworks)
     with tempfile.TemporaryDirectory(prefix="bench-feature-cache-") as folder:
         data_dir = Path(folder)
         seeds = [int(seed) for seed in args.seeds.split(",")]

@@ -29,8 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from bench.feature_cache import ENGINES, command  # noqa: E402 - the same launchers
-from bench.lightning import LIGHTNING_PYTHON, preprocess  # noqa: E402 - the same data
+from bench.feature_cache import ENGINES, available_frameworks, command  # noqa: E402 - the same launchers
+from bench.lightning import preprocess  # noqa: E402 - the same data
 from scalingrun_api.progress import PROGRESS_FILE, Progress  # noqa: E402
 
 SPEC_PROCESSES = 2
@@ -95,10 +95,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--frameworks", default="keras,keras-mirrored,pytorch-lightning")
     args = parser.parse_args()
-    frameworks = args.frameworks.split(",")
-    if "pytorch-lightning" in frameworks and not LIGHTNING_PYTHON.exists():
-        print(f"no {LIGHTNING_PYTHON} (SCALINGRUN_PROFILE=lightning scripts/setup.sh): Keras only")
-        frameworks.remove("pytorch-lightning")
+    frameworks = available_frameworks(args.frameworks)
     seeds = [int(seed) for seed in args.seeds.split(",")]
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench-resize-") as folder:
