@@ -163,11 +163,7 @@ def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator, p
     assert owners(cluster.job("life-preprocess")) == [uid]
     assert cluster.job("life-preprocess")["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] is True
     # The dataset is written: the MPIJob is created (mpijobs: create), progress mirrored into status.
-    if push:
-        leave_manifest_in_a_pod(cluster, cluster.job("life-preprocess"), admitted)
-    else:
-        bucket.put_json(f"{prefix}/data/_manifest.json", manifest_for(admitted))
-    cluster.complete_job("life-preprocess", succeeded=1)
+    preprocessed(cluster, bucket, admitted, f"{prefix}/data", push)
     wait_for(cluster.phase_is("life", "Training"), what="Training", operator=operator)
     assert owners(client.ApiClient().sanitize_for_serialization(
         cluster.core.read_namespaced_config_map("life-runconfig", cluster.ns))) == [uid]
@@ -231,11 +227,7 @@ def elastic_resize(cluster: Cluster, bucket: Bucket, s3_server, operator: Operat
     admitted, _ = admitted_run(cluster, body)
     cluster.create_run(body)
     wait_for(cluster.phase_is("spot", "Preprocessing"), what="spot Preprocessing", operator=operator)
-    if push:
-        leave_manifest_in_a_pod(cluster, cluster.job("spot-preprocess"), admitted)
-    else:
-        bucket.put_json(f"{prefix}/spot/_manifest.json", manifest_for(admitted))
-    cluster.complete_job("spot-preprocess", succeeded=1)
+    preprocessed(cluster, bucket, admitted, f"{prefix}/spot", push)
     wait_for(cluster.phase_is("spot", "Training"), what="spot Training", operator=operator)
     first = cluster.mpijob("spot-train")
     owner = {"apiVersion": "kubeflow.org/v2beta1", "kind": "MPIJob", "name": "spot-train",
@@ -254,6 +246,17 @@ def elastic_resize(cluster: Cluster, bucket: Bucket, s3_server, operator: Operat
     wait_for(lambda: cluster.core.list_namespaced_pod(
         cluster.ns, label_selector="app.kubernetes.io/component=capacity-probe").items,
         what="a capacity probe", timeout=60, operator=operator)
+
+
+def preprocessed(cluster: Cluster, bucket: Bucket, admitted, output: str, push: bool) -> None:
+    """The run's preprocessing Job Complete, its manifest where the operator takes it from: the Job's pod's
+    termination message with the push path on, else `output` in storage."""
+    name = f"{admitted['metadata']['name']}-preprocess"
+    if push:
+        leave_manifest_in_a_pod(cluster, cluster.job(name), admitted)
+    else:
+        bucket.put_json(f"{output}/_manifest.json", manifest_for(admitted))
+    cluster.complete_job(name, succeeded=1)
 
 
 def lost_worker_on_an_unknown_node(cluster: Cluster, mpijob: dict, operator: Operator) -> None:
