@@ -56,6 +56,14 @@ def trainer_command(config: Path, processes: int, env: dict[str, str]) -> list[s
     return [*launcher(processes, env), sys.executable, "-m", "scalingrun_trainer.cli", "train", "--config", str(config)]
 
 
+def rank_error(log: str) -> str:
+    """A failed run's own last words: the last exception line of the log (mpirun's footer says only that a rank
+    exited), else the log's end."""
+    errors = [line.strip() for line in log.splitlines()
+              if re.match(r"(\[rank\d+\]: )?\s*[\w.]*(Error|Exception|Interrupt)\b.*:", line)]
+    return errors[-1][:600] if errors else log[-1500:]
+
+
 def train(folder: Path, config: Path, name: str, limit: float, **env: str) -> dict:
     """One run; the progress document's figures."""
     from scalingrun_api.progress import PROGRESS_FILE, Progress
@@ -74,7 +82,10 @@ def train(folder: Path, config: Path, name: str, limit: float, **env: str) -> di
         _stop(job)
     progress_file = folder / "runs" / name / PROGRESS_FILE
     if code or not progress_file.exists():
-        raise RuntimeError(f"exit {code}: {log.read_text()[-1500:]}")
+        text = log.read_text()
+        if os.environ.get("OUT"):  # the whole log comes back with the table
+            shutil.copy(log, Path(os.environ["OUT"], log.name))
+        raise RuntimeError(f"exit {code}: {rank_error(text)}")
     progress = Progress.read(json.loads(progress_file.read_text()))
     rates = [epoch.images_per_second for epoch in progress.history if epoch.images_per_second]
     cache = progress.feature_cache

@@ -1,4 +1,4 @@
-"""`bench/operator.py --pods`: the operator beside many pods, on a real kube-apiserver with no kubelet.
+"""`bench/operator_scale.py --pods`: the operator beside many pods, on a real kube-apiserver with no kubelet.
 
 The script plays the kubelet and the MPI operator: it creates each run's launcher and worker pods on the API
 server (with the labels the MPI operator gives them) and moves their phases, Pending -> Running, one worker

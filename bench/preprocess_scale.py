@@ -11,7 +11,10 @@ noise-and-gradient images (the keys differ, the bytes repeat: decoding cost is r
   2 processes  two shard processes with one plan id (shard 0 plans, shard 1 waits): wall seconds, images/s,
              peak RSS of each;
   output     the dataset's Parquet bytes;
-  first batch  the trainer's readers over the 2-process result in a fresh process (FIRST_BATCH).
+  first batch  the trainer's readers over the 2-process result in a fresh process (FIRST_BATCH);
+  fetch ahead  one process over a sample of --latency-images files, through a proxy that delays every request by
+             --latency-ms (a store farther away than this local one): --fetch-ahead 1 (one GET at a time, as
+             before) against the default, in the same run.
 Peak RSS is the process's own VmHWM, read by itself as it ends (--workers 1 decodes in the shard process itself).
 Run: PYTHONPATH=operator:trainer:. .venv/bin/python bench/preprocess.py --scale --images 20000 [--images 200000]
 `--shard-images 20000`: instead, shard 0 alone of a Job with images / 20000 shards (its peak RSS and seconds).
@@ -151,20 +154,41 @@ def timed(commands: list[list[str]], env: dict) -> tuple[float, list[int], list[
                                     "exec(compile(sys.argv[0], '<plan>', 'exec'), {'__name__': '__main__'})")
             wrapped.append([c[0], "-c", code, str(folder / str(index)), c[2], *c[3:]])
     started = time.monotonic()
-    processes = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env) for c in wrapped]
+    processes = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=open(folder / f"{i}.err", "wb"), env=env)
+                 for i, c in enumerate(wrapped)]
     outputs = [p.communicate()[0].decode() for p in processes]
     seconds = time.monotonic() - started
-    for command, process in zip(commands, processes):
+    for index, (command, process) in enumerate(zip(commands, processes)):
         if process.returncode:
-            raise SystemExit(f"{command[:6]} failed ({process.returncode})")
+            said = (folder / f"{index}.err").read_text(errors="replace")[-2000:]
+            raise SystemExit(f"{command[:6]} failed ({process.returncode}):\n{said}")
     measured = [(folder / str(i)).read_text().split() for i in range(len(commands))]
     return seconds, [int(peak) * 1024 for peak, _ in measured], outputs, [float(cpu) for _, cpu in measured]
 
 
-def preprocess(source: str, output: str, shards: int, index: int, plan_id: str) -> list[str]:
+def preprocess(source: str, output: str, shards: int, index: int, plan_id: str, *options: str) -> list[str]:
     return [sys.executable, "-m", "scalingrun_trainer.cli", "preprocess", "--source", source, "--output", output,
             "--image-size", str(SIDE), "--workers", "1", "--shard-count", str(shards), "--shard-index", str(index),
-            "--plan-id", plan_id]
+            "--plan-id", plan_id, *options]
+
+
+def fetch_ahead_ratio(server: S3Server, source: str, env: dict, images: int, sample: int,
+                      latency_ms: float) -> dict:
+    """One process over `sample` of the files, every request delayed by `latency_ms`: one GET at a time against
+    the default fetch-ahead."""
+    proxy = FlakyS3(server.endpoint, hang=10**9, hang_seconds=latency_ms / 1000)
+    try:
+        slow = {**env, "AWS_ENDPOINT_URL": proxy.endpoint}
+        fraction = str(min(1.0, sample / images))
+        seconds = {}
+        for name, ahead in (("oneByOne", "1"), ("ahead", None)):
+            command = preprocess(source, f"s3://{BUCKET}/latency-{name}", 1, 0, f"latency-{name}",
+                                 "--sample-fraction", fraction, *(["--fetch-ahead", ahead] if ahead else []))
+            seconds[name], _, _, _ = timed([command], slow)
+    finally:
+        proxy.close()
+    return {"latencyMs": latency_ms, "files": sample, "oneByOneSeconds": round(seconds["oneByOne"], 1),
+            "aheadSeconds": round(seconds["ahead"], 1), "ratio": round(seconds["oneByOne"] / seconds["ahead"], 2)}
 
 
 def source_lists(proxy: FlakyS3, since: int = 0) -> int:
@@ -198,7 +222,7 @@ def run_one_shard(images: int, per_shard: int) -> dict:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run(images: int) -> dict:
+def run(images: int, latency_images: int, latency_ms: float) -> dict:
     folder = Path(tempfile.mkdtemp(prefix="scale-bench-"))
     server = S3Server(folder / "seaweedfs", "bench-" + uuid.uuid4().hex[:6], uuid.uuid4().hex).start()
     try:
@@ -224,6 +248,7 @@ def run(images: int) -> dict:
         one_seconds, [one_rss], _, [one_cpu] = timed([preprocess(source, f"s3://{BUCKET}/one", 1, 0, "one")], env)
         two_seconds, two_rss, _, two_cpu = timed(
             [preprocess(source, f"s3://{BUCKET}/two", 2, i, "two") for i in (0, 1)], env)
+        fetch_ahead = fetch_ahead_ratio(server, source, env, images, latency_images, latency_ms)
         first_batch = json.loads(subprocess.run([sys.executable, "-c", FIRST_BATCH, f"s3://{BUCKET}/two"], env=env,
                                                 check=True, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL).stdout)
         return {"images": images, "generateSeconds": round(generated, 1), "listRequests": lists,
@@ -237,7 +262,7 @@ def run(images: int) -> dict:
                 "twoProcessesPeakRssMiB": [round(r / 2**20) for r in two_rss],
                 "twoProcessesCpuMsPerImage": round(1000 * sum(two_cpu) / images, 2),
                 "firstBatchSeconds": {k: round(v, 2) if isinstance(v, float) else v for k, v in first_batch.items()},
-                "outputMiB": round(size_of(server, "one") / 2**20, 1)}
+                "outputMiB": round(size_of(server, "one") / 2**20, 1), "fetchAhead": fetch_ahead}
     finally:
         server.stop()
         shutil.rmtree(folder, ignore_errors=True)
@@ -249,9 +274,12 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--images", type=int, action="append", help="tree sizes (default: 20000)")
     parser.add_argument("--shard-images", type=int, help="instead: shard 0 alone, of images / this many shards")
+    parser.add_argument("--latency-images", type=int, default=2000, help="the fetch-ahead sample (default 2000)")
+    parser.add_argument("--latency-ms", type=float, default=20.0, help="the delay a request (default 20 ms)")
     args = parser.parse_args(argv)
     for images in args.images or [20000]:
-        print(json.dumps(run_one_shard(images, args.shard_images) if args.shard_images else run(images)), flush=True)
+        print(json.dumps(run_one_shard(images, args.shard_images) if args.shard_images
+                         else run(images, args.latency_images, args.latency_ms)), flush=True)
 
 
 if __name__ == "__main__":

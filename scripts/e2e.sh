@@ -17,6 +17,8 @@
 #      mpi-operator v0.8 already in the cluster), SCALINGRUN_NODE_DIR (../shared/node),
 #      SCALINGRUN_MPIJOB_CRD (the MPIJob CRD for the stand-in; ../shared/crds/kubeflow.org_mpijobs.yaml).
 #      With the node cluster, SCALINGRUN_E2E_NODE_DIR is exported to the tests (they stop its kubelet).
+#      SCALINGRUN_E2E_STATUS_PUSH: 1 (the default, the chart's): the push path, the operator reads no store and no
+#      Secret; 0: pull mode (statusServer.enabled=false).
 # Besides the images of scripts/build-images.sh it builds the previous release's operator (the commit
 # tests/e2e/previous-release names; SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE) for tests/e2e/test_upgrade.py.
 set -euo pipefail
@@ -29,6 +31,8 @@ STATE="$ROOT/.scalingrun/e2e"
 mkdir -p "$STATE"
 log() { printf '[e2e %s] %s\n' "$(date +%T)" "$*" >&2; }
 # CI as tests/conftest.py reads it: only unset, empty, 0, false, no or off is not CI.
+export SCALINGRUN_E2E_STATUS_PUSH="${SCALINGRUN_E2E_STATUS_PUSH:-1}"
+case "$SCALINGRUN_E2E_STATUS_PUSH" in 0|1) ;; *) echo "SCALINGRUN_E2E_STATUS_PUSH must be 1 (push) or 0 (pull), not '$SCALINGRUN_E2E_STATUS_PUSH'" >&2; exit 2 ;; esac
 in_ci() { case "$(tr '[:upper:]' '[:lower:]' <<<"${CI:-}" | tr -d '[:space:]')" in ""|0|false|no|off) return 1 ;; esac; }
 
 # Which cluster, decided before anything is installed or built: a clone without one skips at once.

@@ -23,5 +23,10 @@ PROGRESS, HEARTBEAT = "progress", "heartbeat"
 PUSHED_DOCUMENTS = (PROGRESS, HEARTBEAT)
 
 
+def run_push_path(namespace: str, run: str) -> str:
+    """The run's push path (STATUS_PATH_VARIABLE's value); a document goes under it (push_path)."""
+    return f"/v1/namespaces/{namespace}/scalingruns/{run}"
+
+
 def push_path(namespace: str, run: str, what: str) -> str:
-    return f"/v1/namespaces/{namespace}/scalingruns/{run}/{what}"
+    return f"{run_push_path(namespace, run)}/{what}"

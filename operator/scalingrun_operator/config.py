@@ -102,7 +102,7 @@ class Config:
     #: Port of the Prometheus /metrics endpoint; 0 turns it off.
     metrics_port_number: int = 9090
     #: Port of the status endpoint (HTTPS), where the runs' pods push their progress and heartbeat
-    #: (cluster/status_server.py, docs/security.md "The push path"); 0 turns it off.
+    #: (status_server.py, docs/security.md "The push path"); 0 turns it off.
     status_port_number: int = 0
     #: Directory of the status endpoint's serving certificate (tls.crt, tls.key, ca.crt: the kubelet mounts its
     #: Secret there), read again when it changes.
@@ -110,6 +110,11 @@ class Config:
     #: The URL the runs' pods push to (e.g. https://scalingrun-status.scalingrun-system.svc:8443), written with
     #: the CA bundle into the ConfigMap scalingrun-status of every namespace the operator runs a run in.
     status_url: str = ""
+    #: This operator's own pod (the chart sets both from the downward API). With the status endpoint on, the pod
+    #: that serves it (the leader) carries cluster/serving.py's label, which the status Service selects; empty: no
+    #: label is written (outside a pod).
+    pod_name: str = ""
+    pod_namespace: str = ""
     #: kopf liveness endpoint (served by kopf, answered by the on.probe handlers); empty turns it off.
     liveness_endpoint: str = "http://0.0.0.0:8080/healthz"
     #: Namespaces (or kopf globs) to watch; empty means the whole cluster.
@@ -209,7 +214,8 @@ _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "completion_grace_seconds": float, "storage_timeout_seconds": float, "mpijob_unserved_seconds": float,
           "capacity_probe_priority_class": str,
           "metrics_port_number": int, "status_port_number": int, "status_tls_dir": str, "status_url": str,
-          "liveness_endpoint": str, "namespaces": tuple, "peering": str, "priority": int,
+          "pod_name": str, "pod_namespace": str, "liveness_endpoint": str, "namespaces": tuple, "peering": str,
+          "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str,
           "lease_name": str, "lease_namespace": str, "lease_holder": str, "lease_duration_seconds": float,
           "lease_renew_seconds": float, "lease_renew_deadline_seconds": float, "lease_retry_seconds": float,

@@ -15,12 +15,14 @@ import sys
 from typing import Optional
 
 import kopf
+from kubernetes.client.rest import ApiException
 
 from . import handlers  # noqa: F401  (registers the kopf handlers)
 from .cluster.k8s import new_api_client
 from .cluster.leader import LeaderElector, LeaseSettings, StandbyHealth, default_identity, default_namespace
 from .cluster.peering import PeeringError, ensure_peering
 from .cluster.runtime import Runtime
+from .cluster.serving import mark_serving
 from .config import Config, ConfigError, load
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,15 @@ def run(argv: Optional[list[str]] = None) -> int:
             ensure_peering(new_api_client(), config.peering, config.namespaces)
         except PeeringError as exc:
             log.error("scalingrun-operator cannot start: %s", exc)
+            return 1
+    if config.status_port_number and config.pod_name:
+        # Until it leads, this pod serves no status endpoint: the status Service must not send it pushes.
+        try:
+            mark_serving(new_api_client(), config.pod_namespace, config.pod_name, serving=False)
+        except ApiException as exc:
+            log.error("scalingrun-operator cannot start: cannot label its pod %s/%s for the status Service (%s %s); "
+                      "the chart's Role grants pods patch in the release's namespace", config.pod_namespace,
+                      config.pod_name, exc.status, exc.reason)
             return 1
     runtime = Runtime(config)
     runtime.serve_metrics()  # a standby's too: scalingrun_leader 0 says it waits

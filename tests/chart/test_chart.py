@@ -77,10 +77,13 @@ def test_the_operator_pulls_with_the_image_pull_secrets_by_name_or_as_in_a_pod_s
 def test_namespaced_install_uses_roles_only(helm):
     objects = render(helm, CHART / "ci/namespaced-values.yaml")
     bindings = [o["metadata"]["name"] for o in objects if o["kind"] == "ClusterRoleBinding"]
-    # Cluster-wide: only namespace list/watch, node get (cluster-scoped) and CRD list/watch.
-    assert bindings == ["t-scalingrun-namespace-watch", "t-scalingrun-node-read", "t-scalingrun-crd-watch"]
+    # Cluster-wide: only namespace list/watch, node get, TokenReviews (cluster-scoped) and CRD list/watch.
+    assert bindings == ["t-scalingrun-namespace-watch", "t-scalingrun-status-push", "t-scalingrun-node-read",
+                        "t-scalingrun-crd-watch"]
     roles = [o for o in objects if o["kind"] == "Role"]
-    assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team-a", "ml-team-b", "scalingrun-system"]
+    # The leader's Lease and the status endpoint's pod label, in the release's namespace.
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team-a", "ml-team-b", "scalingrun-system",
+                                                                 "scalingrun-system"]
     for role in roles:
         assert not [r for r in role["rules"] if r["apiGroups"] == ["kopf.dev"]]
     args = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -204,8 +207,10 @@ def test_chart_versions_follow_the_project():
 
 
 def test_kustomize_base_is_the_rendered_chart(helm):
+    """In pull mode: a static render cannot make each install its own CA (the chart's genCA would commit one
+    private key for every cluster), and cert-manager is not assumed (docs/install.md, "Kustomize")."""
     rendered = render(helm, None, "--set", "crds.enabled=false", "--set", "podDisruptionBudget.enabled=false",
-                      release="scalingrun")
+                      "--set", "statusServer.enabled=false", release="scalingrun")
     base = [d for d in yaml.safe_load_all((ROOT / "manifests/base/scalingrun.yaml").read_text()) if d]
     assert base == rendered, "manifests/base is out of date: run scripts/generate.sh"
 
@@ -224,15 +229,22 @@ def test_network_policy_lets_run_pods_reach_each_other_dns_storage_and_tracking_
 
     values_file = CHART / "ci/networkpolicy-values.yaml"
     values = yaml.safe_load(values_file.read_text())["networkPolicy"]
-    policies = [o for o in render(helm, values_file) if o["kind"] == "NetworkPolicy"]
-    assert [p["metadata"]["namespace"] for p in policies] == ["ml-team-a", "ml-team-b"]  # watch.namespaces
+    rendered = render(helm, values_file)
+    policies = [o for o in rendered if o["kind"] == "NetworkPolicy"]
+    # One per watched namespace, and the operator's own (in to its status port, the push path's: the default).
+    assert [(p["metadata"]["namespace"], p["metadata"]["name"]) for p in policies] == [
+        ("ml-team-a", "t-scalingrun-runs"), ("ml-team-b", "t-scalingrun-runs"),
+        ("scalingrun-system", "t-scalingrun-operator")]
     runs = {"matchExpressions": [{"key": RUN_LABEL, "operator": "Exists"}]}
-    for policy in policies:
+    operator_pods = next(o for o in rendered if o["kind"] == "Deployment")["spec"]["selector"]["matchLabels"]
+    to_status = {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "scalingrun-system"}},
+                         "podSelector": {"matchLabels": operator_pods}}], "ports": [{"port": 8443, "protocol": "TCP"}]}
+    for policy in policies[:2]:
         spec = policy["spec"]
         assert spec["podSelector"] == runs and spec["policyTypes"] == ["Ingress", "Egress"]
         assert spec["ingress"] == [{"from": [{"podSelector": runs}], "ports": [{"protocol": "TCP"}]}]
         defaults = yaml.safe_load((CHART / "values.yaml").read_text())["networkPolicy"]
-        assert spec["egress"] == [{"to": [{"podSelector": runs}], "ports": [{"protocol": "TCP"}]},
+        assert spec["egress"] == [{"to": [{"podSelector": runs}], "ports": [{"protocol": "TCP"}]}, to_status,
                                   *defaults["dns"], *values["storage"], *values["tracking"]]
     # Every pod a run makes carries the label the policy selects (the MPI operator copies the templates' labels).
     run = parse_scalingrun(yaml.safe_load((ROOT / "examples/quickstart.yaml").read_text()))

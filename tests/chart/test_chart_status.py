@@ -24,10 +24,30 @@ def _operator_container(objects: list[dict]) -> dict:
     return deployment["spec"]["template"]["spec"]["containers"][0]
 
 
-def test_the_status_endpoint_is_off_by_default(helm):
+def _secret_rules(objects: list[dict]) -> list[tuple[str, str, dict]]:
+    """(kind, name, rule) for every rule of any Role or ClusterRole that reaches Secrets."""
+    return [(o["kind"], o["metadata"]["name"], rule) for o in objects if o["kind"] in ("ClusterRole", "Role")
+            for rule in o.get("rules") or [] if {"secrets", "*"} & set(rule.get("resources", []))]
+
+
+def test_the_default_install_is_the_push_path_and_no_role_names_secrets(helm):
+    """Issue 40's promise for the install one gets with no values at all: the status endpoint on, and no role of
+    the chart (the operator's or any other) that can reach a Secret."""
     objects = render(helm)
+    assert {"SCALINGRUN_STATUS_PORT_NUMBER", "SCALINGRUN_STATUS_URL"} <= {
+        e["name"] for e in _operator_container(objects)["env"]}
+    assert _one(objects, "Service", "t-scalingrun-status")
+    assert _secret_rules(objects) == []
+
+
+def test_pull_mode_is_the_opt_out_and_grants_secrets_get(helm):
+    """statusServer.enabled=false still renders: no status Service, certificate or settings, and the operator's
+    role gets Secrets (the run's storage keys, get only) to read the runs' stores."""
+    objects = render(helm, None, "--set", "statusServer.enabled=false")
     assert not [o for o in objects if o["metadata"]["name"].endswith(("-status", "-status-tls", "-status-push"))]
     assert "SCALINGRUN_STATUS_PORT_NUMBER" not in {e["name"] for e in _operator_container(objects)["env"]}
+    assert [(kind, name, rule["verbs"]) for kind, name, rule in _secret_rules(objects)] == [
+        ("ClusterRole", "t-scalingrun-operator", ["get"])]
 
 
 def test_the_status_endpoint_serves_on_its_own_port_with_a_certificate_the_kubelet_mounts(helm):
@@ -54,6 +74,28 @@ def test_the_status_endpoint_serves_on_its_own_port_with_a_certificate_the_kubel
     assert "t-scalingrun-status.scalingrun-system.svc" in names
 
 
+def test_the_status_service_sends_pushes_to_the_serving_replica_only(helm):
+    """Only the leader runs the endpoint: the Service selects the pod label the serving replica sets on itself
+    (cluster/serving.py), from its own name and namespace, with a grant to patch pods in its namespace only."""
+    from scalingrun_operator.cluster.serving import SERVING, SERVING_LABEL
+
+    objects = render(helm, STATUS)
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    selector = _one(objects, "Service", "t-scalingrun-status")["spec"]["selector"]
+    assert selector == {**deployment["spec"]["selector"]["matchLabels"], SERVING_LABEL: SERVING}
+    assert SERVING_LABEL not in deployment["spec"]["template"]["metadata"]["labels"]  # set by the operator, not here
+    env = {e["name"]: e.get("valueFrom") for e in _operator_container(objects)["env"]}
+    assert env["SCALINGRUN_POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env["SCALINGRUN_POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    role = _one(objects, "Role", "t-scalingrun-status-endpoint")
+    assert role["metadata"]["namespace"] == "scalingrun-system"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]
+    binding = _one(objects, "RoleBinding", "t-scalingrun-status-endpoint")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    pull = render(helm, CHART / "ci/pull-values.yaml")
+    assert not [o for o in pull if o["metadata"]["name"] == "t-scalingrun-status-endpoint"]
+
+
 def test_cert_manager_makes_the_certificate_when_asked(helm):
     objects = render(helm, STATUS, "--set", "statusServer.certManager.enabled=true",
                      "--set", "statusServer.certManager.issuerRef.name=ca-issuer")
@@ -63,13 +105,14 @@ def test_cert_manager_makes_the_certificate_when_asked(helm):
     assert not [o for o in objects if o["kind"] == "Secret"]
 
 
-def test_with_the_status_endpoint_the_operator_may_review_tokens_and_read_no_secret(helm):
+def test_with_the_status_endpoint_the_operator_may_review_tokens_label_its_pod_and_read_no_secret(helm):
     from tests.support.rbac import bound_rules, grants
 
     account = "t-scalingrun"
-    without, with_status = (grants(bound_rules(render(helm, values), account, "scalingrun-system"))
-                            for values in (CHART / "ci/networkpolicy-values.yaml", STATUS))
-    assert with_status - without == {("create", "authentication.k8s.io", "tokenreviews")}
+    without, with_status = (grants(bound_rules(render(helm, values, *extra), account, "scalingrun-system"))
+                            for values, extra in ((STATUS, ("--set", "statusServer.enabled=false")), (STATUS, ())))
+    # TokenReviews, and the serving replica's label on its own pod (cluster/serving.py).
+    assert with_status - without == {("create", "authentication.k8s.io", "tokenreviews"), ("patch", "", "pods")}
     assert without - with_status == {("get", "", "secrets")}  # the storage keys: no storage read any more
 
 
@@ -83,8 +126,7 @@ def test_with_the_status_endpoint_no_role_of_the_chart_names_secrets(helm, kind,
     assert [o["kind"] for o in roles if o["metadata"]["name"] == "t-scalingrun-operator"] == (
         ["Role", "Role"] if kind == "Role" else ["ClusterRole"])
     # Not the operator's, nor any other: the serving certificate's Secret is mounted by the kubelet.
-    assert [(o["kind"], o["metadata"]["name"], rule) for o in roles for rule in o.get("rules") or []
-            if {"secrets", "*"} & set(rule.get("resources", []))] == []
+    assert _secret_rules(objects) == []
     # The same rules without the status endpoint do grant it: what the test looks for is there to find.
     pulling = render(helm, STATUS, *profile, "--set", "statusServer.enabled=false")
     assert any("secrets" in rule.get("resources", []) for o in pulling if o["kind"] == kind

@@ -12,7 +12,8 @@ It ends with the export lines that scripts/e2e.sh prints and other tools read.
 Settings come from the environment: KUBECONFIG, SCALINGRUN_TOOLS (folder with helm and kubectl),
 SCALINGRUN_E2E_{NAMESPACE,OPERATOR_IMAGE,TRAINER_IMAGE,LIGHTNING_IMAGE,SEAWEEDFS_IMAGE,MPI_OPERATOR},
 SCALINGRUN_E2E_CUSTOM_{MODEL,TRAINING}_IMAGE (the examples' images, built FROM the trainer), SCALINGRUN_MPIJOB_CRD,
-SCALINGRUN_E2E_STATUS_PUSH=1 (the operator with its status endpoint on: the runs' pods push, it reads no store).
+SCALINGRUN_E2E_STATUS_PUSH (1, the default: the chart's push path, the runs' pods push and the operator reads no
+store; 0: pull mode, statusServer.enabled=false).
 """
 
 from __future__ import annotations
@@ -225,9 +226,18 @@ def image_values(image: str) -> list[str]:
     return flags + (["--set", f"image.tag={tag}"] if tag else [])
 
 
+def status_push() -> bool:
+    """Whether the e2e's operator has its status endpoint on: the chart's default (the README's install), unless
+    SCALINGRUN_E2E_STATUS_PUSH=0 asks for pull mode."""
+    value = os.environ.get("SCALINGRUN_E2E_STATUS_PUSH", "1")
+    if value not in ("0", "1"):
+        raise SystemExit(f"SCALINGRUN_E2E_STATUS_PUSH must be 1 (push, the default) or 0 (pull), not {value!r}")
+    return value == "1"
+
+
 def push_values() -> list[str]:
-    """--set flags for the push path when SCALINGRUN_E2E_STATUS_PUSH=1 (the README's install is pull mode)."""
-    return ["--set", "statusServer.enabled=true"] if os.environ.get("SCALINGRUN_E2E_STATUS_PUSH") == "1" else []
+    """--set flags for pull mode when SCALINGRUN_E2E_STATUS_PUSH=0 (the README's install is the push path)."""
+    return [] if status_push() else ["--set", "statusServer.enabled=false"]
 
 
 def install_operator(cluster: Cluster) -> None:

@@ -10,7 +10,8 @@ written into their status as a device plugin would (none runs), and carry the ta
   trains on the CPU, Succeeds, and says so in GPUsUnused, with the CPUImageWithGPUs warning.
 
 Both runs share one dataset: the first preprocesses it before the taint is set (the preprocessing pod, too,
-tolerates no GPU taint), the second reuses it and starts no preprocessing pod.
+tolerates no GPU taint); the second reuses it (on the push path its Job finds the dataset and ends), made suspended
+before the taint and resumed under it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Iterator
 
 import pytest
 
+from tests.e2e.environment import status_push
 from tests.support.e2e_runs import _name, children, condition_texts, finished, phase, run_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
@@ -160,14 +162,28 @@ def test_gpu_runs_are_scheduled_on_advertised_gpus_tolerate_the_taint_and_say_th
         finally:
             cluster.delete_run(toomany)
 
-        # Within the fake GPUs, on tainted nodes.
+        # Within the fake GPUs, on tainted nodes. Made suspended before the taint: its preprocessing Job (on the push
+        # path it runs, finds the dataset and ends) tolerates no GPU taint and this cluster has no other node for it,
+        # as a GPU cluster has CPU nodes. Resumed once the taint is on, so that the launcher meets it.
         name = _name("gpus")
+        body = gpu_run_body(cluster, name, output, gpus=1)
+        body["spec"].setdefault("runPolicy", {})["suspend"] = True
+        cluster.create_run(body)
+        try:
+            cluster.wait(name, lambda r: children(cluster, name).get("MPIJob"), timeout=300,
+                         what="its MPIJob, made suspended")
+        except BaseException:
+            cluster.delete_run(name)
+            raise
         with gpu_taint(cluster, nodes):
-            cluster.create_run(gpu_run_body(cluster, name, output, gpus=1))
+            cluster.custom().patch_namespaced_custom_object("scalingrun.dev", "v1alpha1", cluster.namespace,
+                                                            "scalingruns", name, {"spec": {"runPolicy": {
+                                                                "suspend": False}}})
             try:
                 pods = wait_pods(cluster, name, lambda p: len(p["worker"]) == 2 and all(
                     w.status.phase == "Running" for w in p["worker"]), timeout=240, what="running its 2 workers")
-                assert children(cluster, name)["Job"] == [], "the dataset is reused: no preprocessing pod"
+                # The dataset is reused: no Job in pull mode; on the push path its Job finds it and ends at once.
+                assert children(cluster, name)["Job"] == ([f"{name}-preprocess"] if status_push() else [])
                 for worker in pods["worker"]:
                     spec = worker.spec
                     assert spec.node_name in nodes

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.environment import CORRUPT_FILES, IMAGES_PER_CLASS, RELEASE, SYSTEM_NAMESPACE
+from tests.e2e.environment import CORRUPT_FILES, IMAGES_PER_CLASS, RELEASE, SYSTEM_NAMESPACE, status_push
 from tests.support.e2e_runs import (
     OPERATOR_PODS, RESUMED, _name, child_objects, children, condition_texts, finished, launcher_attempt, launcher_log,
     phase, resumed_epochs, run_body, wait_for_launcher_line,
@@ -314,9 +314,12 @@ def test_a_sweep_over_one_and_two_workers_shares_one_dataset_and_recommends_a_po
         assert all(r["bestValAccuracy"] > 0 and r["workerHours"] > 0 for r in rows), rows
         expected = points[1] if rows[1]["efficiency"] >= threshold else points[0]
         assert status.get("recommendation", {}).get("run") == expected, (status.get("message"), rows)
-        # One preprocessing for both points: the second reused the first's dataset.
+        # One dataset for both points. In pull mode the second reuses the first's with no Job; on the push path the
+        # operator reads no store, so the second's Job runs, finds that dataset's manifest and ends without decoding.
         assert children(cluster, points[0])["Job"] == [f"{points[0]}-preprocess"]
-        assert children(cluster, points[1])["Job"] == []
+        assert children(cluster, points[1])["Job"] == ([f"{points[1]}-preprocess"] if status_push() else [])
+        datasets = [cluster.get_run(point)["status"]["preprocessing"] for point in points]
+        assert datasets[0]["fingerprint"] == datasets[1]["fingerprint"], datasets
         table = subprocess.run([*cluster.kubectl, "get", "ssweep", name, "-n", cluster.namespace],
                                capture_output=True, text=True, check=True).stdout
         print(table, rows)

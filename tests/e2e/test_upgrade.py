@@ -5,7 +5,10 @@
   scripts/e2e.sh from the same commit;
 - a run started under it is in flight when `helm upgrade` brings this chart and operator: the CRDs are templates, so
   the upgrade applies them (the new fields are served at once), the operator pods roll, and the run keeps training
-  (the same MPIJob and launcher, no interruption) to Succeeded;
+  (the same MPIJob and launcher, no interruption) to Succeeded. The previous release pulls; this chart's default is
+  the push path, whose operator reads no store: the run's pods, made before it, never push, so it is never judged
+  stalled, its status keeps the progress read before the upgrade, and it ends on its MPIJob (docs/install.md,
+  "Upgrade"); progress.json in storage has every epoch;
 - `helm uninstall` (as `scripts/quickstart.sh --cluster --down` removes a release it installed) and a new install
   leave the run in place, finished, and the CRDs with it.
 """
@@ -22,7 +25,9 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.environment import README_HELM_INSTALL, RELEASE, ROOT, SYSTEM_NAMESPACE, image_values
+from tests.e2e.environment import (
+    README_HELM_INSTALL, RELEASE, ROOT, SYSTEM_NAMESPACE, image_values, push_values, status_push,
+)
 from tests.support.e2e_runs import (
     OPERATOR_PODS, RESUMED, _name, condition_texts, finished, launcher_attempt, launcher_log, phase, run_body,
     wait_for_launcher_line,
@@ -88,10 +93,18 @@ def mpijob_uid(cluster, name: str) -> str:
                                                          f"{name}-train")["metadata"]["uid"]
 
 
+def stored_progress(cluster, run_location: str) -> dict[str, Any]:
+    """The run's progress.json as its trainer wrote it (read with the runs' Secret, as a user would)."""
+    import json
+
+    with cluster.s3() as s3:
+        return json.loads(s3.open_input_stream(f"{run_location}/progress.json").read())
+
+
 def install_current(cluster) -> None:
     """The e2e's own operator as environment.install_operator installs it: the README's helm install."""
     helm(cluster, *README_HELM_INSTALL[1:], *image_values(os.environ["SCALINGRUN_E2E_OPERATOR_IMAGE"]),
-         "--wait", "--timeout", "5m")
+         *push_values(), "--wait", "--timeout", "5m")
 
 
 def test_install_upgrade_with_a_run_in_flight_and_removal_keep_every_run(cluster, tmp_path):
@@ -129,7 +142,7 @@ def test_install_upgrade_with_a_run_in_flight_and_removal_keep_every_run(cluster
         # helm upgrade to this chart and operator, the run in flight.
         upgrade_started = time.monotonic()
         helm(cluster, "upgrade", RELEASE, "charts/scalingrun", "-n", SYSTEM_NAMESPACE, *image_values(current_image),
-             "--wait", "--timeout", "5m")
+             *push_values(), "--wait", "--timeout", "5m")
         upgrade_seconds = time.monotonic() - upgrade_started
         assert NEW_WORKERS_FIELD in served_workers_fields(cluster), "helm upgrade applied the new CRD"
         deadline = time.monotonic() + 120
@@ -147,7 +160,12 @@ def test_install_upgrade_with_a_run_in_flight_and_removal_keep_every_run(cluster
         assert launcher_attempt(cluster, name)[0] in ("", attempt[0]), "the launcher was not started again"
         assert RESUMED not in launcher_log(cluster, name)
         training = run["status"]["training"]
-        assert training["epoch"] == EPOCHS and training.get("restarts", 0) == 0, training
+        assert training.get("restarts", 0) == 0 and "Stalled" not in condition_texts(run), training
+        if status_push():  # status keeps what was read before the upgrade; the trainer's record has every epoch
+            assert (training.get("epoch") or 0) <= EPOCHS, training
+            assert stored_progress(cluster, f"scalingrun-e2e/runs/{name}/parquet/runs/{name}")["epoch"] == EPOCHS
+        else:
+            assert training["epoch"] == EPOCHS, training
         assert every_run(cluster) == runs
 
         # Removal, then a new install: the runs and the CRDs stay, the finished run is left as it is.

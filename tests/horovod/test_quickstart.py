@@ -109,6 +109,9 @@ def test_reduced_quickstart_end_to_end_and_rerun(quickstarts, strategy):
     assert "already Fashion-MNIST JPEGs" in second.stderr
     assert "(dataset reused)" in second.stdout and "nothing to train" in second.stdout
     assert "phase: Succeeded" in second.stdout
+    # The rerun trained nothing; its status still tells how the run ended: rank 0 pushed the document it ended with.
+    again = quickstart.status()
+    assert (again["training"]["epoch"], again["modelUri"]) == (status["training"]["epoch"], status["modelUri"])
     # the processes it started are gone (SeaweedFS included)
     assert str(quickstart.state) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
 

@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = "scalingrun-system"
 SERVICE_ACCOUNT = f"system:serviceaccount:{SYSTEM}:scalingrun"
 
-# What the operator does (see charts/scalingrun/templates/_helpers.tpl) ...
+# What the operator does (see charts/scalingrun/templates/_helpers.tpl), as manifests/base installs it: pull mode,
+# so it gets the Secret a run names (the chart's default, the push path, names no Secret: test_rbac.py) ...
 ALLOWED = [
     ("get", "scalingruns.scalingrun.dev"), ("watch", "scalingruns.scalingrun.dev"),
     ("patch", "scalingruns.scalingrun.dev"), ("patch", "scalingruns.scalingrun.dev", "status"),

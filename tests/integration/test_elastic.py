@@ -18,6 +18,7 @@ import pytest
 from kubernetes import client
 
 from scalingrun_operator.builders.capacity import CAPACITY_PROBE_PRIORITY_CLASS
+from scalingrun_operator.decide.status import parse_time
 from tests.support.operator import (  # noqa: F401 (fixtures)
     SCHEDULED, bucket, new_run, progress, progress_uri, reach_training, running, served, wait_for,
 )
@@ -163,6 +164,13 @@ def test_an_elastic_run_shrinks_to_the_placed_workers_with_a_new_mpijob_and_reco
     print(f"\nresize 3 -> 2 workers: {resize['costSeconds']} s from the loss to training again "
           f"(resizeAfter {RESIZE_AFTER_S} s)")
     status = cluster.status("spot")
+    # The time at each size, as written with the resize: 3 workers from the first MPIJob made to training again at 2.
+    elastic = status["training"]["elastic"]
+    started, trained = (parse_time(elastic["startedAt"]), parse_time(resize["trainingAt"]))
+    assert started <= parse_time(resize["lostAt"]) and elastic["counting"] == {"workers": 2,
+                                                                            "since": resize["trainingAt"]}
+    assert [(s["workers"], s["seconds"], s["workerHours"]) for s in elastic["sizes"]] == [
+        (3, (trained - started).total_seconds(), round(3 * (trained - started).total_seconds() / 3600, 4))]
     placed = cluster.condition("spot", "WorkersPlaced")
     assert (placed["status"], placed["reason"]) == ("False", "Shrunk") and "2 of 3" in placed["message"]
     assert not cluster.condition("spot", "ChildDeleted") and not status["training"].get("restarts")

@@ -11,10 +11,12 @@ install and put back after it; anyone else's stay, and the chart is then install
 
 from __future__ import annotations
 
+import io
 import os
 import secrets
 import subprocess
 import sys
+import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,6 +202,51 @@ def test_install_with_client_side_apply_and_another_release_name(own_cluster, to
                       own_cluster, tools)
     assert installed.returncode == 0, installed.stdout + installed.stderr
     assert_installed(api, release, namespace, server_side=False)
+    removed = shell(f"helm uninstall {release} -n {namespace}", own_cluster, tools)
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    if own_cluster.named:
+        client.CoreV1Api(api).delete_namespace(namespace)
+
+
+def _previous_chart(folder: Path) -> Path:
+    """charts/scalingrun of the previous release (tests/e2e/previous-release: before the push path), from git."""
+    commit = next(line.split("=", 1)[1] for line in (ROOT / "tests/e2e/previous-release").read_text().splitlines()
+                  if line.startswith("commit="))
+    archive = subprocess.run(["git", "archive", "--format=tar", commit, "charts/scalingrun"], cwd=ROOT,
+                             capture_output=True)
+    require(archive.returncode == 0, f"needs commit {commit} (tests/e2e/previous-release) in this clone: "
+            "git fetch --unshallow")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(folder)
+    return folder / "charts/scalingrun"
+
+
+def _roles_naming_secrets(api_client, release: str) -> list[str]:
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    roles = [*rbac.list_cluster_role().items, *rbac.list_role_for_all_namespaces().items]
+    return [role.metadata.name for role in roles if role.metadata.name.startswith(release)
+            for rule in role.rules or [] if {"secrets", "*"} & set(rule.resources or [])]
+
+
+def test_the_documented_upgrade_from_the_previous_release_takes_the_push_path_and_keeps_its_certificate(
+        own_cluster, tools, api, tmp_path):
+    """docs/install.md's `helm upgrade --reset-then-reuse-values` over the previous release (pull mode, before the
+    push path): the new defaults take over, so no role of the release names Secrets any more, and the chart makes
+    the status endpoint's certificate, which the next upgrade keeps (lookup: the runs' pods trust that CA)."""
+    release, namespace = f"upgraded{own_cluster.suffix}", f"upgraded-system{own_cluster.suffix}"
+    installed = shell(f"helm install {release} {_previous_chart(tmp_path)} -n {namespace} --create-namespace "
+                      f"{crds_flag(api)}", own_cluster, tools)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert _roles_naming_secrets(api, release) == [f"{release}-scalingrun-operator"]  # pull mode: get, by name
+    upgrade = f"helm upgrade {release} charts/scalingrun -n {namespace} --reset-then-reuse-values"
+    certificates = []
+    for _ in range(2):
+        upgraded = shell(upgrade, own_cluster, tools)
+        assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
+        assert _roles_naming_secrets(api, release) == []
+        tls = client.CoreV1Api(api).read_namespaced_secret(f"{release}-scalingrun-status-tls", namespace)
+        certificates.append(tls.data)
+    assert set(certificates[0]) == {"tls.crt", "tls.key", "ca.crt"} and certificates[1] == certificates[0]
     removed = shell(f"helm uninstall {release} -n {namespace}", own_cluster, tools)
     assert removed.returncode == 0, removed.stdout + removed.stderr
     if own_cluster.named:

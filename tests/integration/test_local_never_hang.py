@@ -4,7 +4,9 @@ Each test runs the real CLI on a training.command under the real mpirun -np 2 (n
 on a dataset that is there already (no preprocessing):
 - a rank that raises ends the run: the others are stopped, the run fails naming the rank and its error;
 - SIGTERM, SIGINT and SIGHUP to the runner stop mpirun and every rank, and the runner exits 128 + the signal;
-- no heartbeat for spec.training.stallTimeout stops the ranks and fails the run as Stalled;
+- no heartbeat for spec.training.stallTimeout stops the ranks and fails the run as Stalled (rank 0 pushes its
+  heartbeat and final progress with the trainer's pusher, to the runner's status endpoint on 127.0.0.1, as the
+  trainer does: the runner reads neither from storage);
 and the quick start's SeaweedFS is stopped on SIGTERM too, so that the next one starts on the same data folder.
 Every wait is on a cause (a file a rank writes, a line the runner prints, the runner's exit).
 """
@@ -34,28 +36,35 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Each rank notes its pid, then does what the test asks of its rank: "raise", "beat" (one heartbeat, then silence),
 # "sleep" (for ever, as a rank blocked in a collective), or "stall once" (the first attempt beats once and goes
-# silent; the next one finishes the run).
+# silent; the next one finishes the run). Documents are pushed as the trainer pushes them (its own pusher, from the
+# variables the runner sets); a mark says a push was answered.
 RANK = """
 import json, os, pathlib, sys, time
+from scalingrun_trainer.core.status_push import status_pusher
 rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
 marks = pathlib.Path(os.environ["MARKS"])
 (marks / f"rank-{rank}.pid").write_text(str(os.getpid()))
-location = pathlib.Path(json.loads(pathlib.Path(os.environ["SCALINGRUN_CONFIG"]).read_text())["runLocation"])
 todo = sys.argv[1 + rank]
+
+def push(what, document):
+    pusher = status_pusher()
+    assert pusher is not None, "the runner set no status endpoint"
+    pusher.push(what, document)
+    assert pusher.flush(60), f"the {what} push was not answered"
+    (marks / f"pushed-{what}").write_text("")
+
 if todo == "raise":
     time.sleep(0.5)  # rank 0 is asleep by then
     raise IndexError("list index out of range (devices=1 under two ranks on one host)")
 if todo == "stall once" and (marks / "attempt-1").exists():
     if rank == 0:
-        (location / "progress.json").write_text(json.dumps({
-            "state": "succeeded", "epoch": 3, "maxEpochs": 3, "metrics": {"val_accuracy": 0.5}, "bestEpoch": 3,
-            "bestMetrics": {"val_accuracy": 0.5}, "processes": 2}))
+        push("progress", {"state": "succeeded", "epoch": 3, "maxEpochs": 3, "metrics": {"val_accuracy": 0.5},
+                          "bestEpoch": 3, "bestMetrics": {"val_accuracy": 0.5}, "processes": 2})
     sys.exit(0)
 if todo == "stall once" and rank == 0:
     (marks / "attempt-1").write_text("")
 if todo == "beat" or (todo == "stall once" and rank == 0):
-    beat = {"phase": "training", "epoch": 2, "step": 7, "time": time.time(), "rank": 0}
-    (location / "heartbeat.json").write_text(json.dumps(beat))
+    push("heartbeat", {"phase": "training", "epoch": 2, "step": 7, "time": time.time(), "rank": 0})
 time.sleep(3600)
 """
 
@@ -71,7 +80,7 @@ def run_spec(root: Path, name: str, ranks: tuple[str, str], **training) -> dict:
     script.write_text(RANK)
     spec = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": name},
             "spec": {"dataset": {"source": str(root / "raw"), "output": str(root / "data"), "imageSize": 32},
-                     "training": {"command": ["python", str(script), *ranks], "maxEpochs": 3, **training},
+                     "training": {"command": [sys.executable, str(script), *ranks], "maxEpochs": 3, **training},
                      "workers": {"replicas": 2, "gpusPerWorker": 0}}}
     run = parse_scalingrun(spec)
     manifest = Path(manifest_uri(run))
@@ -175,8 +184,7 @@ def test_a_signal_to_the_runner_stops_mpirun_and_every_rank(tmp_path, signum):
 
 def test_no_heartbeat_for_the_stall_timeout_stops_the_ranks_and_fails_the_run_as_stalled(tmp_path):
     runner = start_runner(tmp_path, run_spec(tmp_path, "stalls", ("beat", "sleep"), stallTimeout="3s", onStall="fail"))
-    heartbeat = tmp_path / "data/runs/stalls/heartbeat.json"
-    wait_for(heartbeat.exists, "heartbeat")
+    wait_for((tmp_path / "marks/pushed-heartbeat").exists, "heartbeat pushed")
     beat = time.monotonic()
     code, output = finish(runner)
     print(f"a run that beat once, then went quiet (stallTimeout 3 s): Failed as Stalled "
@@ -187,6 +195,7 @@ def test_no_heartbeat_for_the_stall_timeout_stops_the_ranks_and_fails_the_run_as
     assert "the last was epoch 2, step 7 (training) from rank 0" in message
     assert "the ranks were stopped (onStall is fail)" in message
     assert not [pid for pid in rank_pids(tmp_path) if running(pid)]
+    assert not (tmp_path / "data/runs/stalls/heartbeat.json").exists()  # judged on the pushed heartbeat alone
 
 
 def test_on_stall_restart_starts_the_ranks_again_and_the_run_goes_on(tmp_path):
@@ -194,6 +203,8 @@ def test_on_stall_restart_starts_the_ranks_again_and_the_run_goes_on(tmp_path):
     code, output = finish(runner)
     assert code == 0, output[-3000:]
     assert status(tmp_path)["phase"] == "Succeeded"
+    assert status(tmp_path)["training"]["epoch"] == 3  # the pushed progress: storage has no progress.json
+    assert not (tmp_path / "data/runs/restarts/progress.json").exists()
     assert "the ranks were stopped and start again (onStall restart, 1 of maxInterruptions 10)" in output
 
 

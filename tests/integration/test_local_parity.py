@@ -4,8 +4,8 @@ Each row is what happens to a run: the dataset is there already or is made, a sh
 succeeds or fails, a document is missing. In the cluster (a real kube-apiserver, the operator's Reconciler
 in this process), the test plays the Job controller, the MPI operator and the trainer, as the other
 operator tests do: it writes the Job's and the MPIJob's status and the trainer's documents. Locally,
-`scalingrun run --local`'s runner starts processes that play the trainer: they write the same documents and
-end with the same exit codes. Both runs must end with the same phase, the same conditions (status, reason,
+`scalingrun run --local`'s runner starts processes that play the trainer: they write the same documents (and push the
+progress to the runner with the trainer's own pusher, as the trainer does) and end with the same exit codes. Both runs must end with the same phase, the same conditions (status, reason,
 message) and the same Events. Only where to look for logs differs: kubectl in a cluster, the terminal
 locally (decide.snapshot.Where); the messages are compared with that part replaced.
 """
@@ -16,6 +16,7 @@ import json
 import shutil
 import sys
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -152,10 +153,16 @@ def in_cluster(row: Row, api_client, namespace: str, root: Path) -> dict:
 # --- this machine -----------------------------------------------------------------------------------------
 
 PLAY = ("import json, pathlib, sys\n"
-        "path, document, summary, code = sys.argv[1:]\n"
+        "path, document, summary, code = sys.argv[1:5]\n"
         "if path:\n"
         "    pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)\n"
         "    pathlib.Path(path).write_text(document)\n"
+        "if sys.argv[5:]:  # pushed, as the trainer's ProgressWriter pushes beside its write\n"
+        "    from scalingrun_trainer.core.status_push import status_pusher\n"
+        "    pusher = status_pusher()\n"
+        "    assert pusher is not None, 'the runner set no status endpoint'\n"
+        "    pusher.push('progress', json.loads(sys.argv[5]))\n"
+        "    assert pusher.flush(60), 'the push was not answered'\n"
         "print(summary)\n"
         "sys.exit(int(code))\n")
 
@@ -175,7 +182,9 @@ class Trainer(Commands):
 
     def train(self, run, processes: int, config: Path) -> list[str]:
         path = progress_uri(self.run) if self.row.progress else ""
-        return [sys.executable, "-c", PLAY, path, json.dumps(self.row.progress or {}), "", str(self.row.exit_code)]
+        pushed = [json.dumps(self.row.progress)] if self.row.progress else []
+        return [sys.executable, "-c", PLAY, path, json.dumps(self.row.progress or {}), "", str(self.row.exit_code),
+                *pushed]
 
 
 def on_this_machine(row: Row, namespace: str, root: Path) -> dict:
@@ -222,3 +231,27 @@ def test_a_queued_run_is_admitted_at_once_on_this_machine(tmp_path):
     assert status["phase"] == "Succeeded", status.get("message")
     assert "Queued" not in {c["type"] for c in status.get("conditions") or []}
     assert "Queued" not in {e.reason for e in local.events} | {e.message.split()[0] for e in local.events if e.message}
+
+
+def test_the_local_runner_takes_the_pushed_progress_and_reads_none_from_storage(tmp_path):
+    """decide is fed what the training process pushed to the runner (as the operator's, with its status endpoint on):
+    storage holds an older progress document, and the run ends on the pushed one."""
+    root = tmp_path / "storage"
+    pushed = _progress("succeeded", 3, modelUri="/m/model")
+    run = parse_scalingrun({"apiVersion": models.API_VERSION, "kind": models.KIND,
+                            "metadata": {"name": NAME, "namespace": "default"}, "spec": spec(root)})
+    write(manifest_uri(run), manifest(run))
+
+    class OlderInStorage(Trainer):
+        def train(self, run, processes: int, config: Path) -> list[str]:
+            return [sys.executable, "-c", PLAY, progress_uri(self.run), json.dumps(_progress("running", 1)), "", "0",
+                    json.dumps(pushed)]
+
+    local = LocalRun(run, root / "work", commands=OlderInStorage(ROWS[0], run), poll_seconds=0.2,
+                     log=lambda line: None)
+    assert local.start() == 0, local.body["status"].get("message")
+    status = local.body["status"]
+    assert status["phase"] == "Succeeded"
+    assert (status["training"]["epoch"], status["modelUri"]) == (3, "/m/model")
+    assert local.pushes.received == Counter({"progress": 1}) and not local.pushes.refused
+    assert json.loads(Path(progress_uri(run)).read_text())["epoch"] == 1  # what storage had: never taken

@@ -9,8 +9,10 @@ preprocesses, trains (MPIJob, progress, status, Events, suspend and resume), fai
 log read, a sweep creates its points, and the leader renews its Lease. Then:
 - a request refused (403) is a grant missing;
 - a granted (verb, group, resource) that no request used is a grant too many.
-Both install modes: cluster-wide (a ClusterRole) and namespaced (watch.namespaces, a Role in each); and the
-cluster-wide one with the status endpoint on, where the run's pods report and no role names Secrets.
+Both install modes: cluster-wide (a ClusterRole) and namespaced (watch.namespaces, a Role in each), each as the
+chart's defaults make it: the status endpoint on, the run's pods reporting and no role naming Secrets; and the
+cluster-wide one in pull mode (statusServer.enabled=false, the opt-out), where the operator reads the run's store
+with its Secret.
 
 It needs an API server of its own: a cluster-wide operator would act on every other test's runs.
 """
@@ -72,23 +74,26 @@ def rules_of_the_operator(objects: list[dict]) -> list[dict]:
                        deployment["metadata"]["namespace"])
 
 
-def test_cluster_wide_install_grants_what_the_operator_calls(helm, admin, bucket, s3_server, tmp_path):
+def test_in_pull_mode_the_cluster_wide_install_grants_what_the_operator_calls(helm, admin, bucket, s3_server,
+                                                                              tmp_path):
     home = f"cw-system-{_suffix()}"
-    objects = render(helm, None, "--set", "crds.enabled=false", release="rbac-cw", namespace=home)
+    objects = render(helm, None, "--set", "crds.enabled=false", "--set", "statusServer.enabled=false",
+                     release="rbac-cw", namespace=home)
+    assert ("get", "", "secrets") in grants(rules_of_the_operator(objects))
     create_namespace(admin, home)
     with operator_as_the_chart_runs_it(admin, objects, tmp_path) as (operator, proxy):
         lifecycle(create_namespace(admin, f"cw-team-{_suffix()}", s3_server), bucket, s3_server, operator)
     check_least_privilege(proxy.requests, rules_of_the_operator(objects))
 
 
-def test_with_the_push_path_the_cluster_wide_install_grants_no_secret_and_the_operator_reads_none(
+def test_the_default_cluster_wide_install_grants_no_secret_and_the_operator_reads_none(
         helm, admin, bucket, s3_server, tmp_path):
-    """The default install's profile with the status endpoint on: the same lifecycle, the run's pods reporting. A
-    Secret read would be refused (403: no role names `secrets`), and every grant is used, TokenReviews too."""
+    """The default install (the status endpoint on): the same lifecycle, the run's pods reporting. A Secret read
+    would be refused (403: no role names `secrets`), and every grant is used, TokenReviews too."""
     home = f"cwp-system-{_suffix()}"
-    objects = render(helm, None, "--set", "crds.enabled=false", "--set", "statusServer.enabled=true",
-                     release="rbac-cwp", namespace=home)
-    assert ("get", "", "secrets") not in grants(rules_of_the_operator(objects))
+    objects = render(helm, None, "--set", "crds.enabled=false", release="rbac-cwp", namespace=home)
+    assert not [rule for o in objects if o["kind"] in ("ClusterRole", "Role") for rule in o.get("rules") or []
+                if {"secrets", "*"} & set(rule.get("resources", []))]
     create_namespace(admin, home)
     with operator_as_the_chart_runs_it(admin, objects, tmp_path) as (operator, proxy):
         lifecycle(create_namespace(admin, f"cwp-team-{_suffix()}", s3_server), bucket, s3_server, operator, push=True)
@@ -97,13 +102,14 @@ def test_with_the_push_path_the_cluster_wide_install_grants_no_secret_and_the_op
 
 
 def test_namespaced_install_grants_what_the_operator_calls(helm, admin, bucket, s3_server, tmp_path):
+    """The namespaced profile with the chart's defaults: the push path, so no Role names Secrets either."""
     home, suffix = f"ns-system-{_suffix()}", _suffix()
     team, other, unwatched = (f"ns-team-{n}-{suffix}" for n in ("a", "b", "c"))
     objects = render(helm, None, "--set", "crds.enabled=false", "--set", f"watch.namespaces={{{team},{other}}}",
                      release="rbac-ns", namespace=home)
     clusters = [create_namespace(admin, name, s3_server) for name in (home, team, other, unwatched)][1:]
     with operator_as_the_chart_runs_it(admin, objects, tmp_path) as (operator, proxy):
-        lifecycle(clusters[0], bucket, s3_server, operator)
+        lifecycle(clusters[0], bucket, s3_server, operator, push=True)
         # The second namespace is served too; the third, not watched, is not even seen.
         for cluster in clusters[1:]:
             prefix = f"s3://{BUCKET}/{cluster.ns}"

@@ -8,9 +8,12 @@ No kubelet runs: the pods are API objects, and their tokens come from the TokenR
 from __future__ import annotations
 
 import json
+import secrets
 import ssl
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -23,11 +26,12 @@ from scalingrun_operator.builders.common import RUN_LABEL
 from scalingrun_operator.cluster import push_auth
 from scalingrun_operator.cluster.metrics import Metrics
 from scalingrun_operator.cluster.push_auth import PushAuthenticator
-from scalingrun_operator.cluster.pushed import PushedDocuments
-from scalingrun_operator.cluster.status_server import (
-    BAD_DOCUMENT, RATE_LIMITED, TOO_LARGE, Buckets, StatusServer,
+from scalingrun_operator.pushed import PushedDocuments
+from scalingrun_operator.status_server import (
+    BAD_DOCUMENT, INVALID_TOKEN, NEW_TOKENS_WAITING, NO_TOKEN, OTHER_RUN, RATE_LIMITED, REVIEWS_BUSY, TOO_LARGE, Buckets,
+    Refused, StatusServer,
 )
-from tests.support.tls import post, write_serving_certificate
+from tests.support.tls import post, post_with_headers, write_serving_certificate
 
 pytestmark = pytest.mark.k8s
 
@@ -98,14 +102,14 @@ def test_only_a_pod_of_the_run_may_push_its_status(api_client, namespace, other_
     path = push_path(namespace, "alpha", PROGRESS)
     table = [  # who pushes, its token, the status and the reason expected
         ("the run's own pod", tokens["own"], 202, None),
-        ("another run's pod", tokens["other run"], 403, push_auth.OTHER_RUN),
+        ("another run's pod", tokens["other run"], 403, OTHER_RUN),
         ("another namespace's pod", tokens["other namespace"], 403, push_auth.OTHER_NAMESPACE),
         ("a token of another audience", tokens["wrong audience"], 401, push_auth.WRONG_AUDIENCE),
         ("a token bound to a deleted pod", tokens["deleted pod"], 401, push_auth.POD_GONE),
         ("a token bound to no pod", tokens["no pod"], 403, push_auth.NOT_A_POD),
-        ("a forged token", tokens["forged"], 401, push_auth.INVALID_TOKEN),
-        ("garbage", tokens["garbage"], 401, push_auth.INVALID_TOKEN),
-        ("no token", None, 401, push_auth.NO_TOKEN),
+        ("a forged token", tokens["forged"], 401, INVALID_TOKEN),
+        ("garbage", tokens["garbage"], 401, INVALID_TOKEN),
+        ("no token", None, 401, NO_TOKEN),
     ]
     found = []
     for who, token, _, _ in table:
@@ -140,11 +144,53 @@ def test_the_body_is_capped_parsed_and_pushes_rate_limited(api_client, namespace
     # the bad body and these two spend; the next push is refused until the bucket refills.
     for epoch in (1, 2):
         assert post(status_server.port, status_server.ca, path, json.dumps({"epoch": epoch}).encode(), token)[0] == 202
-    code, answer = post(status_server.port, status_server.ca, path, json.dumps({"epoch": 3}).encode(), token)
-    assert (code, answer["reason"]) == (429, RATE_LIMITED)
+    code, answer, headers = post_with_headers(status_server.port, status_server.ca, path,
+                                              json.dumps({"epoch": 3}).encode(), token)
+    assert (code, answer["reason"], headers.get("Retry-After")) == (429, RATE_LIMITED, "1")  # the trainer waits that
     assert status_server.pushed.get(namespace, "alpha", PROGRESS).epoch == 2  # the newest accepted
     sample = status_server.metrics.registry.get_sample_value
     assert sample("scalingrun_status_push_refusals_total", {"reason": TOO_LARGE}) == 1
+
+
+def test_a_flood_of_new_tokens_waits_apart_from_the_known_pods_pushes(api_client, namespace, status_server):
+    core = client.CoreV1Api(api_client)
+    _service_account(core, namespace)
+    known = _token(core, _pod(core, namespace, "alpha-worker-0", "alpha"))
+    fresh = _token(core, _pod(core, namespace, "alpha-worker-1", "alpha"))
+    path = push_path(namespace, "alpha", PROGRESS)
+    body = json.dumps(Progress(epoch=1).document()).encode()
+    assert post(status_server.port, status_server.ca, path, body, known)[0] == 202  # reviewed: known from now on
+
+    # New tokens' reviews held, as when bad tokens come faster than the API server reviews them: every new-token
+    # thread busy and the waiting line full (the reviews themselves are the API server's, after the gate).
+    gate, authorize = threading.Event(), status_server.authenticator.authorize
+
+    def held(authorization, *args):
+        if not status_server.authenticator.known(authorization):
+            gate.wait(120)
+        return authorize(authorization, *args)
+
+    status_server.authenticator.authorize = held
+    bad = [f"{known.rsplit('.', 1)[0]}.{secrets.token_urlsafe(32)}" for _ in range(NEW_TOKENS_WAITING)]
+    with ThreadPoolExecutor(NEW_TOKENS_WAITING) as pool:
+        flood = [pool.submit(post, status_server.port, status_server.ca, path, body, token) for token in bad]
+        deadline = time.monotonic() + 60
+        while status_server.new_tokens_waiting < NEW_TOKENS_WAITING and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status_server.new_tokens_waiting == NEW_TOKENS_WAITING
+
+        # The known pod's push is reviewed apart and accepted; a new token beyond the line is refused at once.
+        assert post(status_server.port, status_server.ca, path, body, known)[0] == 202
+        for token in (bad[0], fresh):
+            code, answer, headers = post_with_headers(status_server.port, status_server.ca, path, body, token)
+            assert (code, answer["reason"], headers.get("Retry-After")) == (429, REVIEWS_BUSY, "1")
+        gate.set()
+        assert [future.result()[0] for future in flood] == [401] * NEW_TOKENS_WAITING
+    assert status_server.new_tokens_waiting == 0
+    assert post(status_server.port, status_server.ca, path, body, fresh)[0] == 202  # tried again: reviewed now
+    sample = status_server.metrics.registry.get_sample_value
+    assert sample("scalingrun_status_push_refusals_total", {"reason": REVIEWS_BUSY}) == 2
+    assert sample("scalingrun_status_push_refusals_total", {"reason": push_auth.INVALID_TOKEN}) == NEW_TOKENS_WAITING
 
 
 def test_a_rotated_certificate_is_served_without_a_restart(status_server, tmp_path):
@@ -258,6 +304,26 @@ def test_the_trainer_waits_out_an_operator_that_is_away(api_client, namespace, t
         server.stop()
 
 
+def test_a_review_is_kept_a_minute_and_never_past_the_tokens_expiry(api_client, namespace, monkeypatch):
+    core = client.CoreV1Api(api_client)
+    _service_account(core, namespace)
+    pod = _pod(core, namespace, "alpha-worker-0", "alpha")
+    token = _token(core, pod)  # good for 600 s
+    assert 590 < push_auth.expires_in(token) <= 600
+    assert push_auth.expires_in(token, now=time.time() + 3600) == 0 and push_auth.expires_in("garbage") == 0
+    reviews, review = [], push_auth.review_token
+    monkeypatch.setattr(push_auth, "review_token", lambda *args: reviews.append(1) or review(*args))
+    now = [0.0]
+    authenticator = PushAuthenticator(api_client, clock=lambda: now[0])
+    for now[0] in (0.0, 10.0, 59.0, 61.0, 70.0):  # a pod pushing every 10 s or so
+        assert authenticator.authorize(f"Bearer {token}", namespace, "alpha").uid == pod.metadata.uid
+    assert len(reviews) == 2  # at 0 and at 61 s
+    core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
+    with pytest.raises(push_auth.Refused) as refused:  # a kept review lets no gone pod through
+        authenticator.authorize(f"Bearer {token}", namespace, "alpha")
+    assert refused.value.reason == push_auth.POD_GONE and len(reviews) == 2
+
+
 def test_the_pod_watchs_index_answers_for_its_runs_pods_and_nothing_else(api_client, namespace):
     from scalingrun_operator.cluster.pod_index import PodIndex
 
@@ -269,6 +335,6 @@ def test_the_pod_watchs_index_answers_for_its_runs_pods_and_nothing_else(api_cli
     authenticator = PushAuthenticator(api_client, index.pods)
     bearer = {pod.metadata.name: f"Bearer {_token(core, pod)}" for pod in (own, other)}
     assert authenticator.authorize(bearer["alpha-launcher"], namespace, "alpha").uid == own.metadata.uid
-    with pytest.raises(push_auth.Refused) as refused:  # not in alpha's index: read, and found to be beta's
+    with pytest.raises(Refused) as refused:  # not in alpha's index: read, and found to be beta's
         authenticator.authorize(bearer["beta-launcher"], namespace, "alpha")
-    assert refused.value.reason == push_auth.OTHER_RUN
+    assert refused.value.reason == OTHER_RUN

@@ -44,7 +44,8 @@ def test_pods_jobs_and_mpijobs_are_watched_by_label_on_the_api_server(helm, admi
         wait_for(lambda: {(r.group, r.resource) for r in reads_of(proxy.requests, ("watch",))} >= SELECTIVE,
                  what="watches of pods, Jobs and MPIJobs", operator=operator)
         # A run goes through its life with its Job, MPIJob and pods seen: the selector lets the operator's own in.
-        lifecycle(create_namespace(admin, f"ws-team-{_suffix()}", s3_server), bucket, s3_server, operator)
+        lifecycle(create_namespace(admin, f"ws-team-{_suffix()}", s3_server), bucket, s3_server, operator,
+                  push=True)  # the chart's default: the status endpoint on
     reads = reads_of(proxy.requests, ("watch", "list"))
     assert reads, "the operator neither listed nor watched pods, Jobs or MPIJobs"
     for request in reads:

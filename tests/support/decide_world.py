@@ -175,8 +175,8 @@ class World:
             return {name: copy.deepcopy(node) for name, node in self.nodes.items() if termination_notice(node)}
         raise AssertionError(f"unexpected ask {ask!r}")
 
-    def decide(self, settings: Settings = Settings()) -> Decision:
-        return look(Snapshot(self.body(), NOW), decide_run, self.read, settings)
+    def decide(self, settings: Settings = Settings(), now: dt.datetime = NOW) -> Decision:
+        return look(Snapshot(self.body(), now), decide_run, self.read, settings)
 
 
 def actions(decision: Decision) -> list[tuple[str, str]]:
@@ -194,3 +194,16 @@ def actions(decision: Decision) -> list[tuple[str, str]]:
 
 def conditions(decision: Decision) -> dict[str, tuple[str, str, str]]:
     return {c["type"]: (c["status"], c["reason"], c["message"]) for c in decision.desired.get("conditions") or []}
+
+
+def merge_patched(target: dict, patch: dict) -> dict:
+    """RFC 7386: what the API server makes of a JSON merge patch (a status patch decide sends)."""
+    out = copy.deepcopy(target)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge_patched(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out

@@ -49,11 +49,17 @@ def write_serving_certificate(directory: Path, host: str = "127.0.0.1") -> None:
 def post(port: int, ca: Path, path: str, body: bytes, token: Optional[str]) -> tuple[int, dict]:
     """POSTs `body` to https://127.0.0.1:`port``path` with `token` as bearer (none: no header), trusting only `ca`;
     (the status code, the JSON answer)."""
+    code, answer, _ = post_with_headers(port, ca, path, body, token)
+    return code, answer
+
+
+def post_with_headers(port: int, ca: Path, path: str, body: bytes, token: Optional[str]) -> tuple[int, dict, dict]:
+    """As post, with the answer's headers too."""
     context = ssl.create_default_context(cafile=str(ca))
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     request = urllib.request.Request(f"https://127.0.0.1:{port}{path}", data=body, headers=headers, method="POST")
     try:
         with urllib.request.urlopen(request, context=context, timeout=30) as response:
-            return response.status, json.loads(response.read())
+            return response.status, json.loads(response.read()), dict(response.headers)
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
+        return exc.code, json.loads(exc.read() or b"{}"), dict(exc.headers)

@@ -93,7 +93,7 @@ def _cmd_preprocess(args: argparse.Namespace) -> int:
                                    open_location(params.output, params.endpoint, params.region), 0,
                                    args.shard_count, plan_id)
             summary = process_shard(params, index, args.shard_count, workers=args.workers, plan_id=plan_id,
-                                    plan=plan)
+                                    plan=plan, **({"fetch_ahead": args.fetch_ahead} if args.fetch_ahead else {}))
         except PreprocessError as exc:
             print(f"preprocess failed: {exc}", file=sys.stderr)
             print(json.dumps({"event": "preprocess", "shard": index, "error": str(exc)}))
@@ -256,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--all-shards", action="store_true",
                      help="process every shard in turn (for Jobs without a completion index)")
     pre.add_argument("--workers", type=int, help="decoding processes (default: one per core)")
+    pre.add_argument("--fetch-ahead", type=int,
+                     help="objects each decoding process downloads at once (default: decoding.FETCH_AHEAD, 8; 1: one "
+                     "at a time, as before)")
     pre.add_argument("--plan-id", help=f"shard 0 lists the source and writes the plan, the other shards wait for "
                      f"the plan of this id (default: ${PLAN_ID_VARIABLE}, else ${PLAN_ID_VARIABLES[1]}); "
                      "without one every call plans for itself")

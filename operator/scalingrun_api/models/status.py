@@ -186,6 +186,25 @@ class CapacitySeen(ApiModel):
     seen_at_epoch: Optional[int] = Field(None, description="The epoch then; the run grows once a later one ends.")
 
 
+class SizeTime(ApiModel):
+    """An elastic run's time at one size, and what it held: workers x time (x GPUs per worker)."""
+
+    workers: int = Field(..., description="The worker count.")
+    seconds: int = Field(..., description="Seconds the run trained at this size: from when it trained at it (its "
+                         "first MPIJob, or a resize's trainingAt) to the next resize's trainingAt or the end; a "
+                         "suspended or queued MPIJob's time is at no size.")
+    worker_hours: float = Field(..., description="workers x seconds, in hours.")
+    gpu_hours: Optional[float] = Field(None, description="workerHours x spec.workers.gpusPerWorker, when the workers "
+                                       "ask for GPUs.")
+
+
+class SizeCounting(ApiModel):
+    """The size whose time runs now (added to sizes when it changes, the MPIJob is paused, or it ends)."""
+
+    workers: int = Field(..., description="The worker count.")
+    since: str = Field(..., description="Since when its time runs (RFC 3339).")
+
+
 class ElasticStatus(ApiModel):
     """An elastic run's size (spec.workers.minReplicas): the worker count its MPIJob has now, and its resizes."""
 
@@ -195,6 +214,13 @@ class ElasticStatus(ApiModel):
                                              "epoch boundary.")
     resizes: list[Resize] = Field(default_factory=list, max_length=20,
                                   description="The last 20 resizes, oldest first: the worker count over time.")
+    started_at: Optional[str] = Field(None, description="When its first MPIJob was made (or first found), at "
+                                      "the first resize's `from` workers (RFC 3339).")
+    sizes: list[SizeTime] = Field(default_factory=list, description="The time at each size seen, the largest first, "
+                                  "with its worker-hours and GPU-hours; the size counting now adds its time since "
+                                  "counting.since (`scalingrun get -o wide` and `scalingrun report` add it).")
+    counting: Optional[SizeCounting] = Field(None, description="The size whose time runs now, and since when; "
+                                             "absent while the MPIJob is suspended, queued or finished.")
 
 
 class TrainingStatus(ApiModel):

@@ -74,6 +74,10 @@ class SweepPoint(ApiModel):
         None, description="True when the point trained the head on features its frozen base computed once.")
     feature_cache_seconds: Optional[float] = Field(
         None, description="Seconds the point spent computing those features (part of wallSeconds).")
+    resized: Optional[bool] = Field(
+        None, description="True when the point's ScalingRun trained at more than one worker count (an elastic run "
+        "found under the point's name and adopted; a sweep's template cannot be elastic): its time and throughput "
+        "would mix sizes, so the row has none, no speedup, and is never recommended.")
 
 
 class SweepRecommendation(ApiModel):

@@ -8,8 +8,7 @@ from scalingrun_api.engines import engine
 from scalingrun_api.models import MANAGED_BY, ScalingRun
 from scalingrun_api.status_push import (
     CA_FILE, STATUS_AUDIENCE, STATUS_CONFIG_MAP, STATUS_DIR, STATUS_PATH_VARIABLE, TOKEN_EXPIRATION_SECONDS,
-    TOKEN_FILE, URL_FILE,
-    push_path,
+    TOKEN_FILE, URL_FILE, run_push_path,
 )
 from scalingrun_api.models.run import DEFAULT_GPU_RESOURCE
 from scalingrun_api.models.training import CONFIG_PATH
@@ -115,9 +114,11 @@ def image_pull_secrets(run: ScalingRun) -> dict[str, Any]:
 
 
 STATUS_VOLUME = "scalingrun-status"
+
+
 def status_env(run: ScalingRun, namespace: str) -> list[dict[str, Any]]:
-    """The run's push path (scalingrun_api.status_push.push_path without the document)."""
-    return [{"name": STATUS_PATH_VARIABLE, "value": push_path(namespace, run.metadata.name, "").rstrip("/")}]
+    """The run's push path (scalingrun_api.status_push.run_push_path), for its processes."""
+    return [{"name": STATUS_PATH_VARIABLE, "value": run_push_path(namespace, run.metadata.name)}]
 
 
 def status_volume() -> tuple[dict[str, Any], dict[str, Any]]:

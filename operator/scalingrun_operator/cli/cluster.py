@@ -12,6 +12,8 @@ from typing import Any, Callable, Iterator, Optional
 
 from scalingrun_api.models import GROUP, KIND, PLURAL, SWEEP_KIND, SWEEP_PLURAL, VERSION, duration_seconds
 from scalingrun_api.models.common import DURATION_PATTERN
+from ..decide.elastic import time_at_sizes
+from ..decide.status import parse_time
 from .loading import OK, USAGE, UserError, dump
 
 TERMINAL = ("Succeeded", "Failed")
@@ -123,18 +125,25 @@ def _message(status: dict[str, Any], wide: bool) -> str:
     return message if wide or len(message) <= MESSAGE_WIDTH else message[:MESSAGE_WIDTH - 1] + "…"
 
 
-def _workers(spec: dict[str, Any], training: dict[str, Any], wide: bool) -> str:
+def _workers(spec: dict[str, Any], status: dict[str, Any], wide: bool, moment: dt.datetime) -> str:
     """spec.workers.replicas; an elastic run below it shows `now/most`, and wide output its resizes (each with its
-    cost: seconds from the loss to training again), the last three."""
-    most = (spec.get("workers") or {}).get("replicas")
-    elastic = training.get("elastic") or {}
+    cost: seconds from the loss to training again), the last three, and the hours at each size (GPU-hours when the
+    workers ask for GPUs, else worker-hours), the running size's counted to `moment` (a finished run's to its end)."""
+    workers = spec.get("workers") or {}
+    most = workers.get("replicas")
+    elastic = (status.get("training") or {}).get("elastic") or {}
     now = elastic.get("workers")
     text = f"{now}/{most}" if isinstance(now, int) and now != most else _number(most, "{}")
     resizes = [f"{r.get('from')}->{r.get('to')} {_number(r.get('costSeconds'), '{}s')}"
                for r in (elastic.get("resizes") or [])[-3:]]
     if elastic.get("resizing"):
         resizes.append(f"{elastic['resizing'].get('from')}->{elastic['resizing'].get('to')} now")
-    return f"{text} ({', '.join(resizes)})" if wide and resizes else text
+    gpus = workers.get("gpusPerWorker", 1)
+    ended = status.get("phase") in TERMINAL and parse_time(status.get("completionTime"))
+    sizes = time_at_sizes(elastic, gpus, ended or moment)
+    hours = ", ".join(f"{s['workers']}: {s.get('gpuHours', s['workerHours']):.2f}" for s in sizes)
+    notes = ", ".join(resizes) + (f"; {'GPU' if gpus else 'worker'}-h {hours}" if hours else "")
+    return f"{text} ({notes.lstrip('; ')})" if wide and notes else text
 
 
 def run_row(run: dict[str, Any], now: dt.datetime, wide: bool = False) -> list[str]:
@@ -146,8 +155,9 @@ def run_row(run: dict[str, Any], now: dt.datetime, wide: bool = False) -> list[s
     best_text = _number(best, "{:.4f}") + (f" @{training['bestEpoch']}" if best is not None and
                                            training.get("bestEpoch") else "")
     wait = training.get("inputWaitFraction")
-    return [run["metadata"]["name"], status.get("phase") or "-", _workers(spec, training, wide), epochs, _number(training.get("imagesPerSecond"), "{:.0f}"), _number(wait, "{:.0%}"), best_text,
-            _eta(training, now), _number(training.get("restarts") or 0, "{}"), _message(status, wide)]
+    return [run["metadata"]["name"], status.get("phase") or "-", _workers(spec, status, wide, now), epochs,
+            _number(training.get("imagesPerSecond"), "{:.0f}"), _number(wait, "{:.0%}"), best_text, _eta(training, now),
+            _number(training.get("restarts") or 0, "{}"), _message(status, wide)]
 
 
 def sweep_row(sweep: dict[str, Any], _: dt.datetime, wide: bool = False) -> list[str]:

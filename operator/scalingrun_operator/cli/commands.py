@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime as dt
 import json
 import os
 import sys
@@ -178,7 +179,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from ..builders.locations import progress_uri
     from ..documents import parse_progress, read_progress
     from ..local.keep import kept_progress
-    from ..report.run import render_report
+    from ..report.run import render_report, workers_over_time
     from ..storage import StorageError, StorageTarget
 
     if bool(args.filename) == bool(args.progress):
@@ -189,6 +190,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         if resource.kind == SWEEP_KIND:
             return _sweep_report(args, resource)
         name, storage = resource.metadata.name, resource.spec.storage
+        # A run as read from the cluster (kubectl get -o yaml) has its status: an elastic run's sizes over time.
+        workers = workers_over_time(doc.body.get("status"), resource.spec.workers.gpus_per_worker,
+                                    dt.datetime.now(dt.timezone.utc))
         uri, target = progress_uri(resource), StorageTarget(storage.endpoint, storage.region, None)
         kept = kept_progress(name, workdir=Path(args.workdir) if args.workdir else None)
         if kept is not None:  # a stopped store (the quick start's) is not waited for long: there is a copy
@@ -198,7 +202,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         name, uri = args.name, args.progress
         target = StorageTarget(os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
                                None)
-        kept = None
+        kept, workers = None, None
     try:
         progress, _ = read_progress(uri, target)
         missing = f"no progress document at {uri}"
@@ -209,7 +213,7 @@ def cmd_report(args: argparse.Namespace) -> int:
             raise UserError(f"scalingrun report: {missing}")
         print(f"scalingrun report: {missing}; drawing from {kept}, which the local run kept", file=sys.stderr)
         progress = parse_progress(json.loads(kept.read_text()))
-    png, md = render_report(progress, name, Path(args.output))
+    png, md = render_report(progress, name, Path(args.output), workers)
     print(f"report: {png} and {md}")
     return OK
 

@@ -34,9 +34,13 @@ _CONTAINER_KEPT = ("name", "image", "resources")
 
 def trimmed_pod(pod: dict[str, Any]) -> dict[str, Any]:
     """The parts of a pod that decide reads (decide/pods.py, interruptions.py): its managedFields, env, volumes
-    and probes are most of its size and say nothing about why it does not run."""
+    and probes are most of its size and say nothing about why it does not run. Its volumes' names are kept: whether
+    it mounts the status token tells a training that can push from one made before the push path
+    (decide/stall.py: made_before_the_push_path)."""
     meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
     kept_spec: dict[str, Any] = {k: spec[k] for k in _POD_SPEC_KEPT if k in spec}
+    if "volumes" in spec:
+        kept_spec["volumes"] = [{"name": v.get("name")} for v in spec["volumes"] or []]
     for key in ("initContainers", "containers"):
         if key in spec:
             kept_spec[key] = [{k: c[k] for k in _CONTAINER_KEPT if k in c} for c in spec[key] or []]

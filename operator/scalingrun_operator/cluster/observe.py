@@ -28,7 +28,7 @@ from .latest import LatestObjects
 from .memory import Memory
 from .node_notices import NodeNotices
 from .pod_index import PodIndex
-from .pushed import PushedDocuments
+from ..pushed import PushedDocuments
 
 
 class Observer:

@@ -3,14 +3,17 @@
 The token is checked by the API server (TokenReview with audiences=[STATUS_AUDIENCE]); the pod it is bound to (name
 and uid from the review, namespace from the username) must be the run's: labelled as the run's by the operator, in
 the run's namespace, with the same uid. Successful reviews are kept briefly (bounded, keyed by the token's hash), so
-a run's pushes cost the API server one review per token per REVIEW_TTL_SECONDS. The pod check runs on every push,
+a run's pushes cost the API server one review per token per REVIEW_TTL_SECONDS; a token reviewed successfully before
+is `known` (the status server reviews those apart from new tokens). The pod check runs on every push,
 against the pod watch's index where it knows the run's pods, else by listing the pod by name.
 Every refusal is a Refused with its HTTP status and a reason (the metric's label).
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import threading
 import time
 from collections import OrderedDict
@@ -22,26 +25,19 @@ from kubernetes import client
 from scalingrun_api.models import MANAGED_BY
 from scalingrun_api.status_push import STATUS_AUDIENCE
 from ..builders.common import RUN_LABEL
+from ..status_server import INVALID_TOKEN, OTHER_RUN, Refused, bearer_token
 
-REVIEW_TTL_SECONDS = 10.0
+# A review vouches for its token this long, never past the token's own expiry. The pod check runs on every push, so
+# a kept review lets through no pod that is gone or no longer the run's; a minute makes a pod that pushes every 10 s
+# cost one TokenReview in six (the API server's own webhook token cache keeps answers 2 min by default).
+REVIEW_TTL_SECONDS = 60.0
 REVIEWS_KEPT = 4096
 POD_NAME_EXTRA = "authentication.kubernetes.io/pod-name"
 POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 
-# The reasons a push is refused (the metric's label), with their HTTP status.
-NO_TOKEN, INVALID_TOKEN, WRONG_AUDIENCE, POD_GONE = "NoToken", "InvalidToken", "WrongAudience", "PodGone"
-NOT_A_POD, OTHER_NAMESPACE, OTHER_RUN = "NotAPodToken", "OtherNamespace", "OtherRun"
-
-
-@dataclass(frozen=True)
-class Refused(Exception):
-    status: int
-    reason: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.reason}: {self.message}"
+# The reasons a pod's push is refused (the metric's label), beside status_server's NO_TOKEN, INVALID_TOKEN, OTHER_RUN.
+WRONG_AUDIENCE, POD_GONE, NOT_A_POD, OTHER_NAMESPACE = "WrongAudience", "PodGone", "NotAPodToken", "OtherNamespace"
 
 
 @dataclass(frozen=True)
@@ -77,6 +73,16 @@ def review_token(api_client: client.ApiClient, token: str) -> PodIdentity:
     return PodIdentity(namespace, pod, uid)
 
 
+def expires_in(token: str, now: Optional[float] = None) -> float:
+    """Seconds until the token's `exp` claim (read after the API server vouched for the token; 0 without one)."""
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        return max(0.0, float(claims["exp"]) - (time.time() if now is None else now))
+    except (IndexError, ValueError, KeyError, TypeError):
+        return 0.0
+
+
 class PushAuthenticator:
     """Decides whether a bearer token may push the status of run `namespace/name`."""
 
@@ -97,17 +103,36 @@ class PushAuthenticator:
         found = self.core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}", limit=1).items
         return self.api_client.sanitize_for_serialization(found[0]) if found else None
 
+    @staticmethod
+    def _key(token: str) -> str:
+        return hashlib.sha256(token.encode()).hexdigest()
+
+    def known(self, authorization: Optional[str]) -> bool:
+        """Whether the bearer token's last review vouched for it (however long ago; its pod is still checked): the
+        status server reviews such tokens apart from new ones, so that a flood of bad tokens cannot delay them."""
+        try:
+            token = bearer_token(authorization)
+        except Refused:
+            return False
+        with self._guard:
+            return self._key(token) in self._reviews
+
     def identity(self, token: str) -> PodIdentity:
         """The token's pod, from a recent review or a new one."""
-        key = hashlib.sha256(token.encode()).hexdigest()
+        key = self._key(token)
         now = self._clock()
         with self._guard:
             kept = self._reviews.get(key)
             if kept and kept[0] > now:
                 return kept[1]
-        found = review_token(self.api_client, token)
+        try:
+            found = review_token(self.api_client, token)
+        except Refused:
+            with self._guard:
+                self._reviews.pop(key, None)  # expired, or its pod gone: a new token from now on
+            raise
         with self._guard:
-            self._reviews[key] = (now + REVIEW_TTL_SECONDS, found)
+            self._reviews[key] = (now + min(REVIEW_TTL_SECONDS, expires_in(token)), found)
             self._reviews.move_to_end(key)
             while len(self._reviews) > REVIEWS_KEPT:
                 self._reviews.popitem(last=False)
@@ -115,10 +140,7 @@ class PushAuthenticator:
 
     def authorize(self, authorization: Optional[str], namespace: str, run: str) -> PodIdentity:
         """The pushing pod when it is one of run `namespace/run`'s; Refused otherwise."""
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            raise Refused(401, NO_TOKEN, "no bearer token")
-        pod = self.identity(token.strip())
+        pod = self.identity(bearer_token(authorization))
         if pod.namespace != namespace:
             raise Refused(403, OTHER_NAMESPACE, f"a pod of namespace {pod.namespace} pushes only for its own")
         known = self._known_pods(namespace, run) or []

@@ -9,6 +9,7 @@ with the resourceVersion it was computed from; a conflict (409) anywhere reads a
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from .metrics import Metrics
 from .observe import Observer
 from .node_notices import NodeNotices
 from .pod_index import PodIndex
-from .pushed import PushedDocuments
+from ..pushed import PushedDocuments
 from .reconcile_scheduler import ReconcileScheduler
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ ATTEMPTS = 4  # looks at one object per trigger when conflicts keep coming
 DERIVED_KEPT = 1024  # runs whose parsed spec and rendered children are kept between looks (~30 KiB each)
 
 
-def settings_of(config: Config) -> Settings:
+def settings_of(config: Config, started: Optional[dt.datetime] = None) -> Settings:
     return Settings(completion_grace_seconds=config.completion_grace_seconds,
                     recheck_interval_seconds=config.recheck_interval_seconds,
                     allowed_storage_endpoints=config.allowed_storage_endpoints,
@@ -48,6 +49,7 @@ def settings_of(config: Config) -> Settings:
                     gpu_tolerations=config.gpu_tolerations,
                     mpijob_unserved_seconds=config.mpijob_unserved_seconds or None,
                     reads_storage=config.reads_storage,
+                    pushes_since=None if config.reads_storage else started,
                     capacity_probe_priority_class=config.capacity_probe_priority_class or None)
 
 
@@ -63,6 +65,7 @@ class _Reconciler:
     latest: Optional[LatestObjects] = None  # copies from the watches (Runtime); None: a look reads them anew
     pushed: Optional[PushedDocuments] = None  # documents the runs' pods pushed (Runtime); None: storage only
     notices: Optional[NodeNotices] = None  # the Node watch's tainted Nodes (Runtime); None: no notices seen
+    started: dt.datetime = field(default_factory=clock.now)  # since when it takes pushes (Settings.pushes_since)
 
     kind = ""
 
@@ -102,7 +105,7 @@ class _Reconciler:
                 moment = clock.now()
                 snapshot = Snapshot(body, moment, derived=self._derived_for(namespace, name, body))
                 try:
-                    decision = look(snapshot, self._decide, observer.read, settings_of(self.config))
+                    decision = look(snapshot, self._decide, observer.read, settings_of(self.config, self.started))
                     act.apply(self.kube, self.metrics, body, decision, moment, self._patch_status())
                 except ApiException as exc:
                     self.metrics.api_errors.labels(code=str(exc.status or 0)).inc()

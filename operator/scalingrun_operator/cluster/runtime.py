@@ -24,9 +24,10 @@ from .node_notices import NodeNotices
 from .pod_index import PodIndex
 from .preflight import run_at_start_up
 from .push_auth import PushAuthenticator
-from .pushed import PushedDocuments
+from ..pushed import PushedDocuments
 from .status_config import StatusConfigMaps
-from .status_server import StatusServer
+from ..status_server import StatusServer
+from .serving import mark_serving
 from .reconcile_scheduler import ReconcileScheduler
 from .reconcile import Reconciler, SweepReconciler
 
@@ -83,6 +84,8 @@ class Runtime:
         threading.Thread(target=self.preflight, name="preflight", daemon=True).start()
         if self.config.status_port_number:
             self.start_status_server()
+            if self.config.pod_name:  # the status Service's pushes come here from now on
+                mark_serving(self.kube.api_client, self.config.pod_namespace, self.config.pod_name, serving=True)
 
     def preflight(self) -> None:
         """What the cluster lacks for runs to train (no MPIJob API, CRDs of another version): logged, exported."""

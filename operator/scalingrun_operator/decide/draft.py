@@ -152,7 +152,10 @@ class Draft:
         self.actions.append(Patch(found, patch, event))
 
     def delete_pod(self, pod: dict[str, Any], grace_seconds: Optional[int], event: Optional[Event] = None) -> None:
-        """Deletes one of the run's training pods (a lost or stalled one): the MPI operator makes it anew."""
+        """Deletes one of the run's training pods (a lost or stalled one): the MPI operator makes it anew. Once per
+        look: a pod two rules delete is deleted by the first."""
+        if any(isinstance(action, Delete) and action.found is pod for action in self.actions):
+            return
         self.actions.append(Delete(pod, grace_seconds, event))
 
     def create(self, desired: dict[str, Any]) -> None:

@@ -14,6 +14,13 @@ A resize is two looks, so that a restart of the operator in between loses and du
    cleared, its pods' losses counted as the MPIJob's). An MPIJob found gone while `resizing` is set is that deletion,
    never a `ChildDeleted` interruption. The next look creates the MPIJob at the new size.
 The resize ends when that MPIJob's launcher runs (MPIJob Running): its cost is the seconds from the loss to then.
+
+Time at each size (`sizes`): the run's training time is split by the size it trained at, a size's time running from
+when the run trained at it (its first MPIJob made, or a resize's trainingAt) to the next resize's trainingAt or the
+end; a suspended or queued MPIJob's time counts for no size. `counting` is the size whose time runs now and since
+when; its time is added to `sizes` when the size changes, the MPIJob is paused, or it ends. Everything is read from
+status, so a look after a restart adds nothing twice; while no resize has left the last 20 and the MPIJob was never
+paused, `sizes` agrees with the step plot of the resizes (`worker_steps`).
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ GROWING_AT_EPOCH = "GrowingAtEpoch"
 SHRINK_CAUSE = "workersUnplaced"  # a resize's cause: lost workers' replacements the scheduler could not place
 GROW_CAUSE = "capacityReturned"  # a resize's cause: capacity probes placed, the run grows at an epoch boundary
 MAX_RESIZES = 20  # status.training.elastic.resizes keeps the last ones: status stays small
+SIZES, COUNTING, STARTED_AT = "sizes", "counting", "startedAt"  # status.training.elastic: the time at each size
 
 
 def elastic_of(training_status: Optional[dict[str, Any]]) -> dict[str, Any]:
@@ -74,17 +82,29 @@ def resizing(training_status: Optional[dict[str, Any]]) -> bool:
     return bool(elastic_of(training_status).get("resizing"))
 
 
+def _workers_of(found: list[dict[str, Any]], mpijob: dict[str, Any]) -> list[dict[str, Any]]:
+    """The worker pods of `mpijob` (their controller) that are not being deleted."""
+    uid, name = mpijob["metadata"].get("uid"), mpijob["metadata"]["name"]
+    return [pod for pod, _ in pod_facts.pods_of(found, (pod_facts.WORKER,), name)
+            if next((o for o in pod_facts.metadata_of(pod).get("ownerReferences") or [] if o.get("controller")),
+                    {}).get("uid") == uid]
+
+
+def placed_workers(found: list[dict[str, Any]], mpijob: dict[str, Any]) -> int:
+    """The workers of `mpijob` that a node runs: what a shrink keeps. A lost worker whose pod is still going away
+    (its grace period, a lost node) or whose replacement is not made yet is not one, nor an unplaced replacement:
+    counting the MPIJob's workers less the unplaced ones took those for placed (4 -> 3 when 2 were lost)."""
+    return sum(1 for pod in _workers_of(found, mpijob) if (pod.get("spec") or {}).get("nodeName")
+               and pod_facts.status_of(pod).get("phase") in ("Pending", "Running"))
+
+
 def unplaced_workers(found: list[dict[str, Any]], mpijob: dict[str, Any]) -> list[tuple[str, dt.datetime, str]]:
     """(pod, since, the scheduler's words) for each worker pod of `mpijob` (its controller) that no node was
     assigned to: a lost worker's replacement waits Pending, unschedulable, for capacity. Oldest first."""
-    uid, name = mpijob["metadata"].get("uid"), mpijob["metadata"]["name"]
     waiting = []
-    for pod, role in pod_facts.pods_of(found, (pod_facts.WORKER,), name):
+    for pod in _workers_of(found, mpijob):
         meta, status = pod_facts.metadata_of(pod), pod_facts.status_of(pod)
-        owner = next((o for o in meta.get("ownerReferences") or [] if o.get("controller")), {})
-        if owner.get("uid") != uid or (pod.get("spec") or {}).get("nodeName"):
-            continue
-        if (status.get("phase") or "Pending") != "Pending":
+        if (pod.get("spec") or {}).get("nodeName") or (status.get("phase") or "Pending") != "Pending":
             continue
         scheduled = next((c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
         since = parse_time(meta.get("creationTimestamp"))
@@ -107,7 +127,7 @@ def decide_size(draft: Draft, run: ScalingRun, mpijob: dict[str, Any], mpijob_st
     if not workers.elastic or draft.settings.where.local:
         return False
     if mpijob_state in ("Succeeded", "Failed"):
-        _drop_probes(draft)
+        drop_probes(draft)
         return False
     elastic = elastic_of(training_status)
     target, current = workers_now(run, training_status), mpijob_workers(mpijob)
@@ -121,18 +141,22 @@ def decide_size(draft: Draft, run: ScalingRun, mpijob: dict[str, Any], mpijob_st
         return True
     if pending and mpijob_state == "Running":
         return _resized(draft, run, training_status, elastic, pending)
-    if pending:
+    unplaced = unplaced_workers(draft.pods(), mpijob)
+    lost_at, bound = (unplaced[0][1], workers.resize_after_seconds) if unplaced else (None, 0)
+    waited = (draft.update.moment - lost_at).total_seconds() if lost_at else 0.0
+    if pending and (not unplaced or waited < bound):
+        # The new MPIJob on its way to running. Its own workers unplaced past the bound (capacity went again
+        # meanwhile) shrink it further below: its launcher waits for every worker, so the resize would never end.
+        if unplaced:
+            draft.recheck(bound - waited + 1.0)
         _placed(draft, RESIZING, f"MPIJob {mpijob['metadata']['name']} resumes from the last checkpoint with "
                 f"{target} of {workers.replicas} workers (from {pending['from']})")
         return False
-    unplaced = unplaced_workers(draft.pods(), mpijob)
     if not unplaced:
         return _grow(draft, run, current, training_status, elastic)
-    lost_at, bound = unplaced[0][1], workers.resize_after_seconds
-    waited = (draft.update.moment - lost_at).total_seconds()
     names = ", ".join(n for n, _, _ in unplaced[:5]) + (" ..." if len(unplaced) > 5 else "")
     words = next((w for _, _, w in unplaced if w), "no node was assigned")
-    placeable = current - len(unplaced)
+    placeable = min(current - len(unplaced), placed_workers(draft.pods(), mpijob))
     if waited < bound:
         draft.recheck(bound - waited + 1.0)
         _placed(draft, WAITING_TO_SHRINK, f"{len(unplaced)} of {current} workers unplaced since {rfc3339(lost_at)} "
@@ -145,8 +169,10 @@ def decide_size(draft: Draft, run: ScalingRun, mpijob: dict[str, Any], mpijob_st
         _placed(draft, BELOW_MIN_REPLICAS, message, warn=True)
         return False
     cause = f"{SHRINK_CAUSE}: {len(unplaced)} unplaced for {int(waited)} s ({names}: {words})"
-    elastic.update(workers=placeable, resizing={"from": current, "to": placeable, "cause": cause,
-                                               "lostAt": rfc3339(lost_at), "decidedAt": rfc3339(draft.update.moment)})
+    # A resize that never got to train is replaced by this one; the record keeps where and when it began.
+    start, since = (pending["from"], pending["lostAt"]) if pending else (current, rfc3339(lost_at))
+    elastic.update(workers=placeable, resizing={"from": start, "to": placeable, "cause": cause, "lostAt": since,
+                                               "decidedAt": rfc3339(draft.update.moment)})
     training_status[ELASTIC_FIELD] = elastic
     message = (f"shrinking from {current} to {placeable} workers: {cause}; a new MPIJob resumes from the last "
                "checkpoint")
@@ -164,7 +190,7 @@ def _delete(draft: Draft, mpijob: dict[str, Any], training_status: dict[str, Any
     podrecords.mark_all_lost(training_status, name)
     training_status["mpiJobUid"] = None
     draft.again = True
-    _drop_probes(draft)  # the room they held is the new workers'
+    drop_probes(draft)  # the room they held is the new workers'
 
 
 def capacity_probes(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -172,7 +198,7 @@ def capacity_probes(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
             == CAPACITY_PROBE and not pod_facts.metadata_of(p).get("deletionTimestamp")]
 
 
-def _drop_probes(draft: Draft) -> None:
+def drop_probes(draft: Draft) -> None:
     for probe in capacity_probes(draft.pods()):
         draft.delete_pod(probe, 0)
 
@@ -188,7 +214,7 @@ def _grow(draft: Draft, run: ScalingRun, current: int, training_status: dict[str
     if current >= most or not priority_class:
         for probe in probes:
             draft.delete_pod(probe, 0)
-        _drop(elastic, "capacity")
+        elastic.pop("capacity", None)
         training_status[ELASTIC_FIELD] = elastic
         _at_size(draft, run, current)
         return False
@@ -199,7 +225,7 @@ def _grow(draft: Draft, run: ScalingRun, current: int, training_status: dict[str
                                               draft.settings.gpu_tolerations))
     placed = sorted(pod_facts.pod_name(p) for p in probes if (p.get("spec") or {}).get("nodeName"))
     if not placed:
-        _drop(elastic, "capacity")
+        elastic.pop("capacity", None)
         training_status[ELASTIC_FIELD] = elastic
         _at_size(draft, run, current)
         return False
@@ -216,7 +242,7 @@ def _grow(draft: Draft, run: ScalingRun, current: int, training_status: dict[str
                 "checkpoint")
         return False
     cause = f"{GROW_CAUSE}: {', '.join(placed)} placed since {seen['seenAt']}"
-    _drop(elastic, "capacity")
+    elastic.pop("capacity", None)
     elastic.update(workers=fits, resizing={"from": current, "to": fits, "cause": cause, "lostAt": seen["seenAt"],
                                            "decidedAt": rfc3339(draft.update.moment)})
     training_status[ELASTIC_FIELD] = elastic
@@ -235,18 +261,12 @@ def _resized(draft: Draft, run: ScalingRun, training_status: dict[str, Any], ela
     record = {**{k: pending[k] for k in ("from", "to", "cause", "lostAt") if k in pending},
               "trainingAt": rfc3339(draft.update.moment), "costSeconds": cost}
     elastic["resizes"] = ([*(elastic.get("resizes") or []), record])[-MAX_RESIZES:]
-    _drop(elastic, "resizing")
+    elastic.pop("resizing", None)
+    _switch(elastic, pending["to"], draft.update.moment, run.spec.workers.gpus_per_worker)
     training_status[ELASTIC_FIELD] = elastic
     draft.update.warn("Resized", f"training again with {pending['to']} workers (from {pending['from']}), "
                       f"{cost} s after the loss")
     return _grow(draft, run, pending["to"], training_status, elastic)  # probes at once: no event may come
-
-
-def _drop(elastic: dict[str, Any], key: str) -> None:
-    """Removes `key` from status.training.elastic: None, which the status merge patch sends as null (a key merely
-    left out of a nested object would stay on the server, and the next look would see it again)."""
-    if key in elastic:
-        elastic[key] = None
 
 
 def _at_size(draft: Draft, run: ScalingRun, workers: int) -> None:
@@ -263,3 +283,90 @@ def _placed(draft: Draft, reason: str, message: str, warn: bool = False) -> None
     if warn and before.get("reason") != reason:
         draft.update.warn(reason, message)
     draft.update.condition(WORKERS_PLACED, "True" if reason == ALL_PLACED else "False", reason, message)
+
+
+# --- time at each size -----------------------------------------------------------------------------------------
+
+
+def count_worker_time(draft: Draft, run: ScalingRun, mpijob: dict[str, Any], finished_at: Optional[dt.datetime],
+                      finished: bool, paused: bool, training_status: dict[str, Any]) -> None:
+    """The clock of an elastic run's time at its size: started by the look that creates its MPIJob or first finds
+    it (at that MPIJob's workers), stopped when the MPIJob is paused (suspended, queued) or ends (at its
+    completionTime). A look that changes neither writes nothing."""
+    if not run.spec.workers.elastic or draft.settings.where.local:
+        return
+    elastic, gpus = elastic_of(training_status), run.spec.workers.gpus_per_worker
+    if finished or paused:
+        if not elastic.get(COUNTING):
+            return
+        _switch(elastic, None, (finished_at if finished and finished_at else draft.update.moment), gpus)
+    elif not elastic.get(COUNTING):
+        _switch(elastic, mpijob_workers(mpijob) or workers_now(run, training_status), draft.update.moment, gpus)
+    else:
+        return
+    training_status[ELASTIC_FIELD] = elastic
+
+
+def size_entry(workers: int, seconds: int, gpus_per_worker: int) -> dict[str, Any]:
+    """One size's time: seconds, worker-hours (workers x time) and, for workers that ask for GPUs, GPU-hours."""
+    entry = {"workers": workers, "seconds": seconds, "workerHours": round(workers * seconds / 3600, 4)}
+    if gpus_per_worker:
+        entry["gpuHours"] = round(workers * gpus_per_worker * seconds / 3600, 4)
+    return entry
+
+
+def _add_time(sizes: Optional[list[dict[str, Any]]], workers: int, seconds: float,
+              gpus_per_worker: int) -> list[dict[str, Any]]:
+    """`sizes` (one entry per size, the largest first) with `seconds` more at `workers`."""
+    by_size = {int(e["workers"]): int(e.get("seconds") or 0) for e in sizes or []}
+    by_size[workers] = by_size.get(workers, 0) + max(0, int(seconds))
+    return [size_entry(w, s, gpus_per_worker) for w, s in sorted(by_size.items(), reverse=True)]
+
+
+def _fold(elastic: dict[str, Any], at: dt.datetime, gpus_per_worker: int) -> None:
+    """The counting size's time up to `at` added to `sizes`; the count goes on from `at`. Times are whole seconds,
+    as status writes them, so the sums stay exact."""
+    counting = elastic.get(COUNTING) or {}
+    since = parse_time(counting.get("since"))
+    if since is None:
+        return
+    at = max(at.replace(microsecond=0), since)
+    elastic[SIZES] = _add_time(elastic.get(SIZES), int(counting["workers"]), (at - since).total_seconds(),
+                               gpus_per_worker)
+    elastic[COUNTING] = {"workers": counting["workers"], "since": rfc3339(at)}
+
+
+def _switch(elastic: dict[str, Any], workers: Optional[int], at: dt.datetime, gpus_per_worker: int) -> None:
+    """The time so far added to its size; from `at` the time runs at `workers` (None: at no size)."""
+    _fold(elastic, at, gpus_per_worker)
+    if workers is None:
+        elastic.pop(COUNTING, None)
+        return
+    elastic[COUNTING] = {"workers": workers, "since": rfc3339(at)}
+    elastic.setdefault(STARTED_AT, rfc3339(at))
+
+
+def time_at_sizes(elastic: dict[str, Any], gpus_per_worker: int,
+                  until: Optional[dt.datetime]) -> list[dict[str, Any]]:
+    """status.training.elastic.sizes with the counting size's time up to `until` (the reader's now, or the run's
+    completionTime) added: what `scalingrun get` and the report show."""
+    view = dict(elastic)
+    if until is not None:
+        _fold(view, until, gpus_per_worker)
+    return list(view.get(SIZES) or [])
+
+
+def worker_steps(elastic: dict[str, Any], until: dt.datetime) -> list[tuple[dt.datetime, int]]:
+    """The worker count over time from the resizes: (moment, workers from then on), the first at startedAt, one at
+    each resize's trainingAt, the last at `until` (repeating the last count, to end a step plot). With all 20
+    resizes kept, earlier ones may have been dropped: the steps then start at the oldest kept resize's loss."""
+    resizes = [r for r in elastic.get("resizes") or [] if parse_time(r.get("trainingAt"))]
+    counting = elastic.get(COUNTING) or {}
+    first = resizes[0]["from"] if resizes else counting.get("workers") or elastic.get("workers")
+    start = parse_time(elastic.get(STARTED_AT))
+    if resizes and (start is None or len(elastic.get("resizes") or []) >= MAX_RESIZES):
+        start = parse_time(resizes[0].get("lostAt")) or parse_time(resizes[0]["trainingAt"])
+    if start is None or first is None:
+        return []
+    steps = [(start, int(first))] + [(parse_time(r["trainingAt"]), int(r["to"])) for r in resizes]
+    return steps + [(max(until, steps[-1][0]), steps[-1][1])]

@@ -16,7 +16,7 @@ from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun
 from ..schema.endpoints import endpoint_refusal, local_path_refusal
 from ..schema.validation import InvalidScalingRun, SpecWarning, parse_scalingrun, spec_warnings
 from ..builders.locations import logs_uri
-from . import pinning
+from . import elastic, pinning
 from .draft import Draft
 from .preprocessing import decide_preprocessing
 from .progress import MAX_URI_CHARS
@@ -77,6 +77,8 @@ def decide_run(snapshot: Snapshot, settings: Settings = Settings()) -> Decision:
         draft.drop_pin_annotation = True
         draft.update.warn("PinnedSpecAnnotationIgnored", pinning.annotation_ignored_message(body["spec"], annotation))
     if is_terminal(draft.update.desired):
+        if run is not None and run.spec.workers.min_replicas is not None:
+            elastic.drop_probes(draft)  # this is the last look: a finished run holds no room, whatever its MPIJob
         draft.follow, draft.recheck_in, draft.again = None, None, False  # nothing left to wait for
     return draft.decision()
 

@@ -252,6 +252,10 @@ class Settings:
     #: False: the documents come from the run's pods, not storage (the operator's status endpoint is on), and a
     #: missing manifest is said as the pods' (Config.reads_storage).
     reads_storage: bool = True
+    #: With the push path: when this operator began taking pushes (its start). Pushed beats live in its memory, so a
+    #: training's silence is counted from no earlier than this: after its restart, or a `helm upgrade` from pull
+    #: mode, the pods need a moment to push again. None: storage holds the beats.
+    pushes_since: Optional[dt.datetime] = None
     #: The PriorityClass of an elastic run's capacity probes (Config.capacity_probe_priority_class); None: no probes,
     #: so a shrunk run does not grow back (the local runner's case).
     capacity_probe_priority_class: Optional[str] = None

@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from scalingrun_api.heartbeat import Heartbeat, stall_timeout_seconds
 from scalingrun_api.models import ScalingRun
+from ..builders.common import STATUS_VOLUME
 from ..builders.locations import heartbeat_uri
 from . import faults, interruptions, nodes
 from .draft import Draft, store_of
@@ -52,6 +53,18 @@ def running_launcher(found: list[dict[str, Any]], mpijob: str) -> Optional[tuple
         return None
     started, _, pod = max(running, key=lambda t: (t[0], t[1]))
     return pod, started
+
+
+def made_before_the_push_path(draft: Draft, mpijob: str) -> bool:
+    """With the status endpoint on: whether the MPIJob's launcher pods were made by an operator older than the push
+    path (a `helm upgrade` with the run in flight). They mount no status token, so no heartbeat or progress comes
+    from them: such a training is never judged stalled, and ends on its MPIJob's condition (docs/install.md,
+    "Upgrade")."""
+    if draft.settings.reads_storage:
+        return False
+    launchers = [pod for pod in draft.pods() if pod_role(pod, mpijob) == LAUNCHER]
+    volumes = [volume.get("name") for pod in launchers for volume in (pod.get("spec") or {}).get("volumes") or []]
+    return bool(launchers) and STATUS_VOLUME not in volumes
 
 
 def _beat_time(beat: Heartbeat, now: dt.datetime) -> Optional[dt.datetime]:
@@ -109,6 +122,8 @@ def check_stall(draft: Draft, run: ScalingRun, training_status: dict[str, Any], 
     current = running_launcher(found, mpijob)
     if current is None:
         return  # no attempt runs: nothing should beat (a Pending pod is PodsHealthy's)
+    if made_before_the_push_path(draft, mpijob):
+        return  # it cannot beat here; a restart would make the same pods (their MPIJob's template), no wiser
     launcher, started = current
     now = update.moment
     record = training_status.get("heartbeat") or {}
@@ -129,6 +144,8 @@ def check_stall(draft: Draft, run: ScalingRun, training_status: dict[str, Any], 
     if when is None or when < started:
         beat, when = None, None  # none yet, or an earlier attempt's
     last = when or started
+    if draft.settings.pushes_since is not None:
+        last = max(last, draft.settings.pushes_since)  # beats pushed before this operator started are not known
     timeout = stall_timeout_seconds(training.stall_timeout, beat.longest_gap_seconds if beat else 0.0) or 0.0
     if beat is None and training.command:
         # A team's own script beats through the SDK (sdk.context() beats first): one that never does is not judged

@@ -187,15 +187,29 @@ class StatusUpdate:
     def patch(self) -> Optional[dict[str, Any]]:
         """The merge patch for the status subresource, or None when nothing changed.
 
-        Lists and the observed generation are replaced whole; keys the operator dropped become None.
+        Objects are diffed key by key at every depth, and a key the operator dropped becomes None at its own depth
+        (left out of a nested object, it would stay on the server); lists are replaced whole.
         """
         if _normalised(self.desired) == _normalised(self.current or {}):
             return None
-        patch = {k: v for k, v in self.desired.items() if (self.current or {}).get(k) != v}
-        for key in (self.current or {}):
-            if key not in self.desired:
-                patch[key] = None
-        return patch
+        return merge_patch(self.current or {}, self.desired) or None
+
+
+def merge_patch(current: dict[str, Any], desired: dict[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns `current` into `desired`."""
+    patch: dict[str, Any] = {}
+    for key, value in desired.items():
+        old = current.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            nested = merge_patch(old, value)
+            if nested:
+                patch[key] = nested
+        elif old != value:
+            patch[key] = value
+    for key in current:
+        if key not in desired:
+            patch[key] = None
+    return patch
 
 
 def _normalised(status: dict[str, Any]) -> dict[str, Any]:

@@ -99,6 +99,12 @@ def point_row(point: Point, phase: Optional[str], training: Optional[dict[str, A
     for source, target in (("val_accuracy", "bestValAccuracy"), ("val_loss", "bestValLoss")):
         if _number(best.get(source)) is not None:
             row[target] = round(float(best[source]), 4)
+    elastic = training.get("elastic") or {}
+    if elastic.get("resizes") or elastic.get("resizing"):
+        # A point measures one size: a resized run's time and throughput would mix sizes in the table.
+        row["resized"] = True
+        row.pop("imagesPerSecond", None)
+        return row
     if progress is not None:
         speeds = [entry.images_per_second for entry in progress.history if entry.images_per_second]
         if speeds:

@@ -185,6 +185,8 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
     merged["suspendApplied"] = wanted_suspend
     if elastic.ELASTIC_FIELD in current:  # kept across MPIJobs: the size and the resizes are the run's
         merged[elastic.ELASTIC_FIELD] = current[elastic.ELASTIC_FIELD]
+    # From the look that creates the MPIJob: its workers hold their resources from then on.
+    elastic.count_worker_time(draft, run, current_mpijob, state.finished_at, state.finished, paused, merged)
     if mpijob is not None and not paused and elastic.decide_size(draft, run, mpijob, state.state, merged):
         update.desired["training"] = merged
         return
@@ -212,8 +214,8 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
     if uri:
         update.desired["modelUri"] = uri
     if state.state == "Succeeded":
-        if (progress is None or progress.state != ProgressState.succeeded.value) and draft.within_grace(
-                state.finished_at):
+        if ((progress is None or progress.state != ProgressState.succeeded.value)
+                and not stall.made_before_the_push_path(draft, name) and draft.within_grace(state.finished_at)):
             draft.recheck(draft.grace_left(state.finished_at))
             update.condition(TRAINED, "Unknown", "WaitingForProgress",
                              f"MPIJob {name} succeeded; waiting for the final {progress_uri(run)}")

@@ -6,6 +6,9 @@ file in the workdir, the preprocessing Job and the MPIJob are processes (process
 what those processes did, written as the Job controller and the MPI operator would write it. Status is
 written to `<workdir>/status.json` after every look, in the shape of the ScalingRun's status. Credentials
 come from the environment (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), the local stand-in for the Secret.
+Progress and heartbeat come as the operator's do with its status endpoint on: pushed by the run's processes, here
+to 127.0.0.1 (pushes.py); the dataset manifest and the shard listings are read from storage (no pod here leaves a
+termination message).
 """
 
 from __future__ import annotations
@@ -22,14 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from scalingrun_api.heartbeat import HEARTBEAT_FILE, Heartbeat
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun, ScalingRunStatus
 from scalingrun_api.progress import Progress
 from ..schema.endpoints import EndpointPolicy
 from ..schema.validation import s3_fields
 from ..builders.common import storage_env
-from ..builders.config import CONFIG_KEY, run_location, total_processes
-from ..builders.locations import join
+from ..builders.config import CONFIG_KEY, total_processes
 from ..builders.preprocess import is_parquet_table
 from ..clock import now
 from ..decide import pinning
@@ -40,9 +41,10 @@ from ..decide.snapshot import (
     NoticedNodes, Server, ServerVersion, Settings, Snapshot, look,
 )
 from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, Event, get_condition, rfc3339
-from ..documents import read_heartbeat, read_manifest, read_progress
+from ..documents import read_manifest
 from ..storage import Clients, StorageError, StorageTarget, list_names
 from .processes import Commands, LocalRunError, Shards, gpus_here, train_env, training_status
+from .pushes import LocalPushes
 from .training import StallWatch, TrainingProcess
 
 __all__ = ["LocalRun", "LocalRunError"]
@@ -59,7 +61,7 @@ class LocalRun:
     log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
     commands: Commands = field(default_factory=Commands)
     python_path: tuple[str, ...] = ()  # --python-path: folders with the user's packages (model.builder, command)
-    poll_seconds: float = 5.0  # how often the progress document is read while training runs
+    poll_seconds: float = 5.0  # how often the pushed progress is looked at while training runs
     status: ScalingRunStatus = field(default_factory=ScalingRunStatus)
     progress: Optional[Progress] = None
     seconds: dict[str, float] = field(default_factory=dict)  # wall time per phase
@@ -83,6 +85,8 @@ class LocalRun:
             "status": {}}
         self.children: dict[tuple[str, str], dict[str, Any]] = {}  # as this machine's controllers show them
         self.clients = Clients()  # one botocore session for the run's reads
+        # Where the run's processes push their progress and heartbeat (the operator's status endpoint, on loopback).
+        self.pushes = LocalPushes(self.workdir / "status", self.body["metadata"]["namespace"], meta.name)
         self._shards: Optional[tuple[str, Shards]] = None
         self._training: Optional[tuple[str, TrainingProcess]] = None
         self._stall: Optional[StallWatch] = None
@@ -122,12 +126,14 @@ class LocalRun:
         """Looks, acts and waits until the run has finished (0: Succeeded) or cannot go on (1)."""
         self.check_credentials()
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.pushes.start()
         try:
             # The image a run names by default (messages, config.json) is the CPU one unless this machine has GPUs.
             return self._loop(dataclasses.replace(SETTINGS, train=stop_after != "preprocessing",
                                                   gpu_images=gpus_here() > 0))
         finally:  # also on SIGTERM / SIGINT (signals.Stopped) and errors: nothing this run started outlives it
             self.stop_processes()
+            self.pushes.stop()
 
     def _loop(self, settings: Settings) -> int:
         while True:
@@ -170,15 +176,14 @@ class LocalRun:
             return {}  # one machine, no Nodes: no termination notice but its own SIGTERM
         if isinstance(ask, ServerVersion):
             return Server(*INDEXED_JOBS_SINCE, "this machine")  # shards run side by side, as in an Indexed Job
+        if isinstance(ask, Document) and ask.what in (PROGRESS, HEARTBEAT):  # as pushed, as the operator's are
+            read = Read(self.pushes.get(ask.what))
+            if ask.what == PROGRESS and read.document is not None:
+                self.progress = read.document
+            return read
         # The keys come from the environment.
         target = StorageTarget(ask.store.endpoint, ask.store.region, None, clients=self.clients)
         try:
-            if isinstance(ask, Document) and ask.what == PROGRESS:
-                read = Read(*read_progress(ask.uri, target, ask.versioned))
-                self.progress = read.document
-                return read
-            if isinstance(ask, Document) and ask.what == HEARTBEAT:
-                return Read(read_heartbeat(ask.uri, target))
             if isinstance(ask, Document):
                 return Read(read_manifest(ask.uri, target))
             if isinstance(ask, Listing):
@@ -251,7 +256,8 @@ class LocalRun:
     def _env(self) -> dict[str, str]:
         """The pods' storage settings; the keys come from this environment instead of the Secret. --python-path
         goes first on PYTHONPATH, as the user's image would have the package."""
-        env = {**os.environ, **{e["name"]: e["value"] for e in storage_env(self.run) if "value" in e}}
+        env = {**os.environ, **{e["name"]: e["value"] for e in storage_env(self.run) if "value" in e},
+               **self.pushes.environment()}
         paths = [str(Path(p).resolve()) for p in self.python_path] + [p for p in [env.get("PYTHONPATH")] if p]
         if paths:
             env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -271,7 +277,7 @@ class LocalRun:
         name, training = self._training
         code = training.wait(timeout=self.poll_seconds)
         if code is None:
-            stalled = self._stall.stalled(self._heartbeat()) if self._stall else None
+            stalled = self._stall.stalled(self.pushes.get(HEARTBEAT)) if self._stall else None
             status = self._stalled(name, training, stalled) if stalled is not None else None
             if status is None:
                 return  # still training (or again): the next look reads the progress so far
@@ -302,15 +308,6 @@ class LocalRun:
         message = f"{stalled}; the ranks were stopped ({why}): run it again to resume from its last checkpoint"
         self.log(f"Stalled: {message}")
         return training_status(1, rfc3339(now()), reason="Stalled", message=message)
-
-    def _heartbeat(self) -> Optional[Heartbeat]:
-        """heartbeat.json beside progress.json (rank 0 writes it from its training loop), or None."""
-        storage = self.run.spec.storage
-        target = StorageTarget(storage.endpoint, storage.region, None, clients=self.clients)
-        try:
-            return read_heartbeat(join(run_location(self.run), HEARTBEAT_FILE), target)
-        except StorageError:
-            return None
 
     def stop_processes(self) -> None:
         """Stops what is still running: the preprocessing's shards, mpirun and every rank."""

@@ -4,7 +4,8 @@ operator's decide (decide.sweep).
 Each point is the same child ScalingRun the operator would create, run by the local runner (N training
 processes under the engine's launcher: horovodrun or mpirun). They share one preprocessed dataset: the first
 point writes it, laid out for the largest point; the others find it there and reuse it. The sweep's status (its
-rows, phase and recommendation) is the operator's, written to `<workdir>/status.json`.
+rows, phase and recommendation) is the operator's, written to `<workdir>/status.json`. A point's progress is what its
+processes pushed to its runner (as the operator's sweep reads its points' pushed progress), not read from storage.
 """
 
 from __future__ import annotations
@@ -25,8 +26,6 @@ from ..clock import now
 from ..decide.children import owner_reference
 from ..decide.snapshot import PROGRESS, Child, Create, Document, Read, Snapshot, look
 from ..decide.sweep import decide_sweep, processes_text, workers_text
-from ..documents import read_progress
-from ..storage import Clients, StorageError, StorageTarget
 from .runner import SETTINGS, LocalRun
 
 
@@ -77,7 +76,6 @@ class LocalSweep:
                          "uid": f"local-{uuid.uuid4()}"},
             "spec": self.sweep.spec.model_dump(mode="json", by_alias=True, exclude_none=True), "status": {}}
         self.points: dict[str, LocalRun] = {}
-        self.clients = Clients()
 
     def start(self) -> int:
         """Runs the points decide starts, one at a time, until it starts none; 0 when the sweep Succeeded."""
@@ -111,11 +109,8 @@ class LocalSweep:
             local = self.points.get(ask.name)
             return copy.deepcopy(local.body) if local else None
         if isinstance(ask, Document) and ask.what == PROGRESS:
-            try:
-                target = StorageTarget(ask.store.endpoint, ask.store.region, None, clients=self.clients)
-                return Read(*read_progress(ask.uri, target))
-            except StorageError as exc:
-                return Read(error=str(exc))
+            local = self.points.get(ask.run or "")
+            return Read(local.progress if local else None)
         raise TypeError(f"a local sweep cannot read {ask!r}")
 
     def write_status(self) -> None:

@@ -1,17 +1,51 @@
 """Training report: loss and accuracy curves per epoch with the best (early-stopping) epoch marked,
 as a PNG and a Markdown page, drawn from the trainer's progress document of any run. With
 batchSizePerWorker: auto, also the probe's images/s per batch size with the chosen knee; per epoch,
-the input-wait share and GPU utilisation when the trainer measured them."""
+the input-wait share and GPU utilisation when the trainer measured them. For an elastic run whose status is given
+(`kubectl get scalingrun NAME -o yaml` as the -f file), the worker count over time as a step plot with each resize's
+window (from the loss to training again), and the hours at each size."""
 
 from __future__ import annotations
 
+import datetime as dt
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Optional
 
 from scalingrun_api.progress import BatchSizeProbe, Progress, ProgressState
+from ..decide.elastic import time_at_sizes, worker_steps
+from ..decide.status import parse_time
 
 
-def render_report(progress: Progress, run_name: str, out_dir: Path) -> tuple[Path, Path]:
-    """Writes <out_dir>/<run>-report.png and .md from a progress document; returns their paths."""
+@dataclass(frozen=True)
+class WorkersOverTime:
+    """An elastic run's worker count over time and its hours at each size, read from its status."""
+
+    steps: list[tuple[dt.datetime, int]]  # (moment, workers from then on), the last closing the plot
+    sizes: list[dict[str, Any]]  # status.training.elastic.sizes with the running size's time added
+    resizes: list[dict[str, Any]]
+    gpus_per_worker: int
+
+
+def workers_over_time(status: Optional[dict[str, Any]], gpus_per_worker: int,
+                      now: dt.datetime) -> Optional[WorkersOverTime]:
+    """From a run's status, as read from the cluster: None unless it is an elastic run's. A finished run's time
+    ends at its completionTime, a running one's at `now`."""
+    elastic = ((status or {}).get("training") or {}).get("elastic")
+    if not elastic:
+        return None
+    ended = status.get("phase") in ("Succeeded", "Failed") and parse_time(status.get("completionTime"))
+    until = ended or now
+    steps, sizes = worker_steps(elastic, until), time_at_sizes(elastic, gpus_per_worker, until)
+    if not steps and not sizes:
+        return None
+    return WorkersOverTime(steps, sizes, list(elastic.get("resizes") or []), gpus_per_worker)
+
+
+def render_report(progress: Progress, run_name: str, out_dir: Path,
+                  workers: Optional[WorkersOverTime] = None) -> tuple[Path, Path]:
+    """Writes <out_dir>/<run>-report.png and .md from a progress document (and an elastic run's worker count over
+    time); returns their paths."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -27,7 +61,8 @@ def render_report(progress: Progress, run_name: str, out_dir: Path) -> tuple[Pat
                      and epochs[-1] < (progress.max_epochs or epochs[-1]))
 
     probe = progress.batch_size_probe
-    figure, axes = plt.subplots(1, 3 if probe else 2, figsize=(16.5 if probe else 11, 4.2))
+    panels = 2 + bool(probe) + bool(workers and workers.steps)
+    figure, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2))
     for axis, metric, title in ((axes[0], "loss", "Loss"), (axes[1], "accuracy", "Accuracy")):
         for key, style, label in ((metric, "o-", "training"), (f"val_{metric}", "s-", "validation")):
             values = [h.get(key) for h in history]
@@ -44,6 +79,8 @@ def render_report(progress: Progress, run_name: str, out_dir: Path) -> tuple[Pat
         axis.legend()
     if probe:
         _draw_probe(axes[2], probe)
+    if workers and workers.steps:
+        _draw_workers(axes[-1], workers)
     figure.suptitle(f"ScalingRun {run_name}: {progress.processes} processes, effective batch "
                     f"{progress.effective_batch_size}, learning rate {progress.learning_rate:g}")
     figure.tight_layout()
@@ -83,6 +120,7 @@ def render_report(progress: Progress, run_name: str, out_dir: Path) -> tuple[Pat
         *rows,
         "",
         *(_probe_lines(probe) if probe else []),
+        *(_workers_lines(workers) if workers else []),
     ])
     md = out_dir / f"{run_name}-report.md"
     md.write_text(markdown)
@@ -123,4 +161,51 @@ def _probe_lines(probe: BatchSizeProbe) -> list[str]:
         rate = "out of memory" if row.out_of_memory else f"{row.images_per_second or float('nan'):.0f}"
         lines.append(f"| {row.batch_size} | {rate}" + (" **chosen**" if row.batch_size == probe.chosen else "")
                      + " |")
+    return [*lines, ""]
+
+
+def _hours_text(workers: WorkersOverTime) -> str:
+    key, unit = ("gpuHours", "GPU") if workers.gpus_per_worker else ("workerHours", "worker")
+    return f"{unit}-hours " + ", ".join(f"{s['workers']}: {s.get(key, 0):.2f}" for s in workers.sizes)
+
+
+def _draw_workers(axis, workers: WorkersOverTime) -> None:
+    """The worker count as a step plot over hours since the run first trained; each resize's window shaded."""
+    start = workers.steps[0][0]
+
+    def hours(moment: dt.datetime) -> float:
+        return (moment - start).total_seconds() / 3600
+
+    axis.step([hours(m) for m, _ in workers.steps], [n for _, n in workers.steps], where="post", label="workers")
+    shaded = False
+    for resize in workers.resizes:
+        lost, trained = parse_time(resize.get("lostAt")), parse_time(resize.get("trainingAt"))
+        if lost and trained and trained >= start:
+            axis.axvspan(hours(max(lost, start)), hours(trained), color="orange", alpha=0.3,
+                         label=None if shaded else "resizing (loss to training again)")
+            shaded = True
+    counts = sorted({n for _, n in workers.steps})
+    axis.set_yticks(range(0, counts[-1] + 1))
+    axis.set_ylim(0, counts[-1] + 0.5)
+    axis.set_title(f"Workers over time ({_hours_text(workers)})", fontsize=9)
+    axis.set_xlabel("hours since the run first trained")
+    axis.grid(alpha=0.3)
+    axis.legend()
+
+
+def _workers_lines(workers: WorkersOverTime) -> list[str]:
+    """An elastic run: the hours at each size, then each resize with its cause and cost."""
+    lines = ["## Workers over time (elastic)", "", f"The plot's last panel; {_hours_text(workers)}.", "",
+             "| workers | hours at this size | worker-hours | GPU-hours |", "|---|---|---|---|"]
+    for size in workers.sizes:
+        gpu = size.get("gpuHours")
+        lines.append(f"| {size['workers']} | {size['seconds'] / 3600:.2f} | {size['workerHours']:.2f} | "
+                     f"{'' if gpu is None else f'{gpu:.2f}'} |")
+    if workers.resizes:
+        lines += ["", "| resize | cause | lost at | training again at | cost (s) |", "|---|---|---|---|---|"]
+        for resize in workers.resizes:
+            cause = " ".join(str(resize.get("cause") or "").replace("|", "/").split())[:160]
+            cost = resize.get("costSeconds")
+            lines.append(f"| {resize.get('from')} -> {resize.get('to')} | {cause} | {resize.get('lostAt') or ''} | "
+                         f"{resize.get('trainingAt') or ''} | {'' if cost is None else cost} |")
     return [*lines, ""]

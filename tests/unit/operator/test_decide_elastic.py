@@ -9,13 +9,13 @@ import datetime as dt
 from typing import Any
 
 from scalingrun_operator.builders import build_mpijob
-from scalingrun_operator.decide import pinning
+from scalingrun_operator.decide import elastic, pinning
 from scalingrun_operator.decide.snapshot import Create, Delete, Settings
 from scalingrun_operator.schema.validation import parse_scalingrun
 from tests.support.decide_pods import pod, unschedulable
 from tests.support.decide_run import training
 from tests.support.decide_world import (
-    NOW, NS, SPEC, World, actions, conditions, done, owned, stamp, training_status,
+    NOW, NS, SPEC, World, actions, conditions, done, merge_patched, owned, stamp, training_status,
 )
 
 ELASTIC_SPEC = {**copy.deepcopy(SPEC), "workers": {"replicas": 4, "gpusPerWorker": 0, "minReplicas": 2,
@@ -67,8 +67,9 @@ def world(unplaced: int = 2, minutes_ago: float = 2, spec_workers: dict | None =
 
 
 def after(found: World, decision) -> World:
-    """`found` as act leaves it: the status written, MPIJobs deleted or created (the MPI operator runs a new one)."""
-    found.status = copy.deepcopy(dict(decision.desired))
+    """`found` as act leaves it: the status patch applied as the API server applies a merge patch, MPIJobs deleted or
+    created (the MPI operator runs a new one)."""
+    found.status = merge_patched(found.status, decision.status or {})
     for action in decision.actions:
         if isinstance(action, Delete) and action.found.get("kind") == "MPIJob":
             found.children.pop("MPIJob", None)
@@ -77,6 +78,12 @@ def after(found: World, decision) -> World:
             found.children["MPIJob"] = owned(action.obj, "mpi-2", status={"conditions": [done("Created")]})
             found.status["training"]["mpiJobUid"] = "mpi-2"
     return found
+
+
+def no_resize(decision) -> bool:
+    """Nothing of a resize written: the size and the intent as they were (the time at the size may count)."""
+    elastic = decision.desired["training"].get("elastic") or {}
+    return "workers" not in elastic and not elastic.get("resizing")
 
 
 def placed(decision) -> tuple[str, str, str]:
@@ -89,7 +96,7 @@ def test_lost_workers_within_the_bound_wait_and_say_when_the_run_shrinks():
     assert "2 of 4 workers unplaced since" in placed(decision)[2] and "resumes with the 2" in placed(decision)[2]
     assert NO_ROOM in placed(decision)[2]
     assert decision.recheck_in is not None and decision.recheck_in <= 32  # the bound at the latest
-    assert actions(decision) == [] and "elastic" not in decision.desired["training"]
+    assert actions(decision) == [] and no_resize(decision)
 
 
 def test_past_the_bound_the_intent_is_written_first_and_nothing_is_deleted():
@@ -129,7 +136,8 @@ def test_a_shrink_runs_to_a_new_mpijob_at_the_placeable_size_counting_no_interru
     found.pods = [launcher("mpi-2"), worker(0, mpijob_uid="mpi-2"), worker(1, mpijob_uid="mpi-2")]
     trained = found.decide()
     elastic = trained.desired["training"]["elastic"]
-    assert elastic["resizing"] is None and elastic["workers"] == 2  # None: the status merge patch deletes it
+    assert "resizing" not in elastic and elastic["workers"] == 2
+    assert trained.status["training"]["elastic"]["resizing"] is None  # null: the merge patch deletes it there
     [resize] = elastic["resizes"]
     assert (resize["from"], resize["to"], resize["costSeconds"], resize["trainingAt"]) == (
         4, 2, 120, NOW.strftime("%Y-%m-%dT%H:%M:%SZ"))
@@ -139,13 +147,54 @@ def test_a_shrink_runs_to_a_new_mpijob_at_the_placeable_size_counting_no_interru
     assert steady.status is None and steady.actions == () and steady.events == ()
 
 
+def test_a_lost_worker_still_going_away_or_not_yet_replaced_is_not_kept_by_the_shrink():
+    """Two workers lost: worker 3's replacement waits unplaced past the bound while worker 2's pod is still in its
+    grace period (the MPI operator makes a replacement once the old pod is gone), or is gone with no replacement
+    yet. The run shrinks to the 2 workers a node runs, not to the MPIJob's 4 less the 1 unplaced (4 -> 3: seen on
+    the node cluster, tests/e2e/test_elastic.py)."""
+    for lost in ("terminating", "gone"):
+        found = world(unplaced=1, minutes_ago=2)  # workers 0-2 placed, 3 unplaced
+        worker_2 = next(p for p in found.pods if p["metadata"]["name"] == "demo-train-worker-2")
+        if lost == "terminating":
+            worker_2["metadata"]["deletionTimestamp"] = stamp(2)
+        else:
+            found.pods.remove(worker_2)
+        assert [n for n, _, _ in elastic.unplaced_workers(found.pods, found.children["MPIJob"])] == [
+            "demo-train-worker-3"]
+        assert elastic.placed_workers(found.pods, found.children["MPIJob"]) == 2
+        resizing = found.decide().desired["training"]["elastic"]["resizing"]
+        assert (resizing["from"], resizing["to"]) == (4, 2), (lost, resizing)
+
+
+def test_a_resize_whose_new_workers_cannot_all_be_placed_shrinks_again_from_where_it_began():
+    """4 -> 3 decided, and the MPIJob at 3 made; capacity went again, so its worker 2 waits unplaced past the bound
+    (its launcher waits for every worker: the resize would never end). The run shrinks to the 2 placed, recorded
+    as one resize from 4 since the first loss."""
+    found = world(unplaced=1, minutes_ago=2)
+    intent = found.decide()
+    assert intent.desired["training"]["elastic"]["resizing"]["to"] == 3
+    deleting = after(found, intent).decide()
+    found = after(found, after(found, deleting).decide())
+    assert found.children["MPIJob"]["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] == 3
+    found.pods = [worker(0, mpijob_uid="mpi-2"), worker(1, mpijob_uid="mpi-2"),
+                  worker(2, placed=False, minutes_ago=0.5, mpijob_uid="mpi-2")]
+    assert placed(found.decide())[:2] == ("False", "Resizing")  # within the bound: the resize goes on
+    found.pods[-1] = worker(2, placed=False, minutes_ago=1.5, mpijob_uid="mpi-2")
+    again = found.decide()
+    elastic_status = again.desired["training"]["elastic"]
+    assert elastic_status["workers"] == 2
+    assert {k: elastic_status["resizing"][k] for k in ("from", "to", "lostAt")} == {"from": 4, "to": 2,
+                                                                                  "lostAt": stamp(2)}
+    assert actions(after(found, again).decide()) == [("delete", "demo-train")]
+
+
 def test_below_the_minimum_the_run_waits_and_says_so_once():
     found = world(unplaced=3, minutes_ago=5)
     decision = found.decide()
     assert placed(decision)[:2] == ("False", "BelowMinReplicas")
     assert "only 1 of 4 workers can be placed" in placed(decision)[2] and "minReplicas 2" in placed(decision)[2]
     assert "BelowMinReplicas" in [e.reason for e in decision.events]
-    assert actions(decision) == [] and "elastic" not in decision.desired["training"]
+    assert actions(decision) == [] and no_resize(decision)
     assert "BelowMinReplicas" not in [e.reason for e in after(found, decision).decide().events]
 
 
@@ -221,7 +270,8 @@ def test_placed_probes_make_the_run_grow_only_once_an_epoch_has_ended():
     found.progress = {**found.progress, "epoch": 3}
     grow = found.decide(PROBES)
     elastic = grow.desired["training"]["elastic"]
-    assert elastic["workers"] == 3 and elastic["capacity"] is None and grow.again
+    assert elastic["workers"] == 3 and "capacity" not in elastic and grow.again
+    assert grow.status["training"]["elastic"]["capacity"] is None
     assert (elastic["resizing"]["from"], elastic["resizing"]["to"]) == (2, 3)
     assert elastic["resizing"]["cause"].startswith("capacityReturned: demo-capacity-0 placed since")
     assert "Growing" in [e.reason for e in grow.events]
@@ -235,3 +285,113 @@ def test_probes_go_when_the_mpijob_ends():
     found.progress = {**found.progress, "state": "succeeded"}
     assert [a for a in actions(found.decide(PROBES)) if "capacity" in a[1]] == [
         ("delete", "demo-capacity-0"), ("delete", "demo-capacity-1")]
+
+
+def test_a_shrunk_run_that_fails_while_its_mpijob_still_runs_deletes_its_probes():
+    found = shrunk(probes=2, probes_placed=1)
+    launcher_pod = found.pods[0]
+    launcher_pod["status"]["startTime"] = stamp(30)
+    launcher_pod["status"].setdefault("containerStatuses", [{"name": "launcher"}])[0]["state"] = {
+        "running": {"startedAt": stamp(30)}}
+    # Silent for 11 minutes with onStall fail: the run fails and its MPIJob is only suspended, not ended.
+    found.heartbeat = {"phase": "training", "epoch": 2, "step": 120, "rank": 0, "longestGapSeconds": 0.0,
+                       "time": (NOW - dt.timedelta(minutes=11)).timestamp(),
+                       "attemptStarted": (NOW - dt.timedelta(minutes=30)).timestamp()}
+    found.spec["training"]["onStall"] = "fail"
+    found.status[pinning.PINNED_FIELD] = pinning.pin(found.spec)
+    failed = found.decide(PROBES)
+    assert failed.phase == "Failed" and conditions(failed)["Failed"][1] == "TrainingStalled"
+    assert actions(failed) == [("patch", "MPIJob"), ("delete", "demo-capacity-0"), ("delete", "demo-capacity-1")]
+
+
+# --- the time at each size: status.training.elastic.sizes, counting, startedAt --------------------------------
+
+def seconds_by_size(elastic: dict) -> dict[int, int]:
+    return {entry["workers"]: entry["seconds"] for entry in elastic.get("sizes") or []}
+
+
+def at(minutes_after_now: float) -> dt.datetime:
+    return NOW + dt.timedelta(minutes=minutes_after_now)
+
+
+def test_the_time_at_each_size_follows_a_shrink_to_the_end_and_agrees_with_the_step_plot():
+    started, trained_again, ended = at(-40), at(1), at(31)
+    found = world(unplaced=0)
+    first = found.decide(now=started)
+    assert first.desired["training"]["elastic"]["counting"] == {"workers": 4, "since": elastic.rfc3339(started)}
+    found = after(found, first)
+    assert found.decide(now=at(-20)).status is None  # a look at the same size writes nothing
+    found.pods = [launcher()] + [worker(i, placed=i < 2, minutes_ago=2) for i in range(4)]
+    for _ in range(3):  # the intent, the deletion, the MPIJob made again at 2
+        found = after(found, found.decide())
+    found.children["MPIJob"]["status"] = {"conditions": [done("Running")]}
+    found.pods = [launcher("mpi-2"), worker(0, mpijob_uid="mpi-2"), worker(1, mpijob_uid="mpi-2")]
+    resized = found.decide(now=trained_again)
+    status = resized.desired["training"]["elastic"]
+    assert seconds_by_size(status) == {4: (trained_again - started).total_seconds()}
+    assert status["counting"] == {"workers": 2, "since": status["resizes"][-1]["trainingAt"]}
+    found = after(found, resized)
+    found.children["MPIJob"]["status"] = {"conditions": [done("Succeeded")], "completionTime": elastic.rfc3339(ended)}
+    found.progress = {**found.progress, "state": "succeeded"}
+    finished = found.decide(now=at(35))  # seen after the MPIJob's end: counted to its completionTime
+    status = finished.desired["training"]["elastic"]
+    assert "counting" not in status and finished.status["training"]["elastic"]["counting"] is None  # null: deleted
+    assert seconds_by_size(status) == {4: (trained_again - started).total_seconds(),
+                                       2: (ended - trained_again).total_seconds()}
+    assert sum(seconds_by_size(status).values()) == (ended - started).total_seconds()
+    for entry in status["sizes"]:
+        assert entry["workerHours"] == round(entry["workers"] * entry["seconds"] / 3600, 4)
+        assert "gpuHours" not in entry  # gpusPerWorker 0: CPU workers
+    steps = elastic.worker_steps(status, ended)
+    from_steps: dict[int, float] = {}
+    for (moment, workers), (following, _) in zip(steps, steps[1:]):
+        from_steps[workers] = from_steps.get(workers, 0) + (following - moment).total_seconds()
+    assert from_steps == seconds_by_size(status)  # the report's step plot and the hours say the same
+    # A restart of the operator: the same look on the status as written adds nothing more, however late.
+    again = after(copy.deepcopy(found), finished).decide(now=at(90))
+    assert seconds_by_size((again.desired["training"].get("elastic") or {})) == seconds_by_size(status)
+
+
+def test_a_suspended_mpijob_counts_at_no_size():
+    found = world(unplaced=0)
+    found = after(found, found.decide(now=at(-60)))
+    found.children["MPIJob"]["spec"]["runPolicy"]["suspend"] = True
+    found.children["MPIJob"]["status"] = {"conditions": [done("Suspended")]}
+    paused = found.decide(now=at(-45))
+    status = paused.desired["training"]["elastic"]
+    assert "counting" not in status and seconds_by_size(status) == {4: 15 * 60}
+    found = after(found, paused)
+    found.children["MPIJob"]["spec"]["runPolicy"]["suspend"] = False
+    found.children["MPIJob"]["status"] = {"conditions": [done("Running")]}
+    resumed = found.decide(now=at(-5)).desired["training"]["elastic"]
+    assert resumed["counting"] == {"workers": 4, "since": elastic.rfc3339(at(-5))}
+    assert seconds_by_size(resumed) == {4: 15 * 60} and resumed["startedAt"] == elastic.rfc3339(at(-60))
+    shown = elastic.time_at_sizes(resumed, 2, at(0))  # the reader's now: the running size's time added
+    assert seconds_by_size({"sizes": shown}) == {4: 20 * 60}
+    assert shown[0]["gpuHours"] == round(4 * 2 * shown[0]["seconds"] / 3600, 4)  # workers x GPUs each x time
+
+
+def test_time_before_the_count_began_is_never_counted_and_a_fixed_run_has_no_clock():
+    status = {"counting": {"workers": 3, "since": elastic.rfc3339(NOW)}, "sizes": [elastic.size_entry(3, 60, 1)]}
+    assert elastic.time_at_sizes(status, 1, at(-10)) == status["sizes"]  # a clock behind the count adds nothing
+    fixed = world(unplaced=0, spec_workers={"minReplicas": None, "resizeAfter": None})
+    fixed.spec["workers"] = {"replicas": 4, "gpusPerWorker": 0}
+    fixed.status[pinning.PINNED_FIELD] = pinning.pin(fixed.spec)
+    assert "elastic" not in fixed.decide().desired["training"]
+
+
+def test_the_count_starts_with_the_look_that_makes_the_first_mpijob_unless_it_is_made_suspended():
+    found = world(unplaced=0)
+    found.children.pop("MPIJob")
+    found.status["training"].pop("mpiJobUid", None)
+    found.pods = []
+    made = found.decide(now=at(-3))
+    assert [a for a in actions(made) if a[1] == "MPIJob"] == [("create", "MPIJob")]
+    assert made.desired["training"]["elastic"] == {"counting": {"workers": 4, "since": elastic.rfc3339(at(-3))},
+                                                   "startedAt": elastic.rfc3339(at(-3))}
+    found.spec["runPolicy"] = {**found.spec.get("runPolicy", {}), "suspend": True}
+    found.status[pinning.PINNED_FIELD] = pinning.pin(found.spec)
+    suspended = found.decide()
+    [mpijob] = [a.obj for a in suspended.actions if isinstance(a, Create) and a.obj["kind"] == "MPIJob"]
+    assert mpijob["spec"]["runPolicy"]["suspend"] is True  # held by nothing yet (Kueue admits it later)
+    assert "counting" not in (suspended.desired["training"].get("elastic") or {})

@@ -10,7 +10,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from scalingrun_operator.decide.snapshot import HEARTBEAT, PROGRESS, Document, Nodes
+from scalingrun_operator.decide.snapshot import HEARTBEAT, PROGRESS, Document, Nodes, Settings
 from tests.support.decide_world import (
     NOW, World, actions, condition, conditions, config_map, done, job, mpijob, preprocessing_status, stamp,
     training_status,
@@ -487,3 +487,60 @@ def test_a_node_without_a_termination_taint_deletes_nothing():
     decision = world.decide()
     assert actions(decision) == [] and not decision.desired["training"].get("interruptions", {}).get(
         "nodeTerminating")
+
+
+PUSH = Settings(reads_storage=False)
+
+
+def _with_status_volume(found: list[dict]) -> list[dict]:
+    """The pods as an operator with the push path makes them: the status token's volume mounted."""
+    from scalingrun_operator.builders.common import status_volume
+    for p in found:
+        p["spec"]["volumes"] = [status_volume()[0]]
+    return found
+
+
+def test_with_push_on_a_training_that_pushes_nothing_is_judged_stalled():
+    decision = stalling(started_ago=11, pods=_with_status_volume(training_pods())).decide(PUSH)
+    assert conditions(decision)["Stalled"][:2] == ("True", "NoHeartbeat")
+
+
+def test_with_push_on_the_pods_as_the_watch_keeps_them_a_silent_training_is_judged_stalled():
+    """The operator's pod watch keeps trimmed pods (cluster/k8s.py): their volumes' names must survive, or every
+    training looks made before the push path and is never judged stalled, nor waited for at its end."""
+    from scalingrun_operator.cluster.k8s import trimmed_pod
+
+    pods = [trimmed_pod(p) for p in _with_status_volume(training_pods())]
+    decision = stalling(started_ago=11, pods=pods).decide(PUSH)
+    assert conditions(decision)["Stalled"][:2] == ("True", "NoHeartbeat")
+
+
+def test_with_push_on_a_training_made_before_the_push_path_is_never_judged_stalled():
+    """Upgraded with the run in flight: its pods mount no status token, so no beat can come; a restart would make
+    the same pods again (its MPIJob's template). It trains on, untouched."""
+    decision = stalling(started_ago=11).decide(PUSH)
+    assert "Stalled" not in conditions(decision) and actions(decision) == []
+    assert decision.phase == "Training"
+
+
+def test_with_push_on_a_training_made_before_the_push_path_ends_on_its_mpijob_without_waiting():
+    world = training(children={"ConfigMap": config_map(), "Job": job(done("Complete"), succeeded=2),
+                               "MPIJob": mpijob(done("Succeeded", minutes_ago=0.1))}, progress=None)
+    assert world.decide(PUSH).phase == "Succeeded"
+    world = training(children={"ConfigMap": config_map(), "Job": job(done("Complete"), succeeded=2),
+                               "MPIJob": mpijob(done("Succeeded", minutes_ago=0.1))}, progress=None,
+                     pods=_with_status_volume(training_pods()))
+    decision = world.decide(PUSH)  # its final push may still come: waited for, within the grace
+    assert decision.phase == "Training" and conditions(decision)["Trained"][1] == "WaitingForProgress"
+
+
+def test_with_push_on_silence_counts_from_the_operators_start_at_the_earliest():
+    """Pushed beats live in the operator's memory: one that started a minute ago (a restart, or a `helm upgrade`
+    from pull mode) gives the pods the whole timeout to push, however long ago their launcher started."""
+    world = stalling(started_ago=30, pods=_with_status_volume(training_pods()))
+    decision = world.decide(Settings(reads_storage=False, pushes_since=NOW - dt.timedelta(minutes=1)))
+    assert "Stalled" not in conditions(decision) and actions(decision) == []
+    assert decision.recheck_in == pytest.approx(9 * 60 + 1, abs=0.01)
+    later = stalling(started_ago=30, pods=_with_status_volume(training_pods()))
+    decision = later.decide(Settings(reads_storage=False, pushes_since=NOW - dt.timedelta(minutes=11)))
+    assert conditions(decision)["Stalled"][:2] == ("True", "NoHeartbeat")

@@ -16,7 +16,7 @@ from scalingrun_api.status_push import PROGRESS
 from scalingrun_operator import config
 from scalingrun_operator.cluster.observe import Observer
 from scalingrun_operator.cluster.pod_index import PodIndex
-from scalingrun_operator.cluster.pushed import PushedDocuments
+from scalingrun_operator.pushed import PushedDocuments
 from scalingrun_operator.decide.pods import manifest_left
 from scalingrun_operator.decide.snapshot import MANIFEST, Document, Listing, Names, Read, Store
 from scalingrun_operator.cluster.memory import Memory

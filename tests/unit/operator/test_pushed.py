@@ -8,7 +8,7 @@ import pytest
 from scalingrun_api.heartbeat import Heartbeat
 from scalingrun_api.progress import Progress
 from scalingrun_api.status_push import HEARTBEAT, PROGRESS
-from scalingrun_operator.cluster.pushed import PushedDocuments, parse_pushed
+from scalingrun_operator.pushed import PushedDocuments, parse_pushed
 from scalingrun_operator.config import ConfigError, load
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 
+import yaml
 from PIL import Image
 
 from scalingrun_operator.cli import main
+from scalingrun_operator.report.run import workers_over_time
 
 PROGRESS = {
     "state": "succeeded", "epoch": 3, "maxEpochs": 5, "bestEpoch": 2, "processes": 2, "effectiveBatchSize": 64,
@@ -56,3 +59,65 @@ def test_report_says_when_there_is_no_progress(tmp_path, capsys):
     assert main(["report", "--progress", str(tmp_path / "missing.json")]) == 1
     assert "no progress document" in capsys.readouterr().err
     assert main(["report"]) == 2
+
+
+def _stamp(moment: dt.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_an_elastic_run_read_from_the_cluster_gets_its_workers_over_time(tmp_path, capsys):
+    """`kubectl get scalingrun spot -o yaml` as the -f file: its status draws the worker count over time."""
+    start = dt.datetime(2026, 11, 25, 10, 0, tzinfo=dt.timezone.utc)
+    minutes = {"shrinkLost": 60, "shrunk": 65, "growSeen": 100, "grown": 103, "end": 130}
+    at = {key: start + dt.timedelta(minutes=value) for key, value in minutes.items()}
+    seconds = {4: (minutes["shrunk"] + minutes["end"] - minutes["grown"]) * 60,
+               2: (minutes["grown"] - minutes["shrunk"]) * 60}
+    gpus = 8
+    resizes = [{"from": 4, "to": 2, "cause": "workersUnplaced: 2 unplaced | for 300 s", "lostAt": _stamp(at["shrinkLost"]),
+                "trainingAt": _stamp(at["shrunk"]), "costSeconds": 300},
+               {"from": 2, "to": 4, "cause": "capacityReturned", "lostAt": _stamp(at["growSeen"]),
+                "trainingAt": _stamp(at["grown"]), "costSeconds": 180}]
+    sizes = [{"workers": w, "seconds": s, "workerHours": round(w * s / 3600, 4),
+              "gpuHours": round(w * gpus * s / 3600, 4)} for w, s in seconds.items()]
+    output = tmp_path / "data"
+    (output / "runs" / "spot").mkdir(parents=True)
+    (output / "runs" / "spot" / "progress.json").write_text(json.dumps(PROGRESS))
+    run = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun",
+           "metadata": {"name": "spot", "resourceVersion": "9"},
+           "spec": {"dataset": {"source": str(tmp_path / "raw"), "output": str(output)},
+                    "workers": {"replicas": 4, "minReplicas": 2, "gpusPerWorker": gpus}},
+           "status": {"phase": "Succeeded", "completionTime": _stamp(at["end"]), "training": {"elastic": {
+               "workers": 4, "startedAt": _stamp(start), "resizes": resizes, "sizes": sizes}}}}
+    path = tmp_path / "spot.yaml"
+    path.write_text(yaml.safe_dump(run))
+    assert main(["report", "-f", str(path), "-o", str(tmp_path / "out")]) == 0
+    with Image.open(tmp_path / "out/spot-report.png") as image:
+        assert image.size[0] > 1500  # a third panel: the workers over time
+    page = (tmp_path / "out/spot-report.md").read_text()
+    assert "## Workers over time (elastic)" in page
+    for workers, spent in seconds.items():
+        assert (f"| {workers} | {spent / 3600:.2f} | {workers * spent / 3600:.2f} | "
+                f"{workers * gpus * spent / 3600:.2f} |") in page
+    assert (f"| 4 -> 2 | workersUnplaced: 2 unplaced / for 300 s | {_stamp(at['shrinkLost'])} | "
+            f"{_stamp(at['shrunk'])} | 300 |") in page
+    del run["status"]  # a run file without status: the curves alone
+    path.write_text(yaml.safe_dump(run))
+    assert main(["report", "-f", str(path), "-o", str(tmp_path / "plain")]) == 0
+    assert "Workers over time" not in (tmp_path / "plain/spot-report.md").read_text()
+
+
+def test_the_steps_follow_the_resizes_and_end_at_the_run_end():
+    start = dt.datetime(2026, 11, 25, 10, 0, tzinfo=dt.timezone.utc)
+    trained = start + dt.timedelta(minutes=65)
+    elastic = {"startedAt": _stamp(start), "counting": {"workers": 2, "since": _stamp(trained)},
+               "resizes": [{"from": 4, "to": 2, "cause": "c", "lostAt": _stamp(start + dt.timedelta(minutes=60)),
+                            "trainingAt": _stamp(trained)}]}
+    now = trained + dt.timedelta(minutes=30)
+    view = workers_over_time({"phase": "Training", "training": {"elastic": elastic}}, 1, now)
+    assert view.steps == [(start, 4), (trained, 2), (now, 2)]
+    assert [(s["workers"], s["seconds"]) for s in view.sizes] == [(2, (now - trained).total_seconds())]
+    ended = trained + dt.timedelta(minutes=10)
+    view = workers_over_time({"phase": "Failed", "completionTime": _stamp(ended), "training": {"elastic": elastic}},
+                             1, now)
+    assert view.steps[-1] == (ended, 2) and view.sizes[0]["seconds"] == (ended - trained).total_seconds()
+    assert workers_over_time({"training": {}}, 1, now) is None

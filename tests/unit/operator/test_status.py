@@ -11,8 +11,9 @@ import pytest
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import locations
 from scalingrun_operator.decide import pinning, preprocessing as dataset, progress as mirror, training
-from scalingrun_operator.decide.status import StatusUpdate, may_revalidate, set_condition
+from scalingrun_operator.decide.status import StatusUpdate, may_revalidate, merge_patch, set_condition
 from scalingrun_operator.documents import parse_manifest, parse_progress
+from tests.support.decide_world import merge_patched
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, tzinfo=dt.timezone.utc)
 T1 = T0 + dt.timedelta(minutes=5)
@@ -336,3 +337,17 @@ def test_server_version_parsing(info, expected):
 
     assert parse_version(info) == expected
     assert ((1, 20) >= INDEXED_JOBS_SINCE, (1, 22) >= INDEXED_JOBS_SINCE) == (False, True)
+
+
+def test_the_status_patch_removes_a_nested_key_at_its_depth_and_sends_only_what_changed():
+    current = {"phase": "Training", "training": {"epoch": 2, "pods": [{"name": "a"}],
+                                                 "elastic": {"workers": 2, "resizing": {"from": 4, "to": 2}}}}
+    desired = {"phase": "Training", "training": {"epoch": 3, "pods": [{"name": "b"}], "elastic": {"workers": 2}},
+               "message": "new"}
+    patch = merge_patch(current, desired)
+    assert patch == {"training": {"epoch": 3, "pods": [{"name": "b"}], "elastic": {"resizing": None}},
+                     "message": "new"}
+    assert merge_patched(current, patch) == desired
+    for before, after in [({}, desired), (desired, {}), (current, current), ({"a": {"b": 1}}, {"a": 5}),
+                          ({"a": 5}, {"a": {"b": {"c": [1]}}}), ({"a": {"b": {"c": 1, "d": 2}}}, {"a": {"b": {}}})]:
+        assert merge_patched(before, merge_patch(before, after)) == after, (before, after)

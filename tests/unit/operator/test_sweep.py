@@ -310,3 +310,17 @@ def test_report_command_reads_the_points_progress_documents(tmp_path, capsys):
     # 20 s and 16 s per epoch: speedup 1.25 on 2 processes, efficiency 0.62 < 0.7: the first point is recommended
     assert "| 2 | 2 | - | - | 5 | 0.9000 | 0.3000 | 80 | 16.0 | 200 | 1.25 | 0.62 | 0.044 |" in page
     assert "Recommendation: **1 worker** (demo-w1)" in page
+
+
+def test_a_resized_point_refuses_to_mix_sizes_in_the_table():
+    """A sweep's template cannot be elastic; a point run found under its name and adopted could be. Its row keeps
+    the point's own figures but no time or throughput: no speedup, never the recommendation."""
+    resized = {**training(0.95), "elastic": {"workers": 2, "resizes": [{"from": 4, "to": 2, "cause": "c"}]}}
+    rows = add_scaling([point_row(POINTS[0], "Succeeded", training(0.90), parse_progress(progress(10, 1000.0, 0.9))),
+                        point_row(POINTS[2], "Succeeded", resized, parse_progress(progress(10, 250.0, 0.95)))])
+    assert rows[1]["resized"] is True and rows[1]["bestValAccuracy"] == 0.95
+    assert not {"imagesPerSecond", "wallSeconds", "secondsPerEpoch", "workerHours", "speedup"} & set(rows[1])
+    assert recommend(rows, 0.1, 1.0)["run"] == POINTS[0].name
+    same = {**training(0.95), "elastic": {"workers": 4, "sizes": [{"workers": 4, "seconds": 250, "workerHours": 0.3}]}}
+    assert "speedup" in add_scaling([rows[0], point_row(POINTS[2], "Succeeded", same,
+                                                        parse_progress(progress(10, 250.0, 0.95)))])[1]

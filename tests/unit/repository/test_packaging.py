@@ -64,3 +64,12 @@ def test_stdlib_operator_is_not_shadowed():
     assert result.returncode == 0, result.stderr
     module_file, stdlib = result.stdout.split()
     assert module_file.startswith(stdlib)
+
+
+def test_no_script_folder_shadows_a_standard_library_module():
+    """A script run as `python bench/x.py` has its own folder first on sys.path: a bench/operator.py there was
+    imported as the standard library's `operator` before any import of the script's own could run."""
+    root = Path(__file__).resolve().parents[3]
+    shadows = [str(path.relative_to(root)) for folder in ("bench", "scripts") for path in (root / folder).glob("*.py")
+               if path.stem in sys.stdlib_module_names]
+    assert shadows == []

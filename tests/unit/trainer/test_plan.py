@@ -3,10 +3,12 @@ file where source.assign puts it, and shard fingerprints that change only with t
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
+from scalingrun_trainer.core.dataset import SPLITS
 from scalingrun_trainer.preprocess import plan as planning
 from scalingrun_trainer.preprocess.source import Params, SourceFile, assign, fingerprint
 from scalingrun_trainer.storage import open_location
@@ -54,17 +56,45 @@ def test_every_file_goes_where_assign_puts_it_and_the_fingerprint_is_the_whole_l
     output = open_location(params.output)
     seen = []
     for shard in range(SHARDS):
-        for split, files in planning.shard_files(output, plan, shard).items():
-            assert [f.place for f in files] == sorted(f.place for f in files)
-            for f in files:
-                a = assign(f.path, params.seed, params.sample_fraction, params.validation_fraction, SHARDS)
-                assert (a.split, a.shard, a.place) == (split, shard, f.place)
-                assert CLASSES[f.label] == f.path.split("/")[0]
-                seen.append(f.path)
+        files = list(planning.shard_stream(output, plan, shard))
+        splits = [f.split for f in files]
+        assert splits == sorted(splits, key=SPLITS.index)  # train, then validation
+        for split in SPLITS:
+            mine = [f for f in files if f.split == split]
+            assert len(mine) == plan.shards[shard].rows[split]
+            assert [f.place for f in mine] == sorted(f.place for f in mine)
+        for f in files:
+            a = assign(f.path, params.seed, params.sample_fraction, params.validation_fraction, SHARDS)
+            assert (a.split, a.shard, a.place) == (f.split, shard, f.place)
+            assert CLASSES[f.label] == f.path.split("/")[0]
+            seen.append(f.path)
     assert sorted(seen) == sorted(paths)  # hidden files and "_" folders left out
     listing = sorted((SourceFile(p, int(p.split("/")[-1][:3]) + 1, CLASSES.index(p.split("/")[0])) for p in paths),
                      key=lambda f: f.path)
     assert plan.fingerprint == fingerprint(params, CLASSES, listing)
+
+
+def test_a_shard_reads_its_chunks_a_block_at_a_time_with_the_same_result(tree, monkeypatch):
+    params, _ = tree
+    plan = write(params)
+    output = open_location(params.output)
+    whole = [list(planning.shard_stream(output, plan, shard)) for shard in range(SHARDS)]
+    # Blocks of 5 bytes: every line is cut across blocks, and the merge holds a few bytes of each chunk.
+    monkeypatch.setattr(planning, "MERGE_READ_BYTES", 1)
+    monkeypatch.setattr(planning, "MIN_READ_BLOCK", 5)
+    assert [list(planning.shard_stream(output, plan, shard)) for shard in range(SHARDS)] == whole
+    assert all(plan.shards[shard].chunks > 1 for shard in range(SHARDS))
+
+
+def test_an_older_trainers_plan_is_planned_again(tree):
+    params, _ = tree
+    write(params)
+    output = open_location(params.output)
+    index = output.join(planning.PLAN_FOLDER, "index.json")
+    document = planning.read_json(index)
+    del document["format"]  # format 1: chunks were unsorted JSON arrays
+    index.write_bytes_atomic(json.dumps(document).encode())
+    assert planning.read_plan(output, params, SHARDS, "job-1") is None
 
 
 def test_a_retried_planner_writes_the_same_plan(tree):

@@ -91,6 +91,21 @@ class ProgressWriter:
             pusher.flush(FINAL_FLUSH_SECONDS)  # the last document before the process (and its daemon thread) ends
 
 
+def push_recorded(location: Location) -> bool:
+    """Pushes the document a finished run ended with (a rerun trains nothing and writes nothing), so that whoever
+    takes status from pushes (the operator with its endpoint on, the local runner) learns how it ended; whether it
+    was sent. Nothing to push where no endpoint is set or the document cannot be read."""
+    pusher = status_pusher()
+    if pusher is None:
+        return False
+    try:
+        document = json.loads(location.read_bytes())
+    except (OSError, ValueError):
+        return False
+    pusher.push("progress", document)
+    return pusher.flush(FINAL_FLUSH_SECONDS)
+
+
 def _rounded(metrics: dict[str, float]) -> dict[str, float]:
     return {k: round(float(v), 6) for k, v in metrics.items()}
 

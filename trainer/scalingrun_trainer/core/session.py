@@ -27,7 +27,7 @@ from .feature_cache import FeatureCacheData, Weights, build_feature_cache, reaso
 from .heartbeat import HeartbeatWriter
 from .preemption import Preempted, PreemptionNotice
 from .probe import ProbeError
-from .progress import Best, ProgressWriter, best_so_far
+from .progress import Best, ProgressWriter, best_so_far, push_recorded
 from .scaling import ScaledRun
 from .stall import StallWatch, collective_timeout, silent_peer
 from .tracking import RunTracker, TrackingError, start_tracking
@@ -205,6 +205,8 @@ class Attempt:
         if state and state.finished:
             self.log(f"run already finished after epoch {state.epoch} (see {self.run_root.uri}/{PROGRESS_FILE}): "
                      "nothing to train; use a new run name to train again")
+            if self.rank == 0:
+                push_recorded(self.run_root.join(PROGRESS_FILE))
             return False
         return True
 

@@ -2,7 +2,8 @@
 
 The operator mounts into the run's pods a projected ServiceAccount token, the endpoint's URL and CA bundle
 (scalingrun_api.status_push, STATUS_DIR) and names the run's push path (STATUS_PATH_VARIABLE). Where any of it is
-missing (a local run, an older operator) `status_pusher()` is None and nothing is pushed.
+missing (an older operator) `status_pusher()` is None and nothing is pushed; it is looked for again
+every LOOK_AGAIN_SECONDS, so a run made in pull mode starts pushing once the operator's endpoint is turned on.
 
 Never in the training step's way: `push` only replaces the pending document of its kind (a push is a full state
 document, so the newest one is all that counts: a bounded queue of one per kind) and a daemon thread sends it.
@@ -12,7 +13,6 @@ When the operator is away the thread backs off (up to MAX_BACKOFF_SECONDS); a re
 
 from __future__ import annotations
 
-import functools
 import http.client
 import json
 import os
@@ -121,9 +121,8 @@ class StatusPusher:
             self.log(line)
 
 
-@functools.lru_cache(maxsize=1)
-def status_pusher() -> Optional[StatusPusher]:
-    """This process's pusher, from what the operator mounted and set; None when something is missing."""
+def _find_pusher() -> Optional[StatusPusher]:
+    """A pusher from what the operator mounted and set; None when something is missing."""
     directory = Path(os.environ.get(STATUS_DIR_VARIABLE, STATUS_DIR))
     path = os.environ.get(STATUS_PATH_VARIABLE, "")
     try:
@@ -133,3 +132,33 @@ def status_pusher() -> Optional[StatusPusher]:
     if not path or not base_url or not (directory / TOKEN_FILE).is_file() or not (directory / CA_FILE).is_file():
         return None
     return StatusPusher(base_url, path, directory / CA_FILE, directory / TOKEN_FILE)
+
+
+class PusherOnceFound:
+    """This process's pusher, kept once found. While something is missing it is looked for again, at most every
+    LOOK_AGAIN_SECONDS: a pod made while the operator ran without its status endpoint (pull mode) mounts the
+    endpoint's ConfigMap optional and finds it absent; after a `helm upgrade` to the push path the operator writes
+    it and the kubelet fills the mounted files in, so a run in flight starts pushing then (docs/install.md,
+    "Upgrade")."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self._lock = threading.Lock()
+        self.cache_clear()
+
+    def cache_clear(self) -> None:
+        """Forgets the pusher and when it was looked for (tests)."""
+        self._found: Optional[StatusPusher] = None
+        self._looked: Optional[float] = None
+
+    def __call__(self) -> Optional[StatusPusher]:
+        with self._lock:
+            now = self.clock()
+            if self._found is None and (self._looked is None or now - self._looked >= LOOK_AGAIN_SECONDS):
+                self._looked = now
+                self._found = _find_pusher()
+            return self._found
+
+
+LOOK_AGAIN_SECONDS = 30.0
+status_pusher = PusherOnceFound()

@@ -29,7 +29,6 @@ Layout under OUTPUT:
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import posixpath
 import sys
@@ -47,44 +46,11 @@ from scalingrun_api.manifest import CLASSES_FILE, MANIFEST_FILE, DatasetManifest
 from ..core.dataset import SPLITS
 from ..core.heartbeat import HeartbeatWriter
 from ..storage import Location, open_location
-from .images import BadImage, scale_image
-from .plan import PLAN_FOLDER, Plan, obtain_plan, read_json, shard_files
+from .decoding import FETCH_AHEAD, decode_files
+from .plan import PLAN_FOLDER, Plan, PlannedFile, obtain_plan, read_json, shard_stream
 from .source import Params, PreprocessError, TooManyBadFiles, rows_per_group
 
 SCHEMA = pa.schema([("image", pa.binary()), ("label", pa.int32()), ("path", pa.string())])
-
-
-# --- decoding in worker processes ------------------------------------------------------------------
-
-_worker_source: Optional[Location] = None
-
-
-def _init_worker(source_uri: str, endpoint: Optional[str], region: Optional[str]) -> None:
-    global _worker_source
-    _worker_source = open_location(source_uri, endpoint, region)
-
-
-def _decode(task: tuple[str, int]) -> tuple[str, Optional[bytes], Optional[str]]:
-    path, side = task
-    try:
-        data = _worker_source.join(path).read_bytes()
-        return path, scale_image(data, side), None
-    except BadImage as exc:
-        return path, None, str(exc)
-    except OSError as exc:  # unreadable object: count it as bad, like an undecodable one
-        return path, None, f"read failed: {exc}"
-
-
-def _decoded(files: list, params: Params, workers: int) -> Iterator[tuple[str, Optional[bytes], Optional[str]]]:
-    tasks = [(f.path, params.image_size) for f in files]
-    init = (params.source, params.endpoint, params.region)
-    if workers <= 1:
-        _init_worker(*init)
-        yield from map(_decode, tasks)
-        return
-    # spawn, not fork: the parent's S3 client threads must not be forked.
-    with multiprocessing.get_context("spawn").Pool(workers, _init_worker, init) as pool:
-        yield from pool.imap(_decode, tasks, chunksize=8)
 
 
 # --- one shard -------------------------------------------------------------------------------------
@@ -172,7 +138,7 @@ def _progress(message: str) -> None:
 
 
 def process_shard(params: Params, shard_index: int, shard_count: int, workers: Optional[int] = None,
-                  plan_id: Optional[str] = None, plan: Optional[Plan] = None) -> dict:
+                  plan_id: Optional[str] = None, plan: Optional[Plan] = None, fetch_ahead: int = FETCH_AHEAD) -> dict:
     """Runs shard `shard_index` of `shard_count` from the plan (made or awaited here unless given); returns the
     JSON summary (also for a no-op rerun)."""
     if not 0 <= shard_index < shard_count:
@@ -197,7 +163,7 @@ def process_shard(params: Params, shard_index: int, shard_count: int, workers: O
         result = done
         _progress(f"shard {shard_index}/{shard_count}: already done for fingerprint {shard_fp} (its files unchanged)")
     else:
-        result = asdict(_write_shard(params, output, plan, shard_index, workers, heartbeat))
+        result = asdict(_write_shard(params, output, plan, shard_index, workers, heartbeat, fetch_ahead))
         shard_manifest_at.write_bytes_atomic(json.dumps(result, indent=1).encode())
         for record in _listing(_parts_folder(output, shard_index, shard_count, shard_fp)):
             output.fs.delete_file(record.path)  # the shard manifest says it all now
@@ -227,18 +193,29 @@ class _Part:
 
     split: str
     index: int
-    files: list
+    count: int  # its files
     rows_per_group: int
 
 
-def _parts(mine: dict, shard_count: int, min_groups_per_split: int) -> list[_Part]:
+def _parts(rows: dict, shard_count: int, min_groups_per_split: int) -> list[_Part]:
+    """The shard's parts in its order, cut from its planned rows per split."""
     parts = []
     for split in SPLITS:
-        group = rows_per_group(len(mine[split]), shard_count, min_groups_per_split)
+        group = rows_per_group(rows[split], shard_count, min_groups_per_split)
         size = group * ROW_GROUPS_PER_PART
-        parts += [_Part(split, k, mine[split][start:start + size], group)
-                  for k, start in enumerate(range(0, len(mine[split]), size))]
+        parts += [_Part(split, k, min(size, rows[split] - start), group)
+                  for k, start in enumerate(range(0, rows[split], size))]
     return parts
+
+
+def _files_of(parts: list[_Part], todo: set, stream: Iterator[PlannedFile]) -> Iterator[PlannedFile]:
+    """The files of the parts to do, from the shard's stream (those of committed parts are read past)."""
+    for part in parts:
+        for _ in range(part.count):
+            planned = next(stream)
+            assert planned.split == part.split, "the plan's rows disagree with its chunks"
+            if part in todo:
+                yield planned
 
 
 def _parts_folder(output: Location, shard: int, shard_count: int, shard_fp: str) -> Location:
@@ -246,10 +223,10 @@ def _parts_folder(output: Location, shard: int, shard_count: int, shard_fp: str)
 
 
 def _write_shard(params: Params, output: Location, plan: Plan, shard_index: int, workers: Optional[int],
-                 heartbeat: HeartbeatWriter) -> ShardResult:
+                 heartbeat: HeartbeatWriter, fetch_ahead: int) -> ShardResult:
     shard_count = len(plan.shards)
     shard_fp = plan.shards[shard_index].fingerprint
-    parts = _parts(shard_files(output, plan, shard_index), shard_count, 2 * params.max_readers)
+    parts = _parts(plan.shards[shard_index].rows, shard_count, 2 * params.max_readers)
     records = _parts_folder(output, shard_index, shard_count, shard_fp)
     result = ShardResult(shard_index, shard_count, plan.fingerprint, shard_fp)
     todo = []
@@ -260,26 +237,27 @@ def _write_shard(params: Params, output: Location, plan: Plan, shard_index: int,
         else:  # committed by an earlier attempt: kept, not redone
             result.add(part.split, record)
             result.parts_resumed += 1
-    total = sum(len(p.files) for p in parts)
+    total = sum(p.count for p in parts)
     workers = workers or os.cpu_count() or 1
     _progress(f"shard {shard_index}/{shard_count}: {total} of {plan.source_files} files, {len(plan.classes)} "
               f"classes, {len(parts)} parts ({result.parts_resumed} committed before), {workers} processes")
     started = last_report = time.monotonic()
-    done = total - sum(len(p.files) for p in todo)
+    done = total - sum(p.count for p in todo)
     heartbeat.beat("preprocessing", step=done)
-    decoded = _decoded([f for part in todo for f in part.files], params, workers)
+    decoded = decode_files(_files_of(parts, set(todo), shard_stream(output, plan, shard_index)), params, workers,
+                           fetch_ahead)
     for part in todo:
         name = f"part-{shard_index:05d}-of-{shard_count:05d}-{shard_fp[:12]}-{part.index:05d}.parquet"
         writer = _SplitWriter(output.join(part.split, name), part.rows_per_group)
         record = {"written": 0, "skipped_files": [], "file": None}
         try:
-            for f in part.files:
-                path, image, error = next(decoded)
-                assert path == f.path
+            for _ in range(part.count):
+                planned, image, error = next(decoded)
+                assert planned.split == part.split
                 if image is None:
-                    record["skipped_files"].append({"path": path, "reason": error})
+                    record["skipped_files"].append({"path": planned.path, "reason": error})
                 else:
-                    writer.add(image, f.label, path)
+                    writer.add(image, planned.label, planned.path)
                     record["written"] += 1
                 done += 1
                 heartbeat.beat("preprocessing", step=done)
@@ -346,8 +324,9 @@ def _remove_stale(output: Location, manifest: DatasetManifest) -> None:
         for info in _listing(output.join(folder), recursive=folder in ("_parts", PLAN_FOLDER)):
             if folder == "_shards":
                 stale = f"-of-{manifest.shards:05d}.json" not in info.base_name
-            elif folder == PLAN_FOLDER:  # plans for another shard count
-                stale = info.base_name != "index.json" and f"-of-{manifest.shards:05d}/" not in info.path
+            elif folder == PLAN_FOLDER:  # plans for another shard count, and an older format's chunks
+                stale = info.base_name != "index.json" and (f"-of-{manifest.shards:05d}/" not in info.path
+                                                            or not info.base_name.endswith(".jsonl"))
             elif folder == "_parts":
                 stale = True  # every shard is done: their records are left over from attempts that died
             else:

@@ -32,11 +32,12 @@ def trainer_kwargs(**strategy_options: Any) -> dict[str, Any]:
     if size > 1:
         from pytorch_lightning.strategies import DDPStrategy
 
+        from ..frameworks.lightning.cluster import no_forward_buffer_sync
         from .lightning import mpi_environment
 
         # No buffer sync in forward (a collective per step; ranks' validation shards differ in length), as our
         # trainer does.
-        options = {"process_group_backend": "nccl" if gpu else "gloo", "forward_sync_buffers": False,
+        options = {"process_group_backend": "nccl" if gpu else "gloo", **no_forward_buffer_sync(),
                    **strategy_options}
         kwargs["strategy"] = DDPStrategy(cluster_environment=mpi_environment(), **options)
     return kwargs

@@ -41,7 +41,7 @@ class Session:
         if not context.is_chief:
             return
         run_root = open_location(context.run_location, config.storage.endpoint, config.storage.region)
-        self.heartbeat = HeartbeatWriter(run_root.join(HEARTBEAT_FILE), rank=0)
+        self.heartbeat = HeartbeatWriter(run_root.join(HEARTBEAT_FILE), rank=0, pushed=True)  # the run's own
         self.heartbeat.beat("starting")
         # No collective here (the SDK knows no MPI): rank 0 alone meets a tracking error, raises, and mpirun stops
         # the other ranks.

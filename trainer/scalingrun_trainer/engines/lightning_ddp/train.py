@@ -15,7 +15,7 @@ from ...core.mpi import MpiWorld, local_rank_and_size
 from ...core.session import Attempt, TrainingError
 from ...core.stall import engine_timeout
 from ...core.training import run_training
-from ...frameworks.lightning.cluster import mpi_environment
+from ...frameworks.lightning.cluster import mpi_environment, no_forward_buffer_sync
 from ...frameworks.lightning.training import FRAMEWORK, LightningTraining
 
 
@@ -62,5 +62,5 @@ def _strategy(accelerator: str):
         # No buffer sync in forward: it is a collective, and ranks hold different numbers of validation
         # batches. Buffers are synced once at the start; BatchNorm statistics of a trainable base then stay
         # per rank, as with Horovod, and rank 0's are saved.
-        forward_sync_buffers=False,
+        **no_forward_buffer_sync(),
     )

@@ -22,10 +22,15 @@ counting proxy in front of SeaweedFS (the script's own writes go to SeaweedFS di
 
 With --pods, the pods mode instead (bench/pod_scale.py): a 1,024-worker run and 300 runs of 4 workers whose
 pods the script creates and moves, beside 10,000 unrelated pods.
+With --push, the push path instead (bench/push_scale.py): the same runs report a new epoch every --interval s by
+pushing to the status endpoint, and, as the baseline in the same run, by writing progress.json that the operator
+polls; then the pushes again beside a hostile pusher.
 
-Run: KUBEBUILDER_ASSETS=... .venv/bin/python bench/operator.py [--runs 100] [--concurrent 300]
+Run: KUBEBUILDER_ASSETS=... .venv/bin/python bench/operator_scale.py [--runs 100] [--concurrent 300]
      [--topology standalone|deployed|both] [--only-rest: skip the latency and RSS-cycle measurements]
      [--pods [--unrelated 10000] [--big-workers 1024] [--small-runs 300] [--small-workers 4]]
+     [--push [--big-workers 1024] [--small-runs 300] [--small-workers 4] [--interval 10] [--report-seconds 60]
+             [--pushers 4] [--hostile-rate 1000] [--no-hostile] [--no-baseline]]
 """
 
 from __future__ import annotations
@@ -459,11 +464,25 @@ def main() -> int:
     parser.add_argument("--big-workers", type=int, default=1024, help="--pods: workers of the one big run")
     parser.add_argument("--small-runs", type=int, default=300, help="--pods: small runs at once")
     parser.add_argument("--small-workers", type=int, default=4, help="--pods: workers of each small run")
+    parser.add_argument("--push", action="store_true",
+                        help="the push path (bench/push_scale.py): --small-runs runs of --small-workers and one of "
+                             "--big-workers report an epoch every --interval s, pushed and (baseline) polled")
+    parser.add_argument("--interval", type=float, default=10, help="--push: seconds between a run's reports")
+    parser.add_argument("--report-seconds", type=float, default=60, help="--push: how long the runs report")
+    parser.add_argument("--pushers", type=int, default=4,
+                        help="--push: pods of each run that push (rank 0 progress, the others heartbeats)")
+    parser.add_argument("--hostile-rate", type=float, default=1000,
+                        help="--push: the hostile pusher's floods, pushes a second each (valid token; bad tokens)")
+    parser.add_argument("--no-hostile", dest="hostile", action="store_false", help="--push: no hostile pusher")
+    parser.add_argument("--no-baseline", dest="baseline", action="store_false",
+                        help="--push: no pull-mode baseline")
     args = parser.parse_args()
     if not os.environ.get("KUBEBUILDER_ASSETS"):
         parser.error("set KUBEBUILDER_ASSETS (the envtest binaries: ../shared/envtest/build-assets.sh | tail -n1)")
     if args.pods:
         return main_pods(args)
+    if args.push:
+        return main_push(args)
     latency = drift = deployed = None
     with tempfile.TemporaryDirectory(prefix="bench-operator-") as tmp, environment(Path(tmp)) as (api, kubeconfig, s3, bucket):
         storage = FlakyS3(s3.endpoint)  # counts the operator's S3 requests (the runs' endpoint)
@@ -530,6 +549,18 @@ def main_pods(args: argparse.Namespace) -> int:
                 shutil.copy(Path(tmp) / "operator.log", os.environ["BENCH_OPERATOR_LOG"])
     print()
     pod_scale.print_pods(unrelated, scenarios)
+    return 0
+
+
+def main_push(args: argparse.Namespace) -> int:
+    from bench import push_scale
+
+    modes = []
+    for push in ((True, False) if args.baseline else (True,)):  # push first: the pull baseline after it
+        print(f"{'push' if push else 'pull'} mode...", flush=True)
+        modes.append(push_scale.measure_mode(push, args, environment, Bench, OperatorProcess, create_all, FlakyS3))
+    print()
+    push_scale.print_push(args, modes)
     return 0
 
 

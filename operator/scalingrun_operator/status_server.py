@@ -1,10 +1,15 @@
-"""The status endpoint: HTTPS on its own port, where the runs' own pods push their progress and heartbeat.
+"""The status endpoint: HTTPS on its own port, where the runs' own processes push their progress and heartbeat.
 
-POST /v1/namespaces/{namespace}/scalingruns/{run}/{progress|heartbeat} with a bearer token (push_auth.py) and the
+One request validator for both sides: the operator serves it on its Service, and the local runner on 127.0.0.1 for
+its run's processes (local/pushes.py). Only who may push differs, the Authenticator: the operator's reviews a pod's
+projected ServiceAccount token (cluster/push_auth.py), the local runner's compares the run's random secret.
+
+POST /v1/namespaces/{namespace}/scalingruns/{run}/{progress|heartbeat} with a bearer token and the
 full state document (the JSON the trainer writes to storage). Refused, each counted by reason: a body over
 MAX_BODY_BYTES (413), a namespace the operator does not watch (403), a token that is missing, invalid or not ours
-(401), a pod of another run or namespace (403),
-more than the run's share of pushes (429), a body that is no JSON object (400). Accepted pushes are kept
+(401), a pod of another run or namespace (403), more than the run's share of pushes (429), a body that is no JSON
+object (400), a new token while too many new ones wait for their review (429: a known pod's push is reviewed apart,
+so a flood of bad tokens does not delay it). Accepted pushes are kept
 (pushed.py) and their run is reconciled at once (`on_push`).
 
 It runs its own event loop in a thread of its own: a flood of pushes never waits on kopf's loop, nor kopf on it.
@@ -22,12 +27,12 @@ import os
 import ssl
 import threading
 import time
-from typing import Any, Callable, Optional
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
 
 from aiohttp import web
 
 from scalingrun_api.status_push import MAX_BODY_BYTES, PUSHED_DOCUMENTS
-from .push_auth import PushAuthenticator, Refused
 from .pushed import PushedDocuments, parse_pushed
 
 log = logging.getLogger(__name__)
@@ -36,8 +41,44 @@ CERT_CHECK_SECONDS = 10.0
 # Per run: pushes a second, and the burst allowed (a run's rank 0 pushes a heartbeat every 30 s and progress per
 # epoch; the preprocessing Job's indexes push at most once a second each).
 PUSHES_PER_SECOND, PUSH_BURST = 5.0, 20
-REVIEW_THREADS = 4  # TokenReviews and pod reads in flight at once, whoever pushes
+# Pushes are authorized in two pools: tokens a review vouched for before (the runs' pods, in steady state), and new
+# tokens (a pod's first push, a rotated token, and every bad one). A flood of bad tokens fills only the second, whose
+# waiting line is bounded: beyond it a new token is refused at once (ReviewsBusy, 429: the trainer tries again), so
+# neither the known pods' pushes nor the API server (TokenReviews) see the flood.
+REVIEW_THREADS = 4  # known tokens: their pod checks, and a review when its cached answer expired
+NEW_TOKEN_THREADS = 2  # new tokens: TokenReviews in flight at once
+NEW_TOKENS_WAITING = 32  # new tokens being reviewed or waiting for a thread, at most
 TOO_LARGE, RATE_LIMITED, BAD_DOCUMENT, NOT_WATCHED = "TooLarge", "RateLimited", "BadDocument", "NotWatched"
+REVIEWS_BUSY = "ReviewsBusy"
+# Who-may-push refusals both authenticators give (the metric's label); push_auth.py adds the pod's own.
+NO_TOKEN, INVALID_TOKEN, OTHER_RUN = "NoToken", "InvalidToken", "OtherRun"
+
+
+@dataclass(frozen=True)
+class Refused(Exception):
+    status: int
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+
+class Authenticator(Protocol):
+    def authorize(self, authorization: Optional[str], namespace: str, run: str) -> Any:
+        """Who pushes, when the Authorization header may push run `namespace/run`'s status; Refused otherwise."""
+
+    def known(self, authorization: Optional[str]) -> bool:
+        """Whether checking this header is cheap (a token vouched for before): it then skips the bounded line that
+        new tokens wait in."""
+
+
+def bearer_token(authorization: Optional[str]) -> str:
+    """The token of an `Authorization: Bearer <token>` header; Refused (NoToken) without one."""
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Refused(401, NO_TOKEN, "no bearer token")
+    return token.strip()
 
 
 class Buckets:
@@ -66,7 +107,7 @@ def _file_state(*paths: str) -> tuple[Any, ...]:
 
 
 class StatusServer:
-    def __init__(self, authenticator: PushAuthenticator, pushed: PushedDocuments, cert_file: str, key_file: str,
+    def __init__(self, authenticator: Authenticator, pushed: PushedDocuments, cert_file: str, key_file: str,
                  port: int, host: str = "0.0.0.0", on_push: Optional[Callable[[str, str], None]] = None,
                  count_refused: Optional[Callable[[str], None]] = None,
                  count_accepted: Optional[Callable[[str], None]] = None,
@@ -84,6 +125,9 @@ class StatusServer:
         self.ssl_context.load_cert_chain(cert_file, key_file)
         self._cert_state = _file_state(cert_file, key_file)
         self._reviews = concurrent.futures.ThreadPoolExecutor(REVIEW_THREADS, thread_name_prefix="status-review")
+        self._new_token_reviews = concurrent.futures.ThreadPoolExecutor(NEW_TOKEN_THREADS,
+                                                                        thread_name_prefix="status-new-token")
+        self.new_tokens_waiting = 0  # changed in the server's loop only
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._runner: Optional[web.AppRunner] = None
         self._thread: Optional[threading.Thread] = None
@@ -105,6 +149,7 @@ class StatusServer:
         if self._thread is not None:
             self._thread.join(10)
         self._reviews.shutdown(wait=False, cancel_futures=True)
+        self._new_token_reviews.shutdown(wait=False, cancel_futures=True)
 
     def _serve(self) -> None:
         self._loop = asyncio.new_event_loop()
@@ -147,9 +192,10 @@ class StatusServer:
 
     # --- one push -----------------------------------------------------------------------------------
 
-    def _refuse(self, status: int, reason: str, message: str) -> web.Response:
+    def _refuse(self, status: int, reason: str, message: str, retry_after: Optional[int] = None) -> web.Response:
         self.count_refused(reason)
-        return web.json_response({"reason": reason, "message": message}, status=status)
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+        return web.json_response({"reason": reason, "message": message}, status=status, headers=headers)
 
     async def _push(self, request: web.Request) -> web.Response:
         namespace, run, what = (request.match_info[k] for k in ("namespace", "run", "what"))
@@ -159,15 +205,21 @@ class StatusServer:
             return self._refuse(413, TOO_LARGE, f"a push is at most {MAX_BODY_BYTES} bytes")
         if not self.watched(namespace):
             return self._refuse(403, NOT_WATCHED, f"this operator runs no runs in namespace {namespace}")
+        authorization = request.headers.get("Authorization")
+        known = self.authenticator.known(authorization)
+        if not known and self.new_tokens_waiting >= NEW_TOKENS_WAITING:
+            return self._refuse(429, REVIEWS_BUSY, "too many new tokens are being reviewed; try again", retry_after=1)
+        self.new_tokens_waiting += 0 if known else 1
         try:
             await asyncio.get_running_loop().run_in_executor(
-                self._reviews, self.authenticator.authorize, request.headers.get("Authorization"), namespace, run)
+                self._reviews if known else self._new_token_reviews, self.authenticator.authorize, authorization,
+                namespace, run)
         except Refused as refused:
             return self._refuse(refused.status, refused.reason, refused.message)
+        finally:
+            self.new_tokens_waiting -= 0 if known else 1
         if not self.buckets.take((namespace, run)):
-            response = self._refuse(429, RATE_LIMITED, "too many pushes for this run; the newest one counts")
-            response.headers["Retry-After"] = "1"
-            return response
+            return self._refuse(429, RATE_LIMITED, "too many pushes for this run; the newest one counts", retry_after=1)
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
