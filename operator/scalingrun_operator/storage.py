@@ -145,12 +145,25 @@ def _attempts(what: str, uri: str, target: StorageTarget, call: Callable[[], T])
     started, delay, attempts = time.monotonic(), 0.25, 0
     endpoint, budget = target.endpoint or "AWS S3", Budget(started + target.deadline, target.deadline,
                                                             target.timeout, target.max_document_bytes)
+
+    def still_failing(exc: Exception, elapsed: float) -> StorageError:
+        error = StorageError(
+            f"cannot {what} {uri}: {describe(exc)}{status_text(exc)}, still failing after {attempts} "
+            f"attempts in {elapsed:.1f} s (storage deadline {target.deadline:g} s); check that the "
+            f"store at {endpoint} is up")
+        error.summary = f"{type(exc).__name__}{status_text(exc)} for {elapsed:.0f} s"
+        return error
+
+    retried: Optional[Exception] = None  # the transient failure being retried, if any
     with target.clients.budgeted(budget):
         while True:
             attempts += 1
             try:
                 return call()
             except Misbehaved as exc:
+                if retried is not None and exc.reason == "StorageTooSlow":
+                    # The budget ran out in a retry: the failure retried is the cause, not the last attempt's time.
+                    raise still_failing(retried, time.monotonic() - started) from None
                 error = StoreMisbehaved(f"cannot {what} {uri}: {exc}; check the store at {endpoint}", exc.reason)
                 error.summary = str(exc)
                 raise error from None
@@ -173,12 +186,8 @@ def _attempts(what: str, uri: str, target: StorageTarget, call: Callable[[], T])
                     error.summary = f"{type(exc).__name__}{status_text(exc)}"
                     raise error from None
                 if elapsed + pause >= target.deadline:
-                    error = StorageError(
-                        f"cannot {what} {uri}: {describe(exc)}{status_text(exc)}, still failing after {attempts} "
-                        f"attempts in {elapsed:.1f} s (storage deadline {target.deadline:g} s); check that the "
-                        f"store at {endpoint} is up")
-                    error.summary = f"{type(exc).__name__}{status_text(exc)} for {elapsed:.0f} s"
-                    raise error from None
+                    raise still_failing(exc, elapsed) from None
+                retried = exc
                 log.info("%s %s failed (%s%s), attempt %d; retrying in %.2f s", what, uri, describe(exc),
                          status_text(exc), attempts, pause)
                 time.sleep(pause)
