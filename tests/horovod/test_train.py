@@ -16,7 +16,8 @@ from pyarrow import fs as pafs
 
 from tests.support.env import require
 from tests.support.training import (
-    assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, saved_keras_model, validation_split,
+    assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, kill_the_whole_job, saved_keras_model,
+    validation_split,
 )
 from scalingrun_trainer.core.tracking import MlflowClient
 from tests.support.horovodrun import horovodrun
@@ -137,8 +138,7 @@ def test_resume_continues_after_a_kill_in_the_same_mlflow_run(s3_server, mlflow_
                 break
             time.sleep(0.5)
     finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait()
+        kill_the_whole_job(first)  # no rank lives on to write a checkpoint on horovodrun's parting SIGTERM
     saved = read_json(s3_server, f"{run}/checkpoints/state.json")["epoch"]
     assert 2 <= saved < 5, "the first run should have been killed mid-training"
     # The resumed attempt, watched: its first progress document (written before the first resumed epoch, which

@@ -55,6 +55,28 @@ def kill_a_rank_after_the_first_checkpoint(job: subprocess.Popen, s3_server, sta
             job.wait()
 
 
+def kill_the_whole_job(job: subprocess.Popen) -> None:
+    """SIGKILL to the job and every process under it at once, as a lost machine ends them. Killing the job's process
+    group is not that: horovodrun starts the ranks in groups of their own and, when it dies, sends them SIGTERM,
+    which the trainer takes for a preemption notice and answers with a checkpoint."""
+    import signal
+
+    import psutil
+
+    try:
+        below = psutil.Process(job.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    os.killpg(job.pid, signal.SIGKILL)
+    for process in below:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+    job.wait()
+    psutil.wait_procs(below, timeout=30)
+
+
 def epoch_saved_before_a_rank_was_killed(command: list[str], env: dict[str, str], s3_server, run: str,
                                           deadline_s: float, exit_s: float) -> int:
     """The training `command` (2 ranks; `run`, s3://..., its run location) run with `env`, a rank killed after the
