@@ -447,6 +447,7 @@ def measure_mode(push: bool, args: Any, environment: Callable[..., Any], bench_t
             healthy = [p for p in pushers if p.run != hostile_run]
             reporter = Reporter(bench, cluster, epochs, healthy, list(runs), args.interval, url, ca)
             result.update(reporter.warm_up())
+            result["peak_rss_prepared_mib"] = operator.peak_rss  # runs, pods and (push) every token reviewed once
             if push:
                 print(f"  push: every pushing pod accepted once: {result}", flush=True)
             phases = [("reporting", None)]
@@ -459,6 +460,7 @@ def measure_mode(push: bool, args: Any, environment: Callable[..., Any], bench_t
                 reporter.report_for(args.report_seconds)
                 lags, missed = epochs.take(args.interval * 3)
                 figures = {**window.close(), "reports": len(lags) + missed, "missed": missed,
+                           "peak_rss_mib": operator.peak_rss,  # the peak so far, this phase included
                            "lag_p50_s": pod_scale.percentile(lags, 0.5) if lags else None,
                            "lag_p95_s": pod_scale.percentile(lags, 0.95) if lags else None,
                            "lag_max_s": max(lags) if lags else None, "codes": dict(reporter.codes)}
@@ -515,7 +517,10 @@ def print_push(args: Any, modes: list[dict[str, Any]]) -> None:
     row("operator CPU at rest", lambda m: m["rest"]["cpu_millicores"], " m")
     row("API requests/min by the operator at rest", lambda m: m["rest"]["requests_per_min"])
     row("API requests/min per run at rest", lambda m: m["rest"]["requests_per_min"] / m["runs"], "", 3)
-    row("peak RSS", lambda m: m["peak_rss_mib"], " MiB", 0)
+    row("peak RSS, runs prepared (push: every token reviewed once)", lambda m: m.get("peak_rss_prepared_mib"),
+        " MiB", 0)
+    row("peak RSS, after reporting", reporting("peak_rss_mib"), " MiB", 0)
+    row("peak RSS, whole bench (push: the hostile pusher's phase too)", lambda m: m["peak_rss_mib"], " MiB", 0)
     if push and "warm_up_s" in push:
         print()
         print(f"Push, before the figures: every pushing pod's first push accepted after {push['warm_up_s']:.0f} s "

@@ -10,7 +10,7 @@ MAX_BODY_BYTES (413), a namespace the operator does not watch (403), a token tha
 (401), a pod of another run or namespace (403), more than the run's share of pushes (429), a body that is no JSON
 object (400), a new token while too many new ones wait for their review (429: a known pod's push is reviewed apart,
 so a flood of bad tokens does not delay it). Accepted pushes are kept
-(pushed.py) and their run is reconciled at once (`on_push`).
+(pushed.py) and told to `on_push` (the operator reconciles the run after a progress push).
 
 It runs its own event loop in a thread of its own: a flood of pushes never waits on kopf's loop, nor kopf on it.
 The serving certificate is read from files (the kubelet mounts its Secret; the operator needs no Secret RBAC) and
@@ -108,14 +108,14 @@ def _file_state(*paths: str) -> tuple[Any, ...]:
 
 class StatusServer:
     def __init__(self, authenticator: Authenticator, pushed: PushedDocuments, cert_file: str, key_file: str,
-                 port: int, host: str = "0.0.0.0", on_push: Optional[Callable[[str, str], None]] = None,
+                 port: int, host: str = "0.0.0.0", on_push: Optional[Callable[[str, str, str], None]] = None,
                  count_refused: Optional[Callable[[str], None]] = None,
                  count_accepted: Optional[Callable[[str], None]] = None,
                  pushes_per_second: float = PUSHES_PER_SECOND, burst: int = PUSH_BURST,
                  watched: Callable[[str], bool] = lambda namespace: True):
         self.authenticator, self.pushed = authenticator, pushed
         self.cert_file, self.key_file, self.host, self.port = cert_file, key_file, host, port
-        self.on_push = on_push or (lambda namespace, name: None)
+        self.on_push = on_push or (lambda namespace, name, what: None)
         self.count_refused = count_refused or (lambda reason: None)
         self.count_accepted = count_accepted or (lambda what: None)
         self.buckets = Buckets(pushes_per_second, burst)
@@ -232,5 +232,5 @@ class StatusServer:
             return self._refuse(400, BAD_DOCUMENT, f"the body is no JSON object of a {what} document")
         self.pushed.record(namespace, run, what, document)
         self.count_accepted(what)
-        self.on_push(namespace, run)
+        self.on_push(namespace, run, what)
         return web.json_response({"accepted": what}, status=202)

@@ -73,7 +73,7 @@ def status_server(api_client, tmp_path):
     metrics, pushed, pushes = Metrics(), PushedDocuments(), []
     server = StatusServer(PushAuthenticator(api_client), pushed, str(tmp_path / "tls/tls.crt"),
                           str(tmp_path / "tls/tls.key"), port=0, host="127.0.0.1",
-                          on_push=lambda namespace, name: pushes.append((namespace, name)),
+                          on_push=lambda namespace, name, what: pushes.append((namespace, name, what)),
                           count_refused=lambda reason: metrics.push_refusals.labels(reason=reason).inc(),
                           count_accepted=lambda what: metrics.pushes.labels(document=what).inc())
     server.start()
@@ -118,11 +118,11 @@ def test_only_a_pod_of_the_run_may_push_its_status(api_client, namespace, other_
         print(f"{who:32} -> {code} {answer.get('reason') or answer}")
     assert found == [(who, code, reason) for who, _, code, reason in table]
 
-    # Only the accepted push was kept, and its run reconciled; each refusal counted by its reason.
+    # Only the accepted push was kept and told to on_push; each refusal counted by its reason.
     kept = status_server.pushed.get(namespace, "alpha", PROGRESS)
     assert kept is not None and kept.epoch == 3 and kept.metrics == {"loss": 0.5}
     assert status_server.pushed.get(other_namespace, "alpha", PROGRESS) is None
-    assert status_server.pushes == [(namespace, "alpha")]
+    assert status_server.pushes == [(namespace, "alpha", PROGRESS)]
     sample = status_server.metrics.registry.get_sample_value
     assert sample("scalingrun_status_pushes_total", {"document": PROGRESS}) == 1
     for reason in {reason for *_, reason in table if reason}:

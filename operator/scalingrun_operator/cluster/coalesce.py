@@ -8,7 +8,9 @@ the end of that interval, where all the events that came meanwhile make one reco
 waits that long even when the interval is over, so that a burst of them (a run's pods created, or moved, one after
 the other) makes one reconcile, not one for its first event and one for the rest. Other triggers
 (creation, a spec change, a child's event, storage) are urgent: they wait for no interval, only for the
-reconcile in flight. Level-triggered reconciles make this safe: the one that runs reads the world as it is.
+reconcile in flight. A pushed document is neither: it comes alone, so it waits for no settle, and the status
+server's event loop hands it off (`soon`). Level-triggered reconciles make this safe: the one that runs reads the
+world as it is.
 """
 
 from __future__ import annotations
@@ -72,6 +74,17 @@ class Coalescer:
         finally:
             self._finished(key)
         return True
+
+    def soon(self, key: Hashable, why: str = "") -> None:
+        """Reconciles `key` in the pool as soon as its interval allows, without `settle` (a fact that comes alone,
+        such as a pushed progress document); never in this thread, which may be an event loop's."""
+        with self._guard:
+            slot = self._slots.setdefault(key, _Slot())
+            slot.why = why
+            if slot.running:
+                slot.again = True
+                return
+            self._schedule(key, slot, max(self._clock(), slot.last_start + self.min_interval))
 
     def forget(self, key: Hashable) -> None:
         """The object is gone: nothing scheduled for it runs (one in flight finishes)."""

@@ -24,6 +24,7 @@ from .node_notices import NodeNotices
 from .pod_index import PodIndex
 from .preflight import run_at_start_up
 from .push_auth import PushAuthenticator
+from scalingrun_api.status_push import HEARTBEAT
 from ..pushed import PushedDocuments
 from .status_config import StatusConfigMaps
 from ..status_server import StatusServer
@@ -104,12 +105,18 @@ class Runtime:
         self.status_server = StatusServer(
             PushAuthenticator(self.kube.api_client, self.pods.pods), self.pushed, str(tls / "tls.crt"), str(tls / "tls.key"),
             config.status_port_number,
-            # Soon, not in the server's loop: a reconcile may take a while, and a burst of pushes makes one.
-            on_push=lambda namespace, name: self.reconcile_run(namespace, name, "push", urgent=False),
+            on_push=self._pushed,
             count_refused=lambda reason: self.metrics.push_refusals.labels(reason=reason).inc(),
             count_accepted=lambda what: self.metrics.pushes.labels(document=what).inc(),
             watched=self.watches_namespace)
         return self.status_server.start()
+
+    def _pushed(self, namespace: str, name: str, what: str) -> None:
+        """A push was accepted. Progress: the run is reconciled soon, in the pool (not the server's loop: a
+        reconcile may take a while). A heartbeat changes nothing until the stall deadline, whose recheck reads it
+        (decide/stall.py): a reconcile per beat would be work for nothing."""
+        if what != HEARTBEAT:
+            self.run_triggers.soon((namespace, name), "push")
 
     def stop(self) -> None:
         self.metrics.leader.set(0)

@@ -123,3 +123,21 @@ def test_with_settle_a_burst_of_pod_events_makes_one_reconcile_and_none_runs_in_
     coalescer.stop()
     assert calls == [(100.5, "pod")]
     assert coalescer.trigger(("ns", "a"), "child") is True, "an urgent trigger still runs at once"
+
+
+def test_soon_waits_for_no_settle_runs_in_the_pool_and_keeps_the_interval():
+    clock = FakeClock()
+    calls = []
+    coalescer = Coalescer(lambda key, why: calls.append((clock.now, why, threading.current_thread().name)),
+                          min_interval=1.0, clock=clock, settle=0.5)
+    coalescer.soon(("ns", "a"), "push")
+    assert calls == [], "never in the caller's thread (the status server's event loop)"
+    assert coalescer.pending() == {("ns", "a"): 100.0}, "due now: no settle"
+    coalescer.run_due()
+    coalescer._pool.shutdown(wait=True)
+    assert [(at, why) for at, why, _ in calls] == [(100.0, "push")]
+    assert calls[0][2].startswith("coalesced-reconcile")
+    clock.now = 100.2
+    coalescer.soon(("ns", "a"), "push")
+    assert coalescer.pending() == {("ns", "a"): pytest.approx(101.0)}, "at most one reconcile a second per run"
+    coalescer.stop()
