@@ -1,7 +1,7 @@
 """Whether the operator connects to the store during the e2e: its pods' TCP sockets, sampled from this host.
 
-On the node cluster (../shared/node) the pods' processes run on this host, so the operator's are found in /proc by
-their command line, in a network namespace other than this one. Every `interval` the sampler reads each one's
+On the node cluster (../shared/node) the pods' processes run on this host, so the operator's are found in /proc: the
+image's entrypoint as the command, a pod's environment, a network namespace other than this one. Every `interval` the sampler reads each one's
 /proc/<pid>/net/tcp and tcp6 (its pod's sockets) and keeps those whose remote port is the store's: connecting
 (SYN_SENT), open, or closed by the operator (TIME_WAIT, kept 60 s by the kernel). A pooled client such as the one
 the operator's storage reads used keeps its connections open between reads, so a pull-mode operator shows them in
@@ -20,7 +20,8 @@ from typing import Optional
 
 STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "04": "FIN_WAIT1", "05": "FIN_WAIT2", "06": "TIME_WAIT",
           "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0B": "CLOSING"}  # 0A LISTEN: not a connection
-OPERATOR_COMMANDS = (b"scalingrun-operator", b"scalingrun_operator")
+OPERATOR_ENTRYPOINT = "scalingrun-operator"  # Dockerfile.operator's, this release's and the previous one's
+POD_VARIABLE = b"KUBERNETES_SERVICE_HOST="  # the kubelet sets it in every pod's containers (not in a docker build)
 PUSH_MODE_VARIABLE = b"SCALINGRUN_STATUS_PORT_NUMBER="
 
 
@@ -119,14 +120,16 @@ class StoreConnectionSampler:
         if pid in self.operators:
             return self.operators[pid]
         try:
-            command = (self.proc / str(pid) / "cmdline").read_bytes()
-            if not any(name in command for name in OPERATOR_COMMANDS):
+            command = (self.proc / str(pid) / "cmdline").read_bytes().split(b"\0")[:2]
+            if not any(os.path.basename(part.decode(errors="replace")) == OPERATOR_ENTRYPOINT for part in command):
                 return None
             if os.readlink(self.proc / str(pid) / "ns/net") == self.own_namespace:
                 return None  # an operator on this host (the integration tests'), not a pod's
-            environment = (self.proc / str(pid) / "environ").read_bytes()
+            environment = (self.proc / str(pid) / "environ").read_bytes().split(b"\0")
         except OSError:
             return None  # gone
+        if not any(entry.startswith(POD_VARIABLE) for entry in environment):
+            return None  # a container that is no pod's
         self.operators[pid] = any(entry.startswith(PUSH_MODE_VARIABLE) and entry != PUSH_MODE_VARIABLE
-                                  for entry in environment.split(b"\0"))
+                                  for entry in environment)
         return self.operators[pid]

@@ -50,13 +50,15 @@ def test_only_operators_in_a_pods_namespace_count_and_push_mode_comes_from_their
     (proc / "self/ns").mkdir(parents=True)
     (proc / "self/ns/net").symlink_to(host)
     store = socket_line("0500000A:9C40", STORE_V4, "01")
+    pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
     process(proc, 10, ["/usr/local/bin/python", "/usr/local/bin/scalingrun-operator", "--all-namespaces"], pod_a,
-            {"SCALINGRUN_STATUS_PORT_NUMBER": "8443"}, tcp=socket_line("0500000A:9C41", API_SERVER, "01"))
-    process(proc, 11, ["python", "-m", "scalingrun_operator.cli", "operator"], pod_b,
-            {"SCALINGRUN_STATUS_PORT_NUMBER": ""}, tcp=store)  # the previous release: no status endpoint
-    process(proc, 12, ["python", "-m", "scalingrun_operator.cli", "operator"], host,
-            {"SCALINGRUN_STATUS_PORT_NUMBER": "8443"}, tcp=store)  # an integration test's, on this host
-    process(proc, 13, ["python", "-m", "scalingrun_trainer.cli", "train"], pod_c, {}, tcp=store)  # a run's pod
+            {**pod, "SCALINGRUN_STATUS_PORT_NUMBER": "8443"}, tcp=socket_line("0500000A:9C41", API_SERVER, "01"))
+    process(proc, 11, ["scalingrun-operator"], pod_b, pod, tcp=store)  # the previous release: no status endpoint
+    process(proc, 12, ["/usr/local/bin/scalingrun-operator", "--standalone"], host,
+            {**pod, "SCALINGRUN_STATUS_PORT_NUMBER": "8443"}, tcp=store)  # an operator on this host
+    process(proc, 13, ["python", "-m", "scalingrun_trainer.cli", "train"], pod_c, pod, tcp=store)  # a run's pod
+    process(proc, 14, ["/bin/sh", "-c", "pip install . && scalingrun-operator --help"], "net:[5]", {},
+            tcp=store)  # a docker build's step: no pod's process
     sampler = StoreConnectionSampler(8333, proc=proc)
     sampler.sample()
     assert sampler.operators == {10: True, 11: False}
