@@ -12,6 +12,8 @@ import threading
 from pathlib import Path
 from typing import Optional
 
+from scalingrun_api.status_push import HEARTBEAT
+
 from ..store_slots import Busy
 from ..config import Config
 from ..storage import Clients
@@ -24,7 +26,6 @@ from .node_notices import NodeNotices
 from .pod_index import PodIndex
 from .preflight import run_at_start_up
 from .push_auth import PushAuthenticator
-from scalingrun_api.status_push import HEARTBEAT
 from ..pushed import PushedDocuments
 from .status_config import StatusConfigMaps
 from ..status_server import StatusServer
