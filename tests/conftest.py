@@ -148,7 +148,7 @@ class MlflowServer:
         """The variables the trainer reads (in a cluster they come from spec.tracking.credentialsSecret)."""
         return {"MLFLOW_TRACKING_USERNAME": self.username, "MLFLOW_TRACKING_PASSWORD": self.password}
 
-    def start(self, timeout: float = 600) -> None:  # ends early when the server exits; the bound is for a loaded machine
+    def start(self, timeout: float = 600) -> None:  # ends at once if the server exits; 600 s: a loaded machine
         import time
         import urllib.request
 
