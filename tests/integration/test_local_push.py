@@ -15,6 +15,8 @@ from collections import Counter
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import pytest
+
 from scalingrun_api.status_push import (
     CA_FILE, HEARTBEAT, PROGRESS, STATUS_DIR_VARIABLE, STATUS_PATH_VARIABLE, TOKEN_FILE, URL_FILE, push_path,
 )
@@ -24,6 +26,21 @@ from tests.support.sdk import config  # noqa: F401 (fixture)
 from tests.support.tls import post
 
 BODY = json.dumps({"state": "running", "epoch": 2, "maxEpochs": 3}).encode()
+
+
+@pytest.fixture
+def started_pushes(tmp_path):
+    """LocalPushes for run `default/<name>` under tmp_path, started, and stopped after the test."""
+    made: list[LocalPushes] = []
+
+    def start(name: str) -> LocalPushes:
+        made.append(LocalPushes(tmp_path / "status", "default", name))
+        made[-1].start()
+        return made[-1]
+
+    yield start
+    for pushes in made:
+        pushes.stop()
 
 
 def _endpoint(pushes: LocalPushes) -> tuple[int, Path, str, str]:
@@ -72,11 +89,10 @@ def test_only_the_runs_secret_pushes_and_only_its_own_runs_documents(tmp_path):
         pushes.stop()
 
 
-def test_the_trainers_pusher_reaches_the_local_endpoint_and_a_wrong_secret_does_not(tmp_path):
+def test_the_trainers_pusher_reaches_the_local_endpoint_and_a_wrong_secret_does_not(tmp_path, started_pushes):
     """The trainer's own pusher (scalingrun_trainer.core.status_push), in a process of its own with the variables the
     runner gives its processes; the same process with its token file changed is refused and drops the document."""
-    pushes = LocalPushes(tmp_path / "status", "default", "alpha")
-    pushes.start()
+    pushes = started_pushes("alpha")
     script = ("import json, sys\n"
               "from scalingrun_trainer.core.status_push import status_pusher\n"
               "pusher = status_pusher()\n"
@@ -90,23 +106,19 @@ def test_the_trainers_pusher_reaches_the_local_endpoint_and_a_wrong_secret_does_
                               env={**pushes.environment(), "PYTHONPATH": "operator:trainer"},
                               cwd=Path(__file__).resolve().parents[2])
 
-    try:
-        sent = push_step(7)
-        assert sent.stdout.strip() == "1" and pushes.get(HEARTBEAT).step == 7
-        (tmp_path / "status" / TOKEN_FILE).write_text("not-the-runs-secret")
-        refused = push_step(8)
-        assert refused.stdout.strip() == "0", refused.stderr
-        assert "refused a heartbeat push (HTTP 401)" in refused.stderr
-        assert pushes.get(HEARTBEAT).step == 7 and pushes.refused == Counter({INVALID_TOKEN: 1})
-    finally:
-        pushes.stop()
+    sent = push_step(7)
+    assert sent.stdout.strip() == "1" and pushes.get(HEARTBEAT).step == 7
+    (tmp_path / "status" / TOKEN_FILE).write_text("not-the-runs-secret")
+    refused = push_step(8)
+    assert refused.stdout.strip() == "0", refused.stderr
+    assert "refused a heartbeat push (HTTP 401)" in refused.stderr
+    assert pushes.get(HEARTBEAT).step == 7 and pushes.refused == Counter({INVALID_TOKEN: 1})
 
 
-def test_a_commands_sdk_pushes_rank_0s_heartbeat_and_progress(config, tmp_path):
+def test_a_commands_sdk_pushes_rank_0s_heartbeat_and_progress(config, tmp_path, started_pushes):
     """A training.command's rank 0 (the SDK) pushes the run's heartbeat and progress as our trainers' rank 0 does,
     so that a local run's stall watch and status follow a user's script too."""
-    pushes = LocalPushes(tmp_path / "status", "default", "sdk-unit")
-    pushes.start()
+    pushes = started_pushes("sdk-unit")
     script = ("from scalingrun_trainer import sdk\n"
               "sdk.context()\n"
               "sdk.run._session.heartbeat.phase_floor = 0  # the first beat after 'starting' is sent at once\n"
@@ -116,37 +128,30 @@ def test_a_commands_sdk_pushes_rank_0s_heartbeat_and_progress(config, tmp_path):
     env = {"PATH": "/usr/bin:/bin", "SCALINGRUN_CONFIG": str(config), "OMPI_COMM_WORLD_RANK": "0",
            "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_LOCAL_RANK": "0", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
            "PYTHONPATH": "operator:trainer", **pushes.environment()}
-    try:
-        result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
-                                cwd=Path(__file__).resolve().parents[2])
-        assert result.returncode == 0, result.stderr
-        beat, progress = pushes.get(HEARTBEAT), pushes.get(PROGRESS)
-        assert beat is not None and (beat.rank, beat.step, beat.epoch) == (0, 5, 1)
-        assert progress is not None and (progress.state, progress.epoch) == ("succeeded", 1)
-        assert not pushes.refused
-    finally:
-        pushes.stop()
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                            cwd=Path(__file__).resolve().parents[2])
+    assert result.returncode == 0, result.stderr
+    beat, progress = pushes.get(HEARTBEAT), pushes.get(PROGRESS)
+    assert beat is not None and (beat.rank, beat.step, beat.epoch) == (0, 5, 1)
+    assert progress is not None and (progress.state, progress.epoch) == ("succeeded", 1)
+    assert not pushes.refused
 
 
-def test_a_rerun_of_a_finished_run_pushes_the_document_it_ended_with(tmp_path):
+def test_a_rerun_of_a_finished_run_pushes_the_document_it_ended_with(tmp_path, started_pushes):
     """A finished run started again trains nothing and writes nothing; rank 0 pushes the progress it ended with
     (core/session.py: Attempt.open), so that a runner fed by pushes sees how it ended instead of no document."""
     recorded = {"state": "succeeded", "epoch": 4, "maxEpochs": 10, "modelUri": "/m/model.keras"}
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "progress.json").write_text(json.dumps(recorded))
-    pushes = LocalPushes(tmp_path / "status", "default", "alpha")
-    pushes.start()
+    pushes = started_pushes("alpha")
     script = ("import sys\n"
               "from scalingrun_trainer.core.progress import push_recorded\n"
               "from scalingrun_trainer.storage import open_location\n"
               "print(push_recorded(open_location(sys.argv[1])))\n")
-    try:
-        env = {**pushes.environment(), "PYTHONPATH": "operator:trainer"}
-        for name, sent in (("missing.json", "False"), ("progress.json", "True")):
-            result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run" / name)], env=env,
-                                    capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2])
-            assert result.stdout.strip() == sent, result.stderr
-        progress = pushes.get(PROGRESS)
-        assert (progress.state, progress.epoch, progress.model_uri) == ("succeeded", 4, "/m/model.keras")
-    finally:
-        pushes.stop()
+    env = {**pushes.environment(), "PYTHONPATH": "operator:trainer"}
+    for name, sent in (("missing.json", "False"), ("progress.json", "True")):
+        result = subprocess.run([sys.executable, "-c", script, str(tmp_path / "run" / name)], env=env,
+                                capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parents[2])
+        assert result.stdout.strip() == sent, result.stderr
+    progress = pushes.get(PROGRESS)
+    assert (progress.state, progress.epoch, progress.model_uri) == ("succeeded", 4, "/m/model.keras")
