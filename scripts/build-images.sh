@@ -112,6 +112,28 @@ for wheel in "${SCALINGRUN_TORCH_WHEELS:-/opt/wheels}"/torch-"$TORCH_VERSION"+cp
   fi
 done
 
+# The trainer images' Python packages, fetched once through the host's pip (its index, or the machine's local mirror)
+# into build/wheels/pip: the image builds install the locks from there with no index (setup.sh), each file still
+# checked against its hash. Only where the host's Python is the images' (Linux, 3.11, so the same wheels); a failed
+# download leaves none, and the builds fetch from PyPI as before.
+wheelhouse() {
+  local dir=build/wheels/pip py=python3 started=$SECONDS lock
+  [[ ! -x .venv/bin/python ]] || py=.venv/bin/python
+  [[ "$(uname -s)" == Linux ]] && "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || return 0
+  rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
+  for lock in bootstrap trainer lightning petastorm; do
+    if ! "$py" -m pip download -q --disable-pip-version-check --require-hashes --no-deps -d "$dir.tmp" \
+        -r "requirements/$lock.txt" >&2; then
+      log "no wheelhouse: requirements/$lock.txt did not download here; the images fetch from PyPI"
+      rm -rf "$dir.tmp"
+      return 0
+    fi
+  done
+  mv "$dir.tmp" "$dir"
+  log "wheelhouse: $(find "$dir" -type f | wc -l) files, $(du -sm "$dir" | cut -f1) MB in $((SECONDS - started)) s"
+}
+[[ "$CHECK" == gpu ]] || wheelhouse
+
 build() {  # build NAME TAG DOCKERFILE [BUILD ARGS...]
   local started=$SECONDS size name="$1" tag="$2" dockerfile="$3"
   shift 3

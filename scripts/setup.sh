@@ -23,6 +23,8 @@
 #     wheels (tensorflow-gpu.txt), and Horovod built with NCCL by the CUDA compiler of cuda-build.txt (PyPI
 #     wheels, installed into the cache, not the venv); Lightning: torch-cuda.txt. No CUDA toolkit on the host.
 #   SCALINGRUN_EDITABLE=0: install the project itself non-editable (images).
+#   SCALINGRUN_EXTRA_SYSTEM_PACKAGES: more Debian packages for the same apt-get (scripts/test.sh: the builders');
+#   SCALINGRUN_SYSTEM_PACKAGES_ONLY=1: install the Debian packages and stop.
 # The full profile also installs the MLflow tracking server the tests run, in its own venv
 # (SCALINGRUN_MLFLOW_VENV, default .venv-mlflow) from requirements/mlflow-server.txt.
 set -euo pipefail
@@ -37,6 +39,11 @@ HOROVOD_VERSION="$(sed -n 's/^horovod==\([^ ]*\).*/\1/p' "$REQ/horovod.txt")"
 HOROVOD_SDIST_HASH="$(sed -n 's/.*--hash=sha256:\([0-9a-f]*\).*/\1/p' "$REQ/horovod.txt")"
 PIP=(--disable-pip-version-check --require-hashes)  # every install below checks the hashes of what it downloads
 GPU="${SCALINGRUN_GPU:-0}"
+# A wheelhouse of the locks' files (scripts/build-images.sh makes one on the host for the images): the locks are then
+# installed from it alone, with no index, each file still checked against the lock's hash.
+WHEELHOUSE="$CACHE/wheels/pip"
+INDEX=()
+[[ ! -d "$WHEELHOUSE" ]] || INDEX=(--no-index --find-links "$WHEELHOUSE")
 TORCH_LOCK="${SCALINGRUN_TORCH_LOCK:-$REQ/torch-cpu.txt}"
 [[ "$GPU" != 1 || -n "${SCALINGRUN_TORCH_LOCK:-}" ]] || TORCH_LOCK="$REQ/torch-cuda.txt"
 TF_VERSION="$(sed -n 's/^tensorflow-cpu==\([^ ]*\).*/\1/p' "$REQ/lock.txt")"
@@ -51,8 +58,9 @@ esac
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 install_system_packages() {
-  local missing=()
-  for p in "${APT_PACKAGES[@]:-}"; do
+  local missing=() extra
+  read -r -a extra <<< "${SCALINGRUN_EXTRA_SYSTEM_PACKAGES:-}"
+  for p in "${APT_PACKAGES[@]:-}" "${extra[@]:-}"; do
     [[ -n "$p" ]] || continue
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
   done
@@ -125,6 +133,7 @@ install_mlflow_server() {
 
 main() {
   install_system_packages
+  [[ "${SCALINGRUN_SYSTEM_PACKAGES_ONLY:-0}" != 1 ]] || return 0
   [[ "$PROFILE" != full ]] || install_mlflow_server
   local want; want="$(stack_fingerprint)"
   if [[ -f "$VENV/.scalingrun-stack" && "$(cat "$VENV/.scalingrun-stack")" == "$want" ]]; then
@@ -132,26 +141,26 @@ main() {
     return 0
   fi
   [[ -x "$VENV/bin/python" ]] || "$PYTHON" -m venv "$VENV"
-  "$VENV/bin/pip" install -q "${PIP[@]}" -r "$REQ/bootstrap.txt"
+  "$VENV/bin/pip" install -q "${PIP[@]}" "${INDEX[@]}" -r "$REQ/bootstrap.txt"
   log "installing ${LOCK#"$ROOT/"}"
   local sources=()
   if [[ "$PROFILE" == lightning ]]; then
     [[ ! -d "$CACHE/wheels/torch" ]] || sources+=(--find-links "$CACHE/wheels/torch")
     [[ -z "${SCALINGRUN_TORCH_INDEX:-}" ]] || sources+=(--extra-index-url "$SCALINGRUN_TORCH_INDEX")
   fi
-  "$VENV/bin/pip" install -q "${PIP[@]}" --no-deps -r "$LOCK"
+  "$VENV/bin/pip" install -q "${PIP[@]}" "${INDEX[@]}" --no-deps -r "$LOCK"
   if [[ "$PROFILE" == lightning ]]; then
     # torch-cpu.txt is the CPU build; a GPU image names the CUDA build of the same version (SCALINGRUN_TORCH_LOCK)
     # from PyTorch's index (README, "PyTorch Lightning"). No Horovod: DDP runs over gloo/nccl.
     "$VENV/bin/pip" install -q "${PIP[@]}" --no-deps "${sources[@]}" -r "$TORCH_LOCK"
-    "$VENV/bin/pip" install -q "${PIP[@]}" --no-deps -r "$REQ/petastorm.txt"
+    "$VENV/bin/pip" install -q "${PIP[@]}" "${INDEX[@]}" --no-deps -r "$REQ/petastorm.txt"
   elif [[ "$PROFILE" != operator ]]; then
     if [[ "$GPU" == 1 ]]; then
       # Same version and dependencies as tensorflow-cpu; the GPU wheel uses the image's CUDA 12.2 / cuDNN 8.9.
       "$VENV/bin/pip" uninstall -q -y tensorflow-cpu
       "$VENV/bin/pip" install -q "${PIP[@]}" --no-deps -r "$REQ/tensorflow-gpu.txt"
     fi
-    "$VENV/bin/pip" install -q "${PIP[@]}" --no-deps -r "$REQ/petastorm.txt"
+    "$VENV/bin/pip" install -q "${PIP[@]}" "${INDEX[@]}" --no-deps -r "$REQ/petastorm.txt"
     # Built here from the hash-checked sdist: a local wheel has no published hash to check against.
     "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps "$(horovod_wheel)"
   fi

@@ -5,10 +5,14 @@
 # builder is beside the checkout (../shared/envtest), it is built (cached). An existing cluster is used only
 # when named for the tests: SCALINGRUN_TEST_KUBECONFIG=<path> (an ambient KUBECONFIG is never used).
 # With arguments, only pytest runs, with them: scripts/test.sh tests/unit -x
+# --under-load first: the whole command (or pytest alone, with arguments) runs beside a CPU hog, one busy loop per
+# core, to shake out verdicts that the machine's load decides, as CI's shared cores would (docs/testing.md).
 #
 # The whole run goes in phases, each timed (docs/testing.md, "The budget"):
-#   setup        the venvs (scripts/setup.sh)
-#   builds       in the background: the API server's binaries, then the node cluster
+#   system packages  every Debian package of setup and of the two builders, in one apt-get (so that no two apt-gets
+#                ever run at once: apt-get update cannot wait for another's lock)
+#   setup        the venvs (scripts/setup.sh), beside the builds
+#   builds       in the background from the start: the API server's binaries, then the node cluster
 #   e2e          scripts/e2e.sh (our images, then the in-cluster tests), in the background as soon as the node
 #                cluster is built; its output goes to .scalingrun/test-budget/e2e.log and is printed when it ends
 #   unit         tests/unit and tests/chart, which need none of it, while the builds run
@@ -25,6 +29,14 @@ NODE_BUILDER="${SCALINGRUN_NODE_DIR:-$ROOT/../shared/node}/build.sh"
 ENVTEST_BUILDER="${SCALINGRUN_ENVTEST_BUILDER:-$ROOT/../shared/envtest/build-assets.sh}"
 WORKERS="${SCALINGRUN_TEST_WORKERS:-4}"
 unset KUBECONFIG
+if [[ "${1:-}" == "--under-load" ]]; then
+  shift
+  # One busy loop per core at the tests' own priority, for the whole command; ended with it.
+  HOGS=()
+  for _ in $(seq "$(nproc)"); do (while :; do :; done) & HOGS+=($!); done
+  trap 'kill "${HOGS[@]}" 2>/dev/null || true' EXIT
+  echo "[test] under load: $(nproc) busy loops beside the tests (pids ${HOGS[*]})" >&2
+fi
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 # Whether this run builds its own API server (and, for the whole suite, the node cluster).
 builds_api_server() { [[ -z "${KUBEBUILDER_ASSETS:-}" && -z "${SCALINGRUN_TEST_KUBECONFIG:-}" && -x "$ENVTEST_BUILDER" ]]; }
@@ -42,7 +54,9 @@ if [[ $# -gt 0 ]]; then
   # The PyTorch Lightning venv (.venv-lightning), for tests/lightning.
   if [[ "$*" == *lightning* ]]; then SCALINGRUN_PROFILE=lightning bash scripts/setup.sh; fi
   if builds_api_server; then KUBEBUILDER_ASSETS="$(api_server_binaries)"; export KUBEBUILDER_ASSETS; fi
-  exec "$ROOT/.venv/bin/python" -m pytest "$@"
+  status=0
+  "$ROOT/.venv/bin/python" -m pytest "$@" || status=$?
+  exit "$status"
 fi
 
 BUDGET="$ROOT/.scalingrun/test-budget"
@@ -67,6 +81,24 @@ pytest_phase() {  # pytest_phase NAME ARGS...: pytest with the phase's junit rep
   "$ROOT/.venv/bin/python" -m pytest $(xdist_args) --junitxml="$BUDGET/$name.xml" "$@"
 }
 setup() { bash scripts/setup.sh && SCALINGRUN_PROFILE=lightning bash scripts/setup.sh && previous_release; }
+# The builders' Debian packages (the envtest builder's and the node builder's own lists, and deb-src for the API
+# server's source package), installed with setup's before anything runs beside: each builder then finds its
+# packages there, and only its `apt-get update` runs, while setup's apt-get has nothing to do.
+BUILDER_PACKAGES=(golang-go rsync jq make dpkg-dev etcd-server openssl curl golang-github-modern-go-reflect2-dev
+  docker.io debootstrap containernetworking-plugins dnsmasq-base gcc libc6-dev iptables conntrack socat ethtool
+  ebtables iproute2 procps kmod util-linux bc xz-utils)
+system_packages() {
+  local extra=()
+  if builds_api_server || [[ -x "$NODE_BUILDER" ]]; then
+    extra=("${BUILDER_PACKAGES[@]}")
+    if ! grep -rqs '^Types: deb-src' /etc/apt/sources.list.d/*.sources && [[ -f /etc/apt/sources.list.d/debian.sources \
+        && -w /etc/apt/sources.list.d ]]; then
+      sed -e 's/^Types: deb$/Types: deb-src/' /etc/apt/sources.list.d/debian.sources \
+        > /etc/apt/sources.list.d/debian-src.sources
+    fi
+  fi
+  SCALINGRUN_SYSTEM_PACKAGES_ONLY=1 SCALINGRUN_EXTRA_SYSTEM_PACKAGES="${extra[*]}" bash scripts/setup.sh
+}
 # The upgrade tests install the release tests/e2e/previous-release names, from git: a shallow clone fetches it first.
 previous_release() {
   local commit; commit="$(sed -n 's/^commit=//p' tests/e2e/previous-release)"
@@ -104,9 +136,10 @@ background() {
 }
 
 status=0
-phase setup setup
+phase "system packages" system_packages || status=$?
 background &
 BUILDS=$!
+phase setup setup || { log "setup failed: nothing can run without it"; kill "$BUILDS" 2>/dev/null; exit 1; }
 phase unit pytest_phase unit tests/unit tests/chart || status=$?
 if builds_api_server; then phase "wait: API server build" wait_for_api_server || status=$?; fi
 phase integration pytest_phase integration -m "not e2e" --ignore=tests/unit --ignore=tests/chart || status=$?
