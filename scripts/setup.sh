@@ -24,7 +24,8 @@
 #     wheels, installed into the cache, not the venv); Lightning: torch-cuda.txt. No CUDA toolkit on the host.
 #   SCALINGRUN_EDITABLE=0: install the project itself non-editable (images).
 #   SCALINGRUN_EXTRA_SYSTEM_PACKAGES: more Debian packages for the same apt-get (scripts/test.sh: the builders');
-#   SCALINGRUN_SYSTEM_PACKAGES_ONLY=1: install the Debian packages and stop.
+#   SCALINGRUN_SYSTEM_PACKAGES_ONLY=1: install the Debian packages and stop; SCALINGRUN_SYSTEM_PACKAGES=0: install
+#   none (the images, whose scripts/image-packages.sh installs them).
 # The full profile also installs the MLflow tracking server the tests run, in its own venv
 # (SCALINGRUN_MLFLOW_VENV, default .venv-mlflow) from requirements/mlflow-server.txt.
 set -euo pipefail
@@ -58,6 +59,7 @@ esac
 log() { printf '[setup] %s\n' "$*" >&2; }
 
 install_system_packages() {
+  [[ "${SCALINGRUN_SYSTEM_PACKAGES:-1}" != 0 ]] || return 0  # the images: scripts/image-packages.sh installs them
   local missing=() extra
   read -r -a extra <<< "${SCALINGRUN_EXTRA_SYSTEM_PACKAGES:-}"
   for p in "${APT_PACKAGES[@]:-}" "${extra[@]:-}"; do
