@@ -8,6 +8,7 @@ import json
 import sys
 
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from scalingrun_trainer.core.mpi import MpiWorld
 from scalingrun_trainer.core.scaling import scale_run
@@ -42,4 +43,6 @@ scaled = scale_run(rows, batch, base_learning_rate, "linear", engine.replicas)
 if world.rank == 0:
     print(json.dumps({"replicas": engine.replicas, "workers": world.size, "stepRows": int(taken),
                       "stepSum": int(total), "effectiveBatchSize": scaled.effective_batch_size,
-                      "learningRate": scaled.learning_rate, "stepsPerEpoch": scaled.steps_per_epoch}), flush=True)
+                      "learningRate": scaled.learning_rate, "stepsPerEpoch": scaled.steps_per_epoch,
+                      "heartbeatTimeoutMs": context.context().coordination_service.heartbeat_timeout_in_ms}),
+          flush=True)

@@ -15,6 +15,7 @@ import pytest
 from pyarrow import fs as pafs
 
 from scalingrun_trainer.core.scaling import scale_run
+from scalingrun_trainer.core.stall import engine_timeout
 from tests.support.training import assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, epoch_saved_before_a_rank_was_killed, preprocessed_fashion_mnist, the_one_mlflow_run, validation_split
 from tests.support.operator import read_json
 from tests.support.stall import TEST_TIMEOUT_SECONDS, frozen_mpirun
@@ -207,3 +208,6 @@ def test_the_effective_batch_counts_every_replica_as_horovod_counts_processes(mp
     assert seen["learningRate"] == pytest.approx(horovod.learning_rate) and seen["stepsPerEpoch"] == horovod.steps_per_epoch
     # Worker 0's first batch (0..batch-1) and worker 1's (1000..1000+batch-1): disjoint shards, no rebatching.
     assert seen["stepSum"] == sum(range(batch)) + sum(range(1000, 1000 + batch))
+    # TensorFlow's coordination service waits for a silent worker as long as the engine's collective timeout, not
+    # its own 10 s, which a busy node's starved worker overran (CI: "Task ... heartbeat timeout").
+    assert seen["heartbeatTimeoutMs"] == int(engine_timeout() * 1000) > 10_000

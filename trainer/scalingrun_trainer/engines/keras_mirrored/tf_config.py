@@ -2,6 +2,10 @@
 
 Every rank offers its host's address and a free port; an allgather gives every rank the same list, in rank order.
 Task index = rank, and worker 0 (rank 0) is the chief: it alone writes progress, checkpoints and the model.
+
+TensorFlow's coordination service declares a worker lost after 10 s without its heartbeat, which a busy node can
+starve for that long: its timeout is set to the engine's own collective timeout instead (core/stall.py), after the
+stall watch, which names a silent rank first; a rank that exits is seen at once by mpirun anyway.
 """
 
 from __future__ import annotations
@@ -25,6 +29,18 @@ def free_port() -> int:
 def cluster_config(addresses: list[str], rank: int) -> dict[str, Any]:
     """TF_CONFIG's value for the rank-th of `addresses` ("host:port", in rank order)."""
     return {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": rank}}
+
+
+def coordinate(world_size: int, heartbeat_timeout_seconds: float) -> None:
+    """The coordination service MultiWorkerMirroredStrategy would configure (one job of `world_size` workers, led
+    by worker 0), with this heartbeat timeout; before the strategy, which then keeps it."""
+    from tensorflow.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.eager import context
+
+    context.context().configure_coordination_service(
+        service_type="standalone", service_leader="/job:worker/replica:0/task:0",
+        heartbeat_timeout_in_ms=int(heartbeat_timeout_seconds * 1000),
+        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=world_size)])
 
 
 def tf_config(world: MpiWorld) -> str:

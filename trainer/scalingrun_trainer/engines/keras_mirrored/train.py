@@ -26,7 +26,7 @@ from scalingrun_api.models import Strategy
 from ...core.mpi import MpiWorld, local_rank_and_size
 from ...core.stall import engine_timeout
 from ...frameworks.keras.training import KerasEngine, train as train_keras
-from .tf_config import TF_CONFIG, tf_config
+from .tf_config import TF_CONFIG, coordinate, tf_config
 
 STRATEGY = Strategy.multi_worker_mirrored.value
 
@@ -122,13 +122,15 @@ def make_strategy(world: MpiWorld):
 
     local_rank, local_size = local_rank_and_size(world.rank, world.size)
     gpus = _use_gpus(local_rank, local_size)
+    # A collective's timeout bounds every collective where the stall watch is not running (core/stall.py).
+    timeout = engine_timeout()
     if world.size > 1:
         os.environ[TF_CONFIG] = tf_config(world)
+        if timeout:
+            coordinate(world.size, timeout)
     else:
         os.environ.pop(TF_CONFIG, None)  # one worker: its local devices only, no server
     implementation = tf.distribute.experimental.CommunicationImplementation
-    # A collective's timeout bounds every collective where the stall watch is not running (core/stall.py).
-    timeout = engine_timeout()
     options = tf.distribute.experimental.CommunicationOptions(
         implementation=implementation.NCCL if gpus else implementation.RING,
         **({"timeout_seconds": timeout} if timeout else {}))
