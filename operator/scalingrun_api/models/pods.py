@@ -51,15 +51,13 @@ KubernetesObject = Annotated[
     WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True}),
 ]
 
-
-def kubernetes_object(description: str):
-    """A KubernetesObject as a list's item, which kubectl explain describes too."""
-    return Annotated[dict[str, Any], WithJsonSchema({"type": "object", "x-kubernetes-preserve-unknown-fields": True,
-                                                     "description": description})]
-
-
-Volume = kubernetes_object("A volume, as in the Pod API: its name and one source.")
-TopologySpreadConstraint = kubernetes_object("A topology spread constraint, as in the Pod API.")
+# The same as a list's item, which kubectl explain describes too.
+Volume = Annotated[dict[str, Any], WithJsonSchema({
+    "type": "object", "x-kubernetes-preserve-unknown-fields": True,
+    "description": "A volume, as in the Pod API: its name and one source."})]
+TopologySpreadConstraint = Annotated[dict[str, Any], WithJsonSchema({
+    "type": "object", "x-kubernetes-preserve-unknown-fields": True,
+    "description": "A topology spread constraint, as in the Pod API."})]
 LabelValue = Annotated[str, Field(pattern=LABEL_VALUE_PATTERN, max_length=63)]
 
 
