@@ -185,3 +185,32 @@ def test_the_reserved_names_cover_everything_the_builders_set():
                 assert env["name"] in RESERVED_ENV or env["name"].startswith(RESERVED_ENV_PREFIXES), (role, env)
             assert {v["name"] for v in template["spec"]["volumes"]} <= RESERVED_VOLUMES, role
             assert {m["mountPath"] for m in container["volumeMounts"]} <= set(RESERVED_PATHS), role
+
+
+def test_validate_refuses_host_path_unless_told_the_operator_allows_it(tmp_path, capsys):
+    import yaml
+
+    from scalingrun_operator.cli import main
+
+    doc = run_document()
+    doc["spec"]["podOverrides"] = [{"targets": ["workers"], "volumes": [{"name": "h", "hostPath": {"path": "/d"}}]}]
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["validate", "-f", str(path)]) == 1
+    assert "spec.podOverrides[0].volumes[0].hostPath: a node's own files are refused" in capsys.readouterr().err
+    assert main(["validate", "-f", str(path), "--allow-host-path"]) == 0
+
+
+def test_the_operator_refuses_host_path_by_its_setting_and_renders_it_when_allowed():
+    from scalingrun_operator.decide.snapshot import Create, Settings
+    from tests.support.decide_world import SPEC, World, conditions
+
+    spec = copy.deepcopy(SPEC)
+    spec["podOverrides"] = [{"targets": ["preprocess"], "volumes": [{"name": "h", "hostPath": {"path": "/d"}}],
+                             "volumeMounts": [{"name": "h", "mountPath": "/d"}]}]
+    refused = World(spec=spec, pinned=False).decide()
+    status, reason, message = conditions(refused)["Failed"]
+    assert (status, reason) == ("True", "InvalidSpec") and "spec.podOverrides[0].volumes[0].hostPath" in message
+    allowed = World(spec=spec, pinned=False).decide(Settings(allow_host_path=True))
+    jobs = [a.obj for a in allowed.actions if isinstance(a, Create) and a.obj["kind"] == "Job"]
+    assert {"name": "h", "hostPath": {"path": "/d"}} in jobs[0]["spec"]["template"]["spec"]["volumes"]
