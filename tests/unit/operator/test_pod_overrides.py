@@ -214,3 +214,23 @@ def test_the_operator_refuses_host_path_by_its_setting_and_renders_it_when_allow
     allowed = World(spec=spec, pinned=False).decide(Settings(allow_host_path=True))
     jobs = [a.obj for a in allowed.actions if isinstance(a, Create) and a.obj["kind"] == "Job"]
     assert {"name": "h", "hostPath": {"path": "/d"}} in jobs[0]["spec"]["template"]["spec"]["volumes"]
+
+
+def test_the_pods_with_every_override_pass_kubernetes_and_mpi_operators_schemas():
+    import os
+    from pathlib import Path
+
+    import jsonschema
+    import kubernetes_validate
+    import yaml
+
+    from tests.support.env import require
+
+    run = parsed(everything())
+    kubernetes_validate.validate(build_preprocess_job(run, "ns"), "1.30.0", strict=True)
+    crd_path = Path(os.environ.get("SCALINGRUN_MPIJOB_CRD", Path(__file__).resolve().parents[4]
+                                   / "shared/crds/kubeflow.org_mpijobs.yaml"))
+    require(crd_path.exists(), f"{crd_path} not found (set SCALINGRUN_MPIJOB_CRD)")
+    crd = yaml.safe_load(crd_path.read_text())
+    schema = next(v for v in crd["spec"]["versions"] if v["name"] == "v2beta1")["schema"]["openAPIV3Schema"]
+    jsonschema.validate(build_mpijob(run, "ns"), schema)
