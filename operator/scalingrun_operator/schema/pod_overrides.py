@@ -59,8 +59,10 @@ def pod_override_errors(run: ScalingRun, allow_host_path: bool = False) -> list[
         errors += _override_errors(f"spec.podOverrides[{index}]", override, allow_host_path)
     for role in PODS:
         errors += _role_errors(run, role)
-    seen: set[str] = set()
-    return [e for e in errors if not (str(e) in seen or seen.add(str(e)))]
+    unique: dict[str, FieldError] = {}  # an override of several roles may break one rule for each
+    for error in errors:
+        unique.setdefault(str(error), error)
+    return list(unique.values())
 
 
 def _override_errors(path: str, override: PodOverride, allow_host_path: bool) -> list[FieldError]:
