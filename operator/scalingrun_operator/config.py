@@ -99,6 +99,9 @@ class Config:
     #: Tolerations (a JSON list, in the Pod API's form) the workers of a run that asks for GPUs get, besides their
     #: own: the taints of the cluster's GPU node pools. Default: nvidia.com/gpu (Exists) and sku=gpu, NoSchedule.
     gpu_tolerations: tuple[Toleration, ...] = DEFAULT_GPU_TOLERATIONS
+    #: Let runs' spec.podOverrides give their pods hostPath volumes (a node's own files; chart value
+    #: runs.allowHostPath). Off: such runs are refused (InvalidSpec).
+    allow_host_path: bool = False
     #: Port of the Prometheus /metrics endpoint; 0 turns it off.
     metrics_port_number: int = 9090
     #: Port of the status endpoint (HTTPS), where the runs' pods push their progress and heartbeat
@@ -222,7 +225,7 @@ _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "storage_deadline_seconds": float, "max_document_bytes": int, "allowed_storage_endpoints": tuple,
           "allow_any_storage_endpoint": bool, "cluster_service_ranges": tuple, "allow_local_paths": bool,
           "api_server_hosts": tuple, "pod_identity_reads": bool, "trainer_images": str,
-          "trainer_image_digests": tuple, "gpu_tolerations": Toleration}
+          "trainer_image_digests": tuple, "gpu_tolerations": Toleration, "allow_host_path": bool}
 
 
 def variable_names() -> list[str]:

@@ -93,13 +93,16 @@ def test_workers_that_cannot_be_scheduled_say_so(cluster):
 def test_a_run_trains_across_pods_and_survives_operator_restarts_in_preprocessing_and_training(cluster):
     """The operator pod that holds the Lease is deleted twice: while the preprocessing Job runs, and while the
     MPIJob trains. Lost: nothing. The standby takes over; no child is created twice or re-created (same uids),
-    no pod is started again, and no interruption of the training is counted."""
+    no pod is started again, and no interruption of the training is counted. Its spec.podOverrides give every pod an
+    annotation and an emptyDir volume, mounted (issue #52)."""
     from kubernetes import client
 
     name = _name("train")
     output = f"s3://scalingrun-e2e/runs/{name}/parquet"
     applied = time.monotonic()
-    cluster.create_run(run_body(cluster, name, output=output, epochs=2))
+    body = run_body(cluster, name, output=output, epochs=2)
+    body["spec"]["podOverrides"] = [OVERRIDE]
+    cluster.create_run(body)
     try:
         batch = client.BatchV1Api(cluster.api)
         deadline = time.monotonic() + 120
@@ -117,6 +120,8 @@ def test_a_run_trains_across_pods_and_survives_operator_restarts_in_preprocessin
         cluster.wait(name, lambda r: phase(r) == "Training", timeout=300, what="training", every=0.5)
         training_at = time.monotonic() - applied
         in_training = child_objects(cluster, name)
+        workers_seen = [p for p in cluster.run_pods(name)
+                        if (p.metadata.labels or {}).get("training.kubeflow.org/job-role") == "worker"]
         assert len(in_training["MPIJob"]) == 1, in_training
         second = hand_over_the_lease(cluster)
         print(f"operator {second[0]} deleted while training; {second[1]} held the Lease {second[2]:.1f} s later")
@@ -133,6 +138,13 @@ def test_a_run_trains_across_pods_and_survives_operator_restarts_in_preprocessin
         roles = [p.metadata.labels.get("training.kubeflow.org/job-role") or p.metadata.labels.get(
             "app.kubernetes.io/component") for p in cluster.run_pods(name)]
         assert roles.count("preprocess") == 1 and roles.count("launcher") == 1, roles  # none started twice
+        for pod in [*cluster.run_pods(name), *workers_seen]:  # the workers may be gone (cleanPodPolicy Running)
+            assert_overridden(pod)
+        worker_template = cluster.custom().get_namespaced_custom_object(
+            "kubeflow.org", "v2beta1", cluster.namespace, "mpijobs", f"{name}-train")["spec"]["mpiReplicaSpecs"][
+            "Worker"]["template"]
+        assert worker_template["metadata"]["annotations"] == OVERRIDE["metadata"]["annotations"]
+        assert OVERRIDE["volumes"][0] in worker_template["spec"]["volumes"]
         status = run["status"]
         assert status["preprocessing"]["imagesSkipped"] == CORRUPT_FILES
         assert status["preprocessing"]["imagesWritten"] == SOURCE_FILES - CORRUPT_FILES
@@ -159,6 +171,21 @@ def test_a_run_trains_across_pods_and_survives_operator_restarts_in_preprocessin
         assert "Succeeded" in table.splitlines()[1]
     finally:
         cluster.delete_run(name)
+
+
+# Pod overrides on every pod of the run: an annotation, and an emptyDir mounted in the main container.
+OVERRIDE = {"targets": ["preprocess", "launcher", "workers"],
+            "metadata": {"annotations": {"e2e.scalingrun.dev/override": "carried"}},
+            "volumes": [{"name": "e2e-scratch", "emptyDir": {}}],
+            "volumeMounts": [{"name": "e2e-scratch", "mountPath": "/scratch"}]}
+
+
+def assert_overridden(pod) -> None:
+    where = pod.metadata.name
+    assert (pod.metadata.annotations or {}).get("e2e.scalingrun.dev/override") == "carried", where
+    assert any(v.name == "e2e-scratch" and v.empty_dir is not None for v in pod.spec.volumes or []), where
+    mounts = {m.name: m.mount_path for m in pod.spec.containers[0].volume_mounts or []}
+    assert mounts.get("e2e-scratch") == "/scratch", (where, mounts)
 
 
 def checkpoint_files(cluster, run_location: str) -> tuple[int, dict[str, int]]:

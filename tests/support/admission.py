@@ -123,6 +123,9 @@ def value_candidates(annotation: Any, metadata: list) -> list[Any]:
             values += [{}, {"k": "v"}, {"k": ""}, {"k": 1}, {"k": True}, {"k": None}, "k=v", ["k"]]
         elif origin is list:
             values += [[], "x", 5, {"a": 1}, [5], ["x"]]
+            item = typing.get_args(kind)[0] if typing.get_args(kind) else None
+            if isinstance(item, type) and issubclass(item, enum.Enum):  # a list of members: one valid list
+                values += [[next(iter(item)).value], [m.value for m in item]]
         elif _is_model(kind):
             values += [{}, "x", 5, [], True]
         else:

@@ -14,6 +14,7 @@ from .common import (
 )
 from .dataset import Columns, Dataset, DatasetFormat, Preprocessing, Resources
 from .model import BUILDER_PATTERN, BUILTIN_DEFAULTS, BaseNetwork, Model
+from .pods import EnvFromSource, EnvVar, PodMetadata, PodOverride, PodRole, VolumeMount, overrides_for
 from .run import (
     CleanPodPolicy, Launcher, LauncherResources, RunPolicy, ScalingRun, ScalingRunSpec, SchedulingPolicy, Storage,
     StorageCredentials, TaintEffect, Toleration, TolerationOperator, Tracking, Workers,

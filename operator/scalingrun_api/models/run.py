@@ -16,6 +16,7 @@ from .common import (
 from .status import ScalingRunStatus
 from .dataset import CPU_LIMIT_DESCRIPTION, Dataset, Resources
 from .model import Model, resolve_builtin_defaults
+from .pods import PodOverride, PodRole, TaintEffect, Toleration, TolerationOperator  # noqa: F401 (the API's names)
 from .training import Training
 
 
@@ -66,30 +67,6 @@ class Storage(ApiModel):
         description="Key in the Secret holding the secret access key.",
         min_length=1,
     )
-
-
-class TolerationOperator(str, Enum):
-    exists = "Exists"
-    equal = "Equal"
-
-
-class TaintEffect(str, Enum):
-    no_schedule = "NoSchedule"
-    prefer_no_schedule = "PreferNoSchedule"
-    no_execute = "NoExecute"
-
-
-class Toleration(ApiModel):
-    """A pod toleration, as in the Pod API. Frozen: the operator's default GPU tolerations are shared constants."""
-
-    model_config = ConfigDict(**ApiModel.model_config, frozen=True)
-
-    key: Optional[str] = Field(None, description="Taint key; empty with Exists matches all taints.")
-    operator: TolerationOperator = Field(TolerationOperator.equal, description="Exists or Equal.")
-    value: Optional[str] = Field(None, description="Taint value for Equal.", pattern=LABEL_VALUE_PATTERN, max_length=63)
-    effect: Optional[TaintEffect] = Field(None, description="Taint effect to match; empty matches all.")
-    toleration_seconds: Optional[int] = Field(
-        None, ge=0, le=MAX_INTEGER, description="For NoExecute: how long to stay bound.")
 
 
 class Workers(ApiModel):
@@ -262,6 +239,12 @@ class ScalingRunSpec(ApiModel):
     launcher: Launcher = Field(default_factory=Launcher, description="MPIJob launcher (runs mpirun).")
     run_policy: RunPolicy = Field(default_factory=RunPolicy, description="Retries, deadlines, cleanup, scheduling.")
     tracking: Optional[Tracking] = Field(None, description="Experiment tracking (MLflow).")
+    pod_overrides: list[PodOverride] = Field(
+        default_factory=list, max_length=32,
+        description="What the cluster needs on the run's pods (labels, annotations, volumes, env, placement), per "
+        "role: each override applies to the pods of its targets, in order. The fields the operator sets (its labels "
+        "and environment, its volumes and mounts) cannot be overridden; hostPath volumes only where the operator "
+        "allows them (the chart's runs.allowHostPath).")
 
     @model_validator(mode="after")
     def _builtin_network_defaults(self) -> "ScalingRunSpec":

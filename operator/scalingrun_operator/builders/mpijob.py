@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from scalingrun_api.engines import engine
 from scalingrun_api.heartbeat import COLLECTIVE_TIMEOUT_VARIABLE, collective_timeout_seconds
-from scalingrun_api.models import ScalingRun, Toleration, Workers, quantity_value
+from scalingrun_api.models import PodRole, ScalingRun, Toleration, Workers, quantity_value
 from scalingrun_api.models.common import duration_seconds
 from scalingrun_api.models.run import DEFAULT_GPU_RESOURCE, DEFAULT_SHARED_MEMORY, SMALL_POD_MEMORY
 from scalingrun_api.models.training import CONFIG_VARIABLE
@@ -29,6 +29,7 @@ from .common import (
 )
 from .config import slots_per_worker, total_processes
 from .locations import logs_uri
+from .overrides import apply_overrides, override_tolerations
 
 # What serves the MPIJobs this renders (kubeflow.org/v2beta1): Kubeflow's mpi-operator v0.8, and how to install it
 # (the quick start's check, `scalingrun doctor` and the run's MPIJobServed condition say it).
@@ -158,7 +159,9 @@ def _pod_template(run: ScalingRun, namespace: str, labels: dict[str, str], conta
     # Neither mpirun (over ssh, not kubectl exec) nor the trainer calls the Kubernetes API.
     pod = pod_spec(run, namespace, container, volumes)
     pod["terminationGracePeriodSeconds"] = termination_grace_seconds(w)
+    role = PodRole.workers if workers else PodRole.launcher
     user = [_toleration(t) for t in w.tolerations] if workers else []
+    user += override_tolerations(run, role)
     if workers and w.gpus_per_worker:
         user += missing_tolerations(user, gpu_tolerations)
     pod["tolerations"] = node_loss_tolerations(user, duration_seconds(run.spec.training.node_loss_grace_period))
@@ -167,7 +170,7 @@ def _pod_template(run: ScalingRun, namespace: str, labels: dict[str, str], conta
             pod["nodeSelector"] = dict(w.node_selector)
         if w.priority_class_name:
             pod["priorityClassName"] = w.priority_class_name
-    return {"metadata": {"labels": dict(labels)}, "spec": pod}
+    return apply_overrides(run, role, {"metadata": {"labels": dict(labels)}, "spec": pod})
 
 
 def termination_grace_seconds(workers: Workers) -> int:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from scalingrun_api.logs import PREPROCESS_FOLDER
-from scalingrun_api.models import DatasetFormat, ScalingRun
+from scalingrun_api.models import DatasetFormat, PodRole, ScalingRun
 from .common import (
     CONFIG_FILE,
     TMP_DIR,
@@ -21,6 +21,7 @@ from .common import (
     writable_dirs,
 )
 from .locations import join, logs_uri
+from .overrides import apply_overrides, override_tolerations
 
 
 # Shard 0 lists the source once and writes the plan under this id; the other shards wait for the plan with their
@@ -81,6 +82,7 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
     }
     # Kueue admits a job by un-suspending it (as the MPIJob): created running, it would start before its quota.
     queued = queue_labels(run)
+    tolerations = override_tolerations(run, PodRole.preprocess)
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -93,10 +95,11 @@ def build_preprocess_job(run: ScalingRun, namespace: str, indexed: bool = True) 
             "backoffLimit": pre.backoff_limit * shards,
             # The Job fails with DeadlineExceeded past it (its pods are stopped): preprocessing has a bound too.
             **({"activeDeadlineSeconds": pre.active_deadline_seconds} if pre.active_deadline_seconds else {}),
-            "template": {
+            "template": apply_overrides(run, PodRole.preprocess, {
                 "metadata": {"labels": dict(meta["labels"])},
                 # It reads storage, never the Kubernetes API.
-                "spec": {"restartPolicy": "Never", **pod_spec(run, namespace, container, [volume, *scratch])},
-            },
+                "spec": {"restartPolicy": "Never", **pod_spec(run, namespace, container, [volume, *scratch]),
+                         **({"tolerations": tolerations} if tolerations else {})},
+            }),
         },
     }

@@ -26,11 +26,11 @@ from .loading import (
 KEPT_STORE_DEADLINE_SECONDS = 5.0
 
 
-def _parse(doc: Document):
-    """A ScalingRun or a ScalingSweep, by its kind."""
+def _parse(doc: Document, allow_host_path: bool = False):
+    """A ScalingRun or a ScalingSweep, by its kind; `allow_host_path` as the operator's runs.allowHostPath."""
     if doc.kind == SWEEP_KIND:
-        return parse_scalingsweep(doc.body)
-    return parse_scalingrun(doc.body)
+        return parse_scalingsweep(doc.body, allow_host_path)
+    return parse_scalingrun(doc.body, allow_host_path)
 
 
 def _invalid(doc: Document, exc: InvalidScalingRun) -> UserError:
@@ -85,7 +85,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             else:
                 ours += 1
                 try:
-                    resource = _parse(doc)
+                    resource = _parse(doc, args.allow_host_path)
                 except InvalidScalingRun as exc:
                     status = FAILED
                     print(_invalid(doc, exc), file=sys.stderr)

@@ -90,6 +90,9 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
                     "  scalingrun validate -f my-run.yaml\n  scalingrun validate -f examples/",
                     cmd_validate)
     _filename(validate, repeatable=True)
+    validate.add_argument("--allow-host-path", action="store_true",
+                          help="accept hostPath volumes in spec.podOverrides, as an operator with the chart's "
+                          "runs.allowHostPath does")
 
     render = _add(sub, "render", "print every Kubernetes object the operator would create",
                   "Print the objects the operator would create: a run's ConfigMap, preprocessing Job and MPIJob; a "

@@ -46,7 +46,7 @@ def settings_of(config: Config, started: Optional[dt.datetime] = None) -> Settin
                     allowed_storage_endpoints=config.allowed_storage_endpoints,
                     endpoint_policy=config.endpoint_policy(), trainer_images=config.trainer_images,
                     trainer_image_digests=tuple(config.trainer_image_digest_map().items()),
-                    gpu_tolerations=config.gpu_tolerations,
+                    gpu_tolerations=config.gpu_tolerations, allow_host_path=config.allow_host_path,
                     mpijob_unserved_seconds=config.mpijob_unserved_seconds or None,
                     reads_storage=config.reads_storage,
                     pushes_since=None if config.reads_storage else started,

@@ -99,7 +99,7 @@ def _parse(body: dict[str, Any], spec: dict[str, Any],
     meta = {k: v for k, v in body["metadata"].items() if k in PARSED_METADATA}
     document = {"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec}
     try:
-        run = parse_scalingrun(document)
+        run = parse_scalingrun(document, settings.allow_host_path)
     except InvalidScalingRun as exc:
         return None, "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the run is retried on edit).", []
     warnings = spec_warnings(run)

@@ -246,6 +246,8 @@ class Settings:
     gpu_images: bool = True
     #: What the workers of a run that asks for GPUs tolerate besides their own tolerations (Config.gpu_tolerations).
     gpu_tolerations: tuple[Toleration, ...] = DEFAULT_GPU_TOLERATIONS
+    #: Whether spec.podOverrides may give pods hostPath volumes (Config.allow_host_path).
+    allow_host_path: bool = False
     #: Seconds an MPIJob may go without any status (no controller wrote a condition) before the run says nothing
     #: serves MPIJobs (MPIJobServed=False); None: never (the local runner's MPIJob is its own process).
     mpijob_unserved_seconds: Optional[float] = None

@@ -225,7 +225,7 @@ def decide_sweep(snapshot: Snapshot, settings: Settings = Settings()) -> Decisio
         return Decision(phase=current["phase"], desired=current)  # finished: a point deleted later stays so
     try:
         sweep = parse_scalingsweep({"apiVersion": API_VERSION, "kind": SWEEP_KIND, "metadata": meta,
-                                    "spec": body.get("spec")})
+                                    "spec": body.get("spec")}, settings.allow_host_path)
     except InvalidScalingRun as exc:
         message = "; ".join(str(e) for e in exc.errors[:10]) + ". Fix the spec (the sweep is retried on edit)."
         update.fail(INVALID_SPEC, message)

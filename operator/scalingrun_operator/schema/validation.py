@@ -12,6 +12,7 @@ ScalingRuns and ScalingSweeps go through the same `parse_schema`.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Iterable, TypeVar
 
@@ -26,6 +27,7 @@ from scalingrun_api.models.common import MAX_INTEGER
 from scalingrun_api.models.dataset import Dataset
 from .field_errors import schema_errors
 from .findings import FieldError, InvalidScalingRun, SpecWarning
+from .pod_overrides import pod_override_errors
 from .sweep import build_point_run, sweep_points
 from .workers import workers_errors, workers_warnings
 
@@ -44,8 +46,8 @@ def s3_fields(run: ScalingRun) -> list[str]:
     return [path for path, uri in uris.items() if uri and uri.startswith("s3://")]
 
 
-def semantic_errors(run: ScalingRun) -> list[FieldError]:
-    """Cross-field rules that the CRD schema cannot express."""
+def semantic_errors(run: ScalingRun, allow_host_path: bool = False) -> list[FieldError]:
+    """Cross-field rules that the CRD schema cannot express; `allow_host_path`: the operator's runs.allowHostPath."""
     spec = run.spec
     errors: list[FieldError] = []
     uses_s3 = s3_fields(run)
@@ -92,6 +94,7 @@ def semantic_errors(run: ScalingRun) -> list[FieldError]:
     errors += _dataset_format_errors(run)
     errors += _cpu_limit_errors(run)
     errors += workers_errors(run)
+    errors += pod_override_errors(run, allow_host_path)
     gang = spec.run_policy.scheduling_policy
     pods = spec.workers.replicas + 1  # workers + launcher
     if gang and gang.min_available and gang.min_available > pods:
@@ -134,11 +137,11 @@ def _as_admitted(node: Any) -> Any:
 
 
 # Free-form objects (x-kubernetes-preserve-unknown-fields): the API server checks nothing inside them.
-FREE_FORM_PATHS = ("model.params",)
+FREE_FORM_PATHS = ("model.params", "volumes", "valueFrom", "affinity", "topologySpreadConstraints")
 
 
 def _empty_strings(node: Any, path: str) -> Iterable[str]:
-    if path.endswith(FREE_FORM_PATHS):
+    if re.sub(r"\[[0-9]+\]$", "", path).endswith(FREE_FORM_PATHS):
         return
     if node == "":
         yield path
@@ -259,10 +262,10 @@ def _dataset_format_errors(run: ScalingRun) -> list[FieldError]:
     return errors
 
 
-def parse_scalingrun(document: Any) -> ScalingRun:
+def parse_scalingrun(document: Any, allow_host_path: bool = False) -> ScalingRun:
     """Parses and validates one ScalingRun document; raises InvalidScalingRun listing every bad field."""
     run = parse_schema(document)
-    errors = semantic_errors(run)
+    errors = semantic_errors(run, allow_host_path)
     if errors:
         raise InvalidScalingRun(errors)
     return run
@@ -283,7 +286,7 @@ def sweep_warnings(sweep: ScalingSweep) -> list[SpecWarning]:
     return list(found.values())
 
 
-def sweep_semantic_errors(sweep: ScalingSweep) -> list[FieldError]:
+def sweep_semantic_errors(sweep: ScalingSweep, allow_host_path: bool = False) -> list[FieldError]:
     """The sweep's own cross-field rules, then every point's ScalingRun rules (as spec.template.* paths)."""
     spec = sweep.spec
     errors: list[FieldError] = []
@@ -304,7 +307,7 @@ def sweep_semantic_errors(sweep: ScalingSweep) -> list[FieldError]:
     seen: set[str] = set()
     for point in sweep_points(sweep):
         try:
-            parse_scalingrun(build_point_run(sweep, point))
+            parse_scalingrun(build_point_run(sweep, point), allow_host_path)
         except InvalidScalingRun as exc:
             for error in exc.errors:
                 if error.path.startswith("metadata.name"):
@@ -319,10 +322,10 @@ def sweep_semantic_errors(sweep: ScalingSweep) -> list[FieldError]:
     return errors
 
 
-def parse_scalingsweep(document: Any) -> ScalingSweep:
+def parse_scalingsweep(document: Any, allow_host_path: bool = False) -> ScalingSweep:
     """Parses and validates one ScalingSweep document; raises InvalidScalingRun listing every bad field."""
     sweep = parse_schema(document, ScalingSweep)
-    errors = sweep_semantic_errors(sweep)
+    errors = sweep_semantic_errors(sweep, allow_host_path)
     if errors:
         raise InvalidScalingRun(errors)
     return sweep
