@@ -1,5 +1,5 @@
-"""The rules of spec.workers that the CRD schema cannot say: a GPU resource in Kubernetes' own domain and a /dev/shm
-as large as the memory limit are errors; an image our naming scheme marks as a CPU build beside a GPU request is a
+"""The rules of spec.workers that the CRD schema cannot say: a GPU resource in Kubernetes' own domain, several GPUs
+a worker of a MIG slice and a /dev/shm as large as the memory limit are errors; an image our naming scheme marks as a CPU build beside a GPU request is a
 warning (valid, but the run would hold GPUs and train on the CPU). An elastic run's range (minReplicas <= replicas;
 resizeAfter only beside minReplicas)."""
 
@@ -10,6 +10,7 @@ from scalingrun_api.models import ScalingRun, quantity_value
 from .findings import FieldError, SpecWarning
 
 CPU_IMAGE_WITH_GPUS = "CPUImageWithGPUs"  # the Warning Event's reason
+MIG_RESOURCE_PREFIX = "nvidia.com/mig-"  # NVIDIA's device plugin's MIG resources (mixed strategy)
 
 
 def workers_errors(run: ScalingRun) -> list[FieldError]:
@@ -21,6 +22,12 @@ def workers_errors(run: ScalingRun) -> list[FieldError]:
         errors.append(FieldError("spec.workers.gpuResource", f"{resource} is not an extended resource "
                                  "(Kubernetes' own domain): name the device plugin's, e.g. nvidia.com/gpu, "
                                  "nvidia.com/mig-3g.40gb or amd.com/gpu"))
+    # CUDA shows a process one MIG slice, whatever the pod holds: the engines' one process per GPU (Horovod, DDP) or
+    # one process over all of them (multi-worker-mirrored) would find one device where they expect several.
+    if resource.startswith(MIG_RESOURCE_PREFIX) and workers.gpus_per_worker > 1:
+        errors.append(FieldError("spec.workers.gpusPerWorker", f"must be 1 with a MIG slice ({resource}), got "
+                                 f"{workers.gpus_per_worker}: CUDA shows a process one MIG slice, so a worker cannot "
+                                 "train on several; ask for more workers (spec.workers.replicas) of one slice each"))
     shm, memory = workers.shared_memory, workers.memory
     if shm and memory and quantity_value(shm) >= quantity_value(memory):
         errors.append(FieldError("spec.workers.sharedMemory", f"must be below spec.workers.memory ({memory}), got "

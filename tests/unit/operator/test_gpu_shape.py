@@ -300,3 +300,21 @@ def test_a_gpu_resource_that_is_no_extended_resource_is_refused(resource, words)
     with pytest.raises(InvalidScalingRun) as caught:
         _run(gpuResource=resource)
     assert any(str(e).lower().startswith(words.lower()) for e in caught.value.errors), caught.value.errors
+
+
+# --- MIG: one slice a process ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("gpus", [2, 4])
+def test_several_gpus_a_worker_of_a_mig_slice_are_refused_saying_what_to_ask_for(gpus):
+    with pytest.raises(InvalidScalingRun) as caught:
+        parse_scalingrun(run_document(workers={"gpusPerWorker": gpus, "gpuResource": "nvidia.com/mig-3g.40gb"}))
+    [error] = [str(e) for e in caught.value.errors]
+    assert error.startswith("spec.workers.gpusPerWorker: must be 1 with a MIG slice (nvidia.com/mig-3g.40gb)")
+    assert f"got {gpus}" in error and "spec.workers.replicas" in error
+
+
+@pytest.mark.parametrize("workers", [{"gpusPerWorker": 1, "gpuResource": "nvidia.com/mig-1g.10gb"},
+                                     {"gpusPerWorker": 4, "gpuResource": "nvidia.com/gpu"}, {"gpusPerWorker": 4}])
+def test_one_mig_slice_a_worker_and_several_whole_gpus_are_valid(workers):
+    assert parse_scalingrun(run_document(workers=workers)).spec.workers.gpus_per_worker == workers["gpusPerWorker"]
