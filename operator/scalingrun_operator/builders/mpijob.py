@@ -29,7 +29,7 @@ from .common import (
 )
 from .config import slots_per_worker, total_processes
 from .locations import logs_uri
-from .overrides import apply_overrides, override_tolerations
+from .overrides import apply_overrides, launcher_variables, override_tolerations
 
 # What serves the MPIJobs this renders (kubeflow.org/v2beta1): Kubeflow's mpi-operator v0.8, and how to install it
 # (the quick start's check, `scalingrun doctor` and the run's MPIJobServed condition say it).
@@ -144,7 +144,8 @@ def launcher_script(run: ScalingRun) -> str:
         "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
     ]
     # Rank 0 runs on a worker, started through mpirun: the MLflow credentials must travel with it too.
-    for var in FORWARDED_ENV + tuple(e["name"] for e in rank_env(run) if e["name"] not in FORWARDED_ENV):
+    ours = FORWARDED_ENV + tuple(e["name"] for e in rank_env(run) if e["name"] not in FORWARDED_ENV)
+    for var in ours + tuple(name for name in launcher_variables(run) if name not in ours):
         mpirun += ["-x", var]
     mpirun += rank_command(run)
     launch = ["scalingrun-trainer", "launch", "--hostfile", HOSTFILE, "--ssh-port", str(SSH_PORT),

@@ -19,6 +19,12 @@ def override_tolerations(run: ScalingRun, role: PodRole) -> list[dict[str, Any]]
     return [t for _, o in overrides_for(run.spec.pod_overrides, role.value) for t in _dump(o.tolerations)]
 
 
+def launcher_variables(run: ScalingRun) -> list[str]:
+    """The variables the overrides give the launcher, by name: mpirun forwards them (-x) to every rank, which ssh
+    starts without the worker pods' own environment."""
+    return [var.name for _, o in overrides_for(run.spec.pod_overrides, PodRole.launcher.value) for var in o.env]
+
+
 def apply_overrides(run: ScalingRun, role: PodRole, template: dict[str, Any]) -> dict[str, Any]:
     """TEMPLATE ({"metadata", "spec"} of a pod) with ROLE's overrides added; a new dict, TEMPLATE is left as it was.
     Tolerations are not added here: the caller merges them with its own (override_tolerations)."""

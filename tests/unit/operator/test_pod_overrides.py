@@ -5,6 +5,7 @@ sentence that names the field, the same for validate and the operator (one parse
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 import pytest
@@ -70,7 +71,22 @@ def test_an_override_reaches_every_pod_it_targets_after_the_operators_own():
         assert {"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in spec["tolerations"]
         for owned in ("securityContext", "automountServiceAccountToken"):
             assert spec[owned] == ours[owned]
-        assert container["command"] == ours["containers"][0]["command"]
+        command = container["command"]
+        if role == "launcher":  # with the launcher's variable forwarded to every rank (mpirun -x): the next test
+            assert command[-1].count(" -x HF_HOME ") == 1
+            command = [*command[:-1], command[-1].replace(" -x HF_HOME ", " ")]
+        assert command == ours["containers"][0]["command"]
+
+
+def test_the_launchers_override_variables_reach_every_rank_through_mpirun():
+    """ssh starts the ranks without the worker pods' environment: mpirun forwards the launcher's (-x), ours first."""
+    nccl = {"targets": ["launcher", "workers"], "env": [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}]}
+    workers_only = {"targets": ["workers"], "env": [{"name": "TEAM_ONLY", "value": "1"}]}
+    script = templates(parsed(nccl, workers_only))["launcher"]["spec"]["containers"][0]["command"][-1]
+    plain = templates(parsed())["launcher"]["spec"]["containers"][0]["command"][-1]
+    forwarded = re.findall(r"-x (\S+)", script)
+    assert forwarded == [*re.findall(r"-x (\S+)", plain), "NCCL_SOCKET_IFNAME"]
+    assert "TEAM_ONLY" not in script
 
 
 def test_an_override_touches_only_its_targets_and_the_workers_keep_their_own_placement():
