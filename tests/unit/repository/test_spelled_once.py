@@ -1,7 +1,8 @@
 """Contracts spelled in one module each, checked on the source of the shipped packages (operator/ and trainer/;
 tests, docs and bench/ may spell them): the dataset manifest's file name, the managed-by label, every
-framework and strategy name, and the kinds of document the trainer pushes and decide reads. Everything else
-imports the constant (or asks scalingrun_api.engines), so that a rename or a new engine is one edit.
+framework and strategy name, the MPIJob's group, version and plural, and the kinds of document the trainer
+pushes and decide reads. Everything else imports the constant (or asks scalingrun_api.engines), so that a rename
+or a new engine is one edit.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from scalingrun_api.manifest import MANIFEST_FILE
-from scalingrun_api.models import MANAGED_BY, Framework, Strategy
+from scalingrun_api.models import MANAGED_BY, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, Framework, Strategy
 from scalingrun_api.status_push import HEARTBEAT, PROGRESS
 from scalingrun_operator.decide.snapshot import MANIFEST
 
@@ -23,6 +24,7 @@ SHIPPED = (ROOT / "operator", ROOT / "trainer")
 # is also an English word ("keras"), only as a whole string.
 ANYWHERE = {"manifest file": MANIFEST_FILE, "managed-by label": MANAGED_BY_LABEL}
 WHOLE = {f"framework {f.value}": f.value for f in Framework} | {f"strategy {s.value}": s.value for s in Strategy}
+WHOLE |= {"MPIJob group": MPIJOB_GROUP, "MPIJob version": MPIJOB_VERSION, "MPIJob plural": MPIJOB_PLURAL}
 # A document kind is also a word, and names status fields too (a run's status.training.heartbeat, a sweep's
 # status.progress) and the sdk's heartbeat(): a mapping's key and a name in __all__ are those, not kinds.
 KINDS = {f"document kind {kind}": kind for kind in (PROGRESS, HEARTBEAT, MANIFEST)}
