@@ -18,7 +18,8 @@ STATUS_CONFIG_MAP = "scalingrun-status"
 # The kubelet rotates the token at 80 % of its life; 1 h is the longest the push path needs.
 TOKEN_EXPIRATION_SECONDS = 3600
 MAX_BODY_BYTES = 64 * 1024
-# What a push carries (a full state document each time, the same JSON the trainer writes to storage).
+# What a push carries (a full state document each time, the same JSON the trainer writes to storage). The one
+# spelling of these kinds: the trainer pushes under them, the server routes them, and decide asks for them.
 PROGRESS, HEARTBEAT = "progress", "heartbeat"
 PUSHED_DOCUMENTS = (PROGRESS, HEARTBEAT)
 

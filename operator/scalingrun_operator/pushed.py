@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from scalingrun_api.heartbeat import Heartbeat
 from scalingrun_api.progress import Progress
-from scalingrun_api.status_push import HEARTBEAT, PROGRESS
+from scalingrun_api.status_push import PROGRESS, PUSHED_DOCUMENTS
 
 
 # Documents kept, the least recently pushed dropped first: a bound on what pods of runs the operator has forgotten
@@ -40,7 +40,7 @@ class PushedDocuments:
 
     def forget(self, namespace: str, run: str) -> None:
         with self._guard:
-            for what in (PROGRESS, HEARTBEAT):
+            for what in PUSHED_DOCUMENTS:
                 self._documents.pop((namespace, run, what), None)
 
 

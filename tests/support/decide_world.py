@@ -8,6 +8,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from scalingrun_api.status_push import HEARTBEAT
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import build_config_map, build_mpijob, build_preprocess_job
 from scalingrun_operator.decide import pinning
@@ -15,7 +16,7 @@ from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_operator.decide.run import decide_run
 from scalingrun_operator.documents import parse_heartbeat, parse_manifest, parse_progress
 from scalingrun_operator.decide.snapshot import (
-    HEARTBEAT, MANIFEST, Child, Create, Decision, Delete, Document, Listing, Log, LogTail, Names, Nodes, NoticedNodes,
+    MANIFEST, Child, Create, Decision, Delete, Document, Listing, Log, LogTail, Names, Nodes, NoticedNodes,
     Patch, PodList, Pods, Read, Server, ServerVersion, Settings, Snapshot, look,
 )
 from scalingrun_operator.decide.nodes import termination_notice

@@ -14,6 +14,10 @@ GROUP = "scalingrun.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "ScalingRun"
+# The child that trains a run: mpi-operator v0.8's MPIJob, the one API version ScalingRuns create (builders),
+# watch (handlers), write (cluster/k8s.py) and look for (preflight, the quick start).
+MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
+MPIJOB_API_VERSION = f"{MPIJOB_GROUP}/{MPIJOB_VERSION}"
 # Every object the operator makes carries this label; its watches select on it.
 MANAGED_BY_LABEL, MANAGER = "app.kubernetes.io/managed-by", "scalingrun-operator"
 MANAGED_BY = {MANAGED_BY_LABEL: MANAGER}

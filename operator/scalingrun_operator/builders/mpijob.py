@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from scalingrun_api.engines import engine
 from scalingrun_api.heartbeat import COLLECTIVE_TIMEOUT_VARIABLE, collective_timeout_seconds
-from scalingrun_api.models import PodRole, ScalingRun, Toleration, Workers, quantity_value
+from scalingrun_api.models import MPIJOB_API_VERSION, PodRole, ScalingRun, Toleration, Workers, quantity_value
 from scalingrun_api.models.common import duration_seconds
 from scalingrun_api.models.run import DEFAULT_GPU_RESOURCE, DEFAULT_SHARED_MEMORY, SMALL_POD_MEMORY
 from scalingrun_api.models.training import CONFIG_VARIABLE
@@ -31,9 +31,8 @@ from .config import slots_per_worker, total_processes
 from .locations import logs_uri
 from .overrides import apply_overrides, launcher_variables, override_tolerations
 
-# What serves the MPIJobs this renders (kubeflow.org/v2beta1): Kubeflow's mpi-operator v0.8, and how to install it
+# What serves the MPIJobs this renders (MPIJOB_API_VERSION): Kubeflow's mpi-operator v0.8, and how to install it
 # (the quick start's check, `scalingrun doctor` and the run's MPIJobServed condition say it).
-MPIJOB_API_VERSION = "kubeflow.org/v2beta1"
 MPI_OPERATOR = "Kubeflow's mpi-operator v0.8"
 MPI_OPERATOR_INSTALL = ("kubectl apply --server-side -f https://raw.githubusercontent.com/kubeflow/mpi-operator/"
                         "v0.8.2/deploy/v2beta1/mpi-operator.yaml")

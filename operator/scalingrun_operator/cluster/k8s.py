@@ -18,13 +18,12 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from scalingrun_api import models
-from scalingrun_api.models import MANAGED_SELECTOR
+from scalingrun_api.models import MANAGED_SELECTOR, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION
 from ..builders.common import RUN_LABEL
 from ..storage import Credentials, StorageError
 
 log = logging.getLogger(__name__)
 
-MPIJOB_GROUP, MPIJOB_VERSION, MPIJOB_PLURAL = "kubeflow.org", "v2beta1", "mpijobs"
 
 
 POD_PAGE = 500  # pods per list request

@@ -15,9 +15,10 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Optional, Union
 
+from scalingrun_api.status_push import HEARTBEAT, PROGRESS
 from ..config import Config
 from ..decide.snapshot import (
-    HEARTBEAT, MANIFEST, PROGRESS, Child, Document, Listing, Log, LogTail, Names, Nodes, NoticedNodes, PodList, Pods,
+    MANIFEST, Child, Document, Listing, Log, LogTail, Names, Nodes, NoticedNodes, PodList, Pods,
     Read, Server, ServerVersion, Store,
 )
 from ..decide.pods import manifest_left

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from scalingrun_api import models
-from ..builders.mpijob import MPI_OPERATOR, MPI_OPERATOR_INSTALL, MPIJOB_API_VERSION
+from scalingrun_api.models import MPIJOB_API_VERSION, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION
+from ..builders.mpijob import MPI_OPERATOR, MPI_OPERATOR_INSTALL
 from ..schema.crd import VERSION_LABEL, project_version
 
 log = logging.getLogger(__name__)
 
 OK, INFO, WARNING, ERROR, UNKNOWN = "ok", "info", "warning", "error", "unknown"
-MPIJOB_GROUP, MPIJOB_V2 = "kubeflow.org", "v2beta1"  # MPIJOB_API_VERSION's parts (a test holds them together)
 KUEUE_GROUP = "kueue.x-k8s.io"
 OPERATOR_SELECTOR = "app.kubernetes.io/name=scalingrun,app.kubernetes.io/component=operator"
 COEXISTENCE = 'docs/run-in-a-cluster.md, "MPIJobs: mpi-operator and the Training Operator"'
@@ -71,17 +71,18 @@ def judge(facts: Facts) -> list[Check]:
 
 
 def _mpijob_versions(facts: Facts) -> set[str]:
-    return {v for v, resources in facts.groups.get(MPIJOB_GROUP, {}).items() if "mpijobs" in resources}
+    return {v for v, resources in facts.groups.get(MPIJOB_GROUP, {}).items() if MPIJOB_PLURAL in resources}
 
 
 def _mpijob_api(facts: Facts) -> Check:
     served = _mpijob_versions(facts)
-    if MPIJOB_V2 in served:
+    if MPIJOB_VERSION in served:
         return Check("mpijob-api", OK, f"{MPIJOB_API_VERSION} mpijobs served ({MPI_OPERATOR}'s API)")
     if served:
-        return Check("mpijob-api", ERROR, f"mpijobs.{MPIJOB_GROUP} serves {', '.join(sorted(served))}, not {MPIJOB_V2}: "
-                     "that is the Training Operator v1's MPIJob (v1), and ScalingRuns create v2beta1 MPIJobs. Installing "
-                     f"mpi-operator over it breaks the Training Operator's MPIJobs: read {COEXISTENCE}")
+        return Check("mpijob-api", ERROR, f"{MPIJOB_PLURAL}.{MPIJOB_GROUP} serves {', '.join(sorted(served))}, "
+                     f"not {MPIJOB_VERSION}: that is the Training Operator v1's MPIJob (v1), and ScalingRuns create "
+                     f"{MPIJOB_VERSION} MPIJobs. Installing mpi-operator over it breaks the Training Operator's "
+                     f"MPIJobs: read {COEXISTENCE}")
     return Check("mpijob-api", ERROR, f"no MPIJob API ({MPIJOB_API_VERSION}): ScalingRuns train through {MPI_OPERATOR}. "
                  f"Install it: {MPI_OPERATOR_INSTALL}")
 

@@ -48,7 +48,7 @@ class Pods:
     """The pods labelled as the run's, and how deleted ones were when last seen (a PodList)."""
 
 
-MANIFEST, PROGRESS, HEARTBEAT = "manifest", "progress", "heartbeat"
+MANIFEST = "manifest"  # the trainer's PROGRESS and HEARTBEAT are the push contract's (scalingrun_api.status_push)
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,13 @@ from typing import Any, Optional
 
 from scalingrun_api.heartbeat import Heartbeat, stall_timeout_seconds
 from scalingrun_api.models import ScalingRun
+from scalingrun_api.status_push import HEARTBEAT
 from ..builders.common import STATUS_VOLUME
 from ..builders.locations import heartbeat_uri
 from . import faults, interruptions, nodes
 from .draft import Draft, store_of
 from .pods import LAUNCHER, TRAINING_ROLES, WORKER, container_statuses, metadata_of, pod_name, pod_role, status_of
-from .snapshot import HEARTBEAT, Log
+from .snapshot import Log
 from .status import STALLED, get_condition, parse_time, rfc3339
 
 STALL_REASON = "NoHeartbeat"  # the Stalled condition's reason while the training does not beat

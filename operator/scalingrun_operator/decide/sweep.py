@@ -18,13 +18,14 @@ from typing import Any, Optional
 
 from scalingrun_api.models import API_VERSION, KIND, SWEEP_KIND, Phase, ScalingSweep, SweepPhase
 from scalingrun_api.progress import Progress, ProgressState
+from scalingrun_api.status_push import PROGRESS
 from ..schema.sweep import Point, build_point_run, sweep_points
 from ..schema.validation import InvalidScalingRun, parse_scalingrun, parse_scalingsweep
 from ..builders.locations import progress_uri
 from .children import FOREIGN, Claims
 from .draft import store_of
 from .progress import training_status
-from .snapshot import PROGRESS, Child, Create, Decision, Document, Read, Settings, Snapshot
+from .snapshot import Child, Create, Decision, Document, Read, Settings, Snapshot
 from .status import (
     FAILED, INVALID_SPEC, PREPROCESSED, SWEEP_PHASES, Event, StatusUpdate, get_condition, may_revalidate,
 )

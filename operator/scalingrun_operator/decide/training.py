@@ -9,15 +9,16 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from scalingrun_api.models import Phase, ScalingRun
+from scalingrun_api.models import MPIJOB_API_VERSION, Phase, ScalingRun
 from scalingrun_api.progress import Progress, ProgressState
+from scalingrun_api.status_push import PROGRESS
 from ..builders import build_config_map, build_mpijob
 from ..builders.common import mpijob_name, trainer_image
-from ..builders.mpijob import MPI_OPERATOR, MPI_OPERATOR_INSTALL, MPIJOB_API_VERSION
+from ..builders.mpijob import MPI_OPERATOR, MPI_OPERATOR_INSTALL
 from ..builders.locations import progress_uri
 from . import elastic, faults, interruptions, podrecords, pods, progress as mirror, stall
 from .draft import Draft, store_of
-from .snapshot import CLUSTER, PROGRESS, Log, Where
+from .snapshot import CLUSTER, Log, Where
 from .status import (BUILDER_FAILED, GPUS_UNUSED, INPUT_BOUND, MPIJOB_FAILED, MPIJOB_SERVED, NO_MPIJOB_CONTROLLER,
                      QUEUED, SUSPENDED, TRAINED, Event, get_condition, parse_time)
 

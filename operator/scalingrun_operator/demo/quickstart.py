@@ -33,7 +33,6 @@ OWNED = "scalingrun.dev/quickstart"  # label of the demo namespace: made by the 
 ADDED = "scalingrun.dev/quickstart-added"  # its annotation: what else the quick start installed (JSON)
 LABELS = {"app.kubernetes.io/name": seaweedfs.SERVICE, "app.kubernetes.io/part-of": "scalingrun-quickstart"}
 OPERATOR_CRDS = ("scalingruns.scalingrun.dev", "scalingsweeps.scalingrun.dev")
-MPIJOB_CRD = "mpijobs.kubeflow.org"
 TERMINAL = ("Succeeded", "Failed")
 WORKER_CPUS = ("1", "500m", "250m")  # tried in this order when --worker-cpu is not given
 
@@ -74,18 +73,21 @@ def mpijob_controllers(kube: Kube) -> list[str]:
 
 
 def check_mpi_operator(kube: Kube, skip: bool) -> None:
+    from scalingrun_api.models import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION  # --help runs without pydantic
     from ..builders.mpijob import MPI_OPERATOR_INSTALL
-    from ..cluster.preflight import COEXISTENCE, MPIJOB_V2
-    crd = kube.get("crd", MPIJOB_CRD)
+    from ..cluster.preflight import COEXISTENCE
+    mpijob_crd = f"{MPIJOB_PLURAL}.{MPIJOB_GROUP}"
+    crd = kube.get("crd", mpijob_crd)
     if crd is None:
-        raise QuickstartError(f"the cluster has no MPIJob CRD ({MPIJOB_CRD}): ScalingRuns train through Kubeflow's "
+        raise QuickstartError(f"the cluster has no MPIJob CRD ({mpijob_crd}): ScalingRuns train through Kubeflow's "
                               f"mpi-operator v0.8. Install it, then run this again:\n  {MPI_OPERATOR_INSTALL}")
     served = [v["name"] for v in crd["spec"].get("versions") or [] if v.get("served")]
-    if MPIJOB_V2 not in served:
+    if MPIJOB_VERSION not in served:
         # The Training Operator v1's MPIJob: installing mpi-operator over it would break that operator's MPIJobs.
-        raise QuickstartError(f"{MPIJOB_CRD} serves {', '.join(served) or 'no version'}, not {MPIJOB_V2}: that is the "
-                              "Training Operator v1's MPIJob, and ScalingRuns create v2beta1 MPIJobs. Installing "
-                              f"mpi-operator over it breaks the Training Operator's MPIJobs: read {COEXISTENCE}")
+        raise QuickstartError(f"{mpijob_crd} serves {', '.join(served) or 'no version'}, not {MPIJOB_VERSION}: "
+                              f"that is the Training Operator v1's MPIJob, and ScalingRuns create {MPIJOB_VERSION} "
+                              f"MPIJobs. Installing mpi-operator over it breaks the Training Operator's MPIJobs: "
+                              f"read {COEXISTENCE}")
     if skip:
         say("MPIJob CRD found; not looking for its controller (--skip-mpi-check)")
         return

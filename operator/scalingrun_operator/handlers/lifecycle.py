@@ -13,8 +13,8 @@ from typing import Any
 
 import kopf
 
-from scalingrun_api.models import KIND, SWEEP_KIND
-from ..cluster.k8s import MANAGED_SELECTOR, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION
+from scalingrun_api.models import KIND, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, SWEEP_KIND
+from ..cluster.k8s import MANAGED_SELECTOR
 
 ANNOTATION_PREFIX = "scalingrun.dev"
 CHANGE_HANDLED_KINDS = (KIND, SWEEP_KIND)  # the kinds with on.create/on.update handlers (handlers/runs.py, sweeps.py)

@@ -10,9 +10,8 @@ from typing import Any, Optional
 
 import kopf
 
-from scalingrun_api.models import GROUP, KIND, MANAGED_BY, PLURAL, VERSION
+from scalingrun_api.models import GROUP, KIND, MANAGED_BY, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION, PLURAL, VERSION
 from ..builders.common import RUN_LABEL
-from ..cluster.k8s import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION
 from ..decide.children import controller_name
 
 MANAGED = MANAGED_BY

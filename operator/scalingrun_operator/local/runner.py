@@ -27,6 +27,7 @@ from typing import Any, Callable, Optional
 
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun, ScalingRunStatus
 from scalingrun_api.progress import Progress
+from scalingrun_api.status_push import HEARTBEAT, PROGRESS, PUSHED_DOCUMENTS
 from ..schema.endpoints import EndpointPolicy
 from ..schema.validation import s3_fields
 from ..builders.common import storage_env
@@ -37,7 +38,7 @@ from ..decide import pinning
 from ..decide.children import owner_reference
 from ..decide.run import decide_run
 from ..decide.snapshot import (
-    HEARTBEAT, INDEXED_JOBS_SINCE, LOCAL, PROGRESS, Child, Create, Decision, Document, Listing, Names, PodList, Pods, Read,
+    INDEXED_JOBS_SINCE, LOCAL, Child, Create, Decision, Document, Listing, Names, PodList, Pods, Read,
     NoticedNodes, Server, ServerVersion, Settings, Snapshot, look,
 )
 from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, Event, get_condition, rfc3339
@@ -176,7 +177,7 @@ class LocalRun:
             return {}  # one machine, no Nodes: no termination notice but its own SIGTERM
         if isinstance(ask, ServerVersion):
             return Server(*INDEXED_JOBS_SINCE, "this machine")  # shards run side by side, as in an Indexed Job
-        if isinstance(ask, Document) and ask.what in (PROGRESS, HEARTBEAT):  # as pushed, as the operator's are
+        if isinstance(ask, Document) and ask.what in PUSHED_DOCUMENTS:  # as pushed, as the operator's are
             read = Read(self.pushes.get(ask.what))
             if ask.what == PROGRESS and read.document is not None:
                 self.progress = read.document

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from scalingrun_api.models import KIND, SWEEP_KIND, ScalingSweep, SweepPhase
+from scalingrun_api.status_push import PROGRESS
 from ..schema.sweep import Point, sweep_points
 from ..schema.validation import parse_scalingrun
 from ..clock import now
 from ..decide.children import owner_reference
-from ..decide.snapshot import PROGRESS, Child, Create, Document, Read, Snapshot, look
+from ..decide.snapshot import Child, Create, Document, Read, Snapshot, look
 from ..decide.sweep import decide_sweep, processes_text, workers_text
 from .runner import SETTINGS, LocalRun
 

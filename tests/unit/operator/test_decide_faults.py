@@ -10,7 +10,8 @@ from typing import Callable, Optional
 
 import pytest
 
-from scalingrun_operator.decide.snapshot import HEARTBEAT, PROGRESS, Document, Nodes, Settings
+from scalingrun_api.status_push import HEARTBEAT, PROGRESS
+from scalingrun_operator.decide.snapshot import Document, Nodes, Settings
 from tests.support.decide_world import (
     NOW, World, actions, condition, conditions, config_map, done, job, mpijob, preprocessing_status, stamp,
     training_status,

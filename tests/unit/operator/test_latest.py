@@ -10,13 +10,14 @@ import json
 
 import kopf
 
+from scalingrun_api.status_push import PROGRESS
 from scalingrun_operator.cluster.latest import Latest, LatestObjects
 from scalingrun_operator.cluster.memory import Memory
 from scalingrun_operator.cluster.observe import Observer
 from scalingrun_operator.cluster.reconcile import Reconciler
 from scalingrun_operator.config import Config
 from scalingrun_operator.decide.pinning import PINNED_FIELD
-from scalingrun_operator.decide.snapshot import PROGRESS, Child, Document, Store
+from scalingrun_operator.decide.snapshot import Child, Document, Store
 from scalingrun_operator.storage import Clients, Credentials
 from scalingrun_operator.handlers.lifecycle import ChangeHandledDiffBase
 

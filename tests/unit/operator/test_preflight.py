@@ -48,10 +48,3 @@ def test_each_combination_gets_its_level():
     assert "operator" not in unknown  # asked only with the user's credentials (doctor)
     assert levels(Facts(groups=v2, controllers=[mpi], crd_versions=ours, operators=[], version="0.1.0"))[
         "operator"] == "error"
-
-
-def test_the_mpijob_api_checked_is_the_one_the_operator_creates():
-    from scalingrun_operator.builders.mpijob import MPIJOB_API_VERSION
-    from scalingrun_operator.cluster.preflight import MPIJOB_GROUP, MPIJOB_V2
-
-    assert f"{MPIJOB_GROUP}/{MPIJOB_V2}" == MPIJOB_API_VERSION

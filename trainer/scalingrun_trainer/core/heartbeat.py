@@ -15,6 +15,7 @@ import time
 from typing import Callable, Optional
 
 from scalingrun_api.heartbeat import HEARTBEAT_INTERVAL_SECONDS, Heartbeat, HeartbeatPhase
+from scalingrun_api.status_push import HEARTBEAT
 from ..storage import Location
 from .status_push import status_pusher
 
@@ -81,7 +82,7 @@ class HeartbeatWriter:
     def _write(self) -> bool:
         pusher = status_pusher() if self.pushed else None
         if pusher is not None:
-            pusher.push("heartbeat", self.document.document())  # sent by its thread: the beat never waits
+            pusher.push(HEARTBEAT, self.document.document())  # sent by its thread: the beat never waits
         data = json.dumps(self.document.document()).encode()
         try:
             self.location.write_bytes_atomic(data, deadline=WRITE_DEADLINE_SECONDS)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 from scalingrun_api.progress import (
     INPUT_HISTORY_EPOCHS, BatchSizeProbe, Devices, Epoch, FeatureCache, InputEpoch, Progress, ProgressState,
 )
+from scalingrun_api.status_push import PROGRESS
 from ..storage import Location
 from .status_push import FINAL_FLUSH_SECONDS, status_pusher
 
@@ -55,7 +56,7 @@ class ProgressWriter:
         document = self.progress.document()
         pusher = status_pusher()
         if pusher is not None:
-            pusher.push("progress", document)  # to the operator at once, beside the durable record
+            pusher.push(PROGRESS, document)  # to the operator at once, beside the durable record
         self.location.write_bytes_atomic(json.dumps(document, indent=1).encode())
 
     def start(self, best_epoch: Optional[int] = None) -> None:
@@ -102,7 +103,7 @@ def push_recorded(location: Location) -> bool:
         document = json.loads(location.read_bytes())
     except (OSError, ValueError):
         return False
-    pusher.push("progress", document)
+    pusher.push(PROGRESS, document)
     return pusher.flush(FINAL_FLUSH_SECONDS)
 
 
