@@ -112,10 +112,16 @@ class EpochWatch:
 
 
 class Pusher:
-    """One pod of a run that pushes: rank 0 its progress, the others a heartbeat."""
+    """One pod of a run that pushes: rank 0 its progress, the others a heartbeat; `source`: its address (a pod's IP:
+    the status endpoint limits new tokens per source address, operator/scalingrun_operator/push_admission.py)."""
 
-    def __init__(self, run: str, pod: str, rank: int, token: str):
-        self.run, self.pod, self.rank, self.token = run, pod, rank, token
+    def __init__(self, run: str, pod: str, rank: int, token: str, source: str = "127.0.0.1"):
+        self.run, self.pod, self.rank, self.token, self.source = run, pod, rank, token, source
+
+
+def pod_address(index: int) -> str:
+    """A loopback address of its own for the index-th pushing pod (Linux routes 127.0.0.0/8 to lo)."""
+    return f"127.1.{index // 250}.{index % 250 + 1}"
 
 
 def _created(core: client.CoreV1Api, namespace: str, body: dict) -> dict:
@@ -175,6 +181,8 @@ def prepare(bench: Any, cluster: Any, operator: Any, runs: dict[str, int], pushe
 
     with ThreadPoolExecutor(POOL) as pool:
         found = [p for p in pool.map(create, work) if p is not None]
+    for index, pusher in enumerate(found):
+        pusher.source = pod_address(index)
     _wait(operator, lambda: sum(1 for r in bench.custom.list_namespaced_custom_object(
         models.GROUP, models.VERSION, cluster.ns, models.PLURAL)["items"]
         if (r.get("status") or {}).get("phase") == "Training") >= len(names), "every run in Training")
@@ -213,19 +221,22 @@ class Reporter:
 
     def warm_up(self, timeout: float = 900) -> dict[str, Any]:
         """Push mode: each pod pushes until accepted, taking the 429s' Retry-After as the trainer does, so that every
-        token has been reviewed once (steady state: pods start at different times); how long that took."""
+        token has been reviewed once (steady state: pods start at different times); how long that took. Each pod
+        pushes from its own address, as pods do: new tokens are limited per address."""
         return asyncio.run(self._warm_up(timeout)) if self.url else {}
 
     async def _warm_up(self, timeout: float) -> dict[str, Any]:
         import aiohttp
 
         context = ssl.create_default_context(cafile=str(self.ca))
-        started, codes = time.monotonic(), Counter()
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=64)) as session:
-            async def accepted(pusher: Pusher) -> None:
-                path = push_path(self.cluster.ns, pusher.run, HEARTBEAT)
-                while time.monotonic() - started < timeout:
-                    try:
+        started, codes, in_flight = time.monotonic(), Counter(), asyncio.Semaphore(64)
+
+        async def accepted(pusher: Pusher) -> None:
+            path = push_path(self.cluster.ns, pusher.run, HEARTBEAT)
+            while time.monotonic() - started < timeout:
+                try:
+                    async with in_flight, aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                            ssl=context, force_close=True, local_addr=(pusher.source, 0))) as session:
                         async with session.post(self.url + path, json=_heartbeat(1, pusher.rank),
                                                 headers={"Authorization": f"Bearer {pusher.token}"}) as response:
                             await response.read()
@@ -233,12 +244,12 @@ class Reporter:
                             if response.status == 202:
                                 return
                             wait = float(response.headers.get("Retry-After") or 1)
-                    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                        codes[type(exc).__name__] += 1
-                        wait = 1.0
-                    await asyncio.sleep(wait * random.uniform(1, 2))
+                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                    codes[type(exc).__name__] += 1
+                    wait = 1.0
+                await asyncio.sleep(wait * random.uniform(1, 2))
 
-            await asyncio.gather(*(accepted(p) for p in self.pushers))
+        await asyncio.gather(*(accepted(p) for p in self.pushers))
         return {"warm_up_s": time.monotonic() - started, "warm_up_codes": dict(codes)}
 
     def _rounds(self, seconds: float) -> list[tuple[float, str]]:

@@ -8,9 +8,10 @@ POST /v1/namespaces/{namespace}/scalingruns/{run}/{progress|heartbeat} with a be
 full state document (the JSON the trainer writes to storage). Refused, each counted by reason: a body over
 MAX_BODY_BYTES (413), a namespace the operator does not watch (403), a token that is missing, invalid or not ours
 (401), a pod of another run or namespace (403), more than the run's share of pushes (429), a body that is no JSON
-object (400), a new token while too many new ones wait for their review (429: a known pod's push is reviewed apart,
-so a flood of bad tokens does not delay it). Accepted pushes are kept
-(pushed.py) and told to `on_push` (the operator reconciles the run after a progress push).
+object (400). A token no review vouched for yet passes push_admission.py before its review: refused again from the
+cache when a review refused it (401), or turned away while its source sends too many new tokens or holds its share
+of the line of reviews (429); a known pod's push is reviewed apart, so a flood of bad tokens does not delay it.
+Accepted pushes are kept (pushed.py) and told to `on_push` (the operator reconciles the run after a progress push).
 
 It runs its own event loop in a thread of its own: a flood of pushes never waits on kopf's loop, nor kopf on it.
 The serving certificate is read from files (the kubelet mounts its Secret; the operator needs no Secret RBAC) and
@@ -26,13 +27,13 @@ import logging
 import os
 import ssl
 import threading
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol
 
 from aiohttp import web
 
 from scalingrun_api.status_push import MAX_BODY_BYTES, PUSHED_DOCUMENTS
+from .push_admission import Buckets, NewTokenLine, RefusedTokens
 from .pushed import PushedDocuments, parse_pushed
 
 log = logging.getLogger(__name__)
@@ -42,14 +43,12 @@ CERT_CHECK_SECONDS = 10.0
 # epoch; the preprocessing Job's indexes push at most once a second each).
 PUSHES_PER_SECOND, PUSH_BURST = 5.0, 20
 # Pushes are authorized in two pools: tokens a review vouched for before (the runs' pods, in steady state), and new
-# tokens (a pod's first push, a rotated token, and every bad one). A flood of bad tokens fills only the second, whose
-# waiting line is bounded: beyond it a new token is refused at once (ReviewsBusy, 429: the trainer tries again), so
+# tokens (a pod's first push, a rotated token, and every bad one). A flood of bad tokens reaches only the second, and
+# only through push_admission.py (refused tokens kept, a bucket and a share of the line per source address), so
 # neither the known pods' pushes nor the API server (TokenReviews) see the flood.
 REVIEW_THREADS = 4  # known tokens: their pod checks, and a review when its cached answer expired
 NEW_TOKEN_THREADS = 2  # new tokens: TokenReviews in flight at once
-NEW_TOKENS_WAITING = 32  # new tokens being reviewed or waiting for a thread, at most
 TOO_LARGE, RATE_LIMITED, BAD_DOCUMENT, NOT_WATCHED = "TooLarge", "RateLimited", "BadDocument", "NotWatched"
-REVIEWS_BUSY = "ReviewsBusy"
 # Who-may-push refusals both authenticators give (the metric's label); push_auth.py adds the pod's own.
 NO_TOKEN, INVALID_TOKEN, OTHER_RUN = "NoToken", "InvalidToken", "OtherRun"
 
@@ -81,27 +80,6 @@ def bearer_token(authorization: Optional[str]) -> str:
     return token.strip()
 
 
-class Buckets:
-    """A token bucket per run (used in the server's loop only; a run's goes with the run)."""
-
-    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic):
-        self.rate, self.burst, self._clock = rate, burst, clock
-        self._buckets: dict[tuple[str, str], tuple[float, float]] = {}
-
-    def take(self, key: tuple[str, str]) -> bool:
-        now = self._clock()
-        tokens, then = self._buckets.get(key, (float(self.burst), now))
-        tokens = min(float(self.burst), tokens + (now - then) * self.rate)
-        if tokens < 1:
-            self._buckets[key] = (tokens, now)
-            return False
-        self._buckets[key] = (tokens - 1, now)
-        return True
-
-    def forget(self, key: tuple[str, str]) -> None:
-        self._buckets.pop(key, None)
-
-
 def _file_state(*paths: str) -> tuple[Any, ...]:
     return tuple((s.st_mtime_ns, s.st_size, s.st_ino) for s in map(os.stat, paths))
 
@@ -118,7 +96,9 @@ class StatusServer:
         self.on_push = on_push or (lambda namespace, name, what: None)
         self.count_refused = count_refused or (lambda reason: None)
         self.count_accepted = count_accepted or (lambda what: None)
-        self.buckets = Buckets(pushes_per_second, burst)
+        self.buckets: Buckets[tuple[str, str]] = Buckets(pushes_per_second, burst)  # per run: forgotten with it
+        self.new_tokens = NewTokenLine()  # changed in the server's loop only
+        self.refused_tokens: RefusedTokens[Refused] = RefusedTokens()
         self.watched = watched
         self.ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         self.ssl_context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -127,7 +107,6 @@ class StatusServer:
         self._reviews = concurrent.futures.ThreadPoolExecutor(REVIEW_THREADS, thread_name_prefix="status-review")
         self._new_token_reviews = concurrent.futures.ThreadPoolExecutor(NEW_TOKEN_THREADS,
                                                                         thread_name_prefix="status-new-token")
-        self.new_tokens_waiting = 0  # changed in the server's loop only
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._runner: Optional[web.AppRunner] = None
         self._thread: Optional[threading.Thread] = None
@@ -206,18 +185,29 @@ class StatusServer:
         if not self.watched(namespace):
             return self._refuse(403, NOT_WATCHED, f"this operator runs no runs in namespace {namespace}")
         authorization = request.headers.get("Authorization")
-        known = self.authenticator.known(authorization)
-        if not known and self.new_tokens_waiting >= NEW_TOKENS_WAITING:
-            return self._refuse(429, REVIEWS_BUSY, "too many new tokens are being reviewed; try again", retry_after=1)
-        self.new_tokens_waiting += 0 if known else 1
+        try:
+            token = bearer_token(authorization)
+        except Refused as refused:
+            return self._refuse(refused.status, refused.reason, refused.message)
+        known, source = self.authenticator.known(authorization), request.remote or ""
+        if not known:  # cost after trust: what a new token may cost before its review (push_admission.py)
+            refused_before = self.refused_tokens.get(token)
+            if refused_before is not None:
+                return self._refuse(refused_before.status, refused_before.reason, refused_before.message)
+            busy = self.new_tokens.enter(source)
+            if busy is not None:
+                return self._refuse(429, busy.reason, busy.message, retry_after=busy.retry_after)
         try:
             await asyncio.get_running_loop().run_in_executor(
                 self._reviews if known else self._new_token_reviews, self.authenticator.authorize, authorization,
                 namespace, run)
         except Refused as refused:
+            if refused.status == 401:  # the token itself (invalid, another audience, its pod gone): kept a while
+                self.refused_tokens.add(token, refused)
             return self._refuse(refused.status, refused.reason, refused.message)
         finally:
-            self.new_tokens_waiting -= 0 if known else 1
+            if not known:
+                self.new_tokens.leave(source)
         if not self.buckets.take((namespace, run)):
             return self._refuse(429, RATE_LIMITED, "too many pushes for this run; the newest one counts", retry_after=1)
         try:

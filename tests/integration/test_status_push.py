@@ -27,9 +27,9 @@ from scalingrun_operator.cluster import push_auth
 from scalingrun_operator.cluster.metrics import Metrics
 from scalingrun_operator.cluster.push_auth import PushAuthenticator
 from scalingrun_operator.pushed import PushedDocuments
+from scalingrun_operator.push_admission import NEW_TOKENS_WAITING, REVIEWS_BUSY, Buckets, NewTokenLine
 from scalingrun_operator.status_server import (
-    BAD_DOCUMENT, INVALID_TOKEN, NEW_TOKENS_WAITING, NO_TOKEN, OTHER_RUN, RATE_LIMITED, REVIEWS_BUSY, TOO_LARGE, Buckets,
-    Refused, StatusServer,
+    BAD_DOCUMENT, INVALID_TOKEN, NO_TOKEN, OTHER_RUN, RATE_LIMITED, TOO_LARGE, Refused, StatusServer,
 )
 from tests.support.tls import post, post_with_headers, write_serving_certificate
 
@@ -162,11 +162,15 @@ def test_a_flood_of_new_tokens_waits_apart_from_the_known_pods_pushes(api_client
     assert post(status_server.port, status_server.ca, path, body, known)[0] == 202  # reviewed: known from now on
 
     # New tokens' reviews held, as when bad tokens come faster than the API server reviews them: every new-token
-    # thread busy and the waiting line full (the reviews themselves are the API server's, after the gate).
-    gate, authorize = threading.Event(), status_server.authenticator.authorize
+    # thread busy and the waiting line full (the reviews themselves are the API server's, after the gate). Every push
+    # here comes from 127.0.0.1, so that one source may fill the whole line (a source's share and bucket:
+    # tests/unit/operator/test_push_admission.py).
+    status_server.new_tokens = NewTokenLine(share=1, burst=2 * NEW_TOKENS_WAITING)
+    gate, authorize, reviewed = threading.Event(), status_server.authenticator.authorize, []
 
     def held(authorization, *args):
         if not status_server.authenticator.known(authorization):
+            reviewed.append(authorization)
             gate.wait(120)
         return authorize(authorization, *args)
 
@@ -175,9 +179,9 @@ def test_a_flood_of_new_tokens_waits_apart_from_the_known_pods_pushes(api_client
     with ThreadPoolExecutor(NEW_TOKENS_WAITING) as pool:
         flood = [pool.submit(post, status_server.port, status_server.ca, path, body, token) for token in bad]
         deadline = time.monotonic() + 60
-        while status_server.new_tokens_waiting < NEW_TOKENS_WAITING and time.monotonic() < deadline:
+        while status_server.new_tokens.waiting < NEW_TOKENS_WAITING and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert status_server.new_tokens_waiting == NEW_TOKENS_WAITING
+        assert status_server.new_tokens.waiting == NEW_TOKENS_WAITING
 
         # The known pod's push is reviewed apart and accepted; a new token beyond the line is refused at once.
         assert post(status_server.port, status_server.ca, path, body, known)[0] == 202
@@ -186,11 +190,16 @@ def test_a_flood_of_new_tokens_waits_apart_from_the_known_pods_pushes(api_client
             assert (code, answer["reason"], headers.get("Retry-After")) == (429, REVIEWS_BUSY, "1")
         gate.set()
         assert [future.result()[0] for future in flood] == [401] * NEW_TOKENS_WAITING
-    assert status_server.new_tokens_waiting == 0
+    assert status_server.new_tokens.waiting == 0
     assert post(status_server.port, status_server.ca, path, body, fresh)[0] == 202  # tried again: reviewed now
-    sample = status_server.metrics.registry.get_sample_value
-    assert sample("scalingrun_status_push_refusals_total", {"reason": REVIEWS_BUSY}) == 2
-    assert sample("scalingrun_status_push_refusals_total", {"reason": push_auth.INVALID_TOKEN}) == NEW_TOKENS_WAITING
+    # A token the API server refused is refused again without a review (the refused tokens are kept a while).
+    reviews = len(reviewed)
+    code, answer = post(status_server.port, status_server.ca, path, body, bad[0])
+    assert (code, answer["reason"], len(reviewed)) == (401, push_auth.INVALID_TOKEN, reviews)
+    refusals = status_server.metrics.registry.get_sample_value
+    assert refusals("scalingrun_status_push_refusals_total", {"reason": REVIEWS_BUSY}) == 2
+    invalid = refusals("scalingrun_status_push_refusals_total", {"reason": push_auth.INVALID_TOKEN})
+    assert invalid == NEW_TOKENS_WAITING + 1  # the flood, and the one refused from the cache
 
 
 def test_a_rotated_certificate_is_served_without_a_restart(status_server, tmp_path):

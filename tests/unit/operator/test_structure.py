@@ -27,7 +27,7 @@ LAYERS = [
      "scalingrun_operator.endpoint_guard", "scalingrun_operator.bounded_http", "scalingrun_operator.store_slots",
      "scalingrun_operator.storage_failures",
      "scalingrun_operator.documents", "scalingrun_operator.report",
-     "scalingrun_operator.status_server", "scalingrun_operator.pushed"),
+     "scalingrun_operator.status_server", "scalingrun_operator.push_admission", "scalingrun_operator.pushed"),
     ("scalingrun_operator.cluster", "scalingrun_operator.local"),
     ("scalingrun_operator.handlers",),
     ("scalingrun_operator.main", "scalingrun_operator.cli", "scalingrun_operator.demo"),
