@@ -279,9 +279,10 @@ def test_cpu_ranks_keep_the_trainers_own_collective_timeout_and_no_nccl_settings
 
 @pytest.mark.parametrize("resource", [None, "nvidia.com/mig-3g.40gb", "amd.com/gpu", "gpu.intel.com/i915"])
 def test_the_gpu_resource_is_the_runs_or_nvidias(resource, mpijob_schema):
-    run = _run(gpusPerWorker=2, cpu="8", memory="32Gi", **({"gpuResource": resource} if resource else {}))
+    gpus = 1 if resource and resource.startswith("nvidia.com/mig-") else 2  # one MIG slice a worker
+    run = _run(gpusPerWorker=gpus, cpu="8", memory="32Gi", **({"gpuResource": resource} if resource else {}))
     worker = _replicas(run)["Worker"]["containers"][0]["resources"]
-    assert worker["limits"] == {"cpu": "8", "memory": "32Gi", resource or "nvidia.com/gpu": 2}
+    assert worker["limits"] == {"cpu": "8", "memory": "32Gi", resource or "nvidia.com/gpu": gpus}
     assert worker["requests"] == {"cpu": "8", "memory": "32Gi"}  # the API server sets a GPU's request to its limit
     jsonschema.validate(build_children(run, "ml")[2], mpijob_schema)
     assert "gpu" not in json.dumps(_replicas(_run(gpusPerWorker=0, gpuResource="amd.com/gpu"))["Worker"]["containers"][0]
