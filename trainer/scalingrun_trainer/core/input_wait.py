@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import TYPE_CHECKING, Optional
 
 from scalingrun_api.progress import InputEpoch
@@ -46,6 +47,23 @@ class StepTimes:
 
     def fraction(self) -> Optional[float]:
         return self.wait / self.step if self.step > 0 else None
+
+
+class DelayedBatches:
+    """This process's count of the training batches the diagnostic reader delay held (each rank its own): what a
+    test of the delay asserts, where the wait it causes is the machine's load to hide."""
+
+    count = 0
+
+    @classmethod
+    def hold(cls, seconds: float) -> float:
+        cls.count += 1
+        time.sleep(seconds)
+        return 0.0
+
+    @classmethod
+    def report(cls) -> Optional[str]:
+        return f"reader delay held {cls.count} training batches" if cls.count else None
 
 
 def reader_delay() -> float:

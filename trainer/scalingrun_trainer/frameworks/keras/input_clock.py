@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from ...core.input_wait import DelayedBatches
+
 
 class InputClock:
     """Records when the latest training batch reached the model (see attach)."""
@@ -39,7 +41,7 @@ def delay_batches(data, seconds: float):
     import tensorflow as tf
 
     def slow(images, labels):
-        done = tf.py_function(lambda: time.sleep(seconds) or 0.0, [], tf.float64)
+        done = tf.py_function(lambda: DelayedBatches.hold(seconds), [], tf.float64)
         with tf.control_dependencies([done]):
             return tf.identity(images), tf.identity(labels)
 

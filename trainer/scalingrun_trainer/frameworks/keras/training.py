@@ -21,7 +21,7 @@ from ...core.checkpoints import CheckpointState
 from ...core.collective import Collective
 from ...core.dataset import validation_rows
 from ...core.early_stopping import EarlyStoppingRule
-from ...core.input_wait import GpuSampler, combine_input_figures, reader_delay
+from ...core.input_wait import DelayedBatches, GpuSampler, combine_input_figures, reader_delay
 from ...core.probe import ProbeResult
 from ...core.progress import EpochRecorder
 from ...core.scaling import ScaledRun, scale_auto_run, scale_run
@@ -97,7 +97,11 @@ class KerasEngine:
 def train(config: TrainerConfig, engine: KerasEngine) -> int:
     attempt = Attempt(config, engine.world, engine=engine.name, trained_on=engine.trained_on())
     attempt.devices = visible_devices()
-    return attempt.run(lambda: run_training(attempt, KerasTraining(attempt, engine)))
+    code = attempt.run(lambda: run_training(attempt, KerasTraining(attempt, engine)))
+    delayed = DelayedBatches.report()  # every rank its own (diagnostic runs only)
+    if delayed:
+        print(f"scalingrun-trainer: rank {attempt.rank}: {delayed}", flush=True)
+    return code
 
 
 def visible_devices() -> Devices:
