@@ -16,11 +16,14 @@ case "$mode" in
 esac
 export DEBIAN_FRONTEND=noninteractive
 . /etc/os-release
+compiles=no  # whether this stage compiles Horovod
 if [ "$mode" = build ]; then
   if [ "${SCALINGRUN_FRAMEWORK:-keras}" = pytorch-lightning ]; then
     packages=""
   elif ls /tmp/scalingrun-cache/wheels/horovod-*/horovod-*.whl >/dev/null 2>&1; then
     packages="binutils"
+  else
+    compiles=yes
   fi
 fi
 
@@ -38,7 +41,7 @@ if ! command -v python3.11 >/dev/null 2>&1; then
   fi
   packages="$packages python3.11 python3.11-venv"
   [ "$mode" = runtime ] || packages="$packages python3.11-dev"
-elif [ "$mode" = build ] && [ "${packages#*g++}" != "$packages" ] && ! has_python_headers; then
+elif [ "$compiles" = yes ] && ! has_python_headers; then
   packages="$packages python3.11-dev"
 fi
 # shellcheck disable=SC2086  # a list of package names
