@@ -117,20 +117,25 @@ done
 # checked against its hash. Only where the host's Python is the images' (Linux, 3.11, so the same wheels); a failed
 # download leaves none, and the builds fetch from PyPI as before.
 wheelhouse() {
-  local dir=build/wheels/pip py=python3 started=$SECONDS lock
+  local locks=(bootstrap trainer lightning petastorm) py=python3 started=$SECONDS lock cached
   [[ ! -x .venv/bin/python ]] || py=.venv/bin/python
   [[ "$(uname -s)" == Linux ]] && "$py" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' || return 0
-  rm -rf "$dir.tmp" && mkdir -p "$dir.tmp"
-  for lock in bootstrap trainer lightning petastorm; do
-    if ! "$py" -m pip download -q --disable-pip-version-check --require-hashes --no-deps -d "$dir.tmp" \
-        -r "requirements/$lock.txt" >&2; then
-      log "no wheelhouse: requirements/$lock.txt did not download here; the images fetch from PyPI"
-      rm -rf "$dir.tmp"
-      return 0
-    fi
-  done
-  mv "$dir.tmp" "$dir"
-  log "wheelhouse: $(find "$dir" -type f | wc -l) files, $(du -sm "$dir" | cut -f1) MB in $((SECONDS - started)) s"
+  # Kept in the cache under the locks' digest: a second build downloads nothing.
+  cached="$CACHE/wheelhouse-$(for lock in "${locks[@]}"; do cat "requirements/$lock.txt"; done | sha256sum | cut -c1-16)"
+  if [[ ! -d "$cached" ]]; then
+    rm -rf "$cached.tmp" && mkdir -p "$cached.tmp"
+    for lock in "${locks[@]}"; do
+      if ! "$py" -m pip download -q --disable-pip-version-check --require-hashes --no-deps -d "$cached.tmp" \
+          -r "requirements/$lock.txt" >&2; then
+        log "no wheelhouse: requirements/$lock.txt did not download here; the images fetch from PyPI"
+        rm -rf "$cached.tmp"
+        return 0
+      fi
+    done
+    mv "$cached.tmp" "$cached"
+  fi
+  cp -al "$cached" build/wheels/pip 2>/dev/null || cp -r "$cached" build/wheels/pip  # hard links where they can be
+  log "wheelhouse: $(find "$cached" -type f | wc -l) files, $(du -sm "$cached" | cut -f1) MB in $((SECONDS - started)) s"
 }
 [[ "$CHECK" == gpu ]] || wheelhouse
 
