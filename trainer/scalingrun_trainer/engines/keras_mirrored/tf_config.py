@@ -17,6 +17,7 @@ from typing import Any
 from ...core.mpi import MpiWorld, host_address
 
 TF_CONFIG = "TF_CONFIG"
+JOB = "worker"  # the cluster's one job: every rank is a worker, rank 0 its chief and the coordination leader
 
 
 def free_port() -> int:
@@ -28,7 +29,7 @@ def free_port() -> int:
 
 def cluster_config(addresses: list[str], rank: int) -> dict[str, Any]:
     """TF_CONFIG's value for the rank-th of `addresses` ("host:port", in rank order)."""
-    return {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": rank}}
+    return {"cluster": {JOB: list(addresses)}, "task": {"type": JOB, "index": rank}}
 
 
 def coordinate(world_size: int, heartbeat_timeout_seconds: float) -> None:
@@ -38,9 +39,9 @@ def coordinate(world_size: int, heartbeat_timeout_seconds: float) -> None:
     from tensorflow.python.eager import context
 
     context.context().configure_coordination_service(
-        service_type="standalone", service_leader="/job:worker/replica:0/task:0",
+        service_type="standalone", service_leader=f"/job:{JOB}/replica:0/task:0",
         heartbeat_timeout_in_ms=int(heartbeat_timeout_seconds * 1000),
-        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name="worker", num_tasks=world_size)])
+        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(name=JOB, num_tasks=world_size)])
 
 
 def tf_config(world: MpiWorld) -> str:
