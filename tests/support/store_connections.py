@@ -8,6 +8,10 @@ the operator's storage reads used keeps its connections open between reads, so a
 every sample. An operator counts as push mode when its environment sets the status endpoint's port (the chart does
 when statusServer.enabled): the previous release in test_upgrade has no push path, and its reads are the evidence
 that the sampler sees them.
+
+A process is known by its pid and start time (/proc/<pid>/stat): a long e2e beside the integration tests wraps the
+pids (pid_max 32768 by default), and an operator's pid taken over by a run's pod that reads the store is not the
+operator connecting.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ PUSH_MODE_VARIABLE = b"SCALINGRUN_STATUS_PORT_NUMBER="
 @dataclass(frozen=True)
 class Connection:
     pid: int
+    started: int  # the process's start time in clock ticks after boot: with the pid, which process it was
     push_mode: bool
     remote: str  # address:port
     state: str
@@ -70,7 +75,7 @@ class StoreConnectionSampler:
     interval: float = 0.5
     proc: Path = Path("/proc")
     samples: int = 0
-    operators: dict[int, bool] = field(default_factory=dict)  # pid -> push mode, of every operator seen
+    operators: dict[tuple[int, int], bool] = field(default_factory=dict)  # (pid, start) -> push mode, of each seen
     connections: set[Connection] = field(default_factory=set)
     own_namespace: str = ""  # this process's network namespace (read at the first sample)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -89,11 +94,15 @@ class StoreConnectionSampler:
     def sample(self) -> None:
         self.own_namespace = self.own_namespace or os.readlink(self.proc / "self/ns/net")
         for pid in self._pids():
-            push_mode = self._operator(pid)
+            started = self._start_time(pid)
+            push_mode = self._operator(pid, started) if started is not None else None
             if push_mode is None:
                 continue
-            for remote, state in connections_to(self.port, self.proc / str(pid) / "net"):
-                self.connections.add(Connection(pid, push_mode, remote, state))
+            found = connections_to(self.port, self.proc / str(pid) / "net")
+            if self._start_time(pid) != started:
+                continue  # the operator ended while its sockets were read: they may be the next process's
+            for remote, state in found:
+                self.connections.add(Connection(pid, started, push_mode, remote, state))
         self.samples += 1
 
     def push_mode_connections(self) -> list[Connection]:
@@ -101,11 +110,11 @@ class StoreConnectionSampler:
 
     def summary(self) -> str:
         push = sum(1 for mode in self.operators.values() if mode)
-        pulled = sorted({(c.pid, c.remote) for c in self.connections if not c.push_mode})
+        pulled = sorted({(c.pid, c.started, c.remote) for c in self.connections if not c.push_mode})
         return (f"store connections (port {self.port}): {self.samples} samples, every {self.interval:g} s, of "
                 f"{len(self.operators)} operator processes ({push} with the status endpoint on); theirs: "
                 f"{len(self.push_mode_connections())}; those without it (the previous release, or pull mode): "
-                f"{len(pulled)} (pid, remote) pairs")
+                f"{len(pulled)} (process, remote) pairs")
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
@@ -114,11 +123,19 @@ class StoreConnectionSampler:
     def _pids(self) -> list[int]:
         return [int(entry.name) for entry in self.proc.iterdir() if entry.name.isdigit()]
 
-    def _operator(self, pid: int) -> Optional[bool]:
-        """Whether `pid` is an operator in another network namespace in push mode; None when not an operator. Only
-        an operator is remembered: a container's process starts as runc's, in this namespace, and then becomes it."""
-        if pid in self.operators:
-            return self.operators[pid]
+    def _start_time(self, pid: int) -> Optional[int]:
+        """The start time of process `pid` (field 22 of /proc/<pid>/stat, after the command in parentheses)."""
+        try:
+            return int((self.proc / str(pid) / "stat").read_text().rpartition(")")[2].split()[19])
+        except (OSError, IndexError, ValueError):
+            return None  # gone
+
+    def _operator(self, pid: int, started: int) -> Optional[bool]:
+        """Whether process (`pid`, `started`) is an operator in another network namespace in push mode; None when
+        not an operator. Only an operator is remembered: a container's process starts as runc's, in this namespace,
+        and then becomes it (the same pid and start time: exec keeps both)."""
+        if (pid, started) in self.operators:
+            return self.operators[(pid, started)]
         try:
             command = (self.proc / str(pid) / "cmdline").read_bytes().split(b"\0")[:2]
             if not any(os.path.basename(part.decode(errors="replace")) == OPERATOR_ENTRYPOINT for part in command):
@@ -130,6 +147,6 @@ class StoreConnectionSampler:
             return None  # gone
         if not any(entry.startswith(POD_VARIABLE) for entry in environment):
             return None  # a container that is no pod's
-        self.operators[pid] = any(entry.startswith(PUSH_MODE_VARIABLE) and entry != PUSH_MODE_VARIABLE
-                                  for entry in environment)
-        return self.operators[pid]
+        self.operators[(pid, started)] = any(entry.startswith(PUSH_MODE_VARIABLE) and entry != PUSH_MODE_VARIABLE
+                                             for entry in environment)
+        return self.operators[(pid, started)]

@@ -3,6 +3,7 @@ what it counts as an operator, a push-mode one, and a connection to the store.""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from tests.support.store_connections import StoreConnectionSampler, connections_to
@@ -15,10 +16,12 @@ def socket_line(local: str, remote: str, state: str) -> str:
 
 
 def process(proc: Path, pid: int, command: list[str], namespace: str, environment: dict[str, str],
-            tcp: str = "", tcp6: str = "") -> None:
+            tcp: str = "", tcp6: str = "", started: int = 1000) -> None:
     folder = proc / str(pid)
     (folder / "ns").mkdir(parents=True)
     (folder / "net").mkdir()
+    # /proc/<pid>/stat: the start time is field 22; the command in parentheses may hold spaces and parentheses.
+    (folder / "stat").write_text(f"{pid} (a (b) c) S 1 {pid} {pid} 0 -1 4194560 " + "0 " * 12 + f"{started} 1 2\n")
     (folder / "cmdline").write_bytes(b"\0".join(c.encode() for c in command) + b"\0")
     (folder / "environ").write_bytes(b"".join(f"{k}={v}".encode() + b"\0" for k, v in environment.items()))
     (folder / "ns/net").symlink_to(namespace)
@@ -61,7 +64,7 @@ def test_only_operators_in_a_pods_namespace_count_and_push_mode_comes_from_their
             tcp=store)  # a docker build's step: no pod's process
     sampler = StoreConnectionSampler(8333, proc=proc)
     sampler.sample()
-    assert sampler.operators == {10: True, 11: False}
+    assert sampler.operators == {(10, 1000): True, (11, 1000): False}
     assert sampler.push_mode_connections() == []
     assert {(c.pid, c.push_mode, c.state) for c in sampler.connections} == {(11, False, "ESTABLISHED")}
 
@@ -70,3 +73,31 @@ def test_only_operators_in_a_pods_namespace_count_and_push_mode_comes_from_their
     sampler.sample()
     assert [(c.pid, c.remote, c.state) for c in sampler.push_mode_connections()] == [(10, "10.0.0.23:8333", "SYN_SENT")]
     assert "2 samples" in sampler.summary() and "2 operator processes (1 with the status endpoint on)" in sampler.summary()
+
+
+def test_an_operators_pid_taken_over_by_a_runs_pod_is_not_the_operator_connecting(tmp_path):
+    """pids wrap in a long e2e (pid_max 32768): a push-mode operator ends, and a trainer in a run's pod, reading the
+    store, gets its pid. The sampler knows a process by pid and start time, so the trainer's connection is nobody's."""
+    proc = tmp_path / "proc"
+    (proc / "self/ns").mkdir(parents=True)
+    (proc / "self/ns/net").symlink_to("net:[1]")
+    pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1"}
+    process(proc, 25282, ["/usr/local/bin/scalingrun-operator"], "net:[2]",
+            {**pod, "SCALINGRUN_STATUS_PORT_NUMBER": "8443"}, started=5000)
+    sampler = StoreConnectionSampler(8333, proc=proc)
+    sampler.sample()
+    assert sampler.operators == {(25282, 5000): True}
+
+    shutil.rmtree(proc / "25282")
+    process(proc, 25282, ["python", "-m", "scalingrun_trainer.cli", "train"], "net:[3]", pod,
+            tcp=socket_line("0500000A:9C40", STORE_V4, "01"), started=912345)
+    sampler.sample()
+    assert sampler.push_mode_connections() == [] and sampler.connections == set()
+
+    # The same process connecting is seen: pid and start time unchanged.
+    shutil.rmtree(proc / "25282")
+    process(proc, 25282, ["/usr/local/bin/scalingrun-operator"], "net:[2]",
+            {**pod, "SCALINGRUN_STATUS_PORT_NUMBER": "8443"}, tcp=socket_line("0500000A:9C40", STORE_V4, "06"),
+            started=5000)
+    sampler.sample()
+    assert [(c.pid, c.started, c.state) for c in sampler.push_mode_connections()] == [(25282, 5000, "TIME_WAIT")]
