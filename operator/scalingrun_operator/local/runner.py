@@ -73,6 +73,10 @@ class LocalRun:
             self.run = self.run.model_copy(deep=True)
             self.run.spec.workers.replicas = self.np_override
             self.run.spec.workers.gpus_per_worker = min(self.run.spec.workers.gpus_per_worker, 1)
+        if self.run.spec.pod_overrides:  # said, not silently dropped: the same spec applied to a cluster uses them
+            self.log(f"spec.podOverrides ({len(self.run.spec.pod_overrides)}) is not applied on one machine: it "
+                     "adds to pods (labels, volumes, env, placement), and a local run starts processes; export "
+                     "the variables it sets here if the training needs them")
         if self.run.spec.run_policy.kueue_queue_name:  # no Kueue on one machine to admit the jobs: they start at once
             self.run = self.run.model_copy(deep=True)
             self.run.spec.run_policy.kueue_queue_name = None

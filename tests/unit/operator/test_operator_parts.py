@@ -177,6 +177,23 @@ def test_local_run_needs_exported_credentials_for_each_secret_it_names(monkeypat
             run.check_credentials()
 
 
+def test_a_local_run_says_that_its_pod_overrides_are_not_applied(tmp_path):
+    import yaml
+
+    from scalingrun_operator.local.runner import LocalRun
+    from scalingrun_operator.schema.validation import parse_scalingrun
+
+    example = yaml.safe_load((Path(__file__).resolve().parents[3] / "examples/06-8-single-gpu-nodes.yaml").read_text())
+    said: list[str] = []
+    LocalRun(parse_scalingrun(example), tmp_path, log=said.append)
+    assert not any("podOverrides" in line for line in said)
+    example["spec"]["podOverrides"] = [{"targets": ["workers"], "env": [{"name": "NCCL_SOCKET_IFNAME", "value": "eth0"}]}]
+    LocalRun(parse_scalingrun(example), tmp_path, log=said.append)
+    assert [line for line in said if "podOverrides" in line] == [
+        "spec.podOverrides (1) is not applied on one machine: it adds to pods (labels, volumes, env, placement), and "
+        "a local run starts processes; export the variables it sets here if the training needs them"]
+
+
 # --- bounded storage reads and the endpoint allow-list ---------------------------------------------
 
 
