@@ -123,23 +123,23 @@ def worker_cpu(kube: Kube, args: argparse.Namespace, installs_chart: bool) -> st
     the arithmetic when none does (checked before anything is built or installed)."""
     from ..builders import build_children
     from ..schema.validation import parse_scalingrun
-    from . import capacity
+    from . import quickstart_sizing as sizing
 
     tried = [args.worker_cpu] if args.worker_cpu else list(WORKER_CPUS)
     if args.skip_capacity_check:
         return tried[0]
-    resident = capacity.demands([o for o in yaml_documents(kube.helm("template", RELEASE, "charts/scalingrun", "-n",
-                                                                     SYSTEM_NAMESPACE).stdout)], "operator") \
+    resident = sizing.demands([o for o in yaml_documents(kube.helm("template", RELEASE, "charts/scalingrun", "-n",
+                                                                   SYSTEM_NAMESPACE).stdout)], "operator") \
         if installs_chart else []
     if kube.get("deployment", seaweedfs.SERVICE, "-n", args.namespace) is None:
-        resident += capacity.demands(seaweedfs.demo_manifests(args.namespace, seaweedfs.IMAGE, SECRET, "", "", LABELS),
-                                     "SeaweedFS")
-    candidates = [(cpu, resident + capacity.demands(build_children(parse_scalingrun(run_document(
+        resident += sizing.demands(seaweedfs.demo_manifests(args.namespace, seaweedfs.IMAGE, SECRET, "", "", LABELS),
+                                   "SeaweedFS")
+    candidates = [(cpu, resident + sizing.demands(build_children(parse_scalingrun(run_document(
         args.namespace, None, args.max_epochs, cpu, args.worker_memory)), namespace=args.namespace)))
         for cpu in tried]
     nodes, pods = kube.get("nodes"), kube.get("pods", "--all-namespaces")
     try:
-        chosen, lines = capacity.choose(candidates, capacity.capacity(nodes["items"], pods["items"]))
+        chosen, lines = sizing.choose(candidates, sizing.capacity(nodes["items"], pods["items"]))
     except ValueError as exc:
         raise QuickstartError(f"the quick start does not fit the free CPU and memory of context {kube.context}; "
                               f"nothing was installed:\n  {str(exc).replace(chr(10), chr(10) + '  ')}\n"
