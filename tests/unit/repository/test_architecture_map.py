@@ -1,7 +1,7 @@
-"""docs/architecture.md names every module of scalingrun_api, scalingrun_operator and scalingrun_trainer by its own
-path: in "The whole tree", the block of its top package has a line that starts with the module's path under that
-package (`cluster/act.py`; a package's code: `builders/__init__.py`) and says what it owns. A file of the same name
-in another folder does not name it, and a path that names no file is stale."""
+"""docs/architecture.md names every module of scalingrun_api, scalingrun_operator, scalingrun_demo and
+scalingrun_trainer by its own path: in "The whole tree", the block of its top package has a line that starts with
+the module's path under that package (`cluster/act.py`; a package's code: `builders/__init__.py`) and says what it
+owns. A file of the same name in another folder does not name it, and a path that names no file is stale."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.support.env import ROOT
 
 PAGE = ROOT / "docs" / "architecture.md"
 TOPS = {"operator/scalingrun_api/": "scalingrun_api", "operator/scalingrun_operator/": "scalingrun_operator",
-        "trainer/scalingrun_trainer/": "scalingrun_trainer"}
+        "operator/scalingrun_demo/": "scalingrun_demo", "trainer/scalingrun_trainer/": "scalingrun_trainer"}
 # A line of a block that names a file or folder: two spaces, its path, two spaces or more, what it owns.
 NAMING_LINE = re.compile(r"  (?P<path>[\w/]+(?:\.py|/)) {2,}\S")
 
