@@ -90,7 +90,7 @@ build_images() {
   SCALINGRUN_E2E_CUSTOM_MODEL_IMAGE="$(sed -n 's/^example-custom-model=//p' <<<"$out")"
   SCALINGRUN_E2E_CUSTOM_TRAINING_IMAGE="$(sed -n 's/^example-custom-training=//p' <<<"$out")"
   local base; base="$(sed -n 's/^base=//p' <<<"$out")"
-  SCALINGRUN_E2E_SEAWEEDFS_IMAGE="scalingrun-demo/seaweedfs:4.48"  # scalingrun_operator.demo.seaweedfs.IMAGE, the quick start's too
+  SCALINGRUN_E2E_SEAWEEDFS_IMAGE="scalingrun-demo/seaweedfs:4.48"  # scalingrun_demo.seaweedfs.IMAGE, the quick start's too
   "$DOCKER" build -q ${base:+--build-arg "BASE_IMAGE=$base"} -t "$SCALINGRUN_E2E_SEAWEEDFS_IMAGE" \
     tests/e2e/seaweedfs >/dev/null
   build_previous_operator "$base"

@@ -5,7 +5,7 @@
 # A first argument ending in .yaml is the ScalingRun to run (e.g. examples/quickstart-lightning.yaml); a
 # pytorch-lightning one installs the Lightning venv too (only then). Other arguments go to the quick start
 # (e.g. --per-class 100).
-# --cluster: the quick start in the current kube context instead (scalingrun_operator.demo.quickstart: images,
+# --cluster: the quick start in the current kube context instead (scalingrun_demo.quickstart: images,
 # chart, a demo SeaweedFS, the data, a 2-worker CPU ScalingRun followed to its report); --cluster --down removes
 # what it added but the CRDs (they hold every ScalingRun). `scripts/quickstart.sh --cluster --help` lists its options
 # and installs nothing. --cluster needs Python 3.11 (PYTHON, default python3), Docker, and helm and kubectl (yours
@@ -19,7 +19,7 @@ if [[ "${1:-}" == --cluster ]]; then
   PYTHON="${PYTHON:-python3}"
   for arg in "$@"; do  # --help needs no package beyond Python's own
     if [[ "$arg" == -h || "$arg" == --help ]]; then
-      PYTHONPATH="$ROOT/operator" exec "$PYTHON" -m scalingrun_operator.demo.quickstart --help
+      PYTHONPATH="$ROOT/operator" exec "$PYTHON" -m scalingrun_demo.quickstart --help
     fi
   done
   if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
@@ -39,7 +39,7 @@ if [[ "${1:-}" == --cluster ]]; then
     PATH="$PATH:$(bash scripts/tools.sh)"  # helm and kubectl (x86_64 Linux), after the user's own
   fi
   export PATH
-  exec "$VENV/bin/python" -m scalingrun_operator.demo.quickstart "$@"
+  exec "$VENV/bin/python" -m scalingrun_demo.quickstart "$@"
 fi
 bash scripts/setup.sh
 if [[ "${1:-}" == *.yaml ]]; then

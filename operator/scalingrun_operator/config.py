@@ -25,7 +25,7 @@ import pydantic
 
 from scalingrun_api.models import DIGEST_PATTERN, Toleration
 from scalingrun_api.models.common import TRAINER_FLAVOURS, TRAINER_IMAGES_PATTERN
-from .builders.capacity import CAPACITY_PROBE_PRIORITY_CLASS
+from .builders.capacity_probes import CAPACITY_PROBE_PRIORITY_CLASS
 from .builders.mpijob import DEFAULT_GPU_TOLERATIONS
 from .schema.endpoints import EndpointPolicy
 from .storage import DEFAULT_MAX_DOCUMENT_BYTES, Clients, Credentials, StorageTarget

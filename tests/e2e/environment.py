@@ -34,8 +34,8 @@ from typing import Any, Iterator, Optional
 
 import yaml
 
-from scalingrun_operator.demo import seaweedfs
-from scalingrun_operator.demo.seaweedfs import corrupt_jpeg, port_forward, s3_filesystem, upload_jpegs  # noqa: F401
+from scalingrun_demo import seaweedfs
+from scalingrun_demo.seaweedfs import corrupt_jpeg, port_forward, s3_filesystem, upload_jpegs  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -267,7 +267,7 @@ def _credentials(cluster: Cluster) -> tuple[str, str]:
 
 
 def seaweedfs_manifests(settings: Settings, access_key: str, secret_key: str, data_folder: str) -> list[dict[str, Any]]:
-    """The demo store's Secrets, Service and pod (scalingrun_operator.demo.seaweedfs, which the cluster quick start
+    """The demo store's Secrets, Service and pod (scalingrun_demo.seaweedfs, which the cluster quick start
     runs as a Deployment), here in a StatefulSet on a hostPath folder: after its pod is deleted (a fault the e2e
     injects) the next starts only once the old one is gone, on the same data."""
     ns = settings.namespace

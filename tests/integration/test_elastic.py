@@ -17,7 +17,7 @@ from typing import Iterator
 import pytest
 from kubernetes import client
 
-from scalingrun_operator.builders.capacity import CAPACITY_PROBE_PRIORITY_CLASS
+from scalingrun_operator.builders.capacity_probes import CAPACITY_PROBE_PRIORITY_CLASS
 from scalingrun_operator.decide.status import parse_time
 from tests.support.operator import (  # noqa: F401 (fixtures)
     SCHEDULED, bucket, new_run, progress, progress_uri, reach_training, running, served, wait_for,

@@ -12,9 +12,9 @@ import time
 import pytest
 from tests.support.apiserver import kubectl_environment, install_crd, mpijob_crd_document
 
-from scalingrun_operator.demo.delivery import Kube, QuickstartError
+from scalingrun_demo.delivery import Kube, QuickstartError
 from scalingrun_operator.builders.mpijob import MPI_OPERATOR_INSTALL
-from scalingrun_operator.demo.quickstart import check_mpi_operator, demo_namespace, main, mpijob_controllers
+from scalingrun_demo.quickstart import check_mpi_operator, demo_namespace, main, mpijob_controllers
 
 
 @pytest.fixture(scope="module")

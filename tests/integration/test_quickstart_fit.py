@@ -11,8 +11,8 @@ import os
 import pytest
 from tests.support.apiserver import kubectl_environment, install_crd, mpijob_crd_document
 
-from scalingrun_operator.demo.delivery import Kube, QuickstartError, cluster_nodes, image_route, machine_id
-from scalingrun_operator.demo.quickstart import main, parse_args, worker_cpu
+from scalingrun_demo.delivery import Kube, QuickstartError, cluster_nodes, image_route, machine_id
+from scalingrun_demo.quickstart import main, parse_args, worker_cpu
 
 # kind's control plane on its node, by its manifests: apiserver, controller-manager, etcd, scheduler, kindnet,
 # coredns x 2.

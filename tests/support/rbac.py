@@ -19,7 +19,7 @@ from scalingrun_operator.schema.crd import build_crd, build_sweep_crd
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import build_config_map, build_preprocess_job
 from scalingrun_api.status_push import PROGRESS
-from scalingrun_operator.builders.capacity import CAPACITY_PROBE_PRIORITY_CLASS
+from scalingrun_operator.builders.capacity_probes import CAPACITY_PROBE_PRIORITY_CLASS
 from tests.support.apiserver import api_server, free_port, install_crd, mpijob_crd_document
 from tests.support.env import require
 from tests.support.recording_proxy import RecordingProxy

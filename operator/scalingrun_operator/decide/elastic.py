@@ -29,7 +29,7 @@ import datetime as dt
 from typing import Any, Optional
 
 from scalingrun_api.models import ScalingRun
-from ..builders.capacity import CAPACITY_PROBE, build_capacity_probe, probe_name
+from ..builders.capacity_probes import CAPACITY_PROBE, build_capacity_probe, probe_name
 from . import podrecords, pods as pod_facts
 from .draft import Draft
 from .status import Event, get_condition, parse_time, rfc3339

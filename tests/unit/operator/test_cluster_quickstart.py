@@ -14,10 +14,10 @@ import pytest
 
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders.common import trainer_image
-from scalingrun_operator.demo import seaweedfs
-from scalingrun_operator.demo.delivery import split_image
-from scalingrun_operator.demo.delivery import ROOT, Node, QuickstartError, image_route
-from scalingrun_operator.demo.quickstart import (
+from scalingrun_demo import seaweedfs
+from scalingrun_demo.delivery import split_image
+from scalingrun_demo.delivery import ROOT, Node, QuickstartError, image_route
+from scalingrun_demo.quickstart import (
     ADDED, LABELS, NAMESPACE, OPERATOR_CRDS, OWNED, RUN_NAME, SECRET, down, down_plan, kept_by_release, parse_args,
     run_document, up,
 )
@@ -174,7 +174,7 @@ def test_the_route_is_decided_before_any_build_or_install():
 def test_help_runs_on_a_python_without_the_packages(tmp_path):
     """`scripts/quickstart.sh --cluster --help` installs nothing: it runs on Python's own modules."""
     blocked = "import sys\nfor name in ('yaml', 'pydantic', 'kubernetes', 'pyarrow'):\n    sys.modules[name] = None\n"
-    code = blocked + "from scalingrun_operator.demo.quickstart import main\nmain(['--help'])\n"
+    code = blocked + "from scalingrun_demo.quickstart import main\nmain(['--help'])\n"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT / "operator")})
     assert result.returncode == 0, result.stderr

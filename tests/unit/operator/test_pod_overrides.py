@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from scalingrun_operator.builders import build_mpijob, build_preprocess_job
-from scalingrun_operator.builders.capacity import build_capacity_probe
+from scalingrun_operator.builders.capacity_probes import build_capacity_probe
 from scalingrun_operator.schema.pod_overrides import (
     RESERVED_ENV, RESERVED_ENV_PREFIXES, RESERVED_LABEL_PREFIXES, RESERVED_LABELS, RESERVED_PATHS, RESERVED_VOLUMES,
 )

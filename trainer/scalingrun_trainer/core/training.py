@@ -1,6 +1,6 @@
 """The training order every engine follows, written once: open the attempt (dataset, checkpoint, a run already
 finished), check the user's network, scale the run, start MLflow, build the network and restore the checkpoint,
-early stopping, the progress document, fit, save. A `Framework` (frameworks/keras/training.py,
+early stopping, the progress document, fit, save. A `TrainingFramework` (frameworks/keras/training.py,
 frameworks/lightning/training.py) supplies each step's framework part: what it builds, restores, fits and saves.
 
 Only rank 0 logs, records the epochs and commits checkpoints and the model (a framework whose saving is a collective
@@ -27,7 +27,9 @@ class EarlyStopping(Protocol):
     def resume_from(self, state: Any, best_weights: Any) -> None: ...
 
 
-class Framework(Protocol):
+class TrainingFramework(Protocol):
+    """A framework's part of each step of the order (the API's `Framework` enum only names a framework)."""
+
     def prepare(self) -> None:
         """Before the attempt opens: seeds, threads, checks that need no data."""
 
@@ -65,7 +67,7 @@ class Framework(Protocol):
         """The trained model's URI on rank 0 (None elsewhere), and anything else the run keeps."""
 
 
-def run_training(attempt: Attempt, framework: Framework) -> int:
+def run_training(attempt: Attempt, framework: TrainingFramework) -> int:
     """One attempt's training on this rank, in the order every framework shares."""
     config, training, log = attempt.config, attempt.config.training, attempt.log
     framework.prepare()

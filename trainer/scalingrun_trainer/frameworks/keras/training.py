@@ -178,7 +178,7 @@ def _build(attempt: Attempt, weights: Optional[str]) -> TransferNetwork:
 
 
 class KerasTraining:
-    """core.training's Framework for Keras under a KerasEngine: build, restore, fit and save."""
+    """core.training's TrainingFramework for Keras under a KerasEngine: build, restore, fit and save."""
 
     def __init__(self, attempt: Attempt, engine: KerasEngine):
         self.attempt, self.engine = attempt, engine

@@ -1,4 +1,4 @@
-"""core.training's Framework for PyTorch Lightning: build, restore, fit and save a TransferClassifier (or the
+"""core.training's TrainingFramework for PyTorch Lightning: build, restore, fit and save a TransferClassifier (or the
 user's network) on the strategy its engine gives (engines/lightning_ddp: DDP under mpirun)."""
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def upload_jpegs(s3: Any, source: str, per_class: int, side: Optional[int], corr
     `corrupt` of them cut short; skipped (0) when a marker says they are there already."""
     from pyarrow import fs as pafs
 
-    from ..local.sample_data import fashion_mnist_jpegs
+    from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
 
     prefix = source[len("s3://"):].rstrip("/")
     bucket, marker = prefix.split("/", 1)[0], f"{prefix}/{UPLOAD_MARKER}"

@@ -67,15 +67,15 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 def mpijob_controllers(kube: Kube) -> list[str]:
     """Ready Deployments that serve v2beta1 MPIJobs (mpi-operator, or a stand-in named so), as `scalingrun doctor`
     tells them (cluster/preflight.py)."""
-    from ..cluster.preflight import classify  # here, as yaml below: --help runs on a bare Python
+    from scalingrun_operator.cluster.preflight import classify  # here, as yaml below: --help runs on a bare Python
     found = [classify(d) for d in (kube.get("deployments", "--all-namespaces") or {}).get("items", [])]
     return [c.where for c in found if c is not None and c.kind == "mpi-operator" and c.ready]
 
 
 def check_mpi_operator(kube: Kube, skip: bool) -> None:
     from scalingrun_api.models import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION  # --help runs without pydantic
-    from ..builders.mpijob import MPI_OPERATOR_INSTALL
-    from ..cluster.preflight import COEXISTENCE
+    from scalingrun_operator.builders.mpijob import MPI_OPERATOR_INSTALL
+    from scalingrun_operator.cluster.preflight import COEXISTENCE
     mpijob_crd = f"{MPIJOB_PLURAL}.{MPIJOB_GROUP}"
     crd = kube.get("crd", mpijob_crd)
     if crd is None:
@@ -121,25 +121,25 @@ def operator_there(kube: Kube) -> str:
 def worker_cpu(kube: Kube, args: argparse.Namespace, installs_chart: bool) -> str:
     """--worker-cpu, or the first of WORKER_CPUS whose requests fit the nodes' free capacity; QuickstartError with
     the arithmetic when none does (checked before anything is built or installed)."""
-    from ..builders import build_children
-    from ..schema.validation import parse_scalingrun
-    from . import capacity
+    from scalingrun_operator.builders import build_children
+    from scalingrun_operator.schema.validation import parse_scalingrun
+    from . import quickstart_sizing as sizing
 
     tried = [args.worker_cpu] if args.worker_cpu else list(WORKER_CPUS)
     if args.skip_capacity_check:
         return tried[0]
-    resident = capacity.demands([o for o in yaml_documents(kube.helm("template", RELEASE, "charts/scalingrun", "-n",
-                                                                     SYSTEM_NAMESPACE).stdout)], "operator") \
+    resident = sizing.demands([o for o in yaml_documents(kube.helm("template", RELEASE, "charts/scalingrun", "-n",
+                                                                   SYSTEM_NAMESPACE).stdout)], "operator") \
         if installs_chart else []
     if kube.get("deployment", seaweedfs.SERVICE, "-n", args.namespace) is None:
-        resident += capacity.demands(seaweedfs.demo_manifests(args.namespace, seaweedfs.IMAGE, SECRET, "", "", LABELS),
-                                     "SeaweedFS")
-    candidates = [(cpu, resident + capacity.demands(build_children(parse_scalingrun(run_document(
+        resident += sizing.demands(seaweedfs.demo_manifests(args.namespace, seaweedfs.IMAGE, SECRET, "", "", LABELS),
+                                   "SeaweedFS")
+    candidates = [(cpu, resident + sizing.demands(build_children(parse_scalingrun(run_document(
         args.namespace, None, args.max_epochs, cpu, args.worker_memory)), namespace=args.namespace)))
         for cpu in tried]
     nodes, pods = kube.get("nodes"), kube.get("pods", "--all-namespaces")
     try:
-        chosen, lines = capacity.choose(candidates, capacity.capacity(nodes["items"], pods["items"]))
+        chosen, lines = sizing.choose(candidates, sizing.capacity(nodes["items"], pods["items"]))
     except ValueError as exc:
         raise QuickstartError(f"the quick start does not fit the free CPU and memory of context {kube.context}; "
                               f"nothing was installed:\n  {str(exc).replace(chr(10), chr(10) + '  ')}\n"
@@ -216,7 +216,7 @@ def run_document(namespace: str, trainer_image: Optional[str], max_epochs: Optio
 
 def follow(kube: Kube, namespace: str, timeout: float) -> dict[str, Any]:
     """The run on one line, rewritten at every change, until it ends (or TIMEOUT); the last read of it."""
-    from ..cli.cluster import RUN_COLUMNS, run_row
+    from scalingrun_operator.cli.cluster import RUN_COLUMNS, run_row
 
     width = shutil.get_terminal_size((120, 20)).columns - 1
     deadline, last, run = time.monotonic() + timeout, "", {}
@@ -238,11 +238,11 @@ def follow(kube: Kube, namespace: str, timeout: float) -> dict[str, Any]:
 
 
 def summary(kube: Kube, namespace: str, run: dict[str, Any], keys: tuple[str, str], reports: Path) -> None:
-    from ..builders.locations import progress_uri
-    from ..documents import parse_progress
-    from ..schema.validation import parse_scalingrun
-    from ..cli.cluster import RUN_COLUMNS, run_row, table
-    from ..report.run import render_report
+    from scalingrun_operator.builders.locations import progress_uri
+    from scalingrun_operator.documents import parse_progress
+    from scalingrun_operator.schema.validation import parse_scalingrun
+    from scalingrun_operator.cli.cluster import RUN_COLUMNS, run_row, table
+    from scalingrun_operator.report.run import render_report
 
     status = run.get("status") or {}
     print("\n== cluster quick start summary ==")
