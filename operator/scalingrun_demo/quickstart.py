@@ -75,7 +75,7 @@ def mpijob_controllers(kube: Kube) -> list[str]:
 def check_mpi_operator(kube: Kube, skip: bool) -> None:
     from scalingrun_api.models import MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION  # --help runs without pydantic
     from scalingrun_operator.builders.mpijob import MPI_OPERATOR_INSTALL
-    from scalingrun_operator.cluster.preflight import COEXISTENCE
+    from scalingrun_operator.cluster.preflight import other_mpijob_versions
     mpijob_crd = f"{MPIJOB_PLURAL}.{MPIJOB_GROUP}"
     crd = kube.get("crd", mpijob_crd)
     if crd is None:
@@ -83,11 +83,7 @@ def check_mpi_operator(kube: Kube, skip: bool) -> None:
                               f"mpi-operator v0.8. Install it, then run this again:\n  {MPI_OPERATOR_INSTALL}")
     served = [v["name"] for v in crd["spec"].get("versions") or [] if v.get("served")]
     if MPIJOB_VERSION not in served:
-        # The Training Operator v1's MPIJob: installing mpi-operator over it would break that operator's MPIJobs.
-        raise QuickstartError(f"{mpijob_crd} serves {', '.join(served) or 'no version'}, not {MPIJOB_VERSION}: "
-                              f"that is the Training Operator v1's MPIJob, and ScalingRuns create {MPIJOB_VERSION} "
-                              f"MPIJobs. Installing mpi-operator over it breaks the Training Operator's MPIJobs: "
-                              f"read {COEXISTENCE}")
+        raise QuickstartError(other_mpijob_versions(served))
     if skip:
         say("MPIJob CRD found; not looking for its controller (--skip-mpi-check)")
         return

@@ -74,15 +74,19 @@ def _mpijob_versions(facts: Facts) -> set[str]:
     return {v for v, resources in facts.groups.get(MPIJOB_GROUP, {}).items() if MPIJOB_PLURAL in resources}
 
 
+def other_mpijob_versions(served: list[str]) -> str:
+    """Why an MPIJob CRD serving `served` (not v2beta1: the Training Operator v1's) cannot be used, nor replaced."""
+    return (f"{MPIJOB_PLURAL}.{MPIJOB_GROUP} serves {', '.join(served) or 'no version'}, not {MPIJOB_VERSION}: that "
+            f"is the Training Operator v1's MPIJob (v1), and ScalingRuns create {MPIJOB_VERSION} MPIJobs. Installing "
+            f"mpi-operator over it breaks the Training Operator's MPIJobs: read {COEXISTENCE}")
+
+
 def _mpijob_api(facts: Facts) -> Check:
     served = _mpijob_versions(facts)
     if MPIJOB_VERSION in served:
         return Check("mpijob-api", OK, f"{MPIJOB_API_VERSION} mpijobs served ({MPI_OPERATOR}'s API)")
     if served:
-        return Check("mpijob-api", ERROR, f"{MPIJOB_PLURAL}.{MPIJOB_GROUP} serves {', '.join(sorted(served))}, "
-                     f"not {MPIJOB_VERSION}: that is the Training Operator v1's MPIJob (v1), and ScalingRuns create "
-                     f"{MPIJOB_VERSION} MPIJobs. Installing mpi-operator over it breaks the Training Operator's "
-                     f"MPIJobs: read {COEXISTENCE}")
+        return Check("mpijob-api", ERROR, other_mpijob_versions(sorted(served)))
     return Check("mpijob-api", ERROR, f"no MPIJob API ({MPIJOB_API_VERSION}): ScalingRuns train through {MPI_OPERATOR}. "
                  f"Install it: {MPI_OPERATOR_INSTALL}")
 
