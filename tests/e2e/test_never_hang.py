@@ -18,8 +18,8 @@ Only the node cluster (scripts/e2e.sh exports SCALINGRUN_E2E_NODE_DIR) can stop 
 from __future__ import annotations
 
 import os
-import subprocess
 import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Optional
