@@ -15,7 +15,7 @@ from pathlib import Path
 
 from tests.support.env import ROOT
 
-PACKAGES = (ROOT / "operator" / "scalingrun_api", ROOT / "operator" / "scalingrun_operator",
+PACKAGES = (ROOT / "operator" / "scalingrun", ROOT / "operator" / "scalingrun_api", ROOT / "operator" / "scalingrun_operator",
             ROOT / "trainer" / "scalingrun_trainer")
 TESTS = ROOT / "tests"
 PAGE = ROOT / "docs" / "testing.md"

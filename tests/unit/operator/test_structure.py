@@ -31,9 +31,10 @@ LAYERS = [
     ("scalingrun_operator.cluster", "scalingrun_operator.local"),
     ("scalingrun_operator.handlers",),
     ("scalingrun_operator.main", "scalingrun_operator.cli", "scalingrun_operator.demo"),
+    ("scalingrun",),  # the Python client: above the command line, whose cluster and loading code it reuses
 ]
 APART = {"scalingrun_operator.cluster": "scalingrun_operator.local", "scalingrun_operator.local": "scalingrun_operator.cluster"}
-OURS = ("scalingrun_api", "scalingrun_operator", "scalingrun_trainer")
+OURS = ("scalingrun", "scalingrun_api", "scalingrun_operator", "scalingrun_trainer")
 # decide reads no clock and does no I/O: none of these, directly.
 IMPURE = ("kubernetes", "kopf", "botocore", "boto3", "urllib3", "requests", "aiohttp", "time", "os", "subprocess",
           "threading", "socket", "random", "shutil", "asyncio", "pyarrow", "scalingrun_trainer")

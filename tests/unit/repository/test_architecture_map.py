@@ -9,7 +9,7 @@ from tests.support import module_map
 from tests.support.env import ROOT
 
 PAGE = ROOT / "docs" / "architecture.md"
-TOPS = {"operator/scalingrun_api/": "scalingrun_api", "operator/scalingrun_operator/": "scalingrun_operator",
+TOPS = {"operator/scalingrun/": "scalingrun", "operator/scalingrun_api/": "scalingrun_api", "operator/scalingrun_operator/": "scalingrun_operator",
         "trainer/scalingrun_trainer/": "scalingrun_trainer"}
 
 
