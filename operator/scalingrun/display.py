@@ -43,16 +43,16 @@ def progress_text(name: str, status: dict[str, Any], now: dt.datetime) -> str:
 
 
 class LineDisplay:
-    """One line on `stream` each time the text changes."""
+    """One line on `stream` (sys.stderr as it is when the line is printed: a notebook's) each time the text changes."""
 
-    def __init__(self, name: str, stream: TextIO = sys.stderr):
+    def __init__(self, name: str, stream: Optional[TextIO] = None):
         self.name, self.stream, self.last = name, stream, None
 
     def update(self, status: dict[str, Any]) -> None:
         text = progress_text(self.name, status, dt.datetime.now(dt.timezone.utc))
         if text != self.last:
             self.last = text
-            print(text, file=self.stream, flush=True)
+            print(text, file=self.stream or sys.stderr, flush=True)
 
     def close(self) -> None:
         pass
