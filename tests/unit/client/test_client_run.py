@@ -93,8 +93,8 @@ def test_the_line_display_prints_a_line_per_change_only():
     assert stream.getvalue().splitlines() == ["q Pending", "q Preprocessing", "q Training: epoch 1/2"]
 
 
-def test_horovod_runner_refuses_no_processes_and_says_np_above_zero_is_not_built():
+def test_horovod_runner_refuses_no_processes_and_a_cluster_run_without_its_run():
     with pytest.raises(ValueError, match="np=0: a negative number of processes"):
         scalingrun.HorovodRunner(np=0)
-    with pytest.raises(NotImplementedError, match=r"HorovodRunner\(np=2\): running the function in the cluster"):
-        scalingrun.HorovodRunner(np=2).run(print)
+    with pytest.raises(ValueError, match=r"^HorovodRunner\(np=2\) needs run=: the ScalingRun"):
+        scalingrun.HorovodRunner(np=2)
