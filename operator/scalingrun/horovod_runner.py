@@ -38,9 +38,11 @@ class HorovodRunner:
     "log_callback_only" only the launcher's failures."""
 
     def __init__(self, np: int, driver_log_verbosity: str = "all", workdir: Optional[str | Path] = None,
-                 run: Optional[Run | dict[str, Any]] = None, **submit: Any):
+                 run: Optional[Run | dict[str, Any]] = None, store_endpoint: Optional[str] = None,
+                 timeout: Optional[float] = None, **submit: Any):
         """np > 0: `run` is the run the function's takes its storage, dataset and workers from (a Run or its
-        document); `submit` goes to Run.submit (kubeconfig=, namespace=, local=True ...)."""
+        document); `store_endpoint` where this machine reaches its store, when not at the spec's endpoint (a
+        port-forward); `timeout`: seconds the run may take (Run.wait); `submit` goes to Run.submit (kubeconfig=, namespace=, local=True ...)."""
         if not isinstance(np, int) or isinstance(np, bool) or np == 0:
             raise ValueError(f"np={np!r}: a negative number of processes on this machine (np=-2), or a positive "
                              "number in the cluster")
@@ -52,7 +54,7 @@ class HorovodRunner:
         self.np, self.verbosity = np, driver_log_verbosity
         self.workdir = Path(workdir) if workdir else None
         self.base = run if isinstance(run, Run) or run is None else Run.from_dict(run)
-        self.submit = submit
+        self.submit, self.store_endpoint, self.timeout = submit, store_endpoint, timeout
         self.last_run: Optional[Run] = None  # np > 0: the run made for the last function, to read its status
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         if self.np > 0:
@@ -82,14 +84,14 @@ class HorovodRunner:
         folder = function_store.function_folder(run.model, named)
         body["spec"].setdefault("training", {})["command"] = ["python", "-m", WORKER, folder, "--digest", named]
         run = Run.from_dict(body)
-        function_store.store(run.model, payload, named)
+        function_store.store(run.model, payload, named, self.store_endpoint)
         local_workdir = {"workdir": self.workdir / run.name} if self.workdir and self.submit.get("local") else {}
         self.last_run = run.submit(**{**local_workdir, **self.submit})
         try:
-            run.wait(progress=self.verbosity == "all")
+            run.wait(timeout=self.timeout, progress=self.verbosity == "all")
         except RunFailed as exc:
             raise HorovodRunnerError(f"{exc} (function {getattr(main, '__name__', main)}, {named})") from None
-        result = function_store.get(run.model, join(folder, RESULT_FILE))
+        result = function_store.get(run.model, join(folder, RESULT_FILE), self.store_endpoint)
         if result is None:
             raise HorovodRunnerError(f"ScalingRun {run.name} succeeded but rank 0 left no return value in {folder}")
         return pickle.loads(result)
