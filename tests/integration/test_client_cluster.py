@@ -72,3 +72,31 @@ def test_wait_raises_the_failed_runs_status_message(api_client, scalingrun_crd, 
     with pytest.raises(TimeoutError, match="^ScalingRun demo is still not started after 1 s$"):
         scalingrun.Run.from_dict(MINIMAL).submit(kubeconfig=kubeconfig, namespace=namespace).wait(
             timeout=1, poll_seconds=0.5, progress=False)
+
+
+@pytest.mark.s3
+def test_metrics_of_a_cluster_run_come_from_its_progress_document(api_client, scalingrun_crd, namespace, kubeconfig,
+                                                                   s3_server, monkeypatch):
+    import json
+
+    from scalingrun_operator.builders.locations import progress_uri
+
+    s3_server.create_bucket("client-metrics")
+    body = copy.deepcopy(MINIMAL)
+    body["metadata"]["name"] = "measured"
+    body["spec"]["storage"]["endpoint"] = s3_server.endpoint
+    body["spec"]["dataset"].update(source="s3://client-metrics/raw", output="s3://client-metrics/parquet")
+    for variable, value in s3_server.env().items():
+        monkeypatch.setenv(variable, value)
+    run = scalingrun.Run.from_dict(body).submit(kubeconfig=kubeconfig, namespace=namespace)
+    assert len(run.metrics()) == 0  # no progress document yet: no rows
+    history = [{"epoch": 1, "imagesPerSecond": 80.5, "loss": 1.2, "val_accuracy": 0.41},
+               {"epoch": 2, "imagesPerSecond": 92.0, "loss": 0.8, "val_accuracy": 0.57}]
+    uri = progress_uri(run.model)
+    with s3_server.filesystem().open_output_stream(uri[len("s3://"):]) as stream:
+        stream.write(json.dumps({"state": "running", "epoch": 2, "maxEpochs": 3, "history": history}).encode())
+    metrics = run.metrics()
+    assert metrics.to_dict("records") == [
+        {"epoch": 1, "images_per_second": 80.5, "loss": 1.2, "val_accuracy": 0.41},
+        {"epoch": 2, "images_per_second": 92.0, "loss": 0.8, "val_accuracy": 0.57}]
+    run.delete()
