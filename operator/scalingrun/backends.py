@@ -137,12 +137,32 @@ def _api_message(exc: Any) -> str:
         return str(exc.reason)
 
 
+class RunDeleted(RuntimeError):
+    """The local run was deleted: as a cluster's run, it has no status any more (its workdir keeps the last)."""
+
+
+class _Deleted(Exception):
+    """Ends a deleted local run's loop at its next look."""
+
+
+class DeletableLocalRun(LocalRun):
+    """The local runner, whose loop ends at the next look once the run is deleted: the launcher that delete() stops
+    is then never judged (a stopped horovodrun may exit 0, which would read as success)."""
+
+    deleted = False
+
+    def look(self, *args: Any, **kwargs: Any) -> Any:
+        if self.deleted:
+            raise _Deleted()
+        return super().look(*args, **kwargs)
+
+
 class LocalBackend:
     """The local runner (`scalingrun run --local`) in a background thread; its status is the runner's."""
 
     where = "this machine"
 
-    def __init__(self, local: LocalRun):
+    def __init__(self, local: DeletableLocalRun):
         self.local = local
         self.error: Optional[BaseException] = None
         self.exit_code: Optional[int] = None
@@ -151,7 +171,7 @@ class LocalBackend:
 
     @classmethod
     def start(cls, model: ScalingRun, workdir: Path, python_path: tuple[str, ...]) -> "LocalBackend":
-        local = LocalRun(model, workdir, python_path=python_path)
+        local = DeletableLocalRun(model, workdir, python_path=python_path)
         local.check_credentials()  # a missing key is the caller's error, raised here rather than in the thread
         backend = cls(local)
         backend.thread.start()
@@ -160,10 +180,15 @@ class LocalBackend:
     def _run(self) -> None:
         try:
             self.exit_code = self.local.start()
+        except _Deleted:
+            pass
         except BaseException as exc:  # kept for the caller's next look: a thread's exception reaches no one
             self.error = exc
 
     def status(self) -> dict[str, Any]:
+        if self.local.deleted:
+            raise RunDeleted(f"ScalingRun {self.local.run.metadata.name} was deleted; {self.local.status_path} "
+                             "keeps its last status and logs/ its processes' output")
         if self.error is not None:
             raise self.error
         return copy.deepcopy(self.local.body["status"])
@@ -185,6 +210,7 @@ class LocalBackend:
         return "".join(texts)
 
     def delete(self) -> None:
-        """Stops its processes; the run then ends Failed, and its workdir (status, logs) stays."""
+        """Stops its processes and its loop; its workdir (status.json, logs) stays. Idempotent."""
+        self.local.deleted = True  # first: no look after the processes' end may judge them
         self.local.stop_processes()
         self.thread.join(LOCAL_JOIN_SECONDS)

@@ -4,11 +4,15 @@ metrics, its logs and its status are the local runner's."""
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import time
 
 import pytest
 
 import scalingrun
+from scalingrun.backends import RunDeleted
 from scalingrun.display import LineDisplay
 from scalingrun_operator.local.quickstart import upload_fashion_mnist
 from tests.support.env import ROOT
@@ -40,5 +44,33 @@ def test_the_reduced_quickstart_trains_through_the_client(s3_server, tmp_path, m
     assert metrics["val_accuracy"].max() >= LEARNS
     assert "val_accuracy" in run.logs(rank=0)
     assert run.status == status  # the finished run's status stays readable
-    run.delete()  # a finished local run: nothing to stop
-    assert run.phase == "Succeeded"
+    run.delete()  # a finished local run: nothing to stop; gone as a deleted cluster run is
+    with pytest.raises(RunDeleted):
+        run.status
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["phase"] == "Succeeded"
+
+
+def test_delete_stops_a_local_run_while_it_trains(s3_server, tmp_path, monkeypatch):
+    body = example_spec(ROOT / "examples/quickstart.yaml", maxEpochs=50, batchSizePerWorker=16)
+    body["metadata"]["name"] = "client-deleted"
+    body["spec"]["storage"]["endpoint"] = s3_server.endpoint
+    upload_fashion_mnist(s3_server, body["spec"]["dataset"]["source"], per_class=20)
+    for variable, value in {**s3_server.env(), "TF_CPP_MIN_LOG_LEVEL": "2"}.items():
+        monkeypatch.setenv(variable, value)
+    workdir = tmp_path / "run"
+    run = scalingrun.Run.from_dict(body).submit(local=True, workdir=workdir)
+    deadline = time.monotonic() + 600
+    while run.phase != "Training" and time.monotonic() < deadline and not run.backend.finished():
+        time.sleep(1)
+    assert run.phase == "Training", run.status
+    run.delete()
+    assert run.backend.finished()
+    with pytest.raises(RunDeleted, match="^ScalingRun client-deleted was deleted; "):
+        run.status
+    with pytest.raises(RunDeleted):
+        run.wait(progress=False)
+    # Its last status is the one it had when deleted, not a verdict on the launcher delete() stopped.
+    assert json.loads((workdir / "status.json").read_text())["phase"] == "Training"
+    left = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert str(workdir) not in left  # horovodrun and the ranks are gone
+    run.delete()  # again: nothing to do
