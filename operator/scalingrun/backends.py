@@ -121,11 +121,15 @@ class ClusterBackend:
         return buffer.getvalue().decode("utf-8", errors="replace")
 
     def delete(self) -> None:
+        from kubernetes.client.rest import ApiException
+
         try:
-            self.cluster._call(self.cluster.api.delete_namespaced_custom_object, GROUP, VERSION,
-                               self.cluster.namespace, PLURAL, self.model.metadata.name)
-        except UserError as exc:
-            raise ClusterError(str(exc)) from None
+            self.cluster.api.delete_namespaced_custom_object(GROUP, VERSION, self.cluster.namespace, PLURAL,
+                                                             self.model.metadata.name)
+        except ApiException as exc:
+            if exc.status != 404:  # gone already: deleted, as asked
+                raise ClusterError(f"the API server refused to delete ScalingRun {self.model.metadata.name} "
+                                   f"({exc.status} {exc.reason}): {_api_message(exc)}") from None
 
 
 def _api_message(exc: Any) -> str:

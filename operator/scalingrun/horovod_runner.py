@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import shutil
 import signal
 import subprocess
 import sys
@@ -56,10 +57,18 @@ class HorovodRunner:
         self.base = run if isinstance(run, Run) or run is None else Run.from_dict(run)
         self.submit, self.store_endpoint, self.timeout = submit, store_endpoint, timeout
         self.last_run: Optional[Run] = None  # np > 0: the run made for the last function, to read its status
+
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         if self.np > 0:
             return self._in_a_run(main, kwargs)
         folder = Path(tempfile.mkdtemp(prefix="horovodrunner-", dir=self.workdir))
+        try:
+            return self._here(folder, main, kwargs)
+        finally:
+            if self.workdir is None:  # a folder of its own in /tmp: nothing in it is needed once it has returned
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def _here(self, folder: Path, main: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         write(folder, pack(main, kwargs))
         processes = -self.np
         command = [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
