@@ -198,6 +198,20 @@ class Run:
             return rows
         return pandas.DataFrame(rows, columns=list(rows[0]) if rows else ["epoch", "images_per_second"])
 
+    def report(self, output: Union[str, Path] = ".") -> tuple[Path, Path]:
+        """What `scalingrun report` writes: <output>/<run>-report.png (the curves; an elastic run's workers over
+        time) and -report.md; needs matplotlib. ValueError before an epoch has finished."""
+        import datetime as dt
+
+        from scalingrun_operator.report.run import render_report, workers_over_time
+
+        progress = self.backend.progress()
+        if progress is None:
+            raise ValueError(f"ScalingRun {self.name} has no progress document yet")
+        workers = workers_over_time(self.status, self.model.spec.workers.gpus_per_worker,
+                                    dt.datetime.now(dt.timezone.utc))
+        return render_report(progress, self.name, Path(output), workers)
+
     def delete(self) -> None:
         """Deletes the ScalingRun (its children go with it); a local run's processes are stopped. Deleting a run
         that is gone already is no error."""

@@ -10,6 +10,7 @@ import subprocess
 import time
 
 import pytest
+from PIL import Image
 
 import scalingrun
 from scalingrun.backends import RunDeleted
@@ -44,6 +45,12 @@ def test_the_reduced_quickstart_trains_through_the_client(s3_server, tmp_path, m
     assert metrics["val_accuracy"].max() >= LEARNS
     assert "val_accuracy" in run.logs(rank=0)
     assert run.status == status  # the finished run's status stays readable
+    png, markdown = run.report(tmp_path / "report")
+    with Image.open(png) as image:
+        image.verify()
+        assert image.format == "PNG"
+    text = markdown.read_text()
+    assert "State: **succeeded** after 2 of 2 epochs." in text and "\n| 1 | " in text, text  # the epochs' table
     run.delete()  # a finished local run: nothing to stop; gone as a deleted cluster run is
     with pytest.raises(RunDeleted):
         run.status
