@@ -32,9 +32,10 @@ LAYERS = [
     ("scalingrun_operator.handlers",),
     ("scalingrun_operator.main", "scalingrun_operator.cli"),
     ("scalingrun_demo",),  # the cluster quick start: uses the operator, which never imports it
+    ("scalingrun",),  # the Python client: above the command line, whose cluster and loading code it reuses
 ]
 APART = {"scalingrun_operator.cluster": "scalingrun_operator.local", "scalingrun_operator.local": "scalingrun_operator.cluster"}
-OURS = ("scalingrun_api", "scalingrun_operator", "scalingrun_trainer", "scalingrun_demo")
+OURS = ("scalingrun", "scalingrun_api", "scalingrun_operator", "scalingrun_trainer", "scalingrun_demo")
 # decide reads no clock and does no I/O: none of these, directly.
 IMPURE = ("kubernetes", "kopf", "botocore", "boto3", "urllib3", "requests", "aiohttp", "time", "os", "subprocess",
           "threading", "socket", "random", "shutil", "asyncio", "pyarrow", "scalingrun_trainer")

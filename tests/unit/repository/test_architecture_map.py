@@ -12,8 +12,9 @@ from tests.support import module_map
 from tests.support.env import ROOT
 
 PAGE = ROOT / "docs" / "architecture.md"
-TOPS = {"operator/scalingrun_api/": "scalingrun_api", "operator/scalingrun_operator/": "scalingrun_operator",
-        "operator/scalingrun_demo/": "scalingrun_demo", "trainer/scalingrun_trainer/": "scalingrun_trainer"}
+TOPS = {"operator/scalingrun/": "scalingrun", "operator/scalingrun_api/": "scalingrun_api",
+        "operator/scalingrun_operator/": "scalingrun_operator", "operator/scalingrun_demo/": "scalingrun_demo",
+        "trainer/scalingrun_trainer/": "scalingrun_trainer"}
 # A line of a block that names a file or folder: two spaces, its path, two spaces or more, what it owns.
 NAMING_LINE = re.compile(r"  (?P<path>[\w/]+(?:\.py|/)) {2,}\S")
 

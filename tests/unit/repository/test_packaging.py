@@ -30,6 +30,8 @@ LIGHTNING_PYTHON = Path(__file__).resolve().parents[3] / ".venv-lightning/bin/py
     [
         ("scalingrun_operator", ["tensorflow", "horovod", "petastorm", "pyarrow", "mpi4py"]),
         ("scalingrun_trainer", ["kopf", "kubernetes"]),
+        # The Python client runs in a notebook: the kubernetes client, no kopf, no framework (the ranks import those).
+        ("scalingrun", ["kopf", "tensorflow", "horovod", "torch", "petastorm", "mpi4py"]),
         ("scalingrun_api", ["kopf", "kubernetes", "tensorflow", "horovod", "torch", "petastorm", "pyarrow"]),
         # The trainer's core is framework-free; the Keras layer and the multi-worker-mirrored engine need no Horovod.
         ("scalingrun_trainer.core", ["tensorflow", "keras", "horovod", "torch", "pytorch_lightning", "kopf"]),

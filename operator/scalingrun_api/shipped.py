@@ -1,0 +1,109 @@
+"""A function shipped to a run's processes (`scalingrun.HorovodRunner`): how the client packs it, how every rank
+checks and unpacks it, and where the ranks find it and leave rank 0's value. Both sides import this.
+
+The function goes by value: pickled with cloudpickle where it is installed (its own module by value too, so a
+function of a notebook or of a file of the caller's needs nothing installed on the ranks), else as its module's
+source (or its own, for a function of __main__) and its name. The keyword arguments are pickled. A digest
+(sha256 of the payload) names it; every rank refuses a payload whose digest differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import pickle
+import sys
+import textwrap
+import types
+from pathlib import Path
+from typing import Any, Callable
+
+PAYLOAD_FILE = "function.pkl"
+DIGEST_FILE = "function.sha256"
+RESULT_FILE = "result.pkl"  # rank 0's return value, pickled
+ERROR_FILE = "error.{rank}.txt"  # a rank's traceback when the function raised
+MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
+FORMAT = 1
+_MODULE = "__scalingrun_shipped__"  # the module a function shipped as source is defined in, on the ranks
+
+
+class ShippedError(ValueError):
+    """A payload that cannot be packed or used: the message says why."""
+
+
+def _installed(module: types.ModuleType) -> bool:
+    """A module of an installed distribution (site-packages) or of the standard library: the ranks import it."""
+    path = getattr(module, "__file__", None) or ""
+    return not path or any(part in ("site-packages", "dist-packages") for part in Path(path).parts) \
+        or module.__name__.split(".")[0] in sys.stdlib_module_names
+
+
+def _by_source(function: Callable[..., Any]) -> dict[str, Any]:
+    module = inspect.getmodule(function)
+    name = function.__name__
+    if "<locals>" in function.__qualname__ or name == "<lambda>":
+        raise ShippedError(f"{function.__qualname__}: without cloudpickle only a module-level function can be "
+                           "shipped (pip install cloudpickle to ship this one)")
+    try:
+        source = (inspect.getsource(module) if module is not None and module.__name__ != "__main__"
+                  else textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError) as exc:
+        raise ShippedError(f"{name}: its source cannot be read ({exc}): pip install cloudpickle to ship it") from None
+    return {"kind": "source", "source": source, "name": name}
+
+
+def pack(function: Callable[..., Any], kwargs: dict[str, Any]) -> bytes:
+    """The payload of `function(**kwargs)`; ShippedError when it cannot be shipped or is over MAX_PAYLOAD_BYTES."""
+    if not callable(function):
+        raise ShippedError(f"{function!r} is not a function")
+    try:
+        import cloudpickle
+    except ImportError:
+        shipped = _by_source(function)
+        shipped["kwargs"] = pickle.dumps(kwargs)
+    else:
+        module = inspect.getmodule(function)
+        by_value = module is not None and module.__name__ != "__main__" and not _installed(module)
+        if by_value:
+            cloudpickle.register_pickle_by_value(module)
+        try:
+            shipped = {"kind": "cloudpickle", "function": cloudpickle.dumps(function),
+                       "kwargs": cloudpickle.dumps(kwargs)}
+        finally:
+            if by_value:
+                cloudpickle.unregister_pickle_by_value(module)
+    data = pickle.dumps({"format": FORMAT, **shipped})
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise ShippedError(f"{getattr(function, '__name__', function)}: the function and its arguments pickle to "
+                           f"{len(data):,} bytes, over the cap of {MAX_PAYLOAD_BYTES:,}: pass data by path or URI")
+    return data
+
+
+def digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def unpack(data: bytes, expected_digest: str) -> tuple[Callable[..., Any], dict[str, Any]]:
+    """(the function, its keyword arguments); ShippedError when the digest differs from `expected_digest`."""
+    found = digest(data)
+    if found != expected_digest:
+        raise ShippedError(f"the shipped function's digest is {found}, not {expected_digest}: refused")
+    shipped = pickle.loads(data)
+    if shipped.get("format") != FORMAT:
+        raise ShippedError(f"payload format {shipped.get('format')}, this side reads {FORMAT}")
+    kwargs = pickle.loads(shipped["kwargs"])
+    if shipped["kind"] == "cloudpickle":
+        return pickle.loads(shipped["function"]), kwargs
+    module = types.ModuleType(_MODULE)
+    sys.modules[_MODULE] = module  # dataclasses and pickling inside the source look their module up
+    exec(compile(shipped["source"], f"<shipped {shipped['name']}>", "exec"), module.__dict__)
+    return getattr(module, shipped["name"]), kwargs
+
+
+def write(folder: Path, data: bytes) -> str:
+    """The payload and its digest in `folder`; the digest."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / PAYLOAD_FILE).write_bytes(data)
+    named = digest(data)
+    (folder / DIGEST_FILE).write_text(named + "\n")
+    return named

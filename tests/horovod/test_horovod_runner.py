@@ -1,0 +1,88 @@
+"""scalingrun.HorovodRunner(np=-2): a function of this file shipped (by value) to two Horovod processes here; rank 0's
+return value comes back, and a rank that raises is named with its traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+import scalingrun
+from tests.support.horovodrun import horovodrun
+
+pytestmark = pytest.mark.horovod
+
+
+def allreduce_of_ranks(scale: float) -> dict:
+    """Each rank adds rank + 1: the sum over 2 ranks is 3, times `scale`; rank 0 returns it."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    total = hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum)
+    return {"rank": hvd.rank(), "size": hvd.size(), "sum": float(total) * scale}
+
+
+def fails_on_rank_1() -> None:
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        raise ValueError("rank 1 has no data")
+
+
+def test_two_processes_here_return_rank_zeros_value(tmp_path, monkeypatch):
+    horovodrun()  # skips where Horovod is not built
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    value = scalingrun.HorovodRunner(np=-2, workdir=tmp_path).run(allreduce_of_ranks, scale=10.0)
+    assert value == {"rank": 0, "size": 2, "sum": 30.0}
+    # The ranks found the function by digest in the folder it was shipped to, and rank 0 left its value there.
+    shipped = next(tmp_path.iterdir())
+    assert (shipped / "function.sha256").read_text().startswith("sha256:")
+    assert (shipped / "result.pkl").exists()
+
+
+def test_a_rank_that_raises_is_named_with_its_exception(tmp_path, monkeypatch):
+    horovodrun()
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    with pytest.raises(scalingrun.HorovodRunnerError) as raised:
+        scalingrun.HorovodRunner(np=-2, workdir=tmp_path, driver_log_verbosity="log_callback_only").run(fails_on_rank_1)
+    first = str(raised.value).splitlines()[0]
+    assert first == "rank 1 of 2 failed: ValueError: rank 1 has no data", str(raised.value)
+    assert "in fails_on_rank_1" in str(raised.value)
+
+
+@pytest.mark.parametrize("store", ["file", "s3"])
+def test_np_above_zero_runs_the_function_in_a_scalingrun_from_its_store(store, tmp_path, monkeypatch, request):
+    """HorovodRunner(np=2, run=...) through the local runner (what the cluster's pods run, on this machine): the
+    function is stored under its digest in the run's store (a folder, or SeaweedFS's S3 with keys from the
+    environment), its run's training.command runs it on 2 ranks under mpirun, and rank 0's value comes back from the
+    store."""
+    from scalingrun_operator.local.quickstart import upload_fashion_mnist
+    from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
+
+    horovodrun()
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    spec = {"dataset": {"imageSize": 32, "preprocessing": {"parallelism": 1}},
+            "workers": {"gpusPerWorker": 0, "cpu": 1, "memory": "2Gi"}}
+    if store == "file":
+        for name, data in fashion_mnist_jpegs(5, split="train"):
+            (tmp_path / "jpeg" / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "jpeg" / name).write_bytes(data)
+        location = f"file://{tmp_path}"
+    else:
+        server = request.getfixturevalue("s3_server")
+        location = f"s3://runner-{tmp_path.name.lower().replace('_', '-')[-20:]}"
+        upload_fashion_mnist(server, f"{location}/jpeg", per_class=5)
+        for variable, value in server.env().items():
+            monkeypatch.setenv(variable, value)
+        spec["storage"] = {"endpoint": server.endpoint, "credentialsSecret": "team-s3"}
+    spec["dataset"].update(source=f"{location}/jpeg", output=f"{location}/parquet")
+    base = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "team"}, "spec": spec}
+    runner = scalingrun.HorovodRunner(np=2, run=base, local=True, workdir=tmp_path / "run")
+    assert runner.run(allreduce_of_ranks, scale=10.0) == {"rank": 0, "size": 2, "sum": 30.0}
+    run = runner.last_run
+    command = run.model.spec.training.command
+    assert command[:3] == ["python", "-m", "scalingrun_trainer.sdk.function"] and command[4] == "--digest"
+    digest = command[5]
+    assert command[3] == f"{location}/parquet/runs/{run.name}/function/{digest.split(':')[1]}"
+    assert run.name == f"team-fn-{digest.split(':')[1][:10]}" and run.status["phase"] == "Succeeded"
+    assert run.model.spec.workers.replicas == 2

@@ -1,0 +1,70 @@
+"""A shipped function (scalingrun_api.shipped): packed with cloudpickle or, without it, as source; unpacked only under
+its digest; over the cap refused with the reason."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from scalingrun_api import shipped
+
+
+def scaled_sum(values: list[int], scale: int) -> int:
+    return sum(values) * scale
+
+
+def test_a_function_and_its_arguments_come_back_under_their_digest():
+    data = shipped.pack(scaled_sum, {"values": [1, 2, 3], "scale": 2})
+    function, kwargs = shipped.unpack(data, shipped.digest(data))
+    assert function(**kwargs) == 12
+    captured = 5
+    closure = shipped.pack(lambda offset: captured + offset, {"offset": 1})  # cloudpickle takes closures too
+    function, kwargs = shipped.unpack(closure, shipped.digest(closure))
+    assert function(**kwargs) == 6
+
+
+def test_a_payload_whose_digest_differs_is_refused():
+    data = shipped.pack(scaled_sum, {"values": [1], "scale": 1})
+    other = shipped.digest(data + b"x")
+    with pytest.raises(shipped.ShippedError, match=rf"digest is {shipped.digest(data)}, not {other}: refused"):
+        shipped.unpack(data, other)
+
+
+def test_arguments_over_the_cap_are_refused_before_anything_runs(monkeypatch):
+    monkeypatch.setattr(shipped, "MAX_PAYLOAD_BYTES", 1000)
+    with pytest.raises(shipped.ShippedError, match=r"scaled_sum: the function and its arguments pickle to [\d,]+ "
+                                                   r"bytes, over the cap of 1,000: pass data by path or URI"):
+        shipped.pack(scaled_sum, {"values": list(range(1000)), "scale": 1})
+
+
+def test_without_cloudpickle_a_function_goes_as_its_modules_source(tmp_path):
+    (tmp_path / "teamcode.py").write_text(textwrap.dedent("""
+        OFFSET = 100
+
+        def shifted(value):
+            return value + OFFSET
+        """))
+    code = textwrap.dedent(f"""
+        import sys
+        sys.modules["cloudpickle"] = None  # not installed
+        sys.path.insert(0, {str(tmp_path)!r})
+        from scalingrun_api import shipped
+        import teamcode
+        data = shipped.pack(teamcode.shifted, {{"value": 1}})
+        del sys.modules["teamcode"]; sys.path.pop(0)  # the ranks have no teamcode.py
+        function, kwargs = shipped.unpack(data, shipped.digest(data))
+        print(function(**kwargs), function.__module__)
+        try:
+            shipped.pack(lambda: 1, {{}})
+        except shipped.ShippedError as exc:
+            print(exc)
+        """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "101 __scalingrun_shipped__",
+        "<lambda>: without cloudpickle only a module-level function can be shipped (pip install cloudpickle to ship "
+        "this one)"]

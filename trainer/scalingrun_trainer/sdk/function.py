@@ -1,0 +1,73 @@
+"""`python -m scalingrun_trainer.sdk.function FOLDER [--digest sha256:...]`: one rank of a shipped function
+(`scalingrun.HorovodRunner`). FOLDER is a path, or a URI in the run's store (s3://, file://) for a ScalingRun.
+
+Every rank checks the payload's digest (the one on its command line, which the run's spec carries; else the
+folder's), unpacks the function (scalingrun_api.shipped) and calls it with its keyword arguments; rank 0 pickles the
+return value to FOLDER/result.pkl (a ScalingRun succeeds on its MPIJob's success; no progress document). A rank
+whose function raises writes its traceback to FOLDER/error.<rank>.txt (and stderr) and exits 1, so that the
+launcher stops the others and the caller names it. The function sets up its engine itself, as the articles'
+`train_hvd` does (`hvd.init()`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import sys
+import traceback
+
+from scalingrun_api.shipped import DIGEST_FILE, ERROR_FILE, PAYLOAD_FILE, RESULT_FILE, ShippedError, unpack
+from ..storage import Location, open_location
+from .context import ranks
+
+FAILED, REFUSED = 1, 2
+
+
+def _dumps(value: object) -> bytes:
+    try:
+        import cloudpickle
+    except ImportError:
+        return pickle.dumps(value)
+    return cloudpickle.dumps(value)
+
+
+def _read(folder: Location, name: str) -> bytes:
+    with folder.fs.open_input_stream(f"{folder.path}/{name}") as stream:
+        return stream.read()
+
+
+def _write(folder: Location, name: str, data: bytes) -> None:
+    with folder.fs.open_output_stream(f"{folder.path}/{name}") as stream:
+        stream.write(data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m scalingrun_trainer.sdk.function")
+    parser.add_argument("folder")
+    parser.add_argument("--digest", help="the payload's digest (else the folder's function.sha256)")
+    args = parser.parse_args(argv)
+    # The pods' store settings (builders.common.storage_env); none for a path.
+    folder = open_location(args.folder, os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_DEFAULT_REGION"))
+    rank = ranks()[0]
+    try:
+        expected = args.digest or _read(folder, DIGEST_FILE).decode().strip()
+        function, kwargs = unpack(_read(folder, PAYLOAD_FILE), expected)
+    except (OSError, ShippedError) as exc:
+        print(f"rank {rank}: the shipped function in {args.folder}: {exc}", file=sys.stderr, flush=True)
+        _write(folder, ERROR_FILE.format(rank=rank), f"{type(exc).__name__}: {exc}\n".encode())
+        return REFUSED
+    try:
+        value = function(**kwargs)
+    except BaseException:
+        text = traceback.format_exc()
+        print(text, file=sys.stderr, flush=True)
+        _write(folder, ERROR_FILE.format(rank=rank), text.encode())
+        return FAILED
+    if rank == 0:
+        _write(folder, RESULT_FILE, _dumps(value))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
