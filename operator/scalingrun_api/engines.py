@@ -16,9 +16,12 @@ from .models.training import FRAMEWORK_STRATEGIES, Framework, Strategy
 
 # How a local run starts the ranks: horovodrun -np N -H localhost:N --gloo, or Open MPI's mpirun -np N.
 HOROVODRUN, MPIRUN = "horovodrun", "mpirun"
-# Horovod's stall check and shutdown for every Horovod rank, our trainer's or a training.command's: the trainer's
-# engine_timeout() at its default (trainer/scalingrun_trainer/core/stall.py: 300 s watch + 60 s roll call + 30 s).
-HOROVOD_STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "390"}
+# Horovod's stall check and shutdown for every Horovod rank, our trainer's or a training.command's, and Gloo's
+# operation timeout (horovodrun --gloo, a local run's: its 30 s default failed a rank waiting in a collective behind a
+# peer slowed by a loaded machine): the trainer's engine_timeout() at its default
+# (trainer/scalingrun_trainer/core/stall.py: 300 s watch + 60 s roll call + 30 s).
+HOROVOD_STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "390",
+                     "HOROVOD_GLOO_TIMEOUT_SECONDS": "390"}
 
 
 @dataclass(frozen=True)

@@ -58,13 +58,15 @@ def _pin_gpu(local_rank: int) -> None:
 
 
 def stall_settings(timeout: float | None) -> dict[str, str]:
-    """Horovod's stall check (a warning naming the ranks that did not submit a tensor) and shutdown, read at
-    hvd.init(): after the stall watch (core/stall.py), as a bound where it is not running. A frozen rank blocks
-    Horovod's own coordination too (measured: no stall warning in 4 minutes), which is why the watch exists."""
+    """Horovod's stall check (a warning naming the ranks that did not submit a tensor) and shutdown, and Gloo's
+    operation timeout (horovodrun --gloo; 30 s by default), read at hvd.init(): after the stall watch
+    (core/stall.py), as a bound where it is not running. A frozen rank blocks Horovod's own coordination too
+    (measured: no stall warning in 4 minutes), which is why the watch exists."""
     if not timeout:
         return {}
     return {"HOROVOD_STALL_CHECK_TIME_SECONDS": str(int(min(60, timeout))),
-            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(timeout))}
+            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(timeout)),
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(timeout))}
 
 
 def train(config: TrainerConfig) -> int:
