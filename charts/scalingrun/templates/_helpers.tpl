@@ -62,6 +62,14 @@ the Roles. */}}
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
+{{- if .Values.statusServer.enabled }}
+# The ConfigMap scalingrun-status (the status endpoint's URL and CA for the runs' pods), by name: watched, so that
+# one a tenant changed is written again at once; deleted and made again when a tenant made it immutable.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  resourceNames: ["scalingrun-status"]
+  verbs: ["list", "watch", "delete"]
+{{- end }}
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
