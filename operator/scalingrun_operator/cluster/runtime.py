@@ -97,7 +97,7 @@ class Runtime:
     def serve_metrics(self) -> None:
         if not self._serving:
             self._serving = True
-            self.metrics.serve(self.config.metrics_port_number)
+            self.metrics.serve(self.config.metrics_port_number, self.config.metrics_bind_address)
 
     def start_status_server(self) -> int:
         """The status endpoint on its port (a free one for 0: tests); returns the port."""

@@ -165,8 +165,8 @@ class StatusConfigMaps:
             drifted = [ns for ns in self._served if (not scope or ns == scope) and self._differs(ns)]
         for namespace in drifted:
             self._reassert(namespace)
-        stream = watch.Watch().stream(lister, field_selector=_SELECTOR, resource_version=listing.metadata.resource_version,
-                                      timeout_seconds=WATCH_SECONDS, **kwargs)
+        stream = watch.Watch().stream(lister, field_selector=_SELECTOR, timeout_seconds=WATCH_SECONDS,
+                                      resource_version=listing.metadata.resource_version, **kwargs)
         for event in stream:
             if self._stopped.is_set():
                 return
