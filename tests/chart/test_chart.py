@@ -147,7 +147,8 @@ def test_two_replicas_elect_a_leader_with_a_lease_in_their_namespace_only(helm):
     assert deployment["spec"]["replicas"] == 2
     assert "strategy" not in deployment["spec"]  # a rolling update: new pods start as standbys
     pod = deployment["spec"]["template"]["spec"]
-    env = {e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in pod["containers"][0]["env"]}
+    env = {e["name"]: e["value"] if "value" in e else e["valueFrom"]["fieldRef"]["fieldPath"]
+           for e in pod["containers"][0]["env"]}
     assert env["SCALINGRUN_LEASE_HOLDER"] == "metadata.name" and env["SCALINGRUN_LEASE_NAMESPACE"] == "metadata.namespace"
     assert (env["SCALINGRUN_LEASE_RENEW_SECONDS"], env["SCALINGRUN_LEASE_RENEW_DEADLINE_SECONDS"],
             env["SCALINGRUN_LEASE_DURATION_SECONDS"]) == ("5", "10", "15")
