@@ -55,6 +55,7 @@ class StatusConfigMaps:
         self._watches: dict[str, threading.Thread] = {}
         self._ca: Optional[tuple[Any, str]] = None
         self._guard = threading.Lock()
+        self._writing = threading.Lock()  # one write at a time: a reconcile and the watch may both find a change
         self._stopped = threading.Event()
 
     def _ca_bundle(self) -> str:
@@ -87,7 +88,14 @@ class StatusConfigMaps:
 
     def write(self, namespace: str) -> None:
         """Creates the ConfigMap, or sets its data and label; one made immutable (which no patch may change) is
-        deleted, its finalizers removed first, and made again."""
+        deleted, its finalizers removed first, and made again. Nothing when, its turn come, it is ours already."""
+        with self._writing:
+            with self._guard:
+                if not self._differs(namespace):
+                    return
+            self._write(namespace)
+
+    def _write(self, namespace: str) -> None:
         wanted = self.wanted()
         body = {"apiVersion": "v1", "kind": "ConfigMap",
                 "metadata": {"name": STATUS_CONFIG_MAP, "namespace": namespace, "labels": dict(MANAGED_BY)},
@@ -188,7 +196,9 @@ class StatusConfigMaps:
         try:
             self.write(namespace)
         except ApiException as exc:
-            if exc.status == 404 or (exc.status == 403 and "NamespaceTerminating" in (exc.body or "")):
+            body = exc.body or ""
+            if (exc.status == 404 and '"kind":"namespaces"' in body) or (
+                    exc.status == 403 and "NamespaceTerminating" in body):
                 self.forget(namespace)  # the namespace goes, its ConfigMap with it; a new run there: ensure again
             else:
                 log.warning("%s: cannot write the ConfigMap %s again: %s", namespace, STATUS_CONFIG_MAP, exc)
