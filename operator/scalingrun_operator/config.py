@@ -64,6 +64,9 @@ class Config:
     #: The PriorityClass of an elastic run's capacity probes (the chart's scalingrun-capacity-probe: lowest priority,
     #: never preempting); empty: no probes, and a shrunk run does not grow back.
     capacity_probe_priority_class: str = CAPACITY_PROBE_PRIORITY_CLASS
+    #: The most capacity probes one elastic run has at a time (chart value elastic.maxProbesPerRun): a run far below
+    #: spec.workers.replicas grows back in steps of at most this many workers.
+    max_capacity_probes: int = 4
     #: Connect/read timeout of one object-storage request.
     storage_timeout_seconds: float = 10.0
     #: 5xx answers and timeouts of object storage are retried (exponential backoff) until this deadline.
@@ -104,6 +107,9 @@ class Config:
     allow_host_path: bool = False
     #: Port of the Prometheus /metrics endpoint; 0 turns it off.
     metrics_port_number: int = 9090
+    #: The address /metrics listens on: loopback unless set (it is unauthenticated and names every run); the chart
+    #: sets the pod's IP, which its NetworkPolicy opens to the monitoring namespace only (metrics.bindAddress).
+    metrics_bind_address: str = "127.0.0.1"
     #: Port of the status endpoint (HTTPS), where the runs' pods push their progress and heartbeat
     #: (status_server.py, docs/security.md "The push path"); 0 turns it off.
     status_port_number: int = 0
@@ -215,8 +221,8 @@ def _parse(name: str, raw: str, kind: type, default: object) -> object:
 _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "progress_checks_per_second": float, "watch_timeout_seconds": int, "pod_resync_seconds": float,
           "completion_grace_seconds": float, "storage_timeout_seconds": float, "mpijob_unserved_seconds": float,
-          "capacity_probe_priority_class": str,
-          "metrics_port_number": int, "status_port_number": int, "status_tls_dir": str, "status_url": str,
+          "capacity_probe_priority_class": str, "max_capacity_probes": int,
+          "metrics_port_number": int, "metrics_bind_address": str, "status_port_number": int, "status_tls_dir": str, "status_url": str,
           "pod_name": str, "pod_namespace": str, "liveness_endpoint": str, "namespaces": tuple, "peering": str,
           "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str,
@@ -255,6 +261,13 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
         raise ConfigError(f"{PREFIX}PROGRESS_CHECKS_PER_SECOND must be > 0, not {config.progress_checks_per_second}")
     if config.watch_timeout_seconds < 1:
         raise ConfigError(f"{PREFIX}WATCH_TIMEOUT_SECONDS must be >= 1, not {config.watch_timeout_seconds}")
+    try:
+        ipaddress.ip_address(config.metrics_bind_address)
+    except ValueError:
+        raise ConfigError(f"{PREFIX}METRICS_BIND_ADDRESS must be an IP address (127.0.0.1, 0.0.0.0, the pod's), not "
+                          f"{config.metrics_bind_address!r}") from None
+    if config.max_capacity_probes < 1:
+        raise ConfigError(f"{PREFIX}MAX_CAPACITY_PROBES must be >= 1, not {config.max_capacity_probes}")
     if not 0 <= config.metrics_port_number <= 65535:
         raise ConfigError(f"{PREFIX}METRICS_PORT_NUMBER must be a port number, not {config.metrics_port_number}")
     if not 0 <= config.status_port_number <= 65535:

@@ -130,11 +130,14 @@ def test_kustomize_installs_the_charts_crds_and_no_others(helm):
 
 def test_operator_reads_pods_and_needs_no_peering_objects(helm):
     role = next(o for o in render(helm) if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "t-scalingrun-operator")
-    verbs = {resource: set(rule["verbs"]) for rule in role["rules"] for resource in rule["resources"]}
+    verbs: dict[str, set[str]] = {}
+    for rule in role["rules"]:
+        for resource in rule["resources"]:
+            verbs.setdefault(resource, set()).update(rule["verbs"])
     assert "clusterkopfpeerings" not in verbs and "kopfpeerings" not in verbs  # a Lease, not kopf peering
-    # Listed and watched, never read one by one; deleted: a lost or stalled training pod; created and deleted: an
-    # elastic run's capacity probes.
-    assert verbs["pods"] == {"list", "watch", "create", "delete"}
+    # Listed and watched, never read one by one; deleted: a lost or stalled training pod, a capacity probe. Created:
+    # only with elastic.capacityProbes (tests/chart/test_chart_least_privilege.py).
+    assert verbs["pods"] == {"list", "watch", "delete"}
     assert verbs["pods/log"] == {"get"}  # the failed launcher's last lines, nothing more
 
 
@@ -144,7 +147,8 @@ def test_two_replicas_elect_a_leader_with_a_lease_in_their_namespace_only(helm):
     assert deployment["spec"]["replicas"] == 2
     assert "strategy" not in deployment["spec"]  # a rolling update: new pods start as standbys
     pod = deployment["spec"]["template"]["spec"]
-    env = {e["name"]: e.get("value") or e["valueFrom"]["fieldRef"]["fieldPath"] for e in pod["containers"][0]["env"]}
+    env = {e["name"]: e["value"] if "value" in e else e["valueFrom"]["fieldRef"]["fieldPath"]
+           for e in pod["containers"][0]["env"]}
     assert env["SCALINGRUN_LEASE_HOLDER"] == "metadata.name" and env["SCALINGRUN_LEASE_NAMESPACE"] == "metadata.namespace"
     assert (env["SCALINGRUN_LEASE_RENEW_SECONDS"], env["SCALINGRUN_LEASE_RENEW_DEADLINE_SECONDS"],
             env["SCALINGRUN_LEASE_DURATION_SECONDS"]) == ("5", "10", "15")
@@ -215,11 +219,14 @@ def test_kustomize_base_is_the_rendered_chart(helm):
     assert base == rendered, "manifests/base is out of date: run scripts/generate.sh"
 
 
-def test_no_network_policy_unless_enabled(helm):
+def test_no_network_policy_for_the_runs_unless_enabled_and_the_operators_unless_turned_off(helm):
     for values in VALUES:
         enabled = values is not None and yaml.safe_load(values.read_text()).get("networkPolicy", {}).get("enabled")
-        policies = [o for o in render(helm, values) if o["kind"] == "NetworkPolicy"]
-        assert bool(policies) == bool(enabled), values
+        policies = [o["metadata"]["name"] for o in render(helm, values) if o["kind"] == "NetworkPolicy"]
+        assert ("t-scalingrun-runs" in policies) == bool(enabled), values
+        assert "t-scalingrun-operator" in policies, values
+    turned_off = render(helm, None, "--set", "networkPolicy.operator.enabled=false")
+    assert not [o for o in turned_off if o["kind"] == "NetworkPolicy"]
 
 
 def test_network_policy_lets_run_pods_reach_each_other_dns_storage_and_tracking_only(helm):

@@ -111,8 +111,11 @@ def test_with_the_status_endpoint_the_operator_may_review_tokens_label_its_pod_a
     account = "t-scalingrun"
     without, with_status = (grants(bound_rules(render(helm, values, *extra), account, "scalingrun-system"))
                             for values, extra in ((STATUS, ("--set", "statusServer.enabled=false")), (STATUS, ())))
-    # TokenReviews, and the serving replica's label on its own pod (cluster/serving.py).
-    assert with_status - without == {("create", "authentication.k8s.io", "tokenreviews"), ("patch", "", "pods")}
+    # TokenReviews, the serving replica's label on its own pod (cluster/serving.py), and the status ConfigMap's
+    # watch (by name; deleted and made again when a tenant made it immutable: cluster/status_config.py).
+    assert with_status - without == {("create", "authentication.k8s.io", "tokenreviews"), ("patch", "", "pods"),
+                                     ("list", "", "configmaps"), ("watch", "", "configmaps"),
+                                     ("delete", "", "configmaps")}
     assert without - with_status == {("get", "", "secrets")}  # the storage keys: no storage read any more
 
 
@@ -133,7 +136,7 @@ def test_with_the_status_endpoint_no_role_of_the_chart_names_secrets(helm, kind,
                for rule in o.get("rules") or [])
 
 
-def test_the_runs_pods_may_reach_the_status_port_and_only_run_pods_may(helm):
+def test_the_runs_pods_may_reach_the_status_port_from_the_runs_namespaces_only(helm):
     objects = render(helm, STATUS)
     runs = _one(objects, "NetworkPolicy", "t-scalingrun-runs")
     operator_pods = next(o for o in objects if o["kind"] == "Deployment")["spec"]["selector"]["matchLabels"]
@@ -143,6 +146,6 @@ def test_the_runs_pods_may_reach_the_status_port_and_only_run_pods_may(helm):
         "podSelector": {"matchLabels": operator_pods}}], "ports": [{"port": 8443, "protocol": "TCP"}]}]
     operator = _one(objects, "NetworkPolicy", "t-scalingrun-operator")
     status_rule = next(r for r in operator["spec"]["ingress"] if {"port": "status", "protocol": "TCP"} in r["ports"])
-    assert status_rule["from"] == [{"namespaceSelector": {},
-                                    "podSelector": {"matchExpressions": [{"key": "scalingrun.dev/run",
-                                                                          "operator": "Exists"}]}}]
+    # The runs' namespace by its name (the API server's label), any pod there: a pod label is the tenant's to forge.
+    assert status_rule["from"] == [{"namespaceSelector": {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ml-team-a"]}]}}]

@@ -240,13 +240,19 @@ def push_values() -> list[str]:
     return [] if status_push() else ["--set", "statusServer.enabled=false"]
 
 
+def elastic_values() -> list[str]:
+    """--set flags for capacity probes (off in the README's install: no pods create): test_elastic.py grows a run back."""
+    return ["--set", "elastic.capacityProbes=true"]
+
+
 def install_operator(cluster: Cluster) -> None:
     installed = cluster.tool("helm", "status", RELEASE, "-n", SYSTEM_NAMESPACE, check=False).returncode == 0
     command = README_HELM_INSTALL if not installed else ["helm", "upgrade", RELEASE, "charts/scalingrun",
                                                           "-n", SYSTEM_NAMESPACE]
     started = time.monotonic()
-    cluster.tool(*command, *image_values(cluster.settings.operator_image), *push_values(), "--wait", "--timeout", "5m")
-    log(f"{' '.join([*command, *push_values()])} --wait: {time.monotonic() - started:.1f} s")
+    cluster.tool(*command, *image_values(cluster.settings.operator_image), *push_values(), *elastic_values(), "--wait",
+                 "--timeout", "5m")
+    log(f"{' '.join([*command, *push_values(), *elastic_values()])} --wait: {time.monotonic() - started:.1f} s")
 
 
 # --- SeaweedFS ---------------------------------------------------------------------------------------------

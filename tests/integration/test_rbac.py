@@ -67,6 +67,9 @@ ADMISSION_ONLY = {("update", "scalingrun.dev", "scalingruns/finalizers"),
 
 # --- tests ----------------------------------------------------------------------------------------
 
+# The lifecycle resizes an elastic run, which probes for capacity: the grant that takes (pods create) is on.
+PROBES = ("--set", "elastic.capacityProbes=true")
+
 
 def rules_of_the_operator(objects: list[dict]) -> list[dict]:
     deployment = next(o for o in objects if o["kind"] == "Deployment")
@@ -77,7 +80,7 @@ def rules_of_the_operator(objects: list[dict]) -> list[dict]:
 def test_in_pull_mode_the_cluster_wide_install_grants_what_the_operator_calls(helm, admin, bucket, s3_server,
                                                                               tmp_path):
     home = f"cw-system-{_suffix()}"
-    objects = render(helm, None, "--set", "crds.enabled=false", "--set", "statusServer.enabled=false",
+    objects = render(helm, None, "--set", "crds.enabled=false", "--set", "statusServer.enabled=false", *PROBES,
                      release="rbac-cw", namespace=home)
     assert ("get", "", "secrets") in grants(rules_of_the_operator(objects))
     create_namespace(admin, home)
@@ -91,7 +94,7 @@ def test_the_default_cluster_wide_install_grants_no_secret_and_the_operator_read
     """The default install (the status endpoint on): the same lifecycle, the run's pods reporting. A Secret read
     would be refused (403: no role names `secrets`), and every grant is used, TokenReviews too."""
     home = f"cwp-system-{_suffix()}"
-    objects = render(helm, None, "--set", "crds.enabled=false", release="rbac-cwp", namespace=home)
+    objects = render(helm, None, "--set", "crds.enabled=false", *PROBES, release="rbac-cwp", namespace=home)
     assert not [rule for o in objects if o["kind"] in ("ClusterRole", "Role") for rule in o.get("rules") or []
                 if {"secrets", "*"} & set(rule.get("resources", []))]
     create_namespace(admin, home)
@@ -106,7 +109,7 @@ def test_namespaced_install_grants_what_the_operator_calls(helm, admin, bucket, 
     home, suffix = f"ns-system-{_suffix()}", _suffix()
     team, other, unwatched = (f"ns-team-{n}-{suffix}" for n in ("a", "b", "c"))
     objects = render(helm, None, "--set", "crds.enabled=false", "--set", f"watch.namespaces={{{team},{other}}}",
-                     release="rbac-ns", namespace=home)
+                     *PROBES, release="rbac-ns", namespace=home)
     clusters = [create_namespace(admin, name, s3_server) for name in (home, team, other, unwatched)][1:]
     with operator_as_the_chart_runs_it(admin, objects, tmp_path) as (operator, proxy):
         lifecycle(clusters[0], bucket, s3_server, operator, push=True)

@@ -33,7 +33,9 @@ def reads_of(requests: list[Request], verbs: tuple[str, ...]) -> list[Request]:
 
 def test_pods_jobs_and_mpijobs_are_watched_by_label_on_the_api_server(helm, admin, bucket, s3_server, tmp_path):
     home = f"ws-system-{_suffix()}"
-    objects = render(helm, None, "--set", "crds.enabled=false", release="watch-scope", namespace=home)
+    # The lifecycle's elastic run probes for capacity: the grant for that is on.
+    objects = render(helm, None, "--set", "crds.enabled=false", "--set", "elastic.capacityProbes=true",
+                     release="watch-scope", namespace=home)
     create_namespace(admin, home)
     bystanders = create_namespace(admin, f"ws-others-{_suffix()}")
     unrelated = [create_pod(bystanders, {"metadata": {"name": f"unrelated-{i}", "labels": {"app": "other"}},

@@ -18,7 +18,7 @@ from scalingrun_api import models
 from scalingrun_operator.schema.crd import build_crd, build_sweep_crd
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import build_config_map, build_preprocess_job
-from scalingrun_api.status_push import PROGRESS
+from scalingrun_api.status_push import PROGRESS, STATUS_CONFIG_MAP, URL_FILE
 from scalingrun_operator.builders.capacity_probes import CAPACITY_PROBE_PRIORITY_CLASS
 from tests.support.apiserver import api_server, free_port, install_crd, mpijob_crd_document
 from tests.support.env import require
@@ -119,7 +119,8 @@ def chart_operator(deployment: dict, kubeconfig: str, log_path: Path) -> Operato
     chosen_by_the_test = ("--liveness=", "--metrics-port=", "--log-format=")
     args = [a for a in container["args"] if not a.startswith(chosen_by_the_test)]
     downward = {"metadata.namespace": deployment["metadata"]["namespace"],
-                "metadata.name": f"{deployment['metadata']['name']}-0"}
+                "metadata.name": f"{deployment['metadata']['name']}-0",
+                "status.podIP": "127.0.0.1"}  # the test's operator is a process here: its pod IP is loopback
     env = {}
     for var in container["env"]:
         env[var["name"]] = var["value"] if "value" in var else downward[var["valueFrom"]["fieldRef"]["fieldPath"]]
@@ -156,6 +157,10 @@ def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator, p
     # by `kubectl delete --cascade=orphan`): adopted, so read and patched (configmaps, jobs: get, patch).
     cluster.core.create_namespaced_config_map(cluster.ns, build_config_map(run, cluster.ns))
     cluster.batch.create_namespaced_job(cluster.ns, build_preprocess_job(run, cluster.ns, indexed=False))
+    if push:  # A tenant's own scalingrun-status, immutable: watched, deleted and made again (configmaps: list,
+        # watch, delete by name; cluster/status_config.py).
+        cluster.core.create_namespaced_config_map(cluster.ns, {
+            "metadata": {"name": STATUS_CONFIG_MAP}, "data": {URL_FILE: "https://tenant.example"}, "immutable": True})
     # Read, status written with the pin (scalingruns: get, list, watch, patch; scalingruns/status: patch); its
     # Secret read (secrets: get); an Event per phase (events: create); children listed and watched.
     uid = cluster.create_run(body)["metadata"]["uid"]

@@ -62,6 +62,14 @@ the Roles. */}}
 - apiGroups: [""]
   resources: ["configmaps"]
   verbs: ["get", "create", "patch"]
+{{- if .Values.statusServer.enabled }}
+# The ConfigMap scalingrun-status (the status endpoint's URL and CA for the runs' pods), by name: watched, so that
+# one a tenant changed is written again at once; deleted and made again when a tenant made it immutable.
+- apiGroups: [""]
+  resources: ["configmaps"]
+  resourceNames: ["scalingrun-status"]
+  verbs: ["list", "watch", "delete"]
+{{- end }}
 - apiGroups: ["batch"]
   resources: ["jobs"]
   verbs: ["get", "list", "watch", "create", "patch"]
@@ -81,11 +89,17 @@ the Roles. */}}
   resources: ["events"]
   verbs: ["create"]
 # Pods of its children: to tell why a run is stuck (image pull, scheduling, a lost worker); delete: a training pod
-# lost with its node (force, grace 0) or stalled, so that the MPI operator makes it anew; create and delete: an
-# elastic run's capacity probes (templates/priorityclass.yaml).
+# lost with its node (force, grace 0) or stalled, so that the MPI operator makes it anew, and a capacity probe.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "create", "delete"]
+  verbs: ["list", "watch", "delete"]
+{{- if .Values.elastic.capacityProbes }}
+# An elastic run's capacity probes (templates/priorityclass.yaml), only with elastic.capacityProbes: where the
+# operator serves named namespaces, only in those (this rule is in their Roles).
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["create"]
+{{- end }}
 # The failed launcher's last log lines, for the Failed condition.
 - apiGroups: [""]
   resources: ["pods/log"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from scalingrun_api.models import ScalingRun, Toleration
-from .common import labels
+from .common import labels, queue_labels
 from .mpijob import DEFAULT_GPU_TOLERATIONS, build_mpijob
 
 CAPACITY_PROBE = "capacity-probe"  # the probes' app.kubernetes.io/component
@@ -38,5 +38,7 @@ def build_capacity_probe(run: ScalingRun, namespace: str, index: int,
                                 if "securityContext" in container else {})}])
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": probe_name(run, index), "namespace": namespace,
-                         "labels": labels(run, CAPACITY_PROBE)},
+                         # The run's LocalQueue too: under Kueue's pod integration a probe asks for quota as well
+                         # as room, as a worker would.
+                         "labels": {**labels(run, CAPACITY_PROBE), **queue_labels(run)}},
             "spec": spec}

@@ -60,7 +60,8 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 def queue_labels(run: ScalingRun) -> dict[str, str]:
     """The Kueue LocalQueue label of a job (the MPIJob, the preprocessing Job) of a run with
-    spec.runPolicy.kueueQueueName: on the job only, not its pods (Kueue admits the job; its pods follow)."""
+    spec.runPolicy.kueueQueueName: on the job only, not its pods (Kueue admits the job; its pods follow), and on an
+    elastic run's capacity probes, pods of their own (builders/capacity_probes.py)."""
     queue = run.spec.run_policy.kueue_queue_name
     return {KUEUE_QUEUE_LABEL: queue} if queue else {}
 

@@ -161,6 +161,10 @@ class Metrics:
             "Pushes the status endpoint refused, by reason (NoToken, InvalidToken, WrongAudience, PodGone, "
             "NotAPodToken, OtherNamespace, OtherRun, NotWatched, TooLarge, RateLimited, ReviewsBusy, BadDocument).",
             ["reason"], registry=self.registry)
+        self.status_config_rewrites = Counter(
+            "scalingrun_status_configmap_rewrites_total",
+            "ConfigMaps scalingrun-status found changed or deleted by someone else and written again.",
+            registry=self.registry)
         self._lock = threading.Lock()
         self._phases: dict[str, str] = {}
 

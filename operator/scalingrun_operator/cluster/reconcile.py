@@ -50,7 +50,8 @@ def settings_of(config: Config, started: Optional[dt.datetime] = None) -> Settin
                     mpijob_unserved_seconds=config.mpijob_unserved_seconds or None,
                     reads_storage=config.reads_storage,
                     pushes_since=None if config.reads_storage else started,
-                    capacity_probe_priority_class=config.capacity_probe_priority_class or None)
+                    capacity_probe_priority_class=config.capacity_probe_priority_class or None,
+                    max_capacity_probes=config.max_capacity_probes)
 
 
 @dataclass

@@ -97,12 +97,13 @@ class Runtime:
     def serve_metrics(self) -> None:
         if not self._serving:
             self._serving = True
-            self.metrics.serve(self.config.metrics_port_number)
+            self.metrics.serve(self.config.metrics_port_number, self.config.metrics_bind_address)
 
     def start_status_server(self) -> int:
         """The status endpoint on its port (a free one for 0: tests); returns the port."""
         config, tls = self.config, Path(self.config.status_tls_dir)
-        self.status_config_maps = StatusConfigMaps(self.kube.api_client, config.status_url, config.status_tls_dir)
+        self.status_config_maps = StatusConfigMaps(self.kube.api_client, config.status_url, config.status_tls_dir,
+                                                   config.namespaces, self.metrics.status_config_rewrites.inc)
         self.status_server = StatusServer(
             PushAuthenticator(self.kube.api_client, self.pods.pods), self.pushed, str(tls / "tls.crt"), str(tls / "tls.key"),
             config.status_port_number,
@@ -126,6 +127,8 @@ class Runtime:
         self.sweep_rechecks.stop()
         if self.status_server is not None:
             self.status_server.stop()
+        if self.status_config_maps is not None:
+            self.status_config_maps.stop()
 
     def watches_namespace(self, namespace: str) -> bool:
         """Whether this operator serves runs in `namespace` (its namespaces are kopf globs; none: all)."""

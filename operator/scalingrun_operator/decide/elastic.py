@@ -42,6 +42,7 @@ BELOW_MIN_REPLICAS = "BelowMinReplicas"
 RESIZING = "Resizing"
 SHRUNK = "Shrunk"
 GROWING_AT_EPOCH = "GrowingAtEpoch"
+PROBES_OFF = "CapacityProbesOff"  # shrunk, and this operator may make no probes: it cannot grow back
 SHRINK_CAUSE = "workersUnplaced"  # a resize's cause: lost workers' replacements the scheduler could not place
 GROW_CAUSE = "capacityReturned"  # a resize's cause: capacity probes placed, the run grows at an epoch boundary
 MAX_RESIZES = 20  # status.training.elastic.resizes keeps the last ones: status stays small
@@ -216,10 +217,21 @@ def _grow(draft: Draft, run: ScalingRun, current: int, training_status: dict[str
             draft.delete_pod(probe, 0)
         elastic.pop("capacity", None)
         training_status[ELASTIC_FIELD] = elastic
-        _at_size(draft, run, current)
+        if current < most and not priority_class:
+            _placed(draft, PROBES_OFF, f"training with {current} of {most} workers; it cannot grow back: this "
+                    "operator makes no capacity probes (the chart's elastic.capacityProbes is off, which grants "
+                    "it no pods create; docs/security.md)", warn=True)
+        else:
+            _at_size(draft, run, current)
         return False
+    # At most max_capacity_probes at a time: a run far below its size grows in steps, each a resize.
+    wanted = {probe_name(run, index) for index in range(min(most - current, draft.settings.max_capacity_probes))}
     names = {pod_facts.pod_name(p) for p in probes}
-    for index in range(most - current):
+    for probe in probes:
+        if pod_facts.pod_name(probe) not in wanted:
+            draft.delete_pod(probe, 0)
+    probes = [p for p in probes if pod_facts.pod_name(p) in wanted]
+    for index in range(len(wanted)):
         if probe_name(run, index) not in names:
             draft.create(build_capacity_probe(run, draft.namespace, index, priority_class,
                                               draft.settings.gpu_tolerations))

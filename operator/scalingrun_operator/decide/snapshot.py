@@ -261,6 +261,8 @@ class Settings:
     #: The PriorityClass of an elastic run's capacity probes (Config.capacity_probe_priority_class); None: no probes,
     #: so a shrunk run does not grow back (the local runner's case).
     capacity_probe_priority_class: Optional[str] = None
+    #: The most capacity probes one run has at a time (Config.max_capacity_probes).
+    max_capacity_probes: int = 4
 
 
 # --- the decision -------------------------------------------------------------------------------------

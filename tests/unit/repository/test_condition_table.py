@@ -71,7 +71,7 @@ def _computed() -> dict[tuple[str, str, str], set[str]]:
         ("training.py", "InputBound", "*"): {"InputWaitHigh", "InputKeepsUp"},
         ("training.py", "GPUsUnused", "*"): {"NoGPUVisible", "GPUsInUse"},
         ("elastic.py", "WorkersPlaced", "reason"): {"AllPlaced", "WaitingToShrink", "BelowMinReplicas", "Resizing",
-                                                    "Shrunk", "GrowingAtEpoch"},
+                                                    "Shrunk", "GrowingAtEpoch", "CapacityProbesOff"},
     }
 
 
