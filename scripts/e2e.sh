@@ -164,7 +164,10 @@ eval "$exports"
 log "cluster, images and services ready in $((SECONDS - t0)) s"
 
 status=0
-"$PY" -m pytest -m e2e tests/e2e -p no:cacheprovider "$@" || status=$?
+# Paths among the arguments (tests/e2e/test_doctor.py, ...::test_x) run alone; without one, the whole tests/e2e.
+TARGETS=(tests/e2e)
+for arg in "$@"; do [[ "$arg" == tests/* ]] && TARGETS=(); done
+"$PY" -m pytest -m e2e "${TARGETS[@]}" -p no:cacheprovider "$@" || status=$?
 log "e2e finished in $((SECONDS - t0)) s (exit $status)"
 
 [[ "$MODE" != keep ]] || printf '%s\n' "$exports"
