@@ -35,7 +35,7 @@ DEFAULT_GPUS_PER_WORKER = Workers.model_fields["gpus_per_worker"].default
 @dataclass(frozen=True)
 class Node:
     name: str
-    gpus: dict[str, int]  # GPU resource -> allocatable (only those above 0)
+    extended: dict[str, int]  # extended resource (a device plugin's, e.g. nvidia.com/gpu) -> allocatable, above 0
     driver: Optional[int] = None  # the driver's major version from GPU feature discovery's label; None: unlabelled
 
 
@@ -87,7 +87,7 @@ def _gpu_resource(facts: FitFacts) -> Check:
     asking = [run for run in facts.runs or [] if run.resource]
     advertised: dict[str, dict[str, int]] = {}
     for node in facts.nodes:
-        for resource, count in node.gpus.items():
+        for resource, count in node.extended.items():
             if is_gpu_resource(resource) or any(run.resource == resource for run in asking):
                 advertised.setdefault(resource, {})[node.name] = count
     have = "; ".join(f"{resource}: {_listing(counts)}" for resource, counts in sorted(advertised.items())) or "none"
@@ -115,19 +115,19 @@ def _gpu_resource(facts: FitFacts) -> Check:
 def _gpu_driver(facts: FitFacts) -> Check:
     if facts.nodes is None:
         return Check("gpu-driver", UNKNOWN, "Nodes could not be listed: the NVIDIA driver is not checked")
-    gpu_nodes = [node for node in facts.nodes if any(is_gpu_resource(r) for r in node.gpus)]
+    gpu_nodes = [node for node in facts.nodes if any(is_gpu_resource(r) for r in node.extended)]
     if not gpu_nodes:
         return Check("gpu-driver", INFO, "no node advertises an NVIDIA GPU: no driver to check")
     below = {node.name: node.driver for node in gpu_nodes if node.driver is not None and node.driver < DRIVER_FLOOR}
     unlabelled = [node.name for node in gpu_nodes if node.driver is None]
-    floor = f"R{DRIVER_FLOOR} or newer, which the GPU images' CUDA 13.0 runtime needs (docs/install.md)"
     unknown = (f"{', '.join(unlabelled)} carry no driver label ({DRIVER_LABELS[0]} or {DRIVER_LABELS[1]}, which "
                f"NVIDIA's GPU feature discovery publishes; the GPU Operator runs it): check that nvidia-smi there "
-               f"shows {floor}") if unlabelled else ""
+               f"shows R{DRIVER_FLOOR} or newer, which the Lightning GPU image's CUDA 13.0 runtime needs "
+               "(docs/install.md)") if unlabelled else ""
     if below:
         return Check("gpu-driver", WARNING, f"driver below R{DRIVER_FLOOR} on {_listing(below)}: the Lightning GPU "
-                     f"image fails there (CUDA 13.0 needs {floor.split(',')[0]}). Upgrade the driver (GPU Operator: "
-                     f"driver.version){'; ' + unknown if unknown else ''}")
+                     f"image's CUDA 13.0 runtime fails there. Upgrade the driver (GPU Operator: driver.version)"
+                     f"{'; ' + unknown if unknown else ''}")
     if unlabelled:
         return Check("gpu-driver", INFO, unknown)
     drivers = {node.name: node.driver for node in gpu_nodes}
@@ -205,9 +205,9 @@ def _count(quantity: Any) -> int:
 def node_facts(node: dict[str, Any]) -> Node:
     labels = (node.get("metadata") or {}).get("labels") or {}
     allocatable = (node.get("status") or {}).get("allocatable") or {}
-    gpus = {name: _count(value) for name, value in allocatable.items() if "/" in name and _count(value) > 0}
+    extended = {name: _count(value) for name, value in allocatable.items() if "/" in name and _count(value) > 0}
     driver = next((labels[label] for label in DRIVER_LABELS if label in labels), None)
-    return Node(node["metadata"]["name"], gpus, int(driver) if driver and driver.isdigit() else None)
+    return Node(node["metadata"]["name"], extended, int(driver) if driver and driver.isdigit() else None)
 
 
 def run_ask(run: dict[str, Any]) -> RunAsk:
