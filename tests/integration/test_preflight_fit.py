@@ -13,7 +13,7 @@ from scalingrun_api.models import GROUP, PLURAL, VERSION
 from scalingrun_operator.cli import main
 from scalingrun_operator.cluster.preflight_fit import DRIVER_FLOOR, DRIVER_LABELS, KUEUE_CONFIG, KUEUE_CONFIG_KEY
 from scalingrun_operator.schema.crd import build_crd, build_sweep_crd
-from tests.support.apiserver import api_server, install_crd
+from tests.support.apiserver import api_server, install_crd, kueue_crd_document
 from tests.support.env import require
 from tests.support.specs import run_document
 
@@ -65,14 +65,6 @@ def run(api, name: str, phase: str | None = None, **workers) -> None:
     if phase:
         custom.patch_namespaced_custom_object_status(GROUP, VERSION, NAMESPACE, PLURAL, name,
                                                      {"status": {"phase": phase}})
-
-
-def kueue_crd(plural: str, kind: str, scope: str) -> dict:
-    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-            "metadata": {"name": f"{plural}.kueue.x-k8s.io"},
-            "spec": {"group": "kueue.x-k8s.io", "scope": scope, "names": {"kind": kind, "plural": plural},
-                     "versions": [{"name": "v1beta1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                         "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}
 
 
 def kueue_config(api, frameworks: list[str]) -> None:
@@ -132,8 +124,8 @@ def test_doctor_says_whether_the_namespaces_runs_fit_the_nodes_and_queues(kubeco
     assert found["kueue-queue"][0] == "error" and "Kueue is not installed" in found["kueue-queue"][1]
 
     # Kueue's CRDs: its configuration is not there yet, nor the LocalQueue.
-    install_crd(api, kueue_crd("clusterqueues", "ClusterQueue", "Cluster"))
-    install_crd(api, kueue_crd("localqueues", "LocalQueue", "Namespaced"))
+    install_crd(api, kueue_crd_document("clusterqueues", "ClusterQueue", "Cluster"))
+    install_crd(api, kueue_crd_document("localqueues", "LocalQueue", "Namespaced"))
     found = doctor(kubeconfig, capsys)
     assert found["kueue"][0] == "ok"
     assert found["kueue-mpijob"][0] == "unknown" and KUEUE_CONFIG in found["kueue-mpijob"][1]
