@@ -26,6 +26,7 @@ pytestmark = pytest.mark.e2e
 
 
 def doctor(cluster, capsys, *args: str) -> tuple[int, dict[str, tuple[str, str]], str]:
+    capsys.readouterr()  # what an earlier call printed
     code = main(["doctor", "--kubeconfig", cluster.kubeconfig, *args])
     out = capsys.readouterr().out
     print(out)
