@@ -27,24 +27,49 @@
 # not part of scripts/test.sh or the e2e.
 # --gpu-commands prints the docker builds that --gpu runs (and .github/workflows/release.yml repeats), which
 # tests/unit/repository/test_dockerfiles.py checks against the locks without building.
+# --registry REG builds the images as REG/operator:<version>, REG/trainer:<version>-<flavour>, ... (instead of
+# SCALINGRUN_IMAGE_REGISTRY). --push then pushes, once they are built and checked, each image (docker push) and,
+# unless --gpu, the chart as an OCI artifact: helm package, helm push to oci://REG/charts (log in first:
+# docker login REG, helm registry login REG). The chart's appVersion must be the image tag: it names the images.
+# --dry-run (with --push) prints the push commands, one a line, and builds and pushes nothing
+# (tests/unit/repository/test_build_images_push.py).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-CHECK=1
-case "${1:-}" in
+USAGE="usage: $0 [--no-check | --names | --gpu | --gpu-commands] [--registry REG] [--push [--dry-run]]"
+CHECK=1 MODE= PUSH=0 DRY_RUN=0 REGISTRY_FLAG=
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --no-check|--gpu|--gpu-commands|--names)
+      [[ -z "$MODE" ]] || { echo "$0: $MODE and $1 cannot be combined" >&2; echo "$USAGE" >&2; exit 2; }
+      MODE="$1" ;;
+    --registry)
+      [[ $# -ge 2 && -n "$2" && "$2" != -* ]] || { echo "$0: --registry needs a registry, e.g. --registry registry.example.com/ml" >&2; exit 2; }
+      REGISTRY_FLAG="${2%/}"; shift ;;
+    --registry=*) REGISTRY_FLAG="${1#--registry=}"; REGISTRY_FLAG="${REGISTRY_FLAG%/}"
+      [[ -n "$REGISTRY_FLAG" ]] || { echo "$0: --registry needs a registry" >&2; exit 2; } ;;
+    --push) PUSH=1 ;;
+    --dry-run) DRY_RUN=1 ;;
+    *) echo "$0: unknown argument $1" >&2; echo "$USAGE" >&2; exit 2 ;;
+  esac
+  shift
+done
+case "$MODE" in
   --no-check) CHECK=0 ;;
   --gpu) CHECK=gpu ;;
   --gpu-commands) CHECK=gpu-commands ;;
   --names) CHECK=names ;;
-  "") ;;
-  *) echo "usage: $0 [--no-check | --names | --gpu | --gpu-commands]" >&2; exit 2 ;;
 esac
+if [[ "$DRY_RUN" == 1 && "$PUSH" == 0 ]]; then echo "$0: --dry-run prints what --push runs: give both" >&2; exit 2; fi
+if [[ "$PUSH" == 1 && ( "$CHECK" == names || "$CHECK" == gpu-commands ) ]]; then
+  echo "$0: --push pushes what a build makes; $MODE builds nothing" >&2; exit 2
+fi
 # BuildKit (built into Docker 20.10+, no frontend image to pull) skips the stages a build does not need.
 export DOCKER_BUILDKIT="${DOCKER_BUILDKIT:-1}"
 if [[ -z "${DOCKER:-}" ]]; then DOCKER=docker; [[ -x /usr/bin/docker ]] && DOCKER=/usr/bin/docker; fi
 CACHE="${SCALINGRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/scalingrun}"
 VERSION="${SCALINGRUN_IMAGE_TAG:-$(sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)}"
-REGISTRY="${SCALINGRUN_IMAGE_REGISTRY:-ghcr.io/scalingrun}"
+REGISTRY="${REGISTRY_FLAG:-${SCALINGRUN_IMAGE_REGISTRY:-ghcr.io/scalingrun}}"
 TRAINER="$REGISTRY/trainer:$VERSION-cpu"
 TRAINER_LIGHTNING="$REGISTRY/trainer:$VERSION-lightning-cpu"
 TRAINER_GPU="$REGISTRY/trainer:$VERSION-gpu"
@@ -65,6 +90,42 @@ if [[ "$CHECK" == gpu-commands ]]; then
   echo "DOCKER_BUILDKIT=1 docker build -f Dockerfile.trainer ${GPU_LIGHTNING_ARGS[*]} -t $TRAINER_LIGHTNING_GPU ."
   exit 0
 fi
+# What --push runs, one command a line (--dry-run prints them): the images of this build, then (not for --gpu) the chart.
+push_plan() {
+  local image chart_version
+  if [[ "$CHECK" == gpu ]]; then
+    for image in "$TRAINER_GPU" "$TRAINER_LIGHTNING_GPU"; do echo "$DOCKER push $image"; done
+    return
+  fi
+  for image in "$TRAINER" "$TRAINER_LIGHTNING" "$OPERATOR" "$EXAMPLE_MODEL" "$EXAMPLE_MODEL_LIGHTNING" \
+      "$EXAMPLE_TRAINING"; do
+    echo "$DOCKER push $image"
+  done
+  chart_version="$(sed -n 's/^version: *//p' charts/scalingrun/Chart.yaml)"
+  echo "$HELM package charts/scalingrun --destination build/charts"
+  echo "$HELM push build/charts/scalingrun-$chart_version.tgz oci://$REGISTRY/charts"
+}
+if [[ "$PUSH" == 1 ]]; then
+  APP_VERSION="$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/scalingrun/Chart.yaml)"
+  if [[ "$CHECK" != gpu && "$APP_VERSION" != "$VERSION" ]]; then
+    echo "$0: the chart's appVersion ($APP_VERSION) is not the image tag ($VERSION): the pushed chart would name" \
+      "other images. Push the project's version (unset SCALINGRUN_IMAGE_TAG) or change both (docs/install.md)" >&2
+    exit 2
+  fi
+  if [[ "$DRY_RUN" == 1 ]]; then HELM=helm; else HELM="${HELM:-$(bash scripts/tools.sh)/helm}"; fi
+fi
+if [[ "$DRY_RUN" == 1 ]]; then
+  push_plan
+  exit 0
+fi
+push() {
+  local command
+  while read -r -a command <&3; do
+    printf '[build-images] pushing: %s\n' "${command[*]}" >&2
+    "${command[@]}" >&2 || { printf '[build-images] FAILED: %s\n' "${command[*]}" >&2; exit 1; }
+  done 3< <(push_plan)
+  [[ "$CHECK" == gpu ]] || rm -rf build/charts
+}
 if [[ "$CHECK" == names ]]; then
   printf '%s\n' "trainer=$TRAINER" "trainer-lightning=$TRAINER_LIGHTNING" "trainer-gpu=$TRAINER_GPU" \
     "trainer-lightning-gpu=$TRAINER_LIGHTNING_GPU" "operator=$OPERATOR" "example-custom-model=$EXAMPLE_MODEL" \
@@ -153,6 +214,7 @@ if [[ "$CHECK" == gpu ]]; then
   rm -rf build/wheels && mkdir -p build/wheels
   build trainer-gpu "$TRAINER_GPU" Dockerfile.trainer "${GPU_KERAS_ARGS[@]}"
   build trainer-lightning-gpu "$TRAINER_LIGHTNING_GPU" Dockerfile.trainer "${GPU_LIGHTNING_ARGS[@]}"
+  [[ "$PUSH" == 0 ]] || push
   echo "base=$BASE"
   echo "trainer-gpu=$TRAINER_GPU"
   echo "trainer-lightning-gpu=$TRAINER_LIGHTNING_GPU"
@@ -220,6 +282,7 @@ if [[ "$CHECK" == 1 ]]; then
     'import teamtrain.keras_horovod'
   log "checks passed"
 fi
+[[ "$PUSH" == 0 ]] || push
 
 echo "base=$BASE"  # empty: the Dockerfiles' default
 echo "trainer=$TRAINER"

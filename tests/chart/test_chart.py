@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 
 import jsonschema
@@ -333,6 +334,11 @@ def test_the_security_page_lists_exactly_what_the_chart_grants_the_operator(helm
         granted |= grants(bound_rules(objects, deployment["spec"]["template"]["spec"]["serviceAccountName"],
                                       "scalingrun-system"))
     assert documented == granted, (sorted(documented - granted), sorted(granted - documented))
+    # The chart's README names the same resources (and leaves the verbs and the why to that table).
+    readme = (CHART / "README.md").read_text()
+    section = readme[readme.index("## RBAC\n"):].split("\n## ")[0]
+    named = {word for word in re.findall(r"`([^`]+)`", section) if re.fullmatch(r"[a-z]+(/[a-z]+)?", word)}
+    assert named == {resource for _, _, resource in granted}, (sorted(named), sorted(granted))
 
 
 def test_users_who_may_edit_runs_may_not_write_their_status(helm):

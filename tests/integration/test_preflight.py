@@ -13,7 +13,7 @@ import pytest
 from scalingrun_operator.builders.mpijob import MPI_OPERATOR_INSTALL
 from scalingrun_operator.cli import main
 from scalingrun_operator.schema.crd import VERSION_LABEL, build_crd, build_sweep_crd, project_version
-from tests.support.apiserver import api_server, install_crd, mpijob_crd_document
+from tests.support.apiserver import api_server, install_crd, kueue_crd_document, mpijob_crd_document
 from tests.support.env import require
 
 pytestmark = pytest.mark.k8s
@@ -122,13 +122,7 @@ def test_doctor_says_what_is_missing_and_what_to_do_until_the_cluster_is_ready(k
     assert found["mpijob-controller"] == ("ok", "MPIJobs served by mpi-operator/mpi-operator")
 
     # Kueue: its API group is what says it is there.
-    install_crd(api, {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-                      "metadata": {"name": "clusterqueues.kueue.x-k8s.io"},
-                      "spec": {"group": "kueue.x-k8s.io", "scope": "Cluster",
-                               "names": {"kind": "ClusterQueue", "plural": "clusterqueues"},
-                               "versions": [{"name": "v1beta1", "served": True, "storage": True, "schema": {
-                                   "openAPIV3Schema": {"type": "object",
-                                                       "x-kubernetes-preserve-unknown-fields": True}}}]}})
+    install_crd(api, kueue_crd_document("clusterqueues", "ClusterQueue", "Cluster"))
     code, found = doctor(kubeconfig, capsys)
     assert found["kueue"][0] == "ok" and "kueue.x-k8s.io/v1beta1" in found["kueue"][1]
 

@@ -157,3 +157,12 @@ def mpijob_crd_document() -> dict:
     path = Path(os.environ.get("SCALINGRUN_MPIJOB_CRD", ROOT.parent / "shared/crds/kubeflow.org_mpijobs.yaml"))
     require(path.exists(), f"MPIJob CRD {path} not found (set SCALINGRUN_MPIJOB_CRD)")
     return yaml.safe_load(path.read_text())
+
+
+def kueue_crd_document(plural: str, kind: str, scope: str) -> dict:
+    """One of Kueue's CRDs (kueue.x-k8s.io/v1beta1), its schema left open: what discovery and doctor look at."""
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.kueue.x-k8s.io"},
+            "spec": {"group": "kueue.x-k8s.io", "scope": scope, "names": {"kind": kind, "plural": plural},
+                     "versions": [{"name": "v1beta1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                         "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]}}

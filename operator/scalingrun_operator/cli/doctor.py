@@ -1,6 +1,8 @@
 """`scalingrun doctor`: what the cluster of the kube context has and lacks for ScalingRuns to train, one line per
-check (cluster/preflight.py), with the user's credentials: the MPIJob API and its controller (and the Training
-Operator v1 beside it), Kueue, the CRDs' version against this scalingrun's, the operator and its /healthz."""
+check, with the user's credentials: the MPIJob API and its controller (and the Training Operator v1 beside it), Kueue,
+the CRDs' version against this scalingrun's, the operator and its /healthz (cluster/preflight.py); for the runs of
+the namespace, the GPU resource they ask for on the nodes, the NVIDIA driver, Kueue's MPIJob integration and their
+LocalQueues (cluster/preflight_fit.py)."""
 
 from __future__ import annotations
 
@@ -17,11 +19,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from kubernetes.client.rest import ApiException
     from urllib3.exceptions import HTTPError
 
-    from ..cluster.preflight import ERROR, gather, judge
+    from ..cluster.preflight import ERROR, KUEUE_GROUP, gather, judge
+    from ..cluster.preflight_fit import gather_fit, judge_fit
 
-    api_client = Cluster(args).api_client
+    cluster = Cluster(args)
+    api_client = cluster.api_client
     try:
-        checks = judge(gather(api_client))
+        facts = gather(api_client)
+        checks = judge(facts) + judge_fit(gather_fit(api_client, cluster.namespace, facts.groups.get(KUEUE_GROUP, {})))
     except ApiException as exc:
         raise UserError(f"scalingrun doctor: the API server answered {exc.status} {exc.reason}") from None
     except HTTPError as exc:

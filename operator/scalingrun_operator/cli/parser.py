@@ -167,15 +167,16 @@ def build_parser(prog: str = "scalingrun") -> argparse.ArgumentParser:
     wait.add_argument("--timeout", help="seconds or a duration such as 90s, 10m or 1h30m (default: no limit)")
     _cluster_flags(wait)
 
-    doctor = _add(sub, "doctor", "check the cluster: MPIJob API and controller, Kueue, CRD version, the operator",
-                  "Check what the kube context's cluster has for ScalingRuns to train, one line each: the MPIJob API "
-                  "served (kubeflow.org/v2beta1, not the Training Operator v1's v1), the controller serving it and "
-                  "a Training Operator v1 competing for it, Kueue, the CRDs' version against this scalingrun's, and "
-                  "the operator (ready, its /healthz through the API server). Exits 1 when a check fails.",
-                  "  scalingrun doctor\n  scalingrun doctor --context prod", cmd_doctor)
-    doctor.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)")
-    doctor.add_argument("--context", help="kubeconfig context (default: the current one)")
-    doctor.set_defaults(namespace=None)
+    doctor = _add(sub, "doctor", "check the cluster: MPIJob API and controller, Kueue, CRD version, the operator, "
+                  "GPUs", "Check what the kube context's cluster has for ScalingRuns to train, one line each: the "
+                  "MPIJob API served (kubeflow.org/v2beta1, not the Training Operator v1's v1), the controller serving "
+                  "it and a Training Operator v1 competing for it, Kueue, the CRDs' version against this scalingrun's, "
+                  "and the operator (ready, its /healthz through the API server). For the namespace's active runs: "
+                  "the GPU resource they ask for, allocatable per node; the NVIDIA driver of the GPU nodes (GPU "
+                  "feature discovery's labels) against R580; Kueue's MPIJob and Job integrations and a LocalQueue for "
+                  "each queue they name. Exits 1 when a check fails.",
+                  "  scalingrun doctor\n  scalingrun doctor --context prod -n team-a", cmd_doctor)
+    _cluster_flags(doctor, kinds=False)
 
     logs = _add(sub, "logs", "print a run's training log: from its launcher pod, or archived once the pods are gone",
                 "Print the launcher's log (mpirun's output: every rank's lines, each tagged [1,RANK]), one rank's lines "

@@ -58,9 +58,10 @@ def test_build_images_builds_the_api_defaults_under_one_scheme(built):
 
 
 def test_the_image_version_is_the_projects():
+    """One version a release (docs/install.md, "Versions and tags"): the package's, the chart's, its appVersion."""
     project = re.search(r'^version = "(.*)"$', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    assert IMAGE_VERSION == project == chart["appVersion"]
+    assert IMAGE_VERSION == project == chart["appVersion"] == chart["version"]
 
 
 def test_the_chart_and_kustomize_name_the_same_images():
