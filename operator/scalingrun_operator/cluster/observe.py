@@ -43,13 +43,8 @@ class Observer:
 
     def read(self, ask: Any) -> Any:
         if isinstance(ask, Child):
-            copy = self.latest and self.latest.children.get((ask.kind, self.namespace, ask.name))
-            if copy:
-                return copy
-            found = self.kube.get_child(ask.kind, self.namespace, ask.name)
-            if self.latest:
-                self.latest.child_read(ask.kind, self.namespace, found)
-            return found
+            read = lambda: self.kube.get_child(ask.kind, self.namespace, ask.name)  # noqa: E731
+            return self.latest.child(ask.kind, self.namespace, ask.name, read) if self.latest else read()
         if isinstance(ask, Pods):
             return PodList(tuple(self._pods()), MappingProxyType(self.memory.deleted_pods()))
         if isinstance(ask, Document) and not self.config.reads_storage:
@@ -90,7 +85,7 @@ class Observer:
         """A document as the run's own pods told it (no storage read, no Secret): progress and heartbeat as pushed,
         the dataset manifest from the termination message of a preprocessing or check pod that succeeded."""
         if ask.what == MANIFEST:
-            return Read(manifest_left(self._pods()))
+            return Read(manifest_left(self._pods(), ask.job_uid))
         return Read(self.pushed.get(self.namespace, ask.run or self.name, ask.what) if self.pushed else None)
 
     def _pods(self) -> list[dict[str, Any]]:
