@@ -113,18 +113,20 @@ def owner_chain(pod: dict[str, Any], run_uid: str, lookup: Lookup) -> Optional[s
     controlled by such an MPIJob (a launcher's); else why not. Each owner is looked up and must have the uid its
     reference names: at most two lookups."""
     namespace = (pod.get("metadata") or {}).get("namespace") or ""
-    ref, previous = _controller(pod), None
+    ref, kind = _controller(pod), _kind(_controller(pod))
+    if kind not in OWNER_GROUPS:
+        return "its controller is no Job or MPIJob"
     for _ in range(2):
-        kind = _kind(ref)
-        if kind not in OWNER_GROUPS or (previous is not None and (previous, kind) != (JOB, MPIJOB)):
-            return "its controller is no Job or MPIJob of a run"
         found = lookup(kind, namespace, ref["name"])
         if not found or (found.get("metadata") or {}).get("uid") != ref.get("uid"):
             return f"its {kind} {ref['name']} is gone"
-        ref, previous = _controller(found), kind
+        named, ref = f"its {kind} {ref['name']}", _controller(found)
         if _kind(ref) == KIND:
-            return None if ref.get("uid") == run_uid else f"its {kind} {found['metadata']['name']} is another run's"
-    return "its controller is no Job or MPIJob of a run"
+            return None if ref.get("uid") == run_uid else f"{named} is another run's"
+        if (kind, _kind(ref)) != (JOB, MPIJOB):  # only a launcher's Job stands behind an MPIJob
+            return f"{named} is controlled by no run"
+        kind = MPIJOB
+    return f"{named} is controlled by no run"
 
 
 class PushAuthenticator:

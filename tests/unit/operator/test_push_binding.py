@@ -30,7 +30,8 @@ def _object(name: str, uid: str, owner: Optional[dict[str, Any]]) -> dict[str, A
 OBJECTS = {
     ("Job", "alpha-preprocess"): _object("alpha-preprocess", "job-a", _ref("ScalingRun", "alpha", RUN_UID)),
     ("MPIJob", "alpha-train"): _object("alpha-train", "mpi-a", _ref("ScalingRun", "alpha", RUN_UID)),
-    ("Job", "alpha-train-launcher"): _object("alpha-train-launcher", "launcher-a", _ref("MPIJob", "alpha-train", "mpi-a")),
+    ("Job", "alpha-train-launcher"): _object("alpha-train-launcher", "launcher-a",
+                                             _ref("MPIJob", "alpha-train", "mpi-a")),
     ("MPIJob", "beta-train"): _object("beta-train", "mpi-b", _ref("ScalingRun", "beta", OTHER_RUN_UID)),
     ("Job", "loose"): _object("loose", "job-loose", None),
     ("Job", "nested"): _object("nested", "job-nested", _ref("Job", "alpha-preprocess", "job-a")),
@@ -46,14 +47,13 @@ def _pod(owner: Optional[dict[str, Any]]) -> dict[str, Any]:
     (_ref("MPIJob", "alpha-train", "mpi-a"), None),  # a worker
     (_ref("Job", "alpha-train-launcher", "launcher-a"), None),  # the launcher, through its Job
     (_ref("MPIJob", "beta-train", "mpi-b"), "its MPIJob beta-train is another run's"),
-    (None, "its controller is no Job or MPIJob of a run"),  # a pod labelled as alpha's and owned by nothing
-    (_ref("ScalingRun", "alpha", RUN_UID), "its controller is no Job or MPIJob of a run"),  # an elastic capacity probe
+    (None, "its controller is no Job or MPIJob"),  # a pod labelled as alpha's and owned by nothing
+    (_ref("ScalingRun", "alpha", RUN_UID), "its controller is no Job or MPIJob"),  # an elastic capacity probe
     (_ref("MPIJob", "alpha-train", "made-up-uid"), "its MPIJob alpha-train is gone"),  # the name, not the object
     (_ref("Job", "no-such-job", "job-x"), "its Job no-such-job is gone"),
-    (_ref("Job", "loose", "job-loose"), "its controller is no Job or MPIJob of a run"),
-    (_ref("Job", "nested", "job-nested"), "its controller is no Job or MPIJob of a run"),  # only Job -> MPIJob nests
-    ({**_ref("MPIJob", "alpha-train", "mpi-a"), "apiVersion": "example.com/v1"}, "its controller is no Job or MPIJob "
-                                                                                  "of a run"),
+    (_ref("Job", "loose", "job-loose"), "its Job loose is controlled by no run"),
+    (_ref("Job", "nested", "job-nested"), "its Job nested is controlled by no run"),  # only Job -> MPIJob nests
+    ({**_ref("MPIJob", "alpha-train", "mpi-a"), "apiVersion": "example.com/v1"}, "its controller is no Job or MPIJob"),
 ])
 def test_a_pod_is_the_runs_when_its_owner_chain_reaches_the_run_by_uid(owner, why):
     lookups: list[tuple[str, str, str]] = []
