@@ -191,7 +191,11 @@ def training_pod(mpijob: dict, role: str, name: str) -> dict:
     template = replica["template"]["spec"]["containers"][0]
     labels = {**replica["template"]["metadata"]["labels"], "training.kubeflow.org/job-name": mpijob["metadata"]["name"],
               "training.kubeflow.org/job-role": role}
-    return {"metadata": {"name": name, "labels": labels},
+    # A worker is controlled by its MPIJob, as mpi-operator makes it (its pushes are taken by that owner chain); the
+    # launcher's controller, the launcher Job, is not made here.
+    owner = {"apiVersion": mpijob["apiVersion"], "kind": "MPIJob", "name": mpijob["metadata"]["name"],
+             "uid": mpijob["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    return {"metadata": {"name": name, "labels": labels, "ownerReferences": [owner] if role == "worker" else []},
             "spec": {"automountServiceAccountToken": False, "containers": [
                 {"name": template["name"], "image": template["image"], "resources": template.get("resources") or {}}]}}
 

@@ -7,10 +7,12 @@ projected ServiceAccount token (cluster/push_auth.py), the local runner's compar
 POST /v1/namespaces/{namespace}/scalingruns/{run}/{progress|heartbeat} with a bearer token and the
 full state document (the JSON the trainer writes to storage). Refused, each counted by reason: a body over
 MAX_BODY_BYTES (413), a namespace the operator does not watch (403), a token that is missing, invalid or not ours
-(401), a pod of another run or namespace (403), more than the run's share of pushes (429), a body that is no JSON
-object (400). A token no review vouched for yet passes push_admission.py before its review: refused again from the
-cache when a review refused it (401), or turned away while its source sends too many new tokens or holds its share
-of the line of reviews (429); a known pod's push is reviewed apart, so a flood of bad tokens does not delay it.
+(401), a run the operator does not know (404), a pod the run does not own or of another namespace (403), more than
+the run's share of pushes (429), a body that is no JSON object (400), a document past a bound of its run (413), its
+namespace or all namespaces (429; pushed.py; told to `on_full` too). A token no review vouched for yet passes
+push_admission.py before its review: refused again from the cache when a review refused it (401), or turned away
+while its source sends too many new tokens or holds its share of the line of reviews (429); a known pod's push is
+reviewed apart, so a flood of bad tokens does not delay it.
 Accepted pushes are kept (pushed.py) and told to `on_push` (the operator reconciles the run after a progress push).
 
 It runs its own event loop in a thread of its own: a flood of pushes never waits on kopf's loop, nor kopf on it.
@@ -34,7 +36,7 @@ from aiohttp import web
 
 from scalingrun_api.status_push import MAX_BODY_BYTES, PUSHED_DOCUMENTS
 from .push_admission import Buckets, NewTokenLine, RefusedTokens
-from .pushed import PushedDocuments, parse_pushed
+from .pushed import Full, PushedDocuments
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +91,7 @@ class StatusServer:
                  port: int, host: str = "0.0.0.0", on_push: Optional[Callable[[str, str, str], None]] = None,
                  count_refused: Optional[Callable[[str], None]] = None,
                  count_accepted: Optional[Callable[[str], None]] = None,
+                 on_full: Optional[Callable[[str, str, Full], None]] = None,
                  pushes_per_second: float = PUSHES_PER_SECOND, burst: int = PUSH_BURST,
                  watched: Callable[[str], bool] = lambda namespace: True):
         self.authenticator, self.pushed = authenticator, pushed
@@ -96,6 +99,7 @@ class StatusServer:
         self.on_push = on_push or (lambda namespace, name, what: None)
         self.count_refused = count_refused or (lambda reason: None)
         self.count_accepted = count_accepted or (lambda what: None)
+        self.on_full = on_full or (lambda namespace, name, full: None)  # in the server's loop: it must not wait
         self.buckets: Buckets[tuple[str, str]] = Buckets(pushes_per_second, burst)  # per run: forgotten with it
         self.new_tokens = NewTokenLine()  # changed in the server's loop only
         self.refused_tokens: RefusedTokens[Refused] = RefusedTokens()
@@ -215,12 +219,15 @@ class StatusServer:
         except web.HTTPRequestEntityTooLarge:
             return self._refuse(413, TOO_LARGE, f"a push is at most {MAX_BODY_BYTES} bytes")
         try:
-            document = parse_pushed(what, json.loads(body))
+            document = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             document = None
-        if document is None:
+        if not isinstance(document, dict):
             return self._refuse(400, BAD_DOCUMENT, f"the body is no JSON object of a {what} document")
-        self.pushed.record(namespace, run, what, document)
+        full = self.pushed.record(namespace, run, what, document, len(body))
+        if full is not None:  # a bound of the run's, its namespace's or all namespaces' (pushed.py)
+            self.on_full(namespace, run, full)
+            return self._refuse(full.status, full.reason, full.message, retry_after=full.retry_after)
         self.count_accepted(what)
         self.on_push(namespace, run, what)
         return web.json_response({"accepted": what}, status=202)

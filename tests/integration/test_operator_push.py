@@ -62,7 +62,8 @@ def test_status_follows_a_push_from_the_runs_pod(cluster, operator, s3_server, t
     assert config_map[URL_FILE] == f"https://127.0.0.1:{STATUS_PORT}"
     assert "BEGIN CERTIFICATE" in config_map[CA_FILE]
     mpijob = cluster.mpijob(cluster.status("pushed")["training"]["mpiJobName"])
-    pod = cluster.create_pod("pushed-worker-0", mpijob_pod_labels(mpijob, "worker"), "worker", "trainer:test")
+    pod = cluster.create_pod("pushed-worker-0", mpijob_pod_labels(mpijob, "worker"), "worker", "trainer:test",
+                             owner=mpijob)  # as mpi-operator makes a worker: its push is taken by this owner
     pusher = status_pusher(cluster, pod, "pushed", tmp_path)
     token = (tmp_path / "token").read_text()
 

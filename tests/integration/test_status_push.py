@@ -19,24 +19,19 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 
-from scalingrun_api.models import MANAGED_BY
 from scalingrun_api.progress import Progress
-from scalingrun_api.status_push import MAX_BODY_BYTES, PROGRESS, STATUS_AUDIENCE, push_path
-from scalingrun_operator.builders.common import RUN_LABEL
+from scalingrun_api.status_push import MAX_BODY_BYTES, PROGRESS, push_path
 from scalingrun_operator.cluster import push_auth
 from scalingrun_operator.cluster.metrics import Metrics
-from scalingrun_operator.cluster.push_auth import PushAuthenticator
 from scalingrun_operator.pushed import PushedDocuments
 from scalingrun_operator.push_admission import NEW_TOKENS_WAITING, REVIEWS_BUSY, Buckets, NewTokenLine
 from scalingrun_operator.status_server import (
     BAD_DOCUMENT, INVALID_TOKEN, NO_TOKEN, OTHER_RUN, RATE_LIMITED, TOO_LARGE, Refused, StatusServer,
 )
+from tests.support.push_runs import PushRuns
 from tests.support.tls import post, post_with_headers, write_serving_certificate
 
 pytestmark = pytest.mark.k8s
-
-SERVICE_ACCOUNT = "runner"
-
 
 @pytest.fixture
 def other_namespace(api_client):
@@ -47,31 +42,16 @@ def other_namespace(api_client):
     core.delete_namespace(name)
 
 
-def _pod(core: client.CoreV1Api, namespace: str, name: str, run: str) -> client.V1Pod:
-    return core.create_namespaced_pod(namespace, {
-        "metadata": {"name": name, "labels": {**MANAGED_BY, RUN_LABEL: run}},
-        "spec": {"serviceAccountName": SERVICE_ACCOUNT, "automountServiceAccountToken": False,
-                 "containers": [{"name": "trainer", "image": "trainer:test"}]}})
-
-
-def _token(core: client.CoreV1Api, pod: client.V1Pod, audience: str = STATUS_AUDIENCE, bound: bool = True) -> str:
-    """A token as the kubelet's projected volume gets it (`bound`: to the pod; else the ServiceAccount's own)."""
-    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
-        audiences=[audience], expiration_seconds=600,
-        bound_object_ref=client.V1BoundObjectReference(kind="Pod", api_version="v1", name=pod.metadata.name,
-                                                       uid=pod.metadata.uid) if bound else None))
-    return core.create_namespaced_service_account_token(SERVICE_ACCOUNT, pod.metadata.namespace, request).status.token
-
-
-def _service_account(core: client.CoreV1Api, namespace: str) -> None:
-    core.create_namespaced_service_account(namespace, {"metadata": {"name": SERVICE_ACCOUNT}})
+@pytest.fixture
+def runs(api_client, scalingrun_crd, mpijob_crd) -> PushRuns:
+    return PushRuns(api_client)
 
 
 @pytest.fixture
-def status_server(api_client, tmp_path):
+def status_server(runs, tmp_path):
     write_serving_certificate(tmp_path / "tls")
     metrics, pushed, pushes = Metrics(), PushedDocuments(), []
-    server = StatusServer(PushAuthenticator(api_client), pushed, str(tmp_path / "tls/tls.crt"),
+    server = StatusServer(runs.authenticator(), pushed, str(tmp_path / "tls/tls.crt"),
                           str(tmp_path / "tls/tls.key"), port=0, host="127.0.0.1",
                           on_push=lambda namespace, name, what: pushes.append((namespace, name, what)),
                           count_refused=lambda reason: metrics.push_refusals.labels(reason=reason).inc(),
@@ -82,17 +62,15 @@ def status_server(api_client, tmp_path):
     server.stop()
 
 
-def test_only_a_pod_of_the_run_may_push_its_status(api_client, namespace, other_namespace, status_server):
+def test_only_a_pod_of_the_run_may_push_its_status(api_client, runs, namespace, other_namespace, status_server):
     core = client.CoreV1Api(api_client)
-    for ns in (namespace, other_namespace):
-        _service_account(core, ns)
-    own = _pod(core, namespace, "alpha-launcher", "alpha")
-    other_run = _pod(core, namespace, "beta-launcher", "beta")
-    elsewhere = _pod(core, other_namespace, "alpha-launcher", "alpha")  # the same run name, another namespace
-    gone = _pod(core, namespace, "alpha-worker-0", "alpha")
-    tokens = {"own": _token(core, own), "other run": _token(core, other_run),
-              "other namespace": _token(core, elsewhere), "wrong audience": _token(core, own, "someone-else"),
-              "deleted pod": _token(core, gone), "no pod": _token(core, own, bound=False)}
+    own = runs.own_pod(namespace, "alpha-launcher", "alpha")
+    other_run = runs.own_pod(namespace, "beta-launcher", "beta")
+    elsewhere = runs.own_pod(other_namespace, "alpha-launcher", "alpha")  # the same run name, another namespace
+    gone = runs.own_pod(namespace, "alpha-worker-0", "alpha")
+    tokens = {"own": runs.token(own), "other run": runs.token(other_run),
+              "other namespace": runs.token(elsewhere), "wrong audience": runs.token(own, "someone-else"),
+              "deleted pod": runs.token(gone), "no pod": runs.token(own, bound=False)}
     core.delete_namespaced_pod(gone.metadata.name, namespace, grace_period_seconds=0)
     header, payload, signature = tokens["own"].split(".")
     tokens["forged"] = f"{header}.{payload}.{signature[::-1]}"
@@ -130,10 +108,8 @@ def test_only_a_pod_of_the_run_may_push_its_status(api_client, namespace, other_
         assert sample("scalingrun_status_push_refusals_total", {"reason": reason}) == expected, reason
 
 
-def test_the_body_is_capped_parsed_and_pushes_rate_limited(api_client, namespace, status_server):
-    core = client.CoreV1Api(api_client)
-    _service_account(core, namespace)
-    token = _token(core, _pod(core, namespace, "alpha-launcher", "alpha"))
+def test_the_body_is_capped_parsed_and_pushes_rate_limited(runs, namespace, status_server):
+    token = runs.token(runs.own_pod(namespace, "alpha-launcher", "alpha"))
     path = push_path(namespace, "alpha", PROGRESS)
     status_server.buckets = Buckets(rate=0.01, burst=3)  # this run's share: 3 pushes, then one every 100 s
 
@@ -152,11 +128,9 @@ def test_the_body_is_capped_parsed_and_pushes_rate_limited(api_client, namespace
     assert sample("scalingrun_status_push_refusals_total", {"reason": TOO_LARGE}) == 1
 
 
-def test_a_flood_of_new_tokens_waits_apart_from_the_known_pods_pushes(api_client, namespace, status_server):
-    core = client.CoreV1Api(api_client)
-    _service_account(core, namespace)
-    known = _token(core, _pod(core, namespace, "alpha-worker-0", "alpha"))
-    fresh = _token(core, _pod(core, namespace, "alpha-worker-1", "alpha"))
+def test_a_flood_of_new_tokens_waits_apart_from_the_known_pods_pushes(runs, namespace, status_server):
+    known = runs.token(runs.own_pod(namespace, "alpha-worker-0", "alpha"))
+    fresh = runs.token(runs.own_pod(namespace, "alpha-worker-1", "alpha"))
     path = push_path(namespace, "alpha", PROGRESS)
     body = json.dumps(Progress(epoch=1).document()).encode()
     assert post(status_server.port, status_server.ca, path, body, known)[0] == 202  # reviewed: known from now on
@@ -224,12 +198,10 @@ def _mounted(directory: Path, port: int, ca: Path, token: str) -> Path:
     return directory
 
 
-def test_the_trainers_pushes_reach_the_run_newest_first(api_client, namespace, status_server, tmp_path, monkeypatch):
+def test_the_trainers_pushes_reach_the_run_newest_first(runs, namespace, status_server, tmp_path, monkeypatch):
     from scalingrun_trainer.core import status_push
 
-    core = client.CoreV1Api(api_client)
-    _service_account(core, namespace)
-    token = _token(core, _pod(core, namespace, "alpha-worker-0", "alpha"))
+    token = runs.token(runs.own_pod(namespace, "alpha-worker-0", "alpha"))
     mounted = _mounted(tmp_path / "status", status_server.port, status_server.ca, token)
     monkeypatch.setenv(status_push.STATUS_DIR_VARIABLE, str(mounted))
     monkeypatch.setenv(status_push.STATUS_PATH_VARIABLE, f"/v1/namespaces/{namespace}/scalingruns/alpha")
@@ -247,7 +219,7 @@ def test_the_trainers_pushes_reach_the_run_newest_first(api_client, namespace, s
     status_push.status_pusher.cache_clear()
 
 
-def test_rank_0s_writers_push_beside_their_write_and_a_shards_heartbeat_does_not(api_client, namespace, status_server,
+def test_rank_0s_writers_push_beside_their_write_and_a_shards_heartbeat_does_not(runs, namespace, status_server,
                                                                                  tmp_path, monkeypatch):
     from scalingrun_api.status_push import HEARTBEAT
     from scalingrun_trainer.core import status_push
@@ -255,9 +227,7 @@ def test_rank_0s_writers_push_beside_their_write_and_a_shards_heartbeat_does_not
     from scalingrun_trainer.core.progress import ProgressWriter
     from scalingrun_trainer.storage import open_location
 
-    core = client.CoreV1Api(api_client)
-    _service_account(core, namespace)
-    token = _token(core, _pod(core, namespace, "alpha-worker-0", "alpha"))
+    token = runs.token(runs.own_pod(namespace, "alpha-worker-0", "alpha"))
     monkeypatch.setenv(status_push.STATUS_DIR_VARIABLE,
                        str(_mounted(tmp_path / "status", status_server.port, status_server.ca, token)))
     monkeypatch.setenv(status_push.STATUS_PATH_VARIABLE, f"/v1/namespaces/{namespace}/scalingruns/alpha")
@@ -284,13 +254,11 @@ def test_rank_0s_writers_push_beside_their_write_and_a_shards_heartbeat_does_not
         status_push.status_pusher.cache_clear()
 
 
-def test_the_trainer_waits_out_an_operator_that_is_away(api_client, namespace, tmp_path):
+def test_the_trainer_waits_out_an_operator_that_is_away(runs, namespace, tmp_path):
     from scalingrun_trainer.core.status_push import StatusPusher
     from tests.support.apiserver import free_port
 
-    core = client.CoreV1Api(api_client)
-    _service_account(core, namespace)
-    token = _token(core, _pod(core, namespace, "alpha-launcher", "alpha"))
+    token = runs.token(runs.own_pod(namespace, "alpha-launcher", "alpha"))
     write_serving_certificate(tmp_path / "tls")
     port = free_port()
     said: list[str] = []
@@ -302,7 +270,7 @@ def test_the_trainer_waits_out_an_operator_that_is_away(api_client, namespace, t
     assert len(said) == 1 and "does not answer" in said[0]
     pusher.push(PROGRESS, Progress(epoch=2).document())
     pushed = PushedDocuments()
-    server = StatusServer(PushAuthenticator(api_client), pushed, str(tmp_path / "tls/tls.crt"),
+    server = StatusServer(runs.authenticator(), pushed, str(tmp_path / "tls/tls.crt"),
                           str(tmp_path / "tls/tls.key"), port=port, host="127.0.0.1")
     server.start()
     try:
@@ -313,17 +281,16 @@ def test_the_trainer_waits_out_an_operator_that_is_away(api_client, namespace, t
         server.stop()
 
 
-def test_a_review_is_kept_a_minute_and_never_past_the_tokens_expiry(api_client, namespace, monkeypatch):
+def test_a_review_is_kept_a_minute_and_never_past_the_tokens_expiry(api_client, runs, namespace, monkeypatch):
     core = client.CoreV1Api(api_client)
-    _service_account(core, namespace)
-    pod = _pod(core, namespace, "alpha-worker-0", "alpha")
-    token = _token(core, pod)  # good for 600 s
+    pod = runs.own_pod(namespace, "alpha-worker-0", "alpha")
+    token = runs.token(pod)  # good for 600 s
     assert 590 < push_auth.expires_in(token) <= 600
     assert push_auth.expires_in(token, now=time.time() + 3600) == 0 and push_auth.expires_in("garbage") == 0
     reviews, review = [], push_auth.review_token
     monkeypatch.setattr(push_auth, "review_token", lambda *args: reviews.append(1) or review(*args))
     now = [0.0]
-    authenticator = PushAuthenticator(api_client, clock=lambda: now[0])
+    authenticator = runs.authenticator(clock=lambda: now[0])
     for now[0] in (0.0, 10.0, 59.0, 61.0, 70.0):  # a pod pushing every 10 s or so
         assert authenticator.authorize(f"Bearer {token}", namespace, "alpha").uid == pod.metadata.uid
     assert len(reviews) == 2  # at 0 and at 61 s
@@ -333,16 +300,14 @@ def test_a_review_is_kept_a_minute_and_never_past_the_tokens_expiry(api_client, 
     assert refused.value.reason == push_auth.POD_GONE and len(reviews) == 2
 
 
-def test_the_pod_watchs_index_answers_for_its_runs_pods_and_nothing_else(api_client, namespace):
+def test_the_pod_watchs_index_answers_for_its_runs_pods_and_nothing_else(api_client, runs, namespace):
     from scalingrun_operator.cluster.pod_index import PodIndex
 
-    core = client.CoreV1Api(api_client)
-    _service_account(core, namespace)
-    own, other = _pod(core, namespace, "alpha-launcher", "alpha"), _pod(core, namespace, "beta-launcher", "beta")
+    own, other = runs.own_pod(namespace, "alpha-launcher", "alpha"), runs.own_pod(namespace, "beta-launcher", "beta")
     index = PodIndex(resync_seconds=300)
     index.listing(namespace, "alpha", lambda: [api_client.sanitize_for_serialization(own)])
-    authenticator = PushAuthenticator(api_client, index.pods)
-    bearer = {pod.metadata.name: f"Bearer {_token(core, pod)}" for pod in (own, other)}
+    authenticator = runs.authenticator(known_pods=index.pods)
+    bearer = {pod.metadata.name: f"Bearer {runs.token(pod)}" for pod in (own, other)}
     assert authenticator.authorize(bearer["alpha-launcher"], namespace, "alpha").uid == own.metadata.uid
     with pytest.raises(Refused) as refused:  # not in alpha's index: read, and found to be beta's
         authenticator.authorize(bearer["beta-launcher"], namespace, "alpha")

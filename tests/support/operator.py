@@ -252,9 +252,13 @@ class Cluster:
 
     # --- pods: no kubelet or scheduler runs here, so the tests write what they would ---
 
-    def create_pod(self, name: str, labels: dict[str, str], container: str, image: str, timeout: float = 30) -> dict:
-        """A pod as its controller (Job controller, MPI operator) would create it from a template's labels."""
-        body = {"metadata": {"name": name, "labels": labels},
+    def create_pod(self, name: str, labels: dict[str, str], container: str, image: str, timeout: float = 30,
+                   owner: Optional[dict] = None) -> dict:
+        """A pod as its controller (Job controller, MPI operator) would create it from a template's labels; with
+        `owner` (the Job or MPIJob), controlled by it, as they make it (a pod's push is taken by its owner chain)."""
+        refs = [{"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
+                 "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}] if owner else []
+        body = {"metadata": {"name": name, "labels": labels, "ownerReferences": refs},
                 "spec": {"automountServiceAccountToken": False, "containers": [{"name": container, "image": image}]}}
         deadline = time.monotonic() + timeout
         while True:
@@ -406,7 +410,8 @@ def leave_manifest_in_a_pod(cluster: Cluster, job: dict, run: dict) -> None:
     from scalingrun_api.manifest import DatasetManifest, manifest_termination_message
 
     pod = f"{job['metadata']['name']}-0"
-    cluster.create_pod(pod, preprocess_pod_labels(job), "preprocess", "trainer:test")
+    cluster.create_pod(pod, preprocess_pod_labels(job), "preprocess", "trainer:test",
+                       owner={"apiVersion": "batch/v1", "kind": "Job", **job})
     message = manifest_termination_message(DatasetManifest.read(manifest_for(run)))
     cluster.set_pod_status(pod, phase="Succeeded", containers=[{"name": "preprocess", "state": {"terminated": {
         "exitCode": 0, "reason": "Completed", "message": message, "startedAt": _now(), "finishedAt": _now()}}}])

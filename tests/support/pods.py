@@ -13,15 +13,19 @@ IMAGE = "registry.invalid/scalingrun/trainer:1"
 
 
 def create_training_pod(cluster: Cluster, mpijob: dict, role: str, name: str, node: str = "",
-                        with_grace: bool = False) -> dict:
+                        with_grace: bool = False, owned: bool = False) -> dict:
     """A launcher or worker pod as the MPI operator makes it: the template's labels, container, image and
     resources (the memory limit an OOM message names); with `node`, as if it had been scheduled there; with
-    `with_grace`, the template's terminationGracePeriodSeconds (else Kubernetes' default)."""
+    `with_grace`, the template's terminationGracePeriodSeconds (else Kubernetes' default); with `owned`, controlled
+    by the MPIJob, as mpi-operator makes a worker (a pod that pushes needs it: the push path checks the owner)."""
     spec = mpijob["spec"]["mpiReplicaSpecs"]["Launcher" if role == "launcher" else "Worker"]
     template = spec["template"]["spec"]["containers"][0]
     container = {"name": template["name"], "image": IMAGE, "resources": template.get("resources") or {}}
     grace = spec["template"]["spec"].get("terminationGracePeriodSeconds") if with_grace else None
-    return create_pod(cluster, {"metadata": {"name": name, "labels": mpijob_pod_labels(mpijob, role)},
+    owner = {"apiVersion": mpijob["apiVersion"], "kind": "MPIJob", "name": mpijob["metadata"]["name"],
+             "uid": mpijob["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}
+    return create_pod(cluster, {"metadata": {"name": name, "labels": mpijob_pod_labels(mpijob, role),
+                                             "ownerReferences": [owner] if owned else []},
                                 "spec": {"automountServiceAccountToken": False, "containers": [container],
                                          **({"nodeName": node} if node else {}),
                                          **({"terminationGracePeriodSeconds": grace} if grace else {})}})

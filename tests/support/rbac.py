@@ -174,7 +174,8 @@ def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator, p
         cluster.core.read_namespaced_config_map("life-runconfig", cluster.ns))) == [uid]
     cluster.set_mpijob_condition("life-train", "Running", "", "")
     if push:  # a worker's push, its token reviewed (tokenreviews: create)
-        worker = create_training_pod(cluster, cluster.mpijob("life-train"), "worker", "life-train-worker-1")
+        worker = create_training_pod(cluster, cluster.mpijob("life-train"), "worker", "life-train-worker-1",
+                                     owned=True)
         pusher = status_pusher(cluster, worker, "life", Path(operator.log_path).parent)
         pusher.push(PROGRESS, progress("running", 1))
         assert pusher.flush(60) and pusher.sent == 1

@@ -1,6 +1,6 @@
 """The newest copy of what a reconcile reads most, so that it need not ask the API server again: each run's body
 and each run's Job and MPIJob, from their watch events and the answers to the operator's own writes, and each
-store's keys from its Secret.
+store's keys from its Secret; and every known run's uid (KnownRuns), which does not age.
 
 With 300 runs' pods moving, a reconcile read its run, its MPIJob and its Secret anew every time: three of its six
 API requests. A copy stands in for a read for at most `max_age` seconds after the API server last showed it (an
@@ -91,6 +91,35 @@ def version_of(obj: dict[str, Any]) -> Optional[str]:
     return (obj.get("metadata") or {}).get("resourceVersion")
 
 
+class KnownRuns:
+    """Every run this operator's watch has shown and not seen deleted, (namespace, name) -> uid: what the status
+    endpoint asks before a push costs anything (push_auth.py). Unlike a copy it does not age: a run that no event
+    moved for an hour still exists. A deletion lost in a watch gap leaves its entry until the name is seen again;
+    the push is then refused by the owner chain (the run's children went with it)."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._uids: dict[tuple[str, str], str] = {}
+
+    def seen(self, event_type: Optional[str], run: dict[str, Any]) -> None:
+        meta = run.get("metadata") or {}
+        key = (meta.get("namespace") or "", meta.get("name") or "")
+        with self._guard:
+            if event_type == "DELETED":
+                if not meta.get("uid") or self._uids.get(key) == meta["uid"]:  # not a newer run of the same name
+                    self._uids.pop(key, None)
+            elif meta.get("uid"):
+                self._uids[key] = meta["uid"]
+
+    def uid(self, namespace: str, name: str) -> Optional[str]:
+        with self._guard:
+            return self._uids.get((namespace, name))
+
+    def __len__(self) -> int:
+        with self._guard:
+            return len(self._uids)
+
+
 @dataclass
 class LatestObjects:
     """The operator's copies: runs by (namespace, name); Jobs and MPIJobs by (kind, namespace, name); a store's
@@ -99,15 +128,27 @@ class LatestObjects:
     runs: Latest = field(default_factory=lambda: Latest(RUN_MAX_AGE_SECONDS))
     children: Latest = field(default_factory=lambda: Latest(CHILD_MAX_AGE_SECONDS))
     credentials: Latest = field(default_factory=lambda: Latest(CREDENTIALS_MAX_AGE_SECONDS))
+    known_runs: KnownRuns = field(default_factory=KnownRuns)
 
     def run_seen(self, event_type: Optional[str], run: dict[str, Any]) -> None:
         """A run's watch event, or the answer to a write of its status."""
         meta = run["metadata"]
+        self.known_runs.seen(event_type, run)
         _seen(self.runs, (meta["namespace"], meta["name"]), event_type, run)
 
     def child_seen(self, event_type: Optional[str], child: dict[str, Any]) -> None:
         meta = child["metadata"]
         _seen(self.children, (child.get("kind"), meta.get("namespace"), meta["name"]), event_type, child)
+
+    def child(self, kind: str, namespace: str, name: str, read: Callable[[], Optional[dict[str, Any]]]
+              ) -> Optional[dict[str, Any]]:
+        """The Job or MPIJob from its copy, else `read()` from the API server (and kept)."""
+        copy = self.children.get((kind, namespace, name))
+        if copy:
+            return copy
+        found = read()
+        self.child_read(kind, namespace, found)
+        return found
 
     def child_read(self, kind: str, namespace: str, child: Optional[dict[str, Any]]) -> None:
         """A child as a read found it (None: absent), kept for a watched kind only: a Job or MPIJob that no event

@@ -159,7 +159,8 @@ class Metrics:
         self.push_refusals = Counter(
             "scalingrun_status_push_refusals_total",
             "Pushes the status endpoint refused, by reason (NoToken, InvalidToken, WrongAudience, PodGone, "
-            "NotAPodToken, OtherNamespace, OtherRun, NotWatched, TooLarge, RateLimited, ReviewsBusy, BadDocument).",
+            "NotAPodToken, OtherNamespace, UnknownRun, OtherRun, NotWatched, TooLarge, RateLimited, ReviewsBusy, "
+            "TooManyNewTokens, BadDocument, RunBound, NamespaceBound, StoreFull).",
             ["reason"], registry=self.registry)
         self.status_config_rewrites = Counter(
             "scalingrun_status_configmap_rewrites_total",

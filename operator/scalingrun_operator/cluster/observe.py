@@ -2,7 +2,8 @@
 
 With the status endpoint on (Config.reads_storage False) storage is never read and no Secret either: the
 documents come from the run's own pods, progress and heartbeat as pushed, the dataset manifest from the
-termination message of the preprocessing or check pod that made it (decide.pods.manifest_left).
+termination message of the preprocessing or check pod that made it, a pod of the run's own Job (its uid, from the
+ask: decide.pods.manifest_left).
 
 One Observer serves one look at one run or sweep: it reads the Secret of a store once, however many
 documents the look reads with it; with the operator's copies (latest.py), a Job, an MPIJob or a store's keys
@@ -43,13 +44,8 @@ class Observer:
 
     def read(self, ask: Any) -> Any:
         if isinstance(ask, Child):
-            copy = self.latest and self.latest.children.get((ask.kind, self.namespace, ask.name))
-            if copy:
-                return copy
-            found = self.kube.get_child(ask.kind, self.namespace, ask.name)
-            if self.latest:
-                self.latest.child_read(ask.kind, self.namespace, found)
-            return found
+            read = lambda: self.kube.get_child(ask.kind, self.namespace, ask.name)  # noqa: E731
+            return self.latest.child(ask.kind, self.namespace, ask.name, read) if self.latest else read()
         if isinstance(ask, Pods):
             return PodList(tuple(self._pods()), MappingProxyType(self.memory.deleted_pods()))
         if isinstance(ask, Document) and not self.config.reads_storage:
@@ -88,9 +84,10 @@ class Observer:
 
     def _from_pods(self, ask: Document) -> Read:
         """A document as the run's own pods told it (no storage read, no Secret): progress and heartbeat as pushed,
-        the dataset manifest from the termination message of a preprocessing or check pod that succeeded."""
+        the dataset manifest from the termination message of a preprocessing or check pod of the run's Job that
+        succeeded."""
         if ask.what == MANIFEST:
-            return Read(manifest_left(self._pods()))
+            return Read(manifest_left(self._pods(), ask.job_uid))
         return Read(self.pushed.get(self.namespace, ask.run or self.name, ask.what) if self.pushed else None)
 
     def _pods(self) -> list[dict[str, Any]]:

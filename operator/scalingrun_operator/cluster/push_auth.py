@@ -1,12 +1,15 @@
 """Who may push a run's status: a pod of that run, proven by a projected ServiceAccount token of our audience.
 
 The token is checked by the API server (TokenReview with audiences=[STATUS_AUDIENCE]); the pod it is bound to (name
-and uid from the review, namespace from the username) must be the run's: labelled as the run's by the operator, in
-the run's namespace, with the same uid. Successful reviews are kept briefly (bounded, keyed by the token's hash), so
-a run's pushes cost the API server one review per token per REVIEW_TTL_SECONDS; a token reviewed successfully before
-is `known` (the status server reviews those apart from new tokens). The pod check runs on every push,
-against the pod watch's index where it knows the run's pods, else by listing the pod by name.
-Every refusal is a Refused with its HTTP status and a reason (the metric's label).
+and uid from the review, namespace from the username) must be the run's, by ownership, not by labels (which any
+tenant sets): the run exists in the operator's cache (`runs`, from its watch: a made-up name costs no API call), and
+the pod's controller chain reaches the run's own Job or MPIJob whose controller is the run, with the run's uid
+(`owner_chain`: a preprocessing pod's Job, a worker's MPIJob, a launcher's Job and its MPIJob). Successful reviews
+are kept briefly (bounded, keyed by the token's hash), so a run's pushes cost the API server one review per token per
+REVIEW_TTL_SECONDS; a token reviewed successfully before is `known` (the status server reviews those apart from new
+tokens). The pod check runs on every push, against the pod watch's index where it knows the run's pods, else by
+listing the pod by name; the owner chain's verdict is kept as long as a review, its Job and MPIJob read from the
+operator's copies. Every refusal is a Refused with its HTTP status and a reason (the metric's label).
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ from typing import Any, Callable, Optional
 
 from kubernetes import client
 
-from scalingrun_api.models import MANAGED_BY
+from scalingrun_api.models import GROUP, KIND, MPIJOB_GROUP
 from scalingrun_api.status_push import STATUS_AUDIENCE
-from ..builders.common import RUN_LABEL
+from ..decide.children import controllers
 from ..status_server import INVALID_TOKEN, OTHER_RUN, Refused, bearer_token
 
 # A review vouches for its token this long, never past the token's own expiry. The pod check runs on every push, so
@@ -38,6 +41,13 @@ SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 
 # The reasons a pod's push is refused (the metric's label), beside status_server's NO_TOKEN, INVALID_TOKEN, OTHER_RUN.
 WRONG_AUDIENCE, POD_GONE, NOT_A_POD, OTHER_NAMESPACE = "WrongAudience", "PodGone", "NotAPodToken", "OtherNamespace"
+UNKNOWN_RUN = "UnknownRun"
+# What may stand between a run's pod and the run: its Job (preprocessing; the launcher's, in mpi-operator v0.8) or
+# its MPIJob (the workers'), and behind a launcher's Job the MPIJob (docs/security.md, "Who may push").
+JOB, MPIJOB = "Job", "MPIJob"
+OWNER_GROUPS = {JOB: "batch/", MPIJOB: f"{MPIJOB_GROUP}/"}
+
+Lookup = Callable[[str, str, str], Optional[dict[str, Any]]]  # (kind, namespace, name) -> the object, None: absent
 
 
 @dataclass(frozen=True)
@@ -83,19 +93,63 @@ def expires_in(token: str, now: Optional[float] = None) -> float:
         return 0.0
 
 
+def _controller(obj: dict[str, Any]) -> Optional[dict[str, Any]]:
+    refs = controllers(obj)
+    return refs[0] if len(refs) == 1 else None
+
+
+def _kind(ref: Optional[dict[str, Any]]) -> Optional[str]:
+    """ScalingRun, Job or MPIJob when `ref` names one of them (by its API group too), else None."""
+    if not ref:
+        return None
+    kind, api_version = ref.get("kind"), str(ref.get("apiVersion") or "")
+    if kind == KIND and api_version.startswith(f"{GROUP}/"):
+        return KIND
+    return kind if kind in OWNER_GROUPS and api_version.startswith(OWNER_GROUPS[kind]) else None
+
+
+def owner_chain(pod: dict[str, Any], run_uid: str, lookup: Lookup) -> Optional[str]:
+    """None when the pod's controller is the run's own Job or MPIJob (controlled by the run of `run_uid`), or a Job
+    controlled by such an MPIJob (a launcher's); else why not. Each owner is looked up and must have the uid its
+    reference names: at most two lookups."""
+    namespace = (pod.get("metadata") or {}).get("namespace") or ""
+    ref, kind = _controller(pod), _kind(_controller(pod))
+    if kind not in OWNER_GROUPS:
+        return "its controller is no Job or MPIJob"
+    for _ in range(2):
+        found = lookup(kind, namespace, ref["name"])
+        if not found or (found.get("metadata") or {}).get("uid") != ref.get("uid"):
+            return f"its {kind} {ref['name']} is gone"
+        named, ref = f"its {kind} {ref['name']}", _controller(found)
+        if _kind(ref) == KIND:
+            return None if ref.get("uid") == run_uid else f"{named} is another run's"
+        if (kind, _kind(ref)) != (JOB, MPIJOB):  # only a launcher's Job stands behind an MPIJob
+            return f"{named} is controlled by no run"
+        kind = MPIJOB
+    return f"{named} is controlled by no run"
+
+
 class PushAuthenticator:
     """Decides whether a bearer token may push the status of run `namespace/name`."""
 
-    def __init__(self, api_client: client.ApiClient,
+    def __init__(self, api_client: client.ApiClient, runs: Callable[[str, str], Optional[str]],
                  known_pods: Optional[Callable[[str, str], Optional[list[dict[str, Any]]]]] = None,
-                 clock: Callable[[], float] = time.monotonic):
-        """`known_pods(namespace, run)`: the run's pods as the pod watch knows them (PodIndex.pods; None: not
-        known), so that a push from one of them costs no API call; other pods are listed by name."""
+                 owners: Optional[Lookup] = None, clock: Callable[[], float] = time.monotonic):
+        """`runs(namespace, run)`: the run's uid as the operator's watch knows it (KnownRuns.uid; None: no such run).
+        `known_pods(namespace, run)`: the run's pods as the pod watch knows them (PodIndex.pods; None: not known),
+        so that a push from one of them costs no API call; other pods are listed by name. `owners(kind, namespace,
+        name)`: a Job or MPIJob, from the operator's copies where it has them (LatestObjects.child); else read."""
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
+        self._runs = runs
         self._known_pods = known_pods or (lambda namespace, run: None)
+        if owners is None:
+            from .k8s import Kube  # a tool or test without the operator's copies reads each owner
+            owners = Kube(api_client).get_child
+        self._owners = owners
         self._clock = clock
         self._reviews: OrderedDict[str, tuple[float, PodIdentity]] = OrderedDict()
+        self._verdicts: OrderedDict[tuple[str, str], tuple[float, Optional[str]]] = OrderedDict()
         self._guard = threading.Lock()
 
     def _get_pod(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
@@ -132,25 +186,45 @@ class PushAuthenticator:
                 self._reviews.pop(key, None)  # expired, or its pod gone: a new token from now on
             raise
         with self._guard:
-            self._reviews[key] = (now + min(REVIEW_TTL_SECONDS, expires_in(token)), found)
-            self._reviews.move_to_end(key)
-            while len(self._reviews) > REVIEWS_KEPT:
-                self._reviews.popitem(last=False)
+            _keep(self._reviews, key, (now + min(REVIEW_TTL_SECONDS, expires_in(token)), found))
         return found
+
+    def _verdict(self, pod: dict[str, Any], run_uid: str) -> Optional[str]:
+        """owner_chain's answer for the pod and run, kept REVIEW_TTL_SECONDS (the pod's own existence is checked on
+        every push; its owners' only this often)."""
+        key, now = ((pod.get("metadata") or {}).get("uid") or "", run_uid), self._clock()
+        with self._guard:
+            kept = self._verdicts.get(key)
+            if kept and kept[0] > now:
+                return kept[1]
+        verdict = owner_chain(pod, run_uid, self._owners)
+        with self._guard:
+            _keep(self._verdicts, key, (now + REVIEW_TTL_SECONDS, verdict))
+        return verdict
 
     def authorize(self, authorization: Optional[str], namespace: str, run: str) -> PodIdentity:
         """The pushing pod when it is one of run `namespace/run`'s; Refused otherwise."""
         pod = self.identity(bearer_token(authorization))
         if pod.namespace != namespace:
             raise Refused(403, OTHER_NAMESPACE, f"a pod of namespace {pod.namespace} pushes only for its own")
+        run_uid = self._runs(namespace, run)
+        if run_uid is None:  # before any pod or owner is looked at: a made-up name costs nothing
+            raise Refused(404, UNKNOWN_RUN, f"this operator knows no run {namespace}/{run}")
         known = self._known_pods(namespace, run) or []
-        if any((p.get("metadata") or {}).get("uid") == pod.uid for p in known):
-            return pod  # the watch's index holds only pods labelled as this run's
-        found = self._get_pod(namespace, pod.pod)
-        meta = (found or {}).get("metadata") or {}
-        if not found or meta.get("uid") != pod.uid:
-            raise Refused(401, POD_GONE, f"pod {pod.pod} is gone")
-        labels = meta.get("labels") or {}
-        if labels.get(RUN_LABEL) != run or any(labels.get(k) != v for k, v in MANAGED_BY.items()):
-            raise Refused(403, OTHER_RUN, f"pod {pod.pod} is not a pod of run {run}")
+        found = next((p for p in known if (p.get("metadata") or {}).get("uid") == pod.uid), None)
+        if found is None:  # not in the watch's index of the pods labelled as this run's: listed by name
+            found = self._get_pod(namespace, pod.pod)
+            if not found or (found.get("metadata") or {}).get("uid") != pod.uid:
+                raise Refused(401, POD_GONE, f"pod {pod.pod} is gone")
+        why = self._verdict(found, run_uid)
+        if why is not None:
+            raise Refused(403, OTHER_RUN, f"pod {pod.pod} is not a pod of run {run}: {why}")
         return pod
+
+
+def _keep(kept: OrderedDict, key: Any, value: Any) -> None:
+    """`kept[key] = value`, the least recently kept dropped beyond REVIEWS_KEPT."""
+    kept[key] = value
+    kept.move_to_end(key)
+    while len(kept) > REVIEWS_KEPT:
+        kept.popitem(last=False)

@@ -9,9 +9,12 @@ from __future__ import annotations
 import fnmatch
 import logging
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
 
+from scalingrun_api.models import GROUP, KIND, VERSION
 from scalingrun_api.status_push import HEARTBEAT
 
 from ..store_slots import Busy
@@ -26,7 +29,7 @@ from .node_notices import NodeNotices
 from .pod_index import PodIndex
 from .preflight import run_at_start_up
 from .push_auth import PushAuthenticator
-from ..pushed import PushedDocuments
+from ..pushed import Full, PushedDocuments
 from .status_config import StatusConfigMaps
 from ..status_server import StatusServer
 from .serving import mark_serving
@@ -38,6 +41,9 @@ log = logging.getLogger(__name__)
 # How long a pod event waits for the rest of its burst (the MPI operator makes a run's pods one after another, and
 # a node's kubelet moves them together) before its run is reconciled: one reconcile for the burst.
 POD_SETTLE_SECONDS = 0.5
+# A run whose pushes a bound refuses (pushed.py) is told so by an Event at most this often: its pods retry every
+# minute, and an Event per refusal would be an API write per retry.
+FULL_EVENT_SECONDS = 600.0
 
 
 class Runtime:
@@ -62,6 +68,8 @@ class Runtime:
         self.kube = kube
         self.status_server: Optional[StatusServer] = None
         self.status_config_maps: Optional[StatusConfigMaps] = None
+        self._full_told: dict[tuple[str, str], float] = {}  # when each run was last told (the server's loop)
+        self._full_events = ThreadPoolExecutor(1, thread_name_prefix="push-refused-event")
         # The Nodes with a cloud's termination taint, from the Node watch (handlers.runs.node_changed).
         self.notices = NodeNotices()
         self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients, self.pods,
@@ -105,13 +113,35 @@ class Runtime:
         self.status_config_maps = StatusConfigMaps(self.kube.api_client, config.status_url, config.status_tls_dir,
                                                    config.namespaces, self.metrics.status_config_rewrites.inc)
         self.status_server = StatusServer(
-            PushAuthenticator(self.kube.api_client, self.pods.pods), self.pushed, str(tls / "tls.crt"), str(tls / "tls.key"),
+            PushAuthenticator(self.kube.api_client, self.latest.known_runs.uid, self.pods.pods, self._owner),
+            self.pushed, str(tls / "tls.crt"), str(tls / "tls.key"),
             config.status_port_number,
             on_push=self._pushed,
             count_refused=lambda reason: self.metrics.push_refusals.labels(reason=reason).inc(),
             count_accepted=lambda what: self.metrics.pushes.labels(document=what).inc(),
+            on_full=self._push_refused,
             watched=self.watches_namespace)
         return self.status_server.start()
+
+    def _owner(self, kind: str, namespace: str, name: str) -> Optional[dict]:
+        """A Job or MPIJob on a pushing pod's owner chain: from the copies the watches keep, else read (and kept)."""
+        return self.latest.child(kind, namespace, name, lambda: self.kube.get_child(kind, namespace, name))
+
+    def _push_refused(self, namespace: str, name: str, full: Full) -> None:
+        """A bound refused the run's push (counted by the server): a Warning on the run, at most every
+        FULL_EVENT_SECONDS, posted from a thread of its own (this is the status server's loop)."""
+        now = time.monotonic()
+        if now - self._full_told.get((namespace, name), -FULL_EVENT_SECONDS) < FULL_EVENT_SECONDS:
+            return
+        self._full_told[(namespace, name)] = now
+        run = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
+               "metadata": {"namespace": namespace, "name": name, "uid": self.latest.known_runs.uid(namespace, name)}}
+        message = f"the status endpoint refuses this run's pushes: {full.message}"
+        self._full_events.submit(self._post_warning, run, full.reason, message)
+
+    def _post_warning(self, run: dict, reason: str, message: str) -> None:
+        if self.kube.post_event(run, "Warning", reason, message):
+            self.metrics.events.labels(type="Warning", reason=reason).inc()
 
     def _pushed(self, namespace: str, name: str, what: str) -> None:
         """A push was accepted. Progress: the run is reconciled soon, in the pool (not the server's loop: a
@@ -129,6 +159,7 @@ class Runtime:
             self.status_server.stop()
         if self.status_config_maps is not None:
             self.status_config_maps.stop()
+        self._full_events.shutdown(wait=False)
 
     def watches_namespace(self, namespace: str) -> bool:
         """Whether this operator serves runs in `namespace` (its namespaces are kopf globs; none: all)."""
@@ -177,6 +208,7 @@ class Runtime:
         self.pushed.forget(namespace, name)
         if self.status_server is not None:
             self.status_server.buckets.forget((namespace, name))
+        self._full_told.pop((namespace, name), None)
         self.runs.forget(namespace, name)
         self.pods.forget(namespace, name)
         self.run_triggers.forget((namespace, name))

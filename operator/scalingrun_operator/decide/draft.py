@@ -67,12 +67,13 @@ class Draft:
         return self.need(ServerVersion())
 
     def read(self, uri: str, store: Store, what: str = MANIFEST,
-             versioned: bool = False) -> tuple[bool, Any]:
+             versioned: bool = False, job_uid: Optional[str] = None) -> tuple[bool, Any]:
         """(readable, the document's model or None). An unreadable store is a condition and a Warning, not a
         crash.
 
-        `versioned`: the document is followed from the version read (the progress watcher)."""
-        ask = Document(uri, store, what, versioned)
+        `versioned`: the document is followed from the version read (the progress watcher). `job_uid`: the Job
+        whose pods may leave the dataset manifest (push mode takes it from no other pod; none: from no pod)."""
+        ask = Document(uri, store, what, versioned, job_uid=job_uid)
         found: Read = self.need(ask)
         existing = get_condition(self.update.desired["conditions"], STORAGE_READABLE)
         if found.error:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from scalingrun_api.manifest import DatasetManifest, manifest_from_termination_message
+from .children import controlled_by
 from .status import PODS_HEALTHY, get_condition, parse_time
 
 if TYPE_CHECKING:
@@ -363,11 +364,12 @@ def termination_message(pods: list[dict[str, Any]], roles: tuple[str, ...]) -> s
     return max(said)[1][:1500] if said else ""
 
 
-def manifest_left(pods: list[dict[str, Any]]) -> Optional[DatasetManifest]:
+def manifest_left(pods: list[dict[str, Any]], job_uid: Optional[str]) -> Optional[DatasetManifest]:
     """The dataset manifest the newest preprocessing or check pod that succeeded left in its termination message
-    (scalingrun_api.manifest.manifest_termination_message); None when none did."""
+    (scalingrun_api.manifest.manifest_termination_message); None when none did. Only a pod the run's own Job
+    (`job_uid`) controls counts: a pod anyone labels as the run's preprocessing leaves nothing (no Job: none)."""
     left = []
-    for pod, _ in pods_of(pods, (PREPROCESS,)):
+    for pod, _ in pods_of([p for p in pods if job_uid and controlled_by(p, job_uid)], (PREPROCESS,)):
         for container in container_statuses(pod):
             terminated = (container.get("state") or {}).get("terminated")
             if terminated and terminated.get("exitCode") == 0:

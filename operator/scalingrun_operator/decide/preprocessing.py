@@ -264,7 +264,7 @@ def decide_preprocessing(draft: Draft, run: ScalingRun) -> None:
     elif state.state == "Failed":
         _failed(draft, run, job_name, state)
     else:
-        _complete(draft, run, job_name, state)
+        _complete(draft, run, job, state)
 
 
 def _queued(draft: Draft, run: ScalingRun, job_name: str) -> None:
@@ -281,9 +281,9 @@ def _indexed(draft: Draft, run: ScalingRun) -> bool:
     return run.spec.dataset.preprocessing.parallelism == 1 or draft.server().supports_indexed_jobs()
 
 
-def _complete(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> None:
-    update = draft.update
-    readable, manifest = draft.read(manifest_uri(run), store_of(run))
+def _complete(draft: Draft, run: ScalingRun, job: dict[str, Any], state: JobState) -> None:
+    update, job_name = draft.update, job["metadata"]["name"]
+    readable, manifest = draft.read(manifest_uri(run), store_of(run), job_uid=job["metadata"].get("uid"))
     if not readable:
         return
     if dataset_present(run, manifest):

@@ -61,6 +61,7 @@ class Document:
     what: str = MANIFEST
     versioned: bool = False
     run: Optional[str] = None  # whose document, when not the looked-at object's (a sweep reads its points')
+    job_uid: Optional[str] = None  # the MANIFEST as a pod left it: only a pod this Job controls counts (push mode)
 
 
 @dataclass(frozen=True)

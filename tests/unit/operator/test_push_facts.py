@@ -11,7 +11,6 @@ import pytest
 from scalingrun_api.manifest import (
     TERMINATION_MESSAGE_BYTES, DatasetManifest, manifest_from_termination_message, manifest_termination_message,
 )
-from scalingrun_api.progress import Progress
 from scalingrun_api.status_push import PROGRESS
 from scalingrun_operator import config
 from scalingrun_operator.cluster.observe import Observer
@@ -35,8 +34,13 @@ MANIFEST_DOCUMENT = {
 }
 
 
-def _preprocess_pod(name: str, exit_code: int, message: str, finished: str = "2026-11-27T10:00:00Z") -> dict:
-    return {"metadata": {"name": name, "namespace": "ns", "uid": name,
+JOB_UID = "uid-of-demo-preprocess"
+
+
+def _preprocess_pod(name: str, exit_code: int, message: str, finished: str = "2026-11-27T10:00:00Z",
+                    job_uid: str = JOB_UID) -> dict:
+    owner = {"apiVersion": "batch/v1", "kind": "Job", "name": "demo-preprocess", "uid": job_uid, "controller": True}
+    return {"metadata": {"name": name, "namespace": "ns", "uid": name, "ownerReferences": [owner],
                          "labels": {"scalingrun.dev/run": "demo", "app.kubernetes.io/component": "preprocess"}},
             "status": {"phase": "Succeeded" if exit_code == 0 else "Failed", "containerStatuses": [
                 {"name": "preprocess", "state": {"terminated": {"exitCode": exit_code, "message": message,
@@ -69,8 +73,22 @@ def test_the_newest_successful_pods_manifest_counts():
             _preprocess_pod("p-1", 0, manifest_termination_message(new), "2026-11-27T10:05:00Z"),
             _preprocess_pod("p-2", 1, manifest_termination_message(old), "2026-11-27T10:09:00Z"),  # failed: no
             _preprocess_pod("p-3", 0, "", "2026-11-27T10:10:00Z")]  # a shard that finished before the manifest
-    assert manifest_left(pods).fingerprint == "f" * 16
-    assert manifest_left(pods[2:]) is None
+    assert manifest_left(pods, JOB_UID).fingerprint == "f" * 16
+    assert manifest_left(pods[2:], JOB_UID) is None
+
+
+def test_only_a_pod_of_the_runs_own_job_leaves_the_manifest():
+    """Labels are anyone's: a pod labelled as the run's preprocessing but controlled by another Job (or by none) leaves
+    nothing, however new; without the run's Job no pod counts."""
+    mine = DatasetManifest.read(MANIFEST_DOCUMENT)
+    forged = DatasetManifest.read({**MANIFEST_DOCUMENT, "fingerprint": "e" * 16, "source": "s3://elsewhere/raw"})
+    own = _preprocess_pod("demo-preprocess-0", 0, manifest_termination_message(mine), "2026-11-27T10:00:00Z")
+    other_job = _preprocess_pod("imposter", 0, manifest_termination_message(forged), "2026-11-27T11:00:00Z",
+                                job_uid="uid-of-another-job")
+    no_owner = {**other_job, "metadata": {**other_job["metadata"], "name": "loose", "ownerReferences": []}}
+    assert manifest_left([own, other_job, no_owner], JOB_UID).fingerprint == "f" * 16
+    assert manifest_left([other_job, no_owner], JOB_UID) is None
+    assert manifest_left([own], None) is None
 
 
 def test_push_mode_reads_documents_from_the_pods_and_pull_mode_from_storage_alike(tmp_path):
@@ -79,10 +97,11 @@ def test_push_mode_reads_documents_from_the_pods_and_pull_mode_from_storage_alik
     store = Store(endpoint=None, region="us-east-1", secret="s3-creds")  # a Secret named: pull mode would read it
     pods = [_preprocess_pod("p-0", 0, manifest_termination_message(DatasetManifest.read(MANIFEST_DOCUMENT)))]
     pushed = PushedDocuments()
-    pushed.record("ns", "demo", PROGRESS, Progress.read({"state": "running", "epoch": 3}))
+    pushed.record("ns", "demo", PROGRESS, {"state": "running", "epoch": 3})
 
     push = _observer(PUSH, pods, pushed)
-    from_pods: Read = push.read(Document(uri, store, MANIFEST))
+    from_pods: Read = push.read(Document(uri, store, MANIFEST, job_uid=JOB_UID))
+    assert push.read(Document(uri, store, MANIFEST)).document is None  # no Job: no pod of it
     assert push.read(Document(uri, store, PROGRESS, versioned=True)).document.epoch == 3
     assert push.read(Listing(str(tmp_path), store)) == Names()  # not listed: the Job's own counts say it
     assert push._targets == {}  # no storage target made, no Secret read (there is no Kube to read one with)

@@ -163,10 +163,12 @@ def test_the_check_leaves_its_manifest_where_the_operator_reads_it_with_push_on(
     assert cli.main(["inspect", "--source", str(root), "--output", str(tmp_path / "out"), "--image-size", str(SIDE),
                      "--image-column", "pixels", "--label-column", "y", "--max-readers", "2"]) == 0
     written = DatasetManifest.read(json.loads((tmp_path / "out" / "_manifest.json").read_text()))
-    pod = {"metadata": {"name": "r-preprocess-0", "labels": {"app.kubernetes.io/component": "preprocess"}},
+    job = {"apiVersion": "batch/v1", "kind": "Job", "name": "r-preprocess", "uid": "job-uid", "controller": True}
+    pod = {"metadata": {"name": "r-preprocess-0", "labels": {"app.kubernetes.io/component": "preprocess"},
+                        "ownerReferences": [job]},
            "status": {"containerStatuses": [{"name": "preprocess", "state": {"terminated": {
                "exitCode": 0, "message": (tmp_path / "termination-log").read_text()}}}]}}
-    left = manifest_left([pod])
+    left = manifest_left([pod], "job-uid")
     assert left.document() == {**written.document(), "files": {}}  # all the operator uses, without the file lists
     assert left.row_groups == written.row_groups and left.fingerprint == written.fingerprint
 
