@@ -1,12 +1,14 @@
 """The ConfigMap scalingrun-status in each namespace the operator runs a run in: the status endpoint's URL and
 the CA bundle of its serving certificate, which every run's pod mounts (optional: builders/common.status_volume).
 
-Non-secret, so the operator copies it from the ca.crt the kubelet mounts into its own pod (it reads no Secret),
-and writes it again when the CA changed (a rotated certificate) or the namespace has none yet.
+Non-secret: the operator copies it from the ca.crt in its TLS directory (written by cluster/certificate_secret.py,
+or mounted by the kubelet from cert-manager's Secret), and writes it again when the CA changed (a renewed bundle:
+publish_again at once, else the namespace's next reconcile) or the namespace has none yet.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from pathlib import Path
@@ -17,6 +19,8 @@ from kubernetes.client.rest import ApiException
 
 from scalingrun_api.models import MANAGED_BY
 from scalingrun_api.status_push import CA_FILE, STATUS_CONFIG_MAP, URL_FILE
+
+log = logging.getLogger(__name__)
 
 
 class StatusConfigMaps:
@@ -33,6 +37,18 @@ class StatusConfigMaps:
         if self._ca is None or self._ca[0] != key:
             self._ca = (key, self.ca_file.read_text())
         return self._ca[1]
+
+    def publish_again(self) -> None:
+        """Writes the CA bundle again into every namespace written before (a renewed certificate): the runs' pods
+        follow it without a restart, as the kubelet updates their mounted copy and the trainer reads it per push."""
+        with self._guard:
+            namespaces = list(self._written)
+        for namespace in namespaces:
+            try:
+                self.ensure(namespace)
+            except ApiException as exc:  # a namespace gone or refused: its next reconcile writes it again
+                log.warning("%s: the ConfigMap %s keeps the old CA bundle for now: %s", namespace,
+                            STATUS_CONFIG_MAP, exc.reason)
 
     def ensure(self, namespace: str) -> None:
         """Writes the namespace's ConfigMap unless this process wrote the same one there already."""
