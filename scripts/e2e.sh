@@ -18,7 +18,7 @@
 #      SCALINGRUN_MPIJOB_CRD (the MPIJob CRD for the stand-in; ../shared/crds/kubeflow.org_mpijobs.yaml).
 #      With the node cluster, SCALINGRUN_E2E_NODE_DIR is exported to the tests (they stop its kubelet).
 #      SCALINGRUN_E2E_STATUS_PUSH: 1 (the default, the chart's): the push path, the operator reads no store and no
-#      Secret; 0: pull mode (statusServer.enabled=false).
+#      run's Secret (only its own certificate's); 0: pull mode (statusServer.enabled=false).
 # Besides the images of scripts/build-images.sh it builds the previous release's operator (the commit
 # tests/e2e/previous-release names; SCALINGRUN_E2E_PREVIOUS_OPERATOR_IMAGE) for tests/e2e/test_upgrade.py.
 set -euo pipefail

@@ -14,6 +14,7 @@ tests/unit/operator/test_operator_parts.py checks every name against those patte
 from __future__ import annotations
 
 import dataclasses
+import datetime as dt
 import ipaddress
 import os
 import re
@@ -28,6 +29,7 @@ from scalingrun_api.models.common import TRAINER_FLAVOURS, TRAINER_IMAGES_PATTER
 from .builders.capacity_probes import CAPACITY_PROBE_PRIORITY_CLASS
 from .builders.mpijob import DEFAULT_GPU_TOLERATIONS
 from .schema.endpoints import EndpointPolicy
+from .serving_certificate import Lifetimes
 from .storage import DEFAULT_MAX_DOCUMENT_BYTES, Clients, Credentials, StorageTarget
 
 PREFIX = "SCALINGRUN_"
@@ -116,6 +118,13 @@ class Config:
     #: Directory of the status endpoint's serving certificate (tls.crt, tls.key, ca.crt: the kubelet mounts its
     #: Secret there), read again when it changes.
     status_tls_dir: str = "/etc/scalingrun/status-tls"
+    #: The Secret (in pod_namespace) the operator keeps that certificate in: it makes, adopts and renews it
+    #: (cluster/certificate_secret.py) and writes its files into status_tls_dir itself. Empty: the files come from
+    #: elsewhere (cert-manager's Secret, mounted by the kubelet).
+    status_tls_secret: str = ""
+    #: Days the operator-made CA and serving certificate are valid; each is renewed with a third of its life left.
+    status_ca_days: int = 3650
+    status_certificate_days: int = 365
     #: The URL the runs' pods push to (e.g. https://scalingrun-status.scalingrun-system.svc:8443), written with
     #: the CA bundle into the ConfigMap scalingrun-status of every namespace the operator runs a run in.
     status_url: str = ""
@@ -176,6 +185,11 @@ class Config:
         return EndpointPolicy(allow_any=self.allow_any_storage_endpoint, service_ranges=self.cluster_service_ranges,
                               api_server=self.api_server_hosts, local_files=self.allow_local_paths)
 
+    def status_certificate_lifetimes(self) -> Lifetimes:
+        """The operator-made CA's and serving certificate's; ValueError when the second is over a third of the first."""
+        return Lifetimes(ca=dt.timedelta(days=self.status_ca_days),
+                         serving=dt.timedelta(days=self.status_certificate_days))
+
     def trainer_image_digest_map(self) -> dict[str, str]:
         """trainer_image_digests as flavour -> "sha256:..."; ConfigError on a flavour or digest that is not one."""
         digests = {}
@@ -223,6 +237,7 @@ _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "completion_grace_seconds": float, "storage_timeout_seconds": float, "mpijob_unserved_seconds": float,
           "capacity_probe_priority_class": str, "max_capacity_probes": int,
           "metrics_port_number": int, "metrics_bind_address": str, "status_port_number": int, "status_tls_dir": str, "status_url": str,
+          "status_tls_secret": str, "status_ca_days": int, "status_certificate_days": int,
           "pod_name": str, "pod_namespace": str, "liveness_endpoint": str, "namespaces": tuple, "peering": str,
           "priority": int,
           "peering_lifetime_seconds": int, "log_format": str, "debug": bool, "max_workers": int, "component": str,
@@ -275,6 +290,11 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
     if config.status_port_number and urlparse(config.status_url).scheme != "https":
         raise ConfigError(f"{PREFIX}STATUS_URL must be the https:// URL the runs' pods reach the status endpoint at, "
                           f"not {config.status_url!r}")
+    if config.status_tls_secret:
+        try:
+            config.status_certificate_lifetimes()
+        except ValueError as exc:
+            raise ConfigError(f"{PREFIX}STATUS_CERTIFICATE_DAYS, {PREFIX}STATUS_CA_DAYS: {exc}") from None
     if config.max_document_bytes < 1024:
         raise ConfigError(f"{PREFIX}MAX_DOCUMENT_BYTES must be >= 1024, not {config.max_document_bytes}")
     for endpoint in config.allowed_storage_endpoints:

@@ -82,9 +82,9 @@ def test_namespaced_install_uses_roles_only(helm):
     assert bindings == ["t-scalingrun-namespace-watch", "t-scalingrun-status-push", "t-scalingrun-node-read",
                         "t-scalingrun-crd-watch"]
     roles = [o for o in objects if o["kind"] == "Role"]
-    # The leader's Lease and the status endpoint's pod label, in the release's namespace.
+    # The leader's Lease, the status endpoint's pod label and its certificate's Secret, in the release's namespace.
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["ml-team-a", "ml-team-b", "scalingrun-system",
-                                                                 "scalingrun-system"]
+                                                                 "scalingrun-system", "scalingrun-system"]
     for role in roles:
         assert not [r for r in role["rules"] if r["apiGroups"] == ["kopf.dev"]]
     args = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]

@@ -18,7 +18,7 @@ import pytest
 from tests.e2e.environment import CORRUPT_FILES, IMAGES_PER_CLASS, RELEASE, SYSTEM_NAMESPACE, status_push
 from tests.support.e2e_runs import (
     OPERATOR_PODS, RESUMED, _name, child_objects, children, condition_texts, finished, launcher_attempt, launcher_log,
-    phase, resumed_epochs, run_body, wait_for_launcher_line,
+    phase, resumed_epochs, run_body, sync_the_chart_twice, wait_for_launcher_line,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
@@ -94,7 +94,8 @@ def test_a_run_trains_across_pods_and_survives_operator_restarts_in_preprocessin
     """The operator pod that holds the Lease is deleted twice: while the preprocessing Job runs, and while the
     MPIJob trains. Lost: nothing. The standby takes over; no child is created twice or re-created (same uids),
     no pod is started again, and no interruption of the training is counted. Its spec.podOverrides give every pod an
-    annotation and an emptyDir volume, mounted (issue #52)."""
+    annotation and an emptyDir volume, mounted (issue #52). Between the two, the chart is rendered and applied twice
+    as a GitOps sync would: nothing changes, and the new leader serves the same certificate (issue #52)."""
     from kubernetes import client
 
     name = _name("train")
@@ -123,6 +124,7 @@ def test_a_run_trains_across_pods_and_survives_operator_restarts_in_preprocessin
         workers_seen = [p for p in cluster.run_pods(name)
                         if (p.metadata.labels or {}).get("training.kubeflow.org/job-role") == "worker"]
         assert len(in_training["MPIJob"]) == 1, in_training
+        sync_the_chart_twice(cluster)  # as Argo CD would; on the push path the epochs below come by push after it
         second = hand_over_the_lease(cluster)
         print(f"operator {second[0]} deleted while training; {second[1]} held the Lease {second[2]:.1f} s later")
         run = cluster.wait(name, finished, timeout=600, what="Succeeded")

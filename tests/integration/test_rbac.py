@@ -10,7 +10,8 @@ log read, a sweep creates its points, and the leader renews its Lease. Then:
 - a request refused (403) is a grant missing;
 - a granted (verb, group, resource) that no request used is a grant too many.
 Both install modes: cluster-wide (a ClusterRole) and namespaced (watch.namespaces, a Role in each), each as the
-chart's defaults make it: the status endpoint on, the run's pods reporting and no role naming Secrets; and the
+chart's defaults make it: the status endpoint on, the run's pods reporting and no role naming Secrets but the
+operator's own certificate's (by name, in its namespace; made in one test, replaced in the other); and the
 cluster-wide one in pull mode (statusServer.enabled=false, the opt-out), where the operator reads the run's store
 with its Secret.
 
@@ -29,8 +30,8 @@ from tests.support.chart import helm, render  # noqa: F401 (helm is a fixture)
 from tests.support.recording_proxy import Request
 from tests.support.operator import Cluster, new_run, progress, wait_for
 from tests.support.rbac import (  # noqa: F401 (fixtures)
-    BUCKET, _suffix, admin, bound_rules, bucket, create_namespace, grants, lifecycle, operator_as_the_chart_runs_it,
-    rbac_kubeconfig,
+    BUCKET, _suffix, admin, bound_rules, bucket, certificate_secret, create_namespace, grants, lifecycle,
+    operator_as_the_chart_runs_it, rbac_kubeconfig,
 )
 
 pytestmark = pytest.mark.k8s
@@ -45,7 +46,9 @@ pytestmark = pytest.mark.k8s
 # --- the lifecycle ---------------------------------------------------------------------------------
 
 
-def check_least_privilege(requests: list[Request], rules: list[dict]) -> None:
+def check_least_privilege(requests: list[Request], rules: list[dict],
+                          used_elsewhere: frozenset[tuple[str, str, str]] = frozenset()) -> None:
+    """`used_elsewhere`: grants this lifecycle cannot reach, which another test here uses (each must be granted)."""
     resource_requests = [r for r in requests if r.is_resource]
     refused = sorted({(r.grant, r.namespace) for r in resource_requests if r.status == 403})
     assert not refused, f"refused (a grant missing): {refused}"
@@ -55,7 +58,9 @@ def check_least_privilege(requests: list[Request], rules: list[dict]) -> None:
     for grant, count in sorted(Counter(r.grant for r in resource_requests).items()):
         print(f"  {count:5d}  {grant}{'' if grant in granted else '  (no grant)'}")
     assert used <= granted, f"allowed without a grant of the chart: {sorted(used - granted)}"
-    assert granted - ADMISSION_ONLY <= used, f"granted and never used: {sorted(granted - used - ADMISSION_ONLY)}"
+    unused = granted - used - ADMISSION_ONLY - used_elsewhere
+    assert not unused, f"granted and never used: {sorted(unused)}"
+    assert used_elsewhere <= granted - used, f"used after all, or not granted: {sorted(used_elsewhere)}"
     assert ADMISSION_ONLY <= granted, f"blockOwnerDeletion needs: {sorted(ADMISSION_ONLY - granted)}"
 
 
@@ -89,23 +94,35 @@ def test_in_pull_mode_the_cluster_wide_install_grants_what_the_operator_calls(he
     check_least_privilege(proxy.requests, rules_of_the_operator(objects))
 
 
-def test_the_default_cluster_wide_install_grants_no_secret_and_the_operator_reads_none(
+def only_its_certificate(requests: list[Request], home: str, secret: str) -> list[Request]:
+    """The requests for Secrets that are not for the operator's own certificate, in its own namespace."""
+    return [r for r in requests if r.is_resource and r.resource == "secrets"
+            and not (r.namespace == home and r.name in (secret, "") and (r.name or r.verb == "create"))]
+
+
+def test_the_default_cluster_wide_install_reads_no_secret_but_its_certificates(
         helm, admin, bucket, s3_server, tmp_path):
-    """The default install (the status endpoint on): the same lifecycle, the run's pods reporting. A Secret read
-    would be refused (403: no role names `secrets`), and every grant is used, TokenReviews too."""
+    """The default install (the status endpoint on): the same lifecycle, the run's pods reporting with the
+    certificate the operator keeps. The only Secret it reaches is that one, by name in its own namespace (a read of
+    any other would be refused: 403), here replacing the one an earlier chart made (get, update); every grant is
+    used, TokenReviews too, and the Secret's create in the namespaced test."""
     home = f"cwp-system-{_suffix()}"
     objects = render(helm, None, "--set", "crds.enabled=false", *PROBES, release="rbac-cwp", namespace=home)
-    assert not [rule for o in objects if o["kind"] in ("ClusterRole", "Role") for rule in o.get("rules") or []
-                if {"secrets", "*"} & set(rule.get("resources", []))]
+    secret = certificate_secret(next(o for o in objects if o["kind"] == "Deployment"))
+    assert [(o["kind"], rule.get("resourceNames")) for o in objects if o["kind"] in ("ClusterRole", "Role")
+            for rule in o.get("rules") or [] if {"secrets", "*"} & set(rule.get("resources", []))] == [
+        ("Role", None), ("Role", [secret])]  # create (no name can limit it); get, update
     create_namespace(admin, home)
-    with operator_as_the_chart_runs_it(admin, objects, tmp_path) as (operator, proxy):
+    with operator_as_the_chart_runs_it(admin, objects, tmp_path, earlier_certificate=True) as (operator, proxy):
         lifecycle(create_namespace(admin, f"cwp-team-{_suffix()}", s3_server), bucket, s3_server, operator, push=True)
-    assert not [r for r in proxy.requests if r.is_resource and "secrets" in r.grant[2]]
-    check_least_privilege(proxy.requests, rules_of_the_operator(objects))
+    assert only_its_certificate(proxy.requests, home, secret) == []
+    check_least_privilege(proxy.requests, rules_of_the_operator(objects),
+                          used_elsewhere=frozenset({("create", "", "secrets")}))
 
 
 def test_namespaced_install_grants_what_the_operator_calls(helm, admin, bucket, s3_server, tmp_path):
-    """The namespaced profile with the chart's defaults: the push path, so no Role names Secrets either."""
+    """The namespaced profile with the chart's defaults: the push path, so no Role names Secrets but the operator's
+    certificate's in its own namespace."""
     home, suffix = f"ns-system-{_suffix()}", _suffix()
     team, other, unwatched = (f"ns-team-{n}-{suffix}" for n in ("a", "b", "c"))
     objects = render(helm, None, "--set", "crds.enabled=false", "--set", f"watch.namespaces={{{team},{other}}}",
@@ -122,4 +139,8 @@ def test_namespaced_install_grants_what_the_operator_calls(helm, admin, bucket, 
         time.sleep(2)
         assert not clusters[2].status("other"), "a run in a namespace the operator does not watch"
     assert not {r.namespace for r in proxy.requests if r.namespace} - {home, team, other}
-    check_least_privilege(proxy.requests, rules_of_the_operator(objects))
+    deployment = next(o for o in objects if o["kind"] == "Deployment")
+    assert only_its_certificate(proxy.requests, home, certificate_secret(deployment)) == []
+    # Its certificate made here (get, create); replaced (update) in the cluster-wide test.
+    check_least_privilege(proxy.requests, rules_of_the_operator(objects),
+                          used_elsewhere=frozenset({("update", "", "secrets")}))

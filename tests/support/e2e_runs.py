@@ -123,3 +123,32 @@ def launcher_attempt(cluster, name: str) -> tuple[str, int]:
     pod = launchers[0]
     running = [c for c in pod.status.container_statuses or [] if c.state.running]
     return (pod.metadata.uid, running[0].restart_count) if running else ("", -1)
+
+
+def sync_the_chart_twice(cluster) -> None:
+    """What Argo CD does on every sync: renders the chart without the cluster (its values as the e2e installed it) and
+    applies the render. Two renders are byte-identical, and applying both changes neither the operator's certificate
+    (its Secret, the same version: the pods keep trusting it) nor its pods (no rollout)."""
+    from tests.e2e.environment import SYSTEM_NAMESPACE, image_values, push_values, status_push
+
+    # Without the PodDisruptionBudget: a render without the cluster picks policy/v1, which 1.20 lacks (Argo CD's
+    # --api-versions only add to Helm's defaults), as manifests/base leaves it out.
+    render = ["template", RELEASE, "charts/scalingrun", "-n", SYSTEM_NAMESPACE,
+              "--set", "podDisruptionBudget.enabled=false", *image_values(cluster.settings.operator_image),
+              *push_values()]
+    renders = [cluster.tool("helm", *render).stdout for _ in range(2)]
+    assert renders[0] == renders[1], "two renders of the chart differ: every sync would change the cluster"
+
+    def certificate_and_operators() -> tuple[Any, list[str]]:
+        secrets = cluster.core().list_namespaced_secret(SYSTEM_NAMESPACE).items
+        kept = [(s.metadata.name, s.metadata.resource_version) for s in secrets
+                if s.metadata.name.endswith("-status-tls")]
+        pods = cluster.core().list_namespaced_pod(SYSTEM_NAMESPACE, label_selector=OPERATOR_PODS).items
+        return kept, sorted(p.metadata.uid for p in pods if p.metadata.deletion_timestamp is None)
+
+    before = certificate_and_operators()
+    assert before[0] or not status_push(), "the push path's operator made no certificate Secret"
+    for rendered in renders:
+        cluster.tool("kubectl", "apply", "--server-side", "--force-conflicts", "--field-manager=gitops-sync",
+                     "-f", "-", input=rendered)
+    assert certificate_and_operators() == before

@@ -3,6 +3,7 @@ roles grant."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import time
@@ -126,13 +127,21 @@ def chart_operator(deployment: dict, kubeconfig: str, log_path: Path) -> Operato
         env[var["name"]] = var["value"] if "value" in var else downward[var["valueFrom"]["fieldRef"]["fieldPath"]]
     env.pop("SCALINGRUN_POLL_INTERVAL_SECONDS")  # 1 s here (Operator's), as in every operator test
     if "SCALINGRUN_STATUS_PORT_NUMBER" in env:
-        # The status endpoint on a free port, its certificate in a folder as the kubelet mounts the chart's Secret.
+        # The status endpoint on a free port. Its certificate: the operator's own (made in its Secret, its files
+        # written into the folder), or with cert-manager's, in the folder as the kubelet would mount it.
         port, tls = free_port(), log_path.parent / "status-tls"
         tls.mkdir(exist_ok=True)
-        write_serving_certificate(tls)
+        if "SCALINGRUN_STATUS_TLS_SECRET" not in env:
+            write_serving_certificate(tls)
         env.update(SCALINGRUN_STATUS_PORT_NUMBER=str(port), SCALINGRUN_STATUS_URL=f"https://127.0.0.1:{port}",
                    SCALINGRUN_STATUS_TLS_DIR=str(tls))
     return Operator(kubeconfig, log_path, [], *args, env=env)
+
+
+def certificate_secret(deployment: dict) -> str:
+    """The Secret the chart's operator keeps its serving certificate in; "" when it keeps none."""
+    env = deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    return next((e["value"] for e in env if e["name"] == "SCALINGRUN_STATUS_TLS_SECRET"), "")
 
 
 def admitted_run(cluster: Cluster, body: dict):
@@ -293,11 +302,22 @@ def _suffix() -> str:
 
 
 @contextlib.contextmanager
-def operator_as_the_chart_runs_it(admin, objects: list[dict], tmp_path: Path) -> Iterator[tuple[Operator, RecordingProxy]]:
-    """The chart's RBAC applied, its operator started behind a recording proxy; both stopped afterwards."""
+def operator_as_the_chart_runs_it(admin, objects: list[dict], tmp_path: Path, earlier_certificate: bool = False
+                                  ) -> Iterator[tuple[Operator, RecordingProxy]]:
+    """The chart's RBAC applied, its operator started behind a recording proxy; both stopped afterwards.
+    `earlier_certificate`: the Secret an earlier chart made (no CA key) is there, and the operator keeping its
+    certificate replaces it (get, update: the upgrade's case, a renewal's calls); else it creates it (get, create)."""
     apply_rbac(admin, objects)
     deployment = next(o for o in objects if o["kind"] == "Deployment")
     home, account = deployment["metadata"]["namespace"], deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    secret = certificate_secret(deployment)
+    if secret and earlier_certificate:
+        earlier = tmp_path / "earlier-chart-tls"
+        earlier.mkdir()
+        write_serving_certificate(earlier)
+        client.CoreV1Api(admin).create_namespaced_secret(home, {
+            "metadata": {"name": secret}, "type": "kubernetes.io/tls",
+            "data": {f.name: base64.b64encode(f.read_bytes()).decode() for f in earlier.iterdir()}})
     proxy = RecordingProxy(admin.configuration.host, admin.configuration.ssl_ca_cert).start()
     operator = chart_operator(deployment, service_account_kubeconfig(admin, proxy, home, account, tmp_path),
                               tmp_path / "operator.log")

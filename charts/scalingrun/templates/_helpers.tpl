@@ -80,7 +80,7 @@ the Roles. */}}
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
 {{- if not .Values.statusServer.enabled }}
 # The storage keys of the Secret a run names (spec.storage.credentialsSecret), to read its manifest and progress.
-# Not with the status endpoint: the runs' pods push those, and the operator reads no storage and no Secret.
+# Not with the status endpoint: the runs' pods push those, and the operator reads no storage and no run's Secret.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]

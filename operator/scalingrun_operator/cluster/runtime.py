@@ -13,12 +13,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Optional
+from urllib.parse import urlsplit
 
 from scalingrun_api.models import GROUP, KIND, VERSION
 from scalingrun_api.status_push import HEARTBEAT
 
 from ..store_slots import Busy
-from ..config import Config
+from ..config import Config, ConfigError
 from ..storage import Clients
 from .coalesce import Coalescer
 from .k8s import Kube, new_api_client
@@ -31,6 +32,8 @@ from .preflight import run_at_start_up
 from .push_auth import PushAuthenticator
 from ..pushed import Full, PushedDocuments
 from .status_config import StatusConfigMaps
+from .certificate_secret import CertificateSecret
+from ..serving_certificate import host_names
 from ..status_server import StatusServer
 from .serving import mark_serving
 from .reconcile_scheduler import ReconcileScheduler
@@ -70,6 +73,7 @@ class Runtime:
         self.status_config_maps: Optional[StatusConfigMaps] = None
         self._full_told: dict[tuple[str, str], float] = {}  # when each run was last told (the server's loop)
         self._full_events = ThreadPoolExecutor(1, thread_name_prefix="push-refused-event")
+        self.certificate: Optional[CertificateSecret] = None
         # The Nodes with a cloud's termination taint, from the Node watch (handlers.runs.node_changed).
         self.notices = NodeNotices()
         self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients, self.pods,
@@ -110,6 +114,15 @@ class Runtime:
     def start_status_server(self) -> int:
         """The status endpoint on its port (a free one for 0: tests); returns the port."""
         config, tls = self.config, Path(self.config.status_tls_dir)
+        if config.status_tls_secret:  # the operator keeps its certificate; else the files are mounted
+            if not config.pod_namespace:
+                raise ConfigError("SCALINGRUN_STATUS_TLS_SECRET needs SCALINGRUN_POD_NAMESPACE: the operator keeps "
+                                  "its certificate's Secret in its own namespace")
+            self.certificate = CertificateSecret(
+                self.kube.api_client, config.pod_namespace, config.status_tls_secret,
+                host_names(urlsplit(config.status_url).hostname or ""), config.status_certificate_lifetimes(),
+                config.status_tls_dir)
+            self.certificate.ensure()
         self.status_config_maps = StatusConfigMaps(self.kube.api_client, config.status_url, config.status_tls_dir,
                                                    config.namespaces, self.metrics.status_config_rewrites.inc)
         self.status_server = StatusServer(
@@ -121,7 +134,18 @@ class Runtime:
             count_accepted=lambda what: self.metrics.pushes.labels(document=what).inc(),
             on_full=self._push_refused,
             watched=self.watches_namespace)
-        return self.status_server.start()
+        port = self.status_server.start()
+        if self.certificate is not None:
+            threading.Thread(target=self.certificate.keep, args=(self._certificate_changed,),
+                             name="status-certificate", daemon=True).start()
+        return port
+
+    def _certificate_changed(self) -> None:
+        """A renewed certificate or trust bundle: served from now on, and the namespaces' ConfigMaps carry it."""
+        if self.status_server is not None:
+            self.status_server.reload_certificate()
+        if self.status_config_maps is not None:
+            self.status_config_maps.publish_again()
 
     def _owner(self, kind: str, namespace: str, name: str) -> Optional[dict]:
         """A Job or MPIJob on a pushing pod's owner chain: from the copies the watches keep, else read (and kept)."""
@@ -160,6 +184,8 @@ class Runtime:
         if self.status_config_maps is not None:
             self.status_config_maps.stop()
         self._full_events.shutdown(wait=False)
+        if self.certificate is not None:
+            self.certificate.stop()
 
     def watches_namespace(self, namespace: str) -> bool:
         """Whether this operator serves runs in `namespace` (its namespaces are kopf globs; none: all)."""

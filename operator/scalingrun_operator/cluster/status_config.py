@@ -1,7 +1,9 @@
 """The ConfigMap scalingrun-status in each namespace the operator runs a run in: the status endpoint's URL and
 the CA bundle of its serving certificate, which every run's pod mounts (optional: builders/common.status_volume).
 
-Non-secret, so the operator copies it from the ca.crt the kubelet mounts into its own pod (it reads no Secret).
+Non-secret: the operator copies it from the ca.crt in its TLS directory (written by cluster/certificate_secret.py,
+or mounted by the kubelet from cert-manager's Secret), and writes it again when the CA changed (a renewed bundle:
+publish_again at once, else the namespace's next reconcile).
 It lives in the tenant's namespace, where the tenant may write ConfigMaps: a URL or CA of theirs would send the
 pods' pushes and tokens elsewhere. So the operator watches these ConfigMaps (by name, server-side: one watch for the
 cluster, or one per namespace it runs a run in) and writes its own again whenever what is there differs, at once
@@ -68,6 +70,18 @@ class StatusConfigMaps:
     def wanted(self) -> Published:
         """The one place that says what the pods are to trust: this operator's URL and CA bundle."""
         return self.url, self._ca_bundle(), True, False
+
+    def publish_again(self) -> None:
+        """Writes the CA bundle again into every namespace with runs (a renewed certificate): the runs' pods
+        follow it without a restart, as the kubelet updates their mounted copy and the trainer reads it per push."""
+        with self._guard:
+            namespaces = list(self._served)
+        for namespace in namespaces:
+            try:
+                self.write(namespace)
+            except ApiException as exc:  # a namespace gone or refused: its next reconcile writes it again
+                log.warning("%s: the ConfigMap %s keeps the old CA bundle for now: %s", namespace,
+                            STATUS_CONFIG_MAP, exc.reason)
 
     def ensure(self, namespace: str) -> None:
         """Makes the namespace's ConfigMap ours (a reconcile calls it): no request while the watch's copy (or,

@@ -32,6 +32,8 @@ def test_config_reads_prefixed_environment():
     ({"SCALINGRUN_METRICS_PORT_NUMBER": "70000"}, "port number"),
     ({"SCALINGRUN_LOG_FORMAT": "xml"}, "json or plain"),
     ({"SCALINGRUN_DEBUG": "maybe"}, "SCALINGRUN_DEBUG"),
+    ({"SCALINGRUN_STATUS_TLS_SECRET": "s", "SCALINGRUN_STATUS_CA_DAYS": "30",
+      "SCALINGRUN_STATUS_CERTIFICATE_DAYS": "11"}, "SCALINGRUN_STATUS_CERTIFICATE_DAYS, SCALINGRUN_STATUS_CA_DAYS"),
 ])
 def test_config_fails_fast_naming_the_variable(env, message):
     with pytest.raises(config.ConfigError, match=message.replace("(", r"\(").replace(".", r"\.")):

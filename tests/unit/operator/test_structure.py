@@ -27,7 +27,8 @@ LAYERS = [
      "scalingrun_operator.endpoint_guard", "scalingrun_operator.bounded_http", "scalingrun_operator.store_slots",
      "scalingrun_operator.storage_failures",
      "scalingrun_operator.documents", "scalingrun_operator.report",
-     "scalingrun_operator.status_server", "scalingrun_operator.push_admission", "scalingrun_operator.pushed"),
+     "scalingrun_operator.status_server", "scalingrun_operator.push_admission", "scalingrun_operator.pushed",
+     "scalingrun_operator.serving_certificate"),
     ("scalingrun_operator.cluster", "scalingrun_operator.local"),
     ("scalingrun_operator.handlers",),
     ("scalingrun_operator.main", "scalingrun_operator.cli"),
@@ -45,7 +46,7 @@ MUTATORS = {"append", "extend", "insert", "pop", "popitem", "clear", "update", "
             "remove", "move_to_end", "sort", "reverse", "inc", "dec", "set", "observe", "labels"}
 # Module-level calls that make nothing mutable.
 IMMUTABLE_CALLS = {"getLogger", "TypeVar", "compile", "frozenset", "tuple", "MappingProxyType", "Where", "Settings",
-                   "PhaseTable", "Field", "sysconf"}
+                   "PhaseTable", "Field", "sysconf", "timedelta"}
 
 
 def modules() -> Iterator[tuple[str, Path, ast.Module]]:
