@@ -19,18 +19,17 @@ ELASTIC_SPEC = {**copy.deepcopy(SPEC), "workers": {"replicas": 4, "gpusPerWorker
 NO_ROOM = "0/3 nodes are available: 3 Insufficient example.com/capacity."
 
 
-def elastic_run(workers: int = 4, **spec_workers: Any):
+def elastic_run(**spec_workers: Any):
     spec = copy.deepcopy(ELASTIC_SPEC)
     spec["workers"].update(spec_workers)
     run = parse_scalingrun({"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun",
                             "metadata": {"name": "demo", "namespace": NS}, "spec": spec})
-    run.spec.workers.replicas = workers
     return run, spec
 
 
 def elastic_mpijob(workers: int = 4, uid: str = "mpi-1", state: str = "Running") -> dict:
-    run, _ = elastic_run(workers)
-    return owned(build_mpijob(run, NS), uid, status={"conditions": [done(state)]})
+    run, _ = elastic_run()
+    return owned(build_mpijob(run, NS, workers=workers), uid, status={"conditions": [done(state)]})
 
 
 def worker(index: int, placed: bool = True, minutes_ago: float = 9, mpijob_uid: str = "mpi-1") -> dict:

@@ -20,9 +20,9 @@ from .run import (
     StorageCredentials, TaintEffect, Toleration, TolerationOperator, Tracking, Workers,
 )
 from .status import (
-    BatchSizeProbe, Condition, DeviceKind, Devices, FeatureCache, InputEpoch, Phase, PreprocessingStatus,
-    ProbedBatchSize, ScalingRunStatus,
-    TrainingPod, TrainingStatus,
+    BatchSizeProbe, CapacitySeen, Condition, DeviceKind, Devices, ElasticStatus, FeatureCache, InputEpoch, Phase,
+    PreprocessingStatus, ProbedBatchSize, Resize, ScalingRunStatus, SizeCounting, SizeTime, TrainingPod,
+    TrainingStatus,
 )
 from .sweep import (
     SWEEP_KIND, SWEEP_PLURAL, SWEEP_SHORT_NAMES, SWEEP_SINGULAR, ScalingSweep, ScalingSweepSpec, ScalingSweepStatus,

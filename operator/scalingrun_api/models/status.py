@@ -205,6 +205,9 @@ class SizeCounting(ApiModel):
     since: str = Field(..., description="Since when its time runs (RFC 3339).")
 
 
+MAX_RESIZES = 20  # ElasticStatus.resizes keeps the last ones: status stays small
+
+
 class ElasticStatus(ApiModel):
     """An elastic run's size (spec.workers.minReplicas): the worker count its MPIJob has now, and its resizes."""
 
@@ -212,7 +215,7 @@ class ElasticStatus(ApiModel):
     resizing: Optional[Resize] = Field(None, description="A resize under way (the MPIJob being made again at `to`).")
     capacity: Optional[CapacitySeen] = Field(None, description="Capacity probes placed: the run grows at the next "
                                              "epoch boundary.")
-    resizes: list[Resize] = Field(default_factory=list, max_length=20,
+    resizes: list[Resize] = Field(default_factory=list, max_length=MAX_RESIZES,
                                   description="The last 20 resizes, oldest first: the worker count over time.")
     started_at: Optional[str] = Field(None, description="When its first MPIJob was made (or first found), at "
                                       "the first resize's `from` workers (RFC 3339).")

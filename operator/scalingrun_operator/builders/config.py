@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Optional
 
 from scalingrun_api.config import CONFIG_FILE_NAME, TrainerConfig
 from scalingrun_api.engines import engine
@@ -20,8 +20,9 @@ def slots_per_worker(run: ScalingRun) -> int:
     return engine(training.framework, training.strategy).slots_per_worker(run.spec.workers.gpus_per_worker)
 
 
-def total_processes(run: ScalingRun) -> int:
-    return run.spec.workers.replicas * slots_per_worker(run)
+def total_processes(run: ScalingRun, workers: Optional[int] = None) -> int:
+    """Training processes of `run` at `workers` workers (None: spec.workers.replicas, the most)."""
+    return (run.spec.workers.replicas if workers is None else workers) * slots_per_worker(run)
 
 
 def dataset_readers(run: ScalingRun) -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from scalingrun_api.engines import engine
 from scalingrun_api.heartbeat import COLLECTIVE_TIMEOUT_VARIABLE, collective_timeout_seconds
@@ -132,14 +132,14 @@ def shared_memory(workers: Workers) -> tuple[dict[str, Any], dict[str, Any]]:
             {"name": name, "mountPath": SHARED_MEMORY_DIR})
 
 
-def launcher_script(run: ScalingRun) -> str:
+def launcher_script(run: ScalingRun, workers: int) -> str:
     """Waits until every worker in the hostfile answers ssh (`scalingrun-trainer launch`; upstream
-    mpi-operator #386, #482, #615), then runs mpirun of the trainer (or training.command): one rank per slot
-    (slots_per_worker: one per GPU, or one per worker pod for multi-worker-mirrored). The launcher archives the
-    attempt's log in `<runLocation>/logs` (status.logs) when it ends."""
+    mpi-operator #386, #482, #615), then runs mpirun of the trainer (or training.command): one rank per slot of
+    the `workers` workers (slots_per_worker: one per GPU, or one per worker pod for multi-worker-mirrored). The
+    launcher archives the attempt's log in `<runLocation>/logs` (status.logs) when it ends."""
     mpirun = [
         # --tag-output: each rank's lines marked [1,<rank>], so that the archived log keeps every rank's last lines.
-        "mpirun", "-np", str(total_processes(run)), "--hostfile", HOSTFILE, "--tag-output",
+        "mpirun", "-np", str(total_processes(run, workers)), "--hostfile", HOSTFILE, "--tag-output",
         "-bind-to", "none", "-map-by", "slot", "-mca", "pml", "ob1", "-mca", "btl", "^openib",
     ]
     # Rank 0 runs on a worker, started through mpirun: the MLflow credentials must travel with it too.
@@ -218,7 +218,7 @@ def node_loss_tolerations(user: list[dict[str, Any]], grace_seconds: int) -> lis
     return out
 
 
-def _run_policy(run: ScalingRun) -> dict[str, Any]:
+def _run_policy(run: ScalingRun, workers: int) -> dict[str, Any]:
     policy = run.spec.run_policy
     out: dict[str, Any] = {
         "cleanPodPolicy": policy.clean_pod_policy,
@@ -234,14 +234,22 @@ def _run_policy(run: ScalingRun) -> dict[str, Any]:
     if policy.ttl_seconds_after_finished is not None:
         out["ttlSecondsAfterFinished"] = policy.ttl_seconds_after_finished
     if policy.scheduling_policy is not None:
-        out["schedulingPolicy"] = policy.scheduling_policy.model_dump(mode="json", by_alias=True, exclude_none=True)
+        gang = policy.scheduling_policy.model_dump(mode="json", by_alias=True, exclude_none=True)
+        if gang.get("minAvailable") and gang["minAvailable"] > workers + 1:
+            gang["minAvailable"] = workers + 1  # an elastic run below its most: the gang it has is all there is
+        out["schedulingPolicy"] = gang
     return out
 
 
-def build_mpijob(run: ScalingRun, namespace: str,
-                 gpu_tolerations: Sequence[Toleration] = DEFAULT_GPU_TOLERATIONS) -> dict[str, Any]:
-    """The MPIJob of `run`; workers that ask for GPUs also get `gpu_tolerations` (the operator's setting)."""
+def build_mpijob(run: ScalingRun, namespace: str, gpu_tolerations: Sequence[Toleration] = DEFAULT_GPU_TOLERATIONS,
+                 workers: Optional[int] = None) -> dict[str, Any]:
+    """The MPIJob of `run` at `workers` workers (None: spec.workers.replicas; an elastic run's size is fewer);
+    workers that ask for GPUs also get `gpu_tolerations` (the operator's setting)."""
     w = run.spec.workers
+    replicas = w.replicas if workers is None else workers
+    if not 1 <= replicas <= w.replicas:
+        raise ValueError(f"run {run.metadata.name}'s MPIJob cannot have {replicas} workers: it has 1 to "
+                         f"spec.workers.replicas ({w.replicas})")
     meta = metadata(run, mpijob_name(run), namespace, "training")
     meta["labels"].update(queue_labels(run))
     volume, mount = config_volume(run)
@@ -251,7 +259,7 @@ def build_mpijob(run: ScalingRun, namespace: str,
     launcher = {
         "name": "launcher",
         "image": trainer_image(run),
-        "command": ["/bin/sh", "-c", launcher_script(run)],
+        "command": ["/bin/sh", "-c", launcher_script(run, replicas)],
         "env": rank_env(run),
         "resources": resources(run.spec.launcher.resources.cpu, run.spec.launcher.resources.memory,
                                cpu_limit=run.spec.launcher.resources.cpu_limit),
@@ -280,7 +288,7 @@ def build_mpijob(run: ScalingRun, namespace: str,
             "launcherCreationPolicy": (
                 "AtStartup" if run.spec.run_policy.scheduling_policy else "WaitForWorkersReady"
             ),
-            "runPolicy": _run_policy(run),
+            "runPolicy": _run_policy(run, replicas),
             "mpiReplicaSpecs": {
                 "Launcher": {
                     "replicas": 1,
@@ -289,7 +297,7 @@ def build_mpijob(run: ScalingRun, namespace: str,
                                               [volume, *launcher_scratch], workers=False),
                 },
                 "Worker": {
-                    "replicas": w.replicas,
+                    "replicas": replicas,
                     "restartPolicy": "Never",
                     "template": _pod_template(run, namespace, meta["labels"], worker,
                                               [volume, *worker_scratch, shm_volume], workers=True,

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from scalingrun_api.models import GROUP, KIND, PLURAL, SWEEP_KIND, SWEEP_PLURAL, VERSION, duration_seconds
 from scalingrun_api.models.common import DURATION_PATTERN
-from ..decide.elastic import time_at_sizes
+from ..decide import time_at_size
 from ..decide.status import parse_time
 from .loading import OK, USAGE, UserError, dump
 
@@ -131,17 +131,16 @@ def _workers(spec: dict[str, Any], status: dict[str, Any], wide: bool, moment: d
     workers ask for GPUs, else worker-hours), the running size's counted to `moment` (a finished run's to its end)."""
     workers = spec.get("workers") or {}
     most = workers.get("replicas")
-    elastic = (status.get("training") or {}).get("elastic") or {}
-    now = elastic.get("workers")
-    text = f"{now}/{most}" if isinstance(now, int) and now != most else _number(most, "{}")
-    resizes = [f"{r.get('from')}->{r.get('to')} {_number(r.get('costSeconds'), '{}s')}"
-               for r in (elastic.get("resizes") or [])[-3:]]
-    if elastic.get("resizing"):
-        resizes.append(f"{elastic['resizing'].get('from')}->{elastic['resizing'].get('to')} now")
+    elastic = time_at_size.read(status.get("training"))
+    now = elastic.workers
+    text = f"{now}/{most}" if now is not None and now != most else _number(most, "{}")
+    resizes = [f"{r.from_}->{r.to} {_number(r.cost_seconds, '{}s')}" for r in elastic.resizes[-3:]]
+    if elastic.resizing:
+        resizes.append(f"{elastic.resizing.from_}->{elastic.resizing.to} now")
     gpus = workers.get("gpusPerWorker", 1)
     ended = status.get("phase") in TERMINAL and parse_time(status.get("completionTime"))
-    sizes = time_at_sizes(elastic, gpus, ended or moment)
-    hours = ", ".join(f"{s['workers']}: {s.get('gpuHours', s['workerHours']):.2f}" for s in sizes)
+    sizes = time_at_size.time_at_sizes(elastic, gpus, ended or moment)
+    hours = ", ".join(f"{s.workers}: {s.worker_hours if s.gpu_hours is None else s.gpu_hours:.2f}" for s in sizes)
     notes = ", ".join(resizes) + (f"; {'GPU' if gpus else 'worker'}-h {hours}" if hours else "")
     return f"{text} ({notes.lstrip('; ')})" if wide and notes else text
 

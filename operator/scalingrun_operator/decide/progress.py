@@ -48,9 +48,9 @@ def _number(value: Any, kind: type) -> Optional[float]:
     return kind(value)
 
 
-def base_training_status(run: ScalingRun, mpijob_name: str) -> dict[str, Any]:
-    """What is known before the trainer reports anything."""
-    return {"mpiJobName": mpijob_name, "processes": total_processes(run),
+def base_training_status(run: ScalingRun, mpijob_name: str, workers: int) -> dict[str, Any]:
+    """What is known before the trainer reports anything, of an MPIJob of `workers` workers."""
+    return {"mpiJobName": mpijob_name, "processes": total_processes(run, workers),
             "maxEpochs": run.spec.training.max_epochs}
 
 

@@ -1,12 +1,11 @@
-"""The training phase, pure: the MPIJob's state, its creation, suspend and resume, the interruptions it
-survives (workers lost, launcher restarts, the MPIJob deleted) up to spec.training.backoffLimit (the code's
-failures) and spec.training.maxInterruptions (the infrastructure's), and what its end means for the run.
+"""The training phase, pure: the MPIJob's creation (at an elastic run's size, elastic.py), suspend and resume (its
+state: mpijob_state.py), the interruptions it survives (workers lost, launcher restarts, the MPIJob deleted) up to
+spec.training.backoffLimit (the code's failures) and spec.training.maxInterruptions (the infrastructure's), and what
+its end means for the run.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-from dataclasses import dataclass
 from typing import Any, Optional
 
 from scalingrun_api.models import MPIJOB_API_VERSION, Phase, ScalingRun
@@ -18,116 +17,18 @@ from ..builders.mpijob import MPI_OPERATOR, MPI_OPERATOR_INSTALL
 from ..builders.locations import progress_uri
 from . import elastic, faults, interruptions, podrecords, pods, progress as mirror, stall
 from .draft import Draft, store_of
-from .snapshot import CLUSTER, Log, Where
+from .mpijob_state import MPIJobState, builder_failed, mpijob_failure_message, mpijob_state, suspend_patch
+from .snapshot import Log
 from .status import (BUILDER_FAILED, GPUS_UNUSED, INPUT_BOUND, MPIJOB_FAILED, MPIJOB_SERVED, NO_MPIJOB_CONTROLLER,
                      QUEUED, SUSPENDED, TRAINED, Event, get_condition, parse_time)
-
-@dataclass(frozen=True)
-class MPIJobState:
-    state: str  # Pending, Created, Running, Restarting, Suspended, Succeeded or Failed
-    reason: str = ""
-    message: str = ""
-    suspended: bool = False  # spec.runPolicy.suspend as the MPIJob has it
-    finished_at: Optional[dt.datetime] = None
-
-    @property
-    def finished(self) -> bool:
-        return self.state in ("Succeeded", "Failed")
-
-
-_ORDER = ("Failed", "Succeeded", "Suspended", "Restarting", "Running", "Created")
-
-
-def mpijob_state(mpijob: dict[str, Any]) -> MPIJobState:
-    """The MPIJob's state from its conditions (set by the mpi-operator); a finished state wins."""
-    status = mpijob.get("status") or {}
-    suspended = bool(((mpijob.get("spec") or {}).get("runPolicy") or {}).get("suspend"))
-    true = {c.get("type"): c for c in status.get("conditions") or [] if c.get("status") == "True"}
-    for kind in _ORDER:
-        if kind in true:
-            condition = true[kind]
-            finished = None
-            if kind in ("Failed", "Succeeded"):
-                finished = parse_time(status.get("completionTime")) or parse_time(condition.get("lastTransitionTime"))
-            return MPIJobState(kind, condition.get("reason") or "", condition.get("message") or "", suspended,
-                               finished)
-    return MPIJobState("Pending", suspended=suspended)
-
-
-def suspend_patch(desired: bool, state: MPIJobState) -> Optional[dict[str, Any]]:
-    """The patch that makes the MPIJob's suspend match the run's, if one is needed."""
-    if state.finished or state.suspended == desired:
-        return None
-    return {"spec": {"runPolicy": {"suspend": desired}}}
-
-
-# Conditions keep 2000 characters (status.set_condition) and status.message adds the reason: the log's end
-# must fit in what is left, or the lines that matter most are the ones cut.
-_FAILURE_MESSAGE_CHARS = 1900
-
-
-def _launcher_log_text(log: Any, room: int) -> str:
-    """The launcher's log as the Failed message says it, in about `room` characters (whole lines from the
-    end); `log` is a pods.LauncherLog."""
-    if log.error:
-        where = f"launcher pod {log.pod} container {log.container}" if log.pod else "the launcher"
-        return f"the log of {where} could not be read ({log.error})"
-    if not log.pod:
-        return "no launcher pod is left to read its log from"
-    if not log.tail:
-        return f"launcher pod {log.pod} container {log.container} logged nothing"
-    header = f" of launcher pod {log.pod} container {log.container}:\n"
-    lines = log.tail.split("\n")
-    while len(lines) > 1 and len(header) + 20 + len("\n".join(lines)) > room:
-        lines.pop(0)
-    tail = "\n".join(lines)[-max(0, room - len(header) - 20):]
-    return f"last {len(lines)} line{'s' if len(lines) > 1 else ''}{header}{tail}"
-
-
-def builder_failed(progress: Optional[Progress]) -> bool:
-    """The trainer's contract check of spec.model.builder failed (rank 0 wrote a BuilderError, no epoch ran)."""
-    return bool(progress is not None and progress.error and progress.error.startswith("BuilderError:")
-                and not progress.epoch)
-
-
-def mpijob_failure_message(namespace: str, name: str, state: MPIJobState, progress: Optional[Progress],
-                           launcher_log: Any = None, pod_cause: str = "", where: Where = CLUSTER) -> str:
-    """Why the MPIJob failed: its condition, the epoch reached, the trainer's error, what a pod says (e.g. a
-    worker OOMKilled) and, with `launcher_log` (an interruptions.LauncherLog), the end of the launcher's log, cut
-    from the front to fit."""
-    cause = ": ".join(p for p in (state.reason, state.message) if p)[:500] or "no reason given"
-    error = progress.error if progress is not None else None
-    if builder_failed(progress):
-        # Nothing trained and nothing to resume: the user's package or function is what needs fixing.
-        parts = [f"MPIJob {name} failed ({cause}) before any training step: the network of spec.model.builder "
-                 f"could not be built", f"trainer reported: {error[:700]}",
-                 "fix the package in the image (or the function, spec.model.params) and recreate the run; "
-                 f"{where.launcher_logs(namespace, name)}"]
-    else:
-        parts = [f"MPIJob {name} failed ({cause})", mirror.epochs_text(progress)]
-        if state.reason == "DeadlineExceeded":
-            parts.append("it ran past spec.runPolicy.activeDeadlineSeconds (the training's deadline); raise it")
-        if error:
-            parts.append(f"trainer reported: {error[:500]}")
-        parts.append(f"{where.launcher_logs(namespace, name)}; recreating the run under the same name "
-                     "resumes from its last checkpoint when spec.training.resume is true")
-    if pod_cause:
-        parts.append(pod_cause[:700])
-    if launcher_log is not None:
-        head = "; ".join(parts)
-        parts.append(_launcher_log_text(launcher_log, _FAILURE_MESSAGE_CHARS - len(head) - 2))
-    return "; ".join(parts)
-
-
-# --- the phase ---------------------------------------------------------------------------------------
 
 
 def decide_training(draft: Draft, run: ScalingRun) -> None:
     """Trained from the MPIJob, the trainer's progress document and the training's pods."""
     update, name = draft.update, mpijob_name(run)
     size = elastic.workers_now(run, update.desired.get("training"))
-    wanted = draft.built(("MPIJob", size), lambda: build_mpijob(elastic.sized(run, size), draft.namespace,
-                                                                draft.settings.gpu_tolerations))
+    wanted = draft.built(("MPIJob", size), lambda: build_mpijob(run, draft.namespace, draft.settings.gpu_tolerations,
+                                                                workers=size))
     mpijob = draft.child("MPIJob", name)
     if mpijob is not None and not draft.own(mpijob, wanted):
         return
@@ -135,7 +36,7 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
     resumes = ("a new MPIJob resumes from the last checkpoint" if run.spec.training.resume
                else "a new MPIJob starts over (spec.training.resume is false)")
     trained = get_condition(update.desired["conditions"], TRAINED) or {}
-    if mpijob is None and recorded and elastic.forget_deleted(update.desired.get("training")):
+    if mpijob is None and recorded and elastic.resize_under_way(update.desired.get("training")):
         _forget_mpijob(draft, name, mpijob=None)  # deleted by this run's resize: not an interruption
         draft.again = True
         return
@@ -180,15 +81,16 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         _, progress = draft.read(progress_uri(run), store_of(run), PROGRESS, versioned=True)
     uid = current_mpijob["metadata"].get("uid")
     same_mpijob = current.get("mpiJobUid") in (None, uid)
-    merged = mirror.merge_training_status(current, mirror.base_training_status(elastic.sized(run, size), name),
+    merged = mirror.merge_training_status(current, mirror.base_training_status(run, name, size),
                                           mirror.training_status(progress), same_mpijob)
     merged["mpiJobUid"] = uid
     merged["suspendApplied"] = wanted_suspend
-    if elastic.ELASTIC_FIELD in current:  # kept across MPIJobs: the size and the resizes are the run's
-        merged[elastic.ELASTIC_FIELD] = current[elastic.ELASTIC_FIELD]
-    # From the look that creates the MPIJob: its workers hold their resources from then on.
-    elastic.count_worker_time(draft, run, current_mpijob, state.finished_at, state.finished, paused, merged)
-    if mpijob is not None and not paused and elastic.decide_size(draft, run, mpijob, state.state, merged):
+    # The size and the resizes are the run's, kept across MPIJobs; from the look that creates the MPIJob its
+    # workers hold their resources.
+    resize = elastic.decide_elastic(draft, run, current_mpijob, state, found=mpijob is not None, paused=paused,
+                                    before=current, epoch=merged.get("epoch"))
+    merged = resize.applied(merged, name)
+    if resize.stops:
         update.desired["training"] = merged
         return
     merged["estimatedCompletion"] = (None if state.finished else

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from scalingrun_api.models import Resize, SizeTime
 from scalingrun_api.progress import BatchSizeProbe, Progress, ProgressState
-from ..decide.elastic import time_at_sizes, worker_steps
+from ..decide import time_at_size
 from ..decide.status import parse_time
 
 
@@ -22,8 +23,8 @@ class WorkersOverTime:
     """An elastic run's worker count over time and its hours at each size, read from its status."""
 
     steps: list[tuple[dt.datetime, int]]  # (moment, workers from then on), the last closing the plot
-    sizes: list[dict[str, Any]]  # status.training.elastic.sizes with the running size's time added
-    resizes: list[dict[str, Any]]
+    sizes: list[SizeTime]  # status.training.elastic.sizes with the running size's time added
+    resizes: list[Resize]
     gpus_per_worker: int
 
 
@@ -31,15 +32,16 @@ def workers_over_time(status: Optional[dict[str, Any]], gpus_per_worker: int,
                       now: dt.datetime) -> Optional[WorkersOverTime]:
     """From a run's status, as read from the cluster: None unless it is an elastic run's. A finished run's time
     ends at its completionTime, a running one's at `now`."""
-    elastic = ((status or {}).get("training") or {}).get("elastic")
-    if not elastic:
+    if not ((status or {}).get("training") or {}).get("elastic"):
         return None
+    elastic = time_at_size.read(status["training"])
     ended = status.get("phase") in ("Succeeded", "Failed") and parse_time(status.get("completionTime"))
     until = ended or now
-    steps, sizes = worker_steps(elastic, until), time_at_sizes(elastic, gpus_per_worker, until)
+    steps = time_at_size.worker_steps(elastic, until)
+    sizes = time_at_size.time_at_sizes(elastic, gpus_per_worker, until)
     if not steps and not sizes:
         return None
-    return WorkersOverTime(steps, sizes, list(elastic.get("resizes") or []), gpus_per_worker)
+    return WorkersOverTime(steps, sizes, list(elastic.resizes), gpus_per_worker)
 
 
 def render_report(progress: Progress, run_name: str, out_dir: Path,
@@ -165,8 +167,9 @@ def _probe_lines(probe: BatchSizeProbe) -> list[str]:
 
 
 def _hours_text(workers: WorkersOverTime) -> str:
-    key, unit = ("gpuHours", "GPU") if workers.gpus_per_worker else ("workerHours", "worker")
-    return f"{unit}-hours " + ", ".join(f"{s['workers']}: {s.get(key, 0):.2f}" for s in workers.sizes)
+    unit = "GPU" if workers.gpus_per_worker else "worker"
+    return f"{unit}-hours " + ", ".join(
+        f"{s.workers}: {(s.gpu_hours if workers.gpus_per_worker else s.worker_hours) or 0:.2f}" for s in workers.sizes)
 
 
 def _draw_workers(axis, workers: WorkersOverTime) -> None:
@@ -179,7 +182,7 @@ def _draw_workers(axis, workers: WorkersOverTime) -> None:
     axis.step([hours(m) for m, _ in workers.steps], [n for _, n in workers.steps], where="post", label="workers")
     shaded = False
     for resize in workers.resizes:
-        lost, trained = parse_time(resize.get("lostAt")), parse_time(resize.get("trainingAt"))
+        lost, trained = parse_time(resize.lost_at), parse_time(resize.training_at)
         if lost and trained and trained >= start:
             axis.axvspan(hours(max(lost, start)), hours(trained), color="orange", alpha=0.3,
                          label=None if shaded else "resizing (loss to training again)")
@@ -198,14 +201,14 @@ def _workers_lines(workers: WorkersOverTime) -> list[str]:
     lines = ["## Workers over time (elastic)", "", f"The plot's last panel; {_hours_text(workers)}.", "",
              "| workers | hours at this size | worker-hours | GPU-hours |", "|---|---|---|---|"]
     for size in workers.sizes:
-        gpu = size.get("gpuHours")
-        lines.append(f"| {size['workers']} | {size['seconds'] / 3600:.2f} | {size['workerHours']:.2f} | "
+        gpu = size.gpu_hours
+        lines.append(f"| {size.workers} | {size.seconds / 3600:.2f} | {size.worker_hours:.2f} | "
                      f"{'' if gpu is None else f'{gpu:.2f}'} |")
     if workers.resizes:
         lines += ["", "| resize | cause | lost at | training again at | cost (s) |", "|---|---|---|---|---|"]
         for resize in workers.resizes:
-            cause = " ".join(str(resize.get("cause") or "").replace("|", "/").split())[:160]
-            cost = resize.get("costSeconds")
-            lines.append(f"| {resize.get('from')} -> {resize.get('to')} | {cause} | {resize.get('lostAt') or ''} | "
-                         f"{resize.get('trainingAt') or ''} | {'' if cost is None else cost} |")
+            cause = " ".join(resize.cause.replace("|", "/").split())[:160]
+            cost = resize.cost_seconds
+            lines.append(f"| {resize.from_} -> {resize.to} | {cause} | {resize.lost_at or ''} | "
+                         f"{resize.training_at or ''} | {'' if cost is None else cost} |")
     return [*lines, ""]

@@ -46,14 +46,14 @@ def test_an_elastic_run_shows_its_size_and_wide_output_its_resizes_with_their_co
                {"from": 4, "to": 2, "cause": "workersUnplaced", "costSeconds": 310}]}}}}
     assert run_row(run, NOW)[2] == "2/4"
     assert run_row(run, NOW, wide=True)[2] == "2/4 (4->2 310s)"
-    run["status"]["training"]["elastic"].update(workers=4, resizing={"from": 2, "to": 4})
+    run["status"]["training"]["elastic"].update(workers=4, resizing={"from": 2, "to": 4, "cause": "capacityReturned"})
     assert run_row(run, NOW, wide=True)[2] == "4 (4->2 310s, 2->4 now)"
     assert run_row({"metadata": {"name": "fixed"}, "spec": {"workers": {"replicas": 3}}}, NOW, wide=True)[2] == "3"
 
 
 def test_wide_output_shows_the_hours_at_each_size_the_running_one_counted_to_now_or_the_end():
     since = NOW - dt.timedelta(minutes=30)
-    elastic = {"workers": 2, "resizes": [{"from": 4, "to": 2, "costSeconds": 310}],
+    elastic = {"workers": 2, "resizes": [{"from": 4, "to": 2, "cause": "workersUnplaced", "costSeconds": 310}],
                "sizes": [{"workers": 4, "seconds": 5400, "workerHours": 6.0}],
                "counting": {"workers": 2, "since": since.strftime("%Y-%m-%dT%H:%M:%SZ")}}
     run = {"metadata": {"name": "spot"}, "spec": {"workers": {"replicas": 4, "minReplicas": 2, "gpusPerWorker": 8}},

@@ -7,11 +7,15 @@ from __future__ import annotations
 import copy
 import datetime as dt
 
+import pytest
+
+from scalingrun_api.models import ElasticStatus, SchedulingPolicy, TrainingStatus
 from scalingrun_operator.builders import build_mpijob
-from scalingrun_operator.decide import elastic, pinning
+from scalingrun_operator.decide import elastic, pinning, time_at_size
 from scalingrun_operator.decide.snapshot import Create
+from scalingrun_operator.decide.status import rfc3339
 from tests.support.decide_elastic import (
-    NO_ROOM, PROBES, after, elastic_run, launcher, no_resize, placed, shrunk, worker, world,
+    NO_ROOM, PROBES, after, elastic_mpijob, elastic_run, launcher, no_resize, placed, shrunk, worker, world,
 )
 from tests.support.decide_world import NOW, NS, actions, conditions, done, stamp
 
@@ -154,7 +158,7 @@ def test_a_shrunk_run_keeps_a_lowest_priority_probe_per_missing_worker():
     assert [p["metadata"]["name"] for p in made] == ["demo-capacity-0", "demo-capacity-1"]
     probe = made[0]["spec"]
     assert probe["priorityClassName"] == "scalingrun-capacity-probe" and probe["containers"][0]["command"][0] == "sleep"
-    run, _ = elastic_run(4)
+    run, _ = elastic_run()
     worker_spec = build_mpijob(run, NS)["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]
     assert probe["containers"][0]["resources"] == worker_spec["containers"][0]["resources"]
     assert probe["tolerations"] == worker_spec["tolerations"]
@@ -223,7 +227,7 @@ def test_the_time_at_each_size_follows_a_shrink_to_the_end_and_agrees_with_the_s
     started, trained_again, ended = at(-40), at(1), at(31)
     found = world(unplaced=0)
     first = found.decide(now=started)
-    assert first.desired["training"]["elastic"]["counting"] == {"workers": 4, "since": elastic.rfc3339(started)}
+    assert first.desired["training"]["elastic"]["counting"] == {"workers": 4, "since": rfc3339(started)}
     found = after(found, first)
     assert found.decide(now=at(-20)).status is None  # a look at the same size writes nothing
     found.pods = [launcher()] + [worker(i, placed=i < 2, minutes_ago=2) for i in range(4)]
@@ -236,7 +240,7 @@ def test_the_time_at_each_size_follows_a_shrink_to_the_end_and_agrees_with_the_s
     assert seconds_by_size(status) == {4: (trained_again - started).total_seconds()}
     assert status["counting"] == {"workers": 2, "since": status["resizes"][-1]["trainingAt"]}
     found = after(found, resized)
-    found.children["MPIJob"]["status"] = {"conditions": [done("Succeeded")], "completionTime": elastic.rfc3339(ended)}
+    found.children["MPIJob"]["status"] = {"conditions": [done("Succeeded")], "completionTime": rfc3339(ended)}
     found.progress = {**found.progress, "state": "succeeded"}
     finished = found.decide(now=at(35))  # seen after the MPIJob's end: counted to its completionTime
     status = finished.desired["training"]["elastic"]
@@ -247,7 +251,7 @@ def test_the_time_at_each_size_follows_a_shrink_to_the_end_and_agrees_with_the_s
     for entry in status["sizes"]:
         assert entry["workerHours"] == round(entry["workers"] * entry["seconds"] / 3600, 4)
         assert "gpuHours" not in entry  # gpusPerWorker 0: CPU workers
-    steps = elastic.worker_steps(status, ended)
+    steps = time_at_size.worker_steps(ElasticStatus.model_validate(status), ended)
     from_steps: dict[int, float] = {}
     for (moment, workers), (following, _) in zip(steps, steps[1:]):
         from_steps[workers] = from_steps.get(workers, 0) + (following - moment).total_seconds()
@@ -269,16 +273,16 @@ def test_a_suspended_mpijob_counts_at_no_size():
     found.children["MPIJob"]["spec"]["runPolicy"]["suspend"] = False
     found.children["MPIJob"]["status"] = {"conditions": [done("Running")]}
     resumed = found.decide(now=at(-5)).desired["training"]["elastic"]
-    assert resumed["counting"] == {"workers": 4, "since": elastic.rfc3339(at(-5))}
-    assert seconds_by_size(resumed) == {4: 15 * 60} and resumed["startedAt"] == elastic.rfc3339(at(-60))
-    shown = elastic.time_at_sizes(resumed, 2, at(0))  # the reader's now: the running size's time added
-    assert seconds_by_size({"sizes": shown}) == {4: 20 * 60}
-    assert shown[0]["gpuHours"] == round(4 * 2 * shown[0]["seconds"] / 3600, 4)  # workers x GPUs each x time
+    assert resumed["counting"] == {"workers": 4, "since": rfc3339(at(-5))}
+    assert seconds_by_size(resumed) == {4: 15 * 60} and resumed["startedAt"] == rfc3339(at(-60))
+    shown = time_at_size.time_at_sizes(ElasticStatus.model_validate(resumed), 2, at(0))  # the running size's time
+    assert [(size.workers, size.seconds) for size in shown] == [(4, 20 * 60)]  # added, to the reader's now
+    assert shown[0].gpu_hours == round(4 * 2 * shown[0].seconds / 3600, 4)  # workers x GPUs each x time
 
 
 def test_time_before_the_count_began_is_never_counted_and_a_fixed_run_has_no_clock():
-    status = {"counting": {"workers": 3, "since": elastic.rfc3339(NOW)}, "sizes": [elastic.size_entry(3, 60, 1)]}
-    assert elastic.time_at_sizes(status, 1, at(-10)) == status["sizes"]  # a clock behind the count adds nothing
+    status = ElasticStatus(counting={"workers": 3, "since": rfc3339(NOW)}, sizes=[time_at_size.size_time(3, 60, 1)])
+    assert time_at_size.time_at_sizes(status, 1, at(-10)) == status.sizes  # a clock behind the count adds nothing
     fixed = world(unplaced=0, spec_workers={"minReplicas": None, "resizeAfter": None})
     fixed.spec["workers"] = {"replicas": 4, "gpusPerWorker": 0}
     fixed.status[pinning.PINNED_FIELD] = pinning.pin(fixed.spec)
@@ -292,11 +296,50 @@ def test_the_count_starts_with_the_look_that_makes_the_first_mpijob_unless_it_is
     found.pods = []
     made = found.decide(now=at(-3))
     assert [a for a in actions(made) if a[1] == "MPIJob"] == [("create", "MPIJob")]
-    assert made.desired["training"]["elastic"] == {"counting": {"workers": 4, "since": elastic.rfc3339(at(-3))},
-                                                   "startedAt": elastic.rfc3339(at(-3))}
+    assert made.desired["training"]["elastic"] == {"counting": {"workers": 4, "since": rfc3339(at(-3))},
+                                                   "startedAt": rfc3339(at(-3))}
     found.spec["runPolicy"] = {**found.spec.get("runPolicy", {}), "suspend": True}
     found.status[pinning.PINNED_FIELD] = pinning.pin(found.spec)
     suspended = found.decide()
     [mpijob] = [a.obj for a in suspended.actions if isinstance(a, Create) and a.obj["kind"] == "MPIJob"]
     assert mpijob["spec"]["runPolicy"]["suspend"] is True  # held by nothing yet (Kueue admits it later)
     assert "counting" not in (suspended.desired["training"].get("elastic") or {})
+
+
+# --- the MPIJob at a size, and the status as the API's models type it ---------------------------------------------
+
+def test_the_mpijob_at_fewer_workers_is_built_from_the_unchanged_spec():
+    """The count is the builder's argument: Worker replicas, mpirun -np and a gang's minAvailable follow it, and the
+    run's spec.workers.replicas (the most, which the trainer's global batch keeps) is left as it is."""
+    run, _ = elastic_run(gpusPerWorker=2)
+    run.spec.run_policy.scheduling_policy = SchedulingPolicy(min_available=5)
+    full, shrunk_to = build_mpijob(run, NS), build_mpijob(run, NS, workers=2)
+    assert [m["spec"]["mpiReplicaSpecs"]["Worker"]["replicas"] for m in (full, shrunk_to)] == [4, 2]
+    assert [m["spec"]["runPolicy"]["schedulingPolicy"]["minAvailable"] for m in (full, shrunk_to)] == [5, 3]
+    command = shrunk_to["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "-np 4 " in command  # 2 workers x 2 GPUs each
+    assert run.spec.workers.replicas == 4 and run.spec.run_policy.scheduling_policy.min_available == 5
+    for count in (0, 5):
+        with pytest.raises(ValueError, match=f"{count} workers"):
+            build_mpijob(run, NS, workers=count)
+
+
+def test_every_step_of_a_shrink_and_a_grow_writes_status_the_api_types():
+    """status.training as each look leaves it is a TrainingStatus (the model the CRD's status schema is generated
+    from): the elastic record is the typed ElasticStatus, with nothing outside it."""
+    found = world(minutes_ago=2)
+    seen = []
+    for _ in range(3):  # the intent, the deletion, the MPIJob made again at 2
+        decision = found.decide()
+        seen.append(decision.desired["training"])
+        found = after(found, decision)
+    found.children["MPIJob"]["status"] = {"conditions": [done("Running")]}
+    found.pods = [launcher("mpi-2"), worker(0, mpijob_uid="mpi-2"), worker(1, mpijob_uid="mpi-2")]
+    seen.append(found.decide().desired["training"])
+    grown = shrunk(epoch=3, probes_placed=2)
+    grown.status["training"]["elastic"]["capacity"] = {"workers": 4, "seenAt": stamp(5), "seenAtEpoch": 2}
+    seen.append(grown.decide(PROBES).desired["training"])
+    typed = [TrainingStatus.model_validate(status).elastic for status in seen]
+    assert [(e.workers, e.resizing and (e.resizing.from_, e.resizing.to)) for e in typed] == [
+        (2, (4, 2)), (2, (4, 2)), (2, (4, 2)), (2, None), (4, (2, 4))]
+    assert typed[3].resizes[-1].cost_seconds == 120 and typed[3].resizes[-1].decided_at is None

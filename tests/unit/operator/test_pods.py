@@ -218,13 +218,13 @@ def test_log_tail_keeps_the_last_lines_as_a_terminal_shows_them_and_bounds_them(
 
 
 def failed_state():
-    from scalingrun_operator.decide.training import MPIJobState
+    from scalingrun_operator.decide.mpijob_state import MPIJobState
 
     return MPIJobState("Failed", "MPIJobFailed", "launcher exited 1")
 
 
 def test_failure_message_ends_with_the_launchers_log_and_fits_in_a_condition():
-    from scalingrun_operator.decide.training import mpijob_failure_message
+    from scalingrun_operator.decide.mpijob_state import mpijob_failure_message
 
     tail = "\n".join(f"rank 0: step {i}" for i in range(19)) + "\nRuntimeError: boom"
     log = interruptions.LauncherLog("demo-train-launcher-aaaaa", "launcher", tail)
@@ -240,7 +240,7 @@ def test_failure_message_ends_with_the_launchers_log_and_fits_in_a_condition():
 
 
 def test_failure_message_names_what_a_pod_said_before_the_log():
-    from scalingrun_operator.decide.training import mpijob_failure_message
+    from scalingrun_operator.decide.mpijob_state import mpijob_failure_message
 
     cause = "pod demo-train-worker-1 container worker was killed for using more memory than its limit of 2Gi"
     message = mpijob_failure_message(NS, MPIJOB, failed_state(), None, interruptions.LauncherLog("p", "launcher", "ORTE"),
@@ -249,7 +249,7 @@ def test_failure_message_names_what_a_pod_said_before_the_log():
 
 
 def test_failure_message_says_why_there_is_no_log():
-    from scalingrun_operator.decide.training import mpijob_failure_message
+    from scalingrun_operator.decide.mpijob_state import mpijob_failure_message
 
     unreadable = interruptions.LauncherLog("demo-train-launcher-aaaaa", "launcher", "", "HTTP 403: forbidden")
     assert mpijob_failure_message(NS, MPIJOB, failed_state(), None, unreadable).endswith(

@@ -115,9 +115,9 @@ def test_the_steps_follow_the_resizes_and_end_at_the_run_end():
     now = trained + dt.timedelta(minutes=30)
     view = workers_over_time({"phase": "Training", "training": {"elastic": elastic}}, 1, now)
     assert view.steps == [(start, 4), (trained, 2), (now, 2)]
-    assert [(s["workers"], s["seconds"]) for s in view.sizes] == [(2, (now - trained).total_seconds())]
+    assert [(s.workers, s.seconds) for s in view.sizes] == [(2, (now - trained).total_seconds())]
     ended = trained + dt.timedelta(minutes=10)
     view = workers_over_time({"phase": "Failed", "completionTime": _stamp(ended), "training": {"elastic": elastic}},
                              1, now)
-    assert view.steps[-1] == (ended, 2) and view.sizes[0]["seconds"] == (ended - trained).total_seconds()
+    assert view.steps[-1] == (ended, 2) and view.sizes[0].seconds == (ended - trained).total_seconds()
     assert workers_over_time({"training": {}}, 1, now) is None

@@ -10,7 +10,8 @@ import pytest
 
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import locations
-from scalingrun_operator.decide import pinning, preprocessing as dataset, progress as mirror, training
+from scalingrun_operator.decide import pinning, preprocessing as dataset, progress as mirror
+from scalingrun_operator.decide.mpijob_state import MPIJobState, mpijob_failure_message, mpijob_state, suspend_patch
 from scalingrun_operator.decide.status import StatusUpdate, may_revalidate, merge_patch, set_condition
 from scalingrun_operator.documents import parse_manifest, parse_progress
 from tests.support.decide_world import merge_patched
@@ -206,14 +207,14 @@ def test_mpijob_state_finished_condition_wins():
         return {"spec": {"runPolicy": {"suspend": suspend}}, "status": {"conditions": [
             {"type": t, "status": s, "reason": r, "message": m} for t, s, r, m in conditions]}}
 
-    assert training.mpijob_state({}).state == "Pending"
-    assert training.mpijob_state(mpijob(("Created", "True", "", ""), ("Running", "True", "", ""))).state == "Running"
-    failed = training.mpijob_state(mpijob(("Running", "False", "", ""), ("Failed", "True", "MPIJobFailed", "exit 1")))
+    assert mpijob_state({}).state == "Pending"
+    assert mpijob_state(mpijob(("Created", "True", "", ""), ("Running", "True", "", ""))).state == "Running"
+    failed = mpijob_state(mpijob(("Running", "False", "", ""), ("Failed", "True", "MPIJobFailed", "exit 1")))
     assert (failed.state, failed.reason, failed.message, failed.finished) == ("Failed", "MPIJobFailed", "exit 1", True)
-    suspended = training.mpijob_state(mpijob(("Created", "True", "", ""), suspend=True))
-    assert suspended.suspended and training.suspend_patch(True, suspended) is None
-    assert training.suspend_patch(False, suspended) == {"spec": {"runPolicy": {"suspend": False}}}
-    assert training.suspend_patch(True, failed) is None, "a finished MPIJob is left alone"
+    suspended = mpijob_state(mpijob(("Created", "True", "", ""), suspend=True))
+    assert suspended.suspended and suspend_patch(True, suspended) is None
+    assert suspend_patch(False, suspended) == {"spec": {"runPolicy": {"suspend": False}}}
+    assert suspend_patch(True, failed) is None, "a finished MPIJob is left alone"
 
 
 def test_training_status_mirrors_progress_and_drops_junk():
@@ -239,13 +240,13 @@ def test_progress_uri_follows_run_location():
 
 
 def test_mpijob_failure_message_has_cause_progress_and_next_step():
-    state = training.MPIJobState("Failed", "MPIJobFailed", "launcher exited 1")
-    message = training.mpijob_failure_message("ml", "demo-train", state, parse_progress({
+    state = MPIJobState("Failed", "MPIJobFailed", "launcher exited 1")
+    message = mpijob_failure_message("ml", "demo-train", state, parse_progress({
         "epoch": 3, "maxEpochs": 10, "error": "ResourceExhausted: OOM"}))
     assert "MPIJob demo-train failed (MPIJobFailed: launcher exited 1)" in message
     assert "epoch 3 of 10" in message and "ResourceExhausted: OOM" in message
     assert "kubectl logs -n ml" in message
-    assert "no epoch finished" in training.mpijob_failure_message("ml", "x", state, None)
+    assert "no epoch finished" in mpijob_failure_message("ml", "x", state, None)
 
 
 def test_ready_and_stalled_follow_the_phase_for_kstatus():
