@@ -17,13 +17,15 @@ FAULT_BEYOND_LIMIT = "MaxInterruptionsExceeded"
 
 @dataclass(frozen=True)
 class Sample:
-    """One read of a run's status: when (time.time()), its phase, last finished epoch, and heartbeat (its time as
-    seconds since the epoch, and the launcher it came from)."""
+    """One read of a run's status: when (time.time()), its phase, last finished epoch, its heartbeat (its time as
+    seconds since the epoch, the launcher it came from, the phase it was in) and the checkpoint it resumed from."""
     at: float
     phase: Optional[str]
     epoch: Optional[int] = None
     heartbeat_at: Optional[float] = None
     launcher: Optional[str] = None
+    beat_phase: Optional[str] = None  # training, restore, probe, ...
+    resumed_from: Optional[int] = None  # status.training.resumedFromEpoch
 
 
 @dataclass
