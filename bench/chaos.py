@@ -9,7 +9,7 @@ SCALINGRUN_TEST_KUBECONFIG, the node cluster for the freeze and the kubelet):
         .venv/bin/python bench/chaos.py --seed 55 --runs 3 --minutes 5 --faults 12; scripts/e2e.sh --down'
 
 Slots cycle through keras, lightning, elastic (an elastic run asks for the node's extended resource
-tests/e2e/test_elastic.py advertises; capacity_drop takes part of it away); a slot whose run ends starts another
+tests/support/node_faults.py advertises; capacity_drop takes part of it away); a slot whose run ends starts another
 while the soak lasts. The schedule is printed first; bench/chaos_plan.py makes it, bench/chaos_faults.py applies it,
 bench/chaos_invariants.py checks what was recorded.
 """
@@ -32,9 +32,9 @@ sys.path.insert(0, str(ROOT))
 from bench.chaos_faults import Faults, operator_memory_limit, operator_rss  # noqa: E402
 from bench.chaos_invariants import RunRecord, Sample, verdicts  # noqa: E402
 from bench.chaos_plan import DEFAULT_MIX, RESTARTING, Applied, figures, parse_mix, schedule  # noqa: E402
-from tests.e2e.test_elastic import CAPACITY, advertised, _pointer  # noqa: E402
 from tests.support.e2e_cluster import connect, missing_variables  # noqa: E402
 from tests.support.e2e_runs import child_objects, run_body  # noqa: E402
+from tests.support.node_faults import CAPACITY, node_capacity  # noqa: E402
 
 SLOT_KINDS = ("keras", "lightning", "elastic")
 OUTPUT = "s3://scalingrun-e2e/chaos/parquet"  # one dataset: the first run preprocesses it, the others reuse it
@@ -304,22 +304,6 @@ def mix_text(mix: dict[str, int]) -> str:
     return ",".join(f"{k}={v}" for k, v in mix.items())
 
 
-@contextlib.contextmanager
-def node_capacity(cluster: Any, units: int):
-    """The node advertises `units` of CAPACITY for the elastic runs while the soak lasts, removed however it ends."""
-    from tests.e2e.test_elastic import set_capacity
-
-    [node] = [n.metadata.name for n in cluster.core().list_node().items]
-    if units:
-        set_capacity(cluster, node, units)
-    try:
-        yield
-    finally:
-        present = [field for field, value in advertised(cluster, node).items() if value is not None]
-        if present:
-            cluster.core().patch_node_status(node, [{"op": "remove", "path": _pointer(field)} for field in present])
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=55)
@@ -349,7 +333,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         log(f"node {node.metadata.name}: allocatable cpu {node.status.allocatable.get('cpu')}, "
             f"memory {node.status.allocatable.get('memory')}")
     soak = Soak(cluster, args)
-    with node_capacity(cluster, 2 * soak.slots.count("elastic")):
+    elastic_units = 2 * soak.slots.count("elastic")
+    with node_capacity(cluster, elastic_units) if elastic_units else contextlib.nullcontext():
         soak.loop()
     return 1 if soak.broken else 0
 

@@ -1,8 +1,8 @@
-"""bench/chaos.py's faults, applied to the e2e's cluster with the e2e's own helpers: a worker pod deleted, a worker
-frozen (`docker pause`, tests/e2e/test_never_hang.py), the kubelet stopped and started (../shared/node/cluster.sh),
-the operator's leader pod killed, SeaweedFS's pod killed, the node's capacity (tests/e2e/test_elastic.py's extended
-resource) dropped under an elastic run and returned, and a push flood from a run's own pod. The freeze and the
-kubelet need the node cluster (SCALINGRUN_E2E_NODE_DIR); elsewhere they are skipped, saying so.
+"""bench/chaos.py's faults, applied to the e2e's cluster with the e2e's own helpers (tests/support/node_faults.py):
+a worker pod deleted, a worker frozen (`docker pause`), the kubelet stopped and started (../shared/node/cluster.sh),
+the operator's leader pod killed, SeaweedFS's pod killed, the node's capacity (an extended resource) dropped under an
+elastic run and returned, and a push flood from a run's own pod. The freeze and the kubelet need the node cluster
+(SCALINGRUN_E2E_NODE_DIR); elsewhere they are skipped, saying so.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from typing import Any, Callable, Optional
 
 from bench.chaos_plan import Applied, Fault
 from tests.e2e.environment import S3_SERVICE, SYSTEM_NAMESPACE
-from tests.e2e.test_elastic import set_capacity
-from tests.e2e.test_never_hang import freeze, kill
 from tests.support.e2e_runs import OPERATOR_PODS
+from tests.support.node_faults import freeze, kill, kubelet, set_capacity
 
 LEASE = "scalingrun-operator"  # scalingrun_operator.config's lease_name, the chart's default
 # A hostile pod's pushes for `seconds`: its own valid token at a kind the endpoint does not route, an oversized body
@@ -143,16 +142,15 @@ class Faults:
         if not self.node_dir:
             applied.why_not = "not the node cluster: its kubelet cannot be stopped from here"
             return
-        script = str(Path(self.node_dir) / "cluster.sh")
-        stop = subprocess.run(["bash", script, "kubelet-stop"], capture_output=True, text=True, timeout=300)
         try:
-            applied.took = stop.returncode == 0
-            applied.why_not = "" if applied.took else f"kubelet-stop: {stop.stderr[-200:]}"
+            kubelet(Path(self.node_dir), "kubelet-stop")
+            applied.took = True
             time.sleep(fault.hold)
         finally:
-            start = subprocess.run(["bash", script, "kubelet-start"], capture_output=True, text=True, timeout=300)
-            if start.returncode != 0:
-                self.note(f"kubelet-start failed: {start.stderr[-500:]}")
+            try:
+                kubelet(Path(self.node_dir), "kubelet-start")
+            except AssertionError as exc:
+                self.note(f"kubelet-start failed: {exc}")
 
     def leader_pod(self) -> Optional[str]:
         from kubernetes import client
