@@ -153,7 +153,10 @@ class Soak:
             ready = any(s.phase == "Training" for r in self.records.values() for s in r.samples)
             for slot, name in enumerate(self.current):
                 if name is None and now < end - args.min_left and (ready or slot == 0):
-                    self.start_run(slot)
+                    try:
+                        self.start_run(slot)
+                    except Exception as exc:  # the API server through a fault: the next round
+                        log(f"slot {slot}: create failed: {type(exc).__name__}: {str(exc)[:200]}")
             if now >= next_rss:
                 next_rss = now + 15
                 threading.Thread(target=self.sample_rss, daemon=True).start()
