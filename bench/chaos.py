@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.chaos_faults import Faults, operator_memory_limit, operator_rss  # noqa: E402
-from bench.chaos_invariants import RunRecord, Sample, verdicts  # noqa: E402
-from bench.chaos_plan import DEFAULT_MIX, RESTARTING, Applied, figures, parse_mix, schedule  # noqa: E402
+from bench.chaos_invariants import RunRecord, Sample, measure_recovery, verdicts  # noqa: E402
+from bench.chaos_plan import DEFAULT_MIX, Applied, figures, parse_mix, schedule  # noqa: E402
 from tests.support.e2e_cluster import connect, missing_variables  # noqa: E402
 from tests.support.e2e_runs import child_objects, run_body  # noqa: E402
 from tests.support.node_faults import CAPACITY, node_capacity  # noqa: E402
@@ -192,7 +192,7 @@ class Soak:
     def report(self, begin: float) -> None:
         runs = list(self.records.values())
         for applied in self.applied:
-            measure_recovery(applied, runs)
+            measure_recovery(applied, runs, SAMPLE_EVERY_S)
         limit = operator_memory_limit(self.cluster)
         checks = verdicts(runs, self.applied, self.args.stall_timeout, self.args.grace, limit, self.rss)
         figs = figures(self.applied)
@@ -222,34 +222,6 @@ class Soak:
                 "rss_peak": max(self.rss, default=0), "rss_limit": limit,
                 "run_results": {r.name: [r.phase, r.epoch, r.interruptions] for r in runs}}, indent=1))
         self.broken = broken
-
-
-def measure_recovery(applied: Applied, runs: list[RunRecord]) -> None:
-    """Time from the fault to training again: a heartbeat in the training phase written after the fault ended, and
-    for a fault that restarts the attempt, after the new attempt showed (another launcher, or a phase not training).
-    A cluster fault's is the slowest of the runs then training."""
-    if not applied.took:
-        return
-    after = applied.at_wall + applied.fault.hold
-    targets = [r for r in runs if r.name == applied.run] if applied.run else \
-        [r for r in runs if any(abs(s.at - applied.at_wall) < SAMPLE_EVERY_S * 2 and s.phase == "Training"
-                                for s in r.samples)]
-    backs = []
-    for run in targets:
-        restarted = applied.fault.kind not in RESTARTING
-        for sample in run.samples:
-            if sample.at < applied.at_wall:
-                continue
-            if not restarted and (sample.launcher != applied.launcher_before or sample.beat_phase != "training"):
-                restarted = True
-                continue
-            if restarted and sample.beat_phase == "training" and (sample.heartbeat_at or 0) > after:
-                backs.append(sample.heartbeat_at - applied.at_wall)
-                if applied.run and applied.fault.kind in RESTARTING:
-                    applied.resumed_from = sample.resumed_from
-                break
-    if backs and len(backs) == len(targets):
-        applied.back_after = round(max(backs), 1)
 
 
 def read_store(cluster: Any, record: RunRecord, run: dict) -> None:

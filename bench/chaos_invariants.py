@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from bench.chaos_plan import COUNTED_AS, Applied
+from bench.chaos_plan import COUNTED_AS, RESTARTING, Applied
 
 # The one way a fault may fail a run: more of them than spec.training.maxInterruptions allows
 # (scalingrun_operator.decide.status.MAX_INTERRUPTIONS_EXCEEDED).
@@ -147,6 +147,34 @@ def rss_under(limit_bytes: int, samples: list[int]) -> list[str]:
         return ["operator RSS never sampled"]
     return [f"operator RSS peaked at {peak / 2**20:.0f} MiB, limit {limit_bytes / 2**20:.0f} MiB"] \
         if peak >= limit_bytes else []
+
+
+def measure_recovery(applied: Applied, runs: list[RunRecord], sample_every: float) -> None:
+    """Time from the fault to training again: a heartbeat in the training phase written after the fault ended, and
+    for a fault that restarts the attempt, after the new attempt showed (another launcher, or a phase not training).
+    A cluster fault's is the slowest of the runs then training."""
+    if not applied.took:
+        return
+    after = applied.at_wall + applied.fault.hold
+    targets = [r for r in runs if r.name == applied.run] if applied.run else \
+        [r for r in runs if any(abs(s.at - applied.at_wall) < sample_every * 2 and s.phase == "Training"
+                                for s in r.samples)]
+    backs = []
+    for run in targets:
+        restarted = applied.fault.kind not in RESTARTING
+        for sample in run.samples:
+            if sample.at < applied.at_wall:
+                continue
+            if not restarted and (sample.launcher != applied.launcher_before or sample.beat_phase != "training"):
+                restarted = True
+                continue
+            if restarted and sample.beat_phase == "training" and (sample.heartbeat_at or 0) > after:
+                backs.append(sample.heartbeat_at - applied.at_wall)
+                if applied.run and applied.fault.kind in RESTARTING:
+                    applied.resumed_from = sample.resumed_from
+                break
+    if backs and len(backs) == len(targets):
+        applied.back_after = round(max(backs), 1)
 
 
 def verdicts(runs: list[RunRecord], applied: list[Applied], stall_timeout: float, grace: float,

@@ -7,7 +7,7 @@ import pytest
 
 from bench.chaos_invariants import (
     RunRecord, Sample, counted_once_under_cause, each_epoch_once, ends_succeeded_or_failed_by_faults,
-    expected_counts, model_and_checkpoints_stored, never_silent_past, nothing_left_behind, rss_under,
+    expected_counts, measure_recovery, model_and_checkpoints_stored, never_silent_past, nothing_left_behind, rss_under,
 )
 from bench.chaos_plan import DEFAULT_MIX, KINDS, Applied, Fault, figures, parse_mix, percentile, schedule
 
@@ -122,3 +122,20 @@ def test_leftovers_and_rss_over_the_limit_are_flagged():
     assert rss_under(512 * 2**20, [100 * 2**20, 200 * 2**20]) == []
     assert rss_under(512 * 2**20, [600 * 2**20]) == ["operator RSS peaked at 600 MiB, limit 512 MiB"]
     assert rss_under(512 * 2**20, []) == ["operator RSS never sampled"]
+
+
+def test_time_back_is_to_the_first_training_heartbeat_of_the_new_attempt_and_the_work_redone_is_counted():
+    # Launcher L1 until 130 s, then L2 restoring until 160 s, its heartbeats written a second before each read.
+    run = RunRecord("a", "keras", samples=[
+        Sample(t, "Training", 2 if t < 130 else 1, t - 1, "L1" if t < 130 else "L2",
+               "restore" if 130 <= t < 160 else "training", None if t < 130 else 1) for t in range(0, 300, 3)])
+    deleted = Applied(Fault(100, "worker_deleted", 0), "a", True, 100.0, launcher_before="L1", epoch_before=2)
+    measure_recovery(deleted, [run], 3)
+    assert (deleted.back_after, deleted.resumed_from, deleted.redone) == (61.0, 1, 1)
+    kubelet = Applied(Fault(100, "kubelet_restart", None, 20), None, True, 100.0)
+    measure_recovery(kubelet, [run], 3)
+    assert kubelet.back_after == 22.0  # the first heartbeat written after the kubelet was back
+    never = Applied(Fault(100, "worker_deleted", 0), "b", True, 100.0, launcher_before="L1", epoch_before=2)
+    measure_recovery(never, [run, RunRecord("b", "keras", samples=[Sample(t, "Training", 2, 90, "L1", "training")
+                                                                    for t in range(100, 300, 3)])], 3)
+    assert never.back_after is None  # no new attempt seen: not back
