@@ -186,7 +186,8 @@ def operator_rss(cluster: Any) -> Optional[int]:
     for pod in pods:
         if pod.status.phase != "Running":
             continue
-        done = subprocess.run([*cluster.kubectl, "exec", "-n", SYSTEM_NAMESPACE, pod.metadata.name, "--", "python", "-c",
+        done = subprocess.run([*cluster.kubectl, "exec", "-n", SYSTEM_NAMESPACE, pod.metadata.name, "--", "python",
+                               "-c",
                                "import glob\nprint(sum(int(l.split()[1]) for f in glob.glob('/proc/[0-9]*/status') "
                                "for l in open(f) if l.startswith('VmRSS')))"],
                               capture_output=True, text=True, timeout=30)

@@ -115,7 +115,8 @@ def expected_counts(applied: list[Applied], run: str, stall_timeout: float, ende
         bounds = counts.setdefault(cause, [0, 0])
         bounds[1] += fault.counted
         window_end = fault.at_wall + (stall_timeout + grace if fault.fault.kind == "worker_frozen" else grace)
-        crowded = any(abs(other.at_wall - fault.at_wall) < (stall_timeout + grace) for other in mine if other is not fault)
+        crowded = any(abs(other.at_wall - fault.at_wall) < stall_timeout + grace for other in mine
+                      if other is not fault)
         if not crowded and (ended_at is None or ended_at > window_end):
             bounds[0] += fault.counted
     return {cause: (low, high) for cause, (low, high) in counts.items()}
@@ -181,12 +182,14 @@ def verdicts(runs: list[RunRecord], applied: list[Applied], stall_timeout: float
              rss_limit: int, rss_samples: list[int]) -> list[tuple[str, list[str]]]:
     """Every invariant, in the report's order: (its line, the runs that break it)."""
     return [
-        ("every run ends Succeeded, or Failed by faults beyond maxInterruptions", ends_succeeded_or_failed_by_faults(runs)),
+        ("every run ends Succeeded, or Failed by faults beyond maxInterruptions",
+         ends_succeeded_or_failed_by_faults(runs)),
         (f"no run Training with no progress past stallTimeout + grace ({stall_timeout + grace:.0f} s)",
          never_silent_past(stall_timeout + grace)(runs)),
         ("each epoch in progress.json's history once, none missing", each_epoch_once(runs)),
         ("a Succeeded run's model and checkpoints are in the store", model_and_checkpoints_stored(runs)),
-        ("status counts each fault once, under its cause", counted_once_under_cause(applied, stall_timeout, grace)(runs)),
+        ("status counts each fault once, under its cause",
+         counted_once_under_cause(applied, stall_timeout, grace)(runs)),
         ("nothing left behind after deletion (pods, MPIJob, Jobs, ConfigMaps, probes)", nothing_left_behind(runs)),
         ("operator RSS under its memory limit", rss_under(rss_limit, rss_samples)),
     ]

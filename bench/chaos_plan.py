@@ -132,7 +132,8 @@ def percentile(values: list[float], share: float) -> Optional[float]:
 
 
 def figures(applied: list[Applied]) -> dict[str, dict]:
-    """Per kind: scheduled, took hold, recovered (training again measured), p50/p95 of the time back, the work redone."""
+    """Per kind: scheduled, took hold, recovered (training again measured), p50/p95 of the time back, the work
+    redone."""
     out: dict[str, dict] = {}
     for kind in KINDS:
         mine = [a for a in applied if a.fault.kind == kind]

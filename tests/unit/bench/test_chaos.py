@@ -61,7 +61,8 @@ def failed(reason: str) -> list[dict]:
 
 
 def test_a_run_may_end_failed_only_by_faults_beyond_its_limit():
-    good = [RunRecord("ok", "keras", "Succeeded"), RunRecord("limit", "keras", "Failed", failed("MaxInterruptionsExceeded"))]
+    good = [RunRecord("ok", "keras", "Succeeded"),
+            RunRecord("limit", "keras", "Failed", failed("MaxInterruptionsExceeded"))]
     assert ends_succeeded_or_failed_by_faults(good) == []
     bad = [RunRecord("code", "keras", "Failed", failed("TrainingFailed")), RunRecord("stuck", "keras", "Training")]
     assert [line.split(":")[0] for line in ends_succeeded_or_failed_by_faults(bad)] == ["code", "stuck"]
@@ -90,7 +91,8 @@ def test_each_epoch_once_flags_a_repeat_a_gap_and_a_short_history():
 def test_a_succeeded_run_needs_its_model_and_checkpoints():
     assert model_and_checkpoints_stored([RunRecord("a", "keras", "Succeeded", model_size=10, checkpoints=2),
                                          RunRecord("f", "keras", "Failed")]) == []
-    assert len(model_and_checkpoints_stored([RunRecord("a", "keras", "Succeeded", model_size=None, checkpoints=2)])) == 1
+    no_model = RunRecord("a", "keras", "Succeeded", model_size=None, checkpoints=2)
+    assert model_and_checkpoints_stored([no_model]) == ["a: model None bytes, 2 checkpoint files"]
 
 
 def applied(kind: str, run: str, at: float, counted: int = 1) -> Applied:
@@ -98,7 +100,8 @@ def applied(kind: str, run: str, at: float, counted: int = 1) -> Applied:
 
 
 def test_counts_expected_per_cause_and_a_crowded_fault_may_be_absorbed():
-    faults = [applied("worker_deleted", "a", 0), applied("worker_frozen", "a", 1000), applied("operator_killed", "a", 50),
+    faults = [applied("worker_deleted", "a", 0), applied("worker_frozen", "a", 1000),
+              applied("operator_killed", "a", 50),
               applied("capacity_drop", "b", 0, counted=2), applied("worker_deleted", "b", 10)]
     assert expected_counts(faults, "a", 60, None, 120) == {"podDeleted": (1, 1), "stalled": (1, 1)}
     assert expected_counts(faults, "b", 60, None, 120) == {"podDeleted": (0, 3)}
