@@ -150,10 +150,15 @@ def rss_under(limit_bytes: int, samples: list[int]) -> list[str]:
         if peak >= limit_bytes else []
 
 
+# Heartbeat phases of a training loop at work; the others (starting, restore, feature-cache) show an attempt starting.
+TRAINING_BEATS = ("training", "validation")
+
+
 def measure_recovery(applied: Applied, runs: list[RunRecord], sample_every: float) -> None:
-    """Time from the fault to training again: a heartbeat in the training phase written after the fault ended, and
-    for a fault that restarts the attempt, after the new attempt showed (another launcher, or a phase not training).
-    A cluster fault's is the slowest of the runs then training."""
+    """Time from the fault to training again: a heartbeat of the training loop written after the fault ended, and
+    for a fault that restarts the attempt, after the new attempt showed (another launcher, or a starting phase); the
+    epoch that attempt resumed from. A cluster fault's is the slowest of the runs then training that trained again
+    (a run that ended first has nothing to come back to)."""
     if not applied.took:
         return
     after = applied.at_wall + applied.fault.hold
@@ -163,18 +168,19 @@ def measure_recovery(applied: Applied, runs: list[RunRecord], sample_every: floa
     backs = []
     for run in targets:
         restarted = applied.fault.kind not in RESTARTING
-        for sample in run.samples:
-            if sample.at < applied.at_wall:
-                continue
-            if not restarted and (sample.launcher != applied.launcher_before or sample.beat_phase != "training"):
+        later = [s for s in run.samples if s.at >= applied.at_wall]
+        for i, sample in enumerate(later):
+            if not restarted and (sample.launcher != applied.launcher_before or
+                                  sample.beat_phase not in TRAINING_BEATS):
                 restarted = True
                 continue
-            if restarted and sample.beat_phase == "training" and (sample.heartbeat_at or 0) > after:
+            if restarted and sample.beat_phase in TRAINING_BEATS and (sample.heartbeat_at or 0) > after:
                 backs.append(sample.heartbeat_at - applied.at_wall)
                 if applied.run and applied.fault.kind in RESTARTING:
-                    applied.resumed_from = sample.resumed_from
+                    applied.resumed_from = next((s.resumed_from for s in later[i:] if s.resumed_from is not None),
+                                                None)
                 break
-    if backs and len(backs) == len(targets):
+    if backs and (applied.run is None or len(backs) == len(targets)):
         applied.back_after = round(max(backs), 1)
 
 

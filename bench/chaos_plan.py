@@ -64,7 +64,8 @@ def schedule(seed: int, minutes: float, faults: int, slots: list[str], mix: dict
              start: float = 60.0, freeze_hold: float = 90.0) -> list[Fault]:
     """`faults` faults between `start` s and the end of `minutes`, kinds drawn by `mix`'s weights, run faults aimed at
     a slot drawn among those they fit (capacity_drop: only 'elastic' slots); the same arguments give the same list.
-    One fault of a kind at a time: a later one of that kind waits until the earlier has ended."""
+    One fault of a kind at a time: a later one of that kind waits until the earlier has ended (or is left out, when
+    that is past the end)."""
     if faults < 0 or minutes <= 0:
         raise ValueError("faults must be >= 0 and minutes > 0")
     end = minutes * 60.0
@@ -90,6 +91,8 @@ def schedule(seed: int, minutes: float, faults: int, slots: list[str], mix: dict
         elif kind in RUN_FAULTS:
             target = rng.randrange(len(slots))
         at = round(max(at, busy_until.get(kind, 0.0)), 1)
+        if at >= end:  # pushed past the end by the one before it of its kind: not in this soak
+            continue
         busy_until[kind] = at + hold + 1.0
         plan.append(Fault(at, kind, target, hold))
     return sorted(plan, key=lambda f: f.at)

@@ -18,8 +18,8 @@ def test_the_same_seed_gives_the_same_schedule_and_another_seed_another():
     first = schedule(7, 5, 12, SLOTS, DEFAULT_MIX)
     assert first == schedule(7, 5, 12, SLOTS, DEFAULT_MIX)
     assert first != schedule(8, 5, 12, SLOTS, DEFAULT_MIX)
-    assert len(first) == 12 and [f.at for f in first] == sorted(f.at for f in first)
-    assert all(60 <= f.at for f in first)
+    assert 10 <= len(first) <= 12 and [f.at for f in first] == sorted(f.at for f in first)
+    assert all(60 <= f.at < 300 for f in first)
 
 
 def test_a_schedule_aims_capacity_drops_at_elastic_runs_and_spaces_each_kind():
@@ -29,7 +29,9 @@ def test_a_schedule_aims_capacity_drops_at_elastic_runs_and_spaces_each_kind():
     for kind in KINDS:
         mine = [f for f in plan if f.kind == kind]
         assert all(b.at >= a.at + a.hold for a, b in zip(mine, mine[1:])), mine
-    assert {f.kind for f in plan} == set(KINDS)
+    assert {f.kind for f in plan} == set(KINDS) and all(f.at < 30 * 60 for f in plan)
+    crowded = schedule(1, 2, 20, SLOTS, {"kubelet_restart": 1})  # 20 s or more each, 60 s to fit them in
+    assert 2 <= len(crowded) < 20 and all(f.at < 120 for f in crowded)
     assert not [f for f in schedule(3, 30, 60, ["keras"], DEFAULT_MIX) if f.kind == "capacity_drop"]
 
 
@@ -138,6 +140,10 @@ def test_time_back_is_to_the_first_training_heartbeat_of_the_new_attempt_and_the
     kubelet = Applied(Fault(100, "kubelet_restart", None, 20), None, True, 100.0)
     measure_recovery(kubelet, [run], 3)
     assert kubelet.back_after == 22.0  # the first heartbeat written after the kubelet was back
+    ended = RunRecord("c", "keras", samples=[Sample(t, "Succeeded", 2, 90, "L1", "training") for t in range(100, 300, 3)])
+    kubelet = Applied(Fault(100, "kubelet_restart", None, 20), None, True, 100.0)
+    measure_recovery(kubelet, [run, ended], 3)
+    assert kubelet.back_after == 22.0  # the run that ended has nothing to come back to
     never = Applied(Fault(100, "worker_deleted", 0), "b", True, 100.0, launcher_before="L1", epoch_before=2)
     measure_recovery(never, [run, RunRecord("b", "keras", samples=[Sample(t, "Training", 2, 90, "L1", "training")
                                                                     for t in range(100, 300, 3)])], 3)
