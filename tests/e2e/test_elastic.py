@@ -17,19 +17,18 @@ and the stand-in MPI operator hold some). The node's capacity is removed again h
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from tests.support.e2e_runs import _name, condition_texts, finished, phase, run_body, wait_for_launcher_line
+from tests.support.node_faults import CAPACITY, node_capacity, set_capacity
 
 # Three MPIJobs of 4, 2 and 4 ranks on 2 CPUs: past the suite's 900 s when the machine is busy.
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s, pytest.mark.timeout(2400)]
 
-CAPACITY = "scalingrun.dev/e2e-capacity"  # an extended resource no device plugin serves: only the test sets it
 WORKERS, MIN_WORKERS = 4, 2
 # Epoch 1 at 4 workers, then 2 until the grow: decided when the epoch after the capacity's return ends and applied
 # at the SIGTERM of the old MPIJob's ranks, which meanwhile train on. With cached features an epoch of 2 ranks took
@@ -40,41 +39,6 @@ EPOCHS = 16
 RESIZE_AFTER_S = 15
 GRACE_S = 10  # spec.workers.terminationGracePeriod: a step, its checkpoint and upload on this node
 WORKER_CPU = "250m"  # 4 workers, the launcher and preprocessing beside the e2e's services on 2 CPUs
-
-
-def _pointer(field: str) -> str:
-    return f"/status/{field}/{CAPACITY.replace('~', '~0').replace('/', '~1')}"  # JSON pointer escaping
-
-
-def advertised(cluster, node: str) -> dict[str, Any]:
-    status = cluster.core().read_node_status(node).status
-    return {field: (getattr(status, field) or {}).get(CAPACITY) for field in ("capacity", "allocatable")}
-
-
-def set_capacity(cluster, node: str, units: int) -> None:
-    """The node reports `units` of CAPACITY (capacity and allocatable), as a device plugin's kubelet would; waits
-    until the API server serves it (the scheduler reads the same)."""
-    cluster.core().patch_node_status(node, [{"op": "add", "path": _pointer(field), "value": str(units)}
-                                            for field in ("capacity", "allocatable")])
-    deadline = time.monotonic() + 60
-    while advertised(cluster, node) != {"capacity": str(units), "allocatable": str(units)}:
-        assert time.monotonic() < deadline, advertised(cluster, node)
-        time.sleep(0.5)
-
-
-@contextlib.contextmanager
-def node_capacity(cluster, units: int) -> Iterator[str]:
-    """The (only) node advertises `units` of CAPACITY until the block ends, however it ends; yields its name."""
-    core = cluster.core()
-    [node] = [n.metadata.name for n in core.list_node().items]
-    try:
-        set_capacity(cluster, node, units)
-        yield node
-    finally:
-        present = [field for field, value in advertised(cluster, node).items() if value is not None]
-        if present:
-            core.patch_node_status(node, [{"op": "remove", "path": _pointer(field)} for field in present])
-        assert advertised(cluster, node) == {"capacity": None, "allocatable": None}, advertised(cluster, node)
 
 
 def elastic_body(cluster, name: str) -> dict[str, Any]:

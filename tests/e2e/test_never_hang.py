@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -27,13 +26,13 @@ from typing import Any, Optional
 import pytest
 
 from tests.support.env import require
+from tests.support.node_faults import freeze, kill, kubelet
 from tests.support.e2e_runs import (
     RESUMED, _name, condition_texts, finished, launcher_log, phase, resumed_epochs, run_body, wait_for_launcher_line,
 )
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
 
-DOCKER = "/usr/bin/docker"  # the Debian client, matching the node's dockerd 20.10 (../shared/node/README.md)
 STALL_TIMEOUT = 60
 NODE_LOSS_GRACE = 20
 # Epochs: two before the freeze, two after the first resume, and room for those that pass while the test stops
@@ -49,33 +48,6 @@ def node_cluster() -> Path:
             "the frozen worker and the lost node need the node cluster (SCALINGRUN_E2E_NODE_DIR: scripts/e2e.sh "
             "sets it when it starts ../shared/node), whose kubelet and containers the test stops")
     return Path(node_dir)
-
-
-def docker(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=120)
-
-
-def containers_of(pod: Any) -> list[str]:
-    """The pod's containers, its sandbox included, on the node's dockerd (the kubelet labels them)."""
-    found = docker("ps", "-q", "--filter", f"label=io.kubernetes.pod.uid={pod.metadata.uid}")
-    assert found.returncode == 0, found.stderr
-    return found.stdout.split()
-
-
-def freeze(pods: list[Any]) -> list[str]:
-    ids = [c for pod in pods for c in containers_of(pod)]
-    assert ids, f"no containers of {[p.metadata.name for p in pods]} on the node"
-    paused = docker("pause", *ids)
-    assert paused.returncode == 0, paused.stderr
-    return ids
-
-
-def kill(ids: list[str]) -> None:
-    """What a reboot does to the frozen processes: gone (unpaused first, or dockerd cannot kill them). Containers
-    already gone are no error."""
-    if ids:
-        docker("unpause", *ids)
-        docker("kill", *ids)
 
 
 def condition(run: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -116,12 +88,6 @@ def training_pods(cluster, name: str) -> list[Any]:
     return [p for p in cluster.run_pods(name)
             if (p.metadata.labels or {}).get("training.kubeflow.org/job-role") in ("launcher", "worker")
             and p.metadata.deletion_timestamp is None and p.status.phase in ("Pending", "Running")]
-
-
-def kubelet(node_dir: Path, command: str) -> None:
-    done = subprocess.run(["bash", str(node_dir / "cluster.sh"), command], capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, f"cluster.sh {command}: {done.stderr[-2000:]}"
 
 
 def test_a_frozen_worker_and_a_lost_node_each_end_in_a_resumed_run(cluster):
