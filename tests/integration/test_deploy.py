@@ -39,9 +39,9 @@ ALLOWED = [
     ("delete", "pods"), ("get", "nodes"),
     # ... watches Nodes for a cloud's termination taint (its pods there are deleted gracefully: a step checkpoint)
     ("list", "nodes"), ("watch", "nodes"),
-    # ... resizes an elastic run (a new size is a new MPIJob) and places its capacity probes (no more than creating
-    # its Jobs and MPIJobs already allows: their pods)
-    ("delete", "mpijobs.kubeflow.org"), ("create", "pods"),
+    # ... resizes an elastic run (a new size is a new MPIJob); its capacity probes (pods create) only with the
+    # chart's elastic.capacityProbes, off in the base as in the chart (DENIED)
+    ("delete", "mpijobs.kubeflow.org"),
     # ... and runs the points of a ScalingSweep as ScalingRuns it creates
     ("create", "scalingruns.scalingrun.dev"), ("watch", "scalingsweeps.scalingrun.dev"),
     ("patch", "scalingsweeps.scalingrun.dev", "status"),
@@ -53,6 +53,7 @@ DENIED = [
     ("delete", "scalingsweeps.scalingrun.dev"), ("create", "scalingsweeps.scalingrun.dev"), ("update", "configmaps"), ("create", "deployments.apps"),
     ("create", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
     ("create", "pods", "exec"), ("create", "pods", "portforward"), ("patch", "nodes"), ("patch", "pods"),
+    ("create", "pods"),  # an elastic run's capacity probes: elastic.capacityProbes, off by default
     ("delete", "clusterkopfpeerings.kopf.dev"), ("create", "kopfpeerings.kopf.dev"),
     # a Lease, not kopf peering, elects the acting replica
     ("patch", "clusterkopfpeerings.kopf.dev"), ("create", "clusterkopfpeerings.kopf.dev"),
