@@ -18,6 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from scalingrun_api.engines import HOROVOD_STALL_ENV
 from scalingrun_api.shipped import ERROR_FILE, RESULT_FILE, digest, pack, write
 from scalingrun_operator.builders.locations import join
 from scalingrun_operator.local.processes import _horovodrun
@@ -109,7 +110,9 @@ class HorovodRunner:
         """horovodrun's output relayed to this process's stdout (a notebook shows it), its last lines kept; on an
         interrupt every process it started is stopped."""
         # The ranks import what this process imports (the function's module by value, its imports by name).
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # Horovod's stall shutdown and Gloo's timeout as every Horovod rank of ours has them (Gloo's own 30 s fails
+        # a rank whose peer a busy machine holds up), unless exported here.
+        env = {**HOROVOD_STALL_ENV, **os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                    start_new_session=True)

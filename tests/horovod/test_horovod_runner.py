@@ -6,19 +6,23 @@ from __future__ import annotations
 import pytest
 
 import scalingrun
+from scalingrun_api.engines import HOROVOD_STALL_ENV
 from tests.support.horovodrun import horovodrun
 
 pytestmark = pytest.mark.horovod
 
 
 def allreduce_of_ranks(scale: float) -> dict:
-    """Each rank adds rank + 1: the sum over 2 ranks is 3, times `scale`; rank 0 returns it."""
+    """Each rank adds rank + 1: the sum over 2 ranks is 3, times `scale`; rank 0 returns it, and its Gloo timeout."""
+    import os
+
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
     hvd.init()
     total = hvd.allreduce(tf.constant(float(hvd.rank() + 1)), op=hvd.Sum)
-    return {"rank": hvd.rank(), "size": hvd.size(), "sum": float(total) * scale}
+    return {"rank": hvd.rank(), "size": hvd.size(), "sum": float(total) * scale,
+            "gloo_timeout": os.environ.get("HOROVOD_GLOO_TIMEOUT_SECONDS")}
 
 
 def fails_on_rank_1() -> None:
@@ -32,8 +36,11 @@ def fails_on_rank_1() -> None:
 def test_two_processes_here_return_rank_zeros_value(tmp_path, monkeypatch):
     horovodrun()  # skips where Horovod is not built
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    monkeypatch.delenv("HOROVOD_GLOO_TIMEOUT_SECONDS", raising=False)
     value = scalingrun.HorovodRunner(np=-2, workdir=tmp_path).run(allreduce_of_ranks, scale=10.0)
-    assert value == {"rank": 0, "size": 2, "sum": 30.0}
+    # Gloo's timeout is every Horovod rank's of ours (scalingrun_api.engines), not Gloo's own 30 s.
+    assert value == {"rank": 0, "size": 2, "sum": 30.0,
+                     "gloo_timeout": HOROVOD_STALL_ENV["HOROVOD_GLOO_TIMEOUT_SECONDS"]}
     # The ranks found the function by digest in the folder it was shipped to, and rank 0 left its value there.
     shipped = next(tmp_path.iterdir())
     assert (shipped / "function.sha256").read_text().startswith("sha256:")
