@@ -115,8 +115,7 @@ def test_the_kustomize_openshift_overlay_grants_what_the_chart_does(helm):
     overlay = next(o for o in yaml.safe_load_all(built) if o and o["kind"] == "ClusterRole"
                    and o["metadata"]["name"] == "scalingrun-operator")
     chart = next(o for o in render(helm, None, "--set", "crds.enabled=false", "--set",
-                                   "rbac.ownerReferencesPermissionEnforcement=true",
-                                   "--set", "statusServer.enabled=false", release="scalingrun")  # the base's mode
+                                   "rbac.ownerReferencesPermissionEnforcement=true", release="scalingrun")
                  if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "scalingrun-operator")
     assert grants(overlay["rules"]) == grants(chart["rules"])
     assert ADOPTION_DELETES <= grants(overlay["rules"])

@@ -23,13 +23,16 @@ ROOT = Path(__file__).resolve().parents[2]
 SYSTEM = "scalingrun-system"
 SERVICE_ACCOUNT = f"system:serviceaccount:{SYSTEM}:scalingrun"
 
-# What the operator does (see charts/scalingrun/templates/_helpers.tpl), as manifests/base installs it: pull mode,
-# so it gets the Secret a run names (the chart's default, the push path, names no Secret: test_rbac.py) ...
+# What the operator does (see charts/scalingrun/templates/_helpers.tpl), as manifests/base installs it: the push
+# path, the chart's default, so it reads no run's Secret (only its own certificate's, in its namespace: below) ...
 ALLOWED = [
     ("get", "scalingruns.scalingrun.dev"), ("watch", "scalingruns.scalingrun.dev"),
     ("patch", "scalingruns.scalingrun.dev"), ("patch", "scalingruns.scalingrun.dev", "status"),
     ("create", "configmaps"), ("create", "jobs.batch"), ("watch", "jobs.batch"), ("create", "mpijobs.kubeflow.org"),
-    ("patch", "mpijobs.kubeflow.org"), ("get", "secrets"), ("create", "events"),
+    ("patch", "mpijobs.kubeflow.org"), ("create", "events"),
+    # ... reviews a pushing pod's token, and keeps the ConfigMap its runs' pods trust (scalingrun-status, by name)
+    ("create", "tokenreviews.authentication.k8s.io"), ("watch", "configmaps/scalingrun-status"),
+    ("delete", "configmaps/scalingrun-status"),
     ("list", "customresourcedefinitions.apiextensions.k8s.io"),
     # ... reads its children's pods to report why a run is stuck
     ("list", "pods"), ("watch", "pods"),
@@ -48,7 +51,8 @@ ALLOWED = [
 ]
 # ... and what it must not be able to do (a subresource as its own item: `pods/log` would mean the pod "log").
 DENIED = [
-    ("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("delete", "secrets"),
+    ("get", "secrets"), ("list", "secrets"), ("watch", "secrets"), ("create", "secrets"), ("delete", "secrets"),
+    ("delete", "configmaps/team-settings"),  # a tenant's ConfigMap: only scalingrun-status by name
     ("delete", "jobs.batch"), ("delete", "scalingruns.scalingrun.dev"),
     ("delete", "scalingsweeps.scalingrun.dev"), ("create", "scalingsweeps.scalingrun.dev"), ("update", "configmaps"), ("create", "deployments.apps"),
     ("create", "clusterroles.rbac.authorization.k8s.io"), ("create", "customresourcedefinitions.apiextensions.k8s.io"),
@@ -64,10 +68,14 @@ DENIED = [
 ]
 # ... and, in its own namespace only, its Lease: create any (create cannot be limited by name), get/update its own.
 LEASE_ALLOWED = [("create", "leases.coordination.k8s.io"), ("get", "leases.coordination.k8s.io/scalingrun"),
-                 ("update", "leases.coordination.k8s.io/scalingrun")]
+                 ("update", "leases.coordination.k8s.io/scalingrun"),
+                 # ... and its certificate's Secret: get/update by name, create (no name can limit it)
+                 ("get", "secrets/scalingrun-status-tls"), ("update", "secrets/scalingrun-status-tls"),
+                 ("create", "secrets")]
 LEASE_DENIED = [("get", "leases.coordination.k8s.io/other"), ("update", "leases.coordination.k8s.io/other"),
                 ("delete", "leases.coordination.k8s.io/scalingrun"), ("list", "leases.coordination.k8s.io"),
-                ("patch", "leases.coordination.k8s.io/scalingrun")]
+                ("patch", "leases.coordination.k8s.io/scalingrun"),
+                ("get", "secrets/other"), ("update", "secrets/other"), ("list", "secrets")]
 # Service links that Services named like the chart's (or a user's) put into every pod of the namespace: the
 # chart's pod turns them off, and the operator's own variables are names no Service link can produce.
 SERVICE_LINKS = {
