@@ -129,13 +129,12 @@ def sync_the_chart_twice(cluster) -> None:
     """What Argo CD does on every sync: renders the chart without the cluster (its values as the e2e installed it) and
     applies the render. Two renders are byte-identical, and applying both changes neither the operator's certificate
     (its Secret, the same version: the pods keep trusting it) nor its pods (no rollout)."""
-    from tests.e2e.environment import SYSTEM_NAMESPACE, image_values, push_values, status_push
+    from tests.e2e.environment import SYSTEM_NAMESPACE, chart_values, status_push
 
     # Without the PodDisruptionBudget: a render without the cluster picks policy/v1, which 1.20 lacks (Argo CD's
     # --api-versions only add to Helm's defaults), as manifests/base leaves it out.
     render = ["template", RELEASE, "charts/scalingrun", "-n", SYSTEM_NAMESPACE,
-              "--set", "podDisruptionBudget.enabled=false", *image_values(cluster.settings.operator_image),
-              *push_values()]
+              "--set", "podDisruptionBudget.enabled=false", *chart_values(cluster)]
     renders = [cluster.tool("helm", *render).stdout for _ in range(2)]
     assert renders[0] == renders[1], "two renders of the chart differ: every sync would change the cluster"
 
