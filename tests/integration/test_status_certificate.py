@@ -96,7 +96,7 @@ def test_two_replicas_starting_together_end_with_the_same_certificate(api_client
 
 
 def test_renewal_near_expiry_is_done_once_and_the_new_ca_is_published_before_it_signs(api_client, namespace,
-                                                                                      tmp_path):
+                                                                                      tmp_path, request):
     core = client.CoreV1Api(api_client)
     clock = Clock()
     leader, standby = (_replica(api_client, namespace, tmp_path / name, clock) for name in ("leader", "standby"))
@@ -104,6 +104,7 @@ def test_renewal_near_expiry_is_done_once_and_the_new_ca_is_published_before_it_
     standby.ensure()
     # The runs' namespace gets the bundle the leader serves with (status_config.py reads it from its folder).
     config_maps = StatusConfigMaps(api_client, f"https://{URL_HOST}:8443", str(tmp_path / "leader"))
+    request.addfinalizer(config_maps.stop)  # its ConfigMap watch, which would outlive the test's API server
     config_maps.ensure(namespace)
     first_ca = _cas((tmp_path / "leader" / CA_FILE).read_bytes())
 
