@@ -245,9 +245,9 @@ def elastic_values() -> list[str]:
     return ["--set", "elastic.capacityProbes=true"]
 
 
-def chart_values(cluster: Cluster) -> list[str]:
+def chart_values(operator_image: str) -> list[str]:
     """The --set flags the e2e installs the chart with: what a GitOps sync of the same install renders too."""
-    return [*image_values(cluster.settings.operator_image), *push_values(), *elastic_values()]
+    return [*image_values(operator_image), *push_values(), *elastic_values()]
 
 
 def install_operator(cluster: Cluster) -> None:
@@ -255,7 +255,7 @@ def install_operator(cluster: Cluster) -> None:
     command = README_HELM_INSTALL if not installed else ["helm", "upgrade", RELEASE, "charts/scalingrun",
                                                           "-n", SYSTEM_NAMESPACE]
     started = time.monotonic()
-    cluster.tool(*command, *chart_values(cluster), "--wait", "--timeout", "5m")
+    cluster.tool(*command, *chart_values(cluster.settings.operator_image), "--wait", "--timeout", "5m")
     log(f"{' '.join([*command, *push_values(), *elastic_values()])} --wait: {time.monotonic() - started:.1f} s")
 
 

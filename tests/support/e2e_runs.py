@@ -129,13 +129,20 @@ def sync_the_chart_twice(cluster) -> None:
     """What Argo CD does on every sync: renders the chart without the cluster (its values as the e2e installed it) and
     applies the render. Two renders are byte-identical, and applying both changes neither the operator's certificate
     (its Secret, the same version: the pods keep trusting it) nor its pods (no rollout)."""
+    import os
+    from pathlib import Path
+
     from tests.e2e.environment import SYSTEM_NAMESPACE, chart_values, status_push
+    from tests.support.env import ROOT
 
     # Without the PodDisruptionBudget: a render without the cluster picks policy/v1, which 1.20 lacks (Argo CD's
-    # --api-versions only add to Helm's defaults), as manifests/base leaves it out.
-    render = ["template", RELEASE, "charts/scalingrun", "-n", SYSTEM_NAMESPACE,
-              "--set", "podDisruptionBudget.enabled=false", *chart_values(cluster)]
-    renders = [cluster.tool("helm", *render).stdout for _ in range(2)]
+    # --api-versions only add to Helm's defaults), as manifests/base leaves it out. No --kubeconfig: Argo CD renders
+    # without the cluster.
+    render = [str(Path(os.environ["SCALINGRUN_TOOLS"]) / "helm"), "template", RELEASE, "charts/scalingrun",
+              "-n", SYSTEM_NAMESPACE, "--set", "podDisruptionBudget.enabled=false",
+              *chart_values(os.environ["SCALINGRUN_E2E_OPERATOR_IMAGE"])]
+    renders = [subprocess.run(render, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+               for _ in range(2)]
     assert renders[0] == renders[1], "two renders of the chart differ: every sync would change the cluster"
 
     def certificate_and_operators() -> tuple[Any, list[str]]:
@@ -148,6 +155,8 @@ def sync_the_chart_twice(cluster) -> None:
     before = certificate_and_operators()
     assert before[0] or not status_push(), "the push path's operator made no certificate Secret"
     for rendered in renders:
-        cluster.tool("kubectl", "apply", "--server-side", "--force-conflicts", "--field-manager=gitops-sync",
-                     "-f", "-", input=rendered)
+        applied = subprocess.run([*cluster.kubectl, "apply", "--server-side", "--force-conflicts",
+                                  "--field-manager=gitops-sync", "-f", "-"], input=rendered, capture_output=True,
+                                 text=True)
+        assert applied.returncode == 0, applied.stdout + applied.stderr
     assert certificate_and_operators() == before
