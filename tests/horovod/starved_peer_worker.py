@@ -18,9 +18,9 @@ hvd.init()
 done = Path(sys.argv[1])
 print(f"rank={hvd.rank()} pid={os.getpid()} gloo_timeout={os.environ['HOROVOD_GLOO_TIMEOUT_SECONDS']}", flush=True)
 rounds = 0
-while not done.exists():
-    hvd.allreduce(tf.constant(1.0), op=hvd.Sum)
+# Each round's sum says whether any rank saw `done`, so that both leave after the same round (a rank leaving one
+# round earlier would leave its peer alone in a collective).
+while float(hvd.allreduce(tf.constant(1.0 if done.exists() else 0.0), op=hvd.Sum)) == 0:
     rounds += 1
     time.sleep(0.2)
-hvd.allreduce(tf.constant(1.0), op=hvd.Sum)  # the last one together: both saw `done`
 print(f"rank={hvd.rank()} finished after {rounds} rounds", flush=True)
