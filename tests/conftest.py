@@ -167,9 +167,16 @@ class MlflowServer:
              "--artifacts-destination", str(self.folder / "artifacts")],
             stdout=open(self.folder / "server.log", "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
         deadline = time.monotonic() + timeout
+        # Ready when an authenticated call to its store answers, not /health alone: the first such call sets up the
+        # auth and tracking databases, which took over 120 s on a loaded machine (4 tries of the client's 30 s).
+        import base64
+
+        token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+        ready = urllib.request.Request(f"{self.uri}/api/2.0/mlflow/experiments/search?max_results=1",
+                                       headers={"Authorization": f"Basic {token}"})
         while time.monotonic() < deadline and self.process.poll() is None:
             try:
-                with urllib.request.urlopen(f"{self.uri}/health", timeout=2):
+                with urllib.request.urlopen(ready, timeout=60):
                     return
             except OSError:
                 time.sleep(0.5)
