@@ -206,7 +206,8 @@ def checkpoint_files(cluster, run_location: str) -> tuple[int, dict[str, int]]:
                 files = s3.get_file_info(pafs.FileSelector(f"{root}/{json.loads(state)['checkpoint']}"))
                 if s3.open_input_stream(f"{root}/state.json").read() == state:
                     return json.loads(state)["epoch"], {f.base_name: f.size for f in files}
-            except OSError:  # a just-started filer answers 500 for a few seconds
+            except (OSError, ValueError):  # a just-started filer answers 500 for a few seconds; a state.json read
+                # as the chief replaces it came back cut to the old one's length (pyarrow asks the size, then the bytes)
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1)

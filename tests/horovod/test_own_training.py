@@ -70,15 +70,25 @@ def test_a_sweep_of_the_teams_script_fills_its_table(state, tmp_path):
 
 
 def test_an_exception_in_the_script_fails_the_run_with_its_message(state, tmp_path):
+    # Every rank raises once rank 0's epoch report is written (a file says so): a rank 1 that raised first had mpirun
+    # stop rank 0 before its report in a CI run, and the status had no epoch.
+    reported = tmp_path / "rank-0-reported"
     package = team_package(tmp_path, "brokentrain", "train",
+                           "import os, pathlib, time\n"
                            "from scalingrun_trainer import sdk\n"
                            "ctx = sdk.context()\n"
                            "sdk.report_epoch(1, {'loss': 2.0}, 100.0)\n"
+                           "reported = pathlib.Path(os.environ['RANK_0_REPORTED'])\n"
+                           "if ctx.rank == 0:\n"
+                           "    reported.touch()\n"
+                           "deadline = time.monotonic() + 300\n"
+                           "while not reported.exists() and time.monotonic() < deadline:\n"
+                           "    time.sleep(0.1)\n"
                            "raise RuntimeError(f'the team forgot a file (rank {ctx.rank} of {ctx.size})')\n")
     spec = team_script(command=["python", "-m", "brokentrain.train"])
     spec["metadata"]["name"] = "quickstart-broken-script"
-    result = run_quickstart(spec, tmp_path / "broken.yaml", state, 100, {"PYTHONPATH": str(package)},
-                            timeout=600)
+    result = run_quickstart(spec, tmp_path / "broken.yaml", state, 100,
+                            {"PYTHONPATH": str(package), "RANK_0_REPORTED": str(reported)}, timeout=600)
     assert result.returncode != 0
     status = json.loads((state / "runs/quickstart-broken-script/status.json").read_text())
     failed = next(c for c in status["conditions"] if c["type"] == "Failed")

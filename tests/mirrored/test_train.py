@@ -18,7 +18,7 @@ from scalingrun_trainer.core.scaling import scale_run
 from scalingrun_trainer.core.stall import engine_timeout
 from tests.support.training import assert_saved_keras_model_is_the_whole_network_with_the_best_head, keras_scores, epoch_saved_before_a_rank_was_killed, preprocessed_fashion_mnist, the_one_mlflow_run, validation_split
 from tests.support.operator import read_json
-from tests.support.stall import TEST_TIMEOUT_SECONDS, frozen_mpirun
+from tests.support.stall import TEST_TIMEOUT_SECONDS, first_error_and_tail, frozen_mpirun
 from tests.support.mirrored_train import (  # noqa: F401 (a fixture)
     BUCKET, SIZE, command, environment, run_training, without_horovod, write_config,
 )
@@ -141,7 +141,7 @@ def test_auto_batch_size_and_a_slow_reader_show_in_progress(s3_server, dataset, 
     # step of batch 16 took up to 0.3 s on the loaded 2-core machine, where a 0.3 s wait measured only 21%).
     result = run_training(mpirun, s3_server, config, without_horovod,
                           {"SCALINGRUN_PROBE_OOM_AT": "32", "SCALINGRUN_DIAGNOSTIC_READER_DELAY": "1.0"})
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, result.stdout[-3000:] + first_error_and_tail(result.stderr)
     progress = read_json(s3_server, f"{run}/progress.json")
     probe = progress["batchSizeProbe"]
     assert [row["batchSize"] for row in probe["table"]] == [8, 16, 32] and probe["stoppedBy"] == "outOfMemory"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -15,11 +16,22 @@ import pytest
 from .env import ROOT, require
 
 
+# Below the kernel's ephemeral range (32768-60999 by default) and SeaweedFS's (local/s3server.py: 20000-38999): a
+# port the kernel handed out by bind(0) is also any outgoing connection's next source port, which took a test
+# server's port before it bound it in a CI run at load 70.
+SERVER_PORTS = range(12000, 20000)
+
+
 def free_port() -> int:
-    """A port free on 127.0.0.1 now (for a server a test starts)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port free on 127.0.0.1 now (for a server a test starts), from SERVER_PORTS in a random order."""
+    for port in random.sample(SERVER_PORTS, 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in {SERVER_PORTS} on 127.0.0.1")
 
 
 def _api_server_ports() -> dict[str, str]:
