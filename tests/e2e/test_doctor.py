@@ -15,25 +15,19 @@ from typing import Iterator
 
 import pytest
 
-from scalingrun_operator.cli import main
 from scalingrun_operator.cluster.preflight_fit import DRIVER_LABELS, KUEUE_CONFIG, KUEUE_CONFIG_KEY
 from tests.e2e.mpijob_controller.deploy import NAME as MPIJOB_CONTROLLER
 from tests.e2e.environment import SYSTEM_NAMESPACE
 from tests.support.apiserver import install_crd, kueue_crd_document
+from tests.support.doctor import doctor as run_doctor
 from tests.support.fake_gpus import FAKE_GPUS, GPU_RESOURCE, fake_gpus, wait_advertised
 
 pytestmark = pytest.mark.e2e
 
 
 def doctor(cluster, capsys, *args: str) -> tuple[int, dict[str, tuple[str, str]], str]:
-    capsys.readouterr()  # what an earlier call printed
-    code = main(["doctor", "--kubeconfig", cluster.kubeconfig, *args])
-    out = capsys.readouterr().out
+    code, checks, out = run_doctor(capsys, cluster.kubeconfig, *args)
     print(out)
-    checks = {}
-    for line in out.splitlines():
-        level, name, message = line.split(None, 2)
-        checks[name] = (level, message)
     return code, checks, out
 
 
