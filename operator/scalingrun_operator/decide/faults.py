@@ -13,7 +13,7 @@ from scalingrun_api.models.common import duration_seconds
 from . import interruptions, nodes, podrecords
 from .draft import Draft
 from .podrecords import same_uid
-from .pods import LAUNCHER, TRAINING_ROLES, WORKER, metadata_of, pod_name, pod_role, status_of
+from .pod_facts import LAUNCHER, TRAINING_ROLES, WORKER, metadata_of, pod_name, pod_role, status_of
 from .status import NODE_LOST, NODE_TERMINATING, get_condition
 
 _RESUMES = "the launcher restarts and resumes from the last checkpoint"
