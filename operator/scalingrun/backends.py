@@ -18,7 +18,7 @@ from scalingrun_operator.builders.locations import progress_uri
 from scalingrun_operator.cli.cluster import Cluster
 from scalingrun_operator.cli.loading import UserError
 from scalingrun_operator.cli.logs import RunLogs
-from scalingrun_operator.decide.pods import LAUNCHER
+from scalingrun_operator.decide.pod_facts import LAUNCHER
 from scalingrun_operator.documents import read_progress
 from scalingrun_operator.local.runner import LocalRun
 from scalingrun_operator.storage import StorageError, StorageTarget

@@ -21,7 +21,7 @@ from typing import Any, Callable, Optional
 from scalingrun_api.engines import HOROVOD_STALL_ENV
 from scalingrun_api.shipped import ERROR_FILE, RESULT_FILE, digest, pack, write
 from scalingrun_operator.builders.locations import join
-from scalingrun_operator.local.processes import _horovodrun
+from scalingrun_operator.local.processes import horovodrun
 from . import function_store
 from .run import Run, RunFailed
 
@@ -72,7 +72,7 @@ class HorovodRunner:
     def _here(self, folder: Path, main: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         write(folder, pack(main, kwargs))
         processes = -self.np
-        command = [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
+        command = [horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
                    sys.executable, "-m", WORKER, str(folder)]
         code, tail = self._launch(command)
         if code != 0:

@@ -14,8 +14,8 @@ from pydantic import BaseModel
 from pydantic.alias_generators import to_camel
 
 from scalingrun_api.models import API_VERSION, KIND, Phase, ScalingRun
-from scalingrun_operator.cli.commands import _invalid
-from scalingrun_operator.cli.loading import Document, UserError, _yaml_error, is_ours, read_file
+from scalingrun_operator.cli.commands import invalid
+from scalingrun_operator.cli.loading import Document, UserError, yaml_error, is_ours, read_file
 from scalingrun_operator.schema import strict_yaml
 from scalingrun_operator.schema.findings import SpecWarning
 from scalingrun_operator.schema.validation import InvalidScalingRun, parse_scalingrun, spec_warnings
@@ -86,7 +86,7 @@ class Run:
                     docs = [Document(YAML_SOURCE, body) for body in strict_yaml.load_all(path_or_text)
                             if body is not None]
                 except yaml.YAMLError as exc:
-                    raise _yaml_error(YAML_SOURCE, exc) from None
+                    raise yaml_error(YAML_SOURCE, exc) from None
         except UserError as exc:
             raise InvalidRun(str(exc)) from None
         ours = [doc for doc in docs if is_ours(doc)]
@@ -99,7 +99,7 @@ class Run:
         try:
             self.model: ScalingRun = parse_scalingrun(body)
         except InvalidScalingRun as exc:
-            raise InvalidRun(str(_invalid(Document(source, body), exc)), [str(e) for e in exc.errors]) from None
+            raise InvalidRun(str(invalid(Document(source, body), exc)), [str(e) for e in exc.errors]) from None
         self.body: dict[str, Any] = body
         self.source = source
         self._backend: Optional[Backend] = None

@@ -2,7 +2,7 @@
 images and makes them available to the nodes, checks that something serves MPIJobs, installs the chart (unless an
 operator is there), runs SeaweedFS as the demo's object store, uploads Fashion-MNIST JPEGs, applies a 2-worker
 CPU ScalingRun (examples/quickstart.yaml), follows it on one line and prints its summary and report.
-`--down` removes what it added that holds no user data (never a CRD: with it would go every ScalingRun and
+`--down` (teardown.py) removes what it added that holds no user data (never a CRD: with it would go every ScalingRun and
 ScalingSweep in the cluster) and names what it leaves and why; the demo namespace records what it added.
 """
 
@@ -16,23 +16,16 @@ import secrets
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
 from . import seaweedfs
 from .delivery import (ROOT, Kube, QuickstartError, build_images, build_seaweedfs, cluster_nodes, deliver, image_names,
                        image_route, loader, say, split_image)
+from .footprint import (ADDED, LABELS, NAMESPACE, OPERATOR_CRDS, OWNED, RELEASE, RUN_NAME, SECRET, SYSTEM_NAMESPACE,
+                        demo_namespace)
+from .teardown import down
 
-NAMESPACE = "scalingrun-quickstart"
-RELEASE, SYSTEM_NAMESPACE = "scalingrun", "scalingrun-system"
-RUN_NAME = "quickstart"
-SECRET = "quickstart-s3"
-BUCKET = "scalingrun-quickstart"
-OWNED = "scalingrun.dev/quickstart"  # label of the demo namespace: made by the quick start
-ADDED = "scalingrun.dev/quickstart-added"  # its annotation: what else the quick start installed (JSON)
-LABELS = {"app.kubernetes.io/name": seaweedfs.SERVICE, "app.kubernetes.io/part-of": "scalingrun-quickstart"}
-OPERATOR_CRDS = ("scalingruns.scalingrun.dev", "scalingsweeps.scalingrun.dev")
 TERMINAL = ("Succeeded", "Failed")
 WORKER_CPUS = ("1", "500m", "250m")  # tried in this order when --worker-cpu is not given
 
@@ -93,15 +86,6 @@ def check_mpi_operator(kube: Kube, skip: bool) -> None:
                               f"mpi-operator): the run would wait forever. Install it:\n  {MPI_OPERATOR_INSTALL}\n"
                               "or, if yours has another name, run this again with --skip-mpi-check")
     say(f"MPIJobs served by {', '.join(controllers)}")
-
-
-def demo_namespace(kube: Kube, namespace: str) -> Optional[dict[str, Any]]:
-    """The demo namespace when the quick start made it, None when there is none; an error when it is someone else's."""
-    found = kube.get("namespace", namespace)
-    if found is not None and (found["metadata"].get("labels") or {}).get(OWNED) != "true":
-        raise QuickstartError(f"namespace {namespace} exists and the quick start did not make it: give another "
-                              "with --namespace")
-    return found
 
 
 def operator_there(kube: Kube) -> str:
@@ -307,75 +291,6 @@ def up(args: argparse.Namespace, kube: Kube) -> int:
         print(f"the run did not succeed (phase {phase or 'none'} after {args.timeout:.0f} s): "
               f"kubectl describe scalingrun {RUN_NAME} -n {namespace}", file=sys.stderr)
         return 1
-    return 0
-
-
-# --- down ------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Step:
-    """One command of `--down`, and what it says before it."""
-
-    says: str
-    tool: str  # kubectl or helm
-    args: tuple[str, ...]
-
-
-def down_plan(namespace: str, added: dict[str, Any], others: dict[str, list[str]]) -> tuple[list[Step], list[str]]:
-    """What `--down` deletes (only what the quick start made and holds no user data) and what it leaves, with why.
-    ADDED: what the demo namespace records; OTHERS: per namespace, the ScalingRuns and ScalingSweeps there that the
-    quick start did not make. Never a CRD: deleting one deletes every object of its kind in every namespace."""
-    if others.get(namespace):
-        raise QuickstartError(f"namespace {namespace} holds {', '.join(others[namespace])}, which the quick start did "
-                              "not make: --down would delete them with the namespace. Delete or move them, then run "
-                              "--down again")
-    steps = [Step(f"deleting namespace {namespace} (the quick start's run, its pods, SeaweedFS and its demo data)",
-                  "kubectl", ("delete", "namespace", namespace, "--wait=true", "--timeout=300s"))]
-    left = []
-    if added.get("release"):
-        release, release_namespace = added["release"], added["releaseNamespace"]
-        steps.append(Step(f"uninstalling the chart (release {release} in {release_namespace})", "helm",
-                          ("uninstall", release, "-n", release_namespace, "--wait", "--timeout", "2m")))
-        if added.get("createdNamespace") and others.get(release_namespace):
-            left.append(f"namespace {release_namespace}: it holds {', '.join(others[release_namespace])}")
-        elif added.get("createdNamespace"):
-            steps.append(Step(f"deleting namespace {release_namespace} (the quick start made it for the chart)",
-                              "kubectl", ("delete", "namespace", release_namespace, "--ignore-not-found",
-                                          "--wait=true", "--timeout=300s")))
-        crds = " ".join(added.get("crds") or OPERATOR_CRDS)
-        left.append(f"the CRDs ({crds}): deleting a CRD deletes every ScalingRun and ScalingSweep in every "
-                    f"namespace, not only the quick start's. When no one needs any: kubectl delete crd {crds}")
-    left.append("the images, in Docker (and in the nodes' image caches)")
-    return steps, left
-
-
-def foreign_runs(kube: Kube, namespaces: list[str]) -> dict[str, list[str]]:
-    """Per namespace, the ScalingRuns and ScalingSweeps the quick start did not make (kind/name)."""
-    if kube.get("crd", OPERATOR_CRDS[0]) is None:
-        return {}
-    found = {}
-    for namespace in namespaces:
-        listed = (kube.get("scalingruns,scalingsweeps", "-n", namespace) or {}).get("items", [])
-        found[namespace] = [f"{item['kind']}/{item['metadata']['name']}" for item in listed
-                            if (item["kind"], item["metadata"]["name"]) != ("ScalingRun", RUN_NAME)]
-    return found
-
-
-def down(args: argparse.Namespace, kube: Kube) -> int:
-    found = demo_namespace(kube, args.namespace)
-    if found is None:
-        say(f"namespace {args.namespace} is not there: nothing to remove")
-        return 0
-    added = json.loads((found["metadata"].get("annotations") or {}).get(ADDED) or "{}")
-    checked = [args.namespace] + ([added["releaseNamespace"]] if added.get("createdNamespace") else [])
-    steps, left = down_plan(args.namespace, added, foreign_runs(kube, checked))
-    for step in steps:
-        say(step.says)
-        (kube.kubectl if step.tool == "kubectl" else kube.helm)(*step.args)
-    say("removed what the quick start added; left in place:")
-    for thing in left:
-        say(f"  {thing}")
     return 0
 
 

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any, Callable, Optional
 
 from pydantic import BaseModel
@@ -66,18 +66,19 @@ class Full:
 
 @dataclass(frozen=True)
 class _Cost:
+    """What documents hold against `Bounds`: how many, their bytes as pushed, their history entries, their parsed
+    size; added and subtracted measure by measure."""
+
     documents: int = 0
     bytes: int = 0
     entries: int = 0
     parsed: int = 0
 
     def __add__(self, other: "_Cost") -> "_Cost":
-        return _Cost(self.documents + other.documents, self.bytes + other.bytes, self.entries + other.entries,
-                     self.parsed + other.parsed)
+        return _Cost(*(mine + theirs for mine, theirs in zip(astuple(self), astuple(other))))
 
     def __sub__(self, other: "_Cost") -> "_Cost":
-        return _Cost(self.documents - other.documents, self.bytes - other.bytes, self.entries - other.entries,
-                     self.parsed - other.parsed)
+        return _Cost(*(mine - theirs for mine, theirs in zip(astuple(self), astuple(other))))
 
 
 @dataclass

@@ -7,7 +7,8 @@ import pytest
 
 from scalingrun_operator.builders import build_children
 from scalingrun_demo import quickstart_sizing as sizing, seaweedfs
-from scalingrun_demo.quickstart import LABELS, SECRET, WORKER_CPUS, run_document
+from scalingrun_demo.footprint import LABELS, SECRET
+from scalingrun_demo.quickstart import WORKER_CPUS, run_document
 from scalingrun_operator.schema.validation import parse_scalingrun
 from tests.support.chart import ROOT, helm, render  # noqa: F401 (fixture)
 

@@ -15,25 +15,19 @@ from typing import Iterator
 
 import pytest
 
-from scalingrun_operator.cli import main
 from scalingrun_operator.cluster.preflight_fit import DRIVER_LABELS, KUEUE_CONFIG, KUEUE_CONFIG_KEY
 from tests.e2e.mpijob_controller.deploy import NAME as MPIJOB_CONTROLLER
 from tests.e2e.environment import SYSTEM_NAMESPACE
 from tests.support.apiserver import install_crd, kueue_crd_document
-from tests.support.fake_gpus import FAKE_GPUS, GPU_RESOURCE, advertised, fake_gpus
+from tests.support.doctor import doctor as run_doctor
+from tests.support.fake_gpus import FAKE_GPUS, GPU_RESOURCE, fake_gpus, wait_advertised
 
 pytestmark = pytest.mark.e2e
 
 
 def doctor(cluster, capsys, *args: str) -> tuple[int, dict[str, tuple[str, str]], str]:
-    capsys.readouterr()  # what an earlier call printed
-    code = main(["doctor", "--kubeconfig", cluster.kubeconfig, *args])
-    out = capsys.readouterr().out
+    code, checks, out = run_doctor(capsys, cluster.kubeconfig, *args)
     print(out)
-    checks = {}
-    for line in out.splitlines():
-        level, name, message = line.split(None, 2)
-        checks[name] = (level, message)
     return code, checks, out
 
 
@@ -92,10 +86,7 @@ def test_doctor_reports_the_fake_gpus_per_node_and_kueues_mpijob_integration(clu
     code, checks, out = doctor(cluster, capsys, "-n", cluster.namespace)
     assert checks["kueue"][0] == "info" and "kueue-mpijob" not in checks, out
     with fake_gpus(cluster, FAKE_GPUS) as nodes, kueue_objects(cluster, cluster.namespace):
-        deadline = time.monotonic() + 300  # a hang's bound (the patched status served), not its speed under load
-        while any(advertised(cluster, n)["allocatable"] != str(FAKE_GPUS) for n in nodes):
-            assert time.monotonic() < deadline, {n: advertised(cluster, n) for n in nodes}
-            time.sleep(1)
+        wait_advertised(cluster, nodes, FAKE_GPUS)
         code, checks, out = doctor(cluster, capsys, "-n", cluster.namespace)
     level, message = checks["gpu-resource"]
     each = ", ".join(f"{node} {FAKE_GPUS}" for node in sorted(nodes))

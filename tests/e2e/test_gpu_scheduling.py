@@ -24,7 +24,7 @@ from typing import Any, Iterator
 import pytest
 
 from tests.e2e.environment import status_push
-from tests.support.fake_gpus import FAKE_GPUS, GPU_RESOURCE, advertised, fake_gpus, heartbeats
+from tests.support.fake_gpus import FAKE_GPUS, GPU_RESOURCE, advertised, fake_gpus, heartbeats, wait_advertised
 from tests.support.e2e_runs import _name, children, condition_texts, finished, phase, run_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
@@ -105,10 +105,7 @@ def test_gpu_runs_are_scheduled_on_advertised_gpus_tolerate_the_taint_and_say_th
     output = f"s3://scalingrun-e2e/runs/{_name('gpus')}/parquet"  # one dataset for both runs
     with fake_gpus(cluster, FAKE_GPUS) as nodes:
         written = heartbeats(cluster, nodes)
-        deadline = time.monotonic() + 60
-        while any(advertised(cluster, n)["allocatable"] != str(FAKE_GPUS) for n in nodes):
-            assert time.monotonic() < deadline, {n: advertised(cluster, n) for n in nodes}
-            time.sleep(1)
+        wait_advertised(cluster, nodes, FAKE_GPUS)
 
         # More GPUs per worker than a node has: Pending, and the root cause names the resource.
         toomany = _name("gpus-toomany")

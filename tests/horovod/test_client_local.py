@@ -22,14 +22,20 @@ from tests.support.quickstart import LEARNS, example_spec
 pytestmark = [pytest.mark.horovod, pytest.mark.s3]
 
 
-def test_the_reduced_quickstart_trains_through_the_client(s3_server, tmp_path, monkeypatch, capsys):
-    body = example_spec(ROOT / "examples/quickstart.yaml", maxEpochs=2, batchSizePerWorker=16)
-    body["metadata"]["name"] = "client-quickstart"
+def quickstart_run(s3_server, monkeypatch, name: str, epochs: int) -> dict:
+    """The reduced quick start's run `name` of `epochs` epochs on the test's S3, its 200 images uploaded and the
+    store's credentials set in this process's environment."""
+    body = example_spec(ROOT / "examples/quickstart.yaml", maxEpochs=epochs, batchSizePerWorker=16)
+    body["metadata"]["name"] = name
     body["spec"]["storage"]["endpoint"] = s3_server.endpoint
     upload_fashion_mnist(s3_server, body["spec"]["dataset"]["source"], per_class=20)
     for variable, value in {**s3_server.env(), "TF_CPP_MIN_LOG_LEVEL": "2"}.items():
         monkeypatch.setenv(variable, value)
+    return body
 
+
+def test_the_reduced_quickstart_trains_through_the_client(s3_server, tmp_path, monkeypatch, capsys):
+    body = quickstart_run(s3_server, monkeypatch, "client-quickstart", epochs=2)
     run = scalingrun.Run.from_dict(body).submit(local=True, workdir=tmp_path / "run")
     status = run.wait(timeout=900, display=LineDisplay(run.name))
 
@@ -58,12 +64,7 @@ def test_the_reduced_quickstart_trains_through_the_client(s3_server, tmp_path, m
 
 
 def test_delete_stops_a_local_run_while_it_trains(s3_server, tmp_path, monkeypatch):
-    body = example_spec(ROOT / "examples/quickstart.yaml", maxEpochs=50, batchSizePerWorker=16)
-    body["metadata"]["name"] = "client-deleted"
-    body["spec"]["storage"]["endpoint"] = s3_server.endpoint
-    upload_fashion_mnist(s3_server, body["spec"]["dataset"]["source"], per_class=20)
-    for variable, value in {**s3_server.env(), "TF_CPP_MIN_LOG_LEVEL": "2"}.items():
-        monkeypatch.setenv(variable, value)
+    body = quickstart_run(s3_server, monkeypatch, "client-deleted", epochs=50)
     workdir = tmp_path / "run"
     run = scalingrun.Run.from_dict(body).submit(local=True, workdir=workdir)
     deadline = time.monotonic() + 600

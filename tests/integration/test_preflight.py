@@ -6,42 +6,15 @@ at this version and at another, the operator's Deployment. Each state gets the l
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 
 from scalingrun_operator.builders.mpijob import MPI_OPERATOR_INSTALL
-from scalingrun_operator.cli import main
 from scalingrun_operator.schema.crd import VERSION_LABEL, build_crd, build_sweep_crd, project_version
-from tests.support.apiserver import api_server, install_crd, kueue_crd_document, mpijob_crd_document
-from tests.support.env import require
+from tests.support.apiserver import install_crd, kueue_crd_document, mpijob_crd_document
+from tests.support.doctor import api, doctor, kubeconfig  # noqa: F401 (api, kubeconfig: fixtures)
 
 pytestmark = pytest.mark.k8s
-
-
-@pytest.fixture(scope="module")
-def kubeconfig(tmp_path_factory):
-    require(bool(os.environ.get("KUBEBUILDER_ASSETS")), "needs KUBEBUILDER_ASSETS (an API server of its own)")
-    with api_server(tmp_path_factory.mktemp("doctor-cluster"), controllers=False) as path:
-        yield path
-
-
-@pytest.fixture(scope="module")
-def api(kubeconfig):
-    from kubernetes import config
-
-    return config.new_client_from_config(config_file=kubeconfig)
-
-
-def doctor(kubeconfig, capsys) -> tuple[int, dict[str, tuple[str, str]]]:
-    """Its exit code and, per check, (level, message)."""
-    code = main(["doctor", "--kubeconfig", kubeconfig])
-    out = capsys.readouterr().out
-    lines = {}
-    for line in out.splitlines():
-        level, name, message = line.split(None, 2)
-        lines[name] = (level, message)
-    return code, lines
 
 
 def deployment(api, namespace: str, name: str, image: str, args: list[str] | None = None,
@@ -89,7 +62,7 @@ def delete_crd(api, name: str) -> None:
 
 
 def test_doctor_says_what_is_missing_and_what_to_do_until_the_cluster_is_ready(kubeconfig, api, capsys):
-    code, found = doctor(kubeconfig, capsys)
+    code, found, _ = doctor(capsys, kubeconfig)
     assert code == 1
     assert found["mpijob-api"][0] == "error" and MPI_OPERATOR_INSTALL in found["mpijob-api"][1]
     assert found["mpijob-controller"][0] == "error" and "no Deployment serves MPIJobs" in found["mpijob-controller"][1]
@@ -101,7 +74,7 @@ def test_doctor_says_what_is_missing_and_what_to_do_until_the_cluster_is_ready(k
     # break it: the coexistence page is named, not the install command alone.
     install_crd(api, training_operator_crd())
     deployment(api, "kubeflow", "training-operator", "kubeflow/training-operator:v1-855e096")
-    code, found = doctor(kubeconfig, capsys)
+    code, found, _ = doctor(capsys, kubeconfig)
     assert code == 1
     assert found["mpijob-api"][0] == "error" and "serves v1, not v2beta1" in found["mpijob-api"][1]
     assert "Training Operator v1" in found["mpijob-api"][1] and "run-in-a-cluster.md" in found["mpijob-api"][1]
@@ -113,17 +86,17 @@ def test_doctor_says_what_is_missing_and_what_to_do_until_the_cluster_is_ready(k
     delete_crd(api, "mpijobs.kubeflow.org")
     install_crd(api, mpijob_crd_document())
     deployment(api, "mpi-operator", "mpi-operator", "mpioperator/mpi-operator:0.8.2")
-    code, found = doctor(kubeconfig, capsys)
+    code, found, _ = doctor(capsys, kubeconfig)
     assert found["mpijob-api"][0] == "ok"
     assert found["mpijob-controller"][0] == "warning" and "--enable-scheme" in found["mpijob-controller"][1]
     deployment(api, "kubeflow", "training-operator", "kubeflow/training-operator:v1-855e096",
                args=["--enable-scheme=tfjob", "--enable-scheme=pytorchjob"])
-    code, found = doctor(kubeconfig, capsys)
+    code, found, _ = doctor(capsys, kubeconfig)
     assert found["mpijob-controller"] == ("ok", "MPIJobs served by mpi-operator/mpi-operator")
 
     # Kueue: its API group is what says it is there.
     install_crd(api, kueue_crd_document("clusterqueues", "ClusterQueue", "Cluster"))
-    code, found = doctor(kubeconfig, capsys)
+    code, found, _ = doctor(capsys, kubeconfig)
     assert found["kueue"][0] == "ok" and "kueue.x-k8s.io/v1beta1" in found["kueue"][1]
 
     # Our CRDs of another version: said, with how to apply this one's; then this version's.
@@ -131,12 +104,12 @@ def test_doctor_says_what_is_missing_and_what_to_do_until_the_cluster_is_ready(k
     older["metadata"]["labels"][VERSION_LABEL] = "0.0.9"
     install_crd(api, older)
     install_crd(api, build_sweep_crd())
-    code, found = doctor(kubeconfig, capsys)
+    code, found, _ = doctor(capsys, kubeconfig)
     assert found["crd-version"][0] == "warning"
     assert f"scalingruns.scalingrun.dev 0.0.9) than this one ({project_version()})" in found["crd-version"][1]
     assert "kubectl apply --server-side" in found["crd-version"][1]
     install_crd(api, build_crd(), replace=True)
-    code, found = doctor(kubeconfig, capsys)
+    code, found, _ = doctor(capsys, kubeconfig)
     assert found["crd-version"] == ("ok", f"CRDs at {project_version()}, as this scalingrun")
 
     # The operator's Deployment, ready: named with its chart's version; its /healthz cannot be asked here (no
@@ -144,7 +117,7 @@ def test_doctor_says_what_is_missing_and_what_to_do_until_the_cluster_is_ready(k
     deployment(api, "scalingrun-system", "scalingrun", "ghcr.io/scalingrun/operator:0.1.0",
                labels={"app.kubernetes.io/name": "scalingrun", "app.kubernetes.io/component": "operator",
                        VERSION_LABEL: project_version()})
-    code, found = doctor(kubeconfig, capsys)
+    code, found, _ = doctor(capsys, kubeconfig)
     assert found["operator"][0] == "warning"
     assert f"operator scalingrun-system/scalingrun ready (chart {project_version()}); /healthz not asked" in (
         found["operator"][1])

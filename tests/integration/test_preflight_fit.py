@@ -5,44 +5,18 @@ configuration and a LocalQueue, one fact at a time. Each state gets its line and
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from scalingrun_api.models import GROUP, PLURAL, VERSION
-from scalingrun_operator.cli import main
 from scalingrun_operator.cluster.preflight_fit import DRIVER_FLOOR, DRIVER_LABELS, KUEUE_CONFIG, KUEUE_CONFIG_KEY
 from scalingrun_operator.schema.crd import build_crd, build_sweep_crd
-from tests.support.apiserver import api_server, install_crd, kueue_crd_document
-from tests.support.env import require
+from tests.support.apiserver import install_crd, kueue_crd_document
+from tests.support.doctor import api, doctor, kubeconfig  # noqa: F401 (api, kubeconfig: fixtures)
 from tests.support.specs import run_document
 
 pytestmark = pytest.mark.k8s
 
 NAMESPACE = "team"
-
-
-@pytest.fixture(scope="module")
-def kubeconfig(tmp_path_factory):
-    require(bool(os.environ.get("KUBEBUILDER_ASSETS")), "needs KUBEBUILDER_ASSETS (an API server of its own)")
-    with api_server(tmp_path_factory.mktemp("doctor-fit-cluster"), controllers=False) as path:
-        yield path
-
-
-@pytest.fixture(scope="module")
-def api(kubeconfig):
-    from kubernetes import config
-
-    return config.new_client_from_config(config_file=kubeconfig)
-
-
-def doctor(kubeconfig, capsys) -> dict[str, tuple[str, str]]:
-    main(["doctor", "--kubeconfig", kubeconfig, "-n", NAMESPACE])
-    lines = {}
-    for line in capsys.readouterr().out.splitlines():
-        level, name, message = line.split(None, 2)
-        lines[name] = (level, message)
-    return lines
 
 
 def node(api, name: str, allocatable: dict[str, str], labels: dict[str, str] | None = None) -> None:
@@ -94,7 +68,7 @@ def test_doctor_says_whether_the_namespaces_runs_fit_the_nodes_and_queues(kubeco
     run(api, "default-gpu")  # gpusPerWorker's default, 1, of nvidia.com/gpu
     run(api, "done-wide", phase="Succeeded", gpusPerWorker=16)  # finished: asks for nothing any more
 
-    found = doctor(kubeconfig, capsys)
+    _, found, _ = doctor(capsys, kubeconfig, "-n", NAMESPACE)
     level, message = found["gpu-resource"]
     assert level == "error" and "run default-gpu asks for nvidia.com/gpu, which no node advertises" in message
     assert "done-wide" not in message and "(allocatable: none)" in message
@@ -103,14 +77,14 @@ def test_doctor_says_whether_the_namespaces_runs_fit_the_nodes_and_queues(kubeco
 
     # A GPU node as the device plugin and GPU feature discovery leave it, with a driver below the floor.
     node(api, "gpu-0", {"cpu": "8", "nvidia.com/gpu": "4"}, {DRIVER_LABELS[1]: str(DRIVER_FLOOR - 5)})
-    found = doctor(kubeconfig, capsys)
+    _, found, _ = doctor(capsys, kubeconfig, "-n", NAMESPACE)
     assert found["gpu-resource"] == ("ok", f"GPU resources allocatable: nvidia.com/gpu: gpu-0 4; the 1 active run(s) "
                                            f"in {NAMESPACE} asking for GPUs fit a node")
     level, message = found["gpu-driver"]
     assert level == "warning" and message.startswith(f"driver below R{DRIVER_FLOOR} on gpu-0 {DRIVER_FLOOR - 5}")
     core.patch_node("gpu-0", {"metadata": {"labels": {DRIVER_LABELS[1]: str(DRIVER_FLOOR)}}})
     run(api, "sliced", gpusPerWorker=1, gpuResource="nvidia.com/mig-1g.10gb")
-    found = doctor(kubeconfig, capsys)
+    _, found, _ = doctor(capsys, kubeconfig, "-n", NAMESPACE)
     assert found["gpu-driver"] == ("ok", f"driver R{DRIVER_FLOOR}+ on every GPU node (gpu-0 {DRIVER_FLOOR})")
     level, message = found["gpu-resource"]
     assert level == "error" and "run sliced asks for nvidia.com/mig-1g.10gb, which no node advertises" in message
@@ -119,14 +93,14 @@ def test_doctor_says_whether_the_namespaces_runs_fit_the_nodes_and_queues(kubeco
 
     # A run naming a Kueue queue before Kueue is installed: its MPIJob would stay suspended.
     run(api, "queued", gpusPerWorker=0, queue="team-queue")
-    found = doctor(kubeconfig, capsys)
+    _, found, _ = doctor(capsys, kubeconfig, "-n", NAMESPACE)
     assert found["kueue"][0] == "info"
     assert found["kueue-queue"][0] == "error" and "Kueue is not installed" in found["kueue-queue"][1]
 
     # Kueue's CRDs: its configuration is not there yet, nor the LocalQueue.
     install_crd(api, kueue_crd_document("clusterqueues", "ClusterQueue", "Cluster"))
     install_crd(api, kueue_crd_document("localqueues", "LocalQueue", "Namespaced"))
-    found = doctor(kubeconfig, capsys)
+    _, found, _ = doctor(capsys, kubeconfig, "-n", NAMESPACE)
     assert found["kueue"][0] == "ok"
     assert found["kueue-mpijob"][0] == "unknown" and KUEUE_CONFIG in found["kueue-mpijob"][1]
     level, message = found["kueue-queue"]
@@ -134,7 +108,7 @@ def test_doctor_says_whether_the_namespaces_runs_fit_the_nodes_and_queues(kubeco
 
     # Kueue configured for Jobs only, then for MPIJobs too; the LocalQueue made.
     kueue_config(api, ["batch/job"])
-    found = doctor(kubeconfig, capsys)
+    _, found, _ = doctor(capsys, kubeconfig, "-n", NAMESPACE)
     level, message = found["kueue-mpijob"]
     assert level == "error" and "kueue-system/kueue-manager-config) does not manage kubeflow.org/mpijob" in message
     kueue_config(api, ["batch/job", "kubeflow.org/mpijob"])
@@ -142,7 +116,7 @@ def test_doctor_says_whether_the_namespaces_runs_fit_the_nodes_and_queues(kubeco
         "kueue.x-k8s.io", "v1beta1", NAMESPACE, "localqueues",
         {"apiVersion": "kueue.x-k8s.io/v1beta1", "kind": "LocalQueue", "metadata": {"name": "team-queue"},
          "spec": {"clusterQueue": "cluster-queue"}})
-    found = doctor(kubeconfig, capsys)
+    _, found, _ = doctor(capsys, kubeconfig, "-n", NAMESPACE)
     assert found["kueue-mpijob"] == ("ok", "Kueue (kueue-system/kueue-manager-config) manages kubeflow.org/mpijob, "
                                            "batch/job")
     assert found["kueue-queue"] == ("ok", f"the runs' queues are LocalQueues in {NAMESPACE}: team-queue (run queued)")

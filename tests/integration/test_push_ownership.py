@@ -18,37 +18,27 @@ from scalingrun_api.progress import Progress
 from scalingrun_api.status_push import PROGRESS, push_path
 from scalingrun_operator.cluster import push_auth
 from scalingrun_operator.cluster.k8s import Kube
-from scalingrun_operator.cluster.metrics import Metrics
-from scalingrun_operator.pushed import PushedDocuments
-from scalingrun_operator.status_server import OTHER_RUN, StatusServer
-from tests.support.push_runs import PushRuns
+from scalingrun_operator.status_server import OTHER_RUN
+from tests.support.push_runs import runs  # noqa: F401 (a fixture)
+from tests.support.push_server import push_server
 from tests.support.tls import post, write_serving_certificate
 
 pytestmark = pytest.mark.k8s
 
 
 @pytest.fixture
-def runs(api_client, scalingrun_crd, mpijob_crd) -> PushRuns:
-    return PushRuns(api_client)
-
-
-@pytest.fixture
 def server(runs, tmp_path):
     write_serving_certificate(tmp_path / "tls")
-    metrics, lookups = Metrics(), []
+    lookups = []
     read = Kube(runs.api_client).get_child
 
     def owners(kind, namespace, name):  # the API server's answer, each lookup counted
         lookups.append((kind, name))
         return read(kind, namespace, name)
 
-    server = StatusServer(runs.authenticator(owners=owners), PushedDocuments(), str(tmp_path / "tls/tls.crt"),
-                          str(tmp_path / "tls/tls.key"), port=0, host="127.0.0.1",
-                          count_refused=lambda reason: metrics.push_refusals.labels(reason=reason).inc())
-    server.start()
-    server.metrics, server.lookups, server.ca = metrics, lookups, tmp_path / "tls/ca.crt"
-    yield server
-    server.stop()
+    with push_server(runs.authenticator(owners=owners), tmp_path / "tls") as server:
+        server.lookups = lookups
+        yield server
 
 
 def _push(server, namespace: str, run: str, token: str, epoch: int) -> tuple[int, dict]:

@@ -14,7 +14,8 @@ from tests.support.apiserver import kubectl_environment, install_crd, mpijob_crd
 
 from scalingrun_demo.delivery import Kube, QuickstartError
 from scalingrun_operator.builders.mpijob import MPI_OPERATOR_INSTALL
-from scalingrun_demo.quickstart import check_mpi_operator, demo_namespace, main, mpijob_controllers
+from scalingrun_demo.footprint import demo_namespace
+from scalingrun_demo.quickstart import check_mpi_operator, main, mpijob_controllers
 
 
 @pytest.fixture(scope="module")

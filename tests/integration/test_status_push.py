@@ -22,13 +22,12 @@ from kubernetes import client
 from scalingrun_api.progress import Progress
 from scalingrun_api.status_push import MAX_BODY_BYTES, PROGRESS, push_path
 from scalingrun_operator.cluster import push_auth
-from scalingrun_operator.cluster.metrics import Metrics
-from scalingrun_operator.pushed import PushedDocuments
 from scalingrun_operator.push_admission import NEW_TOKENS_WAITING, REVIEWS_BUSY, Buckets, NewTokenLine
 from scalingrun_operator.status_server import (
-    BAD_DOCUMENT, INVALID_TOKEN, NO_TOKEN, OTHER_RUN, RATE_LIMITED, TOO_LARGE, Refused, StatusServer,
+    BAD_DOCUMENT, INVALID_TOKEN, NO_TOKEN, OTHER_RUN, RATE_LIMITED, TOO_LARGE, Refused,
 )
-from tests.support.push_runs import PushRuns
+from tests.support.push_runs import runs  # noqa: F401 (a fixture)
+from tests.support.push_server import push_server
 from tests.support.tls import post, post_with_headers, write_serving_certificate
 
 pytestmark = pytest.mark.k8s
@@ -43,23 +42,10 @@ def other_namespace(api_client):
 
 
 @pytest.fixture
-def runs(api_client, scalingrun_crd, mpijob_crd) -> PushRuns:
-    return PushRuns(api_client)
-
-
-@pytest.fixture
 def status_server(runs, tmp_path):
     write_serving_certificate(tmp_path / "tls")
-    metrics, pushed, pushes = Metrics(), PushedDocuments(), []
-    server = StatusServer(runs.authenticator(), pushed, str(tmp_path / "tls/tls.crt"),
-                          str(tmp_path / "tls/tls.key"), port=0, host="127.0.0.1",
-                          on_push=lambda namespace, name, what: pushes.append((namespace, name, what)),
-                          count_refused=lambda reason: metrics.push_refusals.labels(reason=reason).inc(),
-                          count_accepted=lambda what: metrics.pushes.labels(document=what).inc())
-    server.start()
-    server.metrics, server.pushes, server.ca = metrics, pushes, tmp_path / "tls/ca.crt"
-    yield server
-    server.stop()
+    with push_server(runs.authenticator(), tmp_path / "tls") as server:
+        yield server
 
 
 def test_only_a_pod_of_the_run_may_push_its_status(api_client, runs, namespace, other_namespace, status_server):
@@ -269,16 +255,10 @@ def test_the_trainer_waits_out_an_operator_that_is_away(runs, namespace, tmp_pat
     assert not pusher.flush(0.5)
     assert len(said) == 1 and "does not answer" in said[0]
     pusher.push(PROGRESS, Progress(epoch=2).document())
-    pushed = PushedDocuments()
-    server = StatusServer(runs.authenticator(), pushed, str(tmp_path / "tls/tls.crt"),
-                          str(tmp_path / "tls/tls.key"), port=port, host="127.0.0.1")
-    server.start()
-    try:
+    with push_server(runs.authenticator(), tmp_path / "tls", port=port) as server:
         assert pusher.flush(120)
-        assert pushed.get(namespace, "alpha", PROGRESS).epoch == 2
+        assert server.pushed.get(namespace, "alpha", PROGRESS).epoch == 2
         assert len(said) == 1  # said once, however often it tried
-    finally:
-        server.stop()
 
 
 def test_a_review_is_kept_a_minute_and_never_past_the_tokens_expiry(api_client, runs, namespace, monkeypatch):

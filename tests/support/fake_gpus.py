@@ -5,6 +5,7 @@ serve). The GPU scheduling test and doctor's GPU checks share them."""
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Iterator
 
 GPU_RESOURCE = "nvidia.com/gpu"  # the operator's default spec.workers.gpuResource
@@ -24,6 +25,15 @@ def heartbeats(cluster, nodes: list[str]) -> dict[str, Any]:
 def advertised(cluster, node: str) -> dict[str, Any]:
     status = cluster.core().read_node_status(node).status
     return {field: (getattr(status, field) or {}).get(GPU_RESOURCE) for field in ("capacity", "allocatable")}
+
+
+def wait_advertised(cluster, nodes: list[str], count: int, timeout: float = 300.0) -> None:
+    """Waits until every node's status serves `count` allocatable GPU_RESOURCE (the patch read back). `timeout` is a
+    hang's bound, not the API server's speed under load."""
+    deadline = time.monotonic() + timeout
+    while any(advertised(cluster, n)["allocatable"] != str(count) for n in nodes):
+        assert time.monotonic() < deadline, {n: advertised(cluster, n) for n in nodes}
+        time.sleep(1)
 
 
 @contextlib.contextmanager

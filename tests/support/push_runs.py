@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+import pytest
 from kubernetes import client
 
 from scalingrun_api.models import GROUP, MANAGED_BY, PLURAL, VERSION
@@ -93,3 +94,9 @@ class PushRuns:
                                                            uid=pod.metadata.uid) if bound else None))
         return self.core.create_namespaced_service_account_token(SERVICE_ACCOUNT, pod.metadata.namespace,
                                                                  request).status.token
+
+
+@pytest.fixture
+def runs(api_client, scalingrun_crd, mpijob_crd) -> PushRuns:
+    """PushRuns on the session's API server, which serves ScalingRuns and MPIJobs."""
+    return PushRuns(api_client)

@@ -108,6 +108,13 @@ class Location:
     def exists(self) -> bool:
         return retrying("read", self.uri, lambda: self.fs.get_file_info(self.path).type != pafs.FileType.NotFound)
 
+    def files(self, recursive: bool = False) -> list[pafs.FileInfo]:
+        """The files in this folder (and below it, `recursive`); none when it does not exist."""
+        if not self.exists():
+            return []
+        return [i for i in self.fs.get_file_info(pafs.FileSelector(self.path, recursive=recursive))
+                if i.type == pafs.FileType.File]
+
     def read_bytes(self) -> bytes:
         def read() -> bytes:
             with self.fs.open_input_stream(self.path) as stream:

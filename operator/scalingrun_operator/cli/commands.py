@@ -33,7 +33,8 @@ def _parse(doc: Document, allow_host_path: bool = False):
     return parse_scalingrun(doc.body, allow_host_path)
 
 
-def _invalid(doc: Document, exc: InvalidScalingRun) -> UserError:
+def invalid(doc: Document, exc: InvalidScalingRun) -> UserError:
+    """The error that says `doc` is invalid, naming its source, kind and name, one line per validation error."""
     kind = doc.kind if doc.kind in (KIND, SWEEP_KIND) else KIND
     lines = [f"{doc.source}: {kind} {doc.name} is invalid:"] + [f"  {error}" for error in exc.errors]
     return UserError("\n".join(lines))
@@ -44,7 +45,7 @@ def _parsed(doc: Document):
     try:
         return _parse(doc)
     except InvalidScalingRun as exc:
-        raise _invalid(doc, exc) from None
+        raise invalid(doc, exc) from None
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
@@ -88,7 +89,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
                     resource = _parse(doc, args.allow_host_path)
                 except InvalidScalingRun as exc:
                     status = FAILED
-                    print(_invalid(doc, exc), file=sys.stderr)
+                    print(invalid(doc, exc), file=sys.stderr)
                 else:
                     print(f"{doc.source}: {doc.kind} {doc.name} is valid")
                     warnings = sweep_warnings(resource) if doc.kind == SWEEP_KIND else spec_warnings(resource)

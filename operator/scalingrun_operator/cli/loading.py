@@ -57,7 +57,8 @@ def files(path: str) -> list[str]:
     return [path]
 
 
-def _yaml_error(path: str, exc: yaml.YAMLError) -> UserError:
+def yaml_error(path: str, exc: yaml.YAMLError) -> UserError:
+    """The error that says `path` is not valid YAML, with the line and column where the parser stopped."""
     mark = getattr(exc, "problem_mark", None)
     where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -83,7 +84,7 @@ def read_file(path: str) -> list[Document]:
     try:
         bodies = strict_yaml.load_all(text)
     except yaml.YAMLError as exc:
-        raise _yaml_error(path, exc) from None
+        raise yaml_error(path, exc) from None
     return [Document(path, body) for raw in bodies for body in _flatten(raw)]
 
 

@@ -16,7 +16,7 @@ from scalingrun_api.logs import (
 )
 from scalingrun_api.models import PLURAL
 from ..builders.common import RUN_LABEL, mpijob_name
-from ..decide.pods import LAUNCHER, PREPROCESS, pod_role
+from ..decide.pod_facts import LAUNCHER, PREPROCESS, pod_role
 from .cluster import Cluster
 from .loading import OK, USAGE, UserError
 

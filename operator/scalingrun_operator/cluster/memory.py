@@ -19,7 +19,7 @@ from typing import Any, Hashable, Optional
 
 from ..decide.children import child_signature
 from ..decide.interruptions import last_words
-from ..decide.pods import signature as pod_signature
+from ..decide.pod_facts import signature as pod_signature
 
 
 class Memory:

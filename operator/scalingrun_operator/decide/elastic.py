@@ -27,7 +27,7 @@ from typing import Any, Optional
 from scalingrun_api.models import ScalingRun
 from scalingrun_api.models.status import MAX_RESIZES, CapacitySeen, ElasticStatus, Resize
 from ..builders.capacity_probes import CAPACITY_PROBE, build_capacity_probe, probe_name
-from . import podrecords, pods as pod_facts, time_at_size
+from . import pod_facts, podrecords, time_at_size
 from .draft import Draft
 from .mpijob_state import MPIJobState, mpijob_workers
 from .status import Event, get_condition, parse_time, rfc3339

@@ -6,14 +6,14 @@ status.training.interruptions against spec.training.maxInterruptions.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from scalingrun_api.models import ScalingRun
 from scalingrun_api.models.common import duration_seconds
 from . import interruptions, nodes, podrecords
 from .draft import Draft
 from .podrecords import same_uid
-from .pods import LAUNCHER, TRAINING_ROLES, WORKER, metadata_of, pod_name, pod_role, status_of
+from .pod_facts import LAUNCHER, TRAINING_ROLES, WORKER, metadata_of, pod_name, pod_role, status_of
 from .status import NODE_LOST, NODE_TERMINATING, get_condition
 
 _RESUMES = "the launcher restarts and resumes from the last checkpoint"
@@ -47,6 +47,21 @@ def restart_pods(draft: Draft, training_status: dict[str, Any], doomed: list[dic
     return fresh
 
 
+def _restart_node_by_node(draft: Draft, training_status: dict[str, Any], found: list, mpijob: str,
+                          grace: Optional[int], cause: str) -> tuple[dict[str, list], int]:
+    """Restarts the pods of `found` (LostPod or NoticedPod) a node at a time, counting one interruption of `cause`
+    per node whose pods were deleted: (`found` by node, how many nodes counted)."""
+    by_node: dict[str, list] = {}
+    for item in found:
+        by_node.setdefault(item.node, []).append(item)
+    counted = 0
+    for node, items in sorted(by_node.items()):
+        if restart_pods(draft, training_status, [i.pod for i in items], mpijob, grace):
+            interruptions.count(training_status, cause)
+            counted += 1
+    return by_node, counted
+
+
 def node_trouble(draft: Draft, mpijob: str) -> bool:
     """Whether a training pod's node is down (lost or within nodeLossGracePeriod); from pods and Nodes only."""
     found = draft.pods()
@@ -70,14 +85,7 @@ def lost_nodes(draft: Draft, run: ScalingRun, training_status: dict[str, Any], m
             update.condition(NODE_LOST, "False", "PodsRunning",
                              f"the training's pods run again; before: {existing.get('message') or ''}"[:1000])
         return False
-    by_node: dict[str, list[nodes.LostPod]] = {}
-    for item in lost:
-        by_node.setdefault(item.node, []).append(item)
-    counted = 0
-    for node, items in sorted(by_node.items()):
-        if restart_pods(draft, training_status, [i.pod for i in items], mpijob, 0):
-            interruptions.count(training_status, interruptions.NODE_LOST)
-            counted += 1
+    by_node, counted = _restart_node_by_node(draft, training_status, lost, mpijob, 0, interruptions.NODE_LOST)
     message = "; ".join(
         f"{', '.join(pod_name(i.pod) for i in items)} on node {node} lost: {items[0].why}"
         for node, items in sorted(by_node.items()))
@@ -99,14 +107,8 @@ def terminating_nodes(draft: Draft, training_status: dict[str, Any], mpijob: str
     noticed = nodes.noticed_pods(draft.pods(), draft.noticed_nodes(), mpijob)
     if not noticed:
         return False
-    by_node: dict[str, list[nodes.NoticedPod]] = {}
-    for item in noticed:
-        by_node.setdefault(item.node, []).append(item)
-    counted = 0
-    for node, items in sorted(by_node.items()):
-        if restart_pods(draft, training_status, [i.pod for i in items], mpijob, None):
-            interruptions.count(training_status, interruptions.NODE_TERMINATING)
-            counted += 1
+    by_node, counted = _restart_node_by_node(draft, training_status, noticed, mpijob, None,
+                                             interruptions.NODE_TERMINATING)
     if counted:
         draft.update.warn(NODE_TERMINATING, "; ".join(
             f"{', '.join(pod_name(i.pod) for i in items)} on node {node}: {items[0].why}"

@@ -16,7 +16,7 @@ from scalingrun_api.heartbeat import PREEMPTED_EXIT_CODE, STALL_EXIT_CODE
 from scalingrun_api.logs import RANK_TAG
 from scalingrun_api.models import ScalingRun
 from .draft import Draft
-from .pods import (
+from .pod_facts import (
     LAUNCHER, TRAINING_ROLES, WORKER, container_statuses, exit_text, metadata_of, pod_name, pod_role, status_of,
 )
 from .podrecords import same_uid

@@ -17,7 +17,7 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .pods import TRAINING_ROLES, metadata_of, pod_name, pod_role, status_of
+from .pod_facts import TRAINING_ROLES, metadata_of, pod_name, pod_role, status_of
 from .status import parse_time
 
 

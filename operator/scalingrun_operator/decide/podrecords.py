@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Optional
 
-from .pods import WORKER, container_statuses, metadata_of, pod_name, pod_role, status_of
+from .pod_facts import WORKER, container_statuses, metadata_of, pod_name, pod_role, status_of
 
 SUMMARY_AFTER = 64  # pods up to which status lists a full record of each
 LOOK_AT_MOST = 32  # pods listed by name in a summary: those that need a look

@@ -9,23 +9,18 @@ one problem a user can act on. The interruptions of the training are counted in 
 from __future__ import annotations
 
 import datetime as dt
-import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from scalingrun_api.manifest import DatasetManifest, manifest_from_termination_message
 from .children import controlled_by
+from .pod_facts import (
+    LAUNCHER, PREPROCESS, WORKER, container_statuses, exit_text, metadata_of, pod_name, pods_of, status_of,
+)
 from .status import PODS_HEALTHY, get_condition, parse_time
 
 if TYPE_CHECKING:
     from .draft import Draft
-
-PREPROCESS, LAUNCHER, WORKER = "preprocess", "launcher", "worker"
-TRAINING_ROLES = (LAUNCHER, WORKER)
-
-# Labels the MPI operator puts on its pods: v0.8 first, then v0.3.
-_ROLE_LABELS = ("training.kubeflow.org/job-role", "mpi-job-role")
-_COMPONENT_LABEL = "app.kubernetes.io/component"
 
 # Problem reasons (condition reasons a user sees), most blocking first.
 IMAGE_PULL_FAILED = "ImagePullFailed"
@@ -58,44 +53,8 @@ _MEMORY_FIELDS = {
 _RECREATE = "the spec is pinned when the run starts, so a changed spec needs a new ScalingRun"
 
 
-def metadata_of(pod: dict[str, Any]) -> dict[str, Any]:
-    return pod.get("metadata") or {}
-
-
-def status_of(pod: dict[str, Any]) -> dict[str, Any]:
-    return pod.get("status") or {}
-
-
-def pod_name(pod: dict[str, Any]) -> str:
-    return metadata_of(pod).get("name", "")
-
-
-def pod_role(pod: dict[str, Any], mpijob_name: Optional[str] = None) -> str:
-    """preprocess, launcher, worker, or '' for a pod that is none of them."""
-    labels = metadata_of(pod).get("labels") or {}
-    for key in _ROLE_LABELS:
-        if labels.get(key) in TRAINING_ROLES:
-            return labels[key]
-    component = labels.get(_COMPONENT_LABEL)
-    if component == PREPROCESS:
-        return PREPROCESS
-    if component == "training" and mpijob_name:
-        # A controller that copies only the template's labels: tell the roles apart by the names it gives.
-        name = pod_name(pod)
-        if name.startswith(f"{mpijob_name}-launcher"):
-            return LAUNCHER
-        if re.fullmatch(rf"{re.escape(mpijob_name)}-worker-\d+", name):
-            return WORKER
-    return ""
-
-
 def _terminal(pod: dict[str, Any]) -> bool:
     return status_of(pod).get("phase") in ("Succeeded", "Failed")
-
-
-def container_statuses(pod: dict[str, Any]) -> list[dict[str, Any]]:
-    status = status_of(pod)
-    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
 
 
 def _spec_image(pod: dict[str, Any], container: str) -> str:
@@ -112,16 +71,6 @@ def _memory_limit(pod: dict[str, Any], container: str) -> str:
         if c.get("name") == container:
             return str(((c.get("resources") or {}).get("limits") or {}).get("memory") or "")
     return ""
-
-
-def exit_text(terminated: dict[str, Any]) -> str:
-    """'exit code 137 (OOMKilled)' from a container's terminated state."""
-    text = f"exit code {terminated.get('exitCode', '?')}"
-    if terminated.get("reason"):
-        text += f" ({terminated['reason']})"
-    if terminated.get("message"):
-        text += f": {str(terminated['message']).strip()[:300]}"
-    return text
 
 
 @dataclass(frozen=True)
@@ -254,13 +203,6 @@ def _slot(pod: dict[str, Any], role: str) -> str:
     return pod_name(pod) if role == WORKER else role
 
 
-def pods_of(pods: list[dict[str, Any]], roles: tuple[str, ...],
-            mpijob_name: Optional[str] = None) -> list[tuple[dict[str, Any], str]]:
-    """(pod, role) for the pods of `roles` that are not going away."""
-    mine = [(p, pod_role(p, mpijob_name)) for p in pods if not metadata_of(p).get("deletionTimestamp")]
-    return [(p, role) for p, role in mine if role in roles]
-
-
 def diagnose(namespace: str, pods: list[dict[str, Any]], roles: tuple[str, ...],
              mpijob_name: Optional[str] = None, now: Optional[dt.datetime] = None,
              pending_after_s: float = PENDING_AFTER_S) -> tuple[Optional[PodProblem], int]:
@@ -293,22 +235,6 @@ def diagnose(namespace: str, pods: list[dict[str, Any]], roles: tuple[str, ...],
 def problem_message(problem: PodProblem, count: int) -> str:
     more = count - 1
     return problem.message + (f" ({more} more pod{'s' if more > 1 else ''} with problems)" if more > 0 else "")
-
-
-def signature(pod: dict[str, Any]) -> tuple:
-    """What of a pod matters to the run: a watch event that leaves it unchanged needs no reconcile."""
-    status = status_of(pod)
-    containers = tuple(
-        (c.get("name"), c.get("restartCount"), tuple(sorted((c.get("state") or {}).keys())),
-         ((c.get("state") or {}).get("waiting") or {}).get("reason"),
-         ((c.get("state") or {}).get("terminated") or {}).get("reason"))
-        for c in container_statuses(pod))
-    # Ready: the node lifecycle controller turns it False on the pods of a node that stops answering (decide.nodes).
-    scheduled = tuple((c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or []
-                      if c.get("type") in ("PodScheduled", "Ready"))
-    meta = metadata_of(pod)
-    return (meta.get("uid"), status.get("phase"), status.get("reason"), bool(meta.get("deletionTimestamp")),
-            scheduled, containers)
 
 
 # --- the PodsHealthy condition ---------------------------------------------------------------------

@@ -21,6 +21,7 @@ from ..builders.preprocess import is_parquet_table, shard_count
 from ..builders.locations import manifest_uri, shards_uri
 from . import interruptions, pods
 from .draft import Draft, store_of
+from .pod_facts import PREPROCESS
 from .snapshot import CLUSTER, Listing, Names, Where
 from .status import (
     DATASET_REUSED, PREPROCESSED, PREPROCESSING_FAILED, QUEUED, TABLE_INVALID, Event, parse_time,
@@ -255,7 +256,7 @@ def decide_preprocessing(draft: Draft, run: ScalingRun) -> None:
             # Said in the condition and in the phase's Event: the run is slower than its spec suggests.
             note = in_turn_note(shards, draft.server().git_version)
             progress, started = f"{progress}; {note}", f"{started}; {note}"
-        holdup = pods.check_pods(draft, (pods.PREPROCESS,))
+        holdup = pods.check_pods(draft, (PREPROCESS,))
         update.condition(PREPROCESSED, "Unknown", holdup[0] if holdup else "Running",
                          f"{progress}; {holdup[1]}" if holdup else progress)
         update.set_phase(Phase.preprocessing.value, started)
@@ -318,7 +319,7 @@ def _failed(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> No
     note = f"the shard manifests could not be listed ({listing.error})" if listing.error else ""
     message = preprocessing_failure_message(run, draft.namespace, job_name, state, done, note,
                                             where=draft.settings.where)
-    cause = pods.pod_cause(draft, (pods.PREPROCESS,))
+    cause = pods.pod_cause(draft, (PREPROCESS,))
     if cause:
         message = f"{message}; {cause}"
     draft.update.condition(PREPROCESSED, "False", PREPROCESSING_FAILED, message)
@@ -327,7 +328,7 @@ def _failed(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> No
 
 def _table_invalid(draft: Draft, run: ScalingRun, job_name: str, state: JobState) -> None:
     """The check of a Parquet table failed: its error names the column (or file), before any MPIJob exists."""
-    said = pods.termination_message(draft.pods(), (pods.PREPROCESS,)) or state.message or "no message"
+    said = pods.termination_message(draft.pods(), (PREPROCESS,)) or state.message or "no message"
     message = (f"the Parquet table at {run.spec.dataset.source} does not fit this run: {said}; fix the table or "
                f"spec.dataset (columns, imageSize), then recreate the run (Job {job_name}: "
                f"{draft.settings.where.job_logs(draft.namespace, job_name)})")

@@ -26,7 +26,7 @@ from ..builders.common import STATUS_VOLUME
 from ..builders.locations import heartbeat_uri
 from . import faults, interruptions, nodes
 from .draft import Draft, store_of
-from .pods import LAUNCHER, TRAINING_ROLES, WORKER, container_statuses, metadata_of, pod_name, pod_role, status_of
+from .pod_facts import LAUNCHER, TRAINING_ROLES, WORKER, container_statuses, metadata_of, pod_name, pod_role, status_of
 from .snapshot import Log
 from .status import STALLED, get_condition, parse_time, rfc3339
 

@@ -18,6 +18,7 @@ from ..builders.locations import progress_uri
 from . import elastic, faults, interruptions, podrecords, pods, progress as mirror, stall
 from .draft import Draft, store_of
 from .mpijob_state import MPIJobState, builder_failed, mpijob_failure_message, mpijob_state, suspend_patch
+from .pod_facts import TRAINING_ROLES, WORKER
 from .snapshot import Log
 from .status import (BUILDER_FAILED, GPUS_UNUSED, INPUT_BOUND, MPIJOB_FAILED, MPIJOB_SERVED, NO_MPIJOB_CONTROLLER,
                      QUEUED, SUSPENDED, TRAINED, Event, get_condition, parse_time)
@@ -130,7 +131,7 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         if launcher_log is not None and launcher_log.tail:
             merged["launcherLogTail"] = launcher_log.tail
         message = mpijob_failure_message(draft.namespace, name, state, progress, launcher_log,
-                                         pods.pod_cause(draft, pods.TRAINING_ROLES, name), draft.settings.where)
+                                         pods.pod_cause(draft, TRAINING_ROLES, name), draft.settings.where)
         reason = BUILDER_FAILED if builder_failed(progress) else MPIJOB_FAILED
         update.condition(TRAINED, "False", reason, message)
         update.fail(reason, message)
@@ -151,7 +152,7 @@ def decide_training(draft: Draft, run: ScalingRun) -> None:
         if draft.condition_true(QUEUED):
             update.condition(QUEUED, "False", "Admitted", f"Kueue admitted MPIJob {name}")
         running = mirror.running_message(name, progress)
-        holdup = pods.check_pods(draft, pods.TRAINING_ROLES, name)
+        holdup = pods.check_pods(draft, TRAINING_ROLES, name)
         update.condition(TRAINED, "Unknown", holdup[0] if holdup else "Running",
                          f"{running}; {holdup[1]}" if holdup else running)
         update.set_phase(Phase.training.value, f"MPIJob {name}")
@@ -268,7 +269,7 @@ def _track_interruptions(draft: Draft, training_status: dict[str, Any], mpijob: 
     for key in ("restarts", "workerPodsLost", "launcherRestarts"):
         training_status.setdefault(key, 0)
     for interruption in lost:
-        key = "workerPodsLost" if interruption.role == pods.WORKER else "launcherRestarts"
+        key = "workerPodsLost" if interruption.role == WORKER else "launcherRestarts"
         training_status[key] += 1
         interruptions.count(training_status, interruption.cause)
         draft.update.warn(interruption.reason, interruption.message)

@@ -47,7 +47,7 @@ def gpus_here(environ: Optional[dict[str, str]] = None, driver: str = NVIDIA_GPU
         return 0
 
 
-def _horovodrun() -> str:
+def horovodrun() -> str:
     """The venv's horovodrun even when the venv is not activated."""
     beside = Path(sys.executable).with_name("horovodrun")
     found = str(beside) if beside.exists() else shutil.which("horovodrun")
@@ -104,7 +104,7 @@ class Commands:
         chosen = engine(training.framework, training.strategy)
         python = _lightning_python() if chosen.own_venv else sys.executable
         if chosen.local_launcher == HOROVODRUN:
-            return [_horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", python, *train]
+            return [horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", python, *train]
         return [*_mpirun(processes), python, *train]
 
 

@@ -17,10 +17,9 @@ from scalingrun_operator.builders.common import trainer_image
 from scalingrun_demo import seaweedfs
 from scalingrun_demo.delivery import split_image
 from scalingrun_demo.delivery import ROOT, Node, QuickstartError, image_route
-from scalingrun_demo.quickstart import (
-    ADDED, LABELS, NAMESPACE, OPERATOR_CRDS, OWNED, RUN_NAME, SECRET, down, down_plan, kept_by_release, parse_args,
-    run_document, up,
-)
+from scalingrun_demo.footprint import ADDED, LABELS, NAMESPACE, OPERATOR_CRDS, OWNED, RUN_NAME, SECRET
+from scalingrun_demo.quickstart import kept_by_release, parse_args, run_document, up
+from scalingrun_demo.teardown import down, down_plan
 from scalingrun_api.models import DEFAULT_TRAINER_IMAGE
 
 

@@ -8,7 +8,7 @@ import datetime as dt
 import pytest
 
 from scalingrun_operator.cluster.memory import Memory
-from scalingrun_operator.decide import interruptions, pods
+from scalingrun_operator.decide import interruptions, pod_facts, pods
 from scalingrun_operator.documents import parse_progress
 from tests.support.decide_pods import IMAGE, pod, unschedulable, waiting
 
@@ -23,7 +23,7 @@ MPIJOB = "demo-train"
 def test_image_pull_failure_names_pod_container_image_and_what_to_do(reason):
     broken = pod("demo-preprocess-x7k2p", "preprocess", phase="Pending",
                  containers=waiting("preprocess", reason, 'Back-off pulling image "registry.example/trainer:missing"'))
-    problem, count = pods.diagnose(NS, [broken], (pods.PREPROCESS,))
+    problem, count = pods.diagnose(NS, [broken], (pod_facts.PREPROCESS,))
     assert count == 1 and problem.reason == "ImagePullFailed"
     for part in ("pod demo-preprocess-x7k2p container preprocess", f"image '{IMAGE}'", reason,
                  "check spec.workers.image", "can pull it"):
@@ -33,7 +33,7 @@ def test_image_pull_failure_names_pod_container_image_and_what_to_do(reason):
 def test_missing_secret_key_is_a_container_config_error_pointing_at_the_secret():
     broken = pod("demo-train-worker-0", "worker", phase="Pending", containers=waiting(
         "worker", "CreateContainerConfigError", "couldn't find key AWS_ACCESS_KEY_ID in Secret ml/creds"))
-    problem, _ = pods.diagnose(NS, [broken], pods.TRAINING_ROLES, MPIJOB)
+    problem, _ = pods.diagnose(NS, [broken], pod_facts.TRAINING_ROLES, MPIJOB)
     assert problem.reason == "ContainerConfigError"
     assert "couldn't find key AWS_ACCESS_KEY_ID in Secret ml/creds" in problem.message
     assert "spec.storage.credentialsSecret" in problem.message
@@ -56,27 +56,27 @@ def test_unschedulable_quotes_the_scheduler_and_names_the_fields_of_that_pod(rol
 def test_oom_crash_loop_and_eviction():
     oom = pod("demo-train-worker-0", "worker", containers=waiting(
         "worker", "CrashLoopBackOff", restarts=3, last={"exitCode": 137, "reason": "OOMKilled"}))
-    problem, _ = pods.diagnose(NS, [oom], pods.TRAINING_ROLES, MPIJOB)
+    problem, _ = pods.diagnose(NS, [oom], pod_facts.TRAINING_ROLES, MPIJOB)
     assert problem.reason == "OOMKilled" and "exit code 137 (OOMKilled)" in problem.message
     assert "spec.workers.memory" in problem.message
 
     crash = pod("demo-train-launcher-a1b2c", "launcher", containers=waiting(
         "launcher", "CrashLoopBackOff", restarts=4, last={"exitCode": 1, "reason": "Error"}))
-    problem, _ = pods.diagnose(NS, [crash], pods.TRAINING_ROLES, MPIJOB)
+    problem, _ = pods.diagnose(NS, [crash], pod_facts.TRAINING_ROLES, MPIJOB)
     assert problem.reason == "CrashLoopBackOff"
     assert "restarted 4 times, last exit code 1 (Error)" in problem.message
     assert f"kubectl logs -n {NS} demo-train-launcher-a1b2c -c launcher --previous" in problem.message
 
     evicted = pod("demo-preprocess-zzzzz", "preprocess", phase="Failed", containers=[], reason="Evicted",
                   message="The node was low on resource: memory.")
-    problem, _ = pods.diagnose(NS, [evicted], (pods.PREPROCESS,))
+    problem, _ = pods.diagnose(NS, [evicted], (pod_facts.PREPROCESS,))
     assert problem.reason == "Evicted" and "The node was low on resource: memory." in problem.message
 
 
 def test_the_most_blocking_problem_wins_and_the_others_are_counted():
     crash = pod("demo-train-worker-0", "worker", containers=waiting("worker", "CrashLoopBackOff", restarts=2))
     pull = pod("demo-train-worker-1", "worker", phase="Pending", containers=waiting("worker", "ErrImagePull"))
-    problem, count = pods.diagnose(NS, [crash, pull], pods.TRAINING_ROLES, MPIJOB)
+    problem, count = pods.diagnose(NS, [crash, pull], pod_facts.TRAINING_ROLES, MPIJOB)
     assert (problem.reason, problem.pod, count) == ("ImagePullFailed", "demo-train-worker-1", 2)
     assert pods.problem_message(problem, count).endswith("(1 more pod with problems)")
 
@@ -86,41 +86,41 @@ def test_healthy_pending_other_roles_and_replaced_failures_are_not_problems():
     unscheduled_yet = pod("demo-train-worker-1", "worker", phase="Pending", containers=[])  # no scheduler verdict
     preprocess_pull = pod("demo-preprocess-aaaaa", "preprocess", phase="Pending",
                           containers=waiting("preprocess", "ErrImagePull"))
-    assert pods.diagnose(NS, [running, unscheduled_yet, preprocess_pull], pods.TRAINING_ROLES, MPIJOB) == (None, 0)
+    assert pods.diagnose(NS, [running, unscheduled_yet, preprocess_pull], pod_facts.TRAINING_ROLES, MPIJOB) == (None, 0)
     # A Job keeps its failed pods: an OOMKilled pod whose retry is running is history, not a current problem.
     old = pod("demo-preprocess-old00", "preprocess", phase="Failed", created="2026-01-01T12:00:00Z",
               containers=[{"name": "preprocess", "restartCount": 0,
                            "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}])
     retry = pod("demo-preprocess-new00", "preprocess", created="2026-01-01T12:01:00Z")
-    assert pods.diagnose(NS, [old, retry], (pods.PREPROCESS,)) == (None, 0)
-    assert pods.diagnose(NS, [old], (pods.PREPROCESS,))[0].reason == "OOMKilled"
+    assert pods.diagnose(NS, [old, retry], (pod_facts.PREPROCESS,)) == (None, 0)
+    assert pods.diagnose(NS, [old], (pod_facts.PREPROCESS,))[0].reason == "OOMKilled"
 
 
 def test_roles_from_labels_or_from_the_names_the_mpi_operator_gives():
-    assert pods.pod_role(pod("x", "worker")) == "worker"
+    assert pod_facts.pod_role(pod("x", "worker")) == "worker"
     bare = pod("demo-train-launcher-k8s7x", "launcher")
     del bare["metadata"]["labels"]["training.kubeflow.org/job-role"]
-    assert pods.pod_role(bare, MPIJOB) == "launcher"
+    assert pod_facts.pod_role(bare, MPIJOB) == "launcher"
     bare["metadata"]["name"] = "demo-train-worker-12"
-    assert pods.pod_role(bare, MPIJOB) == "worker"
+    assert pod_facts.pod_role(bare, MPIJOB) == "worker"
     bare["metadata"]["name"] = "something-else"
-    assert pods.pod_role(bare, MPIJOB) == ""
+    assert pod_facts.pod_role(bare, MPIJOB) == ""
     v03 = pod("pi-worker-0", "worker")
     del v03["metadata"]["labels"]["training.kubeflow.org/job-role"]
     v03["metadata"]["labels"]["mpi-job-role"] = "worker"
-    assert pods.pod_role(v03) == "worker"
+    assert pod_facts.pod_role(v03) == "worker"
 
 
 def test_oom_names_the_containers_memory_limit_or_its_absence():
     oom = pod("demo-train-worker-1", "worker", phase="Running", containers=[
         {"name": "worker", "restartCount": 1, "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}])
     oom["spec"]["containers"][0]["resources"] = {"limits": {"memory": "512Mi", "cpu": "1"}}
-    problem, _ = pods.diagnose(NS, [oom], pods.TRAINING_ROLES, MPIJOB)
+    problem, _ = pods.diagnose(NS, [oom], pod_facts.TRAINING_ROLES, MPIJOB)
     assert problem.reason == "OOMKilled" and problem.container == "worker"
     assert problem.message.startswith("pod demo-train-worker-1 container worker was killed for using more memory "
                                       "than its limit of 512Mi (exit code 137 (OOMKilled)); raise spec.workers.memory")
     del oom["spec"]["containers"][0]["resources"]
-    problem, _ = pods.diagnose(NS, [oom], pods.TRAINING_ROLES, MPIJOB)
+    problem, _ = pods.diagnose(NS, [oom], pod_facts.TRAINING_ROLES, MPIJOB)
     assert "running out of memory (it has no memory limit: the node ran short)" in problem.message
 
 
@@ -153,21 +153,21 @@ def test_pending_too_long_and_when_to_look_again():
 
 def test_a_pod_pending_too_long_says_what_it_waits_for_and_the_message_does_not_change():
     unplaced = pod("demo-train-launcher-aaaaa", "launcher", phase="Pending", containers=[])
-    assert pods.diagnose(NS, [unplaced], pods.TRAINING_ROLES, MPIJOB, now=at(44)) == (None, 0)
-    assert pods.diagnose(NS, [unplaced], pods.TRAINING_ROLES, MPIJOB) == (None, 0)  # without a clock: no verdict
-    problem, count = pods.diagnose(NS, [unplaced], pods.TRAINING_ROLES, MPIJOB, now=at(45))
+    assert pods.diagnose(NS, [unplaced], pod_facts.TRAINING_ROLES, MPIJOB, now=at(44)) == (None, 0)
+    assert pods.diagnose(NS, [unplaced], pod_facts.TRAINING_ROLES, MPIJOB) == (None, 0)  # without a clock: no verdict
+    problem, count = pods.diagnose(NS, [unplaced], pod_facts.TRAINING_ROLES, MPIJOB, now=at(45))
     assert (problem.reason, problem.pod, problem.role, count) == ("PodPending", "demo-train-launcher-aaaaa", "launcher", 1)
     assert problem.message == (
         "pod demo-train-launcher-aaaaa has been Pending since 2026-01-01T12:00:00Z (over 45 s): no scheduler has "
         "placed it yet (spec.schedulerName default-scheduler); check that its scheduler runs and that a node matches "
         "spec.launcher.resources (the spec is pinned when the run starts, so a changed spec needs a new ScalingRun): "
         f"kubectl describe pod -n {NS} demo-train-launcher-aaaaa")
-    assert pods.diagnose(NS, [unplaced], pods.TRAINING_ROLES, MPIJOB, now=at(600))[0].message == problem.message
+    assert pods.diagnose(NS, [unplaced], pod_facts.TRAINING_ROLES, MPIJOB, now=at(600))[0].message == problem.message
 
     creating = pod("demo-preprocess-x1y2z", "preprocess", phase="Pending", conditions=[
         {"type": "PodScheduled", "status": "True"}], containers=waiting("preprocess", "ContainerCreating"))
     creating["spec"]["nodeName"] = "node-1"
-    problem, _ = pods.diagnose(NS, [creating], (pods.PREPROCESS,), now=at(50))
+    problem, _ = pods.diagnose(NS, [creating], (pod_facts.PREPROCESS,), now=at(50))
     assert problem.reason == "PodPending" and problem.container == "preprocess"
     assert ("Pending since 2026-01-01T12:00:00Z (over 45 s): on node node-1, container preprocess "
             "ContainerCreating; its Events say what the kubelet waits for") in problem.message
@@ -177,11 +177,11 @@ def test_a_pod_pending_too_long_says_what_it_waits_for_and_the_message_does_not_
 def test_a_specific_cause_wins_over_pending_too_long():
     unplaced = pod("demo-train-worker-0", "worker", phase="Pending", containers=[])
     pull = pod("demo-train-worker-1", "worker", phase="Pending", containers=waiting("worker", "ImagePullBackOff"))
-    problem, count = pods.diagnose(NS, [unplaced, pull], pods.TRAINING_ROLES, MPIJOB, now=at(300))
+    problem, count = pods.diagnose(NS, [unplaced, pull], pod_facts.TRAINING_ROLES, MPIJOB, now=at(300))
     assert (problem.reason, problem.pod, count) == ("ImagePullFailed", "demo-train-worker-1", 2)
     verdict = pod("demo-train-worker-2", "worker", phase="Pending", containers=[],
                   conditions=unschedulable("0/3 nodes are available: 3 Insufficient memory."))
-    problem, count = pods.diagnose(NS, [verdict], pods.TRAINING_ROLES, MPIJOB, now=at(300))
+    problem, count = pods.diagnose(NS, [verdict], pod_facts.TRAINING_ROLES, MPIJOB, now=at(300))
     assert (problem.reason, count) == ("Unschedulable", 1)
 
 

@@ -9,10 +9,8 @@ files a part at a time (ROW_GROUPS_PER_PART row groups each), each under a tempo
 place and recorded under _parts/: a retried shard keeps the parts recorded and does the rest. When done, it
 writes a shard manifest with its shard fingerprint (its own files, their sizes, the parameters); a shard whose
 fingerprint has not changed since (a grown tree, whose new files fell in other shards) is kept as it is.
-Whichever shard finds all n manifests checks the share of undecodable files over the whole dataset, writes the
-dataset manifest (scalingrun_api.manifest, atomically; shardsReused counts the shards kept from an earlier
-dataset) and removes files that no longer belong to it. Readers take the file list from the manifest, so nothing
-is visible before it exists. A rerun with the same fingerprint does nothing.
+Whichever shard finds all n manifests publishes the dataset (publish.py: the dataset manifest, the stale files
+removed). A rerun with the same fingerprint does nothing.
 
 Layout under OUTPUT:
   train/part-SSSSS-of-NNNNN-<shard fp>-KKKKK.parquet, validation/...   columns image (binary, S x S x 3
@@ -39,16 +37,16 @@ from typing import Iterator, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pyarrow import fs as pafs
 
-from scalingrun_api.manifest import CLASSES_FILE, MANIFEST_FILE, DatasetManifest
+from scalingrun_api.manifest import MANIFEST_FILE, DatasetManifest
 
 from ..core.dataset import SPLITS
 from ..core.heartbeat import HeartbeatWriter
 from ..storage import Location, open_location
 from .decoding import FETCH_AHEAD, decode_files
-from .plan import PLAN_FOLDER, Plan, PlannedFile, obtain_plan, read_json, shard_stream
-from .source import Params, PreprocessError, TooManyBadFiles, rows_per_group
+from .plan import Plan, PlannedFile, obtain_plan, read_json, shard_stream
+from .publish import dataset_summary, finalize
+from .source import Params, PreprocessError, rows_per_group
 
 SCHEMA = pa.schema([("image", pa.binary()), ("label", pa.int32()), ("path", pa.string())])
 
@@ -154,7 +152,7 @@ def process_shard(params: Params, shard_index: int, shard_count: int, workers: O
 
     manifest = DatasetManifest.read(read_json(output.join(MANIFEST_FILE)))
     if manifest and manifest.fingerprint == fp:
-        return {**_summary_from_manifest(manifest), "shard": shard_index, "shards": shard_count, "reused": True}
+        return {**dataset_summary(manifest), "shard": shard_index, "shards": shard_count, "reused": True}
 
     shard_manifest_at = output.join("_shards", f"shard-{shard_index:05d}-of-{shard_count:05d}.json")
     done = read_json(shard_manifest_at)
@@ -165,7 +163,7 @@ def process_shard(params: Params, shard_index: int, shard_count: int, workers: O
     else:
         result = asdict(_write_shard(params, output, plan, shard_index, workers, heartbeat, fetch_ahead))
         shard_manifest_at.write_bytes_atomic(json.dumps(result, indent=1).encode())
-        for record in _listing(_parts_folder(output, shard_index, shard_count, shard_fp)):
+        for record in _parts_folder(output, shard_index, shard_count, shard_fp).files():
             output.fs.delete_file(record.path)  # the shard manifest says it all now
     result["seconds"] = round(time.monotonic() - started, 3)
     final = finalize(params, output, plan)
@@ -183,7 +181,7 @@ def process_shard(params: Params, shard_index: int, shard_count: int, workers: O
         "seconds": result["seconds"],
         "imagesPerSecond": round(sum(result["written"].values()) / max(result["seconds"], 1e-9), 1),
         "complete": final is not None,
-        **({"dataset": _summary_from_manifest(final)} if final else {}),
+        **({"dataset": dataset_summary(final)} if final else {}),
     }
 
 
@@ -276,78 +274,3 @@ def _write_shard(params: Params, output: Location, plan: Plan, shard_index: int,
         result.add(part.split, record)
         _progress(f"shard {shard_index}/{shard_count}: committed {part.split} part {part.index}")
     return result
-
-
-def finalize(params: Params, output: Location, plan: Plan) -> Optional[DatasetManifest]:
-    """Writes the dataset manifest once every shard has finished; returns it, or None while shards remain."""
-    shard_count, fp = len(plan.shards), plan.fingerprint
-    shards = []
-    for index in range(shard_count):
-        done = read_json(output.join("_shards", f"shard-{index:05d}-of-{shard_count:05d}.json"))
-        if not done or done.get("shard_fingerprint") != plan.shards[index].fingerprint:
-            return None
-        shards.append(done)
-    skipped = [x for d in shards for x in d["skipped_files"]]
-    considered = sum(d["written"][s] for d in shards for s in SPLITS) + len(skipped)
-    if considered and len(skipped) / considered > params.max_bad_fraction:
-        # Judged on the whole dataset, not per shard; the shards stay done, so a rerun with a higher
-        # maxBadFraction only repeats this step.
-        raise TooManyBadFiles(
-            f"{len(skipped)} of {considered} files could not be decoded (more than "
-            f"maxBadFraction={params.max_bad_fraction}); no dataset was published. First: "
-            + "; ".join(f"{x['path']}: {x['reason']}" for x in skipped[:3])
-        )
-    manifest = DatasetManifest(
-        fingerprint=fp,
-        parameters=params.dataset_parameters(),
-        source=params.source,
-        classes=plan.classes,
-        source_files=plan.source_files,
-        shards=shard_count,
-        # Shards made for an earlier dataset whose files did not change (a grown tree rebuilds only the others).
-        shards_reused=sum(1 for d in shards if d["fingerprint"] != fp),
-        written={s: sum(d["written"][s] for d in shards) for s in SPLITS},
-        skipped=len(skipped),
-        skipped_files=skipped[:100],
-        files={s: sorted(x for d in shards for x in d["files"][s]) for s in SPLITS},
-    )
-    output.join(CLASSES_FILE).write_bytes_atomic(json.dumps(plan.classes).encode())
-    output.join(MANIFEST_FILE).write_bytes_atomic(json.dumps(manifest.document(), indent=1).encode())
-    _remove_stale(output, manifest)
-    return manifest
-
-
-def _remove_stale(output: Location, manifest: DatasetManifest) -> None:
-    """Deletes Parquet files, shard manifests, part records and plan chunks that are not part of this dataset."""
-    keep = {posixpath.join(output.path, f) for s in SPLITS for f in manifest.files[s]}
-    for folder in (*SPLITS, "_shards", "_parts", PLAN_FOLDER):
-        for info in _listing(output.join(folder), recursive=folder in ("_parts", PLAN_FOLDER)):
-            if folder == "_shards":
-                stale = f"-of-{manifest.shards:05d}.json" not in info.base_name
-            elif folder == PLAN_FOLDER:  # plans for another shard count, and an older format's chunks
-                stale = info.base_name != "index.json" and (f"-of-{manifest.shards:05d}/" not in info.path
-                                                            or not info.base_name.endswith(".jsonl"))
-            elif folder == "_parts":
-                stale = True  # every shard is done: their records are left over from attempts that died
-            else:
-                stale = info.path not in keep and not info.base_name.startswith("_tmp-")
-            if stale:
-                output.fs.delete_file(info.path)
-
-
-def _listing(location: Location, recursive: bool = False) -> list[pafs.FileInfo]:
-    if not location.exists():
-        return []
-    return [i for i in location.fs.get_file_info(pafs.FileSelector(location.path, recursive=recursive))
-            if i.type == pafs.FileType.File]
-
-
-def _summary_from_manifest(manifest: DatasetManifest) -> dict:
-    return {
-        "event": "preprocess",
-        "fingerprint": manifest.fingerprint,
-        "classes": len(manifest.classes),
-        "written": manifest.written,
-        "skipped": manifest.skipped,
-        "complete": True,
-    }

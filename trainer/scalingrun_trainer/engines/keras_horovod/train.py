@@ -9,7 +9,8 @@ from typing import Any
 
 from scalingrun_api.config import TrainerConfig
 from ...core.stall import engine_timeout
-from ...frameworks.keras.training import KerasEngine, train as train_keras
+from ...frameworks.keras.engine import KerasEngine
+from ...frameworks.keras.training import train as train_keras
 
 
 class HorovodWorld:

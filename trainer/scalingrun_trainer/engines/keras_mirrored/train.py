@@ -25,7 +25,8 @@ from scalingrun_api.config import TrainerConfig
 from scalingrun_api.models import Strategy
 from ...core.mpi import MpiWorld, local_rank_and_size
 from ...core.stall import engine_timeout
-from ...frameworks.keras.training import KerasEngine, train as train_keras
+from ...frameworks.keras.engine import KerasEngine
+from ...frameworks.keras.training import train as train_keras
 from .tf_config import TF_CONFIG, coordinate, tf_config
 
 STRATEGY = Strategy.multi_worker_mirrored.value
