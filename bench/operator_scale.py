@@ -24,7 +24,7 @@ With --pods, the pods mode instead (bench/pod_scale.py): a 1,024-worker run and 
 pods the script creates and moves, beside 10,000 unrelated pods.
 With --push, the push path instead (bench/push_scale.py): the same runs report a new epoch every --interval s by
 pushing to the status endpoint, and, as the baseline in the same run, by writing progress.json that the operator
-polls; then the pushes again beside a hostile pusher.
+polls; then the pushes again beside the attackers of bench/push_attackers.py.
 
 Run: KUBEBUILDER_ASSETS=... .venv/bin/python bench/operator_scale.py [--runs 100] [--concurrent 300]
      [--topology standalone|deployed|both] [--only-rest: skip the latency and RSS-cycle measurements]
@@ -472,8 +472,8 @@ def main() -> int:
     parser.add_argument("--pushers", type=int, default=4,
                         help="--push: pods of each run that push (rank 0 progress, the others heartbeats)")
     parser.add_argument("--hostile-rate", type=float, default=1000,
-                        help="--push: the hostile pusher's floods, pushes a second each (valid token; bad tokens)")
-    parser.add_argument("--no-hostile", dest="hostile", action="store_false", help="--push: no hostile pusher")
+                        help="--push: each kind of the attackers' pushes, at most this many a second")
+    parser.add_argument("--no-hostile", dest="hostile", action="store_false", help="--push: no attackers")
     parser.add_argument("--no-baseline", dest="baseline", action="store_false",
                         help="--push: no pull-mode baseline")
     args = parser.parse_args()

@@ -13,20 +13,19 @@ a new epoch:
 Measured, per mode: the lag from a report to the run's status showing its epoch (the script's own watch), p50/p95
 over every report; the operator's CPU and peak RSS; API requests by the operator (the API server's counter minus
 the script's own, counted client-side) while reporting and at rest (nothing reported for --rest-seconds).
-Push mode then repeats the reporting beside a hostile pusher in a process of its own: its own run's pod flooding
-(up to --hostile-rate pushes a second with its valid token), 10 MiB bodies, and bad tokens (random and forged, up
-to --hostile-rate a second, at the healthy runs' paths); the healthy runs' lag with it against without it.
+Push mode then repeats the reporting beside the attackers of bench/push_attackers.py (each kind paced to at most
+--hostile-rate a second): one sends garbage tokens at the healthy runs' paths, the other, with its own pod's valid
+token, pushes for hundreds of made-up run names, for a victim's name (the first healthy run), and floods its own
+run's path; the healthy runs' push and lag with them against without them, and whether anything of theirs was
+stored.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import multiprocessing
 import os
 import random
-import secrets
 import ssl
 import tempfile
 import threading
@@ -45,11 +44,11 @@ from tests.support.apiserver import free_port
 from tests.support.operator import leave_manifest_in_a_pod, new_run, progress, progress_uri
 from tests.support.tls import write_serving_certificate
 
-from bench import pod_scale
+from bench import pod_scale, push_attackers
 
 POOL = 16
 MAX_EPOCHS = 10000  # the runs never finish while the script reports epochs
-HOSTILE_BODY_BYTES = 10 * 1024 * 1024
+FORGED_EPOCH = MAX_EPOCHS - 1  # what the attacker pushes for its victim: no healthy report reaches it
 
 
 class EpochWatch:
@@ -211,6 +210,7 @@ class Reporter:
         self.bench, self.cluster, self.watch, self.pushers, self.runs = bench, cluster, watch_, pushers, runs
         self.interval, self.url, self.ca = interval, url, ca
         self.codes: Counter = Counter()
+        self.answered: list[float] = []  # each push's POST round trip, s
         self.epochs = {run: 1 for run in runs}
 
     def report_for(self, seconds: float) -> None:
@@ -281,12 +281,13 @@ class Reporter:
         context = ssl.create_default_context(cafile=str(self.ca))
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=64)) as session:
             async def post(pusher: Pusher, what: str, document: dict) -> None:
-                path = push_path(self.cluster.ns, pusher.run, what)
+                path, sent = push_path(self.cluster.ns, pusher.run, what), time.monotonic()
                 try:
                     async with session.post(self.url + path, json=document,
                                             headers={"Authorization": f"Bearer {pusher.token}"}) as response:
                         await response.read()
                         self.codes[response.status] += 1
+                        self.answered.append(time.monotonic() - sent)
                 except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                     self.codes[type(exc).__name__] += 1
 
@@ -304,86 +305,6 @@ class Reporter:
             await asyncio.gather(*tasks)
 
 
-# --- the hostile pusher, in a process of its own ------------------------------------------------------------------
-
-
-def forged(token: str) -> str:
-    header, payload, signature = token.split(".")
-    return f"{header}.{payload}.{signature[::-1]}"
-
-
-def random_token() -> str:
-    part = lambda n: base64.urlsafe_b64encode(secrets.token_bytes(n)).decode().rstrip("=")  # noqa: E731
-    return f"eyJhbGciOiJSUzI1NiJ9.{part(180)}.{part(256)}"
-
-
-def hostile(url: str, ca: str, own_path: str, victims: list[str], token: str, rate: float, seconds: float,
-            results: Any) -> None:
-    """Pushes for `seconds`: a flood on its own run's path with its valid token (up to `rate` a second), 10 MiB
-    bodies, and bad tokens at the victims' paths (up to `rate` a second); puts its counts into `results`."""
-    results.put(asyncio.run(_hostile(url, ca, own_path, victims, token, rate, seconds)))
-
-
-async def _hostile(url: str, ca: str, own_path: str, victims: list[str], token: str, rate: float,
-                   seconds: float) -> dict:
-    import aiohttp
-
-    codes: Counter = Counter()
-    context = ssl.create_default_context(cafile=ca)
-    end = time.monotonic() + seconds
-    big = b"{" + b" " * (HOSTILE_BODY_BYTES - 2) + b"}"
-    document = json.dumps(progress("running", 1, maxEpochs=MAX_EPOCHS)).encode()
-
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context, limit=0)) as session:
-        async def one(kind: str, path: str, token_: str, body: bytes) -> None:
-            try:
-                async with session.post(url + path, data=body, headers={
-                        "Authorization": f"Bearer {token_}", "Content-Type": "application/json"}) as response:
-                    await response.read()
-                    codes[f"{kind} {response.status}"] += 1
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                codes[f"{kind} {type(exc).__name__}"] += 1
-
-        async def paced(kind: str, make: Callable[[], tuple[str, str, bytes]], per_second: float,
-                        in_flight: int) -> None:
-            started, sent, running = time.monotonic(), 0, set()
-            while time.monotonic() < end:
-                if len(running) >= in_flight:
-                    _, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                ahead = started + sent / per_second - time.monotonic()
-                if ahead > 0:
-                    await asyncio.sleep(ahead)
-                running.add(asyncio.ensure_future(one(kind, *make())))
-                sent += 1
-            if running:
-                await asyncio.wait(running)
-
-        await asyncio.gather(
-            paced("flood", lambda: (own_path, token, document), rate, 64),
-            paced("10MiB", lambda: (own_path, token, big), rate, 4),
-            paced("bad-token", lambda: (random.choice(victims), random.choice((random_token(), forged(token))),
-                                        document), rate, 64))
-    codes["seconds"] = seconds
-    return dict(codes)
-
-
-class Hostile:
-    def __init__(self, url: str, ca: Path, namespace: str, own: Pusher, victims: list[str], rate: float,
-                 seconds: float):
-        context = multiprocessing.get_context("spawn")
-        self.results = context.Queue()
-        self.process = context.Process(target=hostile, daemon=True, args=(
-            url, str(ca), push_path(namespace, own.run, PROGRESS), [push_path(namespace, v, PROGRESS) for v in victims],
-            own.token, rate, seconds, self.results))
-        self.process.start()
-
-    def counts(self) -> dict:
-        found = self.results.get(timeout=120)
-        self.process.join(30)
-        return found
-
-
 # --- one mode ------------------------------------------------------------------------------------------------------
 
 
@@ -397,13 +318,29 @@ def status_env(folder: Path) -> tuple[dict[str, str], str, Path]:
              "SCALINGRUN_STATUS_URL": url}, url, tls / "ca.crt")
 
 
-def operator_refusals(port: int) -> dict[str, float]:
+def operator_counts(port: int, metric: str) -> dict[str, float]:
+    """A counter of the operator's by its one label: refusals by reason, accepted pushes by document."""
     import urllib.request
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
         text = response.read().decode()
-    return {labels.split('"')[1]: value for labels, value in
-            pod_scale.metric_lines(text, "scalingrun_status_push_refusals_total")}
+    return {labels.split('"')[1]: value for labels, value in pod_scale.metric_lines(text, metric)}
+
+
+def operator_accepted(port: int) -> float:
+    return sum(operator_counts(port, "scalingrun_status_pushes_total").values())
+
+
+def attackers_for(url: str, ca: Path, namespace: str, pushers: list[Pusher], own_run: str, victims: list[str],
+                  rate: float, seconds: float) -> dict[str, push_attackers.Attacker]:
+    """The two attackers, each from a source address no pushing pod has: the valid-token one with the token of its
+    own run's pod, the garbage one spoiling a healthy pod's token; the victim is the first healthy run."""
+    own = next(p for p in pushers if p.run == own_run)
+    neighbour = next(p for p in pushers if p.run != own_run)
+    kinds = push_attackers.plan(namespace, own_run, own.token, victims, victims[0], neighbour.token, rate)
+    return {name: push_attackers.Attacker(url, str(ca), pod_address(len(pushers) + i), kinds[name], seconds,
+                                          FORGED_EPOCH, MAX_EPOCHS)
+            for i, name in enumerate((push_attackers.GARBAGE, push_attackers.VALID))}
 
 
 class Window:
@@ -461,25 +398,30 @@ def measure_mode(push: bool, args: Any, environment: Callable[..., Any], bench_t
             result["peak_rss_prepared_mib"] = operator.peak_rss  # runs, pods and (push) every token reviewed once
             if push:
                 print(f"  push: every pushing pod accepted once: {result}", flush=True)
-            phases = [("reporting", None)]
-            if push and args.hostile:
-                phases.append(("beside the hostile pusher", next(p for p in pushers if p.run == hostile_run)))
-            for phase, own in phases:
+            phases = [("reporting", False)] + ([("beside the attackers", True)] if push and args.hostile else [])
+            for phase, attacked in phases:
                 window = Window(bench, operator, counting)
-                intruder = (Hostile(url, ca, cluster.ns, own, list(runs), args.hostile_rate, args.report_seconds)
-                            if own else None)
+                accepted_before = operator_accepted(metrics_port) if push else 0.0
+                attackers = attackers_for(url, ca, cluster.ns, pushers, hostile_run, list(runs), args.hostile_rate,
+                                          args.report_seconds) if attacked else {}
                 reporter.report_for(args.report_seconds)
                 lags, missed = epochs.take(args.interval * 3)
+                answered, reporter.answered = reporter.answered, []
                 figures = {**window.close(), "reports": len(lags) + missed, "missed": missed,
                            "peak_rss_mib": operator.peak_rss,  # the peak so far, this phase included
                            "lag_p50_s": pod_scale.percentile(lags, 0.5) if lags else None,
                            "lag_p95_s": pod_scale.percentile(lags, 0.95) if lags else None,
-                           "lag_max_s": max(lags) if lags else None, "codes": dict(reporter.codes)}
+                           "lag_max_s": max(lags) if lags else None, "codes": dict(reporter.codes),
+                           "post_p50_s": pod_scale.percentile(answered, 0.5) if answered else None,
+                           "post_p95_s": pod_scale.percentile(answered, 0.95) if answered else None}
                 reporter.codes.clear()
-                if intruder:
-                    figures["hostile"] = intruder.counts()
+                if attackers:
+                    figures["attackers"] = {name: a.counts() for name, a in attackers.items()}
+                    figures["verdict"] = push_attackers.verdict(
+                        figures["attackers"], figures["codes"].get(202, 0),
+                        operator_accepted(metrics_port) - accepted_before, epochs.epoch(list(runs)[0]), FORGED_EPOCH)
                 if push:
-                    figures["refusals"] = operator_refusals(metrics_port)
+                    figures["refusals"] = operator_counts(metrics_port, "scalingrun_status_push_refusals_total")
                 result[phase] = figures
                 print(f"  {label}, {phase}: {figures}", flush=True)
                 operator.check()
@@ -531,28 +473,20 @@ def print_push(args: Any, modes: list[dict[str, Any]]) -> None:
     row("peak RSS, runs prepared (push: every token reviewed once)", lambda m: m.get("peak_rss_prepared_mib"),
         " MiB", 0)
     row("peak RSS, after reporting", reporting("peak_rss_mib"), " MiB", 0)
-    row("peak RSS, whole bench (push: the hostile pusher's phase too)", lambda m: m["peak_rss_mib"], " MiB", 0)
+    row("peak RSS, whole bench (push: the attackers' phase too)", lambda m: m["peak_rss_mib"], " MiB", 0)
     if push and "warm_up_s" in push:
         print()
         print(f"Push, before the figures: every pushing pod's first push accepted after {push['warm_up_s']:.0f} s "
               f"(new tokens reviewed; answers {push['warm_up_codes']})")
-    if push and "beside the hostile pusher" in push:
-        hostile_phase = push["beside the hostile pusher"]
+    if push and "beside the attackers" in push:
+        import yaml
+
+        beside = push["beside the attackers"]
+        from tests.support.env import ROOT
+
+        limit = push_attackers.limit_mib(yaml.safe_load((ROOT / "charts/scalingrun/values.yaml").read_text()))
         print()
-        print("| healthy runs, push | without the hostile pusher | beside it | beside / without |")
-        print("|---|---|---|---|")
-        for key, label, unit in (("lag_p50_s", "report -> status epoch, p50", " s"),
-                                 ("lag_p95_s", "report -> status epoch, p95", " s"),
-                                 ("missed", "reports not in status", ""),
-                                 ("cpu_millicores", "operator CPU", " m"),
-                                 ("requests_per_min", "API requests/min by the operator", "")):
-            a, b = push["reporting"][key], hostile_phase[key]
-            ratio = f"{b / a:.2f}" if a else "-"
-            print(f"| {label} | {a:.2f}{unit} | {b:.2f}{unit} | {ratio} |")
-        counts = hostile_phase["hostile"]
-        seconds = counts.pop("seconds")
-        print()
-        print("Hostile pusher, requests a second by kind and answer: " + ", ".join(
-            f"{k} {v / seconds:.1f}" for k, v in sorted(counts.items())))
-        print(f"Healthy pushes' answers: without {push['reporting']['codes']}, beside {hostile_phase['codes']}")
-        print(f"Refusals counted by the operator (whole run): {hostile_phase.get('refusals')}")
+        print("\n".join(push_attackers.table(push["reporting"], beside, beside["attackers"], args.report_seconds,
+                                             beside["verdict"], push["peak_rss_mib"], limit)))
+        print(f"Healthy pushes' answers: without {push['reporting']['codes']}, beside {beside['codes']}")
+        print(f"Refusals counted by the operator (whole run): {beside.get('refusals')}")
