@@ -9,7 +9,7 @@ are kept briefly (bounded, keyed by the token's hash), so a run's pushes cost th
 REVIEW_TTL_SECONDS; a token reviewed successfully before is `known` (the status server reviews those apart from new
 tokens). The pod check runs on every push, against the pod watch's index where it knows the run's pods, else by
 listing the pod by name; the owner chain's verdict is kept as long as a review, its Job and MPIJob read from the
-operator's copies. Every refusal is a Refused with its HTTP status and a reason (the metric's label).
+operator's copies, and a kept refusal answers before any pod is listed. Every refusal is a Refused with its HTTP status and a reason (the metric's label).
 """
 
 from __future__ import annotations
@@ -202,6 +202,12 @@ class PushAuthenticator:
             _keep(self._verdicts, key, (now + REVIEW_TTL_SECONDS, verdict))
         return verdict
 
+    def _kept_refusal(self, pod_uid: str, run_uid: str) -> Optional[str]:
+        """Why the owner chain refused this pod for this run, while that verdict is kept; None otherwise."""
+        with self._guard:
+            kept = self._verdicts.get((pod_uid, run_uid))
+        return kept[1] if kept and kept[0] > self._clock() else None
+
     def authorize(self, authorization: Optional[str], namespace: str, run: str) -> PodIdentity:
         """The pushing pod when it is one of run `namespace/run`'s; Refused otherwise."""
         pod = self.identity(bearer_token(authorization))
@@ -210,6 +216,9 @@ class PushAuthenticator:
         run_uid = self._runs(namespace, run)
         if run_uid is None:  # before any pod or owner is looked at: a made-up name costs nothing
             raise Refused(404, UNKNOWN_RUN, f"this operator knows no run {namespace}/{run}")
+        refused = self._kept_refusal(pod.uid, run_uid)
+        if refused is not None:  # a refusal needs no fresh pod: a pod pushing for another run costs no pod list
+            raise Refused(403, OTHER_RUN, f"pod {pod.pod} is not a pod of run {run}: {refused}")
         known = self._known_pods(namespace, run) or []
         found = next((p for p in known if (p.get("metadata") or {}).get("uid") == pod.uid), None)
         if found is None:  # not in the watch's index of the pods labelled as this run's: listed by name
