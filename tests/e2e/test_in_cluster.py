@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.environment import CORRUPT_FILES, IMAGES_PER_CLASS, RELEASE, SYSTEM_NAMESPACE, status_push
+from tests.support import push_attack
 from tests.support.e2e_runs import (
     OPERATOR_PODS, RESUMED, _name, child_objects, children, condition_texts, finished, launcher_attempt, launcher_log,
     phase, resumed_epochs, run_body, sync_the_chart_twice, wait_for_launcher_line,
@@ -388,15 +389,23 @@ def test_a_lightning_run_trains_with_ddp_across_two_worker_pods(cluster):
 
 def test_a_multi_worker_mirrored_run_trains_across_two_worker_pods(cluster):
     """The third engine over the same MPIJob, from the Keras image: mpirun starts one process per worker pod (one
-    slot each), each builds TF_CONFIG from the MPI world, and TensorFlow's ring all-reduce connects the pods."""
+    slot each), each builds TF_CONFIG from the MPI world, and TensorFlow's ring all-reduce connects the pods.
+    With the push path on, the run is also the victim of two attacker pods in its namespace the whole time (issue
+    51 item 8, tests/support/push_attack.py): garbage tokens, and a valid token pushing for made-up names and for
+    this run's name; the run never goes Stalled, its status shows only its own pods' reports."""
     name = _name("mirrored")
     output = f"s3://scalingrun-e2e/runs/{name}/parquet"
     body = run_body(cluster, name, output=output, epochs=2)
     body["spec"]["dataset"]["imageSize"] = 32
     body["spec"]["training"]["strategy"] = "multi-worker-mirrored"
     cluster.create_run(body)
+    attackers: list[str] = []
+    seen = push_attack.Seen()
     try:
-        run = cluster.wait(name, finished, timeout=900, what="Succeeded")
+        attackers = push_attack.start(cluster, name) if status_push() else []
+        run = cluster.wait(name, finished, timeout=900, what="Succeeded", each=seen.record)
+        if attackers:
+            push_attack.assert_held(cluster, seen, run, attackers, SYSTEM_NAMESPACE, OPERATOR_PODS)
         training = run["status"]["training"]
         assert training["processes"] == 2 and training["epoch"] == 2, training
         assert training["effectiveBatchSize"] == 32 and 0 < training["metrics"]["val_accuracy"] <= 1, training
@@ -407,4 +416,5 @@ def test_a_multi_worker_mirrored_run_trains_across_two_worker_pods(cluster):
         log = launcher_log(cluster, name)
         assert "2 replicas x batch 16 = effective batch 32" in log, log[-3000:]
     finally:
+        push_attack.stop(cluster)
         cluster.delete_run(name)
