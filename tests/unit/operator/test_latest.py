@@ -158,7 +158,7 @@ def test_a_stores_keys_are_read_once_for_many_looks_and_again_after_a_read_faile
     reader, objects = SecretReader(), LatestObjects()
 
     def observer() -> Observer:
-        return Observer(reader, Config(), Memory(), Clients(), "ns", "r", latest=objects)
+        return Observer(reader, Config(pull_documents=True), Memory(), Clients(), "ns", "r", latest=objects)
 
     store = Store(endpoint="http://127.0.0.1:9", region="us-east-1", secret="keys")
     observer().target(store)

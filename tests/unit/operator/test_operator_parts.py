@@ -86,6 +86,14 @@ def test_operator_exits_naming_a_bad_variable_instead_of_a_traceback():
     assert "Traceback" not in result.stderr
 
 
+def test_a_bare_operator_refuses_to_start_until_told_push_or_pull():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCALINGRUN_")}
+    result = subprocess.run([sys.executable, "-m", "scalingrun_operator.cli", "operator", "--standalone"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "SCALINGRUN_PULL_DOCUMENTS=true" in result.stderr and "Traceback" not in result.stderr
+
+
 @pytest.mark.parametrize("namespace, pattern", [("ml", False), ("team-a", False), ("team-*", True),
                                                 ("!kube-system", True), ("a,b", True), ("ml-?", True)])
 def test_namespace_patterns_are_told_from_names(namespace, pattern):

@@ -24,7 +24,7 @@ from scalingrun_operator.storage import Clients
 PUSH = config.load({"SCALINGRUN_STATUS_PORT_NUMBER": "8443",
                     "SCALINGRUN_STATUS_URL": "https://scalingrun-status.scalingrun-system.svc:8443",
                     "SCALINGRUN_ALLOW_LOCAL_PATHS": "true"})
-PULL = config.load({"SCALINGRUN_ALLOW_LOCAL_PATHS": "true"})
+PULL = config.load({"SCALINGRUN_PULL_DOCUMENTS": "true", "SCALINGRUN_ALLOW_LOCAL_PATHS": "true"})
 
 MANIFEST_DOCUMENT = {
     "fingerprint": "f" * 16, "parameters": {"formatVersion": 2, "imageSize": 32}, "source": "s3://b/raw",
