@@ -19,9 +19,9 @@ from scalingrun_operator.cli.cluster import Cluster
 from scalingrun_operator.cli.loading import UserError
 from scalingrun_operator.cli.logs import RunLogs
 from scalingrun_operator.decide.pods import LAUNCHER
-from scalingrun_operator.documents import read_progress
+from scalingrun_operator.pull.stored_documents import read_progress
 from scalingrun_operator.local.runner import LocalRun
-from scalingrun_operator.storage import StorageError, StorageTarget
+from scalingrun_operator.pull.storage import StorageError, StorageTarget
 
 LOCAL_JOIN_SECONDS = 60.0  # how long delete() waits for a local run's loop once its processes are stopped
 

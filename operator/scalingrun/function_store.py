@@ -12,7 +12,7 @@ from urllib.parse import urlparse
 from scalingrun_api.models import ScalingRun
 from scalingrun_api.shipped import DIGEST_FILE, MAX_PAYLOAD_BYTES, PAYLOAD_FILE
 from scalingrun_operator.builders.locations import join, run_location
-from scalingrun_operator.storage import StorageTarget, read_bytes, retrying
+from scalingrun_operator.pull.storage import StorageTarget, read_bytes, retrying
 
 
 def function_folder(run: ScalingRun, digest: str) -> str:

@@ -30,7 +30,6 @@ from .builders.capacity_probes import CAPACITY_PROBE_PRIORITY_CLASS
 from .builders.mpijob import DEFAULT_GPU_TOLERATIONS
 from .schema.endpoints import EndpointPolicy
 from .serving_certificate import Lifetimes
-from .storage import DEFAULT_MAX_DOCUMENT_BYTES, Clients, Credentials, StorageTarget
 
 PREFIX = "SCALINGRUN_"
 
@@ -75,7 +74,7 @@ class Config:
     storage_deadline_seconds: float = 30.0
     #: Largest document the operator reads from object storage (the dataset manifest, a progress document):
     #: a larger one is not read and the run says so (StorageReadable=False, DocumentTooLarge).
-    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
+    max_document_bytes: int = 1024 * 1024  # pull/storage.py's DEFAULT_MAX_DOCUMENT_BYTES (a test holds them equal)
     #: Object-storage endpoints runs may use (spec.storage.endpoint, e.g. http://minio.storage:9000;
     #: https://s3.amazonaws.com for runs that name none); empty: any. Others are refused (InvalidSpec).
     allowed_storage_endpoints: tuple[str, ...] = ()
@@ -176,14 +175,6 @@ class Config:
         push path, the default, the runs' pods push their documents and leave their Jobs' results in termination
         messages (docs/security.md, "The push path")."""
         return self.pull_documents
-
-    def storage_target(self, endpoint: Optional[str], region: str, credentials: Optional[Credentials],
-                       clients: Clients) -> StorageTarget:
-        """A run's store (spec.storage), read under these settings: timeouts, size cap, allow-list."""
-        return StorageTarget(endpoint, region, credentials, self.storage_timeout_seconds,
-                             deadline=self.storage_deadline_seconds, max_document_bytes=self.max_document_bytes,
-                             allowed_endpoints=self.allowed_storage_endpoints, policy=self.endpoint_policy(),
-                             clients=clients)
 
     def endpoint_policy(self) -> EndpointPolicy:
         return EndpointPolicy(allow_any=self.allow_any_storage_endpoint, service_ranges=self.cluster_service_ranges,

@@ -177,10 +177,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ..builders.locations import progress_uri
-    from ..documents import parse_progress, read_progress
+    from ..documents import parse_progress
+    from ..pull.stored_documents import read_progress
     from ..local.keep import kept_progress
     from ..report.run import render_report, workers_over_time
-    from ..storage import StorageError, StorageTarget
+    from ..pull.storage import StorageError, StorageTarget
 
     if bool(args.filename) == bool(args.progress):
         raise UserError("scalingrun report: give either -f RUN.yaml or --progress PATH_OR_URI", USAGE)
@@ -221,7 +222,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _sweep_report(args: argparse.Namespace, sweep) -> int:
     """The sweep's report from its points' progress documents (keys from the environment)."""
     from ..report.sweep import render_sweep_report, rows_from_storage, table_lines
-    from ..storage import StorageError
+    from ..pull.storage import StorageError
 
     try:
         rows, recommendation = rows_from_storage(sweep)

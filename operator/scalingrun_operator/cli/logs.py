@@ -168,7 +168,7 @@ class RunLogs:
                             f"{exc.errors[0]}") from None
 
     def _target(self, run):
-        from ..storage import StorageTarget
+        from ..pull.storage import StorageTarget
 
         storage = run.spec.storage
         credentials = (self._credentials(storage.credentials_secret, storage.access_key_id_key,
@@ -182,8 +182,8 @@ class RunLogs:
 
         from kubernetes.client.rest import ApiException
 
-        from ..cluster.k8s import credential
-        from ..storage import Credentials, StorageError
+        from ..pull.secret_keys import credential
+        from ..pull.storage import Credentials, StorageError
 
         where = f"Secret {self.namespace}/{secret} (spec.storage.credentialsSecret)"
         try:
@@ -216,7 +216,7 @@ class RunLogs:
         return (self.run.get("status") or {}).get("logs") or logs_uri(run), self._target(run)
 
     def archived_preprocessing(self, follow: bool) -> int:
-        from ..storage import StorageError, list_names, read_bytes
+        from ..pull.storage import StorageError, list_names, read_bytes
 
         logs, target = self._archive()
         folder = f"{logs}/{PREPROCESS_FOLDER}"
@@ -240,7 +240,7 @@ class RunLogs:
         return OK
 
     def archived(self, attempt: Optional[int], rank: Optional[int], follow: bool) -> int:
-        from ..storage import StorageError, list_folders, read_bytes, read_json
+        from ..pull.storage import StorageError, list_folders, read_bytes, read_json
 
         logs, target = self._archive()
         try:
@@ -293,7 +293,7 @@ def _started(pod: dict[str, Any], container: str) -> bool:
 def _record(read_json, uri: str, target) -> Optional[AttemptRecord]:
     from pydantic import ValidationError
 
-    from ..storage import StorageError
+    from ..pull.storage import StorageError
 
     try:
         document = read_json(uri, target)

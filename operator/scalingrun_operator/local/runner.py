@@ -42,8 +42,8 @@ from ..decide.snapshot import (
     NoticedNodes, Server, ServerVersion, Settings, Snapshot, look,
 )
 from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, Event, get_condition, rfc3339
-from ..documents import read_manifest
-from ..storage import Clients, StorageError, StorageTarget, list_names
+from ..pull.stored_documents import read_manifest
+from ..pull.storage import Clients, StorageError, StorageTarget, list_names
 from .processes import Commands, LocalRunError, Shards, gpus_here, train_env, training_status
 from .pushes import LocalPushes
 from .training import StallWatch, TrainingProcess

@@ -13,8 +13,8 @@ from ..schema.sweep import build_point_run, sweep_points
 from ..schema.validation import parse_scalingrun
 from ..builders.locations import progress_uri
 from ..decide.sweep import document_row, scaling
-from ..documents import read_progress
-from ..storage import Clients, StorageTarget
+from ..pull.stored_documents import read_progress
+from ..pull.storage import Clients, StorageTarget
 
 
 def _feature_cache(row: dict[str, Any]) -> str:

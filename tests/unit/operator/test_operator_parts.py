@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from scalingrun_operator import config, storage
+from scalingrun_operator import config
+from scalingrun_operator.pull import storage
+from scalingrun_operator.pull.store_source import target_of
 from scalingrun_operator.schema import endpoints
 from scalingrun_operator.cluster.metrics import Metrics
 
@@ -285,7 +287,7 @@ def test_config_carries_the_cap_and_the_allow_list_into_storage_targets():
     loaded = config.load({"SCALINGRUN_MAX_DOCUMENT_BYTES": "4096",
                           "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": "http://minio.storage:9000, https://s3.amazonaws.com"})
     assert config.Config().max_document_bytes == storage.DEFAULT_MAX_DOCUMENT_BYTES == 1024 * 1024
-    target = loaded.storage_target("http://minio.storage:9000", "us-east-1", None, storage.Clients())
+    target = target_of(loaded, "http://minio.storage:9000", "us-east-1", None, storage.Clients())
     assert target.max_document_bytes == 4096
     assert target.allowed_endpoints == ("http://minio.storage:9000", "https://s3.amazonaws.com")
     with pytest.raises(config.ConfigError, match="SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS: 'minio:9000' is not"):
