@@ -9,6 +9,7 @@ import json
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from ..object_store import secret_key_value
 from .storage import Credentials, StorageError
 
 
@@ -38,14 +39,8 @@ class SecretKeys:
 
 
 def credential(raw: bytes, where: str) -> str:
-    """A key as a request header may carry it: one line of printable ASCII (surrounding whitespace dropped). A
-    PEM key or an INI file fails the signer with an error that quotes the header; refused here, `where` named
-    (the Secret and key), the value never."""
+    """The key, held to the one rule of object_store.secret_key_value; StorageError (a condition) when it fails."""
     try:
-        value = raw.decode("ascii").strip()
-    except UnicodeDecodeError:
-        value = None
-    if not value or any(not 0x20 <= ord(ch) <= 0x7e for ch in value):
-        what = "is empty" if value == "" else "holds control or non-ASCII characters (a line break?)"
-        raise StorageError(f"{where} {what}: an S3 key is one line of printable ASCII; the value is not shown")
-    return value
+        return secret_key_value(raw, where)
+    except ValueError as exc:
+        raise StorageError(str(exc)) from None

@@ -24,7 +24,8 @@ LAYERS = [
     ("scalingrun_operator.builders",),
     ("scalingrun_operator.decide",),
     ("scalingrun_operator.clock", "scalingrun_operator.config", "scalingrun_operator.pull",
-     "scalingrun_operator.document_source", "scalingrun_operator.documents", "scalingrun_operator.report",
+     "scalingrun_operator.object_store", "scalingrun_operator.document_source", "scalingrun_operator.documents",
+     "scalingrun_operator.report",
      "scalingrun_operator.status_server", "scalingrun_operator.push_admission", "scalingrun_operator.pushed",
      "scalingrun_operator.serving_certificate"),
     ("scalingrun_operator.cluster", "scalingrun_operator.local"),
@@ -95,17 +96,14 @@ def test_no_import_cycles():
 
 
 # Pull mode (deprecated) lives in scalingrun_operator.pull; the reconcile chooses it (its one way in) and observe
-# reads documents through document_source.py's protocol. The tools below still read stores with its client: #53.
+# reads documents through document_source.py's protocol. The tools read stores with object_store.py, their own.
 PULL_CHOOSER = "scalingrun_operator.cluster.reconcile"
-TOOLS_ON_PULLS_CLIENT = {"scalingrun.backends", "scalingrun.function_store", "scalingrun_operator.cli.commands",
-                         "scalingrun_operator.cli.logs",
-                         "scalingrun_operator.local.runner", "scalingrun_operator.report.sweep"}
 
 
 def test_only_the_reconcile_chooses_pull_mode_and_nothing_else_knows_its_storage_client():
     found = sorted({name for name, path, tree in modules() if not name.startswith("scalingrun_operator.pull")
                     for _, target in imports(name, path, tree) if target.startswith("scalingrun_operator.pull")})
-    assert found == sorted({PULL_CHOOSER} | TOOLS_ON_PULLS_CLIENT)
+    assert found == [PULL_CHOOSER]
 
 
 def test_decide_is_pure():
