@@ -21,8 +21,8 @@ from .loading import (
     FAILED, OK, USAGE, Document, UserError, dump, files, is_ours, read, read_file, read_one, skipped_note,
 )
 
-# How long `report -f` tries a store before it draws from the copy a local run kept (a stopped quick start's
-# store refuses connections, which are otherwise retried for 30 s).
+# How long `report -f` waits on a store (one attempt, this timeout) before it draws from the copy a local run kept
+# (a stopped quick start's store refuses connections, which are otherwise retried).
 KEPT_STORE_DEADLINE_SECONDS = 5.0
 
 
