@@ -162,7 +162,8 @@ def test_a_stores_keys_are_read_once_for_many_looks_and_again_after_a_read_faile
     sources = StoreSources(reader, Config(pull_documents=True), objects.credentials)
 
     def observer() -> Observer:
-        return Observer(reader, Memory(), sources.for_look("ns", "r"), "ns", "r", latest=objects)  # type: ignore[arg-type]
+        return Observer(reader, Memory(), sources.for_look("ns", "r"), "ns", "r",  # type: ignore[arg-type]
+                        latest=objects)
 
     store = Store(endpoint="http://127.0.0.1:9", region="us-east-1", secret="keys")
     observer().documents.target(store)
@@ -191,7 +192,8 @@ class ChildReader:
 def test_a_watched_child_read_once_is_served_from_its_copy_and_a_configmap_is_read_every_look():
     reader, objects = ChildReader(), LatestObjects()
     for _ in range(3):
-        observer = Observer(reader, Memory(), PodDocuments(None, "ns", "r"), "ns", "r", latest=objects)  # type: ignore[arg-type]
+        observer = Observer(reader, Memory(), PodDocuments(None, "ns", "r"), "ns", "r",  # type: ignore[arg-type]
+                            latest=objects)
         for kind in ("Job", "MPIJob", "ConfigMap"):
             assert observer.read(Child(kind, f"r-{kind.lower()}"))["metadata"]["name"] == f"r-{kind.lower()}"
     # A ConfigMap has no watch: a copy of it would hide its deletion or an edit.
@@ -200,6 +202,8 @@ def test_a_watched_child_read_once_is_served_from_its_copy_and_a_configmap_is_re
     objects.child_seen("DELETED", {"kind": "Job", "metadata": {"namespace": "ns", "name": "r-job",
                                                                "resourceVersion": "10"}})
     objects.child_read("Job", "ns", {"metadata": {"namespace": "ns", "name": "r-job", "resourceVersion": "9"}})
-    Observer(reader, Memory(), PodDocuments(None, "ns", "r"), "ns", "r", latest=objects).read(Child("Job", "r-job"))  # type: ignore[arg-type]
+    again = Observer(reader, Memory(), PodDocuments(None, "ns", "r"), "ns", "r",  # type: ignore[arg-type]
+                     latest=objects)
+    again.read(Child("Job", "r-job"))
     assert reader.reads["Job"] == 2
 

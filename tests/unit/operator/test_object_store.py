@@ -13,7 +13,8 @@ LOCAL = Store(None, "us-east-1", max_bytes=64)
 
 
 def test_local_reads_writes_and_listings(tmp_path):
-    assert read_bytes(str(tmp_path / "missing.json"), LOCAL) is None and read_json(f"file://{tmp_path}/x", LOCAL) is None
+    assert read_bytes(str(tmp_path / "missing.json"), LOCAL) is None
+    assert read_json(f"file://{tmp_path}/missing.json", LOCAL) is None
     write_bytes(f"file://{tmp_path}/run/progress.json", LOCAL, b'{"epoch": 2}')
     assert read_json(str(tmp_path / "run" / "progress.json"), LOCAL) == {"epoch": 2}
     write_bytes(str(tmp_path / "run" / "attempt-1" / "launcher.log"), LOCAL, b"hello")

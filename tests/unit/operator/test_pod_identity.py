@@ -85,6 +85,6 @@ def test_the_operator_refuses_pod_identity_reads_unless_its_setting_allows_them(
     refusing = StoreSources(None, config.load(PULL)).for_look("ns", "demo")  # type: ignore[arg-type]
     with pytest.raises(StorageError, match="operator.podIdentityReads"):
         refusing.target(store)
-    allowed = StoreSources(None, config.load({**PULL, "SCALINGRUN_POD_IDENTITY_READS": "true"})).for_look(  # type: ignore[arg-type]
-        "ns", "demo")
+    settings = config.load({**PULL, "SCALINGRUN_POD_IDENTITY_READS": "true"})
+    allowed = StoreSources(None, settings).for_look("ns", "demo")  # type: ignore[arg-type]
     assert allowed.target(store).credentials is None  # botocore's default chain: the operator's own identity

@@ -52,7 +52,8 @@ def _observer(settings, pods: list[dict], pushed: PushedDocuments | None = None)
     index = PodIndex()
     index.listing("ns", "demo", lambda: pods)
     # No Kube: a look that reached for the API server beyond the pod index (a Secret) would fail here.
-    sources = StoreSources(None, settings) if settings.reads_storage else PushedSources(pushed)  # type: ignore[arg-type]
+    # Pull mode's source gets no Secret reader either: a read that reached for one would fail.
+    sources = StoreSources(None, settings) if settings.reads_storage else PushedSources(pushed)  # type: ignore
     return Observer(None, Memory(), sources.for_look("ns", "demo"), "ns", "demo", index)  # type: ignore[arg-type]
 
 
