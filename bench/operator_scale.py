@@ -79,8 +79,10 @@ class OperatorProcess:
                  env_extra: Optional[dict[str, str]] = None, metrics_port: int = 0):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SCALINGRUN_"))}
         # The bench's store is on 127.0.0.1, which an operator refuses by default (schema/endpoints.py).
-        env.update(KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1", SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT="true",
-                   **(env_extra or {}))
+        env.update(KUBECONFIG=kubeconfig, PYTHONUNBUFFERED="1", SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT="true")
+        if "SCALINGRUN_STATUS_PORT_NUMBER" not in (env_extra or {}):
+            env["SCALINGRUN_PULL_DOCUMENTS"] = "true"  # this bench's runs write progress to their store
+        env.update(env_extra or {})
         self.process = subprocess.Popen(
             [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--all-namespaces",
              *(peers or ["--standalone", "--liveness", ""]), "--log-format", "plain", "--metrics-port", str(metrics_port)],

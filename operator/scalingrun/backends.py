@@ -19,9 +19,9 @@ from scalingrun_operator.cli.cluster import Cluster
 from scalingrun_operator.cli.loading import UserError
 from scalingrun_operator.cli.logs import RunLogs
 from scalingrun_operator.decide.pod_facts import LAUNCHER
-from scalingrun_operator.documents import read_progress
+from scalingrun_operator.documents import parse_progress
 from scalingrun_operator.local.runner import LocalRun
-from scalingrun_operator.storage import StorageError, StorageTarget
+from scalingrun_operator.object_store import StorageError, Store, read_json
 
 LOCAL_JOIN_SECONDS = 60.0  # how long delete() waits for a local run's loop once its processes are stopped
 
@@ -101,7 +101,7 @@ class ClusterBackend:
         """The progress document, from the run's storage with this environment's keys (AWS_ACCESS_KEY_ID ...)."""
         storage = self.model.spec.storage
         try:
-            return read_progress(progress_uri(self.model), StorageTarget(storage.endpoint, storage.region, None))[0]
+            return parse_progress(read_json(progress_uri(self.model), Store(storage.endpoint, storage.region)))
         except StorageError as exc:
             raise ClusterError(f"ScalingRun {self.model.metadata.name}'s progress document: {exc}") from None
 

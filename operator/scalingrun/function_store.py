@@ -5,36 +5,25 @@ machine reaches the store when that is not where the pods do (a port-forward to 
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
-from urllib.parse import urlparse
 
 from scalingrun_api.models import ScalingRun
 from scalingrun_api.shipped import DIGEST_FILE, MAX_PAYLOAD_BYTES, PAYLOAD_FILE
 from scalingrun_operator.builders.locations import join, run_location
-from scalingrun_operator.storage import StorageTarget, read_bytes, retrying
+from scalingrun_operator.object_store import Store, read_bytes, write_bytes
 
 
 def function_folder(run: ScalingRun, digest: str) -> str:
     return join(run_location(run), "function", digest.split(":", 1)[1])
 
 
-def _target(run: ScalingRun, endpoint: Optional[str]) -> StorageTarget:
+def _store(run: ScalingRun, endpoint: Optional[str]) -> Store:
     storage = run.spec.storage
-    return StorageTarget(endpoint or storage.endpoint, storage.region, None, max_document_bytes=MAX_PAYLOAD_BYTES)
+    return Store(endpoint or storage.endpoint, storage.region, max_bytes=MAX_PAYLOAD_BYTES)
 
 
 def put(run: ScalingRun, uri: str, data: bytes, endpoint: Optional[str] = None) -> None:
-    if not uri.startswith("s3://"):
-        path = Path(urlparse(uri).path if uri.startswith("file://") else uri)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(data)
-        return
-    target = _target(run, endpoint)
-    parsed = urlparse(uri)
-    client = target.clients.get(target)
-    retrying("write", uri, target, lambda: client.put_object(Bucket=parsed.netloc, Key=parsed.path.lstrip("/"),
-                                                             Body=data))
+    write_bytes(uri, _store(run, endpoint), data)
 
 
 def store(run: ScalingRun, payload: bytes, digest: str, endpoint: Optional[str] = None) -> str:
@@ -46,4 +35,4 @@ def store(run: ScalingRun, payload: bytes, digest: str, endpoint: Optional[str] 
 
 
 def get(run: ScalingRun, uri: str, endpoint: Optional[str] = None) -> Optional[bytes]:
-    return read_bytes(uri, _target(run, endpoint))
+    return read_bytes(uri, _store(run, endpoint))

@@ -30,7 +30,6 @@ from .builders.capacity_probes import CAPACITY_PROBE_PRIORITY_CLASS
 from .builders.mpijob import DEFAULT_GPU_TOLERATIONS
 from .schema.endpoints import EndpointPolicy
 from .serving_certificate import Lifetimes
-from .storage import DEFAULT_MAX_DOCUMENT_BYTES, Clients, Credentials, StorageTarget
 
 PREFIX = "SCALINGRUN_"
 
@@ -75,7 +74,7 @@ class Config:
     storage_deadline_seconds: float = 30.0
     #: Largest document the operator reads from object storage (the dataset manifest, a progress document):
     #: a larger one is not read and the run says so (StorageReadable=False, DocumentTooLarge).
-    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
+    max_document_bytes: int = 1024 * 1024  # pull/storage.py's DEFAULT_MAX_DOCUMENT_BYTES (a test holds them equal)
     #: Object-storage endpoints runs may use (spec.storage.endpoint, e.g. http://minio.storage:9000;
     #: https://s3.amazonaws.com for runs that name none); empty: any. Others are refused (InvalidSpec).
     allowed_storage_endpoints: tuple[str, ...] = ()
@@ -113,8 +112,12 @@ class Config:
     #: sets the pod's IP, which its NetworkPolicy opens to the monitoring namespace only (metrics.bindAddress).
     metrics_bind_address: str = "127.0.0.1"
     #: Port of the status endpoint (HTTPS), where the runs' pods push their progress and heartbeat
-    #: (status_server.py, docs/security.md "The push path"); 0 turns it off.
+    #: (status_server.py, docs/security.md "The push path"); 0 turns it off, which only pull_documents allows.
     status_port_number: int = 0
+    #: Deprecated (docs/install.md, "Pull mode"): read the runs' documents from their stores with the keys of their
+    #: Secrets instead of serving the status endpoint their pods push to. Off, the default: push, which needs
+    #: status_port_number and status_url; an operator given neither choice refuses to start (`document_choice`).
+    pull_documents: bool = False
     #: Directory of the status endpoint's serving certificate (tls.crt, tls.key, ca.crt: the kubelet mounts its
     #: Secret there), read again when it changes.
     status_tls_dir: str = "/etc/scalingrun/status-tls"
@@ -168,18 +171,10 @@ class Config:
 
     @property
     def reads_storage(self) -> bool:
-        """Whether the operator reads the runs' storage (and the Secrets with its keys): only without its status
-        endpoint; with it, the runs' pods push their documents and leave their Jobs' results in termination
+        """Whether the operator reads the runs' storage (and the Secrets with its keys): only in pull mode; on the
+        push path, the default, the runs' pods push their documents and leave their Jobs' results in termination
         messages (docs/security.md, "The push path")."""
-        return not self.status_port_number
-
-    def storage_target(self, endpoint: Optional[str], region: str, credentials: Optional[Credentials],
-                       clients: Clients) -> StorageTarget:
-        """A run's store (spec.storage), read under these settings: timeouts, size cap, allow-list."""
-        return StorageTarget(endpoint, region, credentials, self.storage_timeout_seconds,
-                             deadline=self.storage_deadline_seconds, max_document_bytes=self.max_document_bytes,
-                             allowed_endpoints=self.allowed_storage_endpoints, policy=self.endpoint_policy(),
-                             clients=clients)
+        return self.pull_documents
 
     def endpoint_policy(self) -> EndpointPolicy:
         return EndpointPolicy(allow_any=self.allow_any_storage_endpoint, service_ranges=self.cluster_service_ranges,
@@ -200,6 +195,16 @@ class Config:
                                   f"with a flavour of {', '.join(TRAINER_FLAVOURS)}")
             digests[flavour] = digest
         return digests
+
+
+def document_choice(config: Config) -> None:
+    """ConfigError unless the operator was told how it gets the runs' documents. An operator started bare pulled
+    before push became the default; one that now served a status endpoint no pod was told of would judge every run
+    Stalled, so it refuses to start and names both choices instead (docs/install.md, "Pull mode")."""
+    if not config.pull_documents and not config.status_port_number:
+        raise ConfigError(f"the runs' pods push their documents by default: set {PREFIX}STATUS_PORT_NUMBER and "
+                          f"{PREFIX}STATUS_URL (the chart and manifests/base do), or {PREFIX}PULL_DOCUMENTS=true to "
+                          "read them from the runs' stores (pull mode, deprecated: docs/install.md)")
 
 
 def _parse(name: str, raw: str, kind: type, default: object) -> object:
@@ -236,7 +241,8 @@ _KINDS = {"poll_interval_seconds": float, "recheck_interval_seconds": float,
           "progress_checks_per_second": float, "watch_timeout_seconds": int, "pod_resync_seconds": float,
           "completion_grace_seconds": float, "storage_timeout_seconds": float, "mpijob_unserved_seconds": float,
           "capacity_probe_priority_class": str, "max_capacity_probes": int,
-          "metrics_port_number": int, "metrics_bind_address": str, "status_port_number": int, "status_tls_dir": str, "status_url": str,
+          "metrics_port_number": int, "metrics_bind_address": str, "status_port_number": int,
+          "pull_documents": bool, "status_tls_dir": str, "status_url": str,
           "status_tls_secret": str, "status_ca_days": int, "status_certificate_days": int,
           "pod_name": str, "pod_namespace": str, "liveness_endpoint": str, "namespaces": tuple, "peering": str,
           "priority": int,
@@ -287,6 +293,10 @@ def load(environ: Optional[Mapping[str, str]] = None, **overrides: object) -> Co
         raise ConfigError(f"{PREFIX}METRICS_PORT_NUMBER must be a port number, not {config.metrics_port_number}")
     if not 0 <= config.status_port_number <= 65535:
         raise ConfigError(f"{PREFIX}STATUS_PORT_NUMBER must be a port number, not {config.status_port_number}")
+    if config.pull_documents and config.status_port_number:
+        raise ConfigError(f"{PREFIX}PULL_DOCUMENTS=true and {PREFIX}STATUS_PORT_NUMBER={config.status_port_number} "
+                          "contradict each other: the runs' documents are either pulled from their stores or pushed "
+                          "to the status endpoint; choose one")
     if config.status_port_number and urlparse(config.status_url).scheme != "https":
         raise ConfigError(f"{PREFIX}STATUS_URL must be the https:// URL the runs' pods reach the status endpoint at, "
                           f"not {config.status_url!r}")

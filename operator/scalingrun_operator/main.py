@@ -23,7 +23,7 @@ from .cluster.leader import LeaderElector, LeaseSettings, StandbyHealth, default
 from .cluster.peering import PeeringError, ensure_peering
 from .cluster.runtime import Runtime
 from .cluster.serving import mark_serving
-from .config import Config, ConfigError, load
+from .config import Config, ConfigError, document_choice, load
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,7 @@ def run(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config = settings_from_args(args, load())
+        document_choice(config)
     except (ConfigError, TypeError) as exc:
         print(f"scalingrun-operator: {exc}", file=sys.stderr)
         return 2

@@ -70,7 +70,8 @@ def test_pull_mode_is_the_opt_out_and_grants_secrets_get(helm):
     role gets Secrets (the run's storage keys, get only) to read the runs' stores."""
     objects = render(helm, None, "--set", "statusServer.enabled=false")
     assert not [o for o in objects if o["metadata"]["name"].endswith(("-status", "-status-tls", "-status-push"))]
-    assert "SCALINGRUN_STATUS_PORT_NUMBER" not in {e["name"] for e in _operator_container(objects)["env"]}
+    env = {e["name"]: e.get("value") for e in _operator_container(objects)["env"]}
+    assert "SCALINGRUN_STATUS_PORT_NUMBER" not in env and env["SCALINGRUN_PULL_DOCUMENTS"] == "true"  # chosen, explicit
     assert [(kind, name, rule["verbs"]) for kind, name, rule in _secret_rules(objects)] == [
         ("ClusterRole", "t-scalingrun-operator", ["get"])]
 

@@ -31,7 +31,7 @@ from scalingrun_operator.decide.pinning import PINNED_FIELD
 from scalingrun_operator.decide.preprocessing import dataset_parameters
 from scalingrun_operator.decide.snapshot import Patch
 
-from tests.support.operator import Cluster, TEST_STORES, wait_for
+from tests.support.operator import Cluster, PULL_FROM_TEST_STORES, wait_for
 
 pytestmark = pytest.mark.k8s
 
@@ -94,7 +94,7 @@ def foreign(obj: dict, how: str, owner: dict) -> dict:
 @pytest.mark.parametrize("how", ["unlabelled", "controlled by another"])
 def test_an_object_of_a_childs_name_that_is_not_the_runs_is_never_patched(cluster, tmp_path, kind, how):
     created, run = new_run(cluster, tmp_path)
-    reconcile = Reconciler(Kube(cluster.core.api_client), Config(**TEST_STORES))
+    reconcile = Reconciler(Kube(cluster.core.api_client), Config(**PULL_FROM_TEST_STORES))
     if kind == "MPIJob":
         dataset_there(run)  # straight to training
     build = {"ConfigMap": build_config_map, "Job": build_preprocess_job, "MPIJob": build_mpijob}[kind]
@@ -134,7 +134,7 @@ def test_a_labelled_orphan_configmap_is_adopted_and_brought_to_the_spec(cluster,
     stale = build_config_map(run, cluster.ns)
     stale["data"] = {"config.json": "{}", "left-over": "x"}
     put(cluster, stale)
-    Reconciler(Kube(cluster.core.api_client), Config(**TEST_STORES))(cluster.ns, "mine")
+    Reconciler(Kube(cluster.core.api_client), Config(**PULL_FROM_TEST_STORES))(cluster.ns, "mine")
     adopted = get(cluster, "ConfigMap", "mine-runconfig")
     assert [r["uid"] for r in adopted["metadata"]["ownerReferences"]] == [created["metadata"]["uid"]]
     assert adopted["data"] == build_config_map(run, cluster.ns)["data"]
@@ -144,7 +144,7 @@ def test_a_labelled_orphan_configmap_is_adopted_and_brought_to_the_spec(cluster,
     # Ours, and changed behind the run's back: brought back to the spec by the next look that ensures it.
     cluster.core.patch_namespaced_config_map("mine-runconfig", cluster.ns, {"data": {"config.json": "{}"}})
     cluster.batch.delete_namespaced_job("mine-preprocess", cluster.ns, propagation_policy="Background")
-    Reconciler(Kube(cluster.core.api_client), Config(**TEST_STORES))(cluster.ns, "mine")
+    Reconciler(Kube(cluster.core.api_client), Config(**PULL_FROM_TEST_STORES))(cluster.ns, "mine")
     assert get(cluster, "ConfigMap", "mine-runconfig")["data"] == build_config_map(run, cluster.ns)["data"]
 
 
@@ -180,7 +180,7 @@ def test_a_suspended_run_never_suspends_an_mpijob_that_is_not_its_own(cluster, t
     theirs = build_mpijob(run, cluster.ns)
     theirs["spec"]["runPolicy"]["suspend"] = False
     held = put(cluster, foreign(theirs, "controlled by another", other_owner(cluster, tmp_path)))
-    reconcile = Reconciler(Kube(cluster.core.api_client), Config(**TEST_STORES))
+    reconcile = Reconciler(Kube(cluster.core.api_client), Config(**PULL_FROM_TEST_STORES))
     reconcile(cluster.ns, "mine")
     reconcile(cluster.ns, "mine")
     now = cluster.mpijob("mine-train")
@@ -205,7 +205,7 @@ def test_a_stale_copy_of_the_run_costs_a_conflict_and_a_fresh_read_never_a_secon
     created, _ = new_run(cluster, tmp_path)
     kube = CountingKube(cluster.core.api_client)
     latest = LatestObjects()
-    reconcile = Reconciler(kube, Config(**TEST_STORES), latest=latest)
+    reconcile = Reconciler(kube, Config(**PULL_FROM_TEST_STORES), latest=latest)
     reconcile(cluster.ns, "mine")
     assert kube.run_reads == 1  # no copy yet
     pinned = cluster.status("mine")[PINNED_FIELD]
@@ -231,7 +231,7 @@ def test_a_copy_of_a_run_deleted_since_ends_the_look_without_an_error(cluster, t
     created, _ = new_run(cluster, tmp_path)
     kube = CountingKube(cluster.core.api_client)
     latest = LatestObjects()
-    reconcile = Reconciler(kube, Config(**TEST_STORES), latest=latest)
+    reconcile = Reconciler(kube, Config(**PULL_FROM_TEST_STORES), latest=latest)
     reconcile(cluster.ns, "mine")
     cluster.delete_run("mine")
     latest.runs.forget((cluster.ns, "mine"))

@@ -192,7 +192,8 @@ def test_operator_works_with_only_the_chart_service_account(installed, api_clien
                                                    "SCALINGRUN_POLL_INTERVAL_SECONDS": "2",
                                                    "SCALINGRUN_LEASE_NAMESPACE": SYSTEM,
                                                    "SCALINGRUN_LEASE_HOLDER": "scalingrun-pod-a",
-                                                   "SCALINGRUN_ALLOW_LOCAL_PATHS": "true"},
+                                                   "SCALINGRUN_ALLOW_LOCAL_PATHS": "true",
+                                                   "SCALINGRUN_PULL_DOCUMENTS": "true"},
         start_new_session=True)
     try:
         run = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "rbac-check"},
@@ -241,6 +242,7 @@ def test_operator_that_cannot_create_its_peering_object_exits_saying_why(install
     result = subprocess.run(
         [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--namespace", "no-such-namespace-x1",
          "--peering", "scalingrun", "--liveness", "", "--metrics-port", "0", "--log-format", "plain"],
-        env={**env, "KUBECONFIG": kubeconfig}, capture_output=True, text=True, timeout=120)
+        env={**env, "KUBECONFIG": kubeconfig, "SCALINGRUN_PULL_DOCUMENTS": "true"}, capture_output=True, text=True,
+        timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "KopfPeering scalingrun in namespace no-such-namespace-x1: the namespace does not exist" in result.stderr

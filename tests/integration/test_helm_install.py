@@ -171,7 +171,8 @@ def test_operator_without_peering_crd_exits_saying_why(own_cluster, api):
     result = subprocess.run(
         [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--all-namespaces", "--peering", "scalingrun",
          "--liveness", "", "--metrics-port", "0", "--log-format", "plain"],
-        env={**env, "KUBECONFIG": own_cluster.kubeconfig}, capture_output=True, text=True, timeout=120)
+        env={**env, "KUBECONFIG": own_cluster.kubeconfig, "SCALINGRUN_PULL_DOCUMENTS": "true"}, capture_output=True,
+        text=True, timeout=120)
     assert result.returncode == 1, result.stdout + result.stderr
     assert f"needs the CRD {PEERING_CRD}, which is not installed" in result.stderr
     assert "--standalone" in result.stderr

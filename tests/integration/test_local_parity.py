@@ -35,7 +35,7 @@ from scalingrun_operator.decide.snapshot import CLUSTER, LOCAL
 from scalingrun_operator.local.processes import Commands
 from scalingrun_operator.local.runner import LocalRun
 
-from tests.support.operator import Cluster, TEST_STORES
+from tests.support.operator import Cluster, PULL_FROM_TEST_STORES
 
 pytestmark = pytest.mark.k8s
 
@@ -120,7 +120,7 @@ def namespace(api_client, scalingrun_crd, mpijob_crd):
 
 def in_cluster(row: Row, api_client, namespace: str, root: Path) -> dict:
     cluster = Cluster(api_client, namespace)
-    reconcile = Reconciler(Kube(api_client), Config(completion_grace_seconds=0, **TEST_STORES))
+    reconcile = Reconciler(Kube(api_client), Config(completion_grace_seconds=0, **PULL_FROM_TEST_STORES))
     created = cluster.create_run({"apiVersion": models.API_VERSION, "kind": models.KIND,
                                   "metadata": {"name": NAME}, "spec": spec(root)})
     run = parse_scalingrun({k: created[k] for k in ("apiVersion", "kind", "metadata", "spec")})

@@ -25,8 +25,9 @@ from scalingrun_api.status_push import (
     CA_FILE, HEARTBEAT, PROGRESS, STATUS_CONFIG_MAP, URL_FILE, push_path,
 )
 from scalingrun_operator import config
-from scalingrun_operator.documents import read_manifest
-from scalingrun_operator.storage import Clients, Credentials, StorageError
+from scalingrun_operator.pull.stored_documents import read_manifest
+from scalingrun_operator.pull.storage import Clients, Credentials, StorageError
+from scalingrun_operator.pull.store_source import target_of
 from tests.support.apiserver import free_port
 from tests.support.operator import (  # noqa: F401 (fixtures)
     SCHEDULED, controller_for, finish_preprocessing_by_pod, mpijob_pod_labels, new_run, progress, running, served,
@@ -119,7 +120,7 @@ def test_with_push_on_the_operator_reaches_no_store_and_reads_no_secret(cluster,
     store = LoggedStore(s3_server.endpoint)
     try:
         # What the test watches for can happen: the operator's own storage read (its pull path) through the front.
-        target = config.load({"SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT": "true"}).storage_target(
+        target = target_of(config.load({"SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT": "true"}),
             store.endpoint, "us-east-1", Credentials(s3_server.access_key, s3_server.secret_key), Clients())
         try:
             read_manifest(f"s3://{BUCKET_NEVER_WRITTEN}/_manifest.json", target)

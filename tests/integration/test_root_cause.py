@@ -21,7 +21,7 @@ from scalingrun_operator.decide import pods as pod_diagnosis
 from scalingrun_operator.decide.status import parse_time
 
 from tests.support.operator import (  # noqa: F401 (bucket: a fixture)
-    Cluster, Operator, SCHEDULED, TEST_STORES, bucket, manifest_for, namespace_cluster, new_run,
+    Cluster, Operator, SCHEDULED, PULL_FROM_TEST_STORES, bucket, manifest_for, namespace_cluster, new_run,
     preprocess_pod_labels, progress, progress_uri, reach_training, running, served, started, wait_for, waiting,
 )
 from tests.support.pods import IMAGE, create_pod, create_training_pod
@@ -180,7 +180,7 @@ def test_a_pod_stuck_pending_is_surfaced_within_60_s_without_any_pod_event(unser
     watcher = RecordingWatcher()
     # No MPIJobServed look at 300 s (mpijob_unserved_seconds 0): the only look asked here is the pending pod's.
     reconcile_run = reconcile.Reconciler(Kube(api_client), Config(poll_interval_seconds=300, mpijob_unserved_seconds=0,
-                                                                  **TEST_STORES), watcher)
+                                                                  **PULL_FROM_TEST_STORES), watcher)
     asked = watcher.rechecks
     cluster.create_run(new_run(cluster.ns, "slow", s3_server))
     assert reconcile_run(cluster.ns, "slow") == "Preprocessing"

@@ -14,7 +14,7 @@ import json
 import pytest
 from kubernetes import client
 
-from scalingrun_operator import storage
+from scalingrun_operator.pull import storage
 
 from tests.support.operator import (
     Bucket, Cluster, manifest_for, new_run, progress, progress_uri, reach_training, served, wait_for,

@@ -12,7 +12,7 @@ from typing import Optional
 
 import pytest
 
-from scalingrun_operator import storage as operator_storage
+from scalingrun_operator.pull import storage as operator_storage
 from scalingrun_operator.local.s3server import serves_reads
 from tests.support.flaky_s3 import FlakyS3
 

@@ -40,8 +40,9 @@ SERVED = "sro"  # namespaces sro-* are served by the module's operator
 TIMEOUT = 90  # generous: the machine is small and shared
 
 
-# The tests' stores are on 127.0.0.1 and their outputs in local folders, both refused by an operator's defaults.
-TEST_STORES = {"allow_any_storage_endpoint": True, "allow_local_paths": True}
+# A reconciler in the test's process reads the tests' stores (pull mode, an explicit choice since push is the
+# default); they are on 127.0.0.1 and their outputs in local folders, both refused by an operator's defaults.
+PULL_FROM_TEST_STORES = {"pull_documents": True, "allow_any_storage_endpoint": True, "allow_local_paths": True}
 
 
 class Operator:
@@ -63,6 +64,8 @@ class Operator:
                    # The tests' stores are on 127.0.0.1 and their runs' outputs in local folders: both refused by
                    # default (api/endpoints.py); tests of those defaults set these back.
                    SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT="true", SCALINGRUN_ALLOW_LOCAL_PATHS="true")
+        if "SCALINGRUN_STATUS_PORT_NUMBER" not in self.env:
+            env["SCALINGRUN_PULL_DOCUMENTS"] = "true"  # the tests that push say so; the others read the store
         env.update(self.env)
         args = [sys.executable, "-m", "scalingrun_operator.cli", "operator", "--log-format", "plain",
                 "--liveness", f"http://127.0.0.1:{self.liveness_port}/healthz",

@@ -21,8 +21,8 @@ from .loading import (
     FAILED, OK, USAGE, Document, UserError, dump, files, is_ours, read, read_file, read_one, skipped_note,
 )
 
-# How long `report -f` tries a store before it draws from the copy a local run kept (a stopped quick start's
-# store refuses connections, which are otherwise retried for 30 s).
+# How long `report -f` waits on a store (one attempt, this timeout) before it draws from the copy a local run kept
+# (a stopped quick start's store refuses connections, which are otherwise retried).
 KEPT_STORE_DEADLINE_SECONDS = 5.0
 
 
@@ -178,10 +178,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from ..builders.locations import progress_uri
-    from ..documents import parse_progress, read_progress
+    from ..documents import parse_progress
     from ..local.keep import kept_progress
     from ..report.run import render_report, workers_over_time
-    from ..storage import StorageError, StorageTarget
+    from ..object_store import StorageError, Store, read_json
 
     if bool(args.filename) == bool(args.progress):
         raise UserError("scalingrun report: give either -f RUN.yaml or --progress PATH_OR_URI", USAGE)
@@ -194,18 +194,17 @@ def cmd_report(args: argparse.Namespace) -> int:
         # A run as read from the cluster (kubectl get -o yaml) has its status: an elastic run's sizes over time.
         workers = workers_over_time(doc.body.get("status"), resource.spec.workers.gpus_per_worker,
                                     dt.datetime.now(dt.timezone.utc))
-        uri, target = progress_uri(resource), StorageTarget(storage.endpoint, storage.region, None)
+        uri, store = progress_uri(resource), Store(storage.endpoint, storage.region)
         kept = kept_progress(name, workdir=Path(args.workdir) if args.workdir else None)
         if kept is not None:  # a stopped store (the quick start's) is not waited for long: there is a copy
-            target = dataclasses.replace(target, deadline=KEPT_STORE_DEADLINE_SECONDS)
+            store = dataclasses.replace(store, timeout=KEPT_STORE_DEADLINE_SECONDS, attempts=1)
     else:
         # Keys (and an endpoint) from the environment, as for any S3 client.
         name, uri = args.name, args.progress
-        target = StorageTarget(os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_DEFAULT_REGION", "us-east-1"),
-                               None)
+        store = Store(os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_DEFAULT_REGION", "us-east-1"))
         kept, workers = None, None
     try:
-        progress, _ = read_progress(uri, target)
+        progress = parse_progress(read_json(uri, store))
         missing = f"no progress document at {uri}"
     except StorageError as exc:
         progress, missing = None, str(exc)
@@ -222,7 +221,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def _sweep_report(args: argparse.Namespace, sweep) -> int:
     """The sweep's report from its points' progress documents (keys from the environment)."""
     from ..report.sweep import render_sweep_report, rows_from_storage, table_lines
-    from ..storage import StorageError
+    from ..object_store import StorageError
 
     try:
         rows, recommendation = rows_from_storage(sweep)

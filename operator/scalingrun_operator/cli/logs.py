@@ -168,13 +168,12 @@ class RunLogs:
                             f"{exc.errors[0]}") from None
 
     def _target(self, run):
-        from ..storage import StorageTarget
+        from ..object_store import Store
 
         storage = run.spec.storage
         credentials = (self._credentials(storage.credentials_secret, storage.access_key_id_key,
                                          storage.secret_access_key_key) if storage.credentials_secret else None)
-        return StorageTarget(self.endpoint or storage.endpoint, storage.region, credentials,
-                             max_document_bytes=MAX_LOG_BYTES)
+        return Store(self.endpoint or storage.endpoint, storage.region, credentials, max_bytes=MAX_LOG_BYTES)
 
     def _credentials(self, secret: str, id_key: str, secret_key: str):
         """The keys in the run's Secret; None (the environment's keys) when it may not be read and those are set."""
@@ -182,8 +181,7 @@ class RunLogs:
 
         from kubernetes.client.rest import ApiException
 
-        from ..cluster.k8s import credential
-        from ..storage import Credentials, StorageError
+        from ..object_store import Credentials, secret_key_value
 
         where = f"Secret {self.namespace}/{secret} (spec.storage.credentialsSecret)"
         try:
@@ -202,9 +200,9 @@ class RunLogs:
         try:
             for key in (id_key, secret_key):
                 if key not in data:
-                    raise StorageError(f"{where} has no key {key!r}")
-                values.append(credential(base64.b64decode(data[key]), f"{where} key {key!r}"))
-        except StorageError as exc:
+                    raise ValueError(f"{where} has no key {key!r}")
+                values.append(secret_key_value(base64.b64decode(data[key]), f"{where} key {key!r}"))
+        except ValueError as exc:
             raise UserError(f"scalingrun logs: {exc}") from None
         return Credentials(values[0], values[1])
 
@@ -216,7 +214,7 @@ class RunLogs:
         return (self.run.get("status") or {}).get("logs") or logs_uri(run), self._target(run)
 
     def archived_preprocessing(self, follow: bool) -> int:
-        from ..storage import StorageError, list_names, read_bytes
+        from ..object_store import StorageError, list_names, read_bytes
 
         logs, target = self._archive()
         folder = f"{logs}/{PREPROCESS_FOLDER}"
@@ -240,7 +238,7 @@ class RunLogs:
         return OK
 
     def archived(self, attempt: Optional[int], rank: Optional[int], follow: bool) -> int:
-        from ..storage import StorageError, list_folders, read_bytes, read_json
+        from ..object_store import StorageError, list_folders, read_bytes, read_json
 
         logs, target = self._archive()
         try:
@@ -293,7 +291,7 @@ def _started(pod: dict[str, Any], container: str) -> bool:
 def _record(read_json, uri: str, target) -> Optional[AttemptRecord]:
     from pydantic import ValidationError
 
-    from ..storage import StorageError
+    from ..object_store import StorageError
 
     try:
         document = read_json(uri, target)

@@ -4,7 +4,6 @@ return them), no client models in between. Which calls to make is decided elsewh
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import re
@@ -20,7 +19,6 @@ from kubernetes.client.rest import ApiException
 from scalingrun_api import models
 from scalingrun_api.models import MANAGED_SELECTOR, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION
 from ..builders.common import RUN_LABEL
-from ..storage import Credentials, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -288,24 +286,6 @@ class Kube:
 
     # --- credentials ---------------------------------------------------------------------------
 
-    def read_credentials(self, namespace: str, secret: str, id_key: str, secret_key: str) -> Credentials:
-        """The storage keys from the run's Secret; errors name the Secret and key, never a value."""
-        try:
-            obj = self.core.read_namespaced_secret(secret, namespace, _preload_content=False)
-        except ApiException as exc:
-            if exc.status == 404:
-                raise StorageError(f"Secret {namespace}/{secret} (spec.storage.credentialsSecret) not found") from None
-            if exc.status == 403:
-                raise StorageError(f"the operator may not read Secret {namespace}/{secret}: check its RBAC") from None
-            raise
-        data = _raw(obj).get("data") or {}
-        values = []
-        for key in (id_key, secret_key):
-            if key not in data:
-                raise StorageError(f"Secret {namespace}/{secret} has no key {key!r}")
-            values.append(credential(base64.b64decode(data[key]), f"Secret {namespace}/{secret} key {key!r}"))
-        return Credentials(values[0], values[1])
-
     # --- events --------------------------------------------------------------------------------
 
     def post_event(self, obj: dict[str, Any], type_: str, reason: str, message: str) -> bool:
@@ -369,18 +349,3 @@ def new_api_client() -> client.ApiClient:
         kube_config.load_kube_config(client_configuration=configuration)
     configuration.connection_pool_maxsize = 32  # handler threads share it
     return client.ApiClient(configuration)
-
-
-
-def credential(raw: bytes, where: str) -> str:
-    """A key as a request header may carry it: one line of printable ASCII (surrounding whitespace dropped). A
-    PEM key or an INI file fails the signer with an error that quotes the header; refused here, `where` named
-    (the Secret and key), the value never."""
-    try:
-        value = raw.decode("ascii").strip()
-    except UnicodeDecodeError:
-        value = None
-    if not value or any(not 0x20 <= ord(ch) <= 0x7e for ch in value):
-        what = "is empty" if value == "" else "holds control or non-ASCII characters (a line break?)"
-        raise StorageError(f"{where} {what}: an S3 key is one line of printable ASCII; the value is not shown")
-    return value

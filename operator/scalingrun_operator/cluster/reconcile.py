@@ -22,7 +22,7 @@ from ..config import Config
 from ..decide.run import decide_run, derived_signature
 from ..decide.snapshot import Decision, Settings, Snapshot, look
 from ..decide.sweep import decide_sweep
-from ..storage import Clients
+from ..document_source import DocumentSources, PushedSources
 from . import act
 from .k8s import Kube, namespace_terminating
 from .latest import LatestObjects
@@ -38,6 +38,18 @@ log = logging.getLogger(__name__)
 
 ATTEMPTS = 4  # looks at one object per trigger when conflicts keep coming
 DERIVED_KEPT = 1024  # runs whose parsed spec and rendered children are kept between looks (~30 KiB each)
+
+
+def document_sources(config: Config, kube: Kube, latest: Optional[LatestObjects] = None,
+                     pushed: Optional[PushedDocuments] = None) -> DocumentSources:
+    """The one place the operator chooses where documents come from: the runs' pods (push, the default), or their
+    stores (pull mode, deprecated: Config.pull_documents), with the keys of their Secrets, kept by `latest`."""
+    if not config.reads_storage:
+        return PushedSources(pushed)
+    from ..pull.secret_keys import SecretKeys  # pull mode only: the push path loads no storage client
+    from ..pull.store_source import StoreSources
+
+    return StoreSources(SecretKeys(kube.core), config, latest.credentials if latest else None)
 
 
 def settings_of(config: Config, started: Optional[dt.datetime] = None) -> Settings:
@@ -61,14 +73,18 @@ class _Reconciler:
     watcher: Optional[ReconcileScheduler] = None  # follows documents and rechecks; none in tools
     memory: Memory = field(default_factory=Memory)
     metrics: Metrics = field(default_factory=Metrics)
-    clients: Clients = field(default_factory=Clients)
     pods: Optional[PodIndex] = None  # the pod watch's index (Runtime); None: a look lists the run's pods
     latest: Optional[LatestObjects] = None  # copies from the watches (Runtime); None: a look reads them anew
     pushed: Optional[PushedDocuments] = None  # documents the runs' pods pushed (Runtime); None: storage only
     notices: Optional[NodeNotices] = None  # the Node watch's tainted Nodes (Runtime); None: no notices seen
     started: dt.datetime = field(default_factory=clock.now)  # since when it takes pushes (Settings.pushes_since)
+    documents: Optional[DocumentSources] = None  # None: as the config chooses (document_sources), one per reconciler
 
     kind = ""
+
+    def __post_init__(self) -> None:
+        if self.documents is None:
+            self.documents = document_sources(self.config, self.kube, self.latest, self.pushed)
 
     def _get(self, namespace: str, name: str, fresh: bool) -> Optional[dict[str, Any]]:
         """The object; with `fresh`, as the API server has it now (not a copy: a write of the last look conflicted)."""
@@ -101,8 +117,9 @@ class _Reconciler:
                     self._followed(namespace, name, None, None)
                     return None
                 # After a conflict no copy either: a child's may lag behind the write it conflicted with.
-                observer = Observer(self.kube, self.config, self.memory, self.clients, namespace, name, self.pods,
-                                    self.latest if attempt == 0 else None, self.pushed, self.notices)
+                copies = attempt == 0
+                observer = Observer(self.kube, self.memory, self.documents.for_look(namespace, name, copies),
+                                    namespace, name, self.pods, self.latest if copies else None, self.notices)
                 moment = clock.now()
                 snapshot = Snapshot(body, moment, derived=self._derived_for(namespace, name, body))
                 try:
@@ -193,9 +210,9 @@ class Reconciler(_Reconciler):
         if decision is None or observer is None:
             self.watcher.forget(namespace, name)
             return
-        if decision.follow is not None and self.config.reads_storage:  # else each push makes a reconcile
-            document, version = decision.follow
-            self.watcher.watch(namespace, name, document.uri, observer.target(document.store), version)
+        followed = observer.documents.followed(decision.follow[0]) if decision.follow is not None else None
+        if followed is not None:  # pull mode: the watch checks the store; pushes make their own reconciles
+            self.watcher.watch(namespace, name, followed, decision.follow[1])
         else:
             self.watcher.unwatch(namespace, name)
         if decision.recheck_in is not None:

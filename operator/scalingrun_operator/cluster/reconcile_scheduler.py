@@ -17,7 +17,7 @@ pods are watched already; what remains is object storage. This thread:
 
 A tenant's store must not stop the others' checks: the loop only hands checks to a small pool
 (`check_workers`), at most `per_endpoint` of them to one endpoint at a time, and skips an endpoint whose
-circuit breaker is open (store_slots.Guard: a store that keeps failing is asked again after a backoff),
+circuit breaker is open (pull/store_slots.py: Guard: a store that keeps failing is asked again after a backoff),
 so 60 runs on a dead store cost one check per backoff, not 60 timeouts a round. Each check's call ends
 within its budget (2 s). The loop beats at least every `HEARTBEAT_SECONDS`; `health()` tells the
 operator's liveness probe when it has stopped or a check has outlived any budget.
@@ -37,8 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..store_slots import Busy
-from ..storage import StorageError, StorageTarget, changed_since
+from ..document_source import Followed
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +48,7 @@ STUCK_SECONDS = 60.0  # a check (budget 2 s) in flight this long is stuck: the l
 
 @dataclass
 class _Watched:
-    uri: str
-    target: StorageTarget
+    document: Followed
     version: Optional[str]  # None: the document did not exist when last read
     due: float
     failing: bool = False  # the last check could not read storage (reported once, by a reconcile)
@@ -84,16 +82,16 @@ class ReconcileScheduler:
 
     # --- what the reconcile and the event handlers tell it ---------------------------------------
 
-    def watch(self, namespace: str, name: str, uri: str, target: StorageTarget, version: Optional[str]) -> None:
-        """Follow a run's document from `version` (what its reconcile read) on."""
+    def watch(self, namespace: str, name: str, document: Followed, version: Optional[str]) -> None:
+        """Follow a run's document (pull mode's: pull/store_source.py) from `version` (what its reconcile read) on."""
         key = (namespace, name)
         with self._guard:
             known = self._watched.get(key)
-            if known and known.uri == uri and known.target == target:
+            if known and known.document == document:
                 known.version, known.failing = version, False
                 return
             # Spread the first checks of many runs over one interval.
-            self._watched[key] = _Watched(uri, target, version, self._clock() + random.uniform(0, self._period()))
+            self._watched[key] = _Watched(document, version, self._clock() + random.uniform(0, self._period()))
 
     def unwatch(self, namespace: str, name: str) -> None:
         with self._guard:
@@ -121,7 +119,7 @@ class ReconcileScheduler:
 
     def watched(self) -> dict[Key, str]:
         with self._guard:
-            return {k: w.uri for k, w in self._watched.items()}
+            return {k: w.document.uri for k, w in self._watched.items()}
 
     def pending_rechecks(self) -> dict[Key, float]:
         with self._guard:
@@ -206,9 +204,8 @@ class ReconcileScheduler:
     def _start_check(self, key: Key, watched: _Watched, now: float) -> None:
         """Hands the check to the pool, unless its endpoint is open (failing: after its backoff) or has its share
         of checks in flight (in a moment)."""
-        s3 = watched.uri.startswith("s3://")  # files (the local runner) have no endpoint to spare
-        endpoint = (watched.target.endpoint or "AWS S3") if s3 else "files"
-        closed_in = watched.target.clients.guard.open_for(endpoint) if s3 else 0
+        shared, endpoint = watched.document.shares_endpoint(), watched.document.endpoint()
+        closed_in = watched.document.closed_for()
         with self._guard:
             if key in self._checking:
                 watched.due = now + self._period()
@@ -216,7 +213,7 @@ class ReconcileScheduler:
             if closed_in:
                 watched.due = now + max(self._period(), closed_in)
                 return
-            if s3 and sum(1 for e, _ in self._checking.values() if e == endpoint) >= self.per_endpoint:
+            if shared and sum(1 for e, _ in self._checking.values() if e == endpoint) >= self.per_endpoint:
                 watched.due = now + min(1.0, self._period())
                 return
             watched.due = now + self._period()
@@ -229,25 +226,25 @@ class ReconcileScheduler:
 
     def _check(self, key: Key, watched: _Watched) -> None:
         try:
-            changed, version = changed_since(watched.uri, watched.target, watched.version)
-        except Busy:
-            return  # the endpoint's calls are taken by reconciles: the next round checks
-        except StorageError as exc:
-            # The reconcile turns it into StorageReadable=False and a recheck; one reconcile, not one a check.
-            if not watched.failing:
-                watched.failing = True
-                log.info("%s/%s: %s", *key, exc)
-                self._submit(key, "storage error")
-            return
+            check = watched.document.check(watched.version)
         except Exception:  # a pool thread's exception is lost unless said: the next round checks again
             log.exception("%s/%s: progress check failed", *key)
             return
         finally:
             with self._guard:
                 self._checking.pop(key, None)
+        if check.busy:
+            return  # the endpoint's calls are taken by reconciles: the next round checks
+        if check.error:
+            # The reconcile turns it into StorageReadable=False and a recheck; one reconcile, not one a check.
+            if not watched.failing:
+                watched.failing = True
+                log.info("%s/%s: %s", *key, check.error)
+                self._submit(key, "storage error")
+            return
         watched.failing = False
-        if changed:
-            watched.version = version
+        if check.changed:
+            watched.version = check.version
             self._submit(key, "progress changed")
 
     def _submit(self, key: Key, why: str) -> None:

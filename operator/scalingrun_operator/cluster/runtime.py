@@ -18,9 +18,8 @@ from urllib.parse import urlsplit
 from scalingrun_api.models import GROUP, KIND, VERSION
 from scalingrun_api.status_push import HEARTBEAT
 
-from ..store_slots import Busy
 from ..config import Config, ConfigError
-from ..storage import Clients
+from ..document_source import Busy
 from .coalesce import Coalescer
 from .k8s import Kube, new_api_client
 from .latest import LatestObjects
@@ -37,7 +36,7 @@ from ..serving_certificate import host_names
 from ..status_server import StatusServer
 from .serving import mark_serving
 from .reconcile_scheduler import ReconcileScheduler
-from .reconcile import Reconciler, SweepReconciler
+from .reconcile import Reconciler, SweepReconciler, document_sources
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +51,7 @@ FULL_EVENT_SECONDS = 600.0
 class Runtime:
     def __init__(self, config: Config, kube: Optional[Kube] = None):
         self.config = config
-        self.memory, self.metrics, self.clients = Memory(), Metrics(), Clients()
+        self.memory, self.metrics = Memory(), Metrics()
         self._serving = False
         kube = kube or Kube(new_api_client(), config.component)
         self.kube = kube
@@ -76,14 +75,16 @@ class Runtime:
         self.certificate: Optional[CertificateSecret] = None
         # The Nodes with a cloud's termination taint, from the Node watch (handlers.runs.node_changed).
         self.notices = NodeNotices()
-        self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.clients, self.pods,
-                               self.latest, self.pushed, self.notices)
+        # Where the runs' documents come from (pushed, or pull mode's stores): one choice, both reconcilers.
+        self.documents = document_sources(config, kube, self.latest, self.pushed)
+        self.runs = Reconciler(kube, config, self.watcher, self.memory, self.metrics, self.pods, self.latest,
+                               self.pushed, self.notices, documents=self.documents)
         # One reconcile per run at a time; pod events at most one per run per second, a burst of them one
         # (cluster/coalesce.py), in a pool of their own: the pod handler never waits for a reconcile.
         self.run_triggers = Coalescer(self._reconcile_run_now, min_interval=1.0, workers=config.max_workers,
                                       settle=POD_SETTLE_SECONDS)
-        self.sweeps = SweepReconciler(kube, config, self.sweep_rechecks, self.memory, self.metrics, self.clients,
-                                      pushed=self.pushed)
+        self.sweeps = SweepReconciler(kube, config, self.sweep_rechecks, self.memory, self.metrics,
+                                      pushed=self.pushed, documents=self.documents)
         self.metrics.watch_queue("triggers", lambda: len(self.run_triggers.pending()))
         self.metrics.watch_queue("rechecks", lambda: len(self.watcher.pending_rechecks()))
         self.metrics.watch_queue("sweep_rechecks", lambda: len(self.sweep_rechecks.pending_rechecks()))

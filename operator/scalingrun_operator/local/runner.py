@@ -42,8 +42,8 @@ from ..decide.snapshot import (
     NoticedNodes, Server, ServerVersion, Settings, Snapshot, look,
 )
 from ..decide.status import DATASET_REUSED, PREPROCESSED, TERMINAL, Event, get_condition, rfc3339
-from ..documents import read_manifest
-from ..storage import Clients, StorageError, StorageTarget, list_names
+from ..documents import parse_manifest
+from ..object_store import Clients, StorageError, Store, list_names, read_json
 from .processes import Commands, LocalRunError, Shards, gpus_here, train_env, training_status
 from .pushes import LocalPushes
 from .training import StallWatch, TrainingProcess
@@ -187,12 +187,12 @@ class LocalRun:
                 self.progress = read.document
             return read
         # The keys come from the environment.
-        target = StorageTarget(ask.store.endpoint, ask.store.region, None, clients=self.clients)
+        store = Store(ask.store.endpoint, ask.store.region, clients=self.clients)
         try:
             if isinstance(ask, Document):
-                return Read(read_manifest(ask.uri, target))
+                return Read(parse_manifest(read_json(ask.uri, store)))
             if isinstance(ask, Listing):
-                return Names(tuple(list_names(ask.uri, target)))
+                return Names(tuple(list_names(ask.uri, store)))
         except StorageError as exc:
             return Names(error=str(exc)) if isinstance(ask, Listing) else Read(error=str(exc))
         raise TypeError(f"a local run cannot read {ask!r}")

@@ -13,8 +13,8 @@ from ..schema.sweep import build_point_run, sweep_points
 from ..schema.validation import parse_scalingrun
 from ..builders.locations import progress_uri
 from ..decide.sweep import document_row, scaling
-from ..documents import read_progress
-from ..storage import Clients, StorageTarget
+from ..documents import parse_progress
+from ..object_store import Clients, Store, read_json
 
 
 def _feature_cache(row: dict[str, Any]) -> str:
@@ -146,8 +146,8 @@ def rows_from_storage(sweep: ScalingSweep) -> tuple[list[dict[str, Any]], Option
     for point in sweep_points(sweep):
         run = parse_scalingrun(build_point_run(sweep, point))
         storage = run.spec.storage
-        target = StorageTarget(storage.endpoint, storage.region, None, clients=clients)
-        progress, _ = read_progress(progress_uri(run), target)
+        progress = parse_progress(read_json(progress_uri(run), Store(storage.endpoint, storage.region,
+                                                                      clients=clients)))
         rows.append(document_row(point, progress))
     return scaling(sweep, rows)
 

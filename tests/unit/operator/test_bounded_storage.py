@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from scalingrun_operator import storage
-from scalingrun_operator.bounded_http import ERROR_BODY_CAP, Clients
-from scalingrun_operator.store_slots import Busy, Guard
+from scalingrun_operator.pull import storage
+from scalingrun_operator.pull.bounded_http import ERROR_BODY_CAP, Clients
+from scalingrun_operator.pull.store_slots import Busy, Guard
 
 from tests.support.hostile_store import HostileStore, self_signed
 

@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from scalingrun_operator import storage
-from scalingrun_operator.cluster.k8s import credential
+from scalingrun_operator.pull import storage
+from scalingrun_operator.pull.secret_keys import credential
 
 PEM = b"-----BEGIN PRIVATE KEY-----\nTOPSECRETLINE1\nTOPSECRETLINE2\n-----END PRIVATE KEY-----\n"
 

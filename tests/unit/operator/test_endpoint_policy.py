@@ -11,7 +11,9 @@ import threading
 
 import pytest
 
-from scalingrun_operator import config, endpoint_guard, storage
+from scalingrun_operator import config
+from scalingrun_operator.pull import endpoint_guard, storage
+from scalingrun_operator.pull.store_source import target_of
 from scalingrun_operator.schema import endpoints
 from scalingrun_operator.schema.endpoints import EndpointPolicy
 from tests.support.env import require
@@ -86,7 +88,7 @@ def test_config_defaults_are_safe_and_the_chart_settings_reach_the_policy():
     assert config.Config().endpoint_policy() == EndpointPolicy()
     loaded = config.load({"SCALINGRUN_ALLOW_ANY_STORAGE_ENDPOINT": "true", "KUBERNETES_SERVICE_HOST": "10.96.0.1",
                           "SCALINGRUN_CLUSTER_SERVICE_RANGES": "10.96.0.0/12, fd00:10:96::/112"})
-    policy = loaded.storage_target("http://minio:9000", "us-east-1", None, storage.Clients()).policy
+    policy = target_of(loaded, "http://minio:9000", "us-east-1", None, storage.Clients()).policy
     assert policy == EndpointPolicy(allow_any=True, service_ranges=("10.96.0.0/12", "fd00:10:96::/112"),
                                     api_server=("10.96.0.1",))
     with pytest.raises(config.ConfigError, match="SCALINGRUN_CLUSTER_SERVICE_RANGES: '10.96/x' is not a CIDR"):
@@ -195,8 +197,8 @@ def test_loopback_spelt_as_the_resolver_reads_it_gets_no_request(server, host):
 def test_an_allow_list_is_the_administrators_word_whatever_the_address(server):
     """The chart's defaults (no allow-any) with an allow-list naming a store at loopback: requests go to it."""
     endpoint = f"http://127.0.0.1:{server}"
-    target = config.load({"SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": endpoint}).storage_target(
-        endpoint, "us-east-1", storage.Credentials("a", "b"), storage.Clients())
+    target = target_of(config.load({"SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": endpoint}),
+                       endpoint, "us-east-1", storage.Credentials("a", "b"), storage.Clients())
     assert not target.policy.allow_any
     assert storage.read_json("s3://bucket/progress.json", target) is None  # 404: no such document
     assert _Counting.requests == 1

@@ -18,7 +18,9 @@ from scalingrun_operator.cluster.reconcile import Reconciler
 from scalingrun_operator.config import Config
 from scalingrun_operator.decide.pinning import PINNED_FIELD
 from scalingrun_operator.decide.snapshot import Child, Document, Store
-from scalingrun_operator.storage import Clients, Credentials
+from scalingrun_operator.document_source import PodDocuments
+from scalingrun_operator.pull.store_source import StoreSources
+from scalingrun_operator.pull.storage import Credentials
 from scalingrun_operator.handlers.lifecycle import ChangeHandledDiffBase
 
 
@@ -157,18 +159,23 @@ class SecretReader:
 def test_a_stores_keys_are_read_once_for_many_looks_and_again_after_a_read_failed():
     reader, objects = SecretReader(), LatestObjects()
 
+    sources = StoreSources(reader, Config(pull_documents=True), objects.credentials)
+
     def observer() -> Observer:
-        return Observer(reader, Config(), Memory(), Clients(), "ns", "r", latest=objects)
+        return Observer(reader, Memory(), sources.for_look("ns", "r"), "ns", "r",  # type: ignore[arg-type]
+                        latest=objects)
 
     store = Store(endpoint="http://127.0.0.1:9", region="us-east-1", secret="keys")
-    observer().target(store)
-    observer().target(store)
+    observer().documents.target(store)
+    observer().documents.target(store)
     assert reader.reads == 1
     # Loopback is refused by default: a read that fails, as one with a rotated key would.
     failed = observer().read(Document("s3://bucket/runs/r/progress.json", store, PROGRESS, versioned=True))
     assert failed.error and reader.reads == 1
-    observer().target(store)
+    observer().documents.target(store)
     assert reader.reads == 2
+    sources.for_look("ns", "r", copies=False).target(store)  # a look after a conflict trusts no copy
+    assert reader.reads == 3
 
 
 class ChildReader:
@@ -185,7 +192,8 @@ class ChildReader:
 def test_a_watched_child_read_once_is_served_from_its_copy_and_a_configmap_is_read_every_look():
     reader, objects = ChildReader(), LatestObjects()
     for _ in range(3):
-        observer = Observer(reader, Config(), Memory(), Clients(), "ns", "r", latest=objects)
+        observer = Observer(reader, Memory(), PodDocuments(None, "ns", "r"), "ns", "r",  # type: ignore[arg-type]
+                            latest=objects)
         for kind in ("Job", "MPIJob", "ConfigMap"):
             assert observer.read(Child(kind, f"r-{kind.lower()}"))["metadata"]["name"] == f"r-{kind.lower()}"
     # A ConfigMap has no watch: a copy of it would hide its deletion or an edit.
@@ -194,6 +202,8 @@ def test_a_watched_child_read_once_is_served_from_its_copy_and_a_configmap_is_re
     objects.child_seen("DELETED", {"kind": "Job", "metadata": {"namespace": "ns", "name": "r-job",
                                                                "resourceVersion": "10"}})
     objects.child_read("Job", "ns", {"metadata": {"namespace": "ns", "name": "r-job", "resourceVersion": "9"}})
-    Observer(reader, Config(), Memory(), Clients(), "ns", "r", latest=objects).read(Child("Job", "r-job"))
+    again = Observer(reader, Memory(), PodDocuments(None, "ns", "r"), "ns", "r",  # type: ignore[arg-type]
+                     latest=objects)
+    again.read(Child("Job", "r-job"))
     assert reader.reads["Job"] == 2
 

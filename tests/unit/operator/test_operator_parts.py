@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from scalingrun_operator import config, storage
+from scalingrun_operator import config
+from scalingrun_operator.pull import storage
+from scalingrun_operator.pull.store_source import target_of
 from scalingrun_operator.schema import endpoints
 from scalingrun_operator.cluster.metrics import Metrics
 
@@ -84,6 +86,14 @@ def test_operator_exits_naming_a_bad_variable_instead_of_a_traceback():
     assert result.returncode == 2, result.stderr
     assert "SCALINGRUN_POLL_INTERVAL_SECONDS='soon' is not a valid float" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_bare_operator_refuses_to_start_until_told_push_or_pull():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SCALINGRUN_")}
+    result = subprocess.run([sys.executable, "-m", "scalingrun_operator.cli", "operator", "--standalone"],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert "SCALINGRUN_PULL_DOCUMENTS=true" in result.stderr and "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("namespace, pattern", [("ml", False), ("team-a", False), ("team-*", True),
@@ -277,7 +287,7 @@ def test_config_carries_the_cap_and_the_allow_list_into_storage_targets():
     loaded = config.load({"SCALINGRUN_MAX_DOCUMENT_BYTES": "4096",
                           "SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS": "http://minio.storage:9000, https://s3.amazonaws.com"})
     assert config.Config().max_document_bytes == storage.DEFAULT_MAX_DOCUMENT_BYTES == 1024 * 1024
-    target = loaded.storage_target("http://minio.storage:9000", "us-east-1", None, storage.Clients())
+    target = target_of(loaded, "http://minio.storage:9000", "us-east-1", None, storage.Clients())
     assert target.max_document_bytes == 4096
     assert target.allowed_endpoints == ("http://minio.storage:9000", "https://s3.amazonaws.com")
     with pytest.raises(config.ConfigError, match="SCALINGRUN_ALLOWED_STORAGE_ENDPOINTS: 'minio:9000' is not"):

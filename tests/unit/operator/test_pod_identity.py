@@ -8,12 +8,13 @@ import pytest
 from scalingrun_operator import config
 from scalingrun_operator.schema.validation import InvalidScalingRun, parse_scalingrun
 from scalingrun_operator.builders import build_children
-from scalingrun_operator.cluster.observe import Observer
+from scalingrun_operator.pull.store_source import StoreSources
 from scalingrun_operator.decide.draft import store_of
-from scalingrun_operator.storage import Clients, StorageError
+from scalingrun_operator.pull.storage import StorageError
 from tests.support.specs import run_document
 
 POD_IDENTITY = {"credentials": "podIdentity", "credentialsSecret": None}
+PULL = {"SCALINGRUN_PULL_DOCUMENTS": "true"}  # the operator reads stores in pull mode only
 
 
 def _run(storage=None, workers=None):
@@ -81,8 +82,9 @@ def test_the_operator_refuses_pod_identity_reads_unless_its_setting_allows_them(
     assert config.load({"SCALINGRUN_POD_IDENTITY_READS": "true"}).pod_identity_reads is True
     store = store_of(_run(POD_IDENTITY))
     # Kube is not asked for anything: the refusal comes before any Secret would be read.
-    observer = Observer(None, config.load({}), None, Clients(), "ns", "demo")  # type: ignore[arg-type]
+    refusing = StoreSources(None, config.load(PULL)).for_look("ns", "demo")  # type: ignore[arg-type]
     with pytest.raises(StorageError, match="operator.podIdentityReads"):
-        observer.target(store)
-    allowed = Observer(None, config.load({"SCALINGRUN_POD_IDENTITY_READS": "true"}), None, Clients(), "ns", "demo")  # type: ignore[arg-type]
+        refusing.target(store)
+    settings = config.load({**PULL, "SCALINGRUN_POD_IDENTITY_READS": "true"})
+    allowed = StoreSources(None, settings).for_look("ns", "demo")  # type: ignore[arg-type]
     assert allowed.target(store).credentials is None  # botocore's default chain: the operator's own identity

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from scalingrun_operator.cluster.reconcile_scheduler import ReconcileScheduler
-from scalingrun_operator.storage import StorageError, StorageTarget, changed_since, read_json_versioned
+from scalingrun_operator.pull.store_source import FollowedDocument
+from scalingrun_operator.pull.storage import StorageError, StorageTarget, changed_since, read_json_versioned
 from tests.support.progress_watch import Clock, Recorder
 
 TARGET = StorageTarget(endpoint=None, region="us-east-1", credentials=None)
@@ -50,8 +51,8 @@ def test_a_run_is_reconciled_only_when_its_document_changed(tmp_path):
     path = tmp_path / "progress.json"
     write(path, 1)
     _, version = read_json_versioned(str(path), TARGET)
-    watcher.watch("ns", "quiet", str(path), TARGET, version)
-    watcher.watch("ns", "busy", str(tmp_path / "other.json"), TARGET, None)  # no document yet
+    watcher.watch("ns", "quiet", FollowedDocument(str(path), TARGET), version)
+    watcher.watch("ns", "busy", FollowedDocument(str(tmp_path / "other.json"), TARGET), None)  # no document yet
 
     for _ in range(5):  # five intervals, nothing written
         clock.now += 15
@@ -99,7 +100,7 @@ def test_rechecks_run_once_after_their_delay_and_the_earliest_wins(tmp_path):
 def test_unreadable_storage_is_one_reconcile_not_one_per_check(tmp_path):
     clock, reconcile = Clock(), Recorder()
     watcher = ReconcileScheduler(reconcile, interval=15, clock=clock)
-    watcher.watch("ns", "lost", str(_under_a_file(tmp_path)), TARGET, None)
+    watcher.watch("ns", "lost", FollowedDocument(str(_under_a_file(tmp_path)), TARGET), None)
     for _ in range(4):
         clock.now += 15
         watcher.run_due()
@@ -152,14 +153,14 @@ def test_many_runs_are_checked_less_often_not_faster_than_the_check_rate(tmp_pat
     clock, reconcile = Clock(), Recorder()
     watcher = ReconcileScheduler(reconcile, interval=1, max_checks_per_second=2, clock=clock)
     for i in range(10):
-        watcher.watch("ns", f"run{i}", str(tmp_path / f"{i}.json"), TARGET, None)
+        watcher.watch("ns", f"run{i}", FollowedDocument(str(tmp_path / f"{i}.json"), TARGET), None)
     clock.now += 10
     watcher.run_due()  # every run checked once: each next check 10 runs / 2 per second = 5 s on
     dues = sorted(w.due - clock.now for w in watcher._watched.values())
     assert dues == [pytest.approx(5)] * 10
     watcher.unwatch("ns", "run0")
     one = ReconcileScheduler(reconcile, interval=1, max_checks_per_second=2, clock=clock)
-    one.watch("ns", "alone", str(tmp_path / "alone.json"), TARGET, None)
+    one.watch("ns", "alone", FollowedDocument(str(tmp_path / "alone.json"), TARGET), None)
     clock.now += 1
     one.run_due()
     assert [w.due - clock.now for w in one._watched.values()] == [pytest.approx(1)], "few runs: every interval"

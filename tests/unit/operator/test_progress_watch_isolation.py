@@ -10,12 +10,14 @@ import time
 import kopf
 import pytest
 
-from scalingrun_operator.bounded_http import Clients
-from scalingrun_operator.store_slots import Guard
+from scalingrun_operator.pull.bounded_http import Clients
+from scalingrun_operator.pull.store_slots import Guard
 from scalingrun_operator.cluster import reconcile_scheduler as progress_watch
 from scalingrun_operator.cluster.reconcile_scheduler import ReconcileScheduler
+from scalingrun_operator.pull import store_source
+from scalingrun_operator.pull.store_source import FollowedDocument
 from scalingrun_operator.handlers import lifecycle
-from scalingrun_operator.storage import Credentials, StorageTarget
+from scalingrun_operator.pull.storage import Credentials, StorageTarget
 
 from tests.support.hostile_store import HostileStore
 from tests.support.progress_watch import Clock, Recorder
@@ -53,8 +55,9 @@ def started(reconcile, interval: float, rate: int, store: HostileStore, prefix: 
     """A watcher of `runs` runs `prefix<i>` on `store` and one run "fine" on `healthy`, started."""
     watcher = ReconcileScheduler(reconcile, interval=interval, max_checks_per_second=rate, per_endpoint=2)
     for i in range(runs):
-        watcher.watch("ns", f"{prefix}{i}", f"s3://b/{prefix}{i}/progress.json", target(store, clients), '"v0"')
-    watcher.watch("ns", "fine", "s3://b/fine/progress.json", target(healthy, clients), '"v1"')
+        watcher.watch("ns", f"{prefix}{i}", FollowedDocument(f"s3://b/{prefix}{i}/progress.json",
+                                                             target(store, clients)), '"v0"')
+    watcher.watch("ns", "fine", FollowedDocument("s3://b/fine/progress.json", target(healthy, clients)), '"v1"')
     watcher.start()
     return watcher
 
@@ -104,10 +107,10 @@ def test_health_says_when_the_loop_stopped_passing_or_a_check_is_stuck(monkeypat
         release.wait(10)
         return False, version
 
-    monkeypatch.setattr(progress_watch, "changed_since", stuck_check)
+    monkeypatch.setattr(store_source, "changed_since", stuck_check)
     watcher = ReconcileScheduler(Recorder(), interval=15, clock=clock)
     store = stores("healthy")
-    watcher.watch("ns", "run", "s3://b/run/progress.json", target(store, Clients()), '"v1"')
+    watcher.watch("ns", "run", FollowedDocument("s3://b/run/progress.json", target(store, Clients())), '"v1"')
     clock.now += 30
     watcher.run_due()
     assert watcher.health() is None

@@ -19,12 +19,13 @@ from scalingrun_operator.pushed import PushedDocuments
 from scalingrun_operator.decide.pods import manifest_left
 from scalingrun_operator.decide.snapshot import MANIFEST, Document, Listing, Names, Read, Store
 from scalingrun_operator.cluster.memory import Memory
-from scalingrun_operator.storage import Clients
+from scalingrun_operator.document_source import PodDocuments, PushedSources
+from scalingrun_operator.pull.store_source import StoreSources
 
 PUSH = config.load({"SCALINGRUN_STATUS_PORT_NUMBER": "8443",
                     "SCALINGRUN_STATUS_URL": "https://scalingrun-status.scalingrun-system.svc:8443",
                     "SCALINGRUN_ALLOW_LOCAL_PATHS": "true"})
-PULL = config.load({"SCALINGRUN_ALLOW_LOCAL_PATHS": "true"})
+PULL = config.load({"SCALINGRUN_PULL_DOCUMENTS": "true", "SCALINGRUN_ALLOW_LOCAL_PATHS": "true"})
 
 MANIFEST_DOCUMENT = {
     "fingerprint": "f" * 16, "parameters": {"formatVersion": 2, "imageSize": 32}, "source": "s3://b/raw",
@@ -51,7 +52,9 @@ def _observer(settings, pods: list[dict], pushed: PushedDocuments | None = None)
     index = PodIndex()
     index.listing("ns", "demo", lambda: pods)
     # No Kube: a look that reached for the API server beyond the pod index (a Secret) would fail here.
-    return Observer(None, settings, Memory(), Clients(), "ns", "demo", index, pushed=pushed)  # type: ignore[arg-type]
+    # Pull mode's source gets no Secret reader either: a read that reached for one would fail.
+    sources = StoreSources(None, settings) if settings.reads_storage else PushedSources(pushed)  # type: ignore
+    return Observer(None, Memory(), sources.for_look("ns", "demo"), "ns", "demo", index)  # type: ignore[arg-type]
 
 
 def test_the_termination_message_keeps_what_decide_uses_within_the_kubelets_limit():
@@ -104,9 +107,8 @@ def test_push_mode_reads_documents_from_the_pods_and_pull_mode_from_storage_alik
     assert push.read(Document(uri, store, MANIFEST)).document is None  # no Job: no pod of it
     assert push.read(Document(uri, store, PROGRESS, versioned=True)).document.epoch == 3
     assert push.read(Listing(str(tmp_path), store)) == Names()  # not listed: the Job's own counts say it
-    assert push._targets == {}  # no storage target made, no Secret read (there is no Kube to read one with)
-    with pytest.raises(RuntimeError, match="reads no storage"):
-        push.target(store)
+    # The pods' source: no store to follow, no storage target to make, no Secret to read (no Kube to read one with).
+    assert isinstance(push.documents, PodDocuments) and push.documents.followed(Document(uri, store, PROGRESS)) is None
 
     pull = _observer(PULL, pods)
     with pytest.raises(AttributeError):  # pull mode reads the Secret first: with no Kube, it cannot

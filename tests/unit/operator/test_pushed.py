@@ -1,6 +1,6 @@
 """The documents the runs' pods pushed, as the operator keeps them: parsed as storage's, the newest per run and kind,
 bounded per run, per namespace and in all (a tenant evicts only its own idle runs, and is refused past its bound),
-forgotten with the run; and the setting that turns the status endpoint on."""
+forgotten with the run; and the settings that turn the status endpoint on, or choose pull mode instead."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from scalingrun_api.status_push import HEARTBEAT, PROGRESS
 from scalingrun_operator.pushed import (
     NAMESPACE_BOUND, RUN_BOUND, STORE_FULL, Bounds, PushedDocuments, parse_pushed, parsed_size,
 )
-from scalingrun_operator.config import ConfigError, load
+from scalingrun_operator.config import Config, ConfigError, document_choice, load
 
 
 def test_pushed_documents_are_parsed_as_storage_reads_them_and_forgotten_with_the_run():
@@ -94,4 +94,18 @@ def test_the_status_endpoint_needs_the_https_url_the_pods_reach_it_at():
         load({"SCALINGRUN_STATUS_PORT_NUMBER": "8443", "SCALINGRUN_STATUS_URL": "http://op:8443"})
     config = load({"SCALINGRUN_STATUS_PORT_NUMBER": "8443", "SCALINGRUN_STATUS_URL": "https://op.ns.svc:8443"})
     assert config.status_port_number == 8443 and config.status_url == "https://op.ns.svc:8443"
-    assert load({}).status_port_number == 0  # off unless configured
+
+
+
+def test_push_is_the_default_and_pull_an_explicit_choice_that_excludes_the_status_endpoint():
+    assert not Config().reads_storage and not load({}).reads_storage
+    bare = load({})
+    with pytest.raises(ConfigError, match="SCALINGRUN_STATUS_PORT_NUMBER and SCALINGRUN_STATUS_URL.*PULL_DOCUMENTS"):
+        document_choice(bare)  # an operator told neither way refuses to start (main.run exits 2 with this)
+    pushing = load({"SCALINGRUN_STATUS_PORT_NUMBER": "8443", "SCALINGRUN_STATUS_URL": "https://op.ns.svc:8443"})
+    pulling = load({"SCALINGRUN_PULL_DOCUMENTS": "true"})
+    document_choice(pushing), document_choice(pulling)
+    assert (pushing.reads_storage, pulling.reads_storage) == (False, True)
+    with pytest.raises(ConfigError, match="contradict"):
+        load({"SCALINGRUN_PULL_DOCUMENTS": "true", "SCALINGRUN_STATUS_PORT_NUMBER": "8443",
+              "SCALINGRUN_STATUS_URL": "https://op.ns.svc:8443"})

@@ -23,10 +23,9 @@ LAYERS = [
     ("scalingrun_operator.schema",),
     ("scalingrun_operator.builders",),
     ("scalingrun_operator.decide",),
-    ("scalingrun_operator.clock", "scalingrun_operator.config", "scalingrun_operator.storage",
-     "scalingrun_operator.endpoint_guard", "scalingrun_operator.bounded_http", "scalingrun_operator.store_slots",
-     "scalingrun_operator.storage_failures",
-     "scalingrun_operator.documents", "scalingrun_operator.report",
+    ("scalingrun_operator.clock", "scalingrun_operator.config", "scalingrun_operator.pull",
+     "scalingrun_operator.object_store", "scalingrun_operator.document_source", "scalingrun_operator.documents",
+     "scalingrun_operator.report",
      "scalingrun_operator.status_server", "scalingrun_operator.push_admission", "scalingrun_operator.pushed",
      "scalingrun_operator.serving_certificate"),
     ("scalingrun_operator.cluster", "scalingrun_operator.local"),
@@ -94,6 +93,17 @@ def test_no_import_cycles():
     """Neither the operator nor the API package it shares with the trainer imports itself in a circle."""
     for package in ("scalingrun_operator", "scalingrun_api"):
         assert cycles(module_graph(OPERATOR, package)) == [], package
+
+
+# Pull mode (deprecated) lives in scalingrun_operator.pull; the reconcile chooses it (its one way in) and observe
+# reads documents through document_source.py's protocol. The tools read stores with object_store.py, their own.
+PULL_CHOOSER = "scalingrun_operator.cluster.reconcile"
+
+
+def test_only_the_reconcile_chooses_pull_mode_and_nothing_else_knows_its_storage_client():
+    found = sorted({name for name, path, tree in modules() if not name.startswith("scalingrun_operator.pull")
+                    for _, target in imports(name, path, tree) if target.startswith("scalingrun_operator.pull")})
+    assert found == [PULL_CHOOSER]
 
 
 def test_decide_is_pure():

@@ -4,7 +4,7 @@ it is worth another try, and what to check when the answer is a final no."""
 from __future__ import annotations
 
 from . import endpoint_guard
-from .schema.endpoints import NOT_REACHABLE
+from ..schema.endpoints import NOT_REACHABLE
 from .bounded_http import printable
 
 

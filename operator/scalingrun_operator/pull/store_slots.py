@@ -9,14 +9,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
-
-class Busy(Exception):
-    """The endpoint has its share of calls in flight already: try again shortly (`delay`), nothing is wrong."""
-
-    def __init__(self, message: str, delay: float):
-        super().__init__(message)
-        self.delay = delay
-
+from ..document_source import Busy  # raised through observe: the reconcile looks again after its delay
 
 
 class Guard:

@@ -31,7 +31,7 @@ from typing import Any, Iterator, Optional
 from urllib.parse import urlsplit
 
 from . import endpoint_guard
-from .schema.endpoints import EndpointPolicy
+from ..schema.endpoints import EndpointPolicy
 from .store_slots import Guard
 
 ERROR_BODY_CAP = 64 * 1024  # an S3 error document is well under 1 KiB

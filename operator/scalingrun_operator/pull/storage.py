@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 from urllib.parse import urlparse
 
-from .schema.endpoints import EndpointPolicy, endpoint_refusal
+from ..schema.endpoints import EndpointPolicy, endpoint_refusal
 from .bounded_http import Budget, Clients, Misbehaved
 from .storage_failures import PERMANENT_HINTS, describe, status_text, transient
 
@@ -99,7 +99,7 @@ class StorageTarget:
     deadline: float = 30.0  # a call, its retries included, ends this long after it started (its budget)
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES  # a larger document is refused, not read
     allowed_endpoints: tuple[str, ...] = ()  # non-empty: the only endpoints requests may go to
-    policy: EndpointPolicy = EndpointPolicy.anything()  # the operator's: Config.storage_target; tools': any
+    policy: EndpointPolicy = EndpointPolicy.anything()  # the operator's: store_source.target_of; tools': any
     clients: Clients = field(default_factory=Clients, compare=False, repr=False)
 
 

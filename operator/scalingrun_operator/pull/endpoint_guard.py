@@ -13,7 +13,7 @@ import logging
 import socket
 from typing import Optional
 
-from .schema.endpoints import EndpointPolicy, address_class
+from ..schema.endpoints import EndpointPolicy, address_class
 
 log = logging.getLogger(__name__)
 
