@@ -25,7 +25,7 @@ from typing import Any, Callable, Optional
 
 from kubernetes import client
 
-from scalingrun_api.models import GROUP, KIND, MPIJOB_GROUP
+from scalingrun_api.models import GROUP, KIND, MANAGED_SELECTOR, MPIJOB_GROUP
 from scalingrun_api.status_push import STATUS_AUDIENCE
 from ..decide.children import controllers
 from ..status_server import INVALID_TOKEN, OTHER_RUN, Refused, bearer_token
@@ -108,17 +108,24 @@ def _kind(ref: Optional[dict[str, Any]]) -> Optional[str]:
     return kind if kind in OWNER_GROUPS and api_version.startswith(OWNER_GROUPS[kind]) else None
 
 
-def owner_chain(pod: dict[str, Any], run_uid: str, lookup: Lookup) -> Optional[str]:
+def owner_chain(pod: dict[str, Any], run_uid: str, lookup: Lookup, reread: Optional[Lookup] = None) -> Optional[str]:
     """None when the pod's controller is the run's own Job or MPIJob (controlled by the run of `run_uid`), or a Job
     controlled by such an MPIJob (a launcher's); else why not. Each owner is looked up and must have the uid its
-    reference names: at most two lookups."""
+    reference names: at most two lookups. `reread`: the API server's answer, asked when `lookup` (a copy) has another
+    object of the name: a resize's new MPIJob pushes before the operator's watch has shown it."""
     namespace = (pod.get("metadata") or {}).get("namespace") or ""
     ref, kind = _controller(pod), _kind(_controller(pod))
     if kind not in OWNER_GROUPS:
         return "its controller is no Job or MPIJob"
+
+    def uid(found: Optional[dict[str, Any]]) -> Optional[str]:
+        return (found.get("metadata") or {}).get("uid") if found else None
+
     for _ in range(2):
         found = lookup(kind, namespace, ref["name"])
-        if not found or (found.get("metadata") or {}).get("uid") != ref.get("uid"):
+        if reread is not None and uid(found) != ref.get("uid"):
+            found = reread(kind, namespace, ref["name"])
+        if uid(found) != ref.get("uid"):
             return f"its {kind} {ref['name']} is gone"
         named, ref = f"its {kind} {ref['name']}", _controller(found)
         if _kind(ref) == KIND:
@@ -134,11 +141,13 @@ class PushAuthenticator:
 
     def __init__(self, api_client: client.ApiClient, runs: Callable[[str, str], Optional[str]],
                  known_pods: Optional[Callable[[str, str], Optional[list[dict[str, Any]]]]] = None,
-                 owners: Optional[Lookup] = None, clock: Callable[[], float] = time.monotonic):
+                 owners: Optional[Lookup] = None, clock: Callable[[], float] = time.monotonic,
+                 reread_owners: Optional[Lookup] = None):
         """`runs(namespace, run)`: the run's uid as the operator's watch knows it (KnownRuns.uid; None: no such run).
         `known_pods(namespace, run)`: the run's pods as the pod watch knows them (PodIndex.pods; None: not known),
         so that a push from one of them costs no API call; other pods are listed by name. `owners(kind, namespace,
-        name)`: a Job or MPIJob, from the operator's copies where it has them (LatestObjects.child); else read."""
+        name)`: a Job or MPIJob, from the operator's copies where it has them (LatestObjects.child); else read.
+        `reread_owners`: the same from the API server, for a copy of another object of the name (owner_chain)."""
         self.api_client = api_client
         self.core = client.CoreV1Api(api_client)
         self._runs = runs
@@ -146,15 +155,17 @@ class PushAuthenticator:
         if owners is None:
             from .k8s import Kube  # a tool or test without the operator's copies reads each owner
             owners = Kube(api_client).get_child
-        self._owners = owners
+        self._owners, self._reread_owners = owners, reread_owners
         self._clock = clock
         self._reviews: OrderedDict[str, tuple[float, PodIdentity]] = OrderedDict()
         self._verdicts: OrderedDict[tuple[str, str], tuple[float, Optional[str]]] = OrderedDict()
         self._guard = threading.Lock()
 
     def _get_pod(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
-        # Listed by name: the operator may list pods (the pod watch), not get them.
-        found = self.core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}", limit=1).items
+        # Listed by name: the operator may list pods (the pod watch), not get them; and only its own, by label, as
+        # every read of pods (a pod without the label is no run's: refused as gone).
+        found = self.core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}",
+                                              label_selector=MANAGED_SELECTOR, limit=1).items
         return self.api_client.sanitize_for_serialization(found[0]) if found else None
 
     @staticmethod
@@ -197,7 +208,7 @@ class PushAuthenticator:
             kept = self._verdicts.get(key)
             if kept and kept[0] > now:
                 return kept[1]
-        verdict = owner_chain(pod, run_uid, self._owners)
+        verdict = owner_chain(pod, run_uid, self._owners, self._reread_owners)
         with self._guard:
             _keep(self._verdicts, key, (now + REVIEW_TTL_SECONDS, verdict))
         return verdict
@@ -224,7 +235,8 @@ class PushAuthenticator:
         if found is None:  # not in the watch's index of the pods labelled as this run's: listed by name
             found = self._get_pod(namespace, pod.pod)
             if not found or (found.get("metadata") or {}).get("uid") != pod.uid:
-                raise Refused(401, POD_GONE, f"pod {pod.pod} is gone")
+                raise Refused(401, POD_GONE, f"pod {pod.pod} is gone, or is none of this operator's pods (no label "
+                              f"{MANAGED_SELECTOR})")
         why = self._verdict(found, run_uid)
         if why is not None:
             raise Refused(403, OTHER_RUN, f"pod {pod.pod} is not a pod of run {run}: {why}")

@@ -127,7 +127,8 @@ class Runtime:
         self.status_config_maps = StatusConfigMaps(self.kube.api_client, config.status_url, config.status_tls_dir,
                                                    config.namespaces, self.metrics.status_config_rewrites.inc)
         self.status_server = StatusServer(
-            PushAuthenticator(self.kube.api_client, self.latest.known_runs.uid, self.pods.pods, self._owner),
+            PushAuthenticator(self.kube.api_client, self.latest.known_runs.uid, self.pods.pods, self._owner,
+                              reread_owners=self._owner_read),
             self.pushed, str(tls / "tls.crt"), str(tls / "tls.key"),
             config.status_port_number,
             on_push=self._pushed,
@@ -151,6 +152,12 @@ class Runtime:
     def _owner(self, kind: str, namespace: str, name: str) -> Optional[dict]:
         """A Job or MPIJob on a pushing pod's owner chain: from the copies the watches keep, else read (and kept)."""
         return self.latest.child(kind, namespace, name, lambda: self.kube.get_child(kind, namespace, name))
+
+    def _owner_read(self, kind: str, namespace: str, name: str) -> Optional[dict]:
+        """The same owner from the API server (and kept): the copy was another object of its name."""
+        found = self.kube.get_child(kind, namespace, name)
+        self.latest.child_read(kind, namespace, found)
+        return found
 
     def _push_refused(self, namespace: str, name: str, full: Full) -> None:
         """A bound refused the run's push (counted by the server): a Warning on the run, at most every

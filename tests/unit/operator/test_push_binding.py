@@ -66,6 +66,25 @@ def test_a_pod_is_the_runs_when_its_owner_chain_reaches_the_run_by_uid(owner, wh
     assert len(lookups) <= 2 and all(namespace == "ns" for _, namespace, _ in lookups)
 
 
+def test_a_copy_of_an_older_object_of_the_name_is_read_again():
+    """A resize makes a new MPIJob of the same name: its pods push before the operator's watch shows it, while the
+    copy is still the old one. The API server's answer decides, not the copy (elastic e2e: every push of the grown
+    run's pods was refused, and its status stayed at the epoch of the grow)."""
+    new_mpijob = _object("alpha-train", "mpi-a2", _ref("ScalingRun", "alpha", RUN_UID))
+    worker = _pod(_ref("MPIJob", "alpha-train", "mpi-a2"))
+    copies = lambda kind, ns, name: OBJECTS.get((kind, name))  # noqa: E731 (the old alpha-train, mpi-a)
+    reads: list[str] = []
+
+    def reread(kind: str, namespace: str, name: str) -> Optional[dict[str, Any]]:
+        reads.append(name)
+        return new_mpijob
+
+    assert owner_chain(worker, RUN_UID, copies) == "its MPIJob alpha-train is gone"
+    assert owner_chain(worker, RUN_UID, copies, reread) is None and reads == ["alpha-train"]
+    assert owner_chain(_pod(_ref("MPIJob", "alpha-train", "mpi-a")), RUN_UID, copies, reread) is None
+    assert reads == ["alpha-train"]  # a copy with the uid asked for is not read again
+
+
 def test_a_controller_that_is_not_the_only_one_counts_for_nothing():
     pod = _pod(_ref("MPIJob", "alpha-train", "mpi-a"))
     pod["metadata"]["ownerReferences"].append(_ref("Job", "alpha-preprocess", "job-a"))
