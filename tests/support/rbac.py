@@ -208,8 +208,8 @@ def lifecycle(cluster: Cluster, bucket: Bucket, s3_server, operator: Operator, p
         "name": "launcher", "restartCount": 0, "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}])
     cluster.set_mpijob_condition("life-train", "Failed", "MPIJobFailed", "launcher exited 1")
     wait_for(cluster.phase_is("life", "Failed"), what="Failed", operator=operator)
-    assert f"the log of launcher pod {launcher} container launcher could not be read" in \
-        cluster.condition("life", "Failed")["message"]
+    failed = cluster.condition("life", "Failed")["message"]
+    assert f"the log of launcher pod {launcher} container launcher could not be read" in failed, failed
     # An elastic run shrinks (mpijobs: delete) and probes for capacity to grow back (pods: create).
     elastic_resize(cluster, bucket, s3_server, operator, push)
     # A sweep (scalingsweeps: get, list, watch, patch; scalingsweeps/status: patch) creates its first point
