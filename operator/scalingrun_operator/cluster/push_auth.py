@@ -9,7 +9,8 @@ are kept briefly (bounded, keyed by the token's hash), so a run's pushes cost th
 REVIEW_TTL_SECONDS; a token reviewed successfully before is `known` (the status server reviews those apart from new
 tokens). The pod check runs on every push, against the pod watch's index where it knows the run's pods, else by
 listing the pod by name; the owner chain's verdict is kept as long as a review, its Job and MPIJob read from the
-operator's copies, and a kept refusal answers before any pod is listed. Every refusal is a Refused with its HTTP status and a reason (the metric's label).
+operator's copies, and a kept refusal answers before any pod is listed. Every refusal is a Refused with its HTTP
+status and a reason (the metric's label).
 """
 
 from __future__ import annotations
