@@ -22,7 +22,6 @@ and an endpoint that keeps failing is not asked again until its backoff has pass
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 from urllib.parse import urlparse
 
+from ..object_store import Credentials  # noqa: F401 (pull mode's keys are the tools' kind)
 from ..schema.endpoints import EndpointPolicy, endpoint_refusal
 from .bounded_http import Budget, Clients, Misbehaved
 from .storage_failures import PERMANENT_HINTS, describe, status_text, transient
@@ -74,18 +74,6 @@ class EndpointNotAllowed(StorageError):
 # limit beside its usual 200 MiB, whatever the documents hold (1 MiB of "[[],[],...]" parses into ~20 MiB).
 DEFAULT_MAX_DOCUMENT_BYTES = 1024 * 1024
 EXTRA_PAGES = 8  # pages a listing may take beyond what its limit needs (a store may answer short pages)
-
-
-@dataclass(frozen=True)
-class Credentials:
-    access_key: str
-    secret_key: str
-
-    def __repr__(self) -> str:  # never print the keys, even in a traceback's locals
-        return "Credentials(***)"
-
-    def fingerprint(self) -> str:
-        return hashlib.sha256(f"{self.access_key}\0{self.secret_key}".encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
