@@ -61,6 +61,11 @@ def test_operator_pod_is_locked_down(helm):
     assert container["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
                                             "capabilities": {"drop": ["ALL"]}}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    # A slow start is the startup probe's to judge, for minutes; the liveness probe waits for it.
+    startup = container["startupProbe"]
+    assert startup["httpGet"] == container["livenessProbe"]["httpGet"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300
+    assert "initialDelaySeconds" not in container["livenessProbe"]
     assert "--all-namespaces" in container["args"] and "--lease=t-scalingrun" in container["args"]
     assert container["image"].endswith(":" + yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"])
 

@@ -79,7 +79,9 @@ def manifests(image: str, namespace: str = "default", name: str = NAME,
                                 {"name": "PYTHONUNBUFFERED", "value": "1"}],
                         "ports": [{"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
                         "readinessProbe": probe,
-                        "livenessProbe": {**probe, "initialDelaySeconds": 10},
+                        # Restarted by no liveness probe while it starts on a busy node (the chart's way too).
+                        "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 60},
+                        "livenessProbe": probe,
                         # The node has 2 CPUs for everything; this controller idles on watches. Measured
                         # RSS: 84 MB idle, 86 MB with 5 MPIJobs (the kubernetes client's models are most of it).
                         "resources": {"requests": {"cpu": "25m", "memory": "96Mi"},

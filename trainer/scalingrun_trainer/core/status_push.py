@@ -8,7 +8,9 @@ every LOOK_AGAIN_SECONDS, so a run made in pull mode starts pushing once the ope
 Never in the training step's way: `push` only replaces the pending document of its kind (a push is a full state
 document, so the newest one is all that counts: a bounded queue of one per kind) and a daemon thread sends it.
 When the operator is away the thread backs off (up to MAX_BACKOFF_SECONDS); a refusal that no retry can change
-(401, 403, 400, 413) drops that document and is said once. Storage stays the durable record.
+(401, 403, 400, 413) drops that document and is said once. Storage stays the durable record, but in push mode the
+operator learns how a training ended only from its last push: the end of training waits for it to be sent through
+an operator's failover (FINAL_FLUSH_SECONDS), and the wait cuts any backoff short.
 """
 
 from __future__ import annotations
@@ -30,7 +32,11 @@ from scalingrun_api.status_push import (
 
 TIMEOUT_SECONDS = 10.0
 FIRST_BACKOFF_SECONDS, MAX_BACKOFF_SECONDS = 1.0, 60.0
-FINAL_FLUSH_SECONDS = 5.0  # how long the end of training waits for its last document to be sent
+# How long the end of training waits for its last document to be sent: through a leader's failover on a busy node
+# (the Lease's 15 s, the standby's start and its Service endpoint; a minute and more at the e2e's load, where 5 s lost
+# the final epochs and the run Succeeded showing an older one). Only a run whose operator stays away waits it all.
+FINAL_FLUSH_SECONDS = 120.0
+FLUSH_RETRY_SECONDS = 2.0  # the backoff while a flush waits: the end of training is no time to wait a minute
 
 
 class StatusPusher:
@@ -40,6 +46,7 @@ class StatusPusher:
         self.sent = 0
         self._pending: dict[str, bytes] = {}
         self._sending = 0
+        self._flushing = 0
         self._said: set[str] = set()
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._send_forever, name="status-push", daemon=True)
@@ -56,12 +63,17 @@ class StatusPusher:
         """Waits until nothing is pending or being sent (or `timeout`); whether it all went."""
         deadline = time.monotonic() + timeout
         with self._changed:
-            while self._pending or self._sending:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._changed.wait(left)
-            return True
+            self._flushing += 1
+            self._changed.notify_all()  # a sender in backoff tries again now
+            try:
+                while self._pending or self._sending:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._changed.wait(left)
+                return True
+            finally:
+                self._flushing -= 1
 
     def _send_forever(self) -> None:
         backoff = 0.0
@@ -84,7 +96,18 @@ class StatusPusher:
                 backoff = 0.0
                 continue
             backoff = min(MAX_BACKOFF_SECONDS, max(FIRST_BACKOFF_SECONDS, backoff * 2, retry_after))
-            time.sleep(backoff)
+            self._back_off(backoff)
+
+    def _back_off(self, seconds: float) -> None:
+        """Waits `seconds` before the next try; at most FLUSH_RETRY_SECONDS once a flush waits."""
+        started = time.monotonic()
+        with self._changed:
+            while True:
+                wait = min(seconds, FLUSH_RETRY_SECONDS) if self._flushing else seconds
+                left = started + wait - time.monotonic()
+                if left <= 0:
+                    return
+                self._changed.wait(left)  # a flush (or a push) wakes it to look again
 
     def _send(self, what: str, body: bytes) -> Optional[float]:
         """Sends one document; None when done with it (sent, or refused for good), else seconds to wait before
