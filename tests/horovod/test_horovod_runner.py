@@ -3,6 +3,11 @@ return value comes back, and a rank that raises is named with its traceback."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 
 import scalingrun
@@ -33,6 +38,10 @@ def fails_on_rank_1() -> None:
         raise ValueError("rank 1 has no data")
 
 
+def needs_a_package_not_installed() -> None:
+    import scalingrun_no_such_package  # noqa: F401  (the team's function, run where its package is missing)
+
+
 def test_two_processes_here_return_rank_zeros_value(tmp_path, monkeypatch):
     horovodrun()  # skips where Horovod is not built
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -56,6 +65,29 @@ def test_a_rank_that_raises_is_named_with_its_exception(tmp_path, monkeypatch):
     assert first == "rank 1 of 2 failed: ValueError: rank 1 has no data", str(raised.value)
     assert "in fails_on_rank_1" in str(raised.value)
 
+
+
+def test_a_missing_package_fails_the_run_naming_it_on_every_rank(tmp_path, monkeypatch):
+    horovodrun()
+    missing = "ModuleNotFoundError: No module named 'scalingrun_no_such_package'"
+    with pytest.raises(scalingrun.HorovodRunnerError) as raised:
+        scalingrun.HorovodRunner(np=-2, workdir=tmp_path, driver_log_verbosity="log_callback_only").run(
+            needs_a_package_not_installed)
+    # Whichever rank failed first (horovodrun then stops the other) is the one named.
+    assert re.fullmatch(rf"rank [01] of 2 failed: {missing}", str(raised.value).splitlines()[0]), str(raised.value)
+    # Each rank on its own, as the launcher starts it (its rank in the environment): it fails, naming the package,
+    # and leaves its traceback for the caller; rank 0 leaves no return value.
+    shipped = next(tmp_path.iterdir())
+    for left in shipped.glob("error.*.txt"):
+        left.unlink()
+    for rank in (0, 1):
+        env = {**os.environ, "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": "2",
+               "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+        done = subprocess.run([sys.executable, "-m", "scalingrun_trainer.sdk.function", str(shipped)], env=env,
+                              capture_output=True, text=True)
+        assert done.returncode == 1 and missing in done.stderr, done.stderr
+        assert (shipped / f"error.{rank}.txt").read_text().splitlines()[-1] == missing
+    assert not (shipped / "result.pkl").exists()
 
 @pytest.mark.parametrize("store", ["file", "s3"])
 def test_np_above_zero_runs_the_function_in_a_scalingrun_from_its_store(store, tmp_path, monkeypatch, request):
