@@ -162,14 +162,17 @@ def read_bytes(uri: str, store: Store) -> Optional[bytes]:
 def read_json(uri: str, store: Store) -> Optional[dict[str, Any]]:
     """A JSON object document, or None when absent. A document that is not a JSON object is an error."""
     data = read_bytes(uri, store)
-    if data is None:
-        return None
+    return None if data is None else json_object(uri, data)
+
+
+def json_object(uri: str, data: bytes, error: type[Exception] = StorageError) -> dict[str, Any]:
+    """`data`, read from `uri`, as a JSON object; `error` (the reader's kind of StorageError) when it is not one."""
     try:
         document = json.loads(data)
     except ValueError as exc:
-        raise StorageError(f"{uri} is not valid JSON: {exc}") from None
+        raise error(f"{uri} is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
-        raise StorageError(f"{uri} is not a JSON object")
+        raise error(f"{uri} is not a JSON object")
     return document
 
 

@@ -22,7 +22,6 @@ and an endpoint that keeps failing is not asked again until its backoff has pass
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import random
@@ -32,41 +31,16 @@ from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
 from urllib.parse import urlparse
 
-from ..object_store import Credentials  # noqa: F401 (pull mode's keys are the tools' kind)
+from ..object_store import Credentials, json_object  # noqa: F401 (Credentials: pull mode's keys are the tools' kind)
 from ..schema.endpoints import EndpointPolicy, endpoint_refusal
 from .bounded_http import Budget, Clients, Misbehaved
-from .storage_failures import PERMANENT_HINTS, describe, status_text, transient
+from .storage_failures import (  # noqa: F401 (DocumentTooLarge: what a read over the cap raises)
+    PERMANENT_HINTS, DocumentTooLarge, EndpointNotAllowed, StorageError, StoreMisbehaved, describe, status_text,
+    too_large, transient,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class StorageError(RuntimeError):
-    """Storage could not be read; the message names the URI and the cause, never a key."""
-
-    reason = "StorageError"  # a condition's reason
-    permanent = False  # the store answered, and no: the store works (its circuit breaker stays closed)
-    summary = ""  # what the store did, naming no URI (for other runs on the same store)
-
-
-class DocumentTooLarge(StorageError):
-    """A document is over the operator's size cap: not read, not parsed."""
-
-    reason = "DocumentTooLarge"
-
-
-class StoreMisbehaved(StorageError):
-    """The store did what no working store does; `reason` says which, the message what, never what it sent."""
-
-    def __init__(self, message: str, reason: str):
-        super().__init__(message)
-        self.reason = reason
-
-
-class EndpointNotAllowed(StorageError):
-    """The run's endpoint is not on the operator's allow-list: no request is sent to it."""
-
-    reason = "EndpointNotAllowed"
 
 
 # Big enough for a manifest of 20,000 classes and 256 shards (~0.5 MiB) and a progress document with about
@@ -182,28 +156,16 @@ def _attempts(what: str, uri: str, target: StorageTarget, call: Callable[[], T])
                 delay = min(delay * 2, 4.0)
 
 
-def _too_large(uri: str, size: int, target: StorageTarget) -> DocumentTooLarge:
-    return DocumentTooLarge(
-        f"{uri} is {_size(size)}{'+' if size > target.max_document_bytes else ''}, over the operator's limit of "
-        f"{_size(target.max_document_bytes)} for one document (SCALINGRUN_MAX_DOCUMENT_BYTES, chart value "
-        "operator.maxDocumentBytes); it was not read. Check what writes it, or raise the limit together with the "
-        "operator's memory limit")
-
-
-def _size(size: int) -> str:
-    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 1024:.0f} KiB" if size >= 1024 else f"{size} B"
-
-
 def _read_capped(uri: str, stream: Any, length: Optional[int], target: StorageTarget) -> bytes:
     """At most `target.max_document_bytes` of `stream`; DocumentTooLarge (the stream closed) beyond that, by the
     announced length before any byte is read, or by what arrives (a length may be missing or wrong)."""
     cap = target.max_document_bytes
     try:
         if length is not None and length > cap:
-            raise _too_large(uri, length, target)
+            raise too_large(uri, length, cap)
         data = stream.read(cap + 1)
         if len(data) > cap:
-            raise _too_large(uri, len(data), target)
+            raise too_large(uri, len(data), cap)
         return data
     finally:
         stream.close()
@@ -248,17 +210,7 @@ def read_bytes(uri: str, target: StorageTarget) -> Optional[bytes]:
 def read_json(uri: str, target: StorageTarget) -> Optional[dict[str, Any]]:
     """A JSON object document, or None when absent. A document that is not a JSON object is an error."""
     data = read_bytes(uri, target)
-    return None if data is None else _json_object(uri, data)
-
-
-def _json_object(uri: str, data: bytes) -> dict[str, Any]:
-    try:
-        document = json.loads(data)
-    except ValueError as exc:
-        raise StorageError(f"{uri} is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise StorageError(f"{uri} is not a JSON object")
-    return document
+    return None if data is None else json_object(uri, data, StorageError)
 
 
 def _s3_listing(uri: str, target: StorageTarget, limit: int, names_of: Callable[[dict[str, Any], str], list[str]],
@@ -341,7 +293,7 @@ def read_json_versioned(uri: str, target: StorageTarget) -> tuple[Optional[dict[
     data, etag = _get_object(uri, target)
     if data is None:
         return None, None
-    return _json_object(uri, data), etag
+    return json_object(uri, data, StorageError), etag
 
 
 # The watcher checks many runs in turn: a failing store gets a short retry, the next round tries again.
