@@ -8,6 +8,7 @@ Adding an engine is a row here plus its trainer package.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Mapping, Optional
 
 from .heartbeat import DEFAULT_COLLECTIVE_TIMEOUT_SECONDS, engine_timeout_after
@@ -34,7 +35,7 @@ def horovod_stall_env(engine_timeout: Optional[float]) -> dict[str, str]:
 # Every Horovod rank's, our trainer's or a training.command's (set by the MPIJob, and by a local run: Gloo's 30 s
 # default failed a rank waiting in a collective behind a peer slowed by a loaded machine): the trainer's at its
 # default watch (300 s watch + 60 s roll call + 30 s).
-HOROVOD_STALL_ENV = horovod_stall_env(engine_timeout_after(DEFAULT_COLLECTIVE_TIMEOUT_SECONDS))
+HOROVOD_STALL_ENV = MappingProxyType(horovod_stall_env(engine_timeout_after(DEFAULT_COLLECTIVE_TIMEOUT_SECONDS)))
 
 
 @dataclass(frozen=True)
