@@ -97,12 +97,14 @@ class Store:
     clients: Clients = field(default_factory=Clients, compare=False, repr=False)
 
 
-def _split_s3(uri: str) -> tuple[str, str]:
+def split_s3(uri: str) -> tuple[str, str]:
+    """An s3:// URI's (bucket, key)."""
     parsed = urlparse(uri)
     return parsed.netloc, parsed.path.lstrip("/")
 
 
-def _path(uri: str) -> Path:
+def local_path(uri: str) -> Path:
+    """The file an absolute path or a file:// URI names."""
     return Path(urlparse(uri).path if uri.startswith("file://") else uri)
 
 
@@ -129,7 +131,7 @@ def read_bytes(uri: str, store: Store) -> Optional[bytes]:
 
     if not uri.startswith("s3://"):
         try:
-            with _path(uri).open("rb") as stream:
+            with local_path(uri).open("rb") as stream:
                 data = stream.read(store.max_bytes + 1)
         except FileNotFoundError:
             return None
@@ -138,7 +140,7 @@ def read_bytes(uri: str, store: Store) -> Optional[bytes]:
         if len(data) > store.max_bytes:
             raise _too_large(uri, len(data), store)
         return data
-    bucket, key = _split_s3(uri)
+    bucket, key = split_s3(uri)
     try:
         response = store.clients.get(store).get_object(Bucket=bucket, Key=key)
         length, body = response.get("ContentLength"), response["Body"]
@@ -180,11 +182,11 @@ def write_bytes(uri: str, store: Store, data: bytes) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     if not uri.startswith("s3://"):
-        path = _path(uri)
+        path = local_path(uri)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         return
-    bucket, key = _split_s3(uri)
+    bucket, key = split_s3(uri)
     try:
         store.clients.get(store).put_object(Bucket=bucket, Key=key, Body=data)
     except (ClientError, BotoCoreError) as exc:
@@ -194,7 +196,7 @@ def write_bytes(uri: str, store: Store, data: bytes) -> None:
 def _listing(uri: str, store: Store, limit: int, folders: bool) -> list[str]:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    bucket, prefix = _split_s3(uri)
+    bucket, prefix = split_s3(uri)
     prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
     request: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "PaginationConfig": {"MaxItems": limit}}
     if folders:
@@ -215,7 +217,7 @@ def list_names(uri: str, store: Store, limit: int = 1000) -> list[str]:
     """Names of the objects directly under the folder `uri` (non-recursive), at most `limit`."""
     if uri.startswith("s3://"):
         return _listing(uri, store, limit, folders=False)
-    path = _path(uri)
+    path = local_path(uri)
     return sorted(p.name for p in path.iterdir() if p.is_file())[:limit] if path.is_dir() else []
 
 
@@ -223,5 +225,5 @@ def list_folders(uri: str, store: Store, limit: int = 1000) -> list[str]:
     """Names of the folders directly under the folder `uri` (S3: the common prefixes), at most `limit`."""
     if uri.startswith("s3://"):
         return _listing(uri, store, limit, folders=True)
-    path = _path(uri)
+    path = local_path(uri)
     return sorted(p.name for p in path.iterdir() if p.is_dir())[:limit] if path.is_dir() else []

@@ -29,9 +29,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
-from urllib.parse import urlparse
 
-from ..object_store import Credentials, json_object  # noqa: F401 (Credentials: pull mode's keys are the tools' kind)
+from ..object_store import (  # noqa: F401 (Credentials: pull mode's keys are the tools' kind)
+    Credentials, json_object, local_path, split_s3,
+)
 from ..schema.endpoints import EndpointPolicy, endpoint_refusal
 from .bounded_http import Budget, Clients, Misbehaved
 from .storage_failures import (  # noqa: F401 (DocumentTooLarge: what a read over the cap raises)
@@ -65,15 +66,10 @@ class StorageTarget:
     clients: Clients = field(default_factory=Clients, compare=False, repr=False)
 
 
-def _split_s3(uri: str) -> tuple[str, str]:
-    parsed = urlparse(uri)
-    return parsed.netloc, parsed.path.lstrip("/")
-
-
 def _local_path(uri: str, target: StorageTarget) -> Path:
     if not target.policy.local_files:
         raise EndpointNotAllowed(f"cannot read {uri}: in a cluster the operator reads s3:// only, not its own disk")
-    return Path(urlparse(uri).path if uri.startswith("file://") else uri)
+    return local_path(uri)
 
 
 def _client(target: StorageTarget) -> Any:
@@ -141,7 +137,7 @@ def _attempts(what: str, uri: str, target: StorageTarget, call: Callable[[], T])
                 if not transient(exc):
                     code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
                     hint = PERMANENT_HINTS.get(code or "", "not retried")
-                    hint = hint.format(bucket=_split_s3(uri)[0] if uri.startswith("s3://") else uri,
+                    hint = hint.format(bucket=split_s3(uri)[0] if uri.startswith("s3://") else uri,
                                        endpoint=endpoint)
                     error = StorageError(f"cannot {what} {uri}: {describe(exc)}{status_text(exc)}; {hint}")
                     error.permanent = isinstance(exc, ClientError)  # the store answered: it works
@@ -175,7 +171,7 @@ def _get_object(uri: str, target: StorageTarget) -> tuple[Optional[bytes], Optio
     """(the object's bytes, its ETag), or (None, None) when it does not exist. S3 only."""
     from botocore.exceptions import ClientError
 
-    bucket, key = _split_s3(uri)
+    bucket, key = split_s3(uri)
 
     def get() -> tuple[Optional[bytes], Optional[str]]:
         try:
@@ -217,7 +213,7 @@ def _s3_listing(uri: str, target: StorageTarget, limit: int, names_of: Callable[
                 **request: str) -> list[str]:
     """At most `limit` names of a paged S3 listing of the folder `uri` (`names_of(page, prefix)` reads a page), in
     pages of at most 1000 keys, stopped (StoreMisbehaved) past `EXTRA_PAGES` pages more than `limit` needs."""
-    bucket, prefix = _split_s3(uri)
+    bucket, prefix = split_s3(uri)
     prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
     page_size = min(limit, 1000)
     most_pages = -(-limit // page_size) + EXTRA_PAGES
@@ -308,7 +304,7 @@ def changed_since(uri: str, target: StorageTarget, version: Optional[str]) -> tu
         return now != version, now
     from botocore.exceptions import ClientError
 
-    bucket, key = _split_s3(uri)
+    bucket, key = split_s3(uri)
     kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
     if version:
         kwargs["IfNoneMatch"] = version
