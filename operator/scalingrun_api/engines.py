@@ -8,20 +8,34 @@ Adding an engine is a row here plus its trainer package.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Mapping, Optional
 
+from .heartbeat import DEFAULT_COLLECTIVE_TIMEOUT_SECONDS, engine_timeout_after
 from .models.common import DEFAULT_TRAINER_IMAGES, trainer_image_name
 from .models.model import BaseNetwork
 from .models.training import FRAMEWORK_STRATEGIES, Framework, Strategy
 
 # How a local run starts the ranks: horovodrun -np N -H localhost:N --gloo, or Open MPI's mpirun -np N.
 HOROVODRUN, MPIRUN = "horovodrun", "mpirun"
-# Horovod's stall check and shutdown for every Horovod rank, our trainer's or a training.command's, and Gloo's
-# operation timeout (horovodrun --gloo, a local run's: its 30 s default failed a rank waiting in a collective behind a
-# peer slowed by a loaded machine): the trainer's engine_timeout() at its default
-# (trainer/scalingrun_trainer/core/stall.py: 300 s watch + 60 s roll call + 30 s).
-HOROVOD_STALL_ENV = {"HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "390",
-                     "HOROVOD_GLOO_TIMEOUT_SECONDS": "390"}
+
+
+def horovod_stall_env(engine_timeout: Optional[float]) -> dict[str, str]:
+    """Horovod's stall check (a warning naming the ranks that did not submit a tensor) and shutdown, and Gloo's
+    operation timeout (horovodrun --gloo; 30 s by default), read at hvd.init(): after the trainer's stall watch,
+    at `engine_timeout` (heartbeat.engine_timeout_after); {} where the watch is off. A frozen rank blocks Horovod's
+    own coordination too (measured: no stall warning in 4 minutes), which is why the watch exists."""
+    if not engine_timeout:
+        return {}
+    return {"HOROVOD_STALL_CHECK_TIME_SECONDS": str(int(min(60, engine_timeout))),
+            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(engine_timeout)),
+            "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(engine_timeout))}
+
+
+# Every Horovod rank's, our trainer's or a training.command's (set by the MPIJob, and by a local run: Gloo's 30 s
+# default failed a rank waiting in a collective behind a peer slowed by a loaded machine): the trainer's at its
+# default watch (300 s watch + 60 s roll call + 30 s).
+HOROVOD_STALL_ENV = MappingProxyType(horovod_stall_env(engine_timeout_after(DEFAULT_COLLECTIVE_TIMEOUT_SECONDS)))
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,9 @@ STALL_GAP_FACTOR = 3.0
 COLLECTIVE_TIMEOUT_VARIABLE = "SCALINGRUN_COLLECTIVE_TIMEOUT_SECONDS"
 DEFAULT_COLLECTIVE_TIMEOUT_SECONDS = 300.0
 MIN_COLLECTIVE_TIMEOUT_SECONDS = 10
+# Added to the watch's time before an engine's own collective timeout fires: the watch, which names the silent
+# ranks, speaks first.
+ENGINE_TIMEOUT_MARGIN_SECONDS = 30.0
 
 
 class HeartbeatPhase(str, Enum):
@@ -93,3 +96,17 @@ def collective_timeout_seconds(stall_timeout: int | str) -> int:
     if not seconds:
         return 0
     return int(min(DEFAULT_COLLECTIVE_TIMEOUT_SECONDS, max(MIN_COLLECTIVE_TIMEOUT_SECONDS, seconds // 2)))
+
+
+def roll_call_window(timeout: float) -> float:
+    """How long a rank that gave up waits for the others' answers: the ranks give up at times apart by a step or a
+    validation pass (ranks with fewer validation batches wait longer in the epoch's last collective)."""
+    return max(10.0, min(60.0, timeout / 4))
+
+
+def engine_timeout_after(timeout: float) -> Optional[float]:
+    """The engines' own collective timeout behind a watch of `timeout` seconds: after the watch and its roll call;
+    None when the watch is off (0)."""
+    if not timeout:
+        return None
+    return timeout + roll_call_window(timeout) + ENGINE_TIMEOUT_MARGIN_SECONDS

@@ -29,6 +29,23 @@ IMAGES_FORMAT_VERSION = 2  # a preprocessed JPEG tree; 2: rows in a seeded order
 TABLE_FORMAT = DatasetFormat.parquet.value  # a Parquet table the user brings
 TABLE_FORMAT_VERSION = 1  # of a Parquet table's manifest parameters
 ROW_GROUPS_PER_READER = 2  # petastorm shards by row group: each split gets at least 2 per training process
+SHARDS_FOLDER = "_shards"  # under the dataset's output: one manifest per finished shard, <shard_name>.json
+
+
+def shard_name(index: int, count: int) -> str:
+    """Shard `index` of a `count`-shard preprocessing, as its files are named (its manifest, plan and parts); every
+    name of that preprocessing ends with shard_count_suffix(count)."""
+    return f"shard-{index:05d}{shard_count_suffix(count)}"
+
+
+def shard_count_suffix(count: int) -> str:
+    """The end of every shard name of a `count`-shard preprocessing: files of another count are another dataset's."""
+    return f"-of-{count:05d}"
+
+
+def is_shard_manifest(name: str, count: int) -> bool:
+    """Whether the file `name` in SHARDS_FOLDER is the manifest of a shard of a `count`-shard preprocessing."""
+    return name.startswith("shard-") and name.endswith(f"{shard_count_suffix(count)}.json")
 
 
 def image_dataset_parameters(*, image_size: int, validation_fraction: float, sample_fraction: float, seed: int,

@@ -97,12 +97,14 @@ class Store:
     clients: Clients = field(default_factory=Clients, compare=False, repr=False)
 
 
-def _split_s3(uri: str) -> tuple[str, str]:
+def split_s3(uri: str) -> tuple[str, str]:
+    """An s3:// URI's (bucket, key)."""
     parsed = urlparse(uri)
     return parsed.netloc, parsed.path.lstrip("/")
 
 
-def _path(uri: str) -> Path:
+def local_path(uri: str) -> Path:
+    """The file an absolute path or a file:// URI names."""
     return Path(urlparse(uri).path if uri.startswith("file://") else uri)
 
 
@@ -129,7 +131,7 @@ def read_bytes(uri: str, store: Store) -> Optional[bytes]:
 
     if not uri.startswith("s3://"):
         try:
-            with _path(uri).open("rb") as stream:
+            with local_path(uri).open("rb") as stream:
                 data = stream.read(store.max_bytes + 1)
         except FileNotFoundError:
             return None
@@ -138,7 +140,7 @@ def read_bytes(uri: str, store: Store) -> Optional[bytes]:
         if len(data) > store.max_bytes:
             raise _too_large(uri, len(data), store)
         return data
-    bucket, key = _split_s3(uri)
+    bucket, key = split_s3(uri)
     try:
         response = store.clients.get(store).get_object(Bucket=bucket, Key=key)
         length, body = response.get("ContentLength"), response["Body"]
@@ -162,14 +164,17 @@ def read_bytes(uri: str, store: Store) -> Optional[bytes]:
 def read_json(uri: str, store: Store) -> Optional[dict[str, Any]]:
     """A JSON object document, or None when absent. A document that is not a JSON object is an error."""
     data = read_bytes(uri, store)
-    if data is None:
-        return None
+    return None if data is None else json_object(uri, data)
+
+
+def json_object(uri: str, data: bytes, error: type[Exception] = StorageError) -> dict[str, Any]:
+    """`data`, read from `uri`, as a JSON object; `error` (the reader's kind of StorageError) when it is not one."""
     try:
         document = json.loads(data)
     except ValueError as exc:
-        raise StorageError(f"{uri} is not valid JSON: {exc}") from None
+        raise error(f"{uri} is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
-        raise StorageError(f"{uri} is not a JSON object")
+        raise error(f"{uri} is not a JSON object")
     return document
 
 
@@ -177,11 +182,11 @@ def write_bytes(uri: str, store: Store, data: bytes) -> None:
     from botocore.exceptions import BotoCoreError, ClientError
 
     if not uri.startswith("s3://"):
-        path = _path(uri)
+        path = local_path(uri)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
         return
-    bucket, key = _split_s3(uri)
+    bucket, key = split_s3(uri)
     try:
         store.clients.get(store).put_object(Bucket=bucket, Key=key, Body=data)
     except (ClientError, BotoCoreError) as exc:
@@ -191,7 +196,7 @@ def write_bytes(uri: str, store: Store, data: bytes) -> None:
 def _listing(uri: str, store: Store, limit: int, folders: bool) -> list[str]:
     from botocore.exceptions import BotoCoreError, ClientError
 
-    bucket, prefix = _split_s3(uri)
+    bucket, prefix = split_s3(uri)
     prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
     request: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "PaginationConfig": {"MaxItems": limit}}
     if folders:
@@ -212,7 +217,7 @@ def list_names(uri: str, store: Store, limit: int = 1000) -> list[str]:
     """Names of the objects directly under the folder `uri` (non-recursive), at most `limit`."""
     if uri.startswith("s3://"):
         return _listing(uri, store, limit, folders=False)
-    path = _path(uri)
+    path = local_path(uri)
     return sorted(p.name for p in path.iterdir() if p.is_file())[:limit] if path.is_dir() else []
 
 
@@ -220,5 +225,5 @@ def list_folders(uri: str, store: Store, limit: int = 1000) -> list[str]:
     """Names of the folders directly under the folder `uri` (S3: the common prefixes), at most `limit`."""
     if uri.startswith("s3://"):
         return _listing(uri, store, limit, folders=True)
-    path = _path(uri)
+    path = local_path(uri)
     return sorted(p.name for p in path.iterdir() if p.is_dir())[:limit] if path.is_dir() else []

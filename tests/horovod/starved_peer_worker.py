@@ -9,10 +9,10 @@ from pathlib import Path
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from scalingrun_api.engines import horovod_stall_env
 from scalingrun_trainer.core.stall import engine_timeout
-from scalingrun_trainer.engines.keras_horovod.train import stall_settings
 
-for name, value in stall_settings(engine_timeout()).items():
+for name, value in horovod_stall_env(engine_timeout()).items():
     os.environ.setdefault(name, value)
 hvd.init()
 done = Path(sys.argv[1])

@@ -609,7 +609,7 @@ def test_parallel_preprocessing_without_indexed_jobs_runs_every_shard_in_one_pod
                                                                                  s3_server, api_client):
     from scalingrun_operator.schema.validation import parse_scalingrun
     from scalingrun_operator.builders import build_preprocess_job
-    from scalingrun_operator.cluster.k8s import parse_version
+    from scalingrun_operator.cluster.api_answers import parse_version
     from scalingrun_operator.decide.snapshot import INDEXED_JOBS_SINCE
 
     info = client.VersionApi(api_client).get_code()

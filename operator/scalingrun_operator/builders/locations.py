@@ -4,7 +4,7 @@ writes, and the progress document and the logs the trainer writes in the run loc
 from __future__ import annotations
 
 from scalingrun_api.heartbeat import HEARTBEAT_FILE
-from scalingrun_api.manifest import MANIFEST_FILE
+from scalingrun_api.manifest import MANIFEST_FILE, SHARDS_FOLDER
 from scalingrun_api.logs import LOGS_FOLDER
 from scalingrun_api.models import ScalingRun
 from scalingrun_api.progress import PROGRESS_FILE
@@ -20,7 +20,7 @@ def manifest_uri(run: ScalingRun) -> str:
 
 
 def shards_uri(run: ScalingRun) -> str:
-    return join(run.spec.dataset.output, "_shards")
+    return join(run.spec.dataset.output, SHARDS_FOLDER)
 
 
 def progress_uri(run: ScalingRun) -> str:

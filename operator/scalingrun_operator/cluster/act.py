@@ -26,7 +26,8 @@ from kubernetes.client.rest import ApiException
 from ..decide import children, pinning
 from ..decide.snapshot import Create, Decision, Delete, Patch
 from ..decide.status import parse_time
-from .k8s import Kube, namespace_terminating
+from .api_answers import namespace_terminating
+from .k8s import Kube
 from .metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import logging
 import math
 import threading
 import time
@@ -25,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Hashable, Optional
 
-log = logging.getLogger(__name__)
+from .pass_loop import PassLoop
 
 
 @dataclass
@@ -48,10 +47,8 @@ class Coalescer:
         self._slots: dict[Hashable, _Slot] = {}
         self._queue: list[tuple[float, int, Hashable]] = []  # (due, tie, key); stale entries are skipped
         self._tie = itertools.count()
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
-        self._thread: Optional[threading.Thread] = None
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="coalesced-reconcile")
+        self._passes = PassLoop("coalescer", self.run_due, lambda: 1.0, (self._pool,))
 
     def trigger(self, key: Hashable, why: str = "", urgent: bool = True) -> bool:
         """Reconciles `key` now in this thread, or folds the trigger into one in flight or scheduled and returns
@@ -103,7 +100,7 @@ class Coalescer:
             return
         slot.due = due
         heapq.heappush(self._queue, (due, next(self._tie), key))
-        self._wake.set()
+        self._passes.wake()
 
     def _finished(self, key: Hashable) -> None:
         with self._guard:
@@ -119,15 +116,10 @@ class Coalescer:
     # --- the deferred ones ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="coalescer", daemon=True)
-        self._thread.start()
+        self._passes.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stopping.set()
-        self._wake.set()
-        if self._thread:
-            self._thread.join(timeout)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._passes.stop(timeout)
 
     def run_due(self) -> float:
         """Hands the due reconciles to the pool; returns seconds until the next one is due."""
@@ -146,16 +138,6 @@ class Coalescer:
             except RuntimeError:  # shutting down
                 return 1.0
         return max(0.01, min(upcoming, 1.0))
-
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                wait = self.run_due()
-            except Exception:  # must outlive any one bad pass
-                log.exception("coalescer pass failed")
-                wait = 1.0
-            self._wake.wait(timeout=wait)
-            self._wake.clear()
 
     def _deferred(self, key: Hashable) -> None:
         with self._guard:

@@ -4,13 +4,11 @@ return them), no client models in between. Which calls to make is decided elsewh
 
 from __future__ import annotations
 
-import json
 import logging
-import re
 import socket
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import urllib3
 from kubernetes import client
@@ -19,10 +17,9 @@ from kubernetes.client.rest import ApiException
 from scalingrun_api import models
 from scalingrun_api.models import MANAGED_SELECTOR, MPIJOB_GROUP, MPIJOB_PLURAL, MPIJOB_VERSION
 from ..builders.common import RUN_LABEL
+from .api_answers import absent_is_none, api_message, namespace_terminating, parse_version, raw_json, released
 
 log = logging.getLogger(__name__)
-
-
 
 POD_PAGE = 500  # pods per list request
 _POD_SPEC_KEPT = ("nodeName", "schedulerName")
@@ -43,26 +40,6 @@ def trimmed_pod(pod: dict[str, Any]) -> dict[str, Any]:
             kept_spec[key] = [{k: c[k] for k in _CONTAINER_KEPT if k in c} for c in spec[key] or []]
     return {"metadata": {k: v for k, v in meta.items() if k != "managedFields"}, "spec": kept_spec,
             "status": pod.get("status") or {}}
-
-
-def _raw(response: Any) -> dict[str, Any]:
-    return json.loads(response.data)
-
-
-def released(response: Any) -> None:
-    """Reads an answer nobody needs to its end: a response left unread holds its connection until it is garbage,
-    and is then closed, so the next request pays a new TLS handshake (one per Event posted, measured)."""
-    response.read()
-    response.release_conn()
-
-
-def _absent_is_none(call: Callable[[], Any]) -> Optional[dict[str, Any]]:
-    try:
-        return _raw(call())
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
 
 
 class Kube:
@@ -86,7 +63,7 @@ class Kube:
         """(major, minor, gitVersion) of the API server, asked once per process."""
         with self._version_lock:
             if self._version is None:
-                info = _raw(client.VersionApi(self.api_client).get_code(_preload_content=False))
+                info = raw_json(client.VersionApi(self.api_client).get_code(_preload_content=False))
                 self._version = parse_version(info)
             return self._version
 
@@ -101,7 +78,7 @@ class Kube:
         while True:
             try:
                 # In pages: a thousand pods are megabytes of JSON, parsed and trimmed a page at a time.
-                response = _raw(self.core.list_namespaced_pod(namespace, label_selector=selector, limit=POD_PAGE,
+                response = raw_json(self.core.list_namespaced_pod(namespace, label_selector=selector, limit=POD_PAGE,
                                                               _continue=token or None, _preload_content=False))
             except ApiException as exc:
                 if exc.status == 410 and token and not restarted:  # the continue token expired: once more, whole
@@ -158,7 +135,7 @@ class Kube:
         the operator may not read Nodes (an older chart's RBAC), {}: a node that says nothing counts as Ready, so
         lost nodes go undetected rather than every reconcile failing."""
         try:
-            return _absent_is_none(lambda: self.core.read_node(name, _preload_content=False))
+            return absent_is_none(lambda: self.core.read_node(name, _preload_content=False))
         except ApiException as exc:
             if exc.status != 403:
                 raise
@@ -191,7 +168,7 @@ class Kube:
                 response.release_conn()
             return kept.decode("utf-8", errors="replace"), ""
         except ApiException as exc:
-            why = f"HTTP {exc.status}: {_api_message(exc)}"
+            why = f"HTTP {exc.status}: {api_message(exc)}"
             if exc.status == 403:
                 why += "; the operator needs get on pods/log"
             return None, why
@@ -201,7 +178,7 @@ class Kube:
     # --- the ScalingRun ------------------------------------------------------------------------
 
     def _get_ours(self, plural: str, namespace: str, name: str) -> Optional[dict[str, Any]]:
-        return _absent_is_none(lambda: self.custom.get_namespaced_custom_object(
+        return absent_is_none(lambda: self.custom.get_namespaced_custom_object(
             models.GROUP, models.VERSION, namespace, plural, name, _preload_content=False))
 
     def _patch_our_status(self, plural: str, namespace: str, name: str, status: dict[str, Any],
@@ -210,7 +187,7 @@ class Kube:
         body: dict[str, Any] = {"status": status}
         if resource_version:
             body["metadata"] = {"resourceVersion": resource_version}
-        return _raw(self.custom.patch_namespaced_custom_object_status(
+        return raw_json(self.custom.patch_namespaced_custom_object_status(
             models.GROUP, models.VERSION, namespace, plural, name, body, _preload_content=False))
 
     def get_run(self, namespace: str, name: str) -> Optional[dict[str, Any]]:
@@ -225,7 +202,7 @@ class Kube:
         metadata: dict[str, Any] = {"annotations": annotations}
         if resource_version:
             metadata["resourceVersion"] = resource_version
-        return _raw(self.custom.patch_namespaced_custom_object(
+        return raw_json(self.custom.patch_namespaced_custom_object(
             models.GROUP, models.VERSION, namespace, models.PLURAL, name, {"metadata": metadata},
             _preload_content=False))
 
@@ -242,11 +219,11 @@ class Kube:
 
     def get_child(self, kind: str, namespace: str, name: str) -> Optional[dict[str, Any]]:
         if kind == "ConfigMap":
-            return _absent_is_none(lambda: self.core.read_namespaced_config_map(name, namespace, _preload_content=False))
+            return absent_is_none(lambda: self.core.read_namespaced_config_map(name, namespace, _preload_content=False))
         if kind == "Job":
-            return _absent_is_none(lambda: self.batch.read_namespaced_job(name, namespace, _preload_content=False))
+            return absent_is_none(lambda: self.batch.read_namespaced_job(name, namespace, _preload_content=False))
         if kind == "MPIJob":
-            return _absent_is_none(lambda: self.custom.get_namespaced_custom_object(
+            return absent_is_none(lambda: self.custom.get_namespaced_custom_object(
                 MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, name, _preload_content=False))
         if kind == models.KIND:  # a ScalingSweep's point
             return self.get_run(namespace, name)
@@ -257,34 +234,32 @@ class Kube:
         namespace = obj["metadata"]["namespace"]
         kind = obj["kind"]
         if kind == "ConfigMap":
-            return _raw(self.core.create_namespaced_config_map(namespace, obj, _preload_content=False))
+            return raw_json(self.core.create_namespaced_config_map(namespace, obj, _preload_content=False))
         if kind == "Job":
-            return _raw(self.batch.create_namespaced_job(namespace, obj, _preload_content=False))
+            return raw_json(self.batch.create_namespaced_job(namespace, obj, _preload_content=False))
         if kind == "Pod":  # an elastic run's capacity probe
-            return _raw(self.core.create_namespaced_pod(namespace, obj, _preload_content=False))
+            return raw_json(self.core.create_namespaced_pod(namespace, obj, _preload_content=False))
         if kind == "MPIJob":
-            return _raw(self.custom.create_namespaced_custom_object(
+            return raw_json(self.custom.create_namespaced_custom_object(
                 MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, obj, _preload_content=False))
         if kind == models.KIND:
-            return _raw(self.custom.create_namespaced_custom_object(
+            return raw_json(self.custom.create_namespaced_custom_object(
                 models.GROUP, models.VERSION, namespace, models.PLURAL, obj, _preload_content=False))
         raise ValueError(f"unknown child kind {kind}")
 
     def patch(self, kind: str, namespace: str, name: str, patch: dict[str, Any]) -> dict[str, Any]:
         """A merge patch of a child. Only act.py calls this, after its check that the run controls the object."""
         if kind == "ConfigMap":
-            return _raw(self.core.patch_namespaced_config_map(name, namespace, patch, _preload_content=False))
+            return raw_json(self.core.patch_namespaced_config_map(name, namespace, patch, _preload_content=False))
         if kind == "Job":
-            return _raw(self.batch.patch_namespaced_job(name, namespace, patch, _preload_content=False))
+            return raw_json(self.batch.patch_namespaced_job(name, namespace, patch, _preload_content=False))
         if kind == "MPIJob":
-            return _raw(self.custom.patch_namespaced_custom_object(
+            return raw_json(self.custom.patch_namespaced_custom_object(
                 MPIJOB_GROUP, MPIJOB_VERSION, namespace, MPIJOB_PLURAL, name, patch, _preload_content=False))
         if kind == models.KIND:
-            return _raw(self.custom.patch_namespaced_custom_object(
+            return raw_json(self.custom.patch_namespaced_custom_object(
                 models.GROUP, models.VERSION, namespace, models.PLURAL, name, patch, _preload_content=False))
         raise ValueError(f"unknown child kind {kind}")
-
-    # --- credentials ---------------------------------------------------------------------------
 
     # --- events --------------------------------------------------------------------------------
 
@@ -312,30 +287,6 @@ class Kube:
             log.warning("cannot post event %s on %s/%s: %s", reason, meta["namespace"], meta["name"], exc.reason)
             return namespace_terminating(exc)
         return True
-
-
-def namespace_terminating(exc: ApiException) -> bool:
-    """The API server refused a write because its namespace is being deleted (the object goes with it)."""
-    return exc.status == 403 and "being terminated" in str(exc.body)
-
-
-def _api_message(exc: ApiException) -> str:
-    """The API server's own words from an error (its Status message), else the HTTP reason."""
-    try:
-        message = json.loads(exc.body or b"{}").get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return str(message or exc.reason or "no message")[:300]
-
-
-def parse_version(info: dict[str, Any]) -> tuple[int, int, str]:
-    """(major, minor, gitVersion) from /version; minor may read '20+' (vendor builds). Unknown: (0, 0)."""
-    git = str(info.get("gitVersion") or "")
-    numbers = [re.match(r"\d+", str(info.get(k) or "")) for k in ("major", "minor")]
-    if all(numbers):
-        return int(numbers[0].group()), int(numbers[1].group()), git
-    found = re.match(r"v?(\d+)\.(\d+)", git)
-    return (int(found.group(1)), int(found.group(2)), git) if found else (0, 0, git)
 
 
 def new_api_client() -> client.ApiClient:

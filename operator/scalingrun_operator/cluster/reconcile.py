@@ -24,7 +24,8 @@ from ..decide.snapshot import Decision, Settings, Snapshot, look
 from ..decide.sweep import decide_sweep
 from ..document_source import DocumentSources, PushedSources
 from . import act
-from .k8s import Kube, namespace_terminating
+from .api_answers import namespace_terminating
+from .k8s import Kube
 from .latest import LatestObjects
 from .memory import Memory
 from .metrics import Metrics

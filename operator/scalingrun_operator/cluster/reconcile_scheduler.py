@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from ..document_source import Followed
+from .pass_loop import PassLoop
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +74,11 @@ class ReconcileScheduler:
         self._rechecks: dict[Key, float] = {}  # the earliest one asked for wins
         self._queue: list[tuple[float, Key]] = []  # (due, key) for rechecks; stale entries are skipped
         self._busy: set[Key] = set()  # reconciles submitted and not finished
-        self._wake = threading.Event()
-        self._stopping = threading.Event()
         self._paused = threading.Event()
-        self._thread: Optional[threading.Thread] = None
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="progress-reconcile")
         self._checks = ThreadPoolExecutor(max_workers=check_workers, thread_name_prefix="progress-check")
+        self._passes = PassLoop("progress-watch", self.run_due, lambda: self.interval, (self._pool, self._checks),
+                                longest_sleep=HEARTBEAT_SECONDS)
 
     # --- what the reconcile and the event handlers tell it ---------------------------------------
 
@@ -111,7 +111,7 @@ class ReconcileScheduler:
                 return
             self._rechecks[key] = due
             heapq.heappush(self._queue, (due, key))
-        self._wake.set()
+        self._passes.wake()
 
     def _period(self) -> float:
         """Seconds between two checks of one run: `interval`, or longer when that would exceed the check rate."""
@@ -133,25 +133,20 @@ class ReconcileScheduler:
 
     def resume(self) -> None:
         self._paused.clear()
-        self._wake.set()
+        self._passes.wake()
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="progress-watch", daemon=True)
-        self._thread.start()
+        self._passes.start()
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stopping.set()
-        self._wake.set()
-        if self._thread:
-            self._thread.join(timeout)
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._checks.shutdown(wait=False, cancel_futures=True)
+        self._passes.stop(timeout)
 
     def health(self) -> Optional[str]:
         """None while the loop passes and no check is stuck; else what is wrong (for the liveness probe)."""
         now = self._clock()
-        if self._thread is not None and not self._thread.is_alive() and not self._stopping.is_set():
-            return f"the {self._thread.name} thread has ended"
+        ended = self._passes.ended()
+        if ended:
+            return ended
         if now - self.beat > max(60.0, 3 * HEARTBEAT_SECONDS):
             return f"the progress watcher has not passed for {now - self.beat:.0f} s"
         with self._guard:
@@ -161,16 +156,6 @@ class ReconcileScheduler:
             return (f"{len(stuck)} progress checks stuck, the oldest for {seconds:.0f} s "
                     f"({namespace}/{name} at {endpoint})")
         return None
-
-    def _loop(self) -> None:
-        while not self._stopping.is_set():
-            try:
-                wait = self.run_due()
-            except Exception:  # the watcher must outlive any one bad check
-                log.exception("progress watcher pass failed")
-                wait = self.interval
-            self._wake.wait(timeout=min(wait, HEARTBEAT_SECONDS))
-            self._wake.clear()
 
     def run_due(self) -> float:
         """One pass: due rechecks, then due document checks handed to the check pool. Returns seconds until the
@@ -184,7 +169,7 @@ class ReconcileScheduler:
         with self._guard:
             due = [(k, w) for k, w in self._watched.items() if w.due <= now]
         for key, watched in due:
-            if self._stopping.is_set():
+            if self._passes.stopping.is_set():
                 break
             self._start_check(key, watched, now)
         with self._guard:

@@ -12,7 +12,8 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from scalingrun_api.manifest import DatasetManifest, image_dataset_parameters, table_dataset_parameters
+from scalingrun_api.manifest import (DatasetManifest, image_dataset_parameters, is_shard_manifest,
+                                     table_dataset_parameters)
 from scalingrun_api.models import Phase, ScalingRun
 from ..builders import build_config_map, build_preprocess_job
 from ..builders.common import preprocess_job_name
@@ -174,8 +175,7 @@ def shard_progress(shard_names: Optional[list[str]], shards: int) -> Optional[in
     """How many shards of a `shards`-shard run left a shard manifest (None when not listable)."""
     if shard_names is None:
         return None
-    suffix = f"-of-{shards:05d}.json"
-    return sum(1 for n in shard_names if n.startswith("shard-") and n.endswith(suffix))
+    return sum(1 for n in shard_names if is_shard_manifest(n, shards))
 
 
 def preprocessing_failure_message(run: ScalingRun, namespace: str, job_name: str, state: JobState,

@@ -22,7 +22,6 @@ and an endpoint that keeps failing is not asked again until its backoff has pass
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import random
@@ -30,43 +29,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, TypeVar
-from urllib.parse import urlparse
 
-from ..object_store import Credentials  # noqa: F401 (pull mode's keys are the tools' kind)
+from ..object_store import (  # noqa: F401 (Credentials: pull mode's keys are the tools' kind)
+    Credentials, json_object, local_path, split_s3,
+)
 from ..schema.endpoints import EndpointPolicy, endpoint_refusal
 from .bounded_http import Budget, Clients, Misbehaved
-from .storage_failures import PERMANENT_HINTS, describe, status_text, transient
+from .storage_failures import (  # noqa: F401 (DocumentTooLarge: what a read over the cap raises)
+    PERMANENT_HINTS, DocumentTooLarge, EndpointNotAllowed, StorageError, StoreMisbehaved, describe, status_text,
+    too_large, transient,
+)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-class StorageError(RuntimeError):
-    """Storage could not be read; the message names the URI and the cause, never a key."""
-
-    reason = "StorageError"  # a condition's reason
-    permanent = False  # the store answered, and no: the store works (its circuit breaker stays closed)
-    summary = ""  # what the store did, naming no URI (for other runs on the same store)
-
-
-class DocumentTooLarge(StorageError):
-    """A document is over the operator's size cap: not read, not parsed."""
-
-    reason = "DocumentTooLarge"
-
-
-class StoreMisbehaved(StorageError):
-    """The store did what no working store does; `reason` says which, the message what, never what it sent."""
-
-    def __init__(self, message: str, reason: str):
-        super().__init__(message)
-        self.reason = reason
-
-
-class EndpointNotAllowed(StorageError):
-    """The run's endpoint is not on the operator's allow-list: no request is sent to it."""
-
-    reason = "EndpointNotAllowed"
 
 
 # Big enough for a manifest of 20,000 classes and 256 shards (~0.5 MiB) and a progress document with about
@@ -91,15 +66,10 @@ class StorageTarget:
     clients: Clients = field(default_factory=Clients, compare=False, repr=False)
 
 
-def _split_s3(uri: str) -> tuple[str, str]:
-    parsed = urlparse(uri)
-    return parsed.netloc, parsed.path.lstrip("/")
-
-
 def _local_path(uri: str, target: StorageTarget) -> Path:
     if not target.policy.local_files:
         raise EndpointNotAllowed(f"cannot read {uri}: in a cluster the operator reads s3:// only, not its own disk")
-    return Path(urlparse(uri).path if uri.startswith("file://") else uri)
+    return local_path(uri)
 
 
 def _client(target: StorageTarget) -> Any:
@@ -167,7 +137,7 @@ def _attempts(what: str, uri: str, target: StorageTarget, call: Callable[[], T])
                 if not transient(exc):
                     code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else None
                     hint = PERMANENT_HINTS.get(code or "", "not retried")
-                    hint = hint.format(bucket=_split_s3(uri)[0] if uri.startswith("s3://") else uri,
+                    hint = hint.format(bucket=split_s3(uri)[0] if uri.startswith("s3://") else uri,
                                        endpoint=endpoint)
                     error = StorageError(f"cannot {what} {uri}: {describe(exc)}{status_text(exc)}; {hint}")
                     error.permanent = isinstance(exc, ClientError)  # the store answered: it works
@@ -182,28 +152,16 @@ def _attempts(what: str, uri: str, target: StorageTarget, call: Callable[[], T])
                 delay = min(delay * 2, 4.0)
 
 
-def _too_large(uri: str, size: int, target: StorageTarget) -> DocumentTooLarge:
-    return DocumentTooLarge(
-        f"{uri} is {_size(size)}{'+' if size > target.max_document_bytes else ''}, over the operator's limit of "
-        f"{_size(target.max_document_bytes)} for one document (SCALINGRUN_MAX_DOCUMENT_BYTES, chart value "
-        "operator.maxDocumentBytes); it was not read. Check what writes it, or raise the limit together with the "
-        "operator's memory limit")
-
-
-def _size(size: int) -> str:
-    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 1024:.0f} KiB" if size >= 1024 else f"{size} B"
-
-
 def _read_capped(uri: str, stream: Any, length: Optional[int], target: StorageTarget) -> bytes:
     """At most `target.max_document_bytes` of `stream`; DocumentTooLarge (the stream closed) beyond that, by the
     announced length before any byte is read, or by what arrives (a length may be missing or wrong)."""
     cap = target.max_document_bytes
     try:
         if length is not None and length > cap:
-            raise _too_large(uri, length, target)
+            raise too_large(uri, length, cap)
         data = stream.read(cap + 1)
         if len(data) > cap:
-            raise _too_large(uri, len(data), target)
+            raise too_large(uri, len(data), cap)
         return data
     finally:
         stream.close()
@@ -213,7 +171,7 @@ def _get_object(uri: str, target: StorageTarget) -> tuple[Optional[bytes], Optio
     """(the object's bytes, its ETag), or (None, None) when it does not exist. S3 only."""
     from botocore.exceptions import ClientError
 
-    bucket, key = _split_s3(uri)
+    bucket, key = split_s3(uri)
 
     def get() -> tuple[Optional[bytes], Optional[str]]:
         try:
@@ -248,24 +206,14 @@ def read_bytes(uri: str, target: StorageTarget) -> Optional[bytes]:
 def read_json(uri: str, target: StorageTarget) -> Optional[dict[str, Any]]:
     """A JSON object document, or None when absent. A document that is not a JSON object is an error."""
     data = read_bytes(uri, target)
-    return None if data is None else _json_object(uri, data)
-
-
-def _json_object(uri: str, data: bytes) -> dict[str, Any]:
-    try:
-        document = json.loads(data)
-    except ValueError as exc:
-        raise StorageError(f"{uri} is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise StorageError(f"{uri} is not a JSON object")
-    return document
+    return None if data is None else json_object(uri, data, StorageError)
 
 
 def _s3_listing(uri: str, target: StorageTarget, limit: int, names_of: Callable[[dict[str, Any], str], list[str]],
                 **request: str) -> list[str]:
     """At most `limit` names of a paged S3 listing of the folder `uri` (`names_of(page, prefix)` reads a page), in
     pages of at most 1000 keys, stopped (StoreMisbehaved) past `EXTRA_PAGES` pages more than `limit` needs."""
-    bucket, prefix = _split_s3(uri)
+    bucket, prefix = split_s3(uri)
     prefix = prefix.rstrip("/") + "/" if prefix.strip("/") else ""
     page_size = min(limit, 1000)
     most_pages = -(-limit // page_size) + EXTRA_PAGES
@@ -341,7 +289,7 @@ def read_json_versioned(uri: str, target: StorageTarget) -> tuple[Optional[dict[
     data, etag = _get_object(uri, target)
     if data is None:
         return None, None
-    return _json_object(uri, data), etag
+    return json_object(uri, data, StorageError), etag
 
 
 # The watcher checks many runs in turn: a failing store gets a short retry, the next round tries again.
@@ -356,7 +304,7 @@ def changed_since(uri: str, target: StorageTarget, version: Optional[str]) -> tu
         return now != version, now
     from botocore.exceptions import ClientError
 
-    bucket, key = _split_s3(uri)
+    bucket, key = split_s3(uri)
     kwargs: dict[str, Any] = {"Bucket": bucket, "Key": key}
     if version:
         kwargs["IfNoneMatch"] = version

@@ -1,11 +1,53 @@
-"""What a failed storage call means: said in words a store cannot fill and that never quote the request, whether
-it is worth another try, and what to check when the answer is a final no."""
+"""What a failed storage call means: the errors a read raises (StorageError and its kinds), in words a store cannot
+fill and that never quote the request, whether it is worth another try, and what to check when the answer is a
+final no."""
 
 from __future__ import annotations
 
 from . import endpoint_guard
 from ..schema.endpoints import NOT_REACHABLE
 from .bounded_http import printable
+
+
+class StorageError(RuntimeError):
+    """Storage could not be read; the message names the URI and the cause, never a key."""
+
+    reason = "StorageError"  # a condition's reason
+    permanent = False  # the store answered, and no: the store works (its circuit breaker stays closed)
+    summary = ""  # what the store did, naming no URI (for other runs on the same store)
+
+
+class DocumentTooLarge(StorageError):
+    """A document is over the operator's size cap: not read, not parsed."""
+
+    reason = "DocumentTooLarge"
+
+
+class StoreMisbehaved(StorageError):
+    """The store did what no working store does; `reason` says which, the message what, never what it sent."""
+
+    def __init__(self, message: str, reason: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+class EndpointNotAllowed(StorageError):
+    """The run's endpoint is not on the operator's allow-list: no request is sent to it."""
+
+    reason = "EndpointNotAllowed"
+
+
+def too_large(uri: str, size: int, cap: int) -> DocumentTooLarge:
+    """`uri` is `size` bytes (or more), over the operator's `cap` for one document."""
+    return DocumentTooLarge(
+        f"{uri} is {_size(size)}{'+' if size > cap else ''}, over the operator's limit of "
+        f"{_size(cap)} for one document (SCALINGRUN_MAX_DOCUMENT_BYTES, chart value "
+        "operator.maxDocumentBytes); it was not read. Check what writes it, or raise the limit together with the "
+        "operator's memory limit")
+
+
+def _size(size: int) -> str:
+    return f"{size / 2**20:.1f} MiB" if size >= 2**20 else f"{size / 1024:.0f} KiB" if size >= 1024 else f"{size} B"
 
 
 def describe(exc: Exception) -> str:

@@ -333,7 +333,7 @@ def test_a_server_without_indexed_jobs_gets_one_pod_for_every_shard():
     ({"gitVersion": "v0.0.0-master+$Format:%H$"}, (0, 0, "v0.0.0-master+$Format:%H$")),
 ])
 def test_server_version_parsing(info, expected):
-    from scalingrun_operator.cluster.k8s import parse_version
+    from scalingrun_operator.cluster.api_answers import parse_version
     from scalingrun_operator.decide.snapshot import INDEXED_JOBS_SINCE
 
     assert parse_version(info) == expected

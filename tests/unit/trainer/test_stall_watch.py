@@ -67,10 +67,12 @@ def test_the_engines_own_timeouts_come_after_the_watch_and_its_roll_call(monkeyp
 
 
 def test_every_horovod_mpijob_gets_the_trainers_stall_shutdown():
-    from scalingrun_api.engines import HOROVOD_STALL_ENV
-    from scalingrun_trainer.engines.keras_horovod.train import stall_settings
+    from scalingrun_api.engines import HOROVOD_STALL_ENV, horovod_stall_env
 
-    assert HOROVOD_STALL_ENV == stall_settings(engine_timeout(300))
+    assert HOROVOD_STALL_ENV == horovod_stall_env(engine_timeout(300)) == {
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": "60", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "390",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": "390"}
+    assert horovod_stall_env(engine_timeout(0)) == {}  # the watch off: Horovod's own defaults
 
 
 def test_a_rank_that_was_itself_frozen_says_so_instead_of_calling_the_roll(tmp_path):

@@ -27,7 +27,8 @@ import time
 from typing import Callable, Optional
 
 from pyarrow import fs as pafs
-from scalingrun_api.heartbeat import COLLECTIVE_TIMEOUT_VARIABLE, DEFAULT_COLLECTIVE_TIMEOUT_SECONDS, STALL_EXIT_CODE
+from scalingrun_api.heartbeat import (COLLECTIVE_TIMEOUT_VARIABLE, DEFAULT_COLLECTIVE_TIMEOUT_SECONDS, STALL_EXIT_CODE,
+                                      engine_timeout_after, roll_call_window)
 
 from ..storage import Location
 from .heartbeat import HeartbeatWriter
@@ -35,10 +36,6 @@ from .heartbeat import HeartbeatWriter
 # Set by the MPIJob from spec.training.stallTimeout when GPUs are asked for (scalingrun_api.heartbeat).
 TIMEOUT_VARIABLE = COLLECTIVE_TIMEOUT_VARIABLE
 DEFAULT_TIMEOUT_SECONDS = DEFAULT_COLLECTIVE_TIMEOUT_SECONDS
-# Added to the watch's time before an engine's own collective timeout fires: the watch, which names the silent
-# ranks, speaks first.
-ENGINE_TIMEOUT_MARGIN_SECONDS = 30.0
-
 
 # TensorFlow's coordination service (MultiWorkerMirroredStrategy) names the worker whose heartbeat stopped; the
 # worker's task index is its rank (engines/keras_mirrored/tf_config.py).
@@ -68,18 +65,9 @@ def collective_timeout() -> float:
     return value
 
 
-def roll_call_window(timeout: float) -> float:
-    """How long a rank that gave up waits for the others' answers: the ranks give up at times apart by a step or a
-    validation pass (ranks with fewer validation batches wait longer in the epoch's last collective)."""
-    return max(10.0, min(60.0, timeout / 4))
-
-
 def engine_timeout(timeout: Optional[float] = None) -> Optional[float]:
     """The engines' own collective timeout: after the watch and its roll call; None when the watch is off."""
-    timeout = collective_timeout() if timeout is None else timeout
-    if not timeout:
-        return None
-    return timeout + roll_call_window(timeout) + ENGINE_TIMEOUT_MARGIN_SECONDS
+    return engine_timeout_after(collective_timeout() if timeout is None else timeout)
 
 
 class StallWatch:

@@ -29,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
+from scalingrun_api.manifest import shard_name
+
 from ..core.dataset import SPLITS
 from ..storage import Location, retrying
 from .source import Fingerprint, Params, SourceError, SourceFile, assign, iter_source, list_classes
@@ -96,7 +98,7 @@ def read_json(location: Location) -> Optional[dict]:
 
 
 def _shard_folder(output: Location, shard: int, shard_count: int) -> Location:
-    return output.join(PLAN_FOLDER, f"shard-{shard:05d}-of-{shard_count:05d}")
+    return output.join(PLAN_FOLDER, shard_name(shard, shard_count))
 
 
 def _chunk(output: Location, shard: int, shard_count: int, chunk: int) -> Location:

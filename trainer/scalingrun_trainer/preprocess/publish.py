@@ -9,7 +9,8 @@ import json
 import posixpath
 from typing import Optional
 
-from scalingrun_api.manifest import CLASSES_FILE, MANIFEST_FILE, DatasetManifest
+from scalingrun_api.manifest import (CLASSES_FILE, MANIFEST_FILE, SHARDS_FOLDER, DatasetManifest, shard_count_suffix,
+                                     shard_name)
 
 from ..core.dataset import SPLITS
 from ..storage import Location
@@ -22,7 +23,7 @@ def finalize(params: Params, output: Location, plan: Plan) -> Optional[DatasetMa
     shard_count, fp = len(plan.shards), plan.fingerprint
     shards = []
     for index in range(shard_count):
-        done = read_json(output.join("_shards", f"shard-{index:05d}-of-{shard_count:05d}.json"))
+        done = read_json(output.join(SHARDS_FOLDER, f"{shard_name(index, shard_count)}.json"))
         if not done or done.get("shard_fingerprint") != plan.shards[index].fingerprint:
             return None
         shards.append(done)
@@ -59,12 +60,12 @@ def finalize(params: Params, output: Location, plan: Plan) -> Optional[DatasetMa
 def _remove_stale(output: Location, manifest: DatasetManifest) -> None:
     """Deletes Parquet files, shard manifests, part records and plan chunks that are not part of this dataset."""
     keep = {posixpath.join(output.path, f) for s in SPLITS for f in manifest.files[s]}
-    for folder in (*SPLITS, "_shards", "_parts", PLAN_FOLDER):
+    for folder in (*SPLITS, SHARDS_FOLDER, "_parts", PLAN_FOLDER):
         for info in output.join(folder).files(recursive=folder in ("_parts", PLAN_FOLDER)):
-            if folder == "_shards":
-                stale = f"-of-{manifest.shards:05d}.json" not in info.base_name
+            if folder == SHARDS_FOLDER:
+                stale = f"{shard_count_suffix(manifest.shards)}.json" not in info.base_name
             elif folder == PLAN_FOLDER:  # plans for another shard count, and an older format's chunks
-                stale = info.base_name != "index.json" and (f"-of-{manifest.shards:05d}/" not in info.path
+                stale = info.base_name != "index.json" and (f"{shard_count_suffix(manifest.shards)}/" not in info.path
                                                             or not info.base_name.endswith(".jsonl"))
             elif folder == "_parts":
                 stale = True  # every shard is done: their records are left over from attempts that died

@@ -38,7 +38,7 @@ from typing import Iterator, Optional
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from scalingrun_api.manifest import MANIFEST_FILE, DatasetManifest
+from scalingrun_api.manifest import MANIFEST_FILE, SHARDS_FOLDER, DatasetManifest, shard_name
 
 from ..core.dataset import SPLITS
 from ..core.heartbeat import HeartbeatWriter
@@ -154,7 +154,7 @@ def process_shard(params: Params, shard_index: int, shard_count: int, workers: O
     if manifest and manifest.fingerprint == fp:
         return {**dataset_summary(manifest), "shard": shard_index, "shards": shard_count, "reused": True}
 
-    shard_manifest_at = output.join("_shards", f"shard-{shard_index:05d}-of-{shard_count:05d}.json")
+    shard_manifest_at = output.join(SHARDS_FOLDER, f"{shard_name(shard_index, shard_count)}.json")
     done = read_json(shard_manifest_at)
     shard_fp = plan.shards[shard_index].fingerprint
     if done and done.get("shard_fingerprint") == shard_fp:
@@ -217,7 +217,7 @@ def _files_of(parts: list[_Part], todo: set, stream: Iterator[PlannedFile]) -> I
 
 
 def _parts_folder(output: Location, shard: int, shard_count: int, shard_fp: str) -> Location:
-    return output.join("_parts", f"shard-{shard:05d}-of-{shard_count:05d}-{shard_fp[:12]}")
+    return output.join("_parts", f"{shard_name(shard, shard_count)}-{shard_fp[:12]}")
 
 
 def _write_shard(params: Params, output: Location, plan: Plan, shard_index: int, workers: Optional[int],

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from scalingrun_api.config import TrainerConfig
+from scalingrun_api.engines import horovod_stall_env
 from ...core.stall import engine_timeout
 from ...frameworks.keras.engine import KerasEngine
 from ...frameworks.keras.training import train as train_keras
@@ -58,22 +59,10 @@ def _pin_gpu(local_rank: int) -> None:
         tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
 
 
-def stall_settings(timeout: float | None) -> dict[str, str]:
-    """Horovod's stall check (a warning naming the ranks that did not submit a tensor) and shutdown, and Gloo's
-    operation timeout (horovodrun --gloo; 30 s by default), read at hvd.init(): after the stall watch
-    (core/stall.py), as a bound where it is not running. A frozen rank blocks Horovod's own coordination too
-    (measured: no stall warning in 4 minutes), which is why the watch exists."""
-    if not timeout:
-        return {}
-    return {"HOROVOD_STALL_CHECK_TIME_SECONDS": str(int(min(60, timeout))),
-            "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(int(timeout)),
-            "HOROVOD_GLOO_TIMEOUT_SECONDS": str(int(timeout))}
-
-
 def train(config: TrainerConfig) -> int:
     import horovod.tensorflow.keras as hvd
 
-    for name, value in stall_settings(engine_timeout()).items():
+    for name, value in horovod_stall_env(engine_timeout()).items():
         os.environ.setdefault(name, value)  # the MPIJob's (or the user's) own settings win
     hvd.init()
     _pin_gpu(hvd.local_rank())
