@@ -220,6 +220,9 @@ class ReconcileScheduler:
                 self._checking.pop(key, None)
         if check.busy:
             return  # the endpoint's calls are taken by reconciles: the next round checks
+        with self._guard:
+            if self._watched.get(key) is not watched:
+                return  # unwatched (or followed anew) while its check waited for a thread: not this check's to act on
         if check.error:
             # The reconcile turns it into StorageReadable=False and a recheck; one reconcile, not one a check.
             if not watched.failing:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 
 import pytest
@@ -74,6 +75,43 @@ def test_a_run_is_reconciled_only_when_its_document_changed(tmp_path):
     watcher.run_due()
     assert reconcile.settled(2) == [("ns", "quiet"), ("ns", "busy")]
     assert set(watcher.watched()) == {("ns", "busy")}
+    watcher.stop()
+
+
+class _HeldDocument(FollowedDocument):
+    """A real file whose check waits until released: a check still waiting for a thread when its run is unwatched."""
+
+    def __init__(self, path, started: threading.Event, release: threading.Event):
+        super().__init__(str(path), TARGET)
+        self._started, self._release = started, release
+
+    def check(self, version):
+        self._started.set()
+        assert self._release.wait(30)
+        return super().check(version)
+
+
+@pytest.mark.parametrize("unwatched", [True, False])
+def test_a_check_in_flight_when_its_run_is_unwatched_reconciles_nothing(tmp_path, unwatched):
+    """CI at load 70: a check handed to the pool before `unwatch` ran after it and the document's next write, and
+    reconciled a run no longer watched. Still watched, the same check reconciles it."""
+    clock, reconcile = Clock(), Recorder()
+    watcher = ReconcileScheduler(reconcile, interval=15, clock=clock)
+    path, started, release = tmp_path / "progress.json", threading.Event(), threading.Event()
+    write(path, 1)
+    _, version = read_json_versioned(str(path), TARGET)
+    watcher.watch("ns", "gone", _HeldDocument(path, started, release), version)
+    clock.now += 15
+    watcher.run_due()
+    assert started.wait(30), "the check was handed to the pool"
+    if unwatched:
+        watcher.unwatch("ns", "gone")
+    write(path, 22)
+    release.set()
+    # Every check, then every reconcile it submitted, run to their end (the scheduler's own pools).
+    watcher._checks.shutdown(wait=True)
+    watcher._pool.shutdown(wait=True)
+    assert reconcile.calls == ([] if unwatched else [("ns", "gone")])
     watcher.stop()
 
 
