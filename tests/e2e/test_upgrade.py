@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.environment import (
-    README_HELM_INSTALL, RELEASE, ROOT, SYSTEM_NAMESPACE, image_values, push_values, status_push,
+    README_HELM_INSTALL, RELEASE, ROOT, SYSTEM_NAMESPACE, image_values, lease_values, push_values, status_push,
 )
 from tests.support.e2e_runs import (
     OPERATOR_PODS, RESUMED, _name, condition_texts, finished, launcher_attempt, launcher_log, phase, run_body,
@@ -104,7 +104,7 @@ def stored_progress(cluster, run_location: str) -> dict[str, Any]:
 def install_current(cluster) -> None:
     """The e2e's own operator as environment.install_operator installs it: the README's helm install."""
     helm(cluster, *README_HELM_INSTALL[1:], *image_values(os.environ["SCALINGRUN_E2E_OPERATOR_IMAGE"]),
-         *push_values(), "--wait", "--timeout", "5m")
+         *push_values(), *lease_values(), "--wait", "--timeout", "5m")
 
 
 def test_install_upgrade_with_a_run_in_flight_and_removal_keep_every_run(cluster, tmp_path):
@@ -142,7 +142,7 @@ def test_install_upgrade_with_a_run_in_flight_and_removal_keep_every_run(cluster
         # helm upgrade to this chart and operator, the run in flight.
         upgrade_started = time.monotonic()
         helm(cluster, "upgrade", RELEASE, "charts/scalingrun", "-n", SYSTEM_NAMESPACE, *image_values(current_image),
-             *push_values(), "--wait", "--timeout", "5m")
+             *push_values(), *lease_values(), "--wait", "--timeout", "5m")
         upgrade_seconds = time.monotonic() - upgrade_started
         assert NEW_WORKERS_FIELD in served_workers_fields(cluster), "helm upgrade applied the new CRD"
         deadline = time.monotonic() + 120
