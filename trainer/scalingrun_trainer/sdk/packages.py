@@ -1,0 +1,77 @@
+"""A shipped function's packages (`HorovodRunner(packages=[...])`), installed by pip on every rank before the function
+is unpacked, into a folder of the cache keyed by a digest of the list and this Python, then put first on sys.path.
+
+The cache is $SCALINGRUN_PACKAGE_CACHE, else <tmp>/scalingrun-packages. A file lock makes the ranks of one machine
+install once: the first installs (into a folder of its own, renamed into place when pip has succeeded), the others
+wait and reuse it, as does every later run with the same list. pip runs as this Python's `-m pip`, with no shell,
+each requirement one argument after `--`; its index is what this environment gives it (PIP_INDEX_URL, PIP_FIND_LINKS,
+PIP_NO_INDEX, pip.conf). A failed install is not cached: the next rank or run tries again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CACHE_ENV = "SCALINGRUN_PACKAGE_CACHE"
+MARKER = "scalingrun-packages.json"  # in an installed folder: the list it holds; written last
+PIP_TAIL_LINES = 15  # of pip's output, in the error
+
+
+class PackagesError(RuntimeError):
+    """pip could not install the list: the message names it and ends with pip's last lines."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path(tempfile.gettempdir()) / "scalingrun-packages")
+
+
+def folder_for(packages: list[str]) -> Path:
+    """The list's folder in the cache: a wheel is built for one Python, so its version and platform are in the key."""
+    key = json.dumps({"packages": packages, "python": sys.implementation.cache_tag, "platform": sys.platform})
+    return cache_root() / hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def install(packages: list[str]) -> tuple[Path, bool]:
+    """(the folder holding `packages`, whether this call ran pip); PackagesError when pip fails."""
+    folder = folder_for(packages)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        if (folder / MARKER).exists():
+            return folder, False
+        for left in (folder, *folder.parent.glob(folder.name + ".partial-*")):  # what a killed install left
+            shutil.rmtree(left, ignore_errors=True)
+        partial = Path(tempfile.mkdtemp(prefix=folder.name + ".partial-", dir=folder.parent))
+        try:
+            _pip(packages, partial)
+            (partial / MARKER).write_text(json.dumps({"packages": packages}) + "\n")
+            partial.rename(folder)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    return folder, True
+
+
+def _pip(packages: list[str], target: Path) -> None:
+    command = [sys.executable, "-m", "pip", "install", "--target", str(target), "--no-input",
+               "--disable-pip-version-check", "--no-warn-script-location", "--", *packages]
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        lines = [line for line in done.stdout.splitlines() if line.strip()]
+        reason = next((line for line in reversed(lines) if line.startswith("ERROR:")), lines[-1] if lines else "")
+        raise PackagesError("\n".join(lines[-PIP_TAIL_LINES:]) + f"\npip could not install {', '.join(packages)} "
+                            f"(exit {done.returncode}): {reason}")
+
+
+def use(folder: Path) -> None:
+    """`folder` first on sys.path, and on PYTHONPATH for the processes the function starts."""
+    sys.path.insert(0, str(folder))
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)
