@@ -26,10 +26,12 @@ PACKAGE = "scalingrun_tiny_answer"
 
 
 def _write_wheel(folder: Path, version: str = "1.0") -> str:
-    """A pure-Python wheel of PACKAGE (ANSWER = 42), written with zipfile as a build backend would; its requirement."""
+    """A pure-Python wheel of PACKAGE (ANSWER = 42), written with zipfile as a build backend would; its requirement.
+    It depends on cloudpickle, which this venv has and the wheel folder lacks."""
     distribution = f"{PACKAGE}-{version}"
     files = {f"{PACKAGE}/__init__.py": "ANSWER = 42\n",
-             f"{distribution}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {version}\n",
+             f"{distribution}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {version}\n"
+                                                   "Requires-Dist: cloudpickle\n",
              f"{distribution}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: scalingrun-tests\n"
                                                 "Root-Is-Purelib: true\nTag: py3-none-any\n"}
     record = [f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
@@ -69,6 +71,9 @@ def test_the_ranks_install_the_functions_package_once_and_a_second_run_reuses_it
     installed = [path for path in local_pip.iterdir() if path.is_dir()]
     assert len(installed) == 1, installed  # one folder for the list: no partial install left behind
     assert value == {"answer": 42, "file": str(installed[0] / PACKAGE / "__init__.py")}
+    # Only what the venv lacks: its dependency, installed here, is not a second copy ahead of the venv's.
+    assert sorted(path.name for path in installed[0].iterdir()) == [
+        "scalingrun-packages.json", PACKAGE, f"{PACKAGE}-1.0.dist-info"]
     first = capfd.readouterr().out
     # The two ranks share this machine: one ran pip, the other waited on the lock and found it installed.
     assert first.count(f"packages installed into {installed[0]}") == 1, first

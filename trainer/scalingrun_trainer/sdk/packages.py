@@ -1,5 +1,6 @@
 """A shipped function's packages (`HorovodRunner(packages=[...])`), installed by pip on every rank before the function
-is unpacked, into a folder of the cache keyed by a digest of the list and this Python, then put first on sys.path.
+is unpacked, into a folder of the cache keyed by a digest of the list and this environment, then put first on sys.path.
+Only what the environment lacks goes there (`_pip`): the image's own packages stay the ones imported.
 
 The cache is $SCALINGRUN_PACKAGE_CACHE, else <tmp>/scalingrun-packages. A file lock makes the ranks of one machine
 install once: the first installs (into a folder of its own, renamed into place when pip has succeeded), the others
@@ -20,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from scalingrun_api.shipped import check_packages
+
 CACHE_ENV = "SCALINGRUN_PACKAGE_CACHE"
 MARKER = "scalingrun-packages.json"  # in an installed folder: the list it holds; written last
 PIP_TAIL_LINES = 15  # of pip's output, in the error
@@ -34,8 +37,10 @@ def cache_root() -> Path:
 
 
 def folder_for(packages: list[str]) -> Path:
-    """The list's folder in the cache: a wheel is built for one Python, so its version and platform are in the key."""
-    key = json.dumps({"packages": packages, "python": sys.implementation.cache_tag, "platform": sys.platform})
+    """The list's folder in the cache: what it holds depends on the environment it completes (sys.prefix: two venvs
+    of one machine differ), and a wheel is built for one Python and platform."""
+    key = json.dumps({"packages": packages, "environment": sys.prefix, "python": sys.implementation.cache_tag,
+                      "platform": sys.platform})
     return cache_root() / hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
@@ -60,8 +65,22 @@ def install(packages: list[str]) -> tuple[Path, bool]:
 
 
 def _pip(packages: list[str], target: Path) -> None:
-    command = [sys.executable, "-m", "pip", "install", "--target", str(target), "--no-input",
-               "--disable-pip-version-check", "--no-warn-script-location", "--", *packages]
+    """What the list needs beyond this environment, into `target`. `pip install --target` alone ignores what is
+    installed: it would put a second numpy (the newest) first on sys.path, under the image's TensorFlow. So pip
+    resolves the list against this environment first (--dry-run, changing nothing), and only the distributions it
+    would add or change go into `target`, pinned, without their dependencies (already resolved)."""
+    report = target / "pip-report.json"
+    _run_pip(packages, ["--dry-run", "--report", str(report)], packages)
+    needed = [f"{item['metadata']['name']}=={item['metadata']['version']}"
+              for item in json.loads(report.read_text())["install"]]
+    report.unlink()
+    if needed:
+        _run_pip(check_packages(needed), ["--target", str(target), "--no-deps"], packages)
+
+
+def _run_pip(requirements: list[str], options: list[str], packages: list[str]) -> None:
+    command = [sys.executable, "-m", "pip", "install", *options, "--no-input", "--disable-pip-version-check",
+               "--no-warn-script-location", "--", *requirements]
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           stdin=subprocess.DEVNULL)
     if done.returncode != 0:
