@@ -5,43 +5,20 @@ reads a folder of wheels this test writes (PIP_NO_INDEX, PIP_FIND_LINKS, passed 
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import importlib.util
 import os
 import re
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 import scalingrun
 from tests.support.horovodrun import horovodrun
+from tests.support.wheels import PACKAGE, write_wheel
 
 pytestmark = pytest.mark.horovod
-
-PACKAGE = "scalingrun_tiny_answer"
-
-
-def _write_wheel(folder: Path, version: str = "1.0") -> str:
-    """A pure-Python wheel of PACKAGE (ANSWER = 42), written with zipfile as a build backend would; its requirement.
-    It depends on cloudpickle, which this venv has and the wheel folder lacks."""
-    distribution = f"{PACKAGE}-{version}"
-    files = {f"{PACKAGE}/__init__.py": "ANSWER = 42\n",
-             f"{distribution}.dist-info/METADATA": f"Metadata-Version: 2.1\nName: {PACKAGE}\nVersion: {version}\n"
-                                                   "Requires-Dist: cloudpickle\n",
-             f"{distribution}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: scalingrun-tests\n"
-                                                "Root-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = [f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
-              f"{len(text.encode())}" for name, text in files.items()]
-    files[f"{distribution}.dist-info/RECORD"] = "\n".join([*record, f"{distribution}.dist-info/RECORD,,"]) + "\n"
-    folder.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(folder / f"{distribution}-py3-none-any.whl", "w") as wheel:
-        for name, text in files.items():
-            wheel.writestr(name, text)
-    return f"{PACKAGE}=={version}"
 
 
 def answer_from_a_shipped_package() -> dict:
@@ -63,7 +40,7 @@ def local_pip(tmp_path, monkeypatch) -> Path:
 
 def test_the_ranks_install_the_functions_package_once_and_a_second_run_reuses_it(tmp_path, local_pip, capfd):
     horovodrun()
-    requirement = _write_wheel(tmp_path / "wheels")
+    requirement = write_wheel(tmp_path / "wheels")
     assert importlib.util.find_spec(PACKAGE) is None  # the function cannot run in this venv as it is
     runner = scalingrun.HorovodRunner(np=-2, workdir=tmp_path / "runs", packages=[requirement])
 
