@@ -53,16 +53,21 @@ def check_packages(packages: Any) -> list[str]:
     if len(packages) > MAX_PACKAGES:
         raise ShippedError(f"{len(packages)} packages, over the cap of {MAX_PACKAGES}")
     for spec in packages:
-        if not isinstance(spec, str):
-            raise ShippedError(f"package {spec!r}: a requirement string, e.g. \"pandas==2.2.3\"")
-        if len(spec) > MAX_PACKAGE_SPEC:
-            raise ShippedError(f"package {spec[:40]!r}...: {len(spec)} characters, over the cap of {MAX_PACKAGE_SPEC}")
-        if spec.lstrip().startswith("-"):
-            raise ShippedError(f"package {spec!r}: an option, not a package: refused")
-        if not _REQUIREMENT.fullmatch(spec):
-            raise ShippedError(f"package {spec!r}: not a requirement (a name, extras and version clauses, as in "
-                               "\"name[extra]>=1.0,<2\"; no URL, path or marker)")
+        check_requirement(spec)
     return list(packages)
+
+
+def check_requirement(spec: Any) -> None:
+    """ShippedError unless `spec` is one requirement pip may be given as an argument."""
+    if not isinstance(spec, str):
+        raise ShippedError(f"package {spec!r}: a requirement string, e.g. \"pandas==2.2.3\"")
+    if len(spec) > MAX_PACKAGE_SPEC:
+        raise ShippedError(f"package {spec[:40]!r}...: {len(spec)} characters, over the cap of {MAX_PACKAGE_SPEC}")
+    if spec.lstrip().startswith("-"):
+        raise ShippedError(f"package {spec!r}: an option, not a package: refused")
+    if not _REQUIREMENT.fullmatch(spec):
+        raise ShippedError(f"package {spec!r}: not a requirement (a name, extras and version clauses, as in "
+                           "\"name[extra]>=1.0,<2\"; no URL, path or marker)")
 
 
 def _installed(module: types.ModuleType) -> bool:

@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from scalingrun_api.shipped import check_packages
+from scalingrun_api.shipped import ShippedError, check_requirement
 
 CACHE_ENV = "SCALINGRUN_PACKAGE_CACHE"
 MARKER = "scalingrun-packages.json"  # in an installed folder: the list it holds; written last
@@ -29,7 +29,7 @@ PIP_TAIL_LINES = 15  # of pip's output, in the error
 
 
 class PackagesError(RuntimeError):
-    """pip could not install the list: the message names it and ends with pip's last lines."""
+    """pip could not install the list: pip's last lines, then a line naming the list and pip's reason."""
 
 
 def cache_root() -> Path:
@@ -74,8 +74,13 @@ def _pip(packages: list[str], target: Path) -> None:
     needed = [f"{item['metadata']['name']}=={item['metadata']['version']}"
               for item in json.loads(report.read_text())["install"]]
     report.unlink()
+    try:
+        for spec in needed:  # what pip resolved goes back to pip: never an option (and not capped: dependencies)
+            check_requirement(spec)
+    except ShippedError as exc:
+        raise PackagesError(f"pip resolved {', '.join(packages)} to {exc}") from None
     if needed:
-        _run_pip(check_packages(needed), ["--target", str(target), "--no-deps"], packages)
+        _run_pip(needed, ["--target", str(target), "--no-deps"], packages)
 
 
 def _run_pip(requirements: list[str], options: list[str], packages: list[str]) -> None:
