@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from scalingrun_api.engines import HOROVOD_STALL_ENV
-from scalingrun_api.shipped import ERROR_FILE, RESULT_FILE, digest, pack, write
+from scalingrun_api.shipped import ERROR_FILE, RESULT_FILE, check_packages, digest, pack, write
 from scalingrun_operator.builders.locations import join
 from scalingrun_operator.local.processes import horovodrun
 from . import function_store
@@ -41,10 +41,12 @@ class HorovodRunner:
 
     def __init__(self, np: int, driver_log_verbosity: str = "all", workdir: Optional[str | Path] = None,
                  run: Optional[Run | dict[str, Any]] = None, store_endpoint: Optional[str] = None,
-                 timeout: Optional[float] = None, **submit: Any):
-        """np > 0: `run` is the run the function's takes its storage, dataset and workers from (a Run or its
-        document); `store_endpoint` where this machine reaches its store, when not at the spec's endpoint (a
-        port-forward); `timeout`: seconds the run may take (Run.wait); `submit` goes to Run.submit (kubeconfig=, namespace=, local=True ...)."""
+                 timeout: Optional[float] = None, packages: Optional[list[str]] = None, **submit: Any):
+        """`packages`: requirements every rank installs with pip before it runs the function (cached per list;
+        scalingrun_api.shipped.check_packages says which are refused). np > 0: `run` is the run the function's takes
+        its storage, dataset and workers from (a Run or its document); `store_endpoint` where this machine reaches
+        its store, when not at the spec's endpoint (a port-forward); `timeout`: seconds the run may take (Run.wait);
+        `submit` goes to Run.submit (kubeconfig=, namespace=, local=True ...)."""
         if not isinstance(np, int) or isinstance(np, bool) or np == 0:
             raise ValueError(f"np={np!r}: a negative number of processes on this machine (np=-2), or a positive "
                              "number in the cluster")
@@ -54,6 +56,7 @@ class HorovodRunner:
             raise ValueError(f"HorovodRunner(np={np}) needs run=: the ScalingRun (a Run or its document) whose "
                              "storage, dataset and workers the function's run takes")
         self.np, self.verbosity = np, driver_log_verbosity
+        self.packages = check_packages(packages)
         self.workdir = Path(workdir) if workdir else None
         self.base = run if isinstance(run, Run) or run is None else Run.from_dict(run)
         self.submit, self.store_endpoint, self.timeout = submit, store_endpoint, timeout
@@ -70,7 +73,7 @@ class HorovodRunner:
                 shutil.rmtree(folder, ignore_errors=True)
 
     def _here(self, folder: Path, main: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-        write(folder, pack(main, kwargs))
+        write(folder, pack(main, kwargs, self.packages))
         processes = -self.np
         command = [horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
                    sys.executable, "-m", WORKER, str(folder)]
@@ -85,7 +88,7 @@ class HorovodRunner:
     def _in_a_run(self, main: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         """The function in a ScalingRun of np workers: stored, run by every rank of the run's image, rank 0's value
         read back from the store."""
-        payload = pack(main, kwargs)
+        payload = pack(main, kwargs, self.packages)
         named = digest(payload)
         body = copy.deepcopy(self.base.body)
         body["metadata"] = {**body["metadata"], "name": f"{self.base.name[:30]}-fn-{named.split(':')[1][:10]}"}

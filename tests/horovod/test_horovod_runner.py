@@ -3,6 +3,7 @@ return value comes back, and a rank that raises is named with its traceback."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 import scalingrun
 from scalingrun_api.engines import HOROVOD_STALL_ENV
 from tests.support.horovodrun import horovodrun
+from tests.support.wheels import write_wheel
 
 pytestmark = pytest.mark.horovod
 
@@ -116,8 +118,15 @@ def test_np_above_zero_runs_the_function_in_a_scalingrun_from_its_store(store, t
         spec["storage"] = {"endpoint": server.endpoint, "credentialsSecret": "team-s3"}
     spec["dataset"].update(source=f"{location}/jpeg", output=f"{location}/parquet")
     base = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "team"}, "spec": spec}
-    runner = scalingrun.HorovodRunner(np=2, run=base, local=True, workdir=tmp_path / "run")
+    # The function's packages come with it: the ranks under mpirun install them, from a wheel folder and no index.
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "wheels"))
+    monkeypatch.setenv("SCALINGRUN_PACKAGE_CACHE", str(tmp_path / "packages"))
+    packages = [write_wheel(tmp_path / "wheels")]
+    runner = scalingrun.HorovodRunner(np=2, run=base, local=True, workdir=tmp_path / "run", packages=packages)
     value = runner.run(allreduce_of_ranks, scale=10.0)
+    assert [json.loads(marker.read_text()) for marker in (tmp_path / "packages").glob("*/scalingrun-packages.json")] \
+        == [{"packages": packages}]
     value.pop("gloo_timeout")  # under mpirun, as in the cluster: Gloo is not Horovod's controller there
     assert value == {"rank": 0, "size": 2, "sum": 30.0}
     run = runner.last_run

@@ -68,3 +68,39 @@ def test_without_cloudpickle_a_function_goes_as_its_modules_source(tmp_path):
         "101 __scalingrun_shipped__",
         "<lambda>: without cloudpickle only a module-level function can be shipped (pip install cloudpickle to ship "
         "this one)"]
+
+
+def test_the_package_list_is_part_of_what_the_digest_covers():
+    plain = shipped.pack(scaled_sum, {"values": [1], "scale": 1})
+    with_one = shipped.pack(scaled_sum, {"values": [1], "scale": 1}, ["pandas==2.2.3"])
+    with_other = shipped.pack(scaled_sum, {"values": [1], "scale": 1}, ["pandas==2.2.2"])
+    assert len({shipped.digest(plain), shipped.digest(with_one), shipped.digest(with_other)}) == 3
+    assert shipped.open_payload(with_one, shipped.digest(with_one))["packages"] == ["pandas==2.2.3"]
+
+
+@pytest.mark.parametrize("spec", ["pandas", "pandas==2.2.3", "scikit-learn>=1.4,<2", "ray[tune]~=2.9",
+                                  "zope.interface!=6.0", "torch==2.3.0+cpu", "Pillow >= 10"])
+def test_requirements_pass(spec):
+    assert shipped.check_packages([spec]) == [spec]
+
+
+@pytest.mark.parametrize(("packages", "reason"), [
+    (["--index-url=https://evil.example/simple"], r"an option, not a package: refused"),
+    (["-r/etc/passwd"], r"an option, not a package: refused"),
+    ([" -e."], r"an option, not a package: refused"),
+    (["pandas; python_version>'3'"], r"not a requirement \(a name, extras and version clauses"),
+    (["pkg @ https://evil.example/pkg.whl"], r"not a requirement"),
+    (["./wheels/pkg.whl"], r"not a requirement"),
+    (["pandas==2 --index-url x"], r"not a requirement"),
+    (["pandas && rm -rf /"], r"not a requirement"),
+    ([""], r"not a requirement"),
+    ([3], r"package 3: a requirement string"),
+    ("pandas", r"packages='pandas': a list of requirements"),
+    (["p" * 201], r"201 characters, over the cap of 200"),
+    ([f"p{i}" for i in range(65)], r"65 packages, over the cap of 64"),
+])
+def test_a_package_list_that_is_not_requirements_is_refused_naming_the_package(packages, reason):
+    with pytest.raises(shipped.ShippedError, match=reason):
+        shipped.check_packages(packages)
+    with pytest.raises(shipped.ShippedError, match=reason):  # before anything is packed or run
+        shipped.pack(scaled_sum, {"values": [], "scale": 1}, packages)

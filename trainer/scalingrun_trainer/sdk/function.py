@@ -2,10 +2,12 @@
 (`scalingrun.HorovodRunner`). FOLDER is a path, or a URI in the run's store (s3://, file://) for a ScalingRun.
 
 Every rank checks the payload's digest (the one on its command line, which the run's spec carries; else the
-folder's), unpacks the function (scalingrun_api.shipped) and calls it with its keyword arguments; rank 0 pickles the
-return value to FOLDER/result.pkl (a ScalingRun succeeds on its MPIJob's success; no progress document). A rank
-whose function raises writes its traceback to FOLDER/error.<rank>.txt (and stderr) and exits 1, so that the
-launcher stops the others and the caller names it. The function sets up its engine itself, as the articles'
+folder's), installs its packages (sdk/packages.py: once a machine, cached per list), unpacks the function
+(scalingrun_api.shipped) and calls it with its keyword arguments; rank 0 pickles the return value to
+FOLDER/result.pkl (a ScalingRun succeeds on its MPIJob's success; no progress document). A rank whose packages
+cannot be installed (pip's last lines, then the packages named) or whose function raises (its traceback) writes
+that to FOLDER/error.<rank>.txt (and stderr) and exits 1, so that the launcher stops the others and the caller
+names it. The function sets up its engine itself, as the articles'
 `train_hvd` does (`hvd.init()`).
 """
 
@@ -17,8 +19,9 @@ import pickle
 import sys
 import traceback
 
-from scalingrun_api.shipped import DIGEST_FILE, ERROR_FILE, PAYLOAD_FILE, RESULT_FILE, ShippedError, unpack
+from scalingrun_api.shipped import DIGEST_FILE, ERROR_FILE, PAYLOAD_FILE, RESULT_FILE, ShippedError, load, open_payload
 from ..storage import Location, open_location
+from . import packages
 from .context import ranks
 
 FAILED, REFUSED = 1, 2
@@ -52,12 +55,23 @@ def main(argv: list[str] | None = None) -> int:
     rank = ranks()[0]
     try:
         expected = args.digest or _read(folder, DIGEST_FILE).decode().strip()
-        function, kwargs = unpack(_read(folder, PAYLOAD_FILE), expected)
+        shipped = open_payload(_read(folder, PAYLOAD_FILE), expected)
     except (OSError, ShippedError) as exc:
         print(f"rank {rank}: the shipped function in {args.folder}: {exc}", file=sys.stderr, flush=True)
         _write(folder, ERROR_FILE.format(rank=rank), f"{type(exc).__name__}: {exc}\n".encode())
         return REFUSED
+    if shipped["packages"]:
+        try:
+            installed, ran_pip = packages.install(shipped["packages"])
+        except (packages.PackagesError, OSError) as exc:  # OSError: a cache it cannot write
+            print(f"rank {rank}: {exc}", file=sys.stderr, flush=True)
+            _write(folder, ERROR_FILE.format(rank=rank), f"{exc}\n".encode())
+            return FAILED
+        packages.use(installed)
+        print(f"rank {rank}: packages {'installed into' if ran_pip else 'reused from'} {installed}", file=sys.stderr,
+              flush=True)
     try:
+        function, kwargs = load(shipped)
         value = function(**kwargs)
     except BaseException:
         text = traceback.format_exc()
