@@ -39,6 +39,10 @@ class HorovodRunner:
     return value comes back. `driver_log_verbosity` as the articles': "all" prints every rank's output here,
     "log_callback_only" only the launcher's failures."""
 
+    Error = HorovodRunnerError
+    LAUNCHER = "horovodrun"  # np < 0
+    WORKER_OPTIONS: tuple[str, ...] = ()  # of scalingrun_trainer.sdk.function, after the folder
+
     def __init__(self, np: int, driver_log_verbosity: str = "all", workdir: Optional[str | Path] = None,
                  run: Optional[Run | dict[str, Any]] = None, store_endpoint: Optional[str] = None,
                  timeout: Optional[float] = None, packages: Optional[list[str]] = None, **submit: Any):
@@ -65,7 +69,7 @@ class HorovodRunner:
     def run(self, main: Callable[..., Any], **kwargs: Any) -> Any:
         if self.np > 0:
             return self._in_a_run(main, kwargs)
-        folder = Path(tempfile.mkdtemp(prefix="horovodrunner-", dir=self.workdir))
+        folder = Path(tempfile.mkdtemp(prefix=f"{type(self).__name__.lower()}-", dir=self.workdir))
         try:
             return self._here(folder, main, kwargs)
         finally:
@@ -74,16 +78,22 @@ class HorovodRunner:
 
     def _here(self, folder: Path, main: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         write(folder, pack(main, kwargs, self.packages))
-        processes = -self.np
-        command = [horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
-                   sys.executable, "-m", WORKER, str(folder)]
-        code, tail = self._launch(command)
+        code, tail = self._launch(self._command(-self.np, str(folder)))
         if code != 0:
-            raise HorovodRunnerError(self._failure(folder, code, tail))
+            raise self.Error(self._failure(folder, code, tail))
         result = folder / RESULT_FILE
         if not result.exists():
-            raise HorovodRunnerError(f"horovodrun exited 0 but rank 0 left no return value in {folder}")
+            raise self.Error(f"{self.LAUNCHER} exited 0 but rank 0 left no return value in {folder}")
         return pickle.loads(result.read_bytes())
+
+    def _command(self, processes: int, folder: str) -> list[str]:
+        """The launcher's command line here: every rank runs the shipped function in `folder`."""
+        return [horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
+                sys.executable, "-m", WORKER, folder, *self.WORKER_OPTIONS]
+
+    def _ranks_path(self) -> list[str]:
+        """The ranks import what this process imports (the function's module by value, its imports by name)."""
+        return [p for p in sys.path if p]
 
     def _in_a_run(self, main: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         """The function in a ScalingRun of np workers: stored, run by every rank of the run's image, rank 0's value
@@ -95,7 +105,8 @@ class HorovodRunner:
         body["spec"].setdefault("workers", {})["replicas"] = self.np
         run = Run.from_dict(body)  # its name places the function: stored under the run that runs it
         folder = function_store.function_folder(run.model, named)
-        body["spec"].setdefault("training", {})["command"] = ["python", "-m", WORKER, folder, "--digest", named]
+        body["spec"].setdefault("training", {})["command"] = ["python", "-m", WORKER, folder, "--digest", named,
+                                                              *self.WORKER_OPTIONS]
         run = Run.from_dict(body)
         function_store.store(run.model, payload, named, self.store_endpoint)
         local_workdir = {"workdir": self.workdir / run.name} if self.workdir and self.submit.get("local") else {}
@@ -103,19 +114,18 @@ class HorovodRunner:
         try:
             run.wait(timeout=self.timeout, progress=self.verbosity == "all")
         except RunFailed as exc:
-            raise HorovodRunnerError(f"{exc} (function {getattr(main, '__name__', main)}, {named})") from None
+            raise self.Error(f"{exc} (function {getattr(main, '__name__', main)}, {named})") from None
         result = function_store.get(run.model, join(folder, RESULT_FILE), self.store_endpoint)
         if result is None:
-            raise HorovodRunnerError(f"ScalingRun {run.name} succeeded but rank 0 left no return value in {folder}")
+            raise self.Error(f"ScalingRun {run.name} succeeded but rank 0 left no return value in {folder}")
         return pickle.loads(result)
 
     def _launch(self, command: list[str]) -> tuple[int, list[str]]:
         """horovodrun's output relayed to this process's stdout (a notebook shows it), its last lines kept; on an
         interrupt every process it started is stopped."""
-        # The ranks import what this process imports (the function's module by value, its imports by name).
         # Horovod's stall shutdown and Gloo's timeout as every Horovod rank of ours has them (Gloo's own 30 s fails
         # a rank whose peer a busy machine holds up), unless exported here.
-        env = {**HOROVOD_STALL_ENV, **os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        env = {**HOROVOD_STALL_ENV, **os.environ, "PYTHONPATH": os.pathsep.join(self._ranks_path())}
         tail: deque[str] = deque(maxlen=TAIL_LINES)
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                                    start_new_session=True)
@@ -132,10 +142,12 @@ class HorovodRunner:
                 process.wait()
 
     def _failure(self, folder: Path, code: int, tail: list[str]) -> str:
-        """The lowest rank that raised, with its traceback; else horovodrun's last lines."""
-        for rank in range(-self.np):
-            error = folder / ERROR_FILE.format(rank=rank)
-            if error.exists():
-                text = error.read_text().rstrip()
-                return f"rank {rank} of {-self.np} failed: {text.splitlines()[-1]}\n{text}"
-        return f"horovodrun exited with code {code}:\n" + "\n".join(tail)
+        """The rank whose error was written first (the lowest of a tie), with its traceback: the others' often
+        follow from it (a collective whose peer has gone); else the launcher's last lines."""
+        written = [(error.stat().st_mtime_ns, rank, error) for rank in range(-self.np)
+                   if (error := folder / ERROR_FILE.format(rank=rank)).exists()]
+        if written:
+            _, rank, error = min(written)
+            text = error.read_text().rstrip()
+            return f"rank {rank} of {-self.np} failed: {text.splitlines()[-1]}\n{text}"
+        return f"{self.LAUNCHER} exited with code {code}:\n" + "\n".join(tail)

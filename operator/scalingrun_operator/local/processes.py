@@ -56,7 +56,7 @@ def horovodrun() -> str:
     return found
 
 
-def _lightning_python() -> str:
+def lightning_python() -> str:
     """The PyTorch Lightning venv's python (SCALINGRUN_LIGHTNING_PYTHON, else .venv-lightning beside this venv):
     torch lives in its own venv (an engine's own_venv), never in the Keras one."""
     explicit = os.environ.get("SCALINGRUN_LIGHTNING_PYTHON")
@@ -68,7 +68,7 @@ def _lightning_python() -> str:
                         "scripts/setup.sh (or set SCALINGRUN_LIGHTNING_PYTHON)")
 
 
-def _mpirun(processes: int) -> list[str]:
+def mpirun(processes: int) -> list[str]:
     """Debian Open MPI's mpirun, one process per slot on this host (root needs --allow-run-as-root)."""
     found = shutil.which("mpirun")
     if not found:
@@ -100,12 +100,12 @@ class Commands:
         if training.command:
             # The user's command on every rank, as the MPIJob's mpirun starts it; `python` is the framework's venv's
             # (train_env puts it first on PATH).
-            return [*_mpirun(processes), *training.command]
+            return [*mpirun(processes), *training.command]
         chosen = engine(training.framework, training.strategy)
-        python = _lightning_python() if chosen.own_venv else sys.executable
+        python = lightning_python() if chosen.own_venv else sys.executable
         if chosen.local_launcher == HOROVODRUN:
             return [horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo", python, *train]
-        return [*_mpirun(processes), python, *train]
+        return [*mpirun(processes), python, *train]
 
 
 def train_env(run: ScalingRun, config: Path) -> dict[str, str]:
@@ -114,7 +114,7 @@ def train_env(run: ScalingRun, config: Path) -> dict[str, str]:
     if not run.spec.training.command:
         return {}
     own_venv = framework_engine(run.spec.training.framework).own_venv
-    python = Path(_lightning_python() if own_venv else sys.executable)
+    python = Path(lightning_python() if own_venv else sys.executable)
     return {CONFIG_VARIABLE: str(config), "PATH": f"{python.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 

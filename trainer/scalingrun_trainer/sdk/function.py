@@ -1,5 +1,5 @@
-"""`python -m scalingrun_trainer.sdk.function FOLDER [--digest sha256:...]`: one rank of a shipped function
-(`scalingrun.HorovodRunner`). FOLDER is a path, or a URI in the run's store (s3://, file://) for a ScalingRun.
+"""`python -m scalingrun_trainer.sdk.function FOLDER [--digest sha256:...] [--engine lightning]`: one rank of a
+shipped function (`scalingrun.HorovodRunner`, `scalingrun.LightningRunner`). FOLDER is a path, or a URI in the run's store (s3://, file://) for a ScalingRun.
 
 Every rank checks the payload's digest (the one on its command line, which the run's spec carries; else the
 folder's), installs its packages (sdk/packages.py: once a machine, cached per list), unpacks the function
@@ -7,8 +7,9 @@ folder's), installs its packages (sdk/packages.py: once a machine, cached per li
 FOLDER/result.pkl (a ScalingRun succeeds on its MPIJob's success; no progress document). A rank whose packages
 cannot be installed (pip's last lines, then the packages named) or whose function raises (its traceback) writes
 that to FOLDER/error.<rank>.txt (and stderr) and exits 1, so that the launcher stops the others and the caller
-names it. The function sets up its engine itself, as the articles'
-`train_hvd` does (`hvd.init()`).
+names it. Under Horovod the function sets up its engine itself, as the articles' `train_hvd` does (`hvd.init()`);
+with `--engine lightning` (under mpirun) it runs inside torch.distributed's process group over the MPI world
+(sdk.lightning_world.ddp_world), which a Lightning Trainer's DDP uses.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import os
 import pickle
 import sys
 import traceback
+from contextlib import nullcontext
 
 from scalingrun_api.shipped import DIGEST_FILE, ERROR_FILE, PAYLOAD_FILE, RESULT_FILE, ShippedError, load, open_payload
 from ..storage import Location, open_location
@@ -25,6 +27,7 @@ from . import packages
 from .context import ranks
 
 FAILED, REFUSED = 1, 2
+ENGINES = ("horovod", "lightning")  # horovod: the function calls hvd.init(); lightning: the DDP world set up for it
 
 
 def _dumps(value: object) -> bytes:
@@ -49,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scalingrun_trainer.sdk.function")
     parser.add_argument("folder")
     parser.add_argument("--digest", help="the payload's digest (else the folder's function.sha256)")
+    parser.add_argument("--engine", choices=ENGINES, default="horovod",
+                        help="lightning: torch.distributed's process group set up around the function")
     args = parser.parse_args(argv)
     # The pods' store settings (builders.common.storage_env); none for a path.
     folder = open_location(args.folder, os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_DEFAULT_REGION"))
@@ -72,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     try:
         function, kwargs = load(shipped)
-        value = function(**kwargs)
+        with _world(args.engine):
+            value = function(**kwargs)
     except BaseException:
         text = traceback.format_exc()
         print(text, file=sys.stderr, flush=True)
@@ -81,6 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     if rank == 0:
         _write(folder, RESULT_FILE, _dumps(value))
     return 0
+
+
+def _world(engine: str):
+    if engine == "lightning":
+        from .lightning_world import ddp_world
+
+        return ddp_world()
+    return nullcontext()
 
 
 if __name__ == "__main__":

@@ -4,11 +4,16 @@ world that mpirun (an MPIJob's launcher, or `scalingrun run --local`) started.
 Lightning counts `devices` per host and starts no processes of its own under an MPI cluster environment: with
 `devices=1` per process (Horovod's habit) and two ranks on one host, rank 1 looks for the second device of a list
 of one and fails with an IndexError. Here devices is mpirun's local size, num_nodes the world over it.
+
+ddp_world(): torch.distributed's process group over the same world, for a shipped function
+(`scalingrun.LightningRunner`, sdk/function.py --engine lightning).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 from .context import ContextError, ranks
 
@@ -41,3 +46,32 @@ def trainer_kwargs(**strategy_options: Any) -> dict[str, Any]:
                    **strategy_options}
         kwargs["strategy"] = DDPStrategy(cluster_environment=mpi_environment(), **options)
     return kwargs
+
+
+@contextmanager
+def ddp_world() -> Iterator[None]:
+    """torch.distributed's default process group over the MPI world, set up as our trainer's DDP sets it up (the
+    ranks and rank 0's address from MPIEnvironment, frameworks.lightning.cluster; a free port of rank 0's): NCCL on
+    GPUs, else gloo. The torchrun variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, NODE_RANK) are exported for code that reads them. A Lightning Trainer built inside
+    (strategy="ddp" or trainer_kwargs()) finds the group set up and uses it. Destroyed once the function returned."""
+    import torch
+    import torch.distributed as dist
+
+    from ..frameworks.lightning.cluster import mpi_environment
+
+    environment = mpi_environment()
+    rank, size, local_rank, local_size = (environment.global_rank(), environment.world_size(),
+                                          environment.local_rank(), ranks()[3])
+    os.environ.update({"MASTER_ADDR": environment.main_address, "MASTER_PORT": str(environment.main_port),
+                       "RANK": str(rank), "WORLD_SIZE": str(size), "LOCAL_RANK": str(local_rank),
+                       "LOCAL_WORLD_SIZE": str(local_size), "NODE_RANK": str(environment.node_rank())})
+    gpu = torch.cuda.is_available()
+    if gpu:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if gpu else "gloo", init_method="env://", rank=rank, world_size=size)
+    # Not on an exception: the rank writes its error before its connections close, so that it is the first
+    # written, before the errors of the peers its exit fails.
+    yield
+    if dist.is_initialized():  # the function may have destroyed it itself
+        dist.destroy_process_group()
