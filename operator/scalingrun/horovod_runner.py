@@ -57,7 +57,7 @@ class HorovodRunner:
         if driver_log_verbosity not in ("all", "log_callback_only"):
             raise ValueError(f"driver_log_verbosity={driver_log_verbosity!r}: 'all' or 'log_callback_only'")
         if np > 0 and run is None:
-            raise ValueError(f"HorovodRunner(np={np}) needs run=: the ScalingRun (a Run or its document) whose "
+            raise ValueError(f"{type(self).__name__}(np={np}) needs run=: the ScalingRun (a Run or its document) whose "
                              "storage, dataset and workers the function's run takes")
         self.np, self.verbosity = np, driver_log_verbosity
         self.packages = check_packages(packages)

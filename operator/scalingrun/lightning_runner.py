@@ -27,7 +27,7 @@ class LightningRunner(HorovodRunner):
 
     Error = LightningRunnerError
     LAUNCHER = "mpirun"
-    WORKER_OPTIONS = ("--engine", "lightning")
+    WORKER_OPTIONS = ("--ddp-world",)
 
     def __init__(self, np: int, **arguments: Any):
         super().__init__(np, **arguments)

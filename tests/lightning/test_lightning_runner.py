@@ -76,8 +76,3 @@ def test_a_rank_that_raises_is_named_with_its_exception(tmp_path, lightning_pyth
     assert first == "rank 1 of 2 failed: ValueError: rank 1 has no data", str(raised.value)
     assert "in fails_on_rank_1" in str(raised.value)
 
-
-def test_a_run_in_the_cluster_must_be_a_lightning_one():
-    keras = scalingrun.Run.from_yaml("examples/quickstart.yaml")
-    with pytest.raises(ValueError, match="needs a run= of framework pytorch-lightning"):
-        scalingrun.LightningRunner(np=2, run=keras)

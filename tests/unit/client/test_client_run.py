@@ -98,3 +98,12 @@ def test_horovod_runner_refuses_no_processes_and_a_cluster_run_without_its_run()
         scalingrun.HorovodRunner(np=0)
     with pytest.raises(ValueError, match=r"^HorovodRunner\(np=2\) needs run=: the ScalingRun"):
         scalingrun.HorovodRunner(np=2)
+
+
+def test_lightning_runner_names_itself_and_refuses_a_cluster_run_without_torch():
+    with pytest.raises(ValueError, match=r"^LightningRunner\(np=2\) needs run=: the ScalingRun"):
+        scalingrun.LightningRunner(np=2)
+    keras = scalingrun.Run.from_dict(copy.deepcopy(MINIMAL))  # the default framework
+    with pytest.raises(ValueError, match=r"^LightningRunner\(np=2\) needs a run= of framework pytorch-lightning "
+                                         r"\(its image has torch\), not keras$"):
+        scalingrun.LightningRunner(np=2, run=keras)

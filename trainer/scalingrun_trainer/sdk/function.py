@@ -1,5 +1,6 @@
-"""`python -m scalingrun_trainer.sdk.function FOLDER [--digest sha256:...] [--engine lightning]`: one rank of a
-shipped function (`scalingrun.HorovodRunner`, `scalingrun.LightningRunner`). FOLDER is a path, or a URI in the run's store (s3://, file://) for a ScalingRun.
+"""`python -m scalingrun_trainer.sdk.function FOLDER [--digest sha256:...] [--ddp-world]`: one rank of a
+shipped function (`scalingrun.HorovodRunner`, `scalingrun.LightningRunner`). FOLDER is a path, or a URI in the
+run's store (s3://, file://) for a ScalingRun.
 
 Every rank checks the payload's digest (the one on its command line, which the run's spec carries; else the
 folder's), installs its packages (sdk/packages.py: once a machine, cached per list), unpacks the function
@@ -8,7 +9,7 @@ FOLDER/result.pkl (a ScalingRun succeeds on its MPIJob's success; no progress do
 cannot be installed (pip's last lines, then the packages named) or whose function raises (its traceback) writes
 that to FOLDER/error.<rank>.txt (and stderr) and exits 1, so that the launcher stops the others and the caller
 names it. Under Horovod the function sets up its engine itself, as the articles' `train_hvd` does (`hvd.init()`);
-with `--engine lightning` (under mpirun) it runs inside torch.distributed's process group over the MPI world
+with `--ddp-world` (under mpirun) it runs inside torch.distributed's process group over the MPI world
 (sdk.lightning_world.ddp_world), which a Lightning Trainer's DDP uses.
 """
 
@@ -27,7 +28,6 @@ from . import packages
 from .context import ranks
 
 FAILED, REFUSED = 1, 2
-ENGINES = ("horovod", "lightning")  # horovod: the function calls hvd.init(); lightning: the DDP world set up for it
 
 
 def _dumps(value: object) -> bytes:
@@ -52,8 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m scalingrun_trainer.sdk.function")
     parser.add_argument("folder")
     parser.add_argument("--digest", help="the payload's digest (else the folder's function.sha256)")
-    parser.add_argument("--engine", choices=ENGINES, default="horovod",
-                        help="lightning: torch.distributed's process group set up around the function")
+    parser.add_argument("--ddp-world", action="store_true",
+                        help="torch.distributed's process group set up around the function (LightningRunner)")
     args = parser.parse_args(argv)
     # The pods' store settings (builders.common.storage_env); none for a path.
     folder = open_location(args.folder, os.environ.get("AWS_ENDPOINT_URL"), os.environ.get("AWS_DEFAULT_REGION"))
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
               flush=True)
     try:
         function, kwargs = load(shipped)
-        with _world(args.engine):
+        with _world(args.ddp_world):
             value = function(**kwargs)
     except BaseException:
         text = traceback.format_exc()
@@ -89,8 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _world(engine: str):
-    if engine == "lightning":
+def _world(ddp: bool):
+    if ddp:
         from .lightning_world import ddp_world
 
         return ddp_world()

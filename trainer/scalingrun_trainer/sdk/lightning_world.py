@@ -6,7 +6,7 @@ Lightning counts `devices` per host and starts no processes of its own under an 
 of one and fails with an IndexError. Here devices is mpirun's local size, num_nodes the world over it.
 
 ddp_world(): torch.distributed's process group over the same world, for a shipped function
-(`scalingrun.LightningRunner`, sdk/function.py --engine lightning).
+(`scalingrun.LightningRunner`, sdk/function.py --ddp-world).
 """
 
 from __future__ import annotations
