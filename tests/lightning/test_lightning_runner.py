@@ -1,6 +1,7 @@
 """scalingrun.LightningRunner(np=-2): a function of this file shipped to two processes under mpirun with the Lightning
 venv's python, torch.distributed's world set up on each: an all_reduce and a Lightning DDP fit run with no setup of
-their own, rank 0's value comes back, and a rank that raises is named with its traceback."""
+their own, rank 0's value comes back, and a rank that raises is named with its traceback; np=2 the same in a
+pytorch-lightning ScalingRun through the local runner."""
 
 from __future__ import annotations
 
@@ -76,3 +77,33 @@ def test_a_rank_that_raises_is_named_with_its_exception(tmp_path, lightning_pyth
     assert first == "rank 1 of 2 failed: ValueError: rank 1 has no data", str(raised.value)
     assert "in fails_on_rank_1" in str(raised.value)
 
+
+
+def all_reduce_of_ranks() -> dict:
+    import torch
+    import torch.distributed as dist
+
+    total = torch.tensor([float(dist.get_rank())])
+    dist.all_reduce(total)
+    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": float(total)}
+
+
+def test_np_above_zero_runs_the_function_in_a_lightning_scalingrun(tmp_path, lightning_python, monkeypatch):
+    """LightningRunner(np=2, run=...) through the local runner (what the cluster's pods run, on this machine): the
+    run's training.command runs the function from its file:// store with --ddp-world on 2 ranks under mpirun with
+    the Lightning venv's python, and rank 0's value comes back from the store."""
+    from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
+
+    monkeypatch.setenv("SCALINGRUN_LIGHTNING_PYTHON", lightning_python)
+    for name, data in fashion_mnist_jpegs(5, split="train"):
+        (tmp_path / "jpeg" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "jpeg" / name).write_bytes(data)
+    spec = {"dataset": {"imageSize": 32, "preprocessing": {"parallelism": 1}, "source": f"file://{tmp_path}/jpeg",
+                        "output": f"file://{tmp_path}/parquet"},
+            "training": {"framework": "pytorch-lightning"},
+            "workers": {"gpusPerWorker": 0, "cpu": 1, "memory": "2Gi"}}
+    base = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "team"}, "spec": spec}
+    runner = scalingrun.LightningRunner(np=2, run=base, local=True, workdir=tmp_path / "run")
+    assert runner.run(all_reduce_of_ranks) == {"rank": 0, "world": 2, "sum": 1.0}
+    run = runner.last_run
+    assert run.model.spec.training.command[-1] == "--ddp-world" and run.status["phase"] == "Succeeded"
