@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 import scalingrun
 from scalingrun_api.engines import HOROVOD_STALL_ENV
 from tests.support.horovodrun import horovodrun
+from tests.support.shipped_ranks import each_rank_fails_alone
 from tests.support.wheels import write_wheel
 
 pytestmark = pytest.mark.horovod
@@ -77,19 +76,8 @@ def test_a_missing_package_fails_the_run_naming_it_on_every_rank(tmp_path, monke
             needs_a_package_not_installed)
     # Whichever rank failed first (horovodrun then stops the other) is the one named.
     assert re.fullmatch(rf"rank [01] of 2 failed: {missing}", str(raised.value).splitlines()[0]), str(raised.value)
-    # Each rank on its own, as the launcher starts it (its rank in the environment): it fails, naming the package,
-    # and leaves its traceback for the caller; rank 0 leaves no return value.
-    shipped = next(tmp_path.iterdir())
-    for left in shipped.glob("error.*.txt"):
-        left.unlink()
-    for rank in (0, 1):
-        env = {**os.environ, "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": "2",
-               "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
-        done = subprocess.run([sys.executable, "-m", "scalingrun_trainer.sdk.function", str(shipped)], env=env,
-                              capture_output=True, text=True)
-        assert done.returncode == 1 and missing in done.stderr, done.stderr
-        assert (shipped / f"error.{rank}.txt").read_text().splitlines()[-1] == missing
-    assert not (shipped / "result.pkl").exists()
+    # Each rank on its own, as the launcher starts it: it fails naming the package, and leaves its traceback.
+    each_rank_fails_alone(next(tmp_path.iterdir()), re.escape(missing))
 
 @pytest.mark.parametrize("store", ["file", "s3"])
 def test_np_above_zero_runs_the_function_in_a_scalingrun_from_its_store(store, tmp_path, monkeypatch, request):

@@ -6,16 +6,14 @@ reads a folder of wheels this test writes (PIP_NO_INDEX, PIP_FIND_LINKS, passed 
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import scalingrun
 from tests.support.horovodrun import horovodrun
+from tests.support.shipped_ranks import each_rank_fails_alone
 from tests.support.wheels import PACKAGE, write_wheel
 
 pytestmark = pytest.mark.horovod
@@ -77,15 +75,5 @@ def test_a_package_pip_cannot_install_fails_the_run_naming_it_on_every_rank(tmp_
     assert re.fullmatch(rf"rank [01] of 2 failed: {named}", str(raised.value).splitlines()[0]), str(raised.value)
     assert "Could not find a version that satisfies the requirement" in str(raised.value)
     # Each rank on its own, as the launcher starts it: it fails naming the package, and nothing is cached.
-    shipped = next((tmp_path / "runs").iterdir())
-    for left in shipped.glob("error.*.txt"):
-        left.unlink()
-    for rank in (0, 1):
-        env = {**os.environ, "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": "2",
-               "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
-        done = subprocess.run([sys.executable, "-m", "scalingrun_trainer.sdk.function", str(shipped)], env=env,
-                              capture_output=True, text=True)
-        assert done.returncode == 1 and re.search(named, done.stderr), done.stderr
-        assert re.fullmatch(named, (shipped / f"error.{rank}.txt").read_text().splitlines()[-1])
-    assert not (shipped / "result.pkl").exists()
+    each_rank_fails_alone(next((tmp_path / "runs").iterdir()), named)
     assert not [path for path in local_pip.iterdir() if path.is_dir()]
