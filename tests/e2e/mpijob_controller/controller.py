@@ -453,6 +453,21 @@ class Api:
 
     def request(self, method: str, path: str, body: Any = None, query: Optional[dict] = None,
                 content_type: str = "application/json", timeout: float = 30) -> dict:
+        """One call, tried again (up to 3 more times) where the API server could not reach etcd in time: a 504, or a
+        500 saying so (a loaded 1.20 server). A create retried after its write did land answers 409, which the
+        controller's create-or-adopt takes as an adoption."""
+        for attempt in range(4):
+            try:
+                return self._request_once(method, path, body, query, content_type, timeout)
+            except self.ApiException as exc:
+                body_text = exc.body.decode(errors="replace") if isinstance(exc.body, bytes) else str(exc.body or "")
+                if attempt == 3 or not (exc.status == 504 or (exc.status == 500 and "etcdserver" in body_text)):
+                    raise
+                time.sleep(1.0 + attempt)
+        raise AssertionError("unreachable")
+
+    def _request_once(self, method: str, path: str, body: Any, query: Optional[dict], content_type: str,
+                      timeout: float) -> dict:
         response = self.client.call_api(
             path, method, query_params=list((query or {}).items()), body=body,
             header_params={"Accept": "application/json", "Content-Type": content_type},
