@@ -1,13 +1,18 @@
-"""Your own model in a real cluster: a model.builder run from an image built FROM the trainer image, and a
-training.command run of the team's own script, each across 2 worker pods to Succeeded with metrics in status; a
-Parquet table without its label column fails before any MPIJob exists, naming the column. The two training runs
-share one small dataset (32 px): the second reuses it."""
+"""Your own model in a real cluster: a model.builder run from an image built FROM the trainer image, a
+training.command run of the team's own script, and a function from Python with no image built for it
+(HorovodRunner(np=2)), each across 2 worker pods to Succeeded with metrics in status; a Parquet table without its
+label column fails before any MPIJob exists, naming the column. The training runs share one small dataset (32 px):
+the first preprocesses it, the others reuse it."""
 
 from __future__ import annotations
 
+import base64
+
 import pytest
 
-from tests.e2e.environment import BUCKET, UNLABELLED_TABLE
+import scalingrun
+from tests.e2e.environment import BUCKET, S3_PORT, S3_SERVICE, UNLABELLED_TABLE, port_forward
+from tests.support.shipped_training import train_hvd
 from tests.support.e2e_runs import _name, children, condition_texts, finished, launcher_log, phase, run_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
@@ -62,6 +67,34 @@ def test_a_training_command_runs_the_teams_script_on_every_worker_pod(cluster):
         assert "python -m teamtrain.keras_horovod" in log and "epoch 2/2: " in log, log[-2000:]
     finally:
         cluster.delete_run(name)
+
+
+def test_a_function_from_python_trains_across_two_worker_pods_with_no_image_built(cluster, monkeypatch):
+    """HorovodRunner(np=2, run=...).run(train_hvd, ...) from this process: the function (shipped by value) stored
+    in the run's SeaweedFS under its digest with this process's keys (the runs' Secret's, through a port-forward),
+    run by our trainer image on 2 worker pods; rank 0's value comes back, and the epochs it reported through the
+    SDK are the run's status."""
+    secret = cluster.core().read_namespaced_secret(cluster.s3_secret, cluster.namespace).data
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.setenv(key, base64.b64decode(secret[key]).decode())
+    body = small_run(cluster, _name("function"), cluster.trainer_image)
+    with port_forward(cluster.kubectl, cluster.namespace, f"svc/{S3_SERVICE}", S3_PORT) as port:
+        runner = scalingrun.HorovodRunner(np=2, run=body, store_endpoint=f"http://127.0.0.1:{port}",
+                                          kubeconfig=cluster.kubeconfig, namespace=cluster.namespace, timeout=900,
+                                          driver_log_verbosity="log_callback_only")
+        try:
+            value = runner.run(train_hvd, learning_rate=0.002)
+            run = runner.last_run
+            metrics = value.pop("metrics")
+            assert value == {"rank": 0, "size": 2, "sum": 3.0, "epochs": 2}
+            command = run.model.spec.training.command
+            assert command[:3] == ["python", "-m", "scalingrun_trainer.sdk.function"] and command[4] == "--digest"
+            assert command[3] == f"{OUTPUT}/runs/{run.name}/function/{command[5].split(':')[1]}", command
+            training = assert_trained_on_two_pods(cluster, cluster.get_run(run.name), run.name, cluster.trainer_image)
+            assert training["metrics"] == pytest.approx({k: metrics[k] for k in training["metrics"]}, abs=1e-5)
+        finally:
+            if runner.last_run is not None:
+                cluster.delete_run(runner.last_run.name)
 
 
 def test_a_parquet_table_without_its_label_column_fails_before_the_mpijob(cluster):

@@ -10,9 +10,13 @@ import re
 import pytest
 
 import scalingrun
+from scalingrun import function_store
 from scalingrun_api.engines import HOROVOD_STALL_ENV
+from scalingrun_api.progress import PROGRESS_FILE
+from scalingrun_operator.builders.locations import join, run_location
 from tests.support.horovodrun import horovodrun
 from tests.support.shipped_ranks import each_rank_fails_alone
+from tests.support.shipped_training import train_hvd
 from tests.support.wheels import write_wheel
 
 pytestmark = pytest.mark.horovod
@@ -82,15 +86,15 @@ def test_a_missing_package_fails_the_run_naming_it_on_every_rank(tmp_path, monke
 @pytest.mark.parametrize("store", ["file", "s3"])
 def test_np_above_zero_runs_the_function_in_a_scalingrun_from_its_store(store, tmp_path, monkeypatch, request):
     """HorovodRunner(np=2, run=...) through the local runner (what the cluster's pods run, on this machine): the
-    function is stored under its digest in the run's store (a folder, or SeaweedFS's S3 with keys from the
-    environment), its run's training.command runs it on 2 ranks under mpirun, and rank 0's value comes back from the
-    store."""
+    function (the articles' train_hvd) is stored under its digest in the run's store (a folder, or SeaweedFS's S3
+    with keys from the environment), its run's training.command runs it on 2 ranks under mpirun, rank 0's value comes
+    back from the store, and the epochs it reported through the SDK are the run's status, ended as it returned."""
     from scalingrun_operator.local.quickstart import upload_fashion_mnist
     from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
 
     horovodrun()
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
-    spec = {"dataset": {"imageSize": 32, "preprocessing": {"parallelism": 1}},
+    spec = {"dataset": {"imageSize": 32, "preprocessing": {"parallelism": 1}}, "training": {"maxEpochs": 2, "batchSizePerWorker": 8},
             "workers": {"gpusPerWorker": 0, "cpu": 1, "memory": "2Gi"}}
     if store == "file":
         for name, data in fashion_mnist_jpegs(5, split="train"):
@@ -112,12 +116,18 @@ def test_np_above_zero_runs_the_function_in_a_scalingrun_from_its_store(store, t
     monkeypatch.setenv("SCALINGRUN_PACKAGE_CACHE", str(tmp_path / "packages"))
     packages = [write_wheel(tmp_path / "wheels")]
     runner = scalingrun.HorovodRunner(np=2, run=base, local=True, workdir=tmp_path / "run", packages=packages)
-    value = runner.run(allreduce_of_ranks, scale=10.0)
+    value = runner.run(train_hvd, learning_rate=0.002)
     assert [json.loads(marker.read_text()) for marker in (tmp_path / "packages").glob("*/scalingrun-packages.json")] \
         == [{"packages": packages}]
-    value.pop("gloo_timeout")  # under mpirun, as in the cluster: Gloo is not Horovod's controller there
-    assert value == {"rank": 0, "size": 2, "sum": 30.0}
+    metrics = value.pop("metrics")
+    assert value == {"rank": 0, "size": 2, "sum": 3.0, "epochs": 2}
     run = runner.last_run
+    training = run.status["training"]
+    assert training["epoch"] == 2 and training["processes"] == 2, training
+    assert training["metrics"] == pytest.approx({k: metrics[k] for k in training["metrics"]}, abs=1e-5), training
+    # Ended as the function returned (in a cluster the operator would otherwise wait out its completion grace).
+    progress = function_store.get(run.model, join(run_location(run.model), PROGRESS_FILE))
+    assert json.loads(progress)["state"] == "succeeded"
     command = run.model.spec.training.command
     assert command[:3] == ["python", "-m", "scalingrun_trainer.sdk.function"] and command[4] == "--digest"
     digest = command[5]

@@ -5,9 +5,12 @@ pytorch-lightning ScalingRun through the local runner."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import scalingrun
+from scalingrun_api.progress import PROGRESS_FILE
 
 pytestmark = pytest.mark.lightning
 
@@ -100,10 +103,13 @@ def test_np_above_zero_runs_the_function_in_a_lightning_scalingrun(tmp_path, lig
         (tmp_path / "jpeg" / name).write_bytes(data)
     spec = {"dataset": {"imageSize": 32, "preprocessing": {"parallelism": 1}, "source": f"file://{tmp_path}/jpeg",
                         "output": f"file://{tmp_path}/parquet"},
-            "training": {"framework": "pytorch-lightning"},
+            "training": {"framework": "pytorch-lightning", "batchSizePerWorker": 8},
             "workers": {"gpusPerWorker": 0, "cpu": 1, "memory": "2Gi"}}
     base = {"apiVersion": "scalingrun.dev/v1alpha1", "kind": "ScalingRun", "metadata": {"name": "team"}, "spec": spec}
     runner = scalingrun.LightningRunner(np=2, run=base, local=True, workdir=tmp_path / "run")
     assert runner.run(all_reduce_of_ranks) == {"rank": 0, "world": 2, "sum": 1.0}
     run = runner.last_run
     assert run.model.spec.training.command[-1] == "--ddp-world" and run.status["phase"] == "Succeeded"
+    # A function that never used the SDK: rank 0 ended the run's progress document (the operator waits for none).
+    progress = json.loads((tmp_path / "parquet" / "runs" / run.name / PROGRESS_FILE).read_text())
+    assert progress["state"] == "succeeded" and progress["history"] == [], progress

@@ -5,7 +5,10 @@ run's store (s3://, file://) for a ScalingRun.
 Every rank checks the payload's digest (the one on its command line, which the run's spec carries; else the
 folder's), installs its packages (sdk/packages.py: once a machine, cached per list), unpacks the function
 (scalingrun_api.shipped) and calls it with its keyword arguments; rank 0 pickles the return value to
-FOLDER/result.pkl (a ScalingRun succeeds on its MPIJob's success; no progress document). A rank whose packages
+FOLDER/result.pkl (a ScalingRun succeeds on its MPIJob's success). A function that reports through the SDK
+(sdk.context(), sdk.KerasCallback(), report_epoch) has its progress document ended here as a script's sdk.finish()
+or escaping exception would end it, so that status has its epochs and metrics; in a ScalingRun, rank 0 of one that
+did not use the SDK ends an empty document: either way the run ends as the function returns. A rank whose packages
 cannot be installed (pip's last lines, then the packages named) or whose function raises (its traceback) writes
 that to FOLDER/error.<rank>.txt (and stderr) and exits 1, so that the launcher stops the others and the caller
 names it. Under Horovod the function sets up its engine itself, as the articles' `train_hvd` does (`hvd.init()`);
@@ -23,9 +26,11 @@ import traceback
 from contextlib import nullcontext
 
 from scalingrun_api.shipped import DIGEST_FILE, ERROR_FILE, PAYLOAD_FILE, RESULT_FILE, ShippedError, load, open_payload
+from ..core.session import error_line
 from ..storage import Location, open_location
 from . import packages
-from .context import ranks
+from .context import CONFIG_VARIABLE, ContextError, ranks
+from .run import context, started_session
 
 FAILED, REFUSED = 1, 2
 
@@ -79,14 +84,36 @@ def main(argv: list[str] | None = None) -> int:
         function, kwargs = load(shipped)
         with _world(args.ddp_world):
             value = function(**kwargs)
-    except BaseException:
+    except BaseException as exc:
         text = traceback.format_exc()
         print(text, file=sys.stderr, flush=True)
         _write(folder, ERROR_FILE.format(rank=rank), text.encode())
+        _end_reporting(error_line(exc), rank)
         return FAILED
     if rank == 0:
-        _write(folder, RESULT_FILE, _dumps(value))
+        _write(folder, RESULT_FILE, _dumps(value))  # before the document says succeeded: the caller reads it then
+    _end_reporting(None, rank)
     return 0
+
+
+def _end_reporting(error: str | None, rank: int) -> None:
+    """The SDK session the function started ended: succeeded (a no-op after its own sdk.finish()) or failed with
+    the function's error. In a ScalingRun (its trainer config named) rank 0 of a function that never used the SDK
+    starts one to end it succeeded: else the operator, finding no final progress document, waits out its
+    completion grace before the run Succeeds."""
+    session = started_session()
+    if session is None and error is None and rank == 0 and os.environ.get(CONFIG_VARIABLE):
+        try:
+            context()
+        except (ContextError, ValueError, OSError) as exc:  # the run still succeeds on its MPIJob's success
+            print(f"rank 0: the run's progress document not ended: {exc}", file=sys.stderr, flush=True)
+        session = started_session()
+    if session is None:
+        return
+    if error is None:
+        session.finish()
+    else:
+        session.fail(error)
 
 
 def _world(ddp: bool):

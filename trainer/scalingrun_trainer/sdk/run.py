@@ -35,6 +35,11 @@ def context(config_path: Optional[str] = None) -> Context:
     return _session.context
 
 
+def started_session() -> Optional[Session]:
+    """The Session a context() call made in this process, if any: the shipped-function runner ends it."""
+    return _session
+
+
 def heartbeat(step: int, epoch: Optional[int] = None, phase: str = "training") -> None:
     """The training loop is alive at `step` (steps since the start; `epoch`: 0-based, the one under way). Call it
     from the loop itself, every step or so, never from a thread of your own: a thread would keep beating while the
