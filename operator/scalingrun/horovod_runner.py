@@ -20,6 +20,7 @@ from typing import Any, Callable, Optional
 
 from scalingrun_api.engines import HOROVOD_STALL_ENV
 from scalingrun_api.shipped import ERROR_FILE, RESULT_FILE, check_packages, digest, pack, write
+from scalingrun_api.shipped_code import pack_directory
 from scalingrun_operator.builders.locations import join
 from scalingrun_operator.local.processes import horovodrun
 from . import function_store
@@ -45,9 +46,12 @@ class HorovodRunner:
 
     def __init__(self, np: int, driver_log_verbosity: str = "all", workdir: Optional[str | Path] = None,
                  run: Optional[Run | dict[str, Any]] = None, store_endpoint: Optional[str] = None,
-                 timeout: Optional[float] = None, packages: Optional[list[str]] = None, **submit: Any):
+                 timeout: Optional[float] = None, packages: Optional[list[str]] = None,
+                 code_dir: Optional[str | Path] = None, **submit: Any):
         """`packages`: requirements every rank installs with pip before it runs the function (cached per list;
-        scalingrun_api.shipped.check_packages says which are refused). np > 0: `run` is the run the function's takes
+        scalingrun_api.shipped.check_packages says which are refused). `code_dir`: a directory of the team's modules
+        that the function imports by name, packed at each run() (scalingrun_api.shipped_code: its caps) and first on
+        every rank's sys.path. np > 0: `run` is the run the function's takes
         its storage, dataset and workers from (a Run or its document); `store_endpoint` where this machine reaches
         its store, when not at the spec's endpoint (a port-forward); `timeout`: seconds the run may take (Run.wait);
         `submit` goes to Run.submit (kubeconfig=, namespace=, local=True ...)."""
@@ -61,6 +65,9 @@ class HorovodRunner:
                              "storage, dataset and workers the function's run takes")
         self.np, self.verbosity = np, driver_log_verbosity
         self.packages = check_packages(packages)
+        self.code_dir = Path(code_dir) if code_dir else None
+        if self.code_dir and not self.code_dir.is_dir():
+            raise ValueError(f"code_dir={str(code_dir)!r}: not a directory")
         self.workdir = Path(workdir) if workdir else None
         self.base = run if isinstance(run, Run) or run is None else Run.from_dict(run)
         self.submit, self.store_endpoint, self.timeout = submit, store_endpoint, timeout
@@ -77,7 +84,7 @@ class HorovodRunner:
                 shutil.rmtree(folder, ignore_errors=True)
 
     def _here(self, folder: Path, main: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
-        write(folder, pack(main, kwargs, self.packages))
+        write(folder, self._payload(main, kwargs))
         code, tail = self._launch(self._command(-self.np, str(folder)))
         if code != 0:
             raise self.Error(self._failure(folder, code, tail))
@@ -85,6 +92,9 @@ class HorovodRunner:
         if not result.exists():
             raise self.Error(f"{self.LAUNCHER} exited 0 but rank 0 left no return value in {folder}")
         return pickle.loads(result.read_bytes())
+
+    def _payload(self, main: Callable[..., Any], kwargs: dict[str, Any]) -> bytes:
+        return pack(main, kwargs, self.packages, pack_directory(self.code_dir) if self.code_dir else None)
 
     def _command(self, processes: int, folder: str) -> list[str]:
         """The launcher's command line here: every rank runs the shipped function in `folder`."""
@@ -98,7 +108,7 @@ class HorovodRunner:
     def _in_a_run(self, main: Callable[..., Any], kwargs: dict[str, Any]) -> Any:
         """The function in a ScalingRun of np workers: stored, run by every rank of the run's image, rank 0's value
         read back from the store."""
-        payload = pack(main, kwargs, self.packages)
+        payload = self._payload(main, kwargs)
         named = digest(payload)
         body = copy.deepcopy(self.base.body)
         body["metadata"] = {**body["metadata"], "name": f"{self.base.name[:30]}-fn-{named.split(':')[1][:10]}"}

@@ -5,7 +5,8 @@ The function goes by value: pickled with cloudpickle where it is installed (its 
 function of a notebook or of a file of the caller's needs nothing installed on the ranks), else as its module's
 source (or its own, for a function of __main__) and its name. The keyword arguments are pickled, and the list of
 packages the ranks install before they unpack it (requirement strings, `check_packages`). A digest (sha256 of the
-payload, the package list with it) names it; every rank refuses a payload whose digest differs.
+payload, the package list and a shipped directory with it) names it; every rank refuses a payload whose digest
+differs.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ ERROR_FILE = "error.{rank}.txt"  # a rank's traceback when the function raised
 MAX_PAYLOAD_BYTES = 64 * 1024 * 1024
 MAX_PACKAGES = 64
 MAX_PACKAGE_SPEC = 200  # characters of one requirement
-FORMAT = 2  # 2: the package list; a rank reading 1 would run the function without them
+FORMAT = 3  # 2: the package list; 3: a shipped directory (shipped_code). A rank reading less would run without them
 _MODULE = "__scalingrun_shipped__"  # the module a function shipped as source is defined in, on the ranks
 
 
@@ -91,9 +92,11 @@ def _by_source(function: Callable[..., Any]) -> dict[str, Any]:
     return {"kind": "source", "source": source, "name": name}
 
 
-def pack(function: Callable[..., Any], kwargs: dict[str, Any], packages: Optional[list[str]] = None) -> bytes:
-    """The payload of `function(**kwargs)`, run where `packages` are installed; ShippedError when it cannot be shipped,
-    a package is refused (check_packages) or it is over MAX_PAYLOAD_BYTES."""
+def pack(function: Callable[..., Any], kwargs: dict[str, Any], packages: Optional[list[str]] = None,
+         code: Optional[bytes] = None) -> bytes:
+    """The payload of `function(**kwargs)`, run where `packages` are installed and `code` (a directory packed by
+    shipped_code.pack_directory) is first on sys.path; ShippedError when it cannot be shipped, a package is refused
+    (check_packages) or it is over MAX_PAYLOAD_BYTES."""
     if not callable(function):
         raise ShippedError(f"{function!r} is not a function")
     packages = check_packages(packages)
@@ -113,7 +116,7 @@ def pack(function: Callable[..., Any], kwargs: dict[str, Any], packages: Optiona
         finally:
             if by_value:
                 cloudpickle.unregister_pickle_by_value(module)
-    data = pickle.dumps({"format": FORMAT, "packages": packages, **shipped})
+    data = pickle.dumps({"format": FORMAT, "packages": packages, "code": code, **shipped})
     if len(data) > MAX_PAYLOAD_BYTES:
         raise ShippedError(f"{getattr(function, '__name__', function)}: the function and its arguments pickle to "
                            f"{len(data):,} bytes, over the cap of {MAX_PAYLOAD_BYTES:,}: pass data by path or URI")

@@ -1,7 +1,8 @@
 """HorovodRunner(np=-2, packages=[...]): every rank installs the function's packages with pip before it unpacks it,
 into a cache folder keyed by the list (once a machine: one rank installs, the other waits and reuses it; a second run
 installs nothing), and a package pip cannot install fails the run naming it, on every rank. No index is reached: pip
-reads a folder of wheels this test writes (PIP_NO_INDEX, PIP_FIND_LINKS, passed through as any pip setting is)."""
+reads a folder of wheels this test writes (PIP_NO_INDEX, PIP_FIND_LINKS, passed through as any pip setting is).
+HorovodRunner(code_dir=...) the same for a directory of the team's modules, shipped in the payload."""
 
 from __future__ import annotations
 
@@ -77,3 +78,31 @@ def test_a_package_pip_cannot_install_fails_the_run_naming_it_on_every_rank(tmp_
     # Each rank on its own, as the launcher starts it: it fails naming the package, and nothing is cached.
     each_rank_fails_alone(next((tmp_path / "runs").iterdir()), named)
     assert not [path for path in local_pip.iterdir() if path.is_dir()]
+
+
+def width_from_the_teams_code() -> dict:
+    import teamnets.layers  # only in the shipped code_dir: not on this process's path nor the ranks'
+
+    return {"width": teamnets.layers.width(), "file": teamnets.layers.__file__}
+
+
+def test_the_ranks_import_the_teams_modules_from_the_shipped_code_dir(tmp_path, local_pip, capfd):
+    """HorovodRunner(code_dir=...): the directory travels in the payload, each rank imports from it (unpacked once
+    on this machine), and an edit of the code reaches the next run() under a new digest."""
+    horovodrun()
+    code = tmp_path / "team" / "teamnets"
+    code.mkdir(parents=True)
+    (code / "__init__.py").write_text("")
+    (code / "layers.py").write_text("def width():\n    return 16\n")
+    assert importlib.util.find_spec("teamnets") is None
+    runner = scalingrun.HorovodRunner(np=-2, workdir=tmp_path / "runs", code_dir=tmp_path / "team")
+
+    value = runner.run(width_from_the_teams_code)
+    unpacked = [path for path in local_pip.iterdir() if path.is_dir()]
+    assert len(unpacked) == 1 and value == {"width": 16, "file": str(unpacked[0] / "teamnets" / "layers.py")}
+    out = capfd.readouterr().out
+    assert out.count(f"shipped code unpacked into {unpacked[0]}") == 1, out
+    assert out.count(f"shipped code reused from {unpacked[0]}") == 1, out
+
+    (code / "layers.py").write_text("def width():\n    return 32\n")
+    assert runner.run(width_from_the_teams_code)["width"] == 32

@@ -3,7 +3,8 @@ shipped function (`scalingrun.HorovodRunner`, `scalingrun.LightningRunner`). FOL
 run's store (s3://, file://) for a ScalingRun.
 
 Every rank checks the payload's digest (the one on its command line, which the run's spec carries; else the
-folder's), installs its packages (sdk/packages.py: once a machine, cached per list), unpacks the function
+folder's), installs its packages and unpacks its shipped directory first on sys.path (sdk/packages.py: once a
+machine, cached per list and per archive), unpacks the function
 (scalingrun_api.shipped) and calls it with its keyword arguments; rank 0 pickles the return value to
 FOLDER/result.pkl (a ScalingRun succeeds on its MPIJob's success). A function that reports through the SDK
 (sdk.context(), sdk.KerasCallback(), report_epoch) has its progress document ended here as a script's sdk.finish()
@@ -22,10 +23,12 @@ import argparse
 import os
 import pickle
 import sys
+import tarfile
 import traceback
 from contextlib import nullcontext
 
 from scalingrun_api.shipped import DIGEST_FILE, ERROR_FILE, PAYLOAD_FILE, RESULT_FILE, ShippedError, load, open_payload
+from scalingrun_api.shipped_code import ShippedCodeError
 from ..core.session import error_line
 from ..storage import Location, open_location
 from . import packages
@@ -79,6 +82,16 @@ def main(argv: list[str] | None = None) -> int:
             return FAILED
         packages.use(installed)
         print(f"rank {rank}: packages {'installed into' if ran_pip else 'reused from'} {installed}", file=sys.stderr,
+              flush=True)
+    if shipped.get("code"):
+        try:
+            unpacked, fresh = packages.unpack_code(shipped["code"])
+        except (ShippedCodeError, OSError, EOFError, tarfile.TarError) as exc:
+            print(f"rank {rank}: the shipped code: {exc}", file=sys.stderr, flush=True)
+            _write(folder, ERROR_FILE.format(rank=rank), f"the shipped code: {exc}\n".encode())
+            return REFUSED
+        packages.use(unpacked)
+        print(f"rank {rank}: shipped code {'unpacked into' if fresh else 'reused from'} {unpacked}", file=sys.stderr,
               flush=True)
     try:
         function, kwargs = load(shipped)

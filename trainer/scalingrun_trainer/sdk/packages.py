@@ -1,5 +1,5 @@
-"""A shipped function's packages (`HorovodRunner(packages=[...])`), installed by pip on every rank before the function
-is unpacked, into a folder of the cache keyed by a digest of the list and this environment, then put first on sys.path.
+"""A shipped function's packages (`HorovodRunner(packages=[...])`) and directory (`code_dir=`), installed by pip or
+unpacked on every rank before the function is, into a folder of the cache keyed by a digest of the list and this environment, then put first on sys.path.
 Only what the environment lacks goes there (`_pip`): the image's own packages stay the ones imported.
 
 The cache is $SCALINGRUN_PACKAGE_CACHE, else <tmp>/scalingrun-packages. A file lock makes the ranks of one machine
@@ -22,9 +22,11 @@ import tempfile
 from pathlib import Path
 
 from scalingrun_api.shipped import ShippedError, check_requirement
+from scalingrun_api.shipped_code import unpack_directory
 
 CACHE_ENV = "SCALINGRUN_PACKAGE_CACHE"
 MARKER = "scalingrun-packages.json"  # in an installed folder: the list it holds; written last
+CODE_MARKER = ".scalingrun-code"  # in an unpacked shipped directory: written last
 PIP_TAIL_LINES = 15  # of pip's output, in the error
 
 
@@ -59,6 +61,27 @@ def install(packages: list[str]) -> tuple[Path, bool]:
             _pip(packages, partial)
             (partial / MARKER).write_text(json.dumps({"packages": packages}) + "\n")
             partial.rename(folder)
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)
+    return folder, True
+
+
+def unpack_code(code: bytes) -> tuple[Path, bool]:
+    """(the folder holding a shipped directory, whether this call unpacked it): once a machine per archive's digest,
+    under the same lock discipline as install()."""
+    folder = cache_root() / ("code-" + hashlib.sha256(code).hexdigest()[:32])
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (folder / CODE_MARKER).exists():
+            return folder, False
+        for left in (folder, *folder.parent.glob(folder.name + ".partial-*")):
+            shutil.rmtree(left, ignore_errors=True)
+        partial = Path(tempfile.mkdtemp(prefix=folder.name + ".partial-", dir=folder.parent))
+        try:
+            unpack_directory(code, partial / "code")
+            (partial / "code" / CODE_MARKER).write_text("")
+            (partial / "code").rename(folder)
         finally:
             shutil.rmtree(partial, ignore_errors=True)
     return folder, True
