@@ -12,7 +12,7 @@ import pytest
 
 import scalingrun
 from tests.e2e.environment import BUCKET, S3_PORT, S3_SERVICE, UNLABELLED_TABLE, port_forward
-from tests.support.shipped_training import train_hvd
+from tests.support.shipped_training import TEAM_CODE, train_hvd
 from tests.support.e2e_runs import _name, children, condition_texts, finished, launcher_log, phase, run_body
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
@@ -72,8 +72,8 @@ def test_a_training_command_runs_the_teams_script_on_every_worker_pod(cluster):
 def test_a_function_from_python_trains_across_two_worker_pods_with_no_image_built(cluster, monkeypatch):
     """HorovodRunner(np=2, run=...).run(train_hvd, ...) from this process: the function (shipped by value) stored
     in the run's SeaweedFS under its digest with this process's keys (the runs' Secret's, through a port-forward),
-    run by our trainer image on 2 worker pods; rank 0's value comes back, and the epochs it reported through the
-    SDK are the run's status."""
+    run by our trainer image on 2 worker pods, its network imported from the team's module shipped with it
+    (code_dir); rank 0's value comes back, and the epochs it reported through the SDK are the run's status."""
     secret = cluster.core().read_namespaced_secret(cluster.s3_secret, cluster.namespace).data
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(key, base64.b64decode(secret[key]).decode())
@@ -81,7 +81,7 @@ def test_a_function_from_python_trains_across_two_worker_pods_with_no_image_buil
     with port_forward(cluster.kubectl, cluster.namespace, f"svc/{S3_SERVICE}", S3_PORT) as port:
         runner = scalingrun.HorovodRunner(np=2, run=body, store_endpoint=f"http://127.0.0.1:{port}",
                                           kubeconfig=cluster.kubeconfig, namespace=cluster.namespace, timeout=900,
-                                          driver_log_verbosity="log_callback_only")
+                                          driver_log_verbosity="log_callback_only", code_dir=TEAM_CODE)
         try:
             value = runner.run(train_hvd, learning_rate=0.002)
             run = runner.last_run

@@ -16,7 +16,7 @@ from scalingrun_api.progress import PROGRESS_FILE
 from scalingrun_operator.builders.locations import join, run_location
 from tests.support.horovodrun import horovodrun
 from tests.support.shipped_ranks import each_rank_fails_alone
-from tests.support.shipped_training import train_hvd
+from tests.support.shipped_training import TEAM_CODE, train_hvd
 from tests.support.wheels import write_wheel
 
 pytestmark = pytest.mark.horovod
@@ -83,11 +83,13 @@ def test_a_missing_package_fails_the_run_naming_it_on_every_rank(tmp_path, monke
     # Each rank on its own, as the launcher starts it: it fails naming the package, and leaves its traceback.
     each_rank_fails_alone(next(tmp_path.iterdir()), re.escape(missing))
 
+
 @pytest.mark.parametrize("store", ["file", "s3"])
 def test_np_above_zero_runs_the_function_in_a_scalingrun_from_its_store(store, tmp_path, monkeypatch, request):
     """HorovodRunner(np=2, run=...) through the local runner (what the cluster's pods run, on this machine): the
-    function (the articles' train_hvd) is stored under its digest in the run's store (a folder, or SeaweedFS's S3
-    with keys from the environment), its run's training.command runs it on 2 ranks under mpirun, rank 0's value comes
+    function (the articles' train_hvd, its network from the team's module shipped as code_dir) is stored under its
+    digest in the run's store (a folder, or SeaweedFS's S3 with keys from the environment), its run's
+    training.command runs it on 2 ranks under mpirun, rank 0's value comes
     back from the store, and the epochs it reported through the SDK are the run's status, ended as it returned."""
     from scalingrun_operator.local.quickstart import upload_fashion_mnist
     from scalingrun_operator.local.sample_data import fashion_mnist_jpegs
@@ -115,7 +117,8 @@ def test_np_above_zero_runs_the_function_in_a_scalingrun_from_its_store(store, t
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "wheels"))
     monkeypatch.setenv("SCALINGRUN_PACKAGE_CACHE", str(tmp_path / "packages"))
     packages = [write_wheel(tmp_path / "wheels")]
-    runner = scalingrun.HorovodRunner(np=2, run=base, local=True, workdir=tmp_path / "run", packages=packages)
+    runner = scalingrun.HorovodRunner(np=2, run=base, local=True, workdir=tmp_path / "run", packages=packages,
+                                      code_dir=TEAM_CODE)
     value = runner.run(train_hvd, learning_rate=0.002)
     assert [json.loads(marker.read_text()) for marker in (tmp_path / "packages").glob("*/scalingrun-packages.json")] \
         == [{"packages": packages}]

@@ -1,25 +1,28 @@
-"""The articles' `train_hvd`, as a team writes it for `HorovodRunner(np=2).run(train_hvd, learning_rate=...)`:
-Horovod set up by the function, the run's prepared data read and its epochs reported through the SDK. Shipped by
-value (its module is not installed in the trainer image), so it imports what it uses inside."""
+"""The articles' `train_hvd`, as a team writes it for `HorovodRunner(np=2, code_dir=TEAM_CODE).run(train_hvd, ...)`:
+Horovod set up by the function, its network from the team's own module (examples/custom-training's teamtrain, in
+no image of ours: shipped as code_dir), the run's prepared data read and its epochs reported through the SDK.
+Shipped by value (its module is not installed in the trainer image), so it imports what it uses inside."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+TEAM_CODE = Path(__file__).resolve().parents[2] / "examples" / "custom-training"
+
 
 def train_hvd(learning_rate: float) -> dict:
-    """A small CNN fitted for the run's maxEpochs on this rank's shard; rank 0 returns what it saw of the world,
+    """The team's CNN fitted for the run's maxEpochs on this rank's shard; rank 0 returns what it saw of the world,
     the ranks' sum (1 + 2 over 2 ranks) and its last epoch's metrics (averaged over the ranks)."""
     import horovod.tensorflow.keras as hvd
     import tensorflow as tf
 
     from scalingrun_trainer import sdk
+    from teamtrain.keras_horovod import network  # from the shipped code_dir
 
     hvd.init()
     ctx = sdk.context()
     tf.keras.utils.set_random_seed(ctx.seed)
-    inputs = tf.keras.Input((ctx.image_size, ctx.image_size, 3), dtype=tf.uint8)
-    features = tf.keras.layers.Conv2D(8, 3, activation="relu")(tf.keras.layers.Rescaling(1 / 255)(inputs))
-    logits = tf.keras.layers.Dense(ctx.num_classes)(tf.keras.layers.GlobalAveragePooling2D()(features))
-    model = tf.keras.Model(inputs, logits)
+    model = network(ctx)
     optimizer = hvd.DistributedOptimizer(tf.keras.optimizers.legacy.Adam(learning_rate * hvd.size()))
     model.compile(optimizer, tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
     history = model.fit(sdk.tf_dataset("train"), steps_per_epoch=ctx.steps_per_epoch, epochs=ctx.max_epochs,
