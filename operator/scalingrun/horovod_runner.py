@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from scalingrun_api.engines import HOROVOD_STALL_ENV
-from scalingrun_api.shipped import ERROR_FILE, RESULT_FILE, check_packages, digest, pack, write
+from scalingrun_api.shipped import (ERROR_FILE, RESULT_FILE, WORKER_MODULE, check_packages, digest, pack,
+                                    worker_command, write)
 from scalingrun_api.shipped_code import pack_directory
 from scalingrun_operator.builders.locations import join
 from scalingrun_operator.local.processes import horovodrun
@@ -27,7 +28,7 @@ from . import function_store
 from .run import Run, RunFailed
 
 TAIL_LINES = 20  # of the launcher's output, in the error when no rank left a traceback
-WORKER = "scalingrun_trainer.sdk.function"
+WORKER = WORKER_MODULE
 
 
 class HorovodRunnerError(RuntimeError):
@@ -115,8 +116,7 @@ class HorovodRunner:
         body["spec"].setdefault("workers", {})["replicas"] = self.np
         run = Run.from_dict(body)  # its name places the function: stored under the run that runs it
         folder = function_store.function_folder(run.model, named)
-        body["spec"].setdefault("training", {})["command"] = ["python", "-m", WORKER, folder, "--digest", named,
-                                                              *self.WORKER_OPTIONS]
+        body["spec"].setdefault("training", {})["command"] = worker_command(folder, named, self.WORKER_OPTIONS)
         run = Run.from_dict(body)
         function_store.store(run.model, payload, named, self.store_endpoint)
         local_workdir = {"workdir": self.workdir / run.name} if self.workdir and self.submit.get("local") else {}

@@ -19,7 +19,7 @@ import sys
 import textwrap
 import types
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 PAYLOAD_FILE = "function.pkl"
 DIGEST_FILE = "function.sha256"
@@ -30,6 +30,7 @@ MAX_PACKAGES = 64
 MAX_PACKAGE_SPEC = 200  # characters of one requirement
 FORMAT = 3  # 2: the package list; 3: a shipped directory (shipped_code). A rank reading less would run without them
 _MODULE = "__scalingrun_shipped__"  # the module a function shipped as source is defined in, on the ranks
+WORKER_MODULE = "scalingrun_trainer.sdk.function"  # `python -m` it on every rank: it runs the shipped function
 
 
 class ShippedError(ValueError):
@@ -121,6 +122,19 @@ def pack(function: Callable[..., Any], kwargs: dict[str, Any], packages: Optiona
         raise ShippedError(f"{getattr(function, '__name__', function)}: the function and its arguments pickle to "
                            f"{len(data):,} bytes, over the cap of {MAX_PAYLOAD_BYTES:,}: pass data by path or URI")
     return data
+
+
+def worker_command(folder: str, named_digest: str, options: Sequence[str] = ()) -> list[str]:
+    """A ScalingRun's training.command that runs the function stored in `folder` under `named_digest`."""
+    return ["python", "-m", WORKER_MODULE, folder, "--digest", named_digest, *options]
+
+
+def shipped_in(command: Optional[Sequence[str]]) -> Optional[tuple[str, str]]:
+    """(folder, digest) when `command` is worker_command's, else None: the operator records them in the status."""
+    if command and len(command) >= 6 and list(command[:3]) == ["python", "-m", WORKER_MODULE] \
+            and command[4] == "--digest":
+        return command[3], command[5]
+    return None
 
 
 def digest(data: bytes) -> str:

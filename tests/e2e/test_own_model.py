@@ -92,6 +92,7 @@ def test_a_function_from_python_trains_across_two_worker_pods_with_no_image_buil
             assert command[3] == f"{OUTPUT}/runs/{run.name}/function/{command[5].split(':')[1]}", command
             training = assert_trained_on_two_pods(cluster, cluster.get_run(run.name), run.name, cluster.trainer_image)
             assert training["metrics"] == pytest.approx({k: metrics[k] for k in training["metrics"]}, abs=1e-5)
+            assert training["function"] == {"digest": command[5], "location": command[3]}, training
         finally:
             if runner.last_run is not None:
                 cluster.delete_run(runner.last_run.name)

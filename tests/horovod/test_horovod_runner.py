@@ -135,5 +135,6 @@ def test_np_above_zero_runs_the_function_in_a_scalingrun_from_its_store(store, t
     assert command[:3] == ["python", "-m", "scalingrun_trainer.sdk.function"] and command[4] == "--digest"
     digest = command[5]
     assert command[3] == f"{location}/parquet/runs/{run.name}/function/{digest.split(':')[1]}"
+    assert training["function"] == {"digest": digest, "location": command[3]}, training
     assert run.name == f"team-fn-{digest.split(':')[1][:10]}" and run.status["phase"] == "Succeeded"
     assert run.model.spec.workers.replicas == 2

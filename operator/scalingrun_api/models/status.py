@@ -226,6 +226,13 @@ class ElasticStatus(ApiModel):
                                              "absent while the MPIJob is suspended, queued or finished.")
 
 
+class ShippedFunction(ApiModel):
+    digest: str = Field(description="sha256 of the payload (the function, its arguments, packages and code) that "
+                        "every rank checked before it ran it.")
+    location: str = Field(description="The folder of the payload and of rank 0's return value: "
+                          "<runLocation>/function/<sha256>.")
+
+
 class TrainingStatus(ApiModel):
     """Progress of the training, mirrored from the trainer's progress document."""
 
@@ -294,6 +301,8 @@ class TrainingStatus(ApiModel):
         None, description="Over 64 pods: every pod's record, compact (name after the MPIJob's name:first 8 "
         "characters of its uid:restarts counted[:lost]), space-separated; at most 4096 pods.")
     pod_summary: Optional[PodSummary] = Field(None, description="Over 64 pods: the pods counted by phase and reason.")
+    function: Optional[ShippedFunction] = Field(
+        None, description="A run of a shipped function (scalingrun.HorovodRunner): what its training.command runs.")
     elastic: Optional[ElasticStatus] = Field(
         None, description="An elastic run's (spec.workers.minReplicas) worker count and its resizes, each with its "
         "cause and cost.")

@@ -16,6 +16,7 @@ from typing import Any, Optional
 from scalingrun_api.models import DeviceKind, Devices, InputEpoch, ScalingRun, TrainingStatus
 from scalingrun_api.models.run import DEFAULT_GPU_RESOURCE
 from scalingrun_api.progress import INPUT_HISTORY_EPOCHS, Progress, lenient
+from scalingrun_api.shipped import shipped_in
 from ..builders.config import total_processes
 from .status import rfc3339
 
@@ -50,8 +51,12 @@ def _number(value: Any, kind: type) -> Optional[float]:
 
 def base_training_status(run: ScalingRun, mpijob_name: str, workers: int) -> dict[str, Any]:
     """What is known before the trainer reports anything, of an MPIJob of `workers` workers."""
-    return {"mpiJobName": mpijob_name, "processes": total_processes(run, workers),
-            "maxEpochs": run.spec.training.max_epochs}
+    known = {"mpiJobName": mpijob_name, "processes": total_processes(run, workers),
+             "maxEpochs": run.spec.training.max_epochs}
+    shipped = shipped_in(run.spec.training.command)
+    if shipped:
+        known["function"] = {"location": shipped[0], "digest": shipped[1]}
+    return known
 
 
 def _or_empty(progress: Optional[Progress]) -> Progress:

@@ -8,6 +8,7 @@ import datetime as dt
 
 import pytest
 
+from scalingrun_api.shipped import worker_command
 from scalingrun_operator.schema.validation import parse_scalingrun
 from scalingrun_operator.builders import locations
 from scalingrun_operator.decide import pinning, preprocessing as dataset, progress as mirror
@@ -232,6 +233,18 @@ def test_training_status_mirrors_progress_and_drops_junk():
     assert "mlflowRunId" not in mirror.training_status(parse_progress({**progress, "mlflowRunId": 7}))
     assert mirror.model_uri(parse_progress({"modelUri": "s3://m/model"})) == "s3://m/model"
     assert mirror.model_uri(parse_progress({"modelUri": None})) is None
+
+
+def test_a_shipped_functions_digest_and_folder_are_in_the_training_status_from_its_command():
+    shipped = copy.deepcopy(DOC)
+    folder = "s3://data/parquet/runs/demo/function/" + "ab" * 32
+    shipped["spec"]["training"] = {"command": worker_command(folder, "sha256:" + "ab" * 32, ["--ddp-world"])}
+    assert mirror.base_training_status(parse_scalingrun(shipped), "demo-train", 3)["function"] == {
+        "location": folder, "digest": "sha256:" + "ab" * 32}
+    script = copy.deepcopy(DOC)
+    script["spec"]["training"] = {"command": ["python", "-m", "teamtrain.keras_horovod", folder, "--digest", "x"]}
+    assert "function" not in mirror.base_training_status(parse_scalingrun(script), "demo-train", 3)
+    assert "function" not in mirror.base_training_status(make_run(), "demo-train", 3)
 
 
 def test_progress_uri_follows_run_location():
