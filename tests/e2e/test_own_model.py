@@ -1,19 +1,22 @@
 """Your own model in a real cluster: a model.builder run from an image built FROM the trainer image, a
-training.command run of the team's own script, and a function from Python with no image built for it
-(HorovodRunner(np=2)), each across 2 worker pods to Succeeded with metrics in status; a Parquet table without its
-label column fails before any MPIJob exists, naming the column. The training runs share one small dataset (32 px):
-the first preprocesses it, the others reuse it."""
+training.command run of the team's own script, and a notebook's function with no image built for it
+(HorovodRunner(np=2) in a Jupyter kernel), each across 2 worker pods to Succeeded with metrics in status; a Parquet
+table without its label column fails before any MPIJob exists, naming the column. The training runs share one small
+dataset (32 px): the first preprocesses it, the others reuse it."""
 
 from __future__ import annotations
 
 import base64
+import inspect
+import json
+import os
+import sys
 
 import pytest
 
-import scalingrun
 from tests.e2e.environment import BUCKET, S3_PORT, S3_SERVICE, UNLABELLED_TABLE, port_forward
-from tests.support.shipped_training import TEAM_CODE, train_hvd
 from tests.support.e2e_runs import _name, children, condition_texts, finished, launcher_log, phase, run_body
+from tests.support.shipped_training import TEAM_CODE, train_hvd
 
 pytestmark = [pytest.mark.e2e, pytest.mark.k8s]
 OUTPUT = f"s3://{BUCKET}/own-model/parquet-32"
@@ -69,33 +72,53 @@ def test_a_training_command_runs_the_teams_script_on_every_worker_pod(cluster):
         cluster.delete_run(name)
 
 
-def test_a_function_from_python_trains_across_two_worker_pods_with_no_image_built(cluster, monkeypatch):
-    """HorovodRunner(np=2, run=...).run(train_hvd, ...) from this process: the function (shipped by value) stored
-    in the run's SeaweedFS under its digest with this process's keys (the runs' Secret's, through a port-forward),
-    run by our trainer image on 2 worker pods, its network imported from the team's module shipped with it
-    (code_dir); rank 0's value comes back, and the epochs it reported through the SDK are the run's status."""
+# What a reader's notebook holds once its cells ran, appended to them here.
+STATE_CELL = """import json
+print(json.dumps({"value": value, "name": runner.last_run.name, "command": runner.last_run.model.spec.training.command}))"""
+
+
+def test_a_function_from_a_notebook_trains_across_two_worker_pods_with_no_image_built(cluster, monkeypatch, tmp_path):
+    """In a real Jupyter kernel (nbclient, ipykernel), a notebook's cells define train_hvd (in __main__, so it
+    ships by value) and run HorovodRunner(np=2, run=...).run(train_hvd, ...): the function is stored in the run's
+    SeaweedFS under its digest with the kernel's keys (the runs' Secret's, through a port-forward), run by our
+    trainer image on 2 worker pods, its network imported from the team's module shipped with it (code_dir); rank
+    0's value comes back, the epochs it reported through the SDK are the run's status, and the digest is there."""
+    import nbformat
+    from nbclient import NotebookClient
+
     secret = cluster.core().read_namespaced_secret(cluster.s3_secret, cluster.namespace).data
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
         monkeypatch.setenv(key, base64.b64decode(secret[key]).decode())
-    body = small_run(cluster, _name("function"), cluster.trainer_image)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(path for path in sys.path if path))  # scalingrun, as installed
+    body = small_run(cluster, _name("notebook"), cluster.trainer_image)
     with port_forward(cluster.kubectl, cluster.namespace, f"svc/{S3_SERVICE}", S3_PORT) as port:
-        runner = scalingrun.HorovodRunner(np=2, run=body, store_endpoint=f"http://127.0.0.1:{port}",
-                                          kubeconfig=cluster.kubeconfig, namespace=cluster.namespace, timeout=900,
-                                          driver_log_verbosity="log_callback_only", code_dir=TEAM_CODE)
+        runner_cell = (f"import scalingrun\n"
+                       f"runner = scalingrun.HorovodRunner(np=2, run={body!r}, store_endpoint='http://127.0.0.1:{port}',"
+                       f" kubeconfig={cluster.kubeconfig!r}, namespace={cluster.namespace!r}, timeout=900,"
+                       f" code_dir={str(TEAM_CODE)!r})\n"
+                       f"value = runner.run(train_hvd, learning_rate=0.002)")
+        notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(inspect.getsource(train_hvd)),
+                                                   nbformat.v4.new_code_cell(runner_cell),
+                                                   nbformat.v4.new_code_cell(STATE_CELL)])
         try:
-            value = runner.run(train_hvd, learning_rate=0.002)
-            run = runner.last_run
+            NotebookClient(notebook, kernel_name="python3", timeout=900,
+                           resources={"metadata": {"path": str(tmp_path)}}).execute()
+            state = json.loads(notebook.cells[-1].outputs[-1].text)
+            name, value, command = state["name"], state["value"], state["command"]
             metrics = value.pop("metrics")
             assert value == {"rank": 0, "size": 2, "sum": 3.0, "epochs": 2}
-            command = run.model.spec.training.command
             assert command[:3] == ["python", "-m", "scalingrun_trainer.sdk.function"] and command[4] == "--digest"
-            assert command[3] == f"{OUTPUT}/runs/{run.name}/function/{command[5].split(':')[1]}", command
-            training = assert_trained_on_two_pods(cluster, cluster.get_run(run.name), run.name, cluster.trainer_image)
+            assert command[3] == f"{OUTPUT}/runs/{name}/function/{command[5].split(':')[1]}", command
+            run = cluster.get_run(name)
+            training = assert_trained_on_two_pods(cluster, run, name, cluster.trainer_image)
             assert training["metrics"] == pytest.approx({k: metrics[k] for k in training["metrics"]}, abs=1e-5)
             assert training["function"] == {"digest": command[5], "location": command[3]}, training
         finally:
-            if runner.last_run is not None:
-                cluster.delete_run(runner.last_run.name)
+            made = [run["metadata"]["name"] for run in cluster.custom().list_namespaced_custom_object(
+                "scalingrun.dev", "v1alpha1", cluster.namespace, "scalingruns")["items"]
+                if run["metadata"]["name"].startswith(body["metadata"]["name"][:30] + "-fn-")]
+            for name in made:
+                cluster.delete_run(name)
 
 
 def test_a_parquet_table_without_its_label_column_fails_before_the_mpijob(cluster):
