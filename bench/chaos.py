@@ -32,9 +32,10 @@ sys.path.insert(0, str(ROOT))
 from bench.chaos_faults import Faults, operator_memory_limit, operator_rss  # noqa: E402
 from bench.chaos_invariants import RunRecord, Sample, SweepRecord, measure_recovery, verdicts  # noqa: E402
 from bench.chaos_pace import SWEEP_POINTS, drain_seconds, min_left, parse_slots, slot_cycle  # noqa: E402
-from bench.chaos_plan import DEFAULT_MIX, Applied, figures, parse_mix, schedule  # noqa: E402
+from bench.chaos_plan import DEFAULT_MIX, Applied, figures, mix_text, parse_mix, schedule  # noqa: E402
 from bench.chaos_store import (  # noqa: E402
-    GROUP, SWEEPS, VERSION, body_for, delete_and_look, delete_sweep_and_look, read_store, sweep_body, sweep_point,
+    GROUP, SWEEPS, VERSION, body_for, delete_and_look, delete_sweep_and_look, nonzero, parse_time, read_store,
+    sweep_body, sweep_point,
 )
 from tests.support.e2e_cluster import connect, missing_variables  # noqa: E402
 from tests.support.node_faults import node_capacity  # noqa: E402
@@ -174,8 +175,20 @@ class Soak:
             record.left_behind = delete_and_look(self.cluster, name)
 
     def running(self) -> list[RunRecord]:
-        names = [self.run_of(slot)[0] for slot in range(len(self.slots))]
-        return [self.records[n] for n in names if n in self.records]
+        """The runs still going; a sweep between points (or before its first): its next point, not sampled yet."""
+        going = []
+        for slot, name in enumerate(self.current):
+            point = self.run_of(slot)[0]
+            if point in self.records:
+                going.append(self.records[point])
+            elif name in self.sweeps:
+                points = self.sweeps[name].points
+                after = [p for p in points if p not in self.records]
+                if after:
+                    going.append(RunRecord(after[0], "sweep", points_after=len(after) - 1))
+            elif name in self.records:
+                going.append(self.records[name])
+        return going
 
     def loop(self) -> None:
         args = self.args
@@ -226,7 +239,12 @@ class Soak:
             thread.join(timeout=args.stall_timeout + 120)
         for slot, name in enumerate(self.current):  # past the drain: recorded as they stand, then deleted
             if name in self.sweeps:
-                self.finish_sweep(self.sweeps[name])
+                sweep = self.sweeps[name]
+                for point in [p for p in sweep.points if p in self.records and self.records[p].ended_at is None]:
+                    self.finish(point, self.cluster.get_run(point), delete=False)
+                sweep.phase = "still " + str(((self.cluster.custom().get_namespaced_custom_object(
+                    GROUP, VERSION, self.cluster.namespace, SWEEPS, name).get("status")) or {}).get("phase"))
+                self.finish_sweep(sweep)
             elif name:
                 self.finish(name, self.cluster.get_run(name))
         for thread in self.finishing:
@@ -285,24 +303,6 @@ class Soak:
                 "rss_peak": max(self.rss, default=0), "rss_limit": limit,
                 "run_results": {r.name: [r.phase, r.epoch, r.interruptions] for r in runs}}, indent=1))
         self.broken = broken
-
-
-def parse_time(text: Optional[str]) -> Optional[float]:
-    import datetime as dt
-
-    if not text:
-        return None
-    with contextlib.suppress(ValueError):
-        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    return None
-
-
-def nonzero(counts: Optional[dict]) -> dict[str, int]:
-    return {k: v for k, v in (counts or {}).items() if v}
-
-
-def mix_text(mix: dict[str, int]) -> str:
-    return ",".join(f"{k}={v}" for k, v in mix.items())
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -61,6 +61,10 @@ def parse_mix(text: str) -> dict[str, int]:
     return mix
 
 
+def mix_text(mix: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in mix.items())
+
+
 def schedule(seed: int, minutes: float, faults: int, slots: list[str], mix: dict[str, int],
              start: float = 60.0, freeze_hold: float = 90.0) -> list[Fault]:
     """`faults` faults between `start` s and the end of `minutes`, kinds drawn by `mix`'s weights, run faults aimed at

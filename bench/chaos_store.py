@@ -11,7 +11,7 @@ import json
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from bench.chaos_invariants import NO_TORCH, RunRecord
 from bench.chaos_pace import SWEEP_POINTS
@@ -158,3 +158,17 @@ def delete_sweep_and_look(cluster: Any, name: str) -> list[str]:
         custom.get_namespaced_custom_object(GROUP, VERSION, cluster.namespace, SWEEPS, name)
         left.append(f"ScalingSweep {name}")
     return left
+
+
+def parse_time(text: Optional[str]) -> Optional[float]:
+    import datetime as dt
+
+    if not text:
+        return None
+    with contextlib.suppress(ValueError):
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    return None
+
+
+def nonzero(counts: Optional[dict]) -> dict[str, int]:
+    return {k: v for k, v in (counts or {}).items() if v}
