@@ -6,12 +6,14 @@ Runs inside a `scripts/e2e.sh --keep` session (its exports name the cluster; any
 SCALINGRUN_TEST_KUBECONFIG, the node cluster for the freeze and the kubelet):
 
     flock /work/node.lock bash -c 'eval "$(scripts/e2e.sh --keep -k no_such_test | grep ^export)" &&
-        .venv/bin/python bench/chaos.py --seed 55 --runs 3 --minutes 5 --faults 12; scripts/e2e.sh --down'
+        /work/main/.venv/bin/python bench/chaos.py --seed 55 --runs 3 --minutes 5 --faults 12; scripts/e2e.sh --down'
 
 Slots cycle through keras, lightning, elastic (an elastic run asks for the node's extended resource
-tests/support/node_faults.py advertises; capacity_drop takes part of it away); a slot whose run ends starts another
-while the soak lasts. The schedule is printed first; bench/chaos_plan.py makes it, bench/chaos_faults.py applies it,
-bench/chaos_invariants.py checks what was recorded.
+tests/support/node_faults.py advertises; capacity_drop takes part of it away), the fifth of 5 or more a sweep over 1
+and 2 workers (or --slots names them); a slot whose run ends starts another while a run of its kind still fits in the
+soak (bench/chaos_pace.py); after the M minutes the soak waits for every run to end, as long as their epochs left
+take at their kind's pace. The schedule is printed first; bench/chaos_plan.py makes it, bench/chaos_faults.py applies
+it, bench/chaos_invariants.py checks what was recorded (bench/chaos_store.py reads the store and loads the models).
 """
 
 from __future__ import annotations
