@@ -6,6 +6,7 @@ Runs inside a `scripts/e2e.sh --keep` session (its exports name the cluster; any
 SCALINGRUN_TEST_KUBECONFIG, the node cluster for the freeze and the kubelet):
 
     flock /work/node.lock bash -c 'eval "$(scripts/e2e.sh --keep -k no_such_test | grep ^export)" &&
+        export SCALINGRUN_TOOLS="$(bash scripts/tools.sh)" &&
         /work/main/.venv/bin/python bench/chaos.py --seed 55 --runs 3 --minutes 5 --faults 12; scripts/e2e.sh --down'
 
 Slots cycle through keras, lightning, elastic (an elastic run asks for the node's extended resource
