@@ -148,8 +148,9 @@ def delete_sweep_and_look(cluster: Any, name: str) -> list[str]:
         while time.monotonic() < deadline:
             try:
                 cluster.get_run(point)
-            except Exception:  # gone (a 404)
-                break
+            except Exception as exc:
+                if getattr(exc, "status", None) == 404:  # gone; else the API server through a fault: again
+                    break
             time.sleep(3)
         else:
             left.append(f"ScalingRun {point}")
