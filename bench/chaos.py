@@ -304,7 +304,9 @@ class Soak:
                                             "back_after": a.back_after, "redone": a.redone} for a in self.applied],
                 "figures": figs, "invariants": {line: f for line, f in checks},
                 "rss_peak": max(self.rss, default=0), "rss_limit": limit,
-                "run_results": {r.name: [r.phase, r.epoch, r.interruptions] for r in runs}}, indent=1))
+                "run_results": {r.name: [r.phase, r.epoch, r.interruptions, r.model_loaded or r.model_error]
+                                for r in runs},
+                "sweeps": {w.name: [w.phase, w.recommended] for w in self.sweeps.values()}}, indent=1))
         self.broken = broken
 
 
