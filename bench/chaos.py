@@ -115,7 +115,8 @@ class Soak:
         record = self.records[name]
         record.samples.append(Sample(time.time(), status.get("phase"), training.get("epoch"),
                                      parse_time(beat.get("time")), beat.get("launcherUid"),
-                                     beat.get("phase"), training.get("resumedFromEpoch")))
+                                     beat.get("phase"), training.get("resumedFromEpoch"),
+                                     nonzero(training.get("interruptions"))))
         with self.lock:
             self.status[name] = status
         if status.get("phase") not in TERMINAL:

@@ -27,6 +27,7 @@ class Sample:
     launcher: Optional[str] = None
     beat_phase: Optional[str] = None  # training, restore, probe, ...
     resumed_from: Optional[int] = None  # status.training.resumedFromEpoch
+    interruptions: Optional[dict] = None  # status.training.interruptions then
 
 
 @dataclass
@@ -164,6 +165,25 @@ def expected_counts(applied: list[Applied], run: str, stall_timeout: float, ende
     return {cause: (low, high) for cause, (low, high) in counts.items()}
 
 
+def rises(run: RunRecord, cause: str) -> list[float]:
+    """When (the first sample showing it) each count of `cause` was added to the run's status."""
+    times, before = [], 0
+    for sample in run.samples:
+        now = (sample.interruptions or {}).get(cause, before) if sample.interruptions is not None else before
+        times += [sample.at] * max(0, now - before)
+        before = max(before, now)
+    return times
+
+
+def after_which(applied: list[Applied], at: float) -> str:
+    """The last fault applied before `at`, to say what a count that was not expected followed."""
+    before = [a for a in applied if a.took and a.at_wall <= at]
+    if not before:
+        return "no fault before it"
+    last = max(before, key=lambda a: a.at_wall)
+    return f"{at - last.at_wall:.0f} s after {last.fault.kind} on {last.run or 'the cluster'}"
+
+
 def counted_once_under_cause(applied: list[Applied], stall_timeout: float, grace: float
                              ) -> Callable[[list[RunRecord]], list[str]]:
     def check(runs: list[RunRecord]) -> list[str]:
@@ -174,8 +194,9 @@ def counted_once_under_cause(applied: list[Applied], stall_timeout: float, grace
             for cause in sorted(set(expected) | set(counted)):
                 low, high = expected.get(cause, (0, 0))
                 if not low <= counted.get(cause, 0) <= high:
+                    seen = "; ".join(f"one seen {after_which(applied, at)}" for at in rises(run, cause))
                     broken.append(f"{run.name}: {cause} counted {counted.get(cause, 0)}, expected "
-                                  f"{low if low == high else f'{low}..{high}'}")
+                                  f"{low if low == high else f'{low}..{high}'}" + (f" ({seen})" if seen else ""))
         return broken
     return check
 

@@ -125,6 +125,12 @@ def test_status_must_count_each_fault_once_under_its_cause():
         ["a: podDeleted counted 2, expected 1"]
     assert check([RunRecord("a", "keras", interruptions={"podDeleted": 1, "stalled": 1, "nodeLost": 1})]) == \
         ["a: nodeLost counted 1, expected 0"]
+    # Where the samples show when a count rose, the line names the fault it followed.
+    counts = [{}, {"stalled": 1}, {"stalled": 1}, {"stalled": 2}]
+    other = RunRecord("b", "keras", interruptions={"stalled": 2},
+                      samples=[Sample(at, "Training", interruptions=c) for at, c in zip((1, 70, 80, 1100), counts)])
+    assert check([other]) == ["b: stalled counted 2, expected 0 (one seen 65 s after store_killed on the cluster; "
+                              "one seen 100 s after worker_frozen on a)"]
 
 
 def test_leftovers_and_rss_over_the_limit_are_flagged():
