@@ -165,6 +165,7 @@ class Faults:
         pods = [p.metadata.name for p in self.cluster.core().list_namespaced_pod(
             SYSTEM_NAMESPACE, label_selector=OPERATOR_PODS).items if p.metadata.deletion_timestamp is None]
         leaders = [p for p in pods if holder.startswith(p)]
+        self.holder = holder  # the lease's holderIdentity then, for a fault's notes
         return (leaders or pods or [None])[0]
 
     def operator_killed(self, fault: Fault, applied: Applied) -> None:
@@ -195,7 +196,7 @@ class Faults:
                               capture_output=True, text=True, timeout=30)
         reset = [line for line in done.stdout.splitlines()[1:] if line.strip()]
         applied.took = done.returncode == 0 and bool(reset)
-        applied.notes = [pod, f"{len(reset)} connections reset"]
+        applied.notes = [pod, f"{len(reset)} connections reset", f"lease holder {self.holder or 'none'}"]
         applied.why_not = "" if applied.took else f"ss -K: rc {done.returncode}, {len(reset)} reset, " \
             f"{done.stderr.strip()[-200:]}"
 
