@@ -1,8 +1,10 @@
 """bench/chaos.py's faults, applied to the e2e's cluster with the e2e's own helpers (tests/support/node_faults.py):
 a worker pod deleted, a worker frozen (`docker pause`), the kubelet stopped and started (../shared/node/cluster.sh),
-the operator's leader pod killed, SeaweedFS's pod killed, the node's capacity (an extended resource) dropped under an
+the operator's leader pod killed, its TCP connections to the API server reset (`ss -K` in its pod's network
+namespace: its watches and requests broken, the process alive), SeaweedFS's pod killed, the node's capacity (an extended resource) dropped under an
 elastic run and returned, and a push flood from a run's own pod. The freeze and the kubelet need the node cluster
-(SCALINGRUN_E2E_NODE_DIR); elsewhere they are skipped, saying so.
+(SCALINGRUN_E2E_NODE_DIR); the connection reset, root on the node's host (docker, nsenter); elsewhere they are
+skipped, saying so.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from bench.chaos_plan import Applied, Fault
+from bench.chaos_plan import CLUSTER_FAULTS, Applied, Fault
 from tests.e2e.environment import S3_SERVICE, SYSTEM_NAMESPACE
 from tests.support.e2e_runs import OPERATOR_PODS
 from tests.support.node_faults import freeze, kill, kubelet, set_capacity
@@ -60,7 +62,7 @@ class Faults:
         [self.node] = [n.metadata.name for n in cluster.core().list_node().items]
 
     def apply(self, fault: Fault) -> Applied:
-        if fault.kind in ("kubelet_restart", "operator_killed", "store_killed"):
+        if fault.kind in CLUSTER_FAULTS:
             applied = Applied(fault, None, False, time.time())
             getattr(self, fault.kind)(fault, applied)
             return applied
@@ -163,6 +165,7 @@ class Faults:
         pods = [p.metadata.name for p in self.cluster.core().list_namespaced_pod(
             SYSTEM_NAMESPACE, label_selector=OPERATOR_PODS).items if p.metadata.deletion_timestamp is None]
         leaders = [p for p in pods if holder.startswith(p)]
+        self.holder = holder  # the lease's holderIdentity then, for a fault's notes
         return (leaders or pods or [None])[0]
 
     def operator_killed(self, fault: Fault, applied: Applied) -> None:
@@ -173,10 +176,56 @@ class Faults:
         self.cluster.core().delete_namespaced_pod(pod, SYSTEM_NAMESPACE, grace_period_seconds=0)
         applied.took, applied.notes = True, [pod]
 
+    def watch_broken(self, fault: Fault, applied: Applied) -> None:
+        """Resets every TCP connection of the leader's pod to the API server (the `kubernetes` Service's address and
+        the endpoint's it is translated to), from the host, in the pod's network namespace: the kernel sends each a
+        reset, as a load balancer or an API server restart would."""
+        pod = self.leader_pod()
+        if not self.node_dir or pod is None:
+            applied.why_not = "not the node cluster: no docker and nsenter into the operator's pod" if pod else \
+                "no operator pod"
+            return
+        ids = subprocess.run([DOCKER, "ps", "-q", "--filter", f"label=io.kubernetes.pod.name={pod}"],
+                             capture_output=True, text=True, timeout=30).stdout.split()
+        if not ids:
+            applied.why_not = f"no container of {pod}"
+            return
+        pid = subprocess.run([DOCKER, "inspect", "-f", "{{.State.Pid}}", ids[0]], capture_output=True, text=True,
+                             timeout=30).stdout.strip()
+        done = subprocess.run(["nsenter", "-t", pid, "-n", "ss", "-K", "-tn", *api_server_filter(self.cluster)],
+                              capture_output=True, text=True, timeout=30)
+        reset = [line for line in done.stdout.splitlines()[1:] if line.strip()]
+        applied.took = done.returncode == 0 and bool(reset)
+        applied.notes = [pod, f"{len(reset)} connections reset", f"lease holder {self.holder or 'none'}"]
+        applied.why_not = "" if applied.took else f"ss -K: rc {done.returncode}, {len(reset)} reset, " \
+            f"{done.stderr.strip()[-200:]}"
+
     def store_killed(self, fault: Fault, applied: Applied) -> None:
         pod = f"{S3_SERVICE}-0"  # tests/e2e/environment.py's StatefulSet
         self.cluster.core().delete_namespaced_pod(pod, self.cluster.namespace, grace_period_seconds=0)
         applied.took, applied.notes = True, [pod]
+
+
+DOCKER = "/usr/bin/docker"  # the node cluster's (../shared/node/README.md)
+
+
+def api_server_filter(cluster: Any) -> list[str]:
+    """ss's filter for connections to the API server: the `kubernetes` Service's address and port, and its endpoints'
+    (what kube-proxy translates it to; a client given the address directly uses those)."""
+    core = cluster.core()
+    service = core.read_namespaced_service("kubernetes", "default").spec
+    targets = [(service.cluster_ip, port.port) for port in service.ports]
+    for subset in core.read_namespaced_endpoints("kubernetes", "default").subsets or []:
+        targets += [(address.ip, port.port) for address in subset.addresses or [] for port in subset.ports or []]
+    return filter_text(targets)
+
+
+def filter_text(targets: list[tuple[str, int]]) -> list[str]:
+    """[(ip, port)] -> ss's filter expression, one token per word: ( dst IP and dport = PORT or ... )."""
+    words = ["("]
+    for i, (ip, port) in enumerate(targets):
+        words += (["or"] if i else []) + ["(", "dst", ip, "and", "dport", "=", str(port), ")"]
+    return words + [")"]
 
 
 def operator_rss(cluster: Any) -> Optional[int]:

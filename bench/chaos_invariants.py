@@ -10,6 +10,7 @@ from typing import Callable, Optional
 
 from bench.chaos_plan import COUNTED_AS, RESTARTING, Applied
 
+NO_TORCH = "not loaded: no torch here"  # a Lightning run's model, where this Python has no torch: not a failure
 # The one way a fault may fail a run: more of them than spec.training.maxInterruptions allows
 # (scalingrun_operator.decide.status.MAX_INTERRUPTIONS_EXCEEDED).
 FAULT_BEYOND_LIMIT = "MaxInterruptionsExceeded"
@@ -26,6 +27,7 @@ class Sample:
     launcher: Optional[str] = None
     beat_phase: Optional[str] = None  # training, restore, probe, ...
     resumed_from: Optional[int] = None  # status.training.resumedFromEpoch
+    interruptions: Optional[dict] = None  # status.training.interruptions then
 
 
 @dataclass
@@ -42,6 +44,19 @@ class RunRecord:
     samples: list[Sample] = field(default_factory=list)
     left_behind: Optional[list[str]] = None  # objects still there after its deletion (None: not deleted)
     ended_at: Optional[float] = None
+    points_after: int = 0  # a sweep point's run: the sweep's points still to come after it
+    model_loaded: Optional[str] = None  # what loading the model showed (None: not loaded, or not tried)
+    model_error: str = ""  # why it did not load or predict (a broken invariant)
+
+
+@dataclass
+class SweepRecord:
+    name: str
+    points: list[str]  # its point runs' names, in order
+    phase: Optional[str] = None
+    message: str = ""
+    recommended: Optional[str] = None  # status.recommendation.run
+    left_behind: Optional[list[str]] = None
 
 
 def ends_succeeded_or_failed_by_faults(runs: list[RunRecord]) -> list[str]:
@@ -102,6 +117,34 @@ def model_and_checkpoints_stored(runs: list[RunRecord]) -> list[str]:
             for run in runs if run.phase == "Succeeded" and not (run.model_size and run.checkpoints)]
 
 
+def models_load(runs: list[RunRecord]) -> list[str]:
+    """A Succeeded run's model loads and predicts (a Lightning one's may be left unloaded: no torch here)."""
+    return [f"{run.name}: model did not load: {run.model_error or 'not tried'}" for run in runs
+            if run.phase == "Succeeded" and run.model_loaded is None]
+
+
+def models_loaded_line(runs: list[RunRecord]) -> str:
+    succeeded = [r for r in runs if r.phase == "Succeeded"]
+    loaded = [r for r in succeeded if r.model_loaded and r.model_loaded.startswith("loaded")]
+    no_torch = sum(r.model_loaded == NO_TORCH for r in succeeded)
+    return f"a Succeeded run's model loads and predicts ({len(loaded)} of {len(succeeded)} loaded" + \
+        (f"; {no_torch} {NO_TORCH}" if no_torch else "") + ")"
+
+
+def sweeps_recommend_or_fail_by_faults(sweeps: list[SweepRecord], runs: list[RunRecord]) -> list[str]:
+    """A sweep ends Succeeded with a recommendation, or Failed because a point failed by faults beyond its
+    maxInterruptions."""
+    failed_by_faults = {r.name for r in runs if not ends_succeeded_or_failed_by_faults([r]) and r.phase == "Failed"}
+    broken = []
+    for sweep in sweeps:
+        if sweep.phase == "Succeeded" and sweep.recommended in sweep.points:
+            continue
+        if sweep.phase == "Failed" and failed_by_faults & set(sweep.points):
+            continue
+        broken.append(f"{sweep.name}: ended {sweep.phase}, recommended {sweep.recommended} ({sweep.message[:200]})")
+    return broken
+
+
 def expected_counts(applied: list[Applied], run: str, stall_timeout: float, ended_at: Optional[float],
                     grace: float) -> dict[str, tuple[int, int]]:
     """(least, most) each cause should count for the faults that took hold on `run`. A frozen worker's stall is
@@ -122,6 +165,25 @@ def expected_counts(applied: list[Applied], run: str, stall_timeout: float, ende
     return {cause: (low, high) for cause, (low, high) in counts.items()}
 
 
+def rises(run: RunRecord, cause: str) -> list[float]:
+    """When (the first sample showing it) each count of `cause` was added to the run's status."""
+    times, before = [], 0
+    for sample in run.samples:
+        now = (sample.interruptions or {}).get(cause, before) if sample.interruptions is not None else before
+        times += [sample.at] * max(0, now - before)
+        before = max(before, now)
+    return times
+
+
+def after_which(applied: list[Applied], at: float) -> str:
+    """The last fault applied before `at`, to say what a count that was not expected followed."""
+    before = [a for a in applied if a.took and a.at_wall <= at]
+    if not before:
+        return "no fault before it"
+    last = max(before, key=lambda a: a.at_wall)
+    return f"{at - last.at_wall:.0f} s after {last.fault.kind} on {last.run or 'the cluster'}"
+
+
 def counted_once_under_cause(applied: list[Applied], stall_timeout: float, grace: float
                              ) -> Callable[[list[RunRecord]], list[str]]:
     def check(runs: list[RunRecord]) -> list[str]:
@@ -132,13 +194,15 @@ def counted_once_under_cause(applied: list[Applied], stall_timeout: float, grace
             for cause in sorted(set(expected) | set(counted)):
                 low, high = expected.get(cause, (0, 0))
                 if not low <= counted.get(cause, 0) <= high:
+                    seen = "; ".join(f"one seen {after_which(applied, at)}" for at in rises(run, cause))
                     broken.append(f"{run.name}: {cause} counted {counted.get(cause, 0)}, expected "
-                                  f"{low if low == high else f'{low}..{high}'}")
+                                  f"{low if low == high else f'{low}..{high}'}" + (f" ({seen})" if seen else ""))
         return broken
     return check
 
 
-def nothing_left_behind(runs: list[RunRecord]) -> list[str]:
+def nothing_left_behind(runs: list) -> list[str]:
+    """Runs and sweeps: what was still there after their deletion."""
     return [f"{run.name}: left {', '.join(run.left_behind)}" for run in runs if run.left_behind]
 
 
@@ -185,7 +249,8 @@ def measure_recovery(applied: Applied, runs: list[RunRecord], sample_every: floa
 
 
 def verdicts(runs: list[RunRecord], applied: list[Applied], stall_timeout: float, grace: float,
-             rss_limit: int, rss_samples: list[int]) -> list[tuple[str, list[str]]]:
+             rss_limit: int, rss_samples: list[int], sweeps: Optional[list[SweepRecord]] = None
+             ) -> list[tuple[str, list[str]]]:
     """Every invariant, in the report's order: (its line, the runs that break it)."""
     return [
         ("every run ends Succeeded, or Failed by faults beyond maxInterruptions",
@@ -194,8 +259,12 @@ def verdicts(runs: list[RunRecord], applied: list[Applied], stall_timeout: float
          never_silent_past(stall_timeout + grace)(runs)),
         ("each epoch in progress.json's history once, none missing", each_epoch_once(runs)),
         ("a Succeeded run's model and checkpoints are in the store", model_and_checkpoints_stored(runs)),
+        (models_loaded_line(runs), models_load(runs)),
         ("status counts each fault once, under its cause",
          counted_once_under_cause(applied, stall_timeout, grace)(runs)),
-        ("nothing left behind after deletion (pods, MPIJob, Jobs, ConfigMaps, probes)", nothing_left_behind(runs)),
+        ("every sweep ends with a recommendation, or Failed by a point's faults beyond maxInterruptions "
+         f"({len(sweeps or [])} sweeps)", sweeps_recommend_or_fail_by_faults(sweeps or [], runs)),
+        ("nothing left behind after deletion (pods, MPIJob, Jobs, ConfigMaps, probes; sweeps' runs)",
+         nothing_left_behind(runs + list(sweeps or []))),
         ("operator RSS under its memory limit", rss_under(rss_limit, rss_samples)),
     ]

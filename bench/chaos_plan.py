@@ -13,16 +13,17 @@ from typing import Optional
 # Every fault the soak injects. Aimed at one run: a worker pod deleted, a worker's containers paused (frozen, as a hung
 # GPU's process: alive and silent), a push flood from its pod, the node's capacity dropped under an elastic run (its
 # extra workers deleted with it). Aimed at the cluster: the kubelet stopped then started, the operator's leader pod
-# killed, the object store's pod killed.
+# killed, the object store's pod killed, the operator's TCP connections to the API server reset (its watches broken).
 RUN_FAULTS = ("worker_deleted", "worker_frozen", "push_flood", "capacity_drop")
-CLUSTER_FAULTS = ("kubelet_restart", "operator_killed", "store_killed")
+CLUSTER_FAULTS = ("kubelet_restart", "operator_killed", "store_killed", "watch_broken")
 KINDS = RUN_FAULTS + CLUSTER_FAULTS
 DEFAULT_MIX = {"worker_deleted": 3, "worker_frozen": 1, "push_flood": 1, "capacity_drop": 1, "kubelet_restart": 1,
-               "operator_killed": 2, "store_killed": 1}
+               "operator_killed": 2, "store_killed": 1, "watch_broken": 1}
 # The interruption cause (status.training.interruptions) a fault that takes effect is counted under; None: a fault
 # the run must ride out uncounted (the kubelet is back before the node's 40 s grace: the node never goes NotReady).
 COUNTED_AS = {"worker_deleted": "podDeleted", "worker_frozen": "stalled", "capacity_drop": "podDeleted",
-              "push_flood": None, "kubelet_restart": None, "operator_killed": None, "store_killed": None}
+              "push_flood": None, "kubelet_restart": None, "operator_killed": None, "store_killed": None,
+              "watch_broken": None}
 # Faults after which the run starts a new attempt (new launcher): its time back and the work it redid are measured.
 RESTARTING = ("worker_deleted", "worker_frozen", "capacity_drop")
 # How long a fault holds (s): the kubelet stays stopped under the node's 40 s NotReady grace; a frozen worker stays
@@ -58,6 +59,10 @@ def parse_mix(text: str) -> dict[str, int]:
     if not any(mix.values()):
         raise ValueError(f"no fault with a weight above 0 in {text!r}")
     return mix
+
+
+def mix_text(mix: dict[str, int]) -> str:
+    return ",".join(f"{k}={v}" for k, v in mix.items())
 
 
 def schedule(seed: int, minutes: float, faults: int, slots: list[str], mix: dict[str, int],

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import pytest
 
+from bench.chaos_faults import filter_text
 from bench.chaos_invariants import (
-    RunRecord, Sample, counted_once_under_cause, each_epoch_once, ends_succeeded_or_failed_by_faults,
-    expected_counts, measure_recovery, model_and_checkpoints_stored, never_silent_past, nothing_left_behind, rss_under,
+    NO_TORCH, RunRecord, Sample, SweepRecord, counted_once_under_cause, each_epoch_once,
+    ends_succeeded_or_failed_by_faults, expected_counts, measure_recovery, model_and_checkpoints_stored, models_load,
+    models_loaded_line, never_silent_past, nothing_left_behind, rss_under, sweeps_recommend_or_fail_by_faults,
 )
-from bench.chaos_plan import DEFAULT_MIX, KINDS, Applied, Fault, figures, parse_mix, percentile, schedule
+from bench.chaos_pace import (
+    UNMEASURED_MIN_LEFT, drain_seconds, min_left, parse_slots, run_seconds, seconds_per_epoch, slot_cycle,
+)
+from bench.chaos_plan import COUNTED_AS, DEFAULT_MIX, KINDS, Applied, Fault, figures, parse_mix, percentile, schedule
+from bench.chaos_store import load_model
 
 SLOTS = ["keras", "lightning", "elastic", "keras"]
 
@@ -25,7 +31,8 @@ def test_the_same_seed_gives_the_same_schedule_and_another_seed_another():
 def test_a_schedule_aims_capacity_drops_at_elastic_runs_and_spaces_each_kind():
     plan = schedule(3, 30, 60, SLOTS, DEFAULT_MIX)
     assert {f.target for f in plan if f.kind == "capacity_drop"} == {2}
-    assert all(f.target is None for f in plan if f.kind in ("kubelet_restart", "operator_killed", "store_killed"))
+    assert all(f.target is None for f in plan if f.kind in ("kubelet_restart", "operator_killed", "store_killed",
+                                                            "watch_broken"))
     for kind in KINDS:
         mine = [f for f in plan if f.kind == kind]
         assert all(b.at >= a.at + a.hold for a, b in zip(mine, mine[1:])), mine
@@ -118,6 +125,12 @@ def test_status_must_count_each_fault_once_under_its_cause():
         ["a: podDeleted counted 2, expected 1"]
     assert check([RunRecord("a", "keras", interruptions={"podDeleted": 1, "stalled": 1, "nodeLost": 1})]) == \
         ["a: nodeLost counted 1, expected 0"]
+    # Where the samples show when a count rose, the line names the fault it followed.
+    counts = [{}, {"stalled": 1}, {"stalled": 1}, {"stalled": 2}]
+    other = RunRecord("b", "keras", interruptions={"stalled": 2},
+                      samples=[Sample(at, "Training", interruptions=c) for at, c in zip((1, 70, 80, 1100), counts)])
+    assert check([other]) == ["b: stalled counted 2, expected 0 (one seen 65 s after store_killed on the cluster; "
+                              "one seen 100 s after worker_frozen on a)"]
 
 
 def test_leftovers_and_rss_over_the_limit_are_flagged():
@@ -148,3 +161,92 @@ def test_time_back_is_to_the_first_training_heartbeat_of_the_new_attempt_and_the
     measure_recovery(never, [run, RunRecord("b", "keras", samples=[Sample(t, "Training", 2, 90, "L1", "training")
                                                                     for t in range(100, 300, 3)])], 3)
     assert never.back_after is None  # no new attempt seen: not back
+
+
+def trained(name: str, kind: str, start: float, pace: float, epochs: int, phase: str = "Training",
+            **fields) -> RunRecord:
+    """A run sampled every second from `start`: 30 s to its first epoch, then one epoch each `pace` s."""
+    samples = [Sample(start + t, "Training", None if t < 30 else min(epochs, 1 + int((t - 30) // pace)))
+               for t in range(0, int(30 + pace * (epochs - 1)) + 1)]
+    return RunRecord(name, kind, phase, samples=samples, **fields)
+
+
+def test_pace_is_seconds_per_epoch_shown_and_a_new_run_needs_as_long_as_its_kind_took():
+    slow = trained("k", "keras", 0, 12, 6)
+    assert slow.samples[-1].epoch == 6 and seconds_per_epoch(slow) == 12.0
+    assert seconds_per_epoch(RunRecord("new", "keras", samples=[Sample(0, "Pending")])) is None
+    assert min_left([], "keras", 8, None) == UNMEASURED_MIN_LEFT and min_left([slow], "keras", 8, 45.0) == 45.0
+    # Not finished: its start-up (30 s) plus 8 epochs at its pace; a lightning slot takes keras' pace until it has one.
+    assert run_seconds([slow], "keras", 8) == pytest.approx(30 + 8 * seconds_per_epoch(slow))
+    assert run_seconds([slow], "lightning", 8) == run_seconds([slow], "keras", 8)
+    done = trained("d", "keras", 0, 12, 6, "Succeeded", ended_at=200.0)
+    assert min_left([slow, done], "keras", 8, None) == 200.0
+    # A sweep's point that ended: the sweep takes each of its points as long.
+    point = trained("s-w1", "sweep", 0, 12, 6, "Succeeded", ended_at=150.0)
+    assert run_seconds([point], "sweep", 6) == 300.0
+
+
+def test_the_drain_waits_for_the_epochs_left_at_the_slowest_pace_of_their_kind():
+    keras = trained("k", "keras", 0, 10, 5)  # at epoch 5 of 20
+    slower = trained("k2", "keras", 0, 20, 3, "Succeeded")
+    point = trained("s-w1", "sweep", 0, 10, 8, points_after=1)  # at 8 of 10, one point after it
+    fresh = RunRecord("l", "lightning", samples=[Sample(0, "Pending")])
+    assert (keras.samples[-1].epoch, seconds_per_epoch(keras), seconds_per_epoch(slower)) == (5, 10.0, 20.0)
+    assert drain_seconds([keras], [keras, slower], 20, 180) == 15 * 20.0 + 180
+    assert drain_seconds([point], [point], 10, 0) == (2 + 10) * 10.0
+    # No epoch yet: all its epochs at any kind's slowest pace, after the slowest start-up seen (30 s).
+    assert drain_seconds([fresh], [keras, slower, fresh], 20, 0) == 30 + 20 * 20.0
+    assert drain_seconds([], [keras], 20, 180) == 180
+
+
+def test_slots_cycle_with_a_sweep_from_five_and_can_be_named():
+    assert slot_cycle(4) == ["keras", "lightning", "elastic", "keras"]
+    assert slot_cycle(6) == ["keras", "lightning", "elastic", "keras", "sweep", "elastic"]
+    assert parse_slots("keras, sweep") == ["keras", "sweep"]
+    with pytest.raises(ValueError, match="comma-separated list of keras, lightning, elastic, sweep"):
+        parse_slots("keras,mpi")
+
+
+def test_a_succeeded_runs_model_must_load_unless_torch_is_missing():
+    ok = RunRecord("a", "keras", "Succeeded", model_loaded="loaded, predicted (2, 2)")
+    no_torch = RunRecord("b", "lightning", "Succeeded", model_loaded=NO_TORCH)
+    broken = RunRecord("c", "keras", "Succeeded", model_error="ValueError: bad zip")
+    assert models_load([ok, no_torch, RunRecord("f", "keras", "Failed")]) == []
+    assert models_load([broken]) == ["c: model did not load: ValueError: bad zip"]
+    assert models_loaded_line([ok, no_torch, broken]) == \
+        f"a Succeeded run's model loads and predicts (1 of 3 loaded; 1 {NO_TORCH})"
+
+
+def test_a_keras_model_loads_and_predicts_and_a_broken_file_does_not(tmp_path):
+    import tensorflow as tf
+
+    model = tf.keras.Sequential([tf.keras.Input((32, 32, 3)), tf.keras.layers.Flatten(),
+                                 tf.keras.layers.Dense(2, activation="softmax")])
+    model.save(tmp_path / "model.keras")
+    assert load_model(str(tmp_path / "model.keras"), "keras") == "loaded, predicted (2, 2)"
+    (tmp_path / "bad.keras").write_bytes(b"not a model")
+    with pytest.raises(Exception):
+        load_model(str(tmp_path / "bad.keras"), "keras")
+    if __import__("importlib").util.find_spec("torch") is None:
+        assert load_model(str(tmp_path / "model.pt"), "pytorch-lightning") == NO_TORCH
+
+
+def test_a_sweep_must_recommend_one_of_its_points_or_fail_by_faults():
+    points = ["s-w1", "s-w2"]
+    runs = [RunRecord("s-w1", "sweep", "Succeeded"), RunRecord("t-w1", "sweep", "Failed",
+                                                               failed("MaxInterruptionsExceeded"))]
+    good = [SweepRecord("s", points, "Succeeded", recommended="s-w2"),
+            SweepRecord("t", ["t-w1", "t-w2"], "Failed", "point t-w1 failed")]
+    assert sweeps_recommend_or_fail_by_faults(good, runs) == []
+    bad = [SweepRecord("u", ["u-w1", "u-w2"], "Succeeded"),
+           SweepRecord("v", ["v-w1", "v-w2"], "Failed", "point v-w1 failed"), SweepRecord("w", [], "Running")]
+    code = [RunRecord("v-w1", "sweep", "Failed", failed("TrainingFailed"))]
+    assert [line.split(":")[0] for line in sweeps_recommend_or_fail_by_faults(bad, code)] == ["u", "v", "w"]
+    assert nothing_left_behind([SweepRecord("s", points, left_behind=["ScalingRun s-w2"])]) == \
+        ["s: left ScalingRun s-w2"]
+
+
+def test_a_broken_watch_counts_nothing_and_its_filter_names_each_api_server_address():
+    assert COUNTED_AS["watch_broken"] is None
+    assert filter_text([("10.0.0.1", 443), ("10.88.0.1", 16443)]) == \
+        "( ( dst 10.0.0.1 and dport = 443 ) or ( dst 10.88.0.1 and dport = 16443 ) )".split()
