@@ -9,6 +9,7 @@ skipped, saying so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import subprocess
@@ -21,6 +22,7 @@ from tests.e2e.environment import S3_SERVICE, SYSTEM_NAMESPACE
 from tests.support.e2e_runs import OPERATOR_PODS
 from tests.support.node_faults import freeze, kill, kubelet, set_capacity
 
+STORE_BACK_WITHIN_S = 600.0
 LEASE = "scalingrun-operator"  # scalingrun_operator.config's lease_name, the chart's default
 # A hostile pod's pushes for `seconds`: its own valid token at a kind the endpoint does not route, an oversized body
 # (over scalingrun_api.status_push.MAX_BODY_BYTES), and a forged token at its heartbeat path; all must be refused
@@ -201,9 +203,24 @@ class Faults:
             f"{done.stderr.strip()[-200:]}"
 
     def store_killed(self, fault: Fault, applied: Applied) -> None:
+        """The store's pod killed; the outage is measured until its new pod is Ready (the invariants allow stalls
+        for runs that trained into an outage longer than stallTimeout)."""
         pod = f"{S3_SERVICE}-0"  # tests/e2e/environment.py's StatefulSet
-        self.cluster.core().delete_namespaced_pod(pod, self.cluster.namespace, grace_period_seconds=0)
+        core = self.cluster.core()
+        old_uid = core.read_namespaced_pod(pod, self.cluster.namespace).metadata.uid
+        core.delete_namespaced_pod(pod, self.cluster.namespace, grace_period_seconds=0)
         applied.took, applied.notes = True, [pod]
+        deadline = time.time() + STORE_BACK_WITHIN_S
+        while time.time() < deadline:
+            time.sleep(2)
+            with contextlib.suppress(Exception):  # not there yet, or the API server through another fault
+                now = core.read_namespaced_pod(pod, self.cluster.namespace)
+                ready = any(c.type == "Ready" and c.status == "True" for c in now.status.conditions or [])
+                if now.metadata.uid != old_uid and ready:
+                    applied.outage_s = round(time.time() - applied.at_wall, 1)
+                    applied.notes.append(f"back in {applied.outage_s} s")
+                    return
+        applied.notes.append(f"not Ready within {STORE_BACK_WITHIN_S} s")
 
 
 DOCKER = "/usr/bin/docker"  # the node cluster's (../shared/node/README.md)

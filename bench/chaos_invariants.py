@@ -14,6 +14,7 @@ NO_TORCH = "not loaded: no torch here"  # a Lightning run's model, where this Py
 # The one way a fault may fail a run: more of them than spec.training.maxInterruptions allows
 # (scalingrun_operator.decide.status.MAX_INTERRUPTIONS_EXCEEDED).
 FAULT_BEYOND_LIMIT = "MaxInterruptionsExceeded"
+SAMPLE_SLACK_S = 10.0  # a sample up to this long before a fault still shows the run training into it
 
 
 @dataclass(frozen=True)
@@ -184,12 +185,32 @@ def after_which(applied: list[Applied], at: float) -> str:
     return f"{at - last.at_wall:.0f} s after {last.fault.kind} on {last.run or 'the cluster'}"
 
 
+def outage_stalls(applied: list[Applied], run: RunRecord, stall_timeout: float) -> int:
+    """Stalls a store outage longer than stallTimeout may add to a run that trained into it: its ranks wait on reads
+    the store cannot answer, the heartbeat stops, and the operator restarts the attempt, once per stallTimeout
+    of the outage at most (the product cannot tell a store down from a frozen rank; the new attempt waits too)."""
+    most = 0
+    for fault in applied:
+        if fault.fault.kind != "store_killed" or not fault.took or not fault.outage_s \
+                or fault.outage_s <= stall_timeout:
+            continue
+        end = fault.at_wall + fault.outage_s
+        if any(fault.at_wall - SAMPLE_SLACK_S <= sample.at <= end and sample.phase == "Training"
+               for sample in run.samples):
+            most += 1 + int(fault.outage_s // stall_timeout)
+    return most
+
+
 def counted_once_under_cause(applied: list[Applied], stall_timeout: float, grace: float
                              ) -> Callable[[list[RunRecord]], list[str]]:
     def check(runs: list[RunRecord]) -> list[str]:
         broken = []
         for run in runs:
             expected = expected_counts(applied, run.name, stall_timeout, run.ended_at, grace)
+            outage = outage_stalls(applied, run, stall_timeout)
+            if outage:
+                low, high = expected.get("stalled", (0, 0))
+                expected["stalled"] = (low, high + outage)
             counted = {cause: n for cause, n in run.interruptions.items() if n}
             for cause in sorted(set(expected) | set(counted)):
                 low, high = expected.get(cause, (0, 0))

@@ -120,6 +120,7 @@ class Applied:
     epoch_before: Optional[int] = None
     back_after: Optional[float] = None  # s from the fault to the run training again
     resumed_from: Optional[int] = None  # the new attempt's resumedFromEpoch
+    outage_s: Optional[float] = None  # store_killed: s until the store's new pod was Ready
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -133,6 +133,22 @@ def test_status_must_count_each_fault_once_under_its_cause():
                               "one seen 100 s after worker_frozen on a)"]
 
 
+def test_a_store_outage_longer_than_stall_timeout_may_stall_the_runs_that_trained_into_it():
+    outage = applied("store_killed", None, 100)
+    outage.outage_s = 150.0  # 2 stallTimeouts and more: up to 1 + 2 stalls, each attempt waiting on the store
+    check = counted_once_under_cause([outage], 60, 120)
+    training = [Sample(at, "Training") for at in (95, 120, 300)]
+    assert check([RunRecord("a", "keras", interruptions={"stalled": 3}, samples=training)]) == []
+    assert check([RunRecord("a", "keras", interruptions={"stalled": 4}, samples=training)])[0].startswith(
+        "a: stalled counted 4, expected 0..3")
+    later = [Sample(at, "Training") for at in (400, 500)]  # started after the store was back: nothing allowed
+    assert check([RunRecord("b", "keras", interruptions={"stalled": 1}, samples=later)])[0].startswith(
+        "b: stalled counted 1, expected 0")
+    outage.outage_s = 50.0  # within stallTimeout: the heartbeat outlives it
+    assert check([RunRecord("a", "keras", interruptions={"stalled": 1}, samples=training)])[0].startswith(
+        "a: stalled counted 1, expected 0")
+
+
 def test_leftovers_and_rss_over_the_limit_are_flagged():
     assert nothing_left_behind([RunRecord("a", "keras", left_behind=[]), RunRecord("b", "keras")]) == []
     assert nothing_left_behind([RunRecord("a", "keras", left_behind=["pod a-train-worker-0"])]) == \
