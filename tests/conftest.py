@@ -159,7 +159,10 @@ class MlflowServer:
             f"admin_username = {self.username}\nadmin_password = {self.password}\n"
             "authorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
         env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(config), "MLFLOW_DISABLE_TELEMETRY": "true",
-               "DO_NOT_TRACK": "true", "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex()}
+               "DO_NOT_TRACK": "true", "MLFLOW_FLASK_SERVER_SECRET_KEY": os.urandom(16).hex(),
+               # MLflow's job runner (7 huey consumers, each importing mlflow): 18 of the start's 25 CPU s; no test
+               # submits MLflow jobs
+               "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
         port = self.uri.rsplit(":", 1)[1]
         self.process = subprocess.Popen(
             [str(self.binary), "server", "--app-name", "basic-auth", "--host", "127.0.0.1", "--port", port,
