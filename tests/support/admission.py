@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import enum
+import functools
 import json
 import re
 import types
@@ -130,11 +131,10 @@ def value_candidates(annotation: Any, metadata: list) -> list[Any]:
             values += [{}, "x", 5, [], True]
         else:
             pytest.fail(f"the generator knows no values for {kind!r}: teach it this type")
-    unique: list[Any] = []
-    for value in values:  # 1 == 1.0 == True in Python; JSON (and the API server) tells them apart
-        if not any(json.dumps(value) == json.dumps(u) for u in unique):
-            unique.append(value)
-    return unique
+    unique: dict[str, Any] = {}  # keyed by JSON: 1 == 1.0 == True in Python; JSON (and the API server) tells them apart
+    for value in values:
+        unique.setdefault(json.dumps(value), value)
+    return list(unique.values())
 
 
 @dataclass
@@ -178,6 +178,11 @@ def walk(model: type[BaseModel], path: tuple) -> Iterator[Field]:
 
 def minimal(model: type[BaseModel]) -> dict[str, Any]:
     """The smallest object of a model that validate accepts: its required fields filled with generated values."""
+    return copy.deepcopy(_minimal(model))
+
+
+@functools.cache  # every generated document starts from it: computed once per model, handed out as copies
+def _minimal(model: type[BaseModel]) -> dict[str, Any]:
     body: dict[str, Any] = {}
     for name, info in model.model_fields.items():
         if not info.is_required():
