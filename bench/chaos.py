@@ -44,6 +44,7 @@ from tests.support.e2e_cluster import connect, missing_variables  # noqa: E402
 from tests.support.node_faults import node_capacity  # noqa: E402
 
 SAMPLE_EVERY_S = 3.0
+STALL_EVENT_CHARS = 700
 TERMINAL = ("Succeeded", "Failed")
 
 
@@ -174,6 +175,9 @@ class Soak:
         record.phase, record.conditions = status.get("phase"), status.get("conditions") or []
         record.interruptions = nonzero((status.get("training") or {}).get("interruptions"))
         record.epoch = (status.get("training") or {}).get("epoch")
+        with contextlib.suppress(Exception):  # the operator's account of each stall, for a count not expected
+            record.stall_events = [f"{event.last_timestamp or event.event_time} {event.message[:STALL_EVENT_CHARS]}"
+                                   for event in self.cluster.events(name) if event.reason == "Stalled"]
         read_store(self.cluster, record, run, log)
         if delete:
             record.left_behind = delete_and_look(self.cluster, name)

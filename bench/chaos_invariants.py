@@ -47,6 +47,7 @@ class RunRecord:
     ended_at: Optional[float] = None
     points_after: int = 0  # a sweep point's run: the sweep's points still to come after it
     model_loaded: Optional[str] = None  # what loading the model showed (None: not loaded, or not tried)
+    stall_events: list[str] = field(default_factory=list)  # the operator's Stalled Events: why it judged a stall
     model_error: str = ""  # why it did not load or predict (a broken invariant)
 
 
@@ -216,8 +217,11 @@ def counted_once_under_cause(applied: list[Applied], stall_timeout: float, grace
                 low, high = expected.get(cause, (0, 0))
                 if not low <= counted.get(cause, 0) <= high:
                     seen = "; ".join(f"one seen {after_which(applied, at)}" for at in rises(run, cause))
+                    said = "".join(f"; the operator: {event}" for event in run.stall_events) \
+                        if cause == "stalled" else ""
                     broken.append(f"{run.name}: {cause} counted {counted.get(cause, 0)}, expected "
-                                  f"{low if low == high else f'{low}..{high}'}" + (f" ({seen})" if seen else ""))
+                                  f"{low if low == high else f'{low}..{high}'}" + (f" ({seen})" if seen else "")
+                                  + said)
         return broken
     return check
 

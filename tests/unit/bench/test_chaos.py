@@ -131,6 +131,10 @@ def test_status_must_count_each_fault_once_under_its_cause():
                       samples=[Sample(at, "Training", interruptions=c) for at, c in zip((1, 70, 80, 1100), counts)])
     assert check([other]) == ["b: stalled counted 2, expected 0 (one seen 65 s after store_killed on the cluster; "
                               "one seen 100 s after worker_frozen on a)"]
+    # With the operator's own account of the stall, from its Stalled Event.
+    other.stall_events = ["12:00:05 no heartbeat for 61 s, over spec.training.stallTimeout (60: 60 s)"]
+    assert check([other])[0].endswith("worker_frozen on a); the operator: 12:00:05 no heartbeat for 61 s, over "
+                                      "spec.training.stallTimeout (60: 60 s)")
 
 
 def test_a_store_outage_longer_than_stall_timeout_may_stall_the_runs_that_trained_into_it():
