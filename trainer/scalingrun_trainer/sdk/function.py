@@ -123,10 +123,14 @@ def _end_reporting(error: str | None, rank: int) -> None:
         session = started_session()
     if session is None:
         return
-    if error is None:
-        session.finish()
-    else:
-        session.fail(error)
+    try:
+        if error is None:
+            session.finish()
+        else:
+            session.fail(error)
+    except Exception as exc:  # noqa: BLE001 - the rank's exit code still says how the function ended
+        print(f"rank {rank}: the run's progress document not ended: {type(exc).__name__}: {exc}", file=sys.stderr,
+              flush=True)
 
 
 def _world(ddp: bool):
