@@ -48,6 +48,8 @@ class RunRecord:
     points_after: int = 0  # a sweep point's run: the sweep's points still to come after it
     model_loaded: Optional[str] = None  # what loading the model showed (None: not loaded, or not tried)
     stall_events: list[str] = field(default_factory=list)  # the operator's Stalled Events: why it judged a stall
+    model_note: str = ""  # no model found: whether status named one, what the store holds, the Trained condition
+    later_model_uri: Optional[str] = None  # status.modelUri read again when the run is finished with
     model_error: str = ""  # why it did not load or predict (a broken invariant)
 
 
@@ -115,7 +117,10 @@ def each_epoch_once(runs: list[RunRecord]) -> list[str]:
 
 
 def model_and_checkpoints_stored(runs: list[RunRecord]) -> list[str]:
+    """A Succeeded run's model (at its status.modelUri) and checkpoints; a missing one says what status and the
+    store showed instead (model_note)."""
     return [f"{run.name}: model {run.model_size} bytes, {run.checkpoints} checkpoint files"
+            + (f"; {run.model_note}" if run.model_note else "")
             for run in runs if run.phase == "Succeeded" and not (run.model_size and run.checkpoints)]
 
 

@@ -87,6 +87,7 @@ def read_store(cluster: Any, record: RunRecord, run: dict, log: Callable[[str], 
     for attempt in range(3):
         try:
             with cluster.s3() as s3:
+                document: dict = {}
                 with contextlib.suppress(FileNotFoundError, OSError):
                     document = json.loads(s3.open_input_stream(f"{location}/progress.json").read())
                     record.history = [entry["epoch"] for entry in document.get("history") or []]
@@ -96,6 +97,9 @@ def read_store(cluster: Any, record: RunRecord, run: dict, log: Callable[[str], 
                     record.model_size = info.size if info.type == pafs.FileType.File else None
                     if record.model_size and record.phase == "Succeeded":
                         fetch_and_load(s3, model, run, record)
+                if not record.model_size:
+                    record.model_note = model_note(s3, location, model, run, document) + \
+                        f"; status.modelUri read again: {record.later_model_uri or 'absent'}"
                 files = s3.get_file_info(pafs.FileSelector(f"{location}/checkpoints", recursive=True,
                                                            allow_not_found=True))
                 record.checkpoints = sum(f.type == pafs.FileType.File for f in files)
@@ -103,6 +107,19 @@ def read_store(cluster: Any, record: RunRecord, run: dict, log: Callable[[str], 
         except Exception as exc:  # the store's pod killed meanwhile: again
             log(f"store read for {record.name}: {type(exc).__name__}: {exc}")
             time.sleep(10)
+
+
+def model_note(s3: Any, location: str, model: Optional[str], run: dict, document: dict) -> str:
+    """Why a Succeeded run shows no model: whether status named one, the store's progress.json (its state and
+    modelUri), what is under <run>/model, and the Trained condition."""
+    from pyarrow import fs as pafs
+
+    stored = s3.get_file_info(pafs.FileSelector(f"{location}/model", recursive=True, allow_not_found=True))
+    files = [f"{f.path.rsplit('/', 1)[-1]} {f.size} bytes" for f in stored if f.type == pafs.FileType.File]
+    trained = next((c for c in (run.get("status") or {}).get("conditions") or [] if c.get("type") == "Trained"), {})
+    return (f"status.modelUri {model or 'absent'}; the store's progress.json {document.get('state')} with modelUri "
+            f"{document.get('modelUri')}; under model/: {', '.join(files) or 'nothing'}; Trained "
+            f"{trained.get('reason')}: {(trained.get('message') or '')[:300]}")
 
 
 def fetch_and_load(s3: Any, model: str, run: dict, record: RunRecord) -> None:
