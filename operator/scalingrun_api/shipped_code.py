@@ -68,9 +68,9 @@ def pack_directory(directory: str | os.PathLike) -> bytes:
 
 
 def unpack_directory(data: bytes, target: Path) -> None:
-    """The archive's files under `target` (which must not exist yet); ShippedCodeError on any member that is not a
-    regular file with a relative path inside it, or past the caps."""
-    target.mkdir(parents=True)
+    """The archive's files under `target` (made if need be); ShippedCodeError on any member that is not a regular
+    file with a relative path inside it, or past the caps."""
+    target.mkdir(parents=True, exist_ok=True)
     total = count = 0
     with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
         for member in archive:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from scalingrun_api.shipped import ShippedError, check_requirement
 from scalingrun_api.shipped_code import unpack_directory
@@ -48,40 +49,37 @@ def folder_for(packages: list[str]) -> Path:
 
 def install(packages: list[str]) -> tuple[Path, bool]:
     """(the folder holding `packages`, whether this call ran pip); PackagesError when pip fails."""
-    folder = folder_for(packages)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
-        if (folder / MARKER).exists():
-            return folder, False
-        for left in (folder, *folder.parent.glob(folder.name + ".partial-*")):  # what a killed install left
-            shutil.rmtree(left, ignore_errors=True)
-        partial = Path(tempfile.mkdtemp(prefix=folder.name + ".partial-", dir=folder.parent))
-        try:
-            _pip(packages, partial)
-            (partial / MARKER).write_text(json.dumps({"packages": packages}) + "\n")
-            partial.rename(folder)
-        finally:
-            shutil.rmtree(partial, ignore_errors=True)
-    return folder, True
+    def run_pip(partial: Path) -> str:
+        _pip(packages, partial)
+        return json.dumps({"packages": packages}) + "\n"
+
+    return _made_once(folder_for(packages), MARKER, run_pip)
 
 
 def unpack_code(code: bytes) -> tuple[Path, bool]:
-    """(the folder holding a shipped directory, whether this call unpacked it): once a machine per archive's digest,
-    under the same lock discipline as install()."""
-    folder = cache_root() / ("code-" + hashlib.sha256(code).hexdigest()[:32])
+    """(the folder holding a shipped directory, whether this call unpacked it): once a machine per archive's digest."""
+    def unpack(partial: Path) -> str:
+        unpack_directory(code, partial)
+        return ""
+
+    return _made_once(cache_root() / ("code-" + hashlib.sha256(code).hexdigest()[:32]), CODE_MARKER, unpack)
+
+
+def _made_once(folder: Path, marker: str, fill: Callable[[Path], str]) -> tuple[Path, bool]:
+    """(`folder`, whether this call made it): under a file lock, the first caller fills a folder of its own, writes
+    `marker` (fill's text) last and renames it into place; the others wait and find the marker. What a killed
+    caller left is removed first; a failed fill leaves nothing."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     with open(folder.with_name(folder.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if (folder / CODE_MARKER).exists():
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or when this process dies
+        if (folder / marker).exists():
             return folder, False
-        for left in (folder, *folder.parent.glob(folder.name + ".partial-*")):
+        for left in (folder, *folder.parent.glob(folder.name + ".partial-*")):  # what a killed caller left
             shutil.rmtree(left, ignore_errors=True)
         partial = Path(tempfile.mkdtemp(prefix=folder.name + ".partial-", dir=folder.parent))
         try:
-            unpack_directory(code, partial / "code")
-            (partial / "code" / CODE_MARKER).write_text("")
-            (partial / "code").rename(folder)
+            (partial / marker).write_text(fill(partial))
+            partial.rename(folder)
         finally:
             shutil.rmtree(partial, ignore_errors=True)
     return folder, True
