@@ -28,7 +28,6 @@ from . import function_store
 from .run import Run, RunFailed
 
 TAIL_LINES = 20  # of the launcher's output, in the error when no rank left a traceback
-WORKER = WORKER_MODULE
 
 
 class HorovodRunnerError(RuntimeError):
@@ -100,7 +99,7 @@ class HorovodRunner:
     def _command(self, processes: int, folder: str) -> list[str]:
         """The launcher's command line here: every rank runs the shipped function in `folder`."""
         return [horovodrun(), "-np", str(processes), "-H", f"localhost:{processes}", "--gloo",
-                sys.executable, "-m", WORKER, folder, *self.WORKER_OPTIONS]
+                sys.executable, "-m", WORKER_MODULE, folder, *self.WORKER_OPTIONS]
 
     def _ranks_path(self) -> list[str]:
         """The ranks import what this process imports (the function's module by value, its imports by name)."""

@@ -12,8 +12,9 @@ import sys
 from typing import Any
 
 from scalingrun_api.models.training import Framework
+from scalingrun_api.shipped import WORKER_MODULE
 from scalingrun_operator.local.processes import lightning_python, mpirun
-from .horovod_runner import WORKER, HorovodRunner, HorovodRunnerError
+from .horovod_runner import HorovodRunner, HorovodRunnerError
 
 
 class LightningRunnerError(HorovodRunnerError):
@@ -37,7 +38,7 @@ class LightningRunner(HorovodRunner):
                              f" (its image has torch), not {framework.value}")
 
     def _command(self, processes: int, folder: str) -> list[str]:
-        return [*mpirun(processes), lightning_python(), "-m", WORKER, folder, *self.WORKER_OPTIONS]
+        return [*mpirun(processes), lightning_python(), "-m", WORKER_MODULE, folder, *self.WORKER_OPTIONS]
 
     def _ranks_path(self) -> list[str]:
         """This process's path but its installed packages: the ranks' venv is the Lightning one, with its own."""
