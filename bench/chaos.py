@@ -175,8 +175,6 @@ class Soak:
         record.phase, record.conditions = status.get("phase"), status.get("conditions") or []
         record.interruptions = nonzero((status.get("training") or {}).get("interruptions"))
         record.epoch = (status.get("training") or {}).get("epoch")
-        with contextlib.suppress(Exception):  # a model URI status names only after the phase: a note says so
-            record.later_model_uri = (self.cluster.get_run(name).get("status") or {}).get("modelUri")
         with contextlib.suppress(Exception):  # the operator's account of each stall, for a count not expected
             record.stall_events = [f"{event.last_timestamp or event.event_time} {event.message[:STALL_EVENT_CHARS]}"
                                    for event in self.cluster.events(name) if event.reason == "Stalled"]

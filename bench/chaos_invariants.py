@@ -49,7 +49,6 @@ class RunRecord:
     model_loaded: Optional[str] = None  # what loading the model showed (None: not loaded, or not tried)
     stall_events: list[str] = field(default_factory=list)  # the operator's Stalled Events: why it judged a stall
     model_note: str = ""  # no model found: whether status named one, what the store holds, the Trained condition
-    later_model_uri: Optional[str] = None  # status.modelUri read again when the run is finished with
     model_error: str = ""  # why it did not load or predict (a broken invariant)
 
 

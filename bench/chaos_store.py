@@ -98,8 +98,7 @@ def read_store(cluster: Any, record: RunRecord, run: dict, log: Callable[[str], 
                     if record.model_size and record.phase == "Succeeded":
                         fetch_and_load(s3, model, run, record)
                 if not record.model_size:
-                    record.model_note = model_note(s3, location, model, run, document) + \
-                        f"; status.modelUri read again: {record.later_model_uri or 'absent'}"
+                    record.model_note = model_note(s3, location, model, run, document, cluster)
                 files = s3.get_file_info(pafs.FileSelector(f"{location}/checkpoints", recursive=True,
                                                            allow_not_found=True))
                 record.checkpoints = sum(f.type == pafs.FileType.File for f in files)
@@ -109,17 +108,21 @@ def read_store(cluster: Any, record: RunRecord, run: dict, log: Callable[[str], 
             time.sleep(10)
 
 
-def model_note(s3: Any, location: str, model: Optional[str], run: dict, document: dict) -> str:
-    """Why a Succeeded run shows no model: whether status named one, the store's progress.json (its state and
-    modelUri), what is under <run>/model, and the Trained condition."""
+def model_note(s3: Any, location: str, model: Optional[str], run: dict, document: dict, cluster: Any) -> str:
+    """Why a Succeeded run shows no model: whether status named one (when it turned Succeeded, and read again now),
+    the store's progress.json (its state and modelUri), what is under <run>/model, and the Trained condition."""
     from pyarrow import fs as pafs
+
+    later = "unread"
+    with contextlib.suppress(Exception):  # the API server through a fault: said so
+        later = (cluster.get_run(run["metadata"]["name"]).get("status") or {}).get("modelUri") or "absent"
 
     stored = s3.get_file_info(pafs.FileSelector(f"{location}/model", recursive=True, allow_not_found=True))
     files = [f"{f.path.rsplit('/', 1)[-1]} {f.size} bytes" for f in stored if f.type == pafs.FileType.File]
     trained = next((c for c in (run.get("status") or {}).get("conditions") or [] if c.get("type") == "Trained"), {})
     return (f"status.modelUri {model or 'absent'}; the store's progress.json {document.get('state')} with modelUri "
             f"{document.get('modelUri')}; under model/: {', '.join(files) or 'nothing'}; Trained "
-            f"{trained.get('reason')}: {(trained.get('message') or '')[:300]}")
+            f"{trained.get('reason')}: {(trained.get('message') or '')[:300]}; status.modelUri read again: {later}")
 
 
 def fetch_and_load(s3: Any, model: str, run: dict, record: RunRecord) -> None:
