@@ -1,5 +1,6 @@
 """A shipped function's packages (`HorovodRunner(packages=[...])`) and directory (`code_dir=`), installed by pip or
-unpacked on every rank before the function is, into a folder of the cache keyed by a digest of the list and this environment, then put first on sys.path.
+unpacked on every rank before the function is, each into a folder of the cache keyed by a digest (of the list and
+this environment, or of the archive), then put first on sys.path.
 Only what the environment lacks goes there (`_pip`): the image's own packages stay the ones imported.
 
 The cache is $SCALINGRUN_PACKAGE_CACHE, else <tmp>/scalingrun-packages. A file lock makes the ranks of one machine
